@@ -1,0 +1,127 @@
+"""``python -m gpupipe``: make-shards (write WebDataset shards) and bench (images/s of a pipeline)."""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import io
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+from ._shards import ShardWriter, encode_jpeg, synthetic_image
+
+__all__ = ["main"]
+
+
+def _synthetic_sample(args: tuple[int, int, int, int]) -> tuple[str, dict]:
+    i, seed, num_classes, quality = args
+    label = i % num_classes
+    jpeg = encode_jpeg(synthetic_image(seed * 1_000_003 + i, label=label, num_classes=num_classes), quality=quality)
+    return f"{i:08d}", {"jpg": jpeg, "cls": label}
+
+
+def _imagefolder_samples(root: str, quality: int):
+    from PIL import Image
+
+    from ._sources import ImageFolder
+
+    index = ImageFolder(root).index()
+    for n in range(len(index)):
+        raw = index.read(n)
+        ext = raw.key.rpartition(".")[2].lower()
+        data = raw.data
+        if ext not in ("jpg", "jpeg", "png"):  # store what every backend decodes
+            with Image.open(io.BytesIO(data)) as im:
+                data, ext = encode_jpeg(np.asarray(im.convert("RGB")), quality=quality), "jpg"
+        yield f"{n:08d}", {"jpg" if ext == "jpeg" else ext: data, "cls": raw.label}
+
+
+def make_shards(args: argparse.Namespace) -> int:
+    pattern = os.path.join(args.out, f"{args.prefix}-%06d.tar")
+    with ShardWriter(pattern, max_count=args.shard_size) as writer:
+        if args.from_imagefolder:
+            writer.write_all(_imagefolder_samples(args.from_imagefolder, args.quality))
+        else:
+            jobs = [(i, args.seed, args.classes, args.quality) for i in range(args.synthetic)]
+            workers = args.workers or os.cpu_count() or 1
+            with concurrent.futures.ProcessPoolExecutor(workers) as pool:
+                writer.write_all(pool.map(_synthetic_sample, jobs, chunksize=16))
+    n = len(writer.shards)
+    brace = f"{args.prefix}-{{000000..{n - 1:06d}}}.tar" if n > 1 else os.path.basename(writer.shards[0])
+    print(f"wrote {writer.samples} samples in {n} shards: {os.path.join(args.out, brace)}")
+    return 0
+
+
+def bench(args: argparse.Namespace) -> int:
+    import torch
+
+    from ._loader import Loader
+    from ._pipeline import load_pipeline
+
+    logging_level = os.environ.get("GPUPIPE_LOG")
+    if logging_level:
+        import logging
+
+        logging.basicConfig(level=logging_level.upper())
+    pipeline = load_pipeline(args.pipeline)(args.source)
+    loader = Loader(pipeline, args.batch_size, shuffle=True, drop_last=True, seed=0, backend=args.backend,
+                    device=args.device, num_workers=args.workers)
+    print(f"pipeline {args.pipeline}: {len(loader.index)} samples, output {pipeline.output_spec}")
+    print(f"backend={loader.backend} device={loader.device} workers={loader.num_workers} batch={args.batch_size}")
+    results = []
+    for epoch in range(args.epochs):
+        loader.set_epoch(epoch)
+        n, start = 0, time.perf_counter()
+        for images, *_ in loader:
+            if images.is_cuda:
+                torch.cuda.synchronize(images.device)
+            n += images.shape[0]
+        seconds = time.perf_counter() - start
+        results.append({"epoch": epoch, "images": n, "seconds": round(seconds, 3),
+                        "images_per_s": round(n / seconds, 1) if seconds else None})
+        print(f"epoch {epoch}: {n} images in {seconds:.2f} s = {n / seconds:.0f} images/s"
+              + (" (includes start-up)" if epoch == 0 else ""))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"pipeline": args.pipeline, "backend": loader.backend, "device": loader.device,
+                       "batch_size": args.batch_size, "workers": loader.num_workers, "epochs": results}, f, indent=2)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m gpupipe", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("make-shards", help="write WebDataset shards of real JPEGs")
+    p.add_argument("out", help="output folder")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--synthetic", type=int, metavar="N", help="N generated photograph-like images")
+    src.add_argument("--from-imagefolder", metavar="ROOT", help="an ImageFolder tree to convert")
+    p.add_argument("--classes", type=int, default=10, help="classes of the synthetic images (default 10)")
+    p.add_argument("--shard-size", type=int, default=1000, help="samples per shard (default 1000)")
+    p.add_argument("--prefix", default="train", help="shard name prefix (default 'train')")
+    p.add_argument("--quality", type=int, default=90, help="JPEG quality (default 90)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--workers", type=int, default=None, help="encoding processes (default: all cores)")
+    p.set_defaults(fn=make_shards)
+    b = sub.add_parser("bench", help="run a pipeline through the Loader and print images/s")
+    b.add_argument("pipeline", help="pipeline factory, e.g. pipelines/imagenet.py:train")
+    b.add_argument("source", help="shard pattern, e.g. 'data/train-{000000..000007}.tar'")
+    b.add_argument("--batch-size", type=int, default=64)
+    b.add_argument("--backend", default="auto")
+    b.add_argument("--device", default=None)
+    b.add_argument("--workers", type=int, default=None)
+    b.add_argument("--epochs", type=int, default=2)
+    b.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    b.set_defaults(fn=bench)
+    args = parser.parse_args(argv)
+    if getattr(args, "synthetic", None) is not None and args.synthetic <= 0:
+        parser.error("--synthetic must be positive")
+    return args.fn(args)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,275 @@
+"""Data sources: WebDataset tar shards and ImageFolder trees, and their sample indexes.
+
+A source is a description (cheap, picklable); :meth:`index` reads the metadata — tar headers, or
+the directory tree — and returns an :class:`Index`, from which any process can read samples by
+their global number.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tarfile
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import numpy as np
+
+from ._errors import ConfigError, SampleError, ShardError
+
+__all__ = ["WebDataset", "ImageFolder", "Source", "Index", "RawSample", "split_key"]
+
+IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+
+
+class RawSample(NamedTuple):
+    """One sample as stored: encoded image bytes and the label (``None`` for unlabeled data)."""
+
+    key: str
+    shard: str
+    data: bytes
+    label: int | None
+
+
+def split_key(member: str) -> tuple[str, str]:
+    """``"img/00/000123.seg.png"`` → ``("img/00/000123", "seg.png")``: WebDataset's (and DALI's)
+    rule, the key ends at the first dot of the file name; the extension is lower-cased."""
+    member = member[2:] if member.startswith("./") else member
+    head, _, name = member.rpartition("/")
+    stem, dot, ext = name.partition(".")
+    return (f"{head}/{stem}" if head else stem), ext.lower() if dot else ""
+
+
+@dataclasses.dataclass
+class ShardIndex:
+    """The samples of one shard: keys, and ``[offset, size]`` of the chosen members (-1: none)."""
+
+    path: str
+    keys: list[str]
+    image: np.ndarray  # [N, 2] int64
+    label: np.ndarray  # [N, 2] int64; all -1 when the source is unlabeled
+    labels: np.ndarray | None = None  # [N] int64, for sources whose labels are not stored in members
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+
+class Index:
+    """All samples of a source, numbered 0..N-1 in shard order, then member order.
+
+    Attributes:
+        shards: one :class:`ShardIndex` per shard, in order.
+        sequential: ``True`` where shards are best read front to back (tar files); ``False`` where
+            every sample is its own file (ImageFolder).
+        labeled: whether samples carry labels.
+    """
+
+    def __init__(self, shards: list[ShardIndex], *, sequential: bool, labeled: bool) -> None:
+        self.shards = shards
+        self.sequential = sequential
+        self.labeled = labeled
+        self.shard_sizes = np.array([len(s) for s in shards], dtype=np.int64)
+        self.offsets = np.concatenate([[0], np.cumsum(self.shard_sizes)]).astype(np.int64)
+        self._files: dict[str, object] = {}
+        self._pid = -1
+
+    def __len__(self) -> int:
+        return int(self.offsets[-1])
+
+    def locate(self, sample: int) -> tuple[int, int]:
+        """Global sample number → (shard number, sample number in the shard)."""
+        shard = int(np.searchsorted(self.offsets, sample, side="right")) - 1
+        return shard, sample - int(self.offsets[shard])
+
+    def key(self, sample: int) -> str:
+        s, i = self.locate(sample)
+        return self.shards[s].keys[i]
+
+    def _read(self, path: str, offset: int, size: int, key: str) -> bytes:
+        if self._pid != os.getpid():  # never share file offsets with a forked parent
+            self._files, self._pid = {}, os.getpid()
+        f = self._files.get(path)
+        if f is None:
+            if len(self._files) >= 64:
+                for old in self._files.values():
+                    old.close()
+                self._files.clear()
+            try:
+                f = self._files[path] = open(path, "rb")
+            except OSError as e:
+                raise ShardError(f"cannot open shard {path!r}: {e}", shard=path, key=key) from e
+        f.seek(offset)
+        data = f.read(size)
+        if len(data) != size:
+            raise ShardError(f"shard {path!r} is truncated at sample {key!r}", shard=path, key=key)
+        return data
+
+    def read(self, sample: int) -> RawSample:
+        """Reads sample number ``sample``: its key, shard, encoded image and parsed label."""
+        s, i = self.locate(sample)
+        shard = self.shards[s]
+        key = shard.keys[i]
+        if shard.labels is not None:  # ImageFolder: one file per sample, label from the folder
+            path = os.path.join(shard.path, key)
+            with open(path, "rb") as f:
+                return RawSample(key, shard.path, f.read(), int(shard.labels[i]))
+        data = self._read(shard.path, *map(int, shard.image[i]), key)
+        label = None
+        if self.labeled:
+            raw = self._read(shard.path, *map(int, shard.label[i]), key)
+            try:
+                label = int(raw.decode("ascii").strip())
+            except (UnicodeDecodeError, ValueError):
+                raise SampleError(f"label of sample {key!r} in shard {shard.path!r} is not an ASCII "
+                                  f"integer: {raw[:40]!r}", shard=shard.path, key=key) from None
+        return RawSample(key, shard.path, data, label)
+
+
+class Source:
+    """Base class of data sources."""
+
+    def index(self) -> Index:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+def _split_exts(value: str | Sequence[str] | None, name: str) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    parts = value.split(";") if isinstance(value, str) else list(value)
+    exts = tuple(p.strip().lower().lstrip(".") for p in parts if p.strip())
+    if not exts or not all(isinstance(e, str) for e in exts):
+        raise ConfigError(f"WebDataset: {name} must be extensions separated by ';' (e.g. 'jpg;png'), got {value!r}")
+    return exts
+
+
+def expand_urls(urls: str | Sequence[str]) -> list[str]:
+    """Brace-expands a pattern (several braces allowed) or each entry of a list of patterns."""
+    import braceexpand
+
+    if isinstance(urls, (str, os.PathLike)):
+        urls = [urls]
+    out: list[str] = []
+    for u in urls:
+        u = os.fspath(u)
+        if u.startswith("pipe:"):
+            raise ConfigError(f"WebDataset: 'pipe:' URLs are not supported: gpupipe never runs a shell command "
+                              f"from a URL ({u!r})")
+        if "://" in u and not u.startswith("file://"):
+            raise ConfigError(f"WebDataset: only local paths (or file://) are supported for now, got {u!r}")
+        out.extend(p.removeprefix("file://") for p in braceexpand.braceexpand(u))
+    if not out:
+        raise ConfigError("WebDataset: no shard given")
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class WebDataset(Source):
+    """WebDataset tar shards.
+
+    Args:
+        urls: a path pattern with brace ranges (``"data/train-{000000..000127}.tar"``; several
+            braces allowed) or a list of paths/patterns.
+        image: accepted image extensions, in order of preference, separated by ``;``.
+            Default ``"jpg;jpeg;png"``.
+        label: the extension of the label member, an ASCII integer (``"cls"``), or ``None`` for
+            unlabeled data (the loader then yields images only).
+
+    A sample is a run of consecutive members sharing a key: the member path up to the first dot of
+    its file name (``img/00/000123.jpg`` → ``img/00/000123``). Members of other extensions are
+    ignored. A sample without an accepted image, or without its label, is an error that names the
+    shard and the key.
+    """
+
+    urls: str | Sequence[str]
+    _: dataclasses.KW_ONLY
+    image: str = "jpg;jpeg;png"
+    label: str | None = "cls"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "urls", tuple(expand_urls(self.urls)))
+        _split_exts(self.image, "image")
+        if self.label is not None:
+            _split_exts(self.label, "label")
+
+    def index(self) -> Index:
+        image_exts = _split_exts(self.image, "image")
+        label_ext = self.label.lstrip(".").lower() if self.label else None
+        shards = [scan_tar(u, image_exts, label_ext) for u in self.urls]
+        return Index(shards, sequential=True, labeled=label_ext is not None)
+
+
+def scan_tar(path: str, image_exts: tuple[str, ...], label_ext: str | None) -> ShardIndex:
+    """Reads the headers of one tar shard (not the data) and groups members into samples."""
+    groups: list[tuple[str, dict[str, tuple[int, int]]]] = []
+    try:
+        with tarfile.open(path, mode="r:") as tar:
+            for m in tar:
+                if not m.isfile():
+                    continue
+                key, ext = split_key(m.name)
+                if not groups or groups[-1][0] != key:
+                    groups.append((key, {}))
+                groups[-1][1][ext] = (m.offset_data, m.size)
+    except (OSError, tarfile.TarError) as e:
+        raise ShardError(f"cannot read shard {path!r}: {e}", shard=path) from e
+    keys, image, label = [], np.full((len(groups), 2), -1, np.int64), np.full((len(groups), 2), -1, np.int64)
+    for i, (key, members) in enumerate(groups):
+        found = next((members[e] for e in image_exts if e in members), None)
+        if found is None:
+            raise SampleError(f"sample {key!r} in shard {path!r} has no image ({'/'.join(image_exts)}); it has "
+                              f"{sorted(members) or 'no members'}", shard=path, key=key)
+        image[i] = found
+        if label_ext is not None:
+            if label_ext not in members:
+                raise SampleError(f"sample {key!r} in shard {path!r} has no .{label_ext} label; pass label=None "
+                                  f"for unlabeled data", shard=path, key=key)
+            label[i] = members[label_ext]
+        keys.append(key)
+    return ShardIndex(path, keys, image, label)
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageFolder(Source):
+    """A torchvision ImageFolder tree: ``root/<class>/<...>/<image>``.
+
+    Classes are the sorted names of ``root``'s sub-folders, numbered from 0, exactly as
+    ``torchvision.datasets.ImageFolder``; files are walked in sorted order, following links.
+
+    Args:
+        root: the tree's root folder.
+        extensions: accepted file extensions (lower-case match). Default: torchvision's
+            ``IMG_EXTENSIONS``.
+
+    Sample keys are paths relative to ``root`` (``"cat/001.jpg"``).
+    """
+
+    root: str
+    _: dataclasses.KW_ONLY
+    extensions: tuple[str, ...] = IMG_EXTENSIONS
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "root", os.fspath(self.root))
+        if not os.path.isdir(self.root):
+            raise ConfigError(f"ImageFolder: root {self.root!r} is not a directory")
+
+    @property
+    def classes(self) -> list[str]:
+        return sorted(e.name for e in os.scandir(self.root) if e.is_dir())
+
+    def index(self) -> Index:
+        classes = self.classes
+        if not classes:
+            raise ShardError(f"ImageFolder: no class folders in {self.root!r}", shard=self.root)
+        exts = tuple(e.lower() for e in self.extensions)
+        shards = []
+        for label, cls in enumerate(classes):
+            keys = []
+            for dirpath, _, names in sorted(os.walk(os.path.join(self.root, cls), followlinks=True)):
+                rel = os.path.relpath(dirpath, self.root)
+                keys += [f"{rel}/{n}".replace(os.sep, "/") for n in sorted(names) if n.lower().endswith(exts)]
+            if keys:
+                empty = np.zeros((0, 2), np.int64)
+                shards.append(ShardIndex(self.root, keys, empty, empty, np.full(len(keys), label, np.int64)))
+        if not shards:
+            raise ShardError(f"ImageFolder: no image files ({', '.join(exts)}) under {self.root!r}", shard=self.root)
+        return Index(shards, sequential=False, labeled=True)

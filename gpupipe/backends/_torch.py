@@ -1,0 +1,117 @@
+"""The torch backend: torchvision's functional kernels, one sample at a time, in worker processes.
+
+Each lowering is a pure kernel ``(transform, image [C, H, W], params) -> image``; the parameters
+come from :meth:`Transform.make_params`, drawn in :func:`apply_pipeline` and nowhere else. For the
+same image and parameters the output equals what the torchvision v2 transform gives.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torchvision.transforms import InterpolationMode as TVInterpolation
+from torchvision.transforms.v2 import functional as F
+
+from .. import transforms as T
+from .._registry import Registry
+from ..transforms._color import BlurParams, ColorJitterParams, GrayscaleParams
+from ..transforms._geometry import CropParams, FlipParams, RandomCropParams
+
+__all__ = ["LOWERINGS", "apply_pipeline", "check_pipeline"]
+
+LOWERINGS = Registry("torch")
+
+
+def _interp(mode: T.InterpolationMode) -> TVInterpolation:
+    return TVInterpolation(mode.value)
+
+
+def check_pipeline(transforms: Sequence[T.Transform]) -> None:
+    """Raises UnsupportedTransformError, naming the transform, if one has no torch lowering."""
+    for i, t in enumerate(transforms):
+        LOWERINGS.lookup(t, i)
+
+
+def apply_pipeline(transforms: Sequence[T.Transform], image: torch.Tensor, rng: random.Random) -> torch.Tensor:
+    """Runs ``transforms`` on one ``[C, H, W]`` image, drawing each random parameter from ``rng``."""
+    for t in transforms:
+        params = t.make_params(image.shape[-2], image.shape[-1], rng) if t.random else None
+        image = LOWERINGS.lookup(t)(t, image, params)
+    return image
+
+
+@LOWERINGS.register(T.RandomResizedCrop)
+def _random_resized_crop(t: T.RandomResizedCrop, img: torch.Tensor, p: CropParams) -> torch.Tensor:
+    return F.resized_crop(img, p.top, p.left, p.height, p.width, list(t.size),
+                          interpolation=_interp(t.interpolation), antialias=t.antialias)
+
+
+@LOWERINGS.register(T.Resize)
+def _resize(t: T.Resize, img: torch.Tensor, _: None) -> torch.Tensor:
+    size = None if t.size is None else list(t.size)
+    return F.resize(img, size, interpolation=_interp(t.interpolation), max_size=t.max_size,
+                    antialias=t.antialias)
+
+
+@LOWERINGS.register(T.CenterCrop)
+def _center_crop(t: T.CenterCrop, img: torch.Tensor, _: None) -> torch.Tensor:
+    return F.center_crop(img, list(t.size))
+
+
+@LOWERINGS.register(T.RandomCrop)
+def _random_crop(t: T.RandomCrop, img: torch.Tensor, p: RandomCropParams) -> torch.Tensor:
+    if any(p.padding):
+        fill = list(t.fill) if isinstance(t.fill, tuple) else t.fill
+        img = F.pad(img, list(p.padding), fill=fill, padding_mode=t.padding_mode)
+    if img.shape[-2:] != (p.height, p.width):
+        img = F.crop(img, p.top, p.left, p.height, p.width)
+    return img
+
+
+@LOWERINGS.register(T.RandomHorizontalFlip)
+def _hflip(t: T.RandomHorizontalFlip, img: torch.Tensor, p: FlipParams) -> torch.Tensor:
+    return F.horizontal_flip(img) if p.flip else img
+
+
+@LOWERINGS.register(T.RandomVerticalFlip)
+def _vflip(t: T.RandomVerticalFlip, img: torch.Tensor, p: FlipParams) -> torch.Tensor:
+    return F.vertical_flip(img) if p.flip else img
+
+
+_JITTER = (F.adjust_brightness, F.adjust_contrast, F.adjust_saturation, F.adjust_hue)
+
+
+@LOWERINGS.register(T.ColorJitter)
+def _color_jitter(t: T.ColorJitter, img: torch.Tensor, p: ColorJitterParams) -> torch.Tensor:
+    factors = (p.brightness, p.contrast, p.saturation, p.hue)
+    for i in p.order:
+        if factors[i] is not None:
+            img = _JITTER[i](img, factors[i])
+    return img
+
+
+@LOWERINGS.register(T.RandomGrayscale)
+def _grayscale(t: T.RandomGrayscale, img: torch.Tensor, p: GrayscaleParams) -> torch.Tensor:
+    return F.rgb_to_grayscale(img, num_output_channels=img.shape[-3]) if p.apply else img
+
+
+@LOWERINGS.register(T.GaussianBlur)
+def _gaussian_blur(t: T.GaussianBlur, img: torch.Tensor, p: BlurParams) -> torch.Tensor:
+    return F.gaussian_blur(img, list(t.kernel_size), [p.sigma, p.sigma])
+
+
+@LOWERINGS.register(T.ToDtype)
+def _to_dtype(t: T.ToDtype, img: torch.Tensor, _: None) -> torch.Tensor:
+    return F.to_dtype(img, t.dtype, scale=t.scale)
+
+
+@LOWERINGS.register(T.Normalize)
+def _normalize(t: T.Normalize, img: torch.Tensor, _: None) -> torch.Tensor:
+    channels = img.shape[-3]
+    mean = list(t.mean) * channels if len(t.mean) == 1 else list(t.mean)
+    std = list(t.std) * channels if len(t.std) == 1 else list(t.std)
+    return F.normalize(img, mean, std)
+

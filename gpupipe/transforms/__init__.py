@@ -1,0 +1,36 @@
+"""Transform definitions, with torchvision.transforms.v2's names, argument names and defaults.
+
+Each transform is a small frozen dataclass: it validates its arguments when constructed and imports
+no backend. Backends lower it through their registries. Images enter the pipeline decoded, as
+uint8 RGB ``[3, H, W]``.
+
+Example:
+    >>> import torch
+    >>> from gpupipe import transforms as T
+    >>> steps = [T.RandomResizedCrop(224), T.RandomHorizontalFlip(),
+    ...          T.ToDtype(torch.float32, scale=True),
+    ...          T.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])]
+"""
+
+from ._base import ImageSpec, InterpolationMode, Transform
+from ._color import ColorJitter, GaussianBlur, Normalize, RandomGrayscale, ToDtype
+from ._geometry import (
+    CenterCrop, RandomCrop, RandomHorizontalFlip, RandomResizedCrop, RandomVerticalFlip, Resize,
+)
+
+__all__ = [
+    "Transform",
+    "ImageSpec",
+    "InterpolationMode",
+    "RandomResizedCrop",
+    "Resize",
+    "CenterCrop",
+    "RandomCrop",
+    "RandomHorizontalFlip",
+    "RandomVerticalFlip",
+    "ColorJitter",
+    "RandomGrayscale",
+    "GaussianBlur",
+    "ToDtype",
+    "Normalize",
+]

@@ -1,0 +1,318 @@
+"""Geometric transforms: RandomResizedCrop, Resize, CenterCrop, RandomCrop and the flips.
+
+Names, argument names and defaults are torchvision.transforms.v2's; the output geometry (sizes,
+rounding, crop offsets) follows torchvision's rules exactly, through the pure functions at the end of
+this module that every backend uses.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+from .._errors import ConfigError
+from ._base import (
+    ImageSpec, InterpolationMode, Transform, check_bool, check_interpolation, check_probability,
+    check_range, check_size, is_int, is_number,
+)
+
+__all__ = [
+    "RandomResizedCrop", "Resize", "CenterCrop", "RandomCrop",
+    "RandomHorizontalFlip", "RandomVerticalFlip",
+    "CropParams", "RandomCropParams", "FlipParams",
+    "resized_output_size", "center_crop_anchor",
+]
+
+
+class CropParams(NamedTuple):
+    """A crop window in input pixels."""
+
+    top: int
+    left: int
+    height: int
+    width: int
+
+
+class RandomCropParams(NamedTuple):
+    """Padding ``[left, top, right, bottom]`` applied first, then the crop window."""
+
+    padding: tuple[int, int, int, int]
+    top: int
+    left: int
+    height: int
+    width: int
+
+
+class FlipParams(NamedTuple):
+    flip: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class RandomResizedCrop(Transform):
+    """Crops a random area and aspect ratio, then resizes it to ``size``.
+
+    Args:
+        size: output ``(h, w)``, or an int for a square output.
+        scale: range of the crop's area, as a fraction of the image's area. Default ``(0.08, 1.0)``.
+        ratio: range of the crop's aspect ratio (w / h), sampled log-uniformly.
+            Default ``(3/4, 4/3)``.
+        interpolation: resampling filter. Default ``BILINEAR``.
+        antialias: low-pass filter when downscaling. Default ``True``.
+
+    Shapes: ``[C, H, W] -> [C, size[0], size[1]]``.
+
+    Backends: parameters follow torchvision's sampler (10 attempts, then a central crop). DALI
+    fuses this transform with decoding (region-of-interest decode) and draws from the same
+    distributions with its own generator.
+    """
+
+    size: Any
+    _: dataclasses.KW_ONLY
+    scale: Sequence[float] = (0.08, 1.0)
+    ratio: Sequence[float] = (3.0 / 4.0, 4.0 / 3.0)
+    interpolation: InterpolationMode = InterpolationMode.BILINEAR
+    antialias: bool = True
+
+    random = True
+
+    def __post_init__(self) -> None:
+        name = type(self).__name__
+        self._set("size", check_size(name, self.size))
+        self._set("scale", check_range(name, self.scale, "scale", low=0.0, high=math.inf))
+        if self.scale[1] <= 0:
+            raise ConfigError(f"{name}: scale must have a positive max, got {self.scale!r}")
+        self._set("ratio", check_range(name, self.ratio, "ratio", low=1e-9))
+        self._set("interpolation", check_interpolation(name, self.interpolation))
+        check_bool(name, self.antialias, "antialias")
+
+    def output_spec(self, spec: ImageSpec) -> ImageSpec:
+        return dataclasses.replace(spec, height=self.size[0], width=self.size[1])
+
+    def make_params(self, height: int, width: int, rng: random.Random) -> CropParams:
+        area = height * width
+        log_lo, log_hi = math.log(self.ratio[0]), math.log(self.ratio[1])
+        for _ in range(10):
+            target_area = area * rng.uniform(self.scale[0], self.scale[1])
+            aspect_ratio = math.exp(rng.uniform(log_lo, log_hi))
+            w = int(round(math.sqrt(target_area * aspect_ratio)))
+            h = int(round(math.sqrt(target_area / aspect_ratio)))
+            if 0 < w <= width and 0 < h <= height:
+                return CropParams(rng.randrange(height - h + 1), rng.randrange(width - w + 1), h, w)
+        in_ratio = width / height  # fallback: central crop, as torchvision
+        if in_ratio < self.ratio[0]:
+            w, h = width, int(round(width / self.ratio[0]))
+        elif in_ratio > self.ratio[1]:
+            h, w = height, int(round(height * self.ratio[1]))
+        else:
+            w, h = width, height
+        return CropParams((height - h) // 2, (width - w) // 2, h, w)
+
+
+@dataclasses.dataclass(frozen=True)
+class Resize(Transform):
+    """Resizes the image.
+
+    Args:
+        size: ``(h, w)`` for an exact output size, or an int (or a one-element sequence) for the
+            shorter side, the longer side keeping the aspect ratio (rounded down, as torchvision).
+            ``None`` only together with ``max_size``.
+        interpolation: resampling filter. Default ``BILINEAR``.
+        max_size: upper bound of the longer side; only with an int ``size`` or ``size=None``.
+        antialias: low-pass filter when downscaling. Default ``True``.
+
+    Shapes: ``[C, H, W] -> [C, h, w]``; with an int ``size`` the output size depends on the input,
+    so a crop must follow before images are batched.
+    """
+
+    size: Any
+    _: dataclasses.KW_ONLY
+    interpolation: InterpolationMode = InterpolationMode.BILINEAR
+    max_size: int | None = None
+    antialias: bool = True
+
+    def __post_init__(self) -> None:
+        name = type(self).__name__
+        size = self.size
+        if size is None:
+            if not is_int(self.max_size):
+                raise ConfigError(f"{name}: max_size must be an int when size is None, got {self.max_size!r}")
+        elif is_int(size) or (isinstance(size, Sequence) and len(size) == 1):
+            (short, _) = check_size(name, size)
+            size = (short,)
+        else:
+            size = check_size(name, size)
+            if self.max_size is not None:
+                raise ConfigError(f"{name}: max_size is only allowed with an int size (the shorter side), got size={size}")
+        if self.max_size is not None:
+            if not (is_int(self.max_size) and self.max_size > 0):
+                raise ConfigError(f"{name}: max_size must be None or a positive int, got {self.max_size!r}")
+            if size is not None and self.max_size <= size[0]:
+                raise ConfigError(f"{name}: max_size={self.max_size} must be greater than size={size[0]}")
+        self._set("size", size)
+        self._set("interpolation", check_interpolation(name, self.interpolation))
+        check_bool(name, self.antialias, "antialias")
+
+    def output_spec(self, spec: ImageSpec) -> ImageSpec:
+        if self.size is not None and len(self.size) == 2:
+            return dataclasses.replace(spec, height=self.size[0], width=self.size[1])
+        if spec.fixed_size:
+            h, w = resized_output_size(spec.height, spec.width, self.size, self.max_size)
+            return dataclasses.replace(spec, height=h, width=w)
+        return dataclasses.replace(spec, height=None, width=None)
+
+
+@dataclasses.dataclass(frozen=True)
+class CenterCrop(Transform):
+    """Crops the center of the image; pads with zeros where the image is smaller than ``size``.
+
+    The window's offset is ``round((H - h) / 2)`` (Python's round-half-to-even), as torchvision.
+
+    Shapes: ``[C, H, W] -> [C, size[0], size[1]]``.
+    """
+
+    size: Any
+
+    def __post_init__(self) -> None:
+        self._set("size", check_size(type(self).__name__, self.size))
+
+    def output_spec(self, spec: ImageSpec) -> ImageSpec:
+        return dataclasses.replace(spec, height=self.size[0], width=self.size[1])
+
+
+_PADDING_MODES = ("constant", "edge", "reflect", "symmetric")
+
+
+@dataclasses.dataclass(frozen=True)
+class RandomCrop(Transform):
+    """Crops a random window of ``size``, optionally after padding.
+
+    Args:
+        size: output ``(h, w)``, or an int for a square output.
+        padding: ``None`` (default), an int for all sides, ``(left/right, top/bottom)`` or
+            ``(left, top, right, bottom)``.
+        pad_if_needed: pad images smaller than ``size`` (on both sides). Default ``False``: such
+            an image is an error.
+        fill: constant fill value for ``padding_mode="constant"``: a number, or one per channel.
+        padding_mode: ``"constant"`` (default), ``"edge"``, ``"reflect"`` or ``"symmetric"``.
+
+    Shapes: ``[C, H, W] -> [C, size[0], size[1]]``.
+    """
+
+    size: Any
+    _: dataclasses.KW_ONLY
+    padding: Any = None
+    pad_if_needed: bool = False
+    fill: Any = 0
+    padding_mode: str = "constant"
+
+    random = True
+
+    def __post_init__(self) -> None:
+        name = type(self).__name__
+        self._set("size", check_size(name, self.size))
+        padding = self.padding
+        if padding is not None:
+            if is_int(padding):
+                padding = (padding,) * 4
+            elif isinstance(padding, Sequence) and len(padding) in (1, 2, 4) and all(map(is_int, padding)):
+                padding = {1: lambda p: p * 4, 2: lambda p: (p[0], p[1], p[0], p[1]), 4: tuple}[len(padding)](tuple(padding))
+            else:
+                padding = "bad"
+            if padding == "bad" or any(p < 0 for p in padding):
+                raise ConfigError(f"{name}: padding must be None, a non-negative int, or a sequence of 1, 2 "
+                                  f"or 4 non-negative ints, got {self.padding!r}")
+            padding = None if not any(padding) else padding  # stored as (left, top, right, bottom)
+        self._set("padding", padding)
+        check_bool(name, self.pad_if_needed, "pad_if_needed")
+        fill = self.fill
+        if isinstance(fill, Sequence) and not isinstance(fill, str) and all(map(is_number, fill)) and fill:
+            fill = tuple(float(f) for f in fill)
+        elif not is_number(fill):
+            raise ConfigError(f"{name}: fill must be a number or a sequence of numbers, got {self.fill!r}")
+        self._set("fill", fill)
+        if self.padding_mode not in _PADDING_MODES:
+            raise ConfigError(f"{name}: padding_mode must be one of {_PADDING_MODES}, got {self.padding_mode!r}")
+
+    def output_spec(self, spec: ImageSpec) -> ImageSpec:
+        if isinstance(self.fill, tuple) and len(self.fill) not in (1, spec.channels):
+            raise self._fail(f"fill has {len(self.fill)} values for an image of {spec.channels} channels")
+        return dataclasses.replace(spec, height=self.size[0], width=self.size[1])
+
+    def make_params(self, height: int, width: int, rng: random.Random) -> RandomCropParams:
+        left, top, right, bottom = self.padding or (0, 0, 0, 0)
+        ph, pw = height + top + bottom, width + left + right
+        ch, cw = self.size
+        if self.pad_if_needed:
+            if ph < ch:
+                diff = ch - ph
+                top, bottom, ph = top + diff, bottom + diff, ph + 2 * diff
+            if pw < cw:
+                diff = cw - pw
+                left, right, pw = left + diff, right + diff, pw + 2 * diff
+        if ph < ch or pw < cw:
+            raise ValueError(f"RandomCrop: crop size {(ch, cw)} is larger than the "
+                             f"{'padded ' if self.padding else ''}image size {(ph, pw)}; "
+                             "set pad_if_needed=True to pad small images")
+        return RandomCropParams((left, top, right, bottom), rng.randrange(ph - ch + 1),
+                                rng.randrange(pw - cw + 1), ch, cw)
+
+
+@dataclasses.dataclass(frozen=True)
+class _RandomFlip(Transform):
+    p: float = 0.5
+
+    random = True
+
+    def __post_init__(self) -> None:
+        self._set("p", check_probability(type(self).__name__, self.p))
+
+    def make_params(self, height: int, width: int, rng: random.Random) -> FlipParams:
+        return FlipParams(rng.random() < self.p)
+
+
+@dataclasses.dataclass(frozen=True)
+class RandomHorizontalFlip(_RandomFlip):
+    """Flips the image left-right with probability ``p`` (default 0.5). Shapes unchanged."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RandomVerticalFlip(_RandomFlip):
+    """Flips the image upside down with probability ``p`` (default 0.5). Shapes unchanged."""
+
+
+# ------------------------------------------------- geometry shared by every backend --
+
+
+def resized_output_size(height: int, width: int, size: tuple[int, ...] | None,
+                        max_size: int | None = None) -> tuple[int, int]:
+    """Output ``(h, w)`` of ``Resize(size, max_size=max_size)`` for an input of ``height x width``.
+
+    Torchvision's rule: the longer side is ``int(size * long / short)`` (rounded down), then
+    capped by ``max_size``.
+    """
+    short, long = (width, height) if width <= height else (height, width)
+    if size is None:
+        new_short, new_long = int(max_size * short / long), max_size
+    elif len(size) == 1:
+        new_short, new_long = size[0], int(size[0] * long / short)
+        if max_size is not None and new_long > max_size:
+            new_short, new_long = int(max_size * new_short / new_long), max_size
+    else:
+        return size[0], size[1]
+    return (new_long, new_short) if width <= height else (new_short, new_long)
+
+
+def center_crop_anchor(crop_height: int, crop_width: int, height: int, width: int) -> tuple[int, int]:
+    """Top-left corner of torchvision's center crop, in input pixels.
+
+    Negative where the crop is larger than the image: torchvision then pads ``(crop - size) // 2``
+    zeros before the image (the odd pixel goes after it).
+    """
+
+    def anchor(crop: int, size: int) -> int:
+        return -((crop - size) // 2) if crop > size else int(round((size - crop) / 2.0))
+
+    return anchor(crop_height, height), anchor(crop_width, width)

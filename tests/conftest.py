@@ -1,0 +1,80 @@
+"""Fixtures: small real-JPEG datasets built by the tests themselves."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import gpupipe as gp
+
+SHARD_SIZES = (7, 5, 4)  # uneven on purpose
+
+
+def label_of(i: int) -> int:
+    return (i * 7) % 5
+
+
+def _write_webdataset_shards(root, sizes, *, prefix="train", label=True):
+    """Writes shards with webdataset's own TarWriter (independent of gpupipe's writer)."""
+    import webdataset as wds
+
+    paths, n = [], 0
+    for s, size in enumerate(sizes):
+        path = os.path.join(root, f"{prefix}-{s:06d}.tar")
+        with wds.TarWriter(path) as sink:
+            for _ in range(size):
+                img = gp.synthetic_image(n, label=label_of(n), size=(64 + 8 * (n % 5), 80 + 4 * (n % 3)))
+                sample = {"__key__": f"img/{s:02d}/{n:06d}", "jpg": gp.encode_jpeg(img, quality=90)}
+                if label:
+                    sample["cls"] = str(label_of(n)).encode()
+                sink.write(sample)
+                n += 1
+        paths.append(path)
+    return paths
+
+
+@pytest.fixture(scope="session")
+def shards(tmp_path_factory) -> list[str]:
+    """3 shards of 7, 5 and 4 small synthetic-photo JPEGs; sample n has key img/SS/nnnnnn."""
+    return _write_webdataset_shards(str(tmp_path_factory.mktemp("wds")), SHARD_SIZES)
+
+
+@pytest.fixture(scope="session")
+def unlabeled_shards(tmp_path_factory) -> list[str]:
+    return _write_webdataset_shards(str(tmp_path_factory.mktemp("wds_nolabel")), (3, 2), label=False)
+
+
+@pytest.fixture(scope="session")
+def image_folder(tmp_path_factory) -> str:
+    """ImageFolder tree: 3 classes, JPEG and PNG files, a nested folder, a non-image file."""
+    from PIL import Image
+
+    root = tmp_path_factory.mktemp("folder")
+    for c, cls in enumerate(["zebra", "ant", "moose"]):
+        os.makedirs(root / cls / "sub")
+        for i in range(3 + c):
+            img = gp.synthetic_image(100 + 10 * c + i, label=c, size=(48, 56))
+            if i % 2:
+                Image.fromarray(img).save(root / cls / f"{i:03d}.png")
+            else:
+                (root / cls / f"{i:03d}.JPEG").write_bytes(gp.encode_jpeg(img))
+        Image.fromarray(img).save(root / cls / "sub" / "deep.jpg")
+        (root / cls / "notes.txt").write_text("not an image")
+    return str(root)
+
+
+@pytest.fixture(scope="session")
+def photo() -> torch.Tensor:
+    """A decoded photograph-like JPEG, uint8 [3, 120, 160]."""
+    from gpupipe._decode import decode_rgb
+
+    data = gp.encode_jpeg(gp.synthetic_image(7, label=3, size=(120, 160)))
+    return decode_rgb(data, shard="-", key="photo")
+
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+    return np.random.default_rng(0)

@@ -1,0 +1,305 @@
+"""Every transform: argument validation, output shape/dtype, equality with torchvision on fixed
+parameters (torch backend), and parameter sampling against torchvision's."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+import pytest
+import torch
+from torchvision.transforms import v2
+
+import gpupipe as gp
+from gpupipe import transforms as T
+
+from .checkers import check_invalid, check_transform, spec_of
+
+
+def as_float(image):
+    return image.to(torch.float32) / 255
+
+
+class TestRandomResizedCrop:
+    @pytest.mark.parametrize("kwargs, name", [
+        (dict(size=0), "size"), (dict(size=(1, 2, 3)), "size"), (dict(size="224"), "size"),
+        (dict(size=224, scale=(0.5,)), "scale"), (dict(size=224, scale=(0.9, 0.1)), "scale"),
+        (dict(size=224, ratio=(0, 1)), "ratio"), (dict(size=224, interpolation="lanczos"), "interpolation"),
+        (dict(size=224, antialias=None), "antialias"),
+    ])
+    def test_invalid_arguments(self, kwargs, name):
+        check_invalid(lambda: T.RandomResizedCrop(**kwargs), name)
+
+    def test_options_are_keyword_only(self):
+        with pytest.raises(TypeError):
+            T.RandomResizedCrop(224, (0.5, 1.0))
+
+    def test_defaults_are_torchvision(self):
+        t, tv = T.RandomResizedCrop(224), v2.RandomResizedCrop(224)
+        assert t.size == tuple(tv.size) and t.scale == tuple(tv.scale) and t.ratio == tuple(tv.ratio)
+        assert t.antialias is tv.antialias and t.interpolation.value == getattr(tv.interpolation, "value", tv.interpolation)
+
+    @pytest.mark.parametrize("kwargs", [dict(size=48), dict(size=(40, 64), scale=(0.3, 0.9)),
+                                        dict(size=32, interpolation=v2.InterpolationMode.BICUBIC),
+                                        dict(size=50, interpolation="nearest", antialias=False)])
+    def test_matches_torchvision(self, photo, kwargs):
+        tv = v2.RandomResizedCrop(**kwargs)
+        check_transform(T.RandomResizedCrop(**kwargs), photo, lambda img, p: tv.transform(img, p._asdict()))
+
+    def test_sampling_matches_torchvision(self):
+        t, tv = T.RandomResizedCrop(32), v2.RandomResizedCrop(32)
+        h, w, n = 375, 500, 4000
+        rng = random.Random(0)
+        ours = [t.make_params(h, w, rng) for _ in range(n)]
+        torch.manual_seed(0)
+        theirs = [tv.make_params([torch.empty(3, h, w)]) for _ in range(n)]
+
+        def stats(ps, get):
+            area = np.array([get(p, "height") * get(p, "width") / (h * w) for p in ps])
+            logr = np.array([math.log(get(p, "width") / get(p, "height")) for p in ps])
+            top = np.array([get(p, "top") for p in ps])
+            return area.mean(), area.std(), logr.mean(), logr.std(), top.mean()
+
+        a = stats(ours, lambda p, k: getattr(p, k))
+        b = stats(theirs, lambda p, k: p[k])
+        np.testing.assert_allclose(a[:4], b[:4], atol=0.02)
+        assert abs(a[4] - b[4]) < 0.05 * h
+
+    def test_fallback_is_central_crop(self):
+        t = T.RandomResizedCrop(8, scale=(5.0, 6.0))  # never fits: torchvision's central fallback
+        assert t.make_params(100, 400, random.Random(0)) == (0, 133, 100, 133)
+
+
+class TestResize:
+    @pytest.mark.parametrize("kwargs, name", [
+        (dict(size=-1), "size"), (dict(size=None), "max_size"), (dict(size=(10, 20), max_size=30), "max_size"),
+        (dict(size=100, max_size=100), "max_size"), (dict(size=10, interpolation=3), "interpolation"),
+    ])
+    def test_invalid_arguments(self, kwargs, name):
+        check_invalid(lambda: T.Resize(**kwargs), name)
+
+    @pytest.mark.parametrize("kwargs", [dict(size=37), dict(size=(50, 70)), dict(size=[61]),
+                                        dict(size=100, max_size=150), dict(size=None, max_size=90),
+                                        dict(size=64, interpolation="bicubic"), dict(size=150, antialias=False)])
+    def test_matches_torchvision(self, photo, kwargs):
+        tv = v2.Resize(**kwargs)
+        check_transform(T.Resize(**kwargs), photo, lambda img, p: tv(img), seeds=[0])
+
+    def test_variable_output_size(self):
+        assert not T.Resize(256).output_spec(T.ImageSpec()).fixed_size
+        assert T.Resize((3, 4)).output_spec(T.ImageSpec()).fixed_size
+
+    @pytest.mark.parametrize("h, w", [(375, 500), (333, 500), (500, 281), (224, 224), (479, 640)])
+    def test_output_size_rule(self, h, w):
+        spec = T.Resize(256).output_spec(T.ImageSpec(3, h, w))
+        expected = v2.Resize(256)(torch.empty(1, h, w)).shape[-2:]
+        assert (spec.height, spec.width) == tuple(expected)
+
+
+class TestCenterCrop:
+    @pytest.mark.parametrize("size", [0, (1, 2, 3), None, 2.5])
+    def test_invalid_arguments(self, size):
+        check_invalid(lambda: T.CenterCrop(size), "size")
+
+    @pytest.mark.parametrize("size", [64, (33, 47), (120, 160), (130, 171), (121, 10)])
+    def test_matches_torchvision(self, photo, size):
+        tv = v2.CenterCrop(size)
+        check_transform(T.CenterCrop(size), photo, lambda img, p: tv(img), seeds=[0])
+
+    @pytest.mark.parametrize("crop, size", [(5, 10), (4, 9), (13, 10), (12, 9), (10, 10)])
+    def test_anchor_rule(self, crop, size):
+        from gpupipe.transforms._geometry import center_crop_anchor
+
+        image = torch.arange(size * size, dtype=torch.float32).reshape(1, size, size) + 1
+        out = v2.functional.center_crop(image, [crop, crop])
+        top, left = center_crop_anchor(crop, crop, size, size)
+        first = (top if top >= 0 else 0) * size + (left if left >= 0 else 0) + 1
+        r, c = max(0, -top), max(0, -left)
+        assert out[0, r, c] == first
+
+
+class TestRandomCrop:
+    @pytest.mark.parametrize("kwargs, name", [
+        (dict(size=0), "size"), (dict(size=8, padding=-1), "padding"), (dict(size=8, padding=(1, 2, 3)), "padding"),
+        (dict(size=8, padding_mode="wrap"), "padding_mode"), (dict(size=8, fill="red"), "fill"),
+        (dict(size=8, pad_if_needed=1), "pad_if_needed"),
+    ])
+    def test_invalid_arguments(self, kwargs, name):
+        check_invalid(lambda: T.RandomCrop(**kwargs), name)
+
+    @pytest.mark.parametrize("kwargs", [dict(size=50), dict(size=(120, 160)), dict(size=40, padding=4),
+                                        dict(size=(130, 100), pad_if_needed=True, fill=(10, 20, 30)),
+                                        dict(size=(100, 170), padding=(1, 2), pad_if_needed=True,
+                                             padding_mode="reflect"),
+                                        dict(size=64, padding=(1, 2, 3, 4), padding_mode="edge")])
+    def test_matches_torchvision(self, photo, kwargs):
+        tv = v2.RandomCrop(**kwargs)
+
+        def reference(img, p):
+            return tv.transform(img, dict(needs_pad=any(p.padding), padding=list(p.padding), top=p.top, left=p.left,
+                                          height=p.height, width=p.width, needs_crop=True))
+
+        check_transform(T.RandomCrop(**kwargs), photo, reference)
+
+    def test_too_small_image_is_an_error(self):
+        with pytest.raises(ValueError, match="pad_if_needed"):
+            T.RandomCrop(200).make_params(120, 160, random.Random(0))
+
+
+class TestRandomHorizontalFlip:
+    @pytest.mark.parametrize("p", [-0.1, 1.5, "0.5", None])
+    def test_invalid_arguments(self, p):
+        check_invalid(lambda: T.RandomHorizontalFlip(p), "p")
+
+    def test_matches_torchvision(self, photo):
+        tv = v2.RandomHorizontalFlip(p=1.0)
+        results = check_transform(T.RandomHorizontalFlip(), photo,
+                                  lambda img, p: tv(img) if p.flip else img, seeds=range(20))
+        assert {p.flip for p, _ in results} == {True, False}
+
+    def test_rate(self):
+        rng = random.Random(0)
+        flips = [T.RandomHorizontalFlip(p=0.3).make_params(1, 1, rng).flip for _ in range(4000)]
+        assert abs(np.mean(flips) - 0.3) < 0.03
+
+
+class TestRandomVerticalFlip:
+    def test_invalid_arguments(self):
+        check_invalid(lambda: T.RandomVerticalFlip(p=2), "p")
+
+    def test_matches_torchvision(self, photo):
+        tv = v2.RandomVerticalFlip(p=1.0)
+        check_transform(T.RandomVerticalFlip(p=0.5), photo, lambda img, p: tv(img) if p.flip else img, seeds=range(8))
+
+
+def _jitter_reference(tv):
+    def reference(img, p):
+        return tv.transform(img, dict(fn_idx=torch.tensor(p.order), brightness_factor=p.brightness,
+                                      contrast_factor=p.contrast, saturation_factor=p.saturation, hue_factor=p.hue))
+    return reference
+
+
+class TestColorJitter:
+    @pytest.mark.parametrize("kwargs, name", [
+        (dict(brightness=-0.1), "brightness"), (dict(contrast=(0.5,)), "contrast"),
+        (dict(saturation=(2, 1)), "saturation"), (dict(hue=0.6), "hue"), (dict(hue=(-0.7, 0.1)), "hue"),
+    ])
+    def test_invalid_arguments(self, kwargs, name):
+        check_invalid(lambda: T.ColorJitter(**kwargs), name)
+
+    def test_normalised_like_torchvision(self):
+        t, tv = T.ColorJitter(0.4, 0.4, 0.4, 0.1), v2.ColorJitter(0.4, 0.4, 0.4, 0.1)
+        for name in ("brightness", "contrast", "saturation", "hue"):
+            assert getattr(t, name) == pytest.approx(tuple(getattr(tv, name)))
+        assert T.ColorJitter(brightness=0).brightness is None
+
+    @pytest.mark.parametrize("as_float_image", [False, True])
+    def test_matches_torchvision(self, photo, as_float_image):
+        kwargs = dict(brightness=0.4, contrast=0.4, saturation=0.4, hue=0.1)
+        image = as_float(photo) if as_float_image else photo
+        check_transform(T.ColorJitter(**kwargs), image, _jitter_reference(v2.ColorJitter(**kwargs)))
+
+    def test_ranges(self):
+        t, rng = T.ColorJitter(brightness=(0.5, 1.5), hue=0.2), random.Random(1)
+        ps = [t.make_params(1, 1, rng) for _ in range(2000)]
+        b, h = np.array([p.brightness for p in ps]), np.array([p.hue for p in ps])
+        assert 0.5 <= b.min() < 0.52 and 1.48 < b.max() <= 1.5 and abs(b.mean() - 1.0) < 0.03
+        assert -0.2 <= h.min() < -0.19 and 0.19 < h.max() <= 0.2
+        assert all(p.contrast is None and p.saturation is None for p in ps)
+        assert len({p.order for p in ps}) == 24
+
+    def test_needs_three_channels_for_saturation(self):
+        with pytest.raises(gp.PipelineError, match="3 channels"):
+            T.ColorJitter(saturation=0.5).output_spec(T.ImageSpec(channels=1))
+
+
+class TestRandomGrayscale:
+    def test_invalid_arguments(self):
+        check_invalid(lambda: T.RandomGrayscale(p=-1), "p")
+
+    def test_default_p_is_torchvision(self):
+        assert T.RandomGrayscale().p == v2.RandomGrayscale().p == 0.1
+
+    def test_matches_torchvision(self, photo):
+        tv = v2.RandomGrayscale(p=1.0)
+        ref = lambda img, p: tv.transform(img, dict(num_input_channels=3)) if p.apply else img  # noqa: E731
+        results = check_transform(T.RandomGrayscale(p=0.5), photo, ref, seeds=range(10))
+        gray = [out for p, out in results if p.apply]
+        assert gray and all(torch.equal(g[0], g[1]) and torch.equal(g[1], g[2]) for g in gray)
+
+
+class TestGaussianBlur:
+    @pytest.mark.parametrize("kwargs, name", [
+        (dict(kernel_size=4), "kernel_size"), (dict(kernel_size=(3, 0)), "kernel_size"),
+        (dict(kernel_size=3, sigma=0), "sigma"), (dict(kernel_size=3, sigma=(2.0, 1.0)), "sigma"),
+    ])
+    def test_invalid_arguments(self, kwargs, name):
+        check_invalid(lambda: T.GaussianBlur(**kwargs), name)
+
+    @pytest.mark.parametrize("kwargs", [dict(kernel_size=5), dict(kernel_size=(3, 9), sigma=(0.5, 3.0)),
+                                        dict(kernel_size=7, sigma=1.5)])
+    def test_matches_torchvision(self, photo, kwargs):
+        tv = v2.GaussianBlur(**kwargs)
+        check_transform(T.GaussianBlur(**kwargs), photo, lambda img, p: tv.transform(img, dict(sigma=[p.sigma] * 2)))
+
+    def test_sigma_range(self):
+        rng = random.Random(0)
+        s = [T.GaussianBlur(3, sigma=(0.1, 2.0)).make_params(1, 1, rng).sigma for _ in range(2000)]
+        assert 0.1 <= min(s) < 0.15 and 1.95 < max(s) <= 2.0
+
+
+class TestToDtype:
+    def test_invalid_arguments(self):
+        check_invalid(lambda: T.ToDtype(torch.int32), "dtype")
+        check_invalid(lambda: T.ToDtype(torch.float32, scale=1), "scale")
+
+    def test_scale_is_keyword_only(self):
+        with pytest.raises(TypeError):
+            T.ToDtype(torch.float32, True)
+
+    @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.uint8])
+    @pytest.mark.parametrize("scale", [False, True])
+    def test_matches_torchvision(self, photo, dtype, scale):
+        tv = v2.ToDtype(dtype, scale=scale)
+        check_transform(T.ToDtype(dtype, scale=scale), photo, lambda img, p: tv(img), seeds=[0])
+
+    def test_float_to_uint8(self, photo):
+        tv = v2.ToDtype(torch.uint8, scale=True)
+        check_transform(T.ToDtype(torch.uint8, scale=True), as_float(photo), lambda img, p: tv(img), seeds=[0])
+
+
+class TestNormalize:
+    @pytest.mark.parametrize("kwargs, name", [
+        (dict(mean=[0.5], std=[0.0]), "std"), (dict(mean="abc", std=[1.0]), "mean"),
+        (dict(mean=[0.5], std=[]), "std"), (dict(mean=[0.5], std=[1.0], inplace="yes"), "inplace"),
+    ])
+    def test_invalid_arguments(self, kwargs, name):
+        check_invalid(lambda: T.Normalize(**kwargs), name)
+
+    @pytest.mark.parametrize("mean, std", [((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)), ([0.5], [0.25])])
+    def test_matches_torchvision(self, photo, mean, std):
+        tv = v2.Normalize(mean * (3 // len(mean)), std * (3 // len(std)))
+        check_transform(T.Normalize(mean, std), as_float(photo), lambda img, p: tv(img), seeds=[0])
+
+    def test_needs_float_input(self):
+        with pytest.raises(gp.PipelineError, match="ToDtype"):
+            T.Normalize([0.5], [0.5]).output_spec(T.ImageSpec())
+
+    def test_channel_count_checked(self, photo):
+        with pytest.raises(gp.PipelineError, match="mean has 2 values"):
+            T.Normalize([0.5, 0.5], [0.5]).output_spec(spec_of(as_float(photo)))
+
+
+def test_every_transform_has_a_test_class():
+    tested = {name.removeprefix("Test") for name in globals() if name.startswith("Test")}
+    defined = {n for n in T.__all__ if isinstance(getattr(T, n), type) and issubclass(getattr(T, n), T.Transform)
+               and n != "Transform"}
+    assert defined <= tested, defined - tested
+
+
+def test_transforms_are_frozen_and_hashable():
+    t = T.RandomResizedCrop(224)
+    with pytest.raises(Exception):
+        t.size = (1, 1)
+    assert hash(t) == hash(T.RandomResizedCrop((224, 224)))
