@@ -45,7 +45,7 @@ def _decode_pillow(data: bytes) -> torch.Tensor:
 def decode_rgb(data: bytes, *, shard: str, key: str) -> torch.Tensor:
     """Decodes ``data`` to a uint8 ``[3, H, W]`` tensor; raises SampleError naming shard and key."""
     if not data:
-        raise SampleError(f"empty image in shard {shard!r}, sample {key!r}", shard=shard, key=key)
+        raise SampleError(f"the image of sample {key!r} in shard {shard!r} is empty", shard=shard, key=key)
     try:
         if decode_image is not None and data.startswith(_TORCHVISION_MAGIC):
             return _decode_torchvision(data)

@@ -76,6 +76,19 @@ class Index:
     def __len__(self) -> int:
         return int(self.offsets[-1])
 
+    def close(self) -> None:
+        """Closes the shard files this process opened (they reopen on the next read)."""
+        for f in self._files.values():
+            f.close()
+        self._files.clear()
+
+    def __del__(self) -> None:
+        if self._pid == os.getpid():
+            self.close()
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_files": {}, "_pid": -1}
+
     def locate(self, sample: int) -> tuple[int, int]:
         """Global sample number → (shard number, sample number in the shard)."""
         shard = int(np.searchsorted(self.offsets, sample, side="right")) - 1
@@ -91,9 +104,7 @@ class Index:
         f = self._files.get(path)
         if f is None:
             if len(self._files) >= 64:
-                for old in self._files.values():
-                    old.close()
-                self._files.clear()
+                self.close()
             try:
                 f = self._files[path] = open(path, "rb")
             except OSError as e:

@@ -32,8 +32,11 @@ def resolve(backend: str, device: Any) -> tuple[str, str]:
         raise ConfigError(f"Loader: backend must be one of {BACKENDS}, got {backend!r}")
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    dev = torch.device(device)
-    if dev.type not in ("cpu", "cuda"):
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        dev = None
+    if dev is None or dev.type not in ("cpu", "cuda"):
         raise ConfigError(f"Loader: device must be 'cpu' or 'cuda[:N]', got {device!r}")
     if dev.type == "cuda" and not torch.cuda.is_available():
         from .._errors import BackendUnavailableError

@@ -1,0 +1,52 @@
+"""python -m gpupipe make-shards / bench."""
+
+import json
+import os
+import subprocess
+import sys
+
+import gpupipe as gp
+from gpupipe._cli import main
+
+ROOT = os.path.join(os.path.dirname(__file__), "..")
+
+
+def test_make_shards_synthetic(tmp_path, capsys):
+    assert main(["make-shards", str(tmp_path), "--synthetic", "10", "--shard-size", "4", "--classes", "3",
+                 "--workers", "1"]) == 0
+    assert "train-{000000..000002}.tar" in capsys.readouterr().out
+    index = gp.WebDataset(str(tmp_path / "train-{000000..000002}.tar")).index()
+    assert list(index.shard_sizes) == [4, 4, 2]
+    assert [index.read(i).label for i in range(10)] == [i % 3 for i in range(10)]
+    sample = index.read(0)
+    assert sample.data[:2] == b"\xff\xd8" and len(sample.data) > 10_000  # a real, photo-sized JPEG
+    from gpupipe._decode import decode_rgb
+
+    assert 300 <= min(decode_rgb(sample.data, shard="s", key="k").shape[1:]) <= 500
+
+
+def test_synthetic_is_deterministic():
+    import numpy as np
+
+    np.testing.assert_array_equal(gp.synthetic_image(3, label=1), gp.synthetic_image(3, label=1))
+
+
+def test_make_shards_from_imagefolder(tmp_path, image_folder, capsys):
+    assert main(["make-shards", str(tmp_path), "--from-imagefolder", image_folder, "--shard-size", "100"]) == 0
+    index = gp.WebDataset(str(tmp_path / "train-000000.tar"), image="jpg;png").index()
+    folder = gp.ImageFolder(image_folder).index()
+    assert len(index) == len(folder)
+    assert [index.read(i).label for i in range(len(index))] == [folder.read(i).label for i in range(len(folder))]
+    assert index.read(0).data == folder.read(0).data  # JPEGs are copied, not re-encoded
+
+
+def test_bench_runs_the_imagenet_pipeline(tmp_path):
+    main(["make-shards", str(tmp_path), "--synthetic", "12", "--shard-size", "6", "--workers", "1"])
+    out = tmp_path / "bench.json"
+    proc = subprocess.run([sys.executable, "-m", "gpupipe", "bench", "pipelines/imagenet.py:train",
+                           str(tmp_path / "train-{000000..000001}.tar"), "--batch-size", "4", "--epochs", "1",
+                           "--workers", "1", "--json", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, check=True)
+    assert "images/s" in proc.stdout
+    result = json.loads(out.read_text())
+    assert result["epochs"][0]["images"] == 12 and result["epochs"][0]["images_per_s"] > 0

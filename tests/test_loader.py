@@ -1,0 +1,196 @@
+"""Pipeline checking and the Loader's epoch semantics on the torch backend."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import gpupipe as gp
+from gpupipe import transforms as T
+
+from .conftest import SHARD_SIZES, label_of
+
+N = sum(SHARD_SIZES)
+
+
+def small_train(source, size=32):
+    return gp.Pipeline(source, [T.RandomResizedCrop(size), T.RandomHorizontalFlip(), T.ColorJitter(0.2, 0.2, 0.2),
+                                T.ToDtype(torch.float32, scale=True), T.Normalize([0.5] * 3, [0.25] * 3)])
+
+
+def small_val(source, size=32):
+    return gp.Pipeline(source, [T.Resize(40), T.CenterCrop(size), T.ToDtype(torch.float32, scale=True)])
+
+
+def collect(loader):
+    keys, labels, shapes = [], [], []
+    for batch in loader:
+        images, lab = batch
+        keys += batch.keys
+        labels += lab.tolist()
+        shapes.append(tuple(images.shape))
+    return keys, labels, shapes
+
+
+class TestPipeline:
+    def test_output_spec(self, shards):
+        assert str(small_train(shards).output_spec) == "[3, 32, 32] float32"
+        assert small_val(shards).specs[1].height is None
+
+    def test_source_forms(self, shards, image_folder):
+        assert isinstance(gp.Pipeline(shards, []).source, gp.WebDataset)
+        assert isinstance(gp.Pipeline(shards[0], []).source, gp.WebDataset)
+        with pytest.raises(gp.ConfigError, match="ImageFolder"):
+            gp.Pipeline(image_folder, [])
+        with pytest.raises(gp.ConfigError, match="source must be"):
+            gp.Pipeline(42, [])
+
+    def test_step_errors_name_the_step(self, shards):
+        with pytest.raises(gp.PipelineError, match=r"step 1: Normalize.*ToDtype"):
+            gp.Pipeline(shards, [T.CenterCrop(8), T.Normalize([0.5], [0.5])])
+
+    def test_torchvision_transforms_rejected(self, shards):
+        from torchvision.transforms import v2
+
+        with pytest.raises(gp.ConfigError, match="use gpupipe.transforms"):
+            gp.Pipeline(shards, [v2.CenterCrop(8)])
+
+    def test_load_pipeline_by_path(self, shards):
+        root = os.path.join(os.path.dirname(__file__), "..", "pipelines", "imagenet.py")
+        train = gp.load_pipeline(f"{root}:train")(shards, size=64)
+        assert str(train.output_spec) == "[3, 64, 64] float32"
+        val = gp.load_pipeline(f"{root}:val")(shards)
+        assert [type(t).__name__ for t in val.transforms] == ["Resize", "CenterCrop", "ToDtype", "Normalize"]
+        with pytest.raises(gp.ConfigError, match="no function"):
+            gp.load_pipeline(f"{root}:nope")
+        with pytest.raises(gp.ConfigError, match="file.py:function"):
+            gp.load_pipeline("pipelines/imagenet.py")
+
+
+class TestLoaderArguments:
+    @pytest.mark.parametrize("kwargs, match", [
+        (dict(batch_size=0), "batch_size"), (dict(batch_size=2, shuffle=1), "shuffle"),
+        (dict(batch_size=2, seed=1.5), "seed"), (dict(batch_size=2, backend="tensorflow"), "backend"),
+        (dict(batch_size=2, device="tpu"), "device"), (dict(batch_size=2, num_workers=-1), "num_workers"),
+        (dict(batch_size=2, prefetch=0), "prefetch"),
+    ])
+    def test_invalid(self, shards, kwargs, match):
+        with pytest.raises(gp.ConfigError, match=match):
+            gp.Loader(small_val(shards), **kwargs)
+
+    def test_variable_size_output_is_refused(self, shards):
+        with pytest.raises(gp.PipelineError, match="fixed size"):
+            gp.Loader(gp.Pipeline(shards, [T.Resize(40)]), 2)
+
+    def test_cuda_without_cuda(self, shards):
+        if torch.cuda.is_available():
+            pytest.skip("CUDA present")
+        with pytest.raises(gp.BackendUnavailableError, match="CUDA"):
+            gp.Loader(small_val(shards), 2, device="cuda")
+
+    def test_options_are_keyword_only(self, shards):
+        with pytest.raises(TypeError):
+            gp.Loader(small_val(shards), 2, True)
+
+
+class TestEpoch:
+    @pytest.mark.parametrize("num_workers", [0, 2])
+    def test_every_sample_once_in_order(self, shards, num_workers):
+        loader = gp.Loader(small_val(shards), 5, num_workers=num_workers, device="cpu", backend="torch")
+        keys, labels, shapes = collect(loader)
+        index = loader.index
+        assert keys == [index.key(i) for i in range(N)]  # shard order, then member order
+        assert labels == [label_of(i) for i in range(N)]
+        assert shapes == [(5, 3, 32, 32)] * 3 + [(1, 3, 32, 32)]
+        assert len(loader) == len(shapes)
+
+    @pytest.mark.parametrize("batch_size", [1, 3, 4, 16, 17, 40])
+    @pytest.mark.parametrize("drop_last", [False, True])
+    def test_len_matches_iteration(self, shards, batch_size, drop_last):
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # drop_last with fewer samples than a batch warns
+            loader = gp.Loader(small_val(shards), batch_size, drop_last=drop_last, shuffle=True, seed=1,
+                               num_workers=0)
+        keys, _, shapes = collect(loader)
+        assert len(shapes) == len(loader)
+        expected = N // batch_size if drop_last else math.ceil(N / batch_size)
+        assert len(loader) == expected
+        assert all(s[0] == batch_size for s in (shapes if drop_last else shapes[:-1]))
+        assert len(set(keys)) == len(keys) == (expected * batch_size if drop_last else N)
+
+    def test_drop_last_with_too_few_samples_warns(self, shards):
+        with pytest.warns(UserWarning, match="every epoch is empty"):
+            gp.Loader(small_val(shards), 100, drop_last=True, num_workers=0)
+
+    def test_labels_follow_samples_when_shuffled(self, shards):
+        loader = gp.Loader(small_train(shards), 4, shuffle=True, seed=3, num_workers=2)
+        keys, labels, _ = collect(loader)
+        number = {loader.index.key(i): i for i in range(N)}
+        assert labels == [label_of(number[k]) for k in keys]
+        assert sorted(keys) == sorted(number)
+
+    def test_set_epoch_changes_order_and_seed_repeats_it(self, shards):
+        def order(seed, epoch):
+            loader = gp.Loader(small_val(shards), 4, shuffle=True, seed=seed, num_workers=0)
+            loader.set_epoch(epoch)
+            return collect(loader)[0]
+
+        e0, e1 = order(5, 0), order(5, 1)
+        assert e0 != e1 and sorted(e0) == sorted(e1)
+        assert order(5, 0) == e0 and order(5, 1) == e1
+        assert order(6, 0) != e0
+
+    def test_shuffle_is_two_level_on_shards(self, shards):
+        loader = gp.Loader(small_val(shards), 4, shuffle=True, seed=0, shuffle_buffer=1, num_workers=0)
+        orders = {tuple(loader.epoch_order(e)) for e in range(12)}
+        bounds = np.cumsum((0,) + SHARD_SIZES)
+        for o in orders:  # with a buffer of 1, each shard is read as one contiguous run
+            runs = [o[bounds[i]:bounds[i + 1]] for i in range(3)]
+            assert sorted(np.concatenate(runs)) == list(range(N))
+        assert len(orders) > 1
+
+    def test_augmentation_reproducible_across_worker_counts(self, shards):
+        def images(workers, epoch=0):
+            loader = gp.Loader(small_train(shards), 8, shuffle=True, seed=11, num_workers=workers)
+            loader.set_epoch(epoch)
+            return torch.cat([b[0] for b in loader])
+
+        a, b = images(0), images(2)
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
+        assert not torch.equal(a, images(0, epoch=1))
+
+    def test_unlabeled_yields_images(self, unlabeled_shards):
+        loader = gp.Loader(small_val(gp.WebDataset(unlabeled_shards, label=None)), 2, num_workers=0)
+        batches = list(loader)
+        assert all(isinstance(b, torch.Tensor) for b in batches)
+        assert [b.shape[0] for b in batches] == [2, 2, 1]
+
+    def test_image_folder(self, image_folder):
+        loader = gp.Loader(small_val(gp.ImageFolder(image_folder), size=24), 4, shuffle=True, seed=0, num_workers=2)
+        keys, labels, shapes = collect(loader)
+        index = loader.index
+        truth = {index.key(i): index.read(i).label for i in range(len(index))}
+        assert sorted(keys) == sorted(truth) and labels == [truth[k] for k in keys]
+        assert shapes[0] == (4, 3, 24, 24)
+
+    def test_bad_sample_names_shard_and_key(self, tmp_path):
+        good = gp.encode_jpeg(gp.synthetic_image(0, size=(40, 40)))
+        with gp.ShardWriter(str(tmp_path / "bad-%d.tar")) as w:
+            w.write("ok", {"jpg": good, "cls": 0})
+            w.write("broken", {"jpg": good[:200], "cls": 1})
+        for workers in (0, 1):
+            loader = gp.Loader(small_val(w.shards), 2, num_workers=workers)
+            with pytest.raises(Exception, match=r"'broken' in shard '.*bad-0\.tar'"):
+                list(loader)
+
+    def test_batch_object(self, shards):
+        batch = next(iter(gp.Loader(small_val(shards), 3, num_workers=0)))
+        images, labels = batch
+        assert batch.images is images and batch.labels is labels and len(batch.keys) == 3
+        assert images.dtype == torch.float32 and labels.dtype == torch.int64

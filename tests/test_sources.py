@@ -1,0 +1,168 @@
+"""WebDataset and ImageFolder sources: keys, grouping, extensions, labels, errors, decoding."""
+
+from __future__ import annotations
+
+import io
+import os
+import tarfile
+
+import numpy as np
+import pytest
+import torch
+
+import gpupipe as gp
+from gpupipe._decode import decode_rgb
+from gpupipe._sources import split_key
+
+from .conftest import SHARD_SIZES, label_of
+
+
+def write_tar(path, members):
+    with tarfile.open(path, "w") as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return str(path)
+
+
+JPEG = gp.encode_jpeg(gp.synthetic_image(1, size=(20, 30)))
+
+
+class TestWebDataset:
+    def test_brace_pattern_and_order(self, shards):
+        root = os.path.dirname(shards[0])
+        src = gp.WebDataset(os.path.join(root, "train-{000000..000002}.tar"))
+        assert list(src.urls) == shards
+        index = src.index()
+        assert len(index) == sum(SHARD_SIZES)
+        keys = [index.key(i) for i in range(len(index))]
+        assert keys[0] == "img/00/000000" and keys[7] == "img/01/000007" and keys[-1] == "img/02/000015"
+
+    def test_several_braces_and_lists(self, tmp_path):
+        assert gp.WebDataset("{a,b}-{0..1}.tar").urls == ("a-0.tar", "a-1.tar", "b-0.tar", "b-1.tar")
+        assert gp.WebDataset(["x.tar", "y-{00..01}.tar"]).urls == ("x.tar", "y-00.tar", "y-01.tar")
+
+    def test_labels_are_ascii_ints(self, shards):
+        index = gp.WebDataset(shards).index()
+        assert [index.read(i).label for i in range(len(index))] == [label_of(i) for i in range(len(index))]
+
+    @pytest.mark.parametrize("member, key, ext", [
+        ("img/00/000123.jpg", "img/00/000123", "jpg"), ("./a/b.seg.PNG", "a/b", "seg.png"),
+        ("x.y.z/k.cls", "x.y.z/k", "cls"), ("noext", "noext", ""),
+    ])
+    def test_key_rule(self, member, key, ext):
+        assert split_key(member) == (key, ext)
+
+    def test_image_extension_preference(self, tmp_path):
+        png = io.BytesIO()
+        from PIL import Image
+
+        Image.new("RGB", (5, 4)).save(png, format="PNG")
+        path = write_tar(tmp_path / "s.tar", [("a.png", png.getvalue()), ("a.jpg", JPEG), ("a.cls", b"1"),
+                                              ("a.json", b"{}"), ("b.png", png.getvalue()), ("b.cls", b" 2\n")])
+        index = gp.WebDataset(path).index()
+        assert index.read(0).data == JPEG and index.read(0).label == 1
+        assert index.read(1).data == png.getvalue() and index.read(1).label == 2
+        index = gp.WebDataset(path, image="png;jpg").index()
+        assert index.read(0).data == png.getvalue()
+
+    def test_missing_image_names_shard_and_key(self, tmp_path):
+        path = write_tar(tmp_path / "s.tar", [("a.jpg", JPEG), ("a.cls", b"1"), ("b.txt", b"x"), ("b.cls", b"1")])
+        with pytest.raises(gp.SampleError, match=r"'b'.*s\.tar.*no image") as info:
+            gp.WebDataset(path).index()
+        assert info.value.key == "b" and info.value.shard == path
+
+    def test_missing_label(self, tmp_path):
+        path = write_tar(tmp_path / "s.tar", [("a.jpg", JPEG)])
+        with pytest.raises(gp.SampleError, match="no .cls label.*label=None"):
+            gp.WebDataset(path).index()
+        assert gp.WebDataset(path, label=None).index().read(0).label is None
+
+    def test_bad_label(self, tmp_path):
+        path = write_tar(tmp_path / "s.tar", [("a.jpg", JPEG), ("a.cls", b"cat")])
+        with pytest.raises(gp.SampleError, match=r"label of sample 'a' in shard .*s\.tar.*not an ASCII integer"):
+            gp.WebDataset(path).index().read(0)
+
+    def test_missing_or_corrupt_shard(self, tmp_path):
+        with pytest.raises(gp.ShardError, match="nope.tar"):
+            gp.WebDataset(str(tmp_path / "nope.tar")).index()
+        (tmp_path / "bad.tar").write_bytes(b"not a tar file at all" * 40)
+        with pytest.raises(gp.ShardError, match="bad.tar"):
+            gp.WebDataset(str(tmp_path / "bad.tar")).index()
+
+    @pytest.mark.parametrize("url, match", [("pipe:curl http://x | cat", "never runs a shell"),
+                                            ("s3://bucket/a.tar", "local paths")])
+    def test_refused_urls(self, url, match):
+        with pytest.raises(gp.ConfigError, match=match):
+            gp.WebDataset(url)
+
+    def test_invalid_arguments(self):
+        with pytest.raises(gp.ConfigError, match="image"):
+            gp.WebDataset("a.tar", image=";")
+        with pytest.raises(TypeError):
+            gp.WebDataset("a.tar", "jpg")
+
+    def test_reads_our_own_writer(self, tmp_path):
+        with gp.ShardWriter(str(tmp_path / "o-%03d.tar"), max_count=2) as w:
+            w.write_all((f"k{i}", {"jpg": JPEG, "cls": i}) for i in range(5))
+        assert w.shards == [str(tmp_path / f"o-{i:03d}.tar") for i in range(3)]
+        index = gp.WebDataset(w.shards).index()
+        assert [index.read(i).label for i in range(5)] == list(range(5))
+        assert list(index.shard_sizes) == [2, 2, 1]
+
+
+class TestImageFolder:
+    def test_matches_torchvision(self, image_folder):
+        from torchvision.datasets import ImageFolder as TVImageFolder
+
+        tv = TVImageFolder(image_folder)
+        src = gp.ImageFolder(image_folder)
+        index = src.index()
+        assert src.classes == tv.classes
+        got = [(os.path.join(image_folder, index.key(i)), index.read(i).label) for i in range(len(index))]
+        assert got == [(os.path.normpath(p), c) for p, c in tv.samples]
+
+    def test_not_a_directory(self, tmp_path):
+        with pytest.raises(gp.ConfigError, match="not a directory"):
+            gp.ImageFolder(str(tmp_path / "missing"))
+
+    def test_empty(self, tmp_path):
+        (tmp_path / "cls").mkdir()
+        with pytest.raises(gp.ShardError, match="no image files"):
+            gp.ImageFolder(str(tmp_path)).index()
+
+
+class TestDecode:
+    def image(self):
+        return gp.synthetic_image(3, size=(40, 56))
+
+    def test_jpeg_rgb(self):
+        out = decode_rgb(gp.encode_jpeg(self.image(), quality=95), shard="s", key="k")
+        assert out.shape == (3, 40, 56) and out.dtype == torch.uint8
+        assert np.abs(out.permute(1, 2, 0).numpy().astype(int) - self.image()).mean() < 4
+
+    @pytest.mark.parametrize("mode", ["L", "CMYK"])
+    def test_grayscale_and_cmyk_come_out_rgb(self, mode):
+        out = decode_rgb(gp.encode_jpeg(self.image(), quality=95, mode=mode), shard="s", key="k")
+        assert out.shape == (3, 40, 56)
+        if mode == "L":
+            assert torch.equal(out[0], out[1]) and torch.equal(out[1], out[2])
+        else:
+            assert np.abs(out.permute(1, 2, 0).numpy().astype(int) - self.image()).mean() < 4
+
+    @pytest.mark.parametrize("fmt", ["PNG", "BMP", "WEBP"])
+    def test_other_formats(self, fmt):
+        from PIL import Image
+
+        buf = io.BytesIO()
+        Image.fromarray(self.image()).convert("RGBA" if fmt == "PNG" else "RGB").save(buf, format=fmt, lossless=True)
+        out = decode_rgb(buf.getvalue(), shard="s", key="k")
+        assert out.shape == (3, 40, 56)
+        np.testing.assert_array_equal(out.permute(1, 2, 0).numpy(), self.image())
+
+    @pytest.mark.parametrize("data", [b"", b"\xff\xd8garbage", JPEG[: len(JPEG) // 3] + b"\x00" * 10])
+    def test_bad_data_names_shard_and_key(self, data):
+        with pytest.raises(gp.SampleError, match="'k7'.*'shard-3.tar'") as info:
+            decode_rgb(data, shard="shard-3.tar", key="k7")
+        assert (info.value.shard, info.value.key) == ("shard-3.tar", "k7")
