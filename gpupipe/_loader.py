@@ -85,7 +85,8 @@ class Loader:
 
     def __init__(self, pipeline: Pipeline, batch_size: int, *, shuffle: bool = False, drop_last: bool = False,
                  seed: int | None = None, backend: str = "auto", device: Any = None,
-                 num_workers: int | None = None, prefetch: int = 2, shuffle_buffer: int = 4096) -> None:
+                 num_workers: int | None = None, prefetch: int = 2, shuffle_buffer: int = 4096,
+                 memory_format: torch.memory_format = torch.contiguous_format) -> None:
         if not isinstance(pipeline, Pipeline):
             raise ConfigError(f"Loader: pipeline must be a gp.Pipeline, got {type(pipeline).__name__}")
         if not (is_int(batch_size) and batch_size > 0):
@@ -99,6 +100,9 @@ class Loader:
             raise ConfigError(f"Loader: num_workers must be None or an int >= 0, got {num_workers!r}")
         if not (is_int(prefetch) and prefetch >= 1):
             raise ConfigError(f"Loader: prefetch must be an int >= 1, got {prefetch!r}")
+        if memory_format not in (torch.contiguous_format, torch.channels_last):
+            raise ConfigError(f"Loader: memory_format must be torch.contiguous_format or torch.channels_last, "
+                              f"got {memory_format!r}")
         if not (is_int(shuffle_buffer) and shuffle_buffer >= 1):
             raise ConfigError(f"Loader: shuffle_buffer must be an int >= 1, got {shuffle_buffer!r}")
         spec = pipeline.output_spec
@@ -113,6 +117,7 @@ class Loader:
         self.backend, self.device = backends.resolve(backend, device)
         self.num_workers = min(_cpu_count(), 8) if num_workers is None else num_workers
         self.prefetch = prefetch
+        self.channels_last = memory_format == torch.channels_last
         self.epoch = 0
         self.index = pipeline.source.index()
         self.num_samples = len(self.index)
@@ -126,10 +131,18 @@ class Loader:
                  self.num_samples, len(self.index.shards), self.backend, self.device, len(self))
 
     def _make_runner(self) -> Any:
+        if self.backend == "dali":
+            from .backends._dali_loader import DaliRunner
+
+            return DaliRunner(self.index, self.pipeline.source, self.pipeline.transforms, seed=self.seed,
+                              device=self.device, batch_size=self.batch_size, num_threads=self.num_workers,
+                              prefetch=self.prefetch, shuffle=self.shuffle, shuffle_buffer=self.shuffle_buffer,
+                              channels_last=self.channels_last)
         from .backends._torch_loader import TorchRunner
 
         return TorchRunner(self.index, self.pipeline.transforms, seed=self.seed, device=self.device,
-                           num_workers=self.num_workers, prefetch=self.prefetch)
+                           batch_size=self.batch_size, num_workers=self.num_workers, prefetch=self.prefetch,
+                           channels_last=self.channels_last)
 
     def __len__(self) -> int:
         """Batches per epoch."""
@@ -149,10 +162,8 @@ class Loader:
                            seed=self.seed, epoch=epoch, buffer=self.shuffle_buffer)
 
     def __iter__(self) -> Iterator[Batch | torch.Tensor]:
-        order = self.epoch_order()
-        batches = [order[i:i + self.batch_size] for i in range(0, len(self) * self.batch_size, self.batch_size)]
         labeled = self.index.labeled
-        for images, labels, keys in self._runner.run(batches, self.epoch):
+        for images, labels, keys in self._runner.run(self.epoch_order(), len(self), self.epoch):
             yield Batch(images, labels, keys) if labeled else images
 
 

@@ -13,7 +13,16 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["epoch_order", "sample_seed"]
+__all__ = ["epoch_order", "shard_permutation", "sample_seed"]
+
+
+def _rng(seed: int, epoch: int) -> np.random.Generator:
+    return np.random.default_rng([seed & 0xFFFFFFFFFFFFFFFF, epoch, 0x6770])
+
+
+def shard_permutation(num_shards: int, *, seed: int, epoch: int) -> np.ndarray:
+    """The order in which shuffled epochs read the shards; every backend uses this one."""
+    return _rng(seed, epoch).permutation(num_shards)
 
 
 def epoch_order(shard_sizes: np.ndarray, *, sequential: bool, shuffle: bool, seed: int, epoch: int,
@@ -24,10 +33,10 @@ def epoch_order(shard_sizes: np.ndarray, *, sequential: bool, shuffle: bool, see
     total = int(offsets[-1])
     if not shuffle:
         return np.arange(total, dtype=np.int64)
-    rng = np.random.default_rng([seed & 0xFFFFFFFFFFFFFFFF, epoch, 0x6770])
+    rng = _rng(seed, epoch)
     if not sequential:
         return rng.permutation(total).astype(np.int64)
-    perm = rng.permutation(len(shard_sizes))
+    perm = rng.permutation(len(shard_sizes))  # == shard_permutation(...): the same first draw
     order = np.concatenate([np.arange(offsets[s], offsets[s + 1]) for s in perm]) if len(perm) else offsets[:0]
     if buffer > 1 and total > 1:
         jitter = np.arange(total) + rng.uniform(0.0, buffer, size=total)

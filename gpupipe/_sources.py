@@ -15,6 +15,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from . import _wdsindex
 from ._errors import ConfigError, SampleError, ShardError
 
 __all__ = ["WebDataset", "ImageFolder", "Source", "Index", "RawSample", "split_key"]
@@ -49,6 +50,7 @@ class ShardIndex:
     image: np.ndarray  # [N, 2] int64
     label: np.ndarray  # [N, 2] int64; all -1 when the source is unlabeled
     labels: np.ndarray | None = None  # [N] int64, for sources whose labels are not stored in members
+    dali_index: str | None = None  # the cached DALI index file of this shard (tar shards)
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -205,11 +207,25 @@ class WebDataset(Source):
     def index(self) -> Index:
         image_exts = _split_exts(self.image, "image")
         label_ext = self.label.lstrip(".").lower() if self.label else None
-        shards = [scan_tar(u, image_exts, label_ext) for u in self.urls]
+        shards = [_cached_scan(u, image_exts, label_ext) for u in self.urls]
         return Index(shards, sequential=True, labeled=label_ext is not None)
 
 
-def scan_tar(path: str, image_exts: tuple[str, ...], label_ext: str | None) -> ShardIndex:
+def _cached_scan(path: str, image_exts: tuple[str, ...], label_ext: str | None) -> ShardIndex:
+    try:
+        idx_path = _wdsindex.index_path(path, image_exts, label_ext)
+    except OSError as e:
+        raise ShardError(f"cannot read shard {path!r}: {e}", shard=path) from e
+    cached = _wdsindex.load(idx_path, labeled=label_ext is not None)
+    if cached is not None:
+        return ShardIndex(path, cached[0], cached[1], cached[2], dali_index=idx_path)
+    shard, exts = scan_tar(path, image_exts, label_ext)
+    if _wdsindex.save(idx_path, shard.keys, exts, shard.image, shard.label if label_ext else None):
+        shard.dali_index = idx_path
+    return shard
+
+
+def scan_tar(path: str, image_exts: tuple[str, ...], label_ext: str | None) -> tuple[ShardIndex, list[str]]:
     """Reads the headers of one tar shard (not the data) and groups members into samples."""
     groups: list[tuple[str, dict[str, tuple[int, int]]]] = []
     try:
@@ -223,20 +239,21 @@ def scan_tar(path: str, image_exts: tuple[str, ...], label_ext: str | None) -> S
                 groups[-1][1][ext] = (m.offset_data, m.size)
     except (OSError, tarfile.TarError) as e:
         raise ShardError(f"cannot read shard {path!r}: {e}", shard=path) from e
-    keys, image, label = [], np.full((len(groups), 2), -1, np.int64), np.full((len(groups), 2), -1, np.int64)
+    keys, exts, image, label = [], [], np.full((len(groups), 2), -1, np.int64), np.full((len(groups), 2), -1, np.int64)
     for i, (key, members) in enumerate(groups):
-        found = next((members[e] for e in image_exts if e in members), None)
-        if found is None:
+        ext = next((e for e in image_exts if e in members), None)
+        if ext is None:
             raise SampleError(f"sample {key!r} in shard {path!r} has no image ({'/'.join(image_exts)}); it has "
                               f"{sorted(members) or 'no members'}", shard=path, key=key)
-        image[i] = found
+        image[i] = members[ext]
+        exts.append(ext)
         if label_ext is not None:
             if label_ext not in members:
                 raise SampleError(f"sample {key!r} in shard {path!r} has no .{label_ext} label; pass label=None "
                                   f"for unlabeled data", shard=path, key=key)
             label[i] = members[label_ext]
         keys.append(key)
-    return ShardIndex(path, keys, image, label)
+    return ShardIndex(path, keys, image, label), exts
 
 
 @dataclasses.dataclass(frozen=True)

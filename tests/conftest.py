@@ -78,3 +78,15 @@ def photo() -> torch.Tensor:
 @pytest.fixture
 def rng() -> np.random.Generator:
     return np.random.default_rng(0)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _private_cache_dir(tmp_path_factory):
+    """Index files go to a per-run cache, never the user's."""
+    old = os.environ.get("GPUPIPE_CACHE_DIR")
+    os.environ["GPUPIPE_CACHE_DIR"] = str(tmp_path_factory.mktemp("cache"))
+    yield
+    if old is None:
+        os.environ.pop("GPUPIPE_CACHE_DIR", None)
+    else:
+        os.environ["GPUPIPE_CACHE_DIR"] = old

@@ -1,6 +1,8 @@
 """Backends: each lowers transform definitions through its own registry.
 
 - ``torch``: torchvision's functional kernels in DataLoader worker processes (CPU).
+- ``dali``: one NVIDIA DALI graph; nvJPEG and GPU operators with ``device="cuda"``, DALI's CPU
+  operators with ``device="cpu"``.
 """
 
 from __future__ import annotations
@@ -12,13 +14,17 @@ from .._registry import Registry
 
 __all__ = ["BACKENDS", "registry", "resolve"]
 
-BACKENDS = ("auto", "torch")
+BACKENDS = ("auto", "torch", "dali")
 
 
 def registry(backend: str) -> Registry:
     """The lowering registry of ``backend`` (imports that backend)."""
     if backend == "torch":
         from ._torch import LOWERINGS
+
+        return LOWERINGS
+    if backend == "dali":
+        from ._dali import LOWERINGS
 
         return LOWERINGS
     raise ConfigError(f"backend must be one of {BACKENDS[1:]}, got {backend!r}")
@@ -42,4 +48,8 @@ def resolve(backend: str, device: Any) -> tuple[str, str]:
         from .._errors import BackendUnavailableError
 
         raise BackendUnavailableError(f"Loader: device={device!r} but CUDA is not available")
-    return ("torch" if backend == "auto" else backend), str(dev)
+    if backend == "auto":  # DALI-GPU where CUDA and DALI are present, else DALI-CPU, else torch
+        from ._dali_loader import dali_available
+
+        backend = "dali" if dali_available() else "torch"
+    return backend, str(dev)

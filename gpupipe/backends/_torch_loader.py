@@ -62,9 +62,10 @@ class _Batches:
 class TorchRunner:
     """Decode and transforms in ``num_workers`` processes (in-process when 0)."""
 
-    def __init__(self, index: Index, transforms: Sequence[Transform], *, seed: int, device: str,
-                 num_workers: int, prefetch: int) -> None:
+    def __init__(self, index: Index, transforms: Sequence[Transform], *, seed: int, device: str, batch_size: int,
+                 num_workers: int, prefetch: int, channels_last: bool = False) -> None:
         check_pipeline(transforms)
+        self.batch_size, self.channels_last = batch_size, channels_last
         self.device = torch.device(device)
         self._batches = _Batches()
         self._loader = DataLoader(
@@ -73,10 +74,14 @@ class TorchRunner:
             persistent_workers=num_workers > 0, pin_memory=self.device.type == "cuda",
         )
 
-    def run(self, batches: list[Any], epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor | None, list[str]]]:
-        self._batches.batches = [[(int(s), epoch) for s in b] for b in batches]
+    def run(self, order: Any, num_batches: int, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor | None, list[str]]]:
+        """Yields ``num_batches`` batches of samples in ``order``."""
+        b = self.batch_size
+        self._batches.batches = [[(int(s), epoch) for s in order[i * b:(i + 1) * b]] for i in range(num_batches)]
         for images, labels, keys in self._loader:
             if self.device.type != "cpu":
                 images = images.to(self.device, non_blocking=True)
                 labels = None if labels is None else labels.to(self.device, non_blocking=True)
+            if self.channels_last:
+                images = images.contiguous(memory_format=torch.channels_last)
             yield images, labels, keys

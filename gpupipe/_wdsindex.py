@@ -1,0 +1,84 @@
+"""Cached shard indexes, in DALI's webdataset index format (v1.2), written by gpupipe itself.
+
+One file per shard serves both gpupipe's own reader (``Index``) and DALI's
+``fn.readers.webdataset(index_paths=...)``: users never run ``wds2idx``. Files live in
+``$GPUPIPE_CACHE_DIR`` (default ``~/.cache/gpupipe``) under ``wds-index/``; a file's name holds a
+hash of the shard's absolute path and the extensions asked for, and the shard's size and
+modification time, so a changed shard gets a new index and an unchanged one is never re-read.
+
+Format, as DALI reads it: a line ``v1.2 <samples>``, then one line per sample listing its members
+as ``<ext> <data offset> <size> <name>``. gpupipe lists only the members it uses: the chosen image
+and the label.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import tempfile
+
+import numpy as np
+
+__all__ = ["cache_dir", "index_path", "load", "save"]
+
+log = logging.getLogger("gpupipe")
+VERSION = "v1.2"
+
+
+def cache_dir() -> str:
+    root = os.environ.get("GPUPIPE_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "gpupipe")
+    return os.path.join(root, "wds-index")
+
+
+def index_path(shard: str, image_exts: tuple[str, ...], label_ext: str | None) -> str:
+    st = os.stat(shard)
+    ident = f"{os.path.abspath(shard)}|{';'.join(image_exts)}|{label_ext}".encode()
+    digest = hashlib.sha1(ident).hexdigest()[:20]
+    name = os.path.basename(shard).rpartition(".")[0] or "shard"
+    return os.path.join(cache_dir(), f"{name}-{digest}-{st.st_size}-{st.st_mtime_ns}.idx")
+
+
+def save(path: str, keys: list[str], image_exts: list[str], image: np.ndarray, label: np.ndarray | None) -> bool:
+    """Writes an index atomically; returns False (and logs why) where it cannot."""
+    if any(any(c.isspace() for c in k) for k in keys):
+        log.warning("gpupipe: %s has sample keys with whitespace, which DALI's index format cannot hold; "
+                    "its index is not cached", path)
+        return False
+    lines = [f"{VERSION} {len(keys)}\n"]
+    for i, key in enumerate(keys):
+        line = f"{image_exts[i]} {image[i, 0]} {image[i, 1]} {key}.{image_exts[i]}"
+        if label is not None:
+            line += f" cls {label[i, 0]} {label[i, 1]} {key}.cls"
+        lines.append(line + "\n")
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            f.writelines(lines)
+        os.replace(tmp, path)
+        return True
+    except OSError as e:
+        log.warning("gpupipe: cannot write the index cache %s: %s", path, e)
+        return False
+
+
+def load(path: str, labeled: bool) -> tuple[list[str], np.ndarray, np.ndarray] | None:
+    """Reads an index written by :func:`save`; ``None`` if absent or unreadable."""
+    try:
+        with open(path) as f:
+            header = f.readline().split()
+            if len(header) != 2 or header[0] != VERSION:
+                return None
+            n = int(header[1])
+            rows = [line.split() for line in f]
+    except (OSError, ValueError):
+        return None
+    width = 8 if labeled else 4
+    if len(rows) != n or any(len(r) != width for r in rows):
+        return None
+    keys = [r[3][: -len(r[0]) - 1] for r in rows]
+    image = np.array([[int(r[1]), int(r[2])] for r in rows], dtype=np.int64).reshape(n, 2)
+    label = np.array([[int(r[5]), int(r[6])] for r in rows], dtype=np.int64).reshape(n, 2) if labeled \
+        else np.full((n, 2), -1, np.int64)
+    return keys, image, label
