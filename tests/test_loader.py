@@ -26,6 +26,11 @@ def small_val(source, size=32):
     return gp.Pipeline(source, [T.Resize(40), T.CenterCrop(size), T.ToDtype(torch.float32, scale=True)])
 
 
+def make(backend, *args, **kwargs):
+    kwargs.setdefault("device", "cpu")
+    return gp.Loader(*args, backend=backend, **kwargs)
+
+
 def collect(loader):
     keys, labels, shapes = [], [], []
     for batch in loader:
@@ -97,10 +102,13 @@ class TestLoaderArguments:
             gp.Loader(small_val(shards), 2, True)
 
 
+@pytest.mark.parametrize("backend", ["torch", "dali"])
 class TestEpoch:
+    """Epoch semantics, the same on every backend (DALI runs on its CPU operators here)."""
+
     @pytest.mark.parametrize("num_workers", [0, 2])
-    def test_every_sample_once_in_order(self, shards, num_workers):
-        loader = gp.Loader(small_val(shards), 5, num_workers=num_workers, device="cpu", backend="torch")
+    def test_every_sample_once_in_order(self, backend, shards, num_workers):
+        loader = make(backend, small_val(shards), 5, num_workers=num_workers)
         keys, labels, shapes = collect(loader)
         index = loader.index
         assert keys == [index.key(i) for i in range(N)]  # shard order, then member order
@@ -110,12 +118,12 @@ class TestEpoch:
 
     @pytest.mark.parametrize("batch_size", [1, 3, 4, 16, 17, 40])
     @pytest.mark.parametrize("drop_last", [False, True])
-    def test_len_matches_iteration(self, shards, batch_size, drop_last):
+    def test_len_matches_iteration(self, backend, shards, batch_size, drop_last):
         import warnings
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # drop_last with fewer samples than a batch warns
-            loader = gp.Loader(small_val(shards), batch_size, drop_last=drop_last, shuffle=True, seed=1,
+            loader = make(backend, small_val(shards), batch_size, drop_last=drop_last, shuffle=True, seed=1,
                                num_workers=0)
         keys, _, shapes = collect(loader)
         assert len(shapes) == len(loader)
@@ -124,20 +132,20 @@ class TestEpoch:
         assert all(s[0] == batch_size for s in (shapes if drop_last else shapes[:-1]))
         assert len(set(keys)) == len(keys) == (expected * batch_size if drop_last else N)
 
-    def test_drop_last_with_too_few_samples_warns(self, shards):
+    def test_drop_last_with_too_few_samples_warns(self, backend, shards):
         with pytest.warns(UserWarning, match="every epoch is empty"):
-            gp.Loader(small_val(shards), 100, drop_last=True, num_workers=0)
+            make(backend, small_val(shards), 100, drop_last=True, num_workers=0)
 
-    def test_labels_follow_samples_when_shuffled(self, shards):
-        loader = gp.Loader(small_train(shards), 4, shuffle=True, seed=3, num_workers=2)
+    def test_labels_follow_samples_when_shuffled(self, backend, shards):
+        loader = make(backend, small_train(shards), 4, shuffle=True, seed=3, num_workers=2)
         keys, labels, _ = collect(loader)
         number = {loader.index.key(i): i for i in range(N)}
         assert labels == [label_of(number[k]) for k in keys]
         assert sorted(keys) == sorted(number)
 
-    def test_set_epoch_changes_order_and_seed_repeats_it(self, shards):
+    def test_set_epoch_changes_order_and_seed_repeats_it(self, backend, shards):
         def order(seed, epoch):
-            loader = gp.Loader(small_val(shards), 4, shuffle=True, seed=seed, num_workers=0)
+            loader = make(backend, small_val(shards), 4, shuffle=True, seed=seed, num_workers=0)
             loader.set_epoch(epoch)
             return collect(loader)[0]
 
@@ -146,8 +154,8 @@ class TestEpoch:
         assert order(5, 0) == e0 and order(5, 1) == e1
         assert order(6, 0) != e0
 
-    def test_shuffle_is_two_level_on_shards(self, shards):
-        loader = gp.Loader(small_val(shards), 4, shuffle=True, seed=0, shuffle_buffer=1, num_workers=0)
+    def test_shuffle_is_two_level_on_shards(self, backend, shards):
+        loader = make(backend, small_val(shards), 4, shuffle=True, seed=0, shuffle_buffer=1, num_workers=0)
         orders = {tuple(loader.epoch_order(e)) for e in range(12)}
         bounds = np.cumsum((0,) + SHARD_SIZES)
         for o in orders:  # with a buffer of 1, each shard is read as one contiguous run
@@ -155,9 +163,11 @@ class TestEpoch:
             assert sorted(np.concatenate(runs)) == list(range(N))
         assert len(orders) > 1
 
-    def test_augmentation_reproducible_across_worker_counts(self, shards):
+    def test_augmentation_reproducible_across_worker_counts(self, backend, shards):
+        if backend == "dali":
+            pytest.skip("DALI draws augmentation parameters with its own generators, per pipeline")
         def images(workers, epoch=0):
-            loader = gp.Loader(small_train(shards), 8, shuffle=True, seed=11, num_workers=workers)
+            loader = make(backend, small_train(shards), 8, shuffle=True, seed=11, num_workers=workers)
             loader.set_epoch(epoch)
             return torch.cat([b[0] for b in loader])
 
@@ -165,32 +175,32 @@ class TestEpoch:
         torch.testing.assert_close(a, b, atol=0, rtol=0)
         assert not torch.equal(a, images(0, epoch=1))
 
-    def test_unlabeled_yields_images(self, unlabeled_shards):
-        loader = gp.Loader(small_val(gp.WebDataset(unlabeled_shards, label=None)), 2, num_workers=0)
+    def test_unlabeled_yields_images(self, backend, unlabeled_shards):
+        loader = make(backend, small_val(gp.WebDataset(unlabeled_shards, label=None)), 2, num_workers=0)
         batches = list(loader)
         assert all(isinstance(b, torch.Tensor) for b in batches)
         assert [b.shape[0] for b in batches] == [2, 2, 1]
 
-    def test_image_folder(self, image_folder):
-        loader = gp.Loader(small_val(gp.ImageFolder(image_folder), size=24), 4, shuffle=True, seed=0, num_workers=2)
+    def test_image_folder(self, backend, image_folder):
+        loader = make(backend, small_val(gp.ImageFolder(image_folder), size=24), 4, shuffle=True, seed=0, num_workers=2)
         keys, labels, shapes = collect(loader)
         index = loader.index
         truth = {index.key(i): index.read(i).label for i in range(len(index))}
         assert sorted(keys) == sorted(truth) and labels == [truth[k] for k in keys]
         assert shapes[0] == (4, 3, 24, 24)
 
-    def test_bad_sample_names_shard_and_key(self, tmp_path):
+    def test_bad_sample_names_shard_and_key(self, backend, tmp_path):
         good = gp.encode_jpeg(gp.synthetic_image(0, size=(40, 40)))
         with gp.ShardWriter(str(tmp_path / "bad-%d.tar")) as w:
             w.write("ok", {"jpg": good, "cls": 0})
             w.write("broken", {"jpg": good[:200], "cls": 1})
         for workers in (0, 1):
-            loader = gp.Loader(small_val(w.shards), 2, num_workers=workers)
+            loader = make(backend, small_val(w.shards), 2, num_workers=workers)
             with pytest.raises(Exception, match=r"'broken' in shard '.*bad-0\.tar'"):
                 list(loader)
 
-    def test_batch_object(self, shards):
-        batch = next(iter(gp.Loader(small_val(shards), 3, num_workers=0)))
+    def test_batch_object(self, backend, shards):
+        batch = next(iter(make(backend, small_val(shards), 3, num_workers=0)))
         images, labels = batch
         assert batch.images is images and batch.labels is labels and len(batch.keys) == 3
         assert images.dtype == torch.float32 and labels.dtype == torch.int64

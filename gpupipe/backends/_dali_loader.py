@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -77,23 +76,20 @@ class DaliRunner:
         shuffle = dict(random_shuffle=True, initial_fill=self.buffer, seed=epoch_seed) if self.shuffle else {}
         with pipe:
             if isinstance(self.source, WebDataset):
-                order = self._shard_order(epoch)
-                shards = [self.index.shards[i] for i in order]
-                encoded, label = fn.readers.webdataset(
-                    paths=[s.path for s in shards], index_paths=[s.dali_index for s in shards],
-                    ext=[self.source.image, "cls"] if self.index.labeled else [self.source.image],
-                    missing_component_behavior="error", pad_last_batch=True, name="reader",
-                    **shuffle) if self.index.labeled else (fn.readers.webdataset(
-                        paths=[s.path for s in shards], index_paths=[s.dali_index for s in shards],
-                        ext=[self.source.image], missing_component_behavior="error", pad_last_batch=True,
-                        name="reader", **shuffle), None)
+                shards = [self.index.shards[i] for i in self._shard_order(epoch)]
+                ext = [self.source.image, "cls"] if self.index.labeled else [self.source.image]
+                outputs = fn.readers.webdataset(
+                    paths=[s.path for s in shards], index_paths=[s.dali_index for s in shards], ext=ext,
+                    missing_component_behavior="error", pad_last_batch=True, name="reader", **shuffle)
+                encoded, label = (outputs[0], outputs[1]) if self.index.labeled else (outputs, None)
             else:
                 files, labels = self._files()
                 encoded, label = fn.readers.file(files=files, labels=labels, pad_last_batch=True, name="reader",
                                                  **shuffle)
             images = lower(self.transforms, encoded, Ctx("gpu" if gpu else "cpu", epoch_seed),
                            channels_last=self.channels_last)
-            pipe.set_outputs(images, label) if label is not None else pipe.set_outputs(images, encoded)
+            # the encoded images are an output too: their source_info names shard and key
+            pipe.set_outputs(images, encoded, *([label] if label is not None else []))
         pipe.build()
         self._pipe, self._ready_epoch = pipe, epoch
 
@@ -119,24 +115,55 @@ class DaliRunner:
         self._ready_epoch = None  # an epoch left half-read leaves the reader mid-epoch
         reader_batches = -(-len(order) // self.batch_size)
         last = len(order) - (reader_batches - 1) * self.batch_size
+        yielded: set[str] = set()
         for b in range(num_batches):
-            images, aux = self._run_once()
-            yield self._to_torch(images, aux, last if b == reader_batches - 1 else self.batch_size)
+            images, labels, keys = self._to_torch(*self._run_once(epoch, b, yielded),
+                                                  keep=last if b == reader_batches - 1 else self.batch_size)
+            yielded.update(keys)
+            yield images, labels, keys
         if num_batches < reader_batches:  # drop_last: read the dropped batch so the reader ends its epoch
-            self._run_once()
+            self._run_once(epoch, num_batches, yielded)
         self._ready_epoch = epoch + 1
 
-    def _run_once(self) -> tuple[Any, Any]:
+    def _run_once(self, epoch: int, batch: int, yielded: set[str]) -> tuple[Any, ...]:
         try:
             return self._pipe.run()
         except RuntimeError as e:
-            raise _data_error(e, self.index) from e
+            self._ready_epoch = None  # DALI's pipeline is unusable after an error: rebuild next time
+            raise self._locate_bad_sample(e, epoch, batch, yielded) from e
 
-    def _to_torch(self, images: Any, aux: Any, keep: int) -> tuple[torch.Tensor, Any, list[str]]:
+    def _locate_bad_sample(self, error: RuntimeError, epoch: int, batch: int, yielded: set[str]) -> Exception:
+        """DALI's errors do not name the sample. The failing one is among the first
+        ``(batch + 1 + prefetch) * batch_size (+ shuffle buffer)`` samples of this epoch's shard
+        order (the reader only mixes samples it has read): decode those not yet yielded with
+        gpupipe's own decoder and name the first that fails."""
+        from .._decode import decode_rgb
+
+        reach = (batch + 2 + self.prefetch) * self.batch_size + (self.buffer if self.shuffle else 0)
+        detail = str(error).strip().splitlines()
+        detail = next((line for line in reversed(detail) if "failure" in line or "rror" in line), detail[0])[:300]
+        for s in self._shard_order(epoch):
+            shard = self.index.shards[s]
+            first = int(self.index.offsets[s])
+            for i in range(len(shard)):
+                if reach <= 0:
+                    break
+                reach -= 1
+                raw = self.index.read(first + i)
+                if raw.key in yielded:
+                    continue
+                try:
+                    decode_rgb(raw.data, shard=raw.shard, key=raw.key)
+                except SampleError as bad:
+                    return SampleError(f"{bad} (DALI: {detail})", shard=bad.shard, key=bad.key)
+        return SampleError(f"DALI failed on a sample of batch {batch} of epoch {epoch}, which gpupipe's decoder "
+                           f"reads fine: {detail}")
+
+    def _to_torch(self, images: Any, encoded: Any, aux: Any = None, *, keep: int) -> tuple[torch.Tensor, Any, list[str]]:
         batch = torch.from_dlpack(images.as_tensor())
         if self.channels_last:
             batch = batch.permute(0, 3, 1, 2)
-        infos = [aux[i].source_info() for i in range(keep)]
+        infos = [encoded[i].source_info() for i in range(keep)]
         keys, shards = zip(*(self._key(info) for info in infos)) if keep else ((), ())
         labels = None
         if self.index.labeled:
@@ -162,21 +189,3 @@ def _parse_label(raw: np.ndarray, shard: str, key: str) -> int:
     except (UnicodeDecodeError, ValueError):
         raise SampleError(f"label of sample {key!r} in shard {shard!r} is not an ASCII integer: {bytes(raw)[:40]!r}",
                           shard=shard, key=key) from None
-
-
-def _data_error(error: RuntimeError, index: Index) -> Exception:
-    """DALI's error names the failing member as ``<shard>:<offset>:<name>``; re-raise it naming
-    the shard and the key."""
-    message = str(error)
-    for shard in index.shards:
-        m = re.search(re.escape(shard.path) + r":\d+:([^\s\]\)'\"]+)", message)
-        if m:
-            key = split_key(m.group(1))[0]
-            return SampleError(f"sample {key!r} in shard {shard.path!r}: DALI failed: "
-                               f"{message.strip().splitlines()[0][:500]}", shard=shard.path, key=key)
-        if shard.labels is not None:
-            m = re.search(re.escape(os.path.join(shard.path, "")) + r"([^\s\]\)'\"]+)", message)
-            if m:
-                return SampleError(f"sample {m.group(1)!r} in {shard.path!r}: DALI failed: "
-                                   f"{message.strip().splitlines()[0][:500]}", shard=shard.path, key=m.group(1))
-    return error
