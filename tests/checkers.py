@@ -53,3 +53,58 @@ def check_invalid(factory, match: str, exc=ValueError):
     with pytest.raises(exc, match=match) as info:
         factory()
     assert isinstance(info.value, gp.GpupipeError)
+
+
+# ------------------------------------------------------------------- backend parity --
+
+
+def run_dali(transforms, encoded: list[bytes], *, device: str = "cpu", seed: int = 0, graph=None) -> list[torch.Tensor]:
+    """Runs gpupipe's DALI lowering of ``transforms`` on encoded images (one batch); returns the
+    outputs as CHW tensors on the CPU. ``graph(encoded_node, ctx)`` replaces the lowering."""
+    import numpy as np
+    from nvidia.dali import Pipeline, fn
+
+    from gpupipe.backends._dali import Ctx, lower
+
+    gpu = device == "gpu"
+    pipe = Pipeline(batch_size=len(encoded), num_threads=1, device_id=0 if gpu else None, seed=seed,
+                    exec_dynamic=True)
+    with pipe:
+        data = fn.external_source(source=lambda: [np.frombuffer(e, dtype=np.uint8) for e in encoded], batch=True)
+        ctx = Ctx(device, seed)
+        pipe.set_outputs(graph(data, ctx) if graph else lower(transforms, data, ctx))
+    pipe.build()
+    (out,) = pipe.run()
+    if gpu:
+        out = out.as_cpu()
+    return [torch.from_numpy(np.array(out[i])) for i in range(len(encoded))]
+
+
+def reference_outputs(transforms, encoded: list[bytes]) -> list[torch.Tensor]:
+    """The torch backend's (torchvision's) outputs; for deterministic transforms only."""
+    from gpupipe._decode import decode_rgb
+    from gpupipe.backends._torch import apply_pipeline
+
+    return [apply_pipeline(transforms, decode_rgb(e, shard="-", key=str(i)), random.Random(0))
+            for i, e in enumerate(encoded)]
+
+
+def check_backend_parity(transforms, encoded: list[bytes], *, device: str = "cpu", unit: float | None = None,
+                         mean_tol: float = 1.0, max_tol: float = 2.5) -> tuple[float, float]:
+    """DALI vs torchvision on the same images and (deterministic) transforms.
+
+    Output shapes must be identical; the mean absolute difference per image, in 0–255 units
+    (``unit`` converts the output's scale; default 1 for integer outputs, 255 for float ones), must be ``<= mean_tol`` on average and ``<= max_tol``
+    for the worst image. Returns (average, worst)."""
+    ref = reference_outputs(transforms, encoded)
+    got = run_dali(transforms, encoded, device=device)
+    errors = []
+    if unit is None:
+        unit = 255.0 if ref[0].dtype.is_floating_point else 1.0
+    for r, g in zip(ref, got):
+        assert tuple(g.shape) == tuple(r.shape), (transforms, g.shape, r.shape)
+        assert g.dtype == r.dtype, (g.dtype, r.dtype)
+        errors.append(float((g.double() - r.double()).abs().mean()) * unit)
+    avg, worst = sum(errors) / len(errors), max(errors)
+    assert avg <= mean_tol and worst <= max_tol, (transforms, avg, worst, errors)
+    return avg, worst

@@ -104,9 +104,7 @@ def lower(transforms: Sequence[T.Transform], encoded: Any, ctx: Ctx, *, channels
     decoder_device = "mixed" if ctx.device == "gpu" else "cpu"
     if steps and type(steps[0]) is T.RandomResizedCrop:
         t = steps.pop(0)
-        img = fn.decoders.image_random_crop(encoded, device=decoder_device, output_type=types.RGB,
-                                            random_area=list(t.scale), random_aspect_ratio=list(t.ratio),
-                                            num_attempts=10, seed=ctx.next_seed())
+        img = decode_random_crop(t, encoded, ctx)
         img = _resize(ctx, img, float(t.size[0]), float(t.size[1]), t.interpolation, t.antialias)
     else:
         img = fn.decoders.image(encoded, device=decoder_device, output_type=types.RGB)
@@ -120,6 +118,14 @@ def lower(transforms: Sequence[T.Transform], encoded: Any, ctx: Ctx, *, channels
 
 
 # ------------------------------------------------------------------------ fusion --
+
+
+def decode_random_crop(t: T.RandomResizedCrop, encoded: Any, ctx: Ctx) -> Any:
+    """The crop window of ``t``, drawn and decoded at once (only that region is decoded)."""
+    return ctx.fn.decoders.image_random_crop(encoded, device="mixed" if ctx.device == "gpu" else "cpu",
+                                             output_type=ctx.types.RGB, random_area=list(t.scale),
+                                             random_aspect_ratio=list(t.ratio), num_attempts=10,
+                                             seed=ctx.next_seed())
 
 
 def _fusable_tail(steps: list[T.Transform]) -> list[T.Transform]:
@@ -273,6 +279,8 @@ def _color_jitter(t: T.ColorJitter, img: Any, ctx: Ctx) -> Any:
     def draw(r: tuple[float, float] | None, neutral: float, scale: float = 1.0) -> Any:
         if r is None:
             return neutral
+        if r[0] == r[1]:
+            return r[0] * scale
         return fn.random.uniform(range=[r[0] * scale, r[1] * scale], seed=ctx.next_seed())
 
     return fn.color_twist(img, device=ctx.device, brightness=draw(t.brightness, 1.0), contrast=draw(t.contrast, 1.0),
@@ -298,14 +306,18 @@ def _to_dtype(t: T.ToDtype, img: Any, ctx: Ctx) -> Any:
     from nvidia.dali import math as dmath
 
     fn, types = ctx.fn, ctx.types
-    target = {torch.uint8: types.UINT8, torch.float16: types.FLOAT16, torch.bfloat16: types.BFLOAT16,
-              torch.float32: types.FLOAT, torch.float64: types.FLOAT64}[t.dtype]
+    target = {torch.uint8: types.UINT8, torch.float16: types.FLOAT16, torch.float32: types.FLOAT,
+              torch.float64: types.FLOAT64}[t.dtype]
     src_int, dst_int = ctx.dtype == torch.uint8, t.dtype == torch.uint8
     if t.scale and src_int and not dst_int:
         img = _to_float(ctx, img) * (1.0 / 255.0)
     elif t.scale and dst_int and not src_int:  # torchvision: floor(x * (256 - 1e-3)), saturated
         img = dmath.clamp(dmath.floor(img * (255.0 + 1.0 - 1e-3)), 0.0, 255.0)
     return fn.cast(img, device=ctx.device, dtype=target)
+
+
+_to_dtype.unsupported = lambda t: ("DALI has no bfloat16; use ToDtype(torch.float16) or convert the batch in torch"
+                                   if t.dtype == torch.bfloat16 else None)
 
 
 @LOWERINGS.register(T.Normalize)

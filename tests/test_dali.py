@@ -1,0 +1,277 @@
+"""The DALI backend: parity with torchvision (DALI's CPU operators here; the GPU ones where CUDA is
+present), DALI's random sampling against torchvision's, the compiler's fusions and errors, the
+index cache and the DLPack hand-off."""
+
+from __future__ import annotations
+
+import io
+import math
+import os
+import random
+
+import numpy as np
+import pytest
+import torch
+from torchvision.transforms import v2
+
+import gpupipe as gp
+from gpupipe import transforms as T
+
+from .checkers import check_backend_parity, run_dali
+
+pytest.importorskip("nvidia.dali")
+
+IMAGENET = dict(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])
+NORMALIZED = 255 * 0.229  # normalised units → 0-255 units (the largest std: the strictest check)
+DEVICES = ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)]
+
+
+@pytest.fixture(scope="module")
+def photos() -> list[bytes]:
+    """Photograph-like JPEGs of the sizes real photos have: 300–500 px shorter side, both orientations."""
+    return [gp.encode_jpeg(gp.synthetic_image(1000 + i, label=i)) for i in range(10)]
+
+
+def png(array: np.ndarray) -> bytes:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(array).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def coordinates(h: int, w: int) -> np.ndarray:
+    """A lossless image whose pixel (r, c) is (r, c, 7): a crop's first pixel gives its offset."""
+    r, c = np.meshgrid(np.arange(h), np.arange(w), indexing="ij")
+    return np.stack([r, c, np.full_like(r, 7)], axis=-1).astype(np.uint8)
+
+
+@pytest.fixture(autouse=True)
+def _skip_gpu_without_cuda(request):
+    if request.node.get_closest_marker("gpu") and not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+class TestParity:
+    """DALI vs torchvision, same images, deterministic settings: per-image MAE (0–255 units)
+    ≤ 1.0 on average and ≤ 2.5 for the worst image."""
+
+    def test_decode_is_identical_on_cpu(self, device, photos):
+        tol = 0.0 if device == "cpu" else 2.5  # nvJPEG's IDCT differs slightly from libjpeg-turbo's
+        check_backend_parity([], photos, device=device, mean_tol=tol / 2.5, max_tol=tol)
+
+    def test_imagenet_val(self, device, photos):
+        val = gp.load_pipeline(os.path.join(os.path.dirname(__file__), "..", "pipelines", "imagenet.py:val"))
+        check_backend_parity(val(["unused.tar"]).transforms, photos, device=device, unit=NORMALIZED)
+
+    @pytest.mark.parametrize("resize", [
+        T.Resize(256), T.Resize((200, 300)), T.Resize(100, max_size=120), T.Resize(None, max_size=200),
+        T.Resize(224, interpolation=T.InterpolationMode.BICUBIC), T.Resize(160, antialias=False),
+        T.Resize(640), [T.Resize(256), T.CenterCrop(224)],
+    ])
+    def test_resize(self, device, photos, resize):
+        check_backend_parity(resize if isinstance(resize, list) else [resize], photos, device=device)
+
+    @pytest.mark.parametrize("steps", [
+        [T.CenterCrop(224)], [T.CenterCrop((301, 299))], [T.CenterCrop(600)],
+        [T.CenterCrop(225), T.ToDtype(torch.float32, scale=True)],  # fused into crop_mirror_normalize
+        [T.CenterCrop(600), T.ToDtype(torch.float32, scale=True)],  # fused, padded
+    ])
+    def test_center_crop_is_exact(self, device, photos, steps):
+        decode = 0.0 if device == "cpu" else 2.5
+        check_backend_parity(steps, photos, device=device, mean_tol=decode / 2.5 + 1e-4, max_tol=decode + 1e-4)
+
+    @pytest.mark.parametrize("steps", [
+        [T.RandomHorizontalFlip(p=1.0)], [T.RandomVerticalFlip(p=1.0)], [T.RandomHorizontalFlip(p=0.0)],
+        [T.CenterCrop(224), T.RandomHorizontalFlip(p=1.0), T.ToDtype(torch.float16, scale=True)],
+    ])
+    def test_flips(self, device, photos, steps):
+        check_backend_parity(steps, photos, device=device)
+
+    @pytest.mark.parametrize("steps", [
+        [T.ToDtype(torch.float32, scale=True)],
+        [T.ToDtype(torch.float32, scale=True), T.ToDtype(torch.uint8, scale=True)],
+        [T.ToDtype(torch.float32)],
+        [T.ToDtype(torch.float32, scale=True), T.Normalize(**IMAGENET)],
+        [T.ToDtype(torch.float32, scale=True), T.GaussianBlur(3, sigma=1.0), T.Normalize(**IMAGENET)],
+    ])
+    def test_dtype_and_normalize(self, device, photos, steps):
+        unscaled = steps == [T.ToDtype(torch.float32)]  # float values in 0-255
+        unit = 1.0 if unscaled else NORMALIZED if isinstance(steps[-1], T.Normalize) else None
+        check_backend_parity(steps, photos, device=device, unit=unit)
+
+    @pytest.mark.parametrize("blur", [T.GaussianBlur(5, sigma=1.0), T.GaussianBlur((3, 9), sigma=2.0)])
+    def test_gaussian_blur(self, device, photos, blur):
+        check_backend_parity([blur], photos, device=device)
+
+    @pytest.mark.parametrize("jitter", [T.ColorJitter(brightness=(1.3, 1.3)), T.ColorJitter(brightness=(0.6, 0.6)),
+                                        T.ColorJitter(saturation=(0.4, 0.4)), T.ColorJitter(saturation=(1.5, 1.5))])
+    def test_color_jitter(self, device, photos, jitter):
+        check_backend_parity([jitter], photos, device=device)
+
+    def test_grayscale(self, device, photos):
+        check_backend_parity([T.RandomGrayscale(p=1.0)], photos, device=device)
+
+
+def _sample_stats(windows, h, w):
+    area = np.array([wh * ww / (h * w) for wh, ww in windows])
+    logr = np.array([math.log(ww / wh) for wh, ww in windows])
+    return np.array([area.mean(), area.std(), logr.mean(), logr.std()])
+
+
+class TestRandomSampling:
+    """DALI draws its own random parameters: their distributions must match torchvision's."""
+
+    def test_random_resized_crop_windows(self):
+        from gpupipe.backends._dali import decode_random_crop
+
+        h, w, n = 300, 400, 400
+        image = gp.encode_jpeg(gp.synthetic_image(5, size=(h, w)))
+        t = T.RandomResizedCrop(224)
+        crops = run_dali(None, [image] * n, graph=lambda enc, ctx: decode_random_crop(t, enc, ctx))
+        ours = _sample_stats([tuple(c.shape[:2]) for c in crops], h, w)
+        tv = v2.RandomResizedCrop(224)
+        torch.manual_seed(0)
+        theirs = _sample_stats([(p["height"], p["width"]) for p in
+                                (tv.make_params([torch.empty(3, h, w)]) for _ in range(4000))], h, w)
+        np.testing.assert_allclose(ours, theirs, atol=0.05)
+
+    def _first_pixels(self, steps, image, n=300):
+        return [out[:, 0, 0] if out.shape[0] == 3 else out[0, 0] for out in run_dali(steps, [png(image)] * n)]
+
+    @pytest.mark.parametrize("flip, axis", [(T.RandomHorizontalFlip, 1), (T.RandomVerticalFlip, 0)])
+    def test_flip_rate(self, flip, axis):
+        image = coordinates(12, 16)
+        outs = run_dali([flip(p=0.3)], [png(image)] * 400)
+        flipped = [not torch.equal(o.permute(1, 2, 0), torch.from_numpy(image)) for o in outs]
+        assert all(torch.equal(o.permute(1, 2, 0), torch.from_numpy(np.flip(image, axis).copy()))
+                   for o, f in zip(outs, flipped) if f)
+        assert abs(np.mean(flipped) - 0.3) < 0.07
+
+    def test_grayscale_rate(self):
+        image = gp.synthetic_image(3, size=(16, 16))
+        outs = run_dali([T.RandomGrayscale(p=0.3)], [png(image)] * 400)
+        gray = [int((o.max(0).values.int() - o.min(0).values.int()).max()) <= 1 for o in outs]  # HSV rounding
+        assert abs(np.mean(gray) - 0.3) < 0.07
+
+    def test_color_jitter_ranges(self):
+        image = np.full((8, 8, 3), 100, np.uint8)
+        outs = run_dali([T.ColorJitter(brightness=0.5)], [png(image)] * 400)
+        factors = np.array([o.double().mean().item() / 100 for o in outs])
+        assert 0.5 - 0.01 <= factors.min() < 0.56 and 1.44 < factors.max() <= 1.5 + 0.01
+        assert abs(factors.mean() - 1.0) < 0.05
+
+    def test_random_crop_offsets(self):
+        image = coordinates(40, 60)
+        outs = run_dali([T.RandomCrop(20)], [png(image)] * 400)
+        tops, lefts = np.array([int(o[0, 0, 0]) for o in outs]), np.array([int(o[1, 0, 0]) for o in outs])
+        assert all(o.shape == (3, 20, 20) for o in outs)
+        assert tops.min() == 0 and tops.max() == 20 and lefts.min() == 0 and lefts.max() == 40
+        assert abs(tops.mean() - 10) < 1.5 and abs(lefts.mean() - 20) < 2.5
+        # consecutive pixels: a real crop, not a resampling
+        assert all(torch.equal(o[0, :, 0], torch.arange(int(o[0, 0, 0]), int(o[0, 0, 0]) + 20, dtype=torch.uint8))
+                   for o in outs[:20])
+
+    def test_random_crop_padding(self):
+        image = coordinates(40, 60)
+        outs = run_dali([T.RandomCrop((50, 70), pad_if_needed=True, fill=(1, 2, 3))], [png(image)] * 200)
+        assert all(o.shape == (3, 50, 70) for o in outs)
+        tops = []
+        for o in outs:  # the image sits inside padding of (1, 2, 3); find its first row
+            inside = (o[2] == 7).any(dim=1).nonzero()
+            tops.append(int(inside[0]))
+            padding = o[:, o[2] != 7]  # pixels not from the image carry the fill value
+            assert padding.shape[1] > 0 and torch.equal(padding.unique(dim=1).flatten(),
+                                                        torch.tensor([1, 2, 3], dtype=torch.uint8))
+        # padded height 60: the crop starts uniformly in [0, 10], i.e. the image at rows 10 - top
+        assert min(tops) == 0 and max(tops) == 10
+
+
+class TestCompiler:
+    def test_unsupported_option_is_reported_at_build(self, shards):
+        pipe = gp.Pipeline(shards, [T.RandomCrop(16, padding=2, padding_mode="reflect")])
+        with pytest.raises(gp.UnsupportedTransformError, match=r"RandomCrop.*padding_mode='reflect'.*step 0"):
+            gp.Loader(pipe, 2, backend="dali", device="cpu")
+        gp.Loader(pipe, 2, backend="torch", device="cpu")  # fine on torch
+
+    def test_transform_without_lowering_is_reported_at_build(self, shards):
+        import dataclasses
+
+        @dataclasses.dataclass(frozen=True)
+        class Posterize(T.Transform):
+            bits: int = 4
+
+        pipe = gp.Pipeline(shards, [T.CenterCrop(16), Posterize()])
+        for backend in ("dali", "torch"):
+            with pytest.raises(gp.UnsupportedTransformError, match="cannot run Posterize.*step 1"):
+                gp.Loader(pipe, 2, backend=backend, device="cpu")
+
+    def test_fusions(self):
+        from gpupipe.backends._dali import _fusable_tail
+
+        train = [T.RandomHorizontalFlip(), T.ToDtype(torch.float32, scale=True), T.Normalize(**IMAGENET)]
+        assert _fusable_tail(train) == train
+        val = [T.Resize(256), T.CenterCrop(224), T.ToDtype(torch.float32, scale=True), T.Normalize(**IMAGENET)]
+        assert _fusable_tail(val) == val[1:]
+        assert _fusable_tail([T.CenterCrop(224)]) == []  # stays uint8: nothing to fuse
+        assert _fusable_tail([T.ToDtype(torch.bfloat16), T.Normalize(**IMAGENET)]) == []
+
+
+class TestIndexCache:
+    def test_written_once_reused_and_rebuilt_when_the_shard_changes(self, tmp_path, monkeypatch):
+        from gpupipe import _sources
+
+        path = str(tmp_path / "s-%d.tar")
+        with gp.ShardWriter(path) as w:
+            w.write_all((f"k{i}", {"jpg": gp.encode_jpeg(gp.synthetic_image(i, size=(30, 30))), "cls": i})
+                        for i in range(3))
+        first = gp.WebDataset(w.shards).index().shards[0].dali_index
+        with open(first) as f:
+            assert f.readline() == "v1.2 3\n"
+        real_scan = _sources.scan_tar
+        monkeypatch.setattr(_sources, "scan_tar", lambda *a: pytest.fail("an unchanged shard was re-read"))
+        again = gp.WebDataset(w.shards).index()
+        assert again.shards[0].dali_index == first and again.read(2).label == 2
+        monkeypatch.setattr(_sources, "scan_tar", real_scan)
+        with gp.ShardWriter(path) as w2:  # same path, new content
+            w2.write_all((f"n{i}", {"jpg": gp.encode_jpeg(gp.synthetic_image(i, size=(30, 30))), "cls": 9})
+                         for i in range(5))
+        changed = gp.WebDataset(w2.shards).index()
+        assert changed.shards[0].dali_index != first and len(changed) == 5 and changed.key(0) == "n0"
+
+
+class TestHandOff:
+    def test_held_batches_are_never_overwritten(self, shards):
+        pipe = gp.Pipeline(shards, [T.RandomResizedCrop(24), T.ToDtype(torch.float32, scale=True)])
+        loader = gp.Loader(pipe, 2, backend="dali", device="cpu", prefetch=2)
+        held, copies = [], []
+        for images, _ in loader:
+            held.append(images)
+            copies.append(images.clone())
+        assert len(held) == 8 and all(torch.equal(h, c) for h, c in zip(held, copies))
+        assert not torch.equal(held[0], held[1])
+
+    @pytest.mark.parametrize("backend", ["torch", "dali"])
+    def test_channels_last(self, shards, backend):
+        pipe = gp.Pipeline(shards, [T.Resize(40), T.CenterCrop(32), T.ToDtype(torch.float32, scale=True)])
+        a = torch.cat([b[0] for b in gp.Loader(pipe, 4, backend=backend, device="cpu")])
+        loader = gp.Loader(pipe, 4, backend=backend, device="cpu", memory_format=torch.channels_last)
+        batches = [b[0] for b in loader]
+        assert all(b.is_contiguous(memory_format=torch.channels_last) and b.shape[1] == 3 for b in batches)
+        torch.testing.assert_close(torch.cat(batches), a)
+
+    @pytest.mark.gpu
+    def test_cuda_loader(self, shards):
+        train = gp.load_pipeline(os.path.join(os.path.dirname(__file__), "..", "pipelines", "imagenet.py:train"))
+        loader = gp.Loader(train(shards, size=32), 4, backend="dali", device="cuda")
+        batches = list(loader)
+        assert len(batches) == len(loader) == 4
+        images, labels = batches[0]
+        assert images.is_cuda and labels.is_cuda and images.shape == (4, 3, 32, 32) and labels.dtype == torch.int64
+
+
+def test_auto_backend_prefers_dali(shards):
+    loader = gp.Loader(gp.Pipeline(shards, [T.CenterCrop(8)]), 2)
+    assert loader.backend == "dali"
+    assert loader.device == ("cuda" if torch.cuda.is_available() else "cpu")
