@@ -275,3 +275,41 @@ def test_auto_backend_prefers_dali(shards):
     loader = gp.Loader(gp.Pipeline(shards, [T.CenterCrop(8)]), 2)
     assert loader.backend == "dali"
     assert loader.device == ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+class TestArithmetic:
+    """A user transform written once runs on every backend."""
+
+    @staticmethod
+    def add_mult():
+        import dataclasses
+
+        @dataclasses.dataclass(frozen=True)
+        class AddMult(T.Arithmetic):
+            add: float = 0.0
+            mult: float = 1.0
+
+            def apply(self, x):
+                return (x + self.add) * self.mult
+
+        return AddMult
+
+    @pytest.mark.parametrize("device", DEVICES)
+    def test_parity(self, device, photos):
+        AddMult = self.add_mult()
+        steps = [T.CenterCrop(64), T.ToDtype(torch.float32, scale=True), AddMult(add=-0.5, mult=2.0)]
+        check_backend_parity(steps, photos, device=device, unit=255 / 2)
+
+    def test_needs_float_input(self, shards):
+        with pytest.raises(gp.PipelineError, match="AddMult: needs a float image"):
+            gp.Pipeline(shards, [self.add_mult()(add=1.0)])
+
+    @pytest.mark.parametrize("backend", ["torch", "dali"])
+    def test_in_a_loader(self, shards, backend):
+        AddMult = self.add_mult()
+        base = [T.CenterCrop(16), T.ToDtype(torch.float32, scale=True)]
+        plain, _ = next(iter(gp.Loader(gp.Pipeline(shards, base), 4, backend=backend, device="cpu")))
+        pipe = gp.Pipeline(shards, base + [AddMult(add=-0.5, mult=2.0)])
+        images, _ = next(iter(gp.Loader(pipe, 4, backend=backend, device="cpu")))
+        assert images.dtype == torch.float32
+        torch.testing.assert_close(images, (plain - 0.5) * 2.0)

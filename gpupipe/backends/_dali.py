@@ -325,3 +325,9 @@ def _normalize(t: T.Normalize, img: Any, ctx: Ctx) -> Any:
     mean, std = list(t.mean) * (3 // len(t.mean)), list(t.std) * (3 // len(t.std))
     return ctx.fn.crop_mirror_normalize(img, device=ctx.device, mean=mean, std=std, output_layout="HWC",
                                         dtype=ctx.types.FLOAT)
+
+
+@LOWERINGS.register(T.Arithmetic)
+def _arithmetic(t: T.Arithmetic, img: Any, ctx: Ctx) -> Any:
+    dtype = {torch.float16: ctx.types.FLOAT16, torch.float64: ctx.types.FLOAT64}.get(ctx.dtype, ctx.types.FLOAT)
+    return ctx.fn.cast(t.apply(img), device=ctx.device, dtype=dtype)

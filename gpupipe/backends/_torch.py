@@ -115,3 +115,8 @@ def _normalize(t: T.Normalize, img: torch.Tensor, _: None) -> torch.Tensor:
     std = list(t.std) * channels if len(t.std) == 1 else list(t.std)
     return F.normalize(img, mean, std)
 
+
+
+@LOWERINGS.register(T.Arithmetic)
+def _arithmetic(t: T.Arithmetic, img: torch.Tensor, _: None) -> torch.Tensor:
+    return t.apply(img).to(img.dtype)

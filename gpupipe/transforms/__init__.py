@@ -13,6 +13,7 @@ Example:
 """
 
 from ._base import ImageSpec, InterpolationMode, Transform
+from ._custom import Arithmetic
 from ._color import ColorJitter, GaussianBlur, Normalize, RandomGrayscale, ToDtype
 from ._geometry import (
     CenterCrop, RandomCrop, RandomHorizontalFlip, RandomResizedCrop, RandomVerticalFlip, Resize,
@@ -33,4 +34,5 @@ __all__ = [
     "GaussianBlur",
     "ToDtype",
     "Normalize",
+    "Arithmetic",
 ]
