@@ -291,6 +291,34 @@ class TestNormalize:
             T.Normalize([0.5, 0.5], [0.5]).output_spec(spec_of(as_float(photo)))
 
 
+class TestArithmetic:
+    @staticmethod
+    def scale_shift():
+        import dataclasses
+
+        @dataclasses.dataclass(frozen=True)
+        class ScaleShift(T.Arithmetic):
+            scale: float = 1.0
+            shift: float = 0.0
+
+            def apply(self, x):
+                return x * self.scale + self.shift
+
+        return ScaleShift
+
+    def test_matches_plain_torch(self, photo):
+        t = self.scale_shift()(scale=0.5, shift=0.25)
+        check_transform(t, as_float(photo), lambda img, p: img * 0.5 + 0.25, seeds=[0])
+
+    def test_needs_float_input(self):
+        with pytest.raises(gp.PipelineError, match="needs a float image"):
+            self.scale_shift()().output_spec(T.ImageSpec())
+
+    def test_apply_is_required(self, photo):
+        with pytest.raises(NotImplementedError, match="apply"):
+            T.Arithmetic().apply(photo)
+
+
 def test_every_transform_has_a_test_class():
     tested = {name.removeprefix("Test") for name in globals() if name.startswith("Test")}
     defined = {n for n in T.__all__ if isinstance(getattr(T, n), type) and issubclass(getattr(T, n), T.Transform)
