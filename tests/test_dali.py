@@ -110,6 +110,15 @@ class TestParity:
     def test_color_jitter(self, device, photos, jitter):
         check_backend_parity([jitter], photos, device=device)
 
+    @pytest.mark.parametrize("factor", [0.6, 1.4])
+    def test_color_jitter_contrast_is_documented_mid_grey(self, device, photos, factor):
+        """README: DALI's contrast pivots on mid-grey (128), torchvision's on the image's mean grey."""
+        decoded = run_dali([], photos, device=device)
+        got = run_dali([T.ColorJitter(contrast=(factor, factor))], photos, device=device)
+        for x, y in zip(decoded, got):
+            expected = ((x.double() - 128) * factor + 128).clamp(0, 255).round()
+            assert (y.double() - expected).abs().max() <= 1
+
     def test_grayscale(self, device, photos):
         check_backend_parity([T.RandomGrayscale(p=1.0)], photos, device=device)
 
