@@ -7,8 +7,21 @@ from typing import Any
 
 import torch
 
+import dataclasses
+
 from gpupipe import transforms as T
 from gpupipe.backends._torch import LOWERINGS
+
+
+@dataclasses.dataclass(frozen=True)
+class AddMult(T.Arithmetic):
+    """The custom transform of the tests: written once, run on every backend."""
+
+    add: float = 0.0
+    mult: float = 1.0
+
+    def apply(self, x):
+        return (x + self.add) * self.mult
 
 
 def spec_of(image: torch.Tensor) -> T.ImageSpec:

@@ -17,7 +17,7 @@ from torchvision.transforms import v2
 import gpupipe as gp
 from gpupipe import transforms as T
 
-from .checkers import check_backend_parity, run_dali
+from .checkers import AddMult, check_backend_parity, run_dali
 
 pytest.importorskip("nvidia.dali")
 
@@ -289,33 +289,17 @@ def test_auto_backend_prefers_dali(shards):
 class TestArithmetic:
     """A user transform written once runs on every backend."""
 
-    @staticmethod
-    def add_mult():
-        import dataclasses
-
-        @dataclasses.dataclass(frozen=True)
-        class AddMult(T.Arithmetic):
-            add: float = 0.0
-            mult: float = 1.0
-
-            def apply(self, x):
-                return (x + self.add) * self.mult
-
-        return AddMult
-
     @pytest.mark.parametrize("device", DEVICES)
     def test_parity(self, device, photos):
-        AddMult = self.add_mult()
         steps = [T.CenterCrop(64), T.ToDtype(torch.float32, scale=True), AddMult(add=-0.5, mult=2.0)]
         check_backend_parity(steps, photos, device=device, unit=255 / 2)
 
     def test_needs_float_input(self, shards):
         with pytest.raises(gp.PipelineError, match="AddMult: needs a float image"):
-            gp.Pipeline(shards, [self.add_mult()(add=1.0)])
+            gp.Pipeline(shards, [AddMult(add=1.0)])
 
     @pytest.mark.parametrize("backend", ["torch", "dali"])
     def test_in_a_loader(self, shards, backend):
-        AddMult = self.add_mult()
         base = [T.CenterCrop(16), T.ToDtype(torch.float32, scale=True)]
         plain, _ = next(iter(gp.Loader(gp.Pipeline(shards, base), 4, backend=backend, device="cpu")))
         pipe = gp.Pipeline(shards, base + [AddMult(add=-0.5, mult=2.0)])
