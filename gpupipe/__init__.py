@@ -1,7 +1,8 @@
 """gpupipe: GPU-side image decode and augmentation for PyTorch training.
 
-Pipelines are declared once with torchvision-named transforms and run on a backend: ``torch``
-(torchvision kernels in worker processes) today.
+Pipelines are declared once with torchvision-named transforms and run on a backend: ``dali``
+(one NVIDIA DALI graph, on the GPU or DALI's CPU operators) or ``torch`` (torchvision kernels in
+worker processes).
 
 Example:
     >>> import torch, gpupipe as gp
@@ -14,6 +15,7 @@ Example:
 """
 
 from . import transforms
+from .backends import register_lowering
 from ._errors import (
     BackendUnavailableError, ConfigError, DataError, GpupipeError, PipelineError, SampleError, ShardError,
     UnsupportedTransformError,
@@ -32,6 +34,7 @@ __all__ = [
     "WebDataset",
     "ImageFolder",
     "load_pipeline",
+    "register_lowering",
     "ShardWriter",
     "synthetic_image",
     "encode_jpeg",

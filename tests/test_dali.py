@@ -7,7 +7,6 @@ from __future__ import annotations
 import io
 import math
 import os
-import random
 
 import numpy as np
 import pytest
@@ -213,8 +212,17 @@ class TestCompiler:
 
         pipe = gp.Pipeline(shards, [T.CenterCrop(16), Posterize()])
         for backend in ("dali", "torch"):
-            with pytest.raises(gp.UnsupportedTransformError, match="cannot run Posterize.*step 1"):
+            with pytest.raises(gp.UnsupportedTransformError, match="cannot run Posterize.*step 1.*register_lowering"):
                 gp.Loader(pipe, 2, backend=backend, device="cpu")
+
+        @gp.register_lowering(Posterize, backend="torch")
+        def _posterize(t, image, params):
+            return v2.functional.posterize(image, t.bits)
+
+        batch, _ = next(iter(gp.Loader(pipe, 2, backend="torch", device="cpu")))
+        assert torch.all(batch % 16 == 0)
+        with pytest.raises(gp.UnsupportedTransformError):  # registered for torch only
+            gp.Loader(pipe, 2, backend="dali", device="cpu")
 
     def test_fusions(self):
         from gpupipe.backends._dali import _fusable_tail

@@ -12,7 +12,7 @@ from typing import Any
 from .._errors import ConfigError
 from .._registry import Registry
 
-__all__ = ["BACKENDS", "registry", "resolve"]
+__all__ = ["BACKENDS", "registry", "register_lowering", "resolve"]
 
 BACKENDS = ("auto", "torch", "dali")
 
@@ -28,6 +28,27 @@ def registry(backend: str) -> Registry:
 
         return LOWERINGS
     raise ConfigError(f"backend must be one of {BACKENDS[1:]}, got {backend!r}")
+
+
+def register_lowering(transform_type: type, *, backend: str) -> Any:
+    """Decorator: registers ``fn`` as ``backend``'s lowering of ``transform_type``.
+
+    The function's signature is the backend's: ``(transform, image [C, H, W] tensor, params)``
+    for ``"torch"`` (``params`` from ``transform.make_params``, or None), ``(transform, node,
+    ctx)`` for ``"dali"`` (a DALI graph node in HWC layout; ``ctx.fn``, ``ctx.device``,
+    ``ctx.next_seed()``). For pure arithmetic, subclass ``transforms.Arithmetic`` instead: it
+    needs no lowering at all.
+
+    Example:
+        >>> @gp.register_lowering(Posterize, backend="torch")  # doctest: +SKIP
+        ... def _posterize(t, image, params):
+        ...     return torchvision.transforms.v2.functional.posterize(image, t.bits)
+    """
+    from ..transforms import Transform
+
+    if not (isinstance(transform_type, type) and issubclass(transform_type, Transform)):
+        raise ConfigError(f"register_lowering: transform_type must be a gpupipe Transform subclass, got {transform_type!r}")
+    return registry(backend).register(transform_type)
 
 
 def resolve(backend: str, device: Any) -> tuple[str, str]:

@@ -66,7 +66,7 @@ class DaliRunner:
 
     # -------------------------------------------------------------------- graph --
     def _build(self, epoch: int) -> None:
-        from nvidia.dali import Pipeline, fn, types
+        from nvidia.dali import Pipeline, fn
 
         gpu = self.device.type == "cuda"
         epoch_seed = (self.seed * 1_000_003 + epoch * 7_919) % (2**31 - 1)

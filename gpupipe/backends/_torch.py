@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 from torchvision.transforms import InterpolationMode as TVInterpolation
