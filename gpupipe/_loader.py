@@ -58,14 +58,19 @@ class Loader:
         drop_last: drop the last, incomplete batch. Default ``False``.
         seed: seed of the shuffle and of the augmentations; ``None`` draws one at construction
             (the run is then not reproducible).
-        backend: ``"torch"`` or ``"auto"`` (the best backend installed).
+        backend: ``"dali"`` (one DALI graph; nvJPEG and GPU operators on ``cuda``, DALI's CPU
+            operators on ``cpu``), ``"torch"`` (torchvision kernels in worker processes), or
+            ``"auto"`` (default): DALI when installed, else torch.
         device: where batches are delivered: ``"cpu"``, ``"cuda"``, ``"cuda:N"``; ``None``
             picks ``"cuda"`` when available, else ``"cpu"``.
-        num_workers: worker processes that decode and transform (torch backend); ``None`` uses
-            one per CPU core, up to 8; ``0`` runs in the calling process.
-        prefetch: batches each worker prepares ahead. Default 2.
+        num_workers: worker processes that decode and transform (torch backend; DALI's CPU
+            threads on the dali backend); ``None`` uses one per CPU core, up to 8; ``0`` runs the
+            torch backend in the calling process.
+        prefetch: batches prepared ahead (per worker on torch; DALI's queue depth). Default 2.
         shuffle_buffer: with ``shuffle=True`` on tar shards, samples are mixed within a window of
             this many samples after the shard order is permuted. Default 4096.
+        memory_format: ``torch.contiguous_format`` (default) or ``torch.channels_last``: NHWC
+            storage presented as an ``[B, C, H, W]`` tensor (DALI's layout, no extra copy there).
 
     Yields:
         :class:`Batch`: ``images`` ``[B, C, H, W]`` of the pipeline's output dtype and
@@ -75,7 +80,9 @@ class Loader:
     Epochs: an epoch yields every sample once (before ``drop_last``). With ``shuffle=True`` the
     order depends only on ``(seed, epoch)``: call :meth:`set_epoch` before each epoch; the same
     seed and epoch give the same order and the same augmentation parameters on the torch
-    backend, whatever ``num_workers``.
+    backend, whatever ``num_workers``. The dali backend reads the shards in the same permuted
+    order but mixes samples with DALI's reader buffer and draws augmentations with DALI's
+    generators, both seeded from ``(seed, epoch)``.
 
     End of epoch, worked example: 10 samples, ``batch_size=4``. ``drop_last=False`` → 3 batches
     of 4, 4 and 2 samples, ``len(loader) == 3``; ``drop_last=True`` → 2 batches of 4, the 2 samples
@@ -156,7 +163,9 @@ class Loader:
         self.epoch = epoch
 
     def epoch_order(self, epoch: int | None = None) -> np.ndarray:
-        """Global sample numbers in the order ``epoch`` (default: the current one) yields them."""
+        """Global sample numbers in the order ``epoch`` (default: the current one) yields them on
+        the torch backend (and on dali without shuffling; with shuffling DALI's buffer mixes the
+        samples of the same shard order)."""
         epoch = self.epoch if epoch is None else epoch
         return epoch_order(self.index.shard_sizes, sequential=self.index.sequential, shuffle=self.shuffle,
                            seed=self.seed, epoch=epoch, buffer=self.shuffle_buffer)
