@@ -18,7 +18,7 @@ import numpy as np
 from . import _wdsindex
 from ._errors import ConfigError, SampleError, ShardError
 
-__all__ = ["WebDataset", "ImageFolder", "Source", "Index", "RawSample", "split_key"]
+__all__ = ["WebDataset", "ImageFolder", "Source", "Index", "RawSample", "parse_label", "split_key"]
 
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
@@ -129,13 +129,17 @@ class Index:
         data = self._read(shard.path, *map(int, shard.image[i]), key)
         label = None
         if self.labeled:
-            raw = self._read(shard.path, *map(int, shard.label[i]), key)
-            try:
-                label = int(raw.decode("ascii").strip())
-            except (UnicodeDecodeError, ValueError):
-                raise SampleError(f"label of sample {key!r} in shard {shard.path!r} is not an ASCII "
-                                  f"integer: {raw[:40]!r}", shard=shard.path, key=key) from None
+            label = parse_label(self._read(shard.path, *map(int, shard.label[i]), key), shard=shard.path, key=key)
         return RawSample(key, shard.path, data, label)
+
+
+def parse_label(raw: bytes, *, shard: str, key: str) -> int:
+    """A ``.cls`` member's ASCII integer; SampleError naming shard and key otherwise."""
+    try:
+        return int(raw.decode("ascii").strip())
+    except (UnicodeDecodeError, ValueError):
+        raise SampleError(f"label of sample {key!r} in shard {shard!r} is not an ASCII integer: {raw[:40]!r}",
+                          shard=shard, key=key) from None
 
 
 class Source:

@@ -199,6 +199,14 @@ class TestEpoch:
             with pytest.raises(Exception, match=r"'broken' in shard '.*bad-0\.tar'"):
                 list(loader)
 
+    def test_bad_label_names_shard_and_key(self, backend, tmp_path):
+        good = gp.encode_jpeg(gp.synthetic_image(0, size=(40, 40)))
+        with gp.ShardWriter(str(tmp_path / "lab-%d.tar")) as w:
+            w.write("ok", {"jpg": good, "cls": 0})
+            w.write("cat", {"jpg": good, "cls": "cat"})
+        with pytest.raises(Exception, match=r"label of sample 'cat' in shard '.*lab-0\.tar' is not an ASCII integer"):
+            list(make(backend, small_val(w.shards), 2, num_workers=0))
+
     def test_batch_object(self, backend, shards):
         batch = next(iter(make(backend, small_val(shards), 3, num_workers=0)))
         images, labels = batch

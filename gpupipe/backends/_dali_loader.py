@@ -24,7 +24,7 @@ import torch
 
 from .._errors import BackendUnavailableError, SampleError, ShardError
 from .._plan import shard_permutation
-from .._sources import Index, ImageFolder, WebDataset, split_key
+from .._sources import Index, ImageFolder, WebDataset, parse_label, split_key
 from ..transforms import Transform
 from ._dali import Ctx, check_pipeline, lower
 
@@ -134,7 +134,7 @@ class DaliRunner:
 
     def _locate_bad_sample(self, error: RuntimeError, epoch: int, batch: int, yielded: set[str]) -> Exception:
         """DALI's errors do not name the sample. The failing one is among the first
-        ``(batch + 1 + prefetch) * batch_size (+ shuffle buffer)`` samples of this epoch's shard
+        ``(batch + 2 + prefetch) * batch_size (+ shuffle buffer)`` samples of this epoch's shard
         order (the reader only mixes samples it has read): decode those not yet yielded with
         gpupipe's own decoder and name the first that fails."""
         from .._decode import decode_rgb
@@ -168,8 +168,8 @@ class DaliRunner:
         labels = None
         if self.index.labeled:
             if isinstance(self.source, WebDataset):
-                labels = torch.tensor([_parse_label(np.asarray(aux[i]), shards[i], keys[i]) for i in range(keep)],
-                                      dtype=torch.int64)
+                labels = torch.tensor([parse_label(bytes(np.asarray(aux[i])), shard=shards[i], key=keys[i])
+                                       for i in range(keep)], dtype=torch.int64)
             else:
                 labels = torch.from_numpy(np.asarray(aux.as_tensor())[:keep, 0].astype(np.int64))
             if self.device.type == "cuda":
@@ -181,11 +181,3 @@ class DaliRunner:
             shard, _, name = info.rsplit(":", 2)
             return split_key(name)[0], shard
         return os.path.relpath(info, self.source.root).replace(os.sep, "/"), self.source.root
-
-
-def _parse_label(raw: np.ndarray, shard: str, key: str) -> int:
-    try:
-        return int(bytes(raw).decode("ascii").strip())
-    except (UnicodeDecodeError, ValueError):
-        raise SampleError(f"label of sample {key!r} in shard {shard!r} is not an ASCII integer: {bytes(raw)[:40]!r}",
-                          shard=shard, key=key) from None
