@@ -51,6 +51,11 @@ class Ctx:
         return (self.seed * 1_000_003 + next(self._seeds) * 7_919) % (2**31 - 1)
 
     @property
+    def decoder_device(self) -> str:
+        """nvJPEG's ``mixed`` decoder feeds the GPU; DALI's CPU decoder the CPU."""
+        return "mixed" if self.device == "gpu" else "cpu"
+
+    @property
     def fn(self) -> Any:
         from nvidia.dali import fn
 
@@ -96,18 +101,22 @@ def _to_float(ctx: Ctx, value: Any) -> Any:
     return ctx.fn.cast(value, dtype=ctx.types.FLOAT)
 
 
+def _where(cond: Any, a: Any, b: Any) -> Any:
+    """Per-sample ``a if cond else b`` in DALI arithmetic (``cond`` a boolean node)."""
+    return cond * a + (1 - cond) * b
+
+
 def lower(transforms: Sequence[T.Transform], encoded: Any, ctx: Ctx, *, channels_last: bool = False) -> Any:
     """Builds the graph for ``transforms`` on ``encoded`` images; returns ``[C, H, W]`` (or HWC
     where ``channels_last``) images."""
     fn, types = ctx.fn, ctx.types
     steps = list(transforms)
-    decoder_device = "mixed" if ctx.device == "gpu" else "cpu"
     if steps and type(steps[0]) is T.RandomResizedCrop:
         t = steps.pop(0)
         img = decode_random_crop(t, encoded, ctx)
         img = _resize(ctx, img, float(t.size[0]), float(t.size[1]), t.interpolation, t.antialias)
     else:
-        img = fn.decoders.image(encoded, device=decoder_device, output_type=types.RGB)
+        img = fn.decoders.image(encoded, device=ctx.decoder_device, output_type=types.RGB)
     tail = _fusable_tail(steps)
     for t in steps[: len(steps) - len(tail)]:
         img = LOWERINGS.lookup(t)(t, img, ctx)
@@ -122,7 +131,7 @@ def lower(transforms: Sequence[T.Transform], encoded: Any, ctx: Ctx, *, channels
 
 def decode_random_crop(t: T.RandomResizedCrop, encoded: Any, ctx: Ctx) -> Any:
     """The crop window of ``t``, drawn and decoded at once (only that region is decoded)."""
-    return ctx.fn.decoders.image_random_crop(encoded, device="mixed" if ctx.device == "gpu" else "cpu",
+    return ctx.fn.decoders.image_random_crop(encoded, device=ctx.decoder_device,
                                              output_type=ctx.types.RGB, random_area=list(t.scale),
                                              random_aspect_ratio=list(t.ratio), num_attempts=10,
                                              seed=ctx.next_seed())
@@ -146,11 +155,8 @@ def _center_crop_anchor(size: Any, crop: int) -> Any:
     """torchvision's anchor in DALI integer arithmetic: ``round((size - crop) / 2)`` with Python's
     round-half-to-even, or ``-((crop - size) // 2)`` where the image is smaller than the crop."""
     d = size - crop
-    q = d // 2  # floor division: negative d gives -((crop - size + 1) // 2) ...
-    inside = q + (d & 1) * (q & 1)
-    outside = -((crop - size) // 2)
-    bigger = d >= 0
-    return bigger * inside + (1 - bigger) * outside
+    q = d // 2  # floor; an odd d is a .5 tie, rounded up only when q is odd (to the even neighbour)
+    return _where(d >= 0, q + (d & 1) * (q & 1), -((crop - size) // 2))
 
 
 def _crop_mirror_normalize(tail: list[T.Transform], img: Any, ctx: Ctx, *, channels_last: bool) -> Any:
@@ -160,8 +166,8 @@ def _crop_mirror_normalize(tail: list[T.Transform], img: Any, ctx: Ctx, *, chann
         if isinstance(t, T.CenterCrop):
             h, w = _hw(img)
             top, left = _center_crop_anchor(h, t.size[0]), _center_crop_anchor(w, t.size[1])
-            # crop_pos_x/y are relative: anchor = pos * (W - crop_w); exact integers where the
-            # window fits (tested), else the anchor is passed through the padding branch.
+            # crop_pos_x/y are relative: anchor = pos * (W - crop_w), which gives back the exact
+            # integer anchor, inside the image or in the padding (tested against torchvision).
             kwargs.update(crop=list(t.size), out_of_bounds_policy="pad", fill_values=0.0,
                           crop_pos_y=_relative(ctx, top, h - t.size[0]), crop_pos_x=_relative(ctx, left, w - t.size[1]))
         elif isinstance(t, T.RandomHorizontalFlip):
@@ -176,10 +182,8 @@ def _crop_mirror_normalize(tail: list[T.Transform], img: Any, ctx: Ctx, *, chann
 
 
 def _relative(ctx: Ctx, anchor: Any, room: Any) -> Any:
-    room_f = _to_float(ctx, room)
-    nonzero = room != 0
-    return _to_float(ctx, anchor) / (room_f + _to_float(ctx, 1 - nonzero)) * _to_float(ctx, nonzero) + \
-        0.5 * _to_float(ctx, 1 - nonzero)
+    """``anchor / room`` as crop_mirror_normalize's relative position; with no room the anchor is 0."""
+    return _to_float(ctx, anchor) / _to_float(ctx, _where(room == 0, 1, room))
 
 
 # -------------------------------------------------------------------- lowerings --
@@ -207,11 +211,11 @@ def _resize_lowering(t: T.Resize, img: Any, ctx: Ctx) -> Any:
         new_short, new_long = short * 0 + t.size[0], (t.size[0] * long) // short
         if t.max_size is not None:
             over = new_long > t.max_size
-            new_short = over * ((t.max_size * new_short) // new_long) + (1 - over) * new_short
-            new_long = over * t.max_size + (1 - over) * new_long
+            new_short = _where(over, (t.max_size * new_short) // new_long, new_short)
+            new_long = _where(over, t.max_size, new_long)
     portrait = w <= h  # torchvision: (new_w, new_h) = (short, long) if w <= h else (long, short)
-    new_h = portrait * new_long + (1 - portrait) * new_short
-    new_w = portrait * new_short + (1 - portrait) * new_long
+    new_h = _where(portrait, new_long, new_short)
+    new_w = _where(portrait, new_short, new_long)
     return _resize(ctx, img, _to_float(ctx, new_h), _to_float(ctx, new_w), t.interpolation, t.antialias)
 
 
