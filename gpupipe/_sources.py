@@ -7,10 +7,12 @@ their global number.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import os
 import tarfile
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -41,19 +43,60 @@ def split_key(member: str) -> tuple[str, str]:
     return (f"{head}/{stem}" if head else stem), ext.lower() if dot else ""
 
 
-@dataclasses.dataclass
 class ShardIndex:
-    """The samples of one shard: keys, and ``[offset, size]`` of the chosen members (-1: none)."""
+    """The samples of one shard: ``size``, and (loaded on first use) their keys and the
+    ``[offset, size]`` of the chosen members (-1: none).
 
-    path: str
-    keys: list[str]
-    image: np.ndarray  # [N, 2] int64
-    label: np.ndarray  # [N, 2] int64; all -1 when the source is unlabeled
-    labels: np.ndarray | None = None  # [N] int64, for sources whose labels are not stored in members
-    dali_index: str | None = None  # the cached DALI index file of this shard (tar shards)
+    A shard whose details come from a cached index file loads them lazily, so that a loader over
+    thousands of shards starts from the shard sizes alone and each rank only parses the index
+    files of the shards it reads.
+    """
+
+    def __init__(self, path: str, keys: list[str] | None = None, image: np.ndarray | None = None,
+                 label: np.ndarray | None = None, labels: np.ndarray | None = None, dali_index: str | None = None,
+                 *, size: int | None = None, loader: Callable[[], tuple[list[str], np.ndarray, np.ndarray]] | None = None
+                 ) -> None:
+        if keys is None and (loader is None or size is None):
+            raise ValueError("ShardIndex needs keys, or a size and a loader")
+        self.path = path
+        self.labels = labels  # [N] int64, for sources whose labels are not stored in members
+        self.dali_index = dali_index  # the cached index file of this shard (DALI's format)
+        self.size = len(keys) if keys is not None else int(size)
+        self._loader = loader
+        self._detail = None if keys is None else (keys, image, label)
 
     def __len__(self) -> int:
-        return len(self.keys)
+        return self.size
+
+    @property
+    def loaded(self) -> bool:
+        return self._detail is not None
+
+    def release(self) -> None:
+        """Forgets lazily loaded details (they are loaded again when needed)."""
+        if self._loader is not None:
+            self._detail = None
+
+    def _load(self) -> tuple[list[str], np.ndarray, np.ndarray]:
+        if self._detail is None:
+            detail = self._loader()
+            if len(detail[0]) != self.size:
+                raise ShardError(f"the index of shard {self.path!r} changed while in use ({len(detail[0])} samples, "
+                                 f"{self.size} expected)", shard=self.path)
+            self._detail = detail
+        return self._detail
+
+    @property
+    def keys(self) -> list[str]:
+        return self._load()[0]
+
+    @property
+    def image(self) -> np.ndarray:  # [N, 2] int64
+        return self._load()[1]
+
+    @property
+    def label(self) -> np.ndarray:  # [N, 2] int64; all -1 when the source is unlabeled
+        return self._load()[2]
 
 
 class Index:
@@ -64,7 +107,12 @@ class Index:
         sequential: ``True`` where shards are best read front to back (tar files); ``False`` where
             every sample is its own file (ImageFolder).
         labeled: whether samples carry labels.
+
+    Reading is thread-safe: each thread keeps its own open files and reads with ``pread``.
     """
+
+    MAX_OPEN = 128  # open shard files per thread (at least the loader's interleave)
+    MAX_LOADED = 1024  # lazily loaded shard details kept per process
 
     def __init__(self, shards: list[ShardIndex], *, sequential: bool, labeled: bool) -> None:
         self.shards = shards
@@ -72,47 +120,87 @@ class Index:
         self.labeled = labeled
         self.shard_sizes = np.array([len(s) for s in shards], dtype=np.int64)
         self.offsets = np.concatenate([[0], np.cumsum(self.shard_sizes)]).astype(np.int64)
-        self._files: dict[str, object] = {}
-        self._pid = -1
+        self._init_process_state()
+
+    def _init_process_state(self) -> None:
+        self._pid = os.getpid()
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._all_files: list[dict[str, int]] = []
+        self._loaded: collections.OrderedDict[int, None] = collections.OrderedDict()
 
     def __len__(self) -> int:
         return int(self.offsets[-1])
 
     def close(self) -> None:
         """Closes the shard files this process opened (they reopen on the next read)."""
-        for f in self._files.values():
-            f.close()
-        self._files.clear()
+        if self._pid != os.getpid():
+            return
+        with self._lock:
+            for files in self._all_files:
+                for fd in files.values():
+                    os.close(fd)
+                files.clear()
 
     def __del__(self) -> None:
-        if self._pid == os.getpid():
+        try:
             self.close()
+        except Exception:  # pragma: no cover - interpreter shutdown
+            pass
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_files": {}, "_pid": -1}
+        state = {k: v for k, v in self.__dict__.items() if k not in ("_local", "_lock", "_all_files", "_loaded")}
+        state["_pid"] = -1
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._init_process_state()
 
     def locate(self, sample: int) -> tuple[int, int]:
         """Global sample number → (shard number, sample number in the shard)."""
         shard = int(np.searchsorted(self.offsets, sample, side="right")) - 1
         return shard, sample - int(self.offsets[shard])
 
+    def shard(self, s: int) -> ShardIndex:
+        """Shard ``s`` with its details loaded; keeps at most ``MAX_LOADED`` lazily loaded."""
+        shard = self.shards[s]
+        if shard._loader is not None:
+            with self._lock:
+                self._loaded[s] = None
+                self._loaded.move_to_end(s)
+                while len(self._loaded) > self.MAX_LOADED:
+                    self.shards[self._loaded.popitem(last=False)[0]].release()
+        shard._load()
+        return shard
+
     def key(self, sample: int) -> str:
         s, i = self.locate(sample)
-        return self.shards[s].keys[i]
+        return self.shard(s).keys[i]
 
-    def _read(self, path: str, offset: int, size: int, key: str) -> bytes:
-        if self._pid != os.getpid():  # never share file offsets with a forked parent
-            self._files, self._pid = {}, os.getpid()
-        f = self._files.get(path)
-        if f is None:
-            if len(self._files) >= 64:
-                self.close()
+    def _fd(self, path: str, key: str) -> int:
+        if self._pid != os.getpid():  # a forked child: never share the parent's descriptors
+            self._init_process_state()
+        files = getattr(self._local, "files", None)
+        if files is None:
+            files = self._local.files = {}
+            with self._lock:
+                self._all_files.append(files)
+        fd = files.get(path)
+        if fd is None:
+            if len(files) >= self.MAX_OPEN:
+                with self._lock:
+                    for old in files.values():
+                        os.close(old)
+                    files.clear()
             try:
-                f = self._files[path] = open(path, "rb")
+                fd = files[path] = os.open(path, os.O_RDONLY)
             except OSError as e:
                 raise ShardError(f"cannot open shard {path!r}: {e}", shard=path, key=key) from e
-        f.seek(offset)
-        data = f.read(size)
+        return fd
+
+    def _read(self, path: str, offset: int, size: int, key: str) -> bytes:
+        data = os.pread(self._fd(path, key), size, offset)
         if len(data) != size:
             raise ShardError(f"shard {path!r} is truncated at sample {key!r}", shard=path, key=key)
         return data
@@ -120,12 +208,16 @@ class Index:
     def read(self, sample: int) -> RawSample:
         """Reads sample number ``sample``: its key, shard, encoded image and parsed label."""
         s, i = self.locate(sample)
-        shard = self.shards[s]
+        shard = self.shard(s)
         key = shard.keys[i]
         if shard.labels is not None:  # ImageFolder: one file per sample, label from the folder
             path = os.path.join(shard.path, key)
-            with open(path, "rb") as f:
-                return RawSample(key, shard.path, f.read(), int(shard.labels[i]))
+            try:
+                with open(path, "rb") as f:
+                    return RawSample(key, shard.path, f.read(), int(shard.labels[i]))
+            except OSError as e:
+                raise SampleError(f"cannot read sample {key!r} in {shard.path!r}: {e}", shard=shard.path,
+                                  key=key) from e
         data = self._read(shard.path, *map(int, shard.image[i]), key)
         label = None
         if self.labeled:
@@ -145,7 +237,7 @@ def parse_label(raw: bytes, *, shard: str, key: str) -> int:
 class Source:
     """Base class of data sources."""
 
-    def index(self) -> Index:  # pragma: no cover - abstract
+    def index(self, *, rank: int = 0, world_size: int = 1) -> Index:  # pragma: no cover - abstract
         raise NotImplementedError
 
 
@@ -208,10 +300,19 @@ class WebDataset(Source):
         if self.label is not None:
             _split_exts(self.label, "label")
 
-    def index(self) -> Index:
+    def index(self, *, rank: int = 0, world_size: int = 1) -> Index:
+        """Indexes the shards. Cached shards cost one header line each (their details load when
+        first read); the others are scanned and cached. Rank ``r`` of ``world_size`` starts
+        scanning at shard ``r * n // world_size``, so that ranks sharing a cache directory scan a
+        new dataset's shards in parallel rather than all in the same order."""
         image_exts = _split_exts(self.image, "image")
         label_ext = self.label.lstrip(".").lower() if self.label else None
-        shards = [_cached_scan(u, image_exts, label_ext) for u in self.urls]
+        n = len(self.urls)
+        first = rank * n // max(1, world_size)
+        shards: list[ShardIndex | None] = [None] * n
+        for i in range(n):
+            s = (first + i) % n
+            shards[s] = _cached_scan(self.urls[s], image_exts, label_ext)
         return Index(shards, sequential=True, labeled=label_ext is not None)
 
 
@@ -220,11 +321,19 @@ def _cached_scan(path: str, image_exts: tuple[str, ...], label_ext: str | None) 
         idx_path = _wdsindex.index_path(path, image_exts, label_ext)
     except OSError as e:
         raise ShardError(f"cannot read shard {path!r}: {e}", shard=path) from e
-    cached = _wdsindex.load(idx_path, labeled=label_ext is not None)
-    if cached is not None:
-        return ShardIndex(path, cached[0], cached[1], cached[2], dali_index=idx_path)
+    labeled = label_ext is not None
+    size = _wdsindex.count(idx_path)
+    if size is not None:
+        def load() -> tuple[list[str], np.ndarray, np.ndarray]:
+            cached = _wdsindex.load(idx_path, labeled=labeled)
+            if cached is None:  # the cache file went away or was damaged: scan the shard again
+                shard, _ = scan_tar(path, image_exts, label_ext)
+                return shard.keys, shard.image, shard.label
+            return cached
+
+        return ShardIndex(path, dali_index=idx_path, size=size, loader=load)
     shard, exts = scan_tar(path, image_exts, label_ext)
-    if _wdsindex.save(idx_path, shard.keys, exts, shard.image, shard.label if label_ext else None):
+    if _wdsindex.save(idx_path, shard.keys, exts, shard.image, shard.label if labeled else None):
         shard.dali_index = idx_path
     return shard
 
@@ -288,7 +397,7 @@ class ImageFolder(Source):
     def classes(self) -> list[str]:
         return sorted(e.name for e in os.scandir(self.root) if e.is_dir())
 
-    def index(self) -> Index:
+    def index(self, *, rank: int = 0, world_size: int = 1) -> Index:
         classes = self.classes
         if not classes:
             raise ShardError(f"ImageFolder: no class folders in {self.root!r}", shard=self.root)

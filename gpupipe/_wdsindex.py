@@ -1,7 +1,8 @@
 """Cached shard indexes, in DALI's webdataset index format (v1.2), written by gpupipe itself.
 
-One file per shard serves both gpupipe's own reader (``Index``) and DALI's
-``fn.readers.webdataset(index_paths=...)``: users never run ``wds2idx``. Files live in
+One file per shard serves gpupipe's reader (``Index``: both backends read samples by the byte
+ranges it lists); being DALI's format, it also works with ``fn.readers.webdataset(index_paths=...)``
+for hand-written DALI pipelines, so users never run ``wds2idx``. Files live in
 ``$GPUPIPE_CACHE_DIR`` (default ``~/.cache/gpupipe``) under ``wds-index/``; a file's name holds a
 hash of the shard's absolute path and the extensions asked for, and the shard's size and
 modification time, so a changed shard gets a new index and an unchanged one is never re-read.
@@ -20,7 +21,7 @@ import tempfile
 
 import numpy as np
 
-__all__ = ["cache_dir", "index_path", "load", "save"]
+__all__ = ["cache_dir", "index_path", "count", "load", "save"]
 
 log = logging.getLogger("gpupipe")
 VERSION = "v1.2"
@@ -61,6 +62,18 @@ def save(path: str, keys: list[str], image_exts: list[str], image: np.ndarray, l
     except OSError as e:
         log.warning("gpupipe: cannot write the index cache %s: %s", path, e)
         return False
+
+
+def count(path: str) -> int | None:
+    """The number of samples in an index file, from its first line alone; ``None`` if absent."""
+    try:
+        with open(path, "rb") as f:
+            header = f.readline(64).split()
+    except OSError:
+        return None
+    if len(header) != 2 or header[0] != VERSION.encode() or not header[1].isdigit():
+        return None
+    return int(header[1])
 
 
 def load(path: str, labeled: bool) -> tuple[list[str], np.ndarray, np.ndarray] | None:

@@ -155,8 +155,9 @@ class TestEpoch:
         assert order(6, 0) != e0
 
     def test_shuffle_is_two_level_on_shards(self, backend, shards):
-        loader = make(backend, small_val(shards), 4, shuffle=True, seed=0, shuffle_buffer=1, num_workers=0)
-        orders = {tuple(loader.epoch_order(e)) for e in range(12)}
+        loader = make(backend, small_val(shards), 4, shuffle=True, seed=0, shuffle_buffer=1, interleave=1,
+                      num_workers=0)
+        orders = {tuple(loader.plan(e).samples) for e in range(12)}
         bounds = np.cumsum((0,) + SHARD_SIZES)
         for o in orders:  # with a buffer of 1, each shard is read as one contiguous run
             runs = [o[bounds[i]:bounds[i + 1]] for i in range(3)]
@@ -175,11 +176,12 @@ class TestEpoch:
         torch.testing.assert_close(a, b, atol=0, rtol=0)
         assert not torch.equal(a, images(0, epoch=1))
 
-    def test_unlabeled_yields_images(self, backend, unlabeled_shards):
+    def test_unlabeled_batches_have_no_labels(self, backend, unlabeled_shards):
         loader = make(backend, small_val(gp.WebDataset(unlabeled_shards, label=None)), 2, num_workers=0)
         batches = list(loader)
-        assert all(isinstance(b, torch.Tensor) for b in batches)
-        assert [b.shape[0] for b in batches] == [2, 2, 1]
+        assert all(b.labels is None and b.valid.all() for b in batches)
+        assert [images.shape[0] for images, _ in batches] == [2, 2, 1]
+        assert [k for b in batches for k in b.keys] == [loader.index.key(i) for i in range(5)]
 
     def test_image_folder(self, backend, image_folder):
         loader = make(backend, small_val(gp.ImageFolder(image_folder), size=24), 4, shuffle=True, seed=0, num_workers=2)
@@ -212,3 +214,4 @@ class TestEpoch:
         images, labels = batch
         assert batch.images is images and batch.labels is labels and len(batch.keys) == 3
         assert images.dtype == torch.float32 and labels.dtype == torch.int64
+        assert batch.valid.dtype == torch.bool and batch.valid.tolist() == [True] * 3

@@ -69,6 +69,10 @@ def resolve(backend: str, device: Any) -> tuple[str, str]:
         from .._errors import BackendUnavailableError
 
         raise BackendUnavailableError(f"Loader: device={device!r} but CUDA is not available")
+    if dev.type == "cuda" and dev.index is None:  # "cuda": this process's GPU (LOCAL_RANK under torchrun)
+        from .._dist import cuda_device
+
+        dev = torch.device(cuda_device())
     if backend == "auto":  # DALI-GPU where CUDA and DALI are present, else DALI-CPU, else torch
         from ._dali_loader import dali_available
 

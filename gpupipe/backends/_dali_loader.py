@@ -1,10 +1,13 @@
 """Runs a compiled pipeline with DALI and hands batches to torch through DLPack.
 
-Readers: ``fn.readers.webdataset`` with gpupipe's cached index files, ``fn.readers.file`` for
-ImageFolder. Each epoch reads every sample once (``pad_last_batch``; the padding of the last
-batch is cut off here). With ``shuffle=True`` the shard order is permuted per epoch by gpupipe's
-planner (the same permutation as the torch backend) and DALI's reader mixes samples in a buffer of
-``shuffle_buffer`` samples, seeded from ``(seed, epoch)``.
+Input: gpupipe reads each batch of the rank's epoch plan itself — the byte ranges of its samples,
+with ``pread`` in a few threads, ahead of DALI — and feeds the encoded images to the graph through
+``fn.external_source``. DALI therefore yields exactly the samples of the plan, in its order, on
+every rank: the same keys as the torch backend, padding and resume included, and each rank reads
+only the byte ranges of its own samples. Labels and keys never enter the graph.
+
+Randomness: one DALI pipeline per epoch, seeded from ``(seed, epoch, rank)``. A resumed epoch
+starts the generators afresh, so its augmentation draws differ from the interrupted run's.
 
 Hand-off: the pipeline runs with DALI's dynamic executor, whose output buffers are reference
 counted; ``torch.from_dlpack`` takes a reference, so a batch the user holds is never overwritten
@@ -15,22 +18,24 @@ consumer's current CUDA stream wait for DALI's work.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 import torch
 
-from .._errors import BackendUnavailableError, SampleError, ShardError
-from .._plan import shard_permutation
-from .._sources import Index, ImageFolder, WebDataset, parse_label, split_key
+from .._errors import BackendUnavailableError, SampleError
+from .._plan import RankPlan
+from .._sources import Index, RawSample
 from ..transforms import Transform
 from ._dali import Ctx, check_pipeline, lower
 
 __all__ = ["DaliRunner", "dali_available"]
 
 log = logging.getLogger("gpupipe")
+
+READ_THREADS = 4
 
 
 def dali_available() -> bool:
@@ -41,143 +46,121 @@ def dali_available() -> bool:
     return True
 
 
+def epoch_seed(seed: int, epoch: int, rank: int) -> int:
+    """The DALI pipeline seed of one rank's epoch (DALI wants a non-negative 31-bit int)."""
+    return int(np.random.SeedSequence([seed & 0xFFFFFFFFFFFFFFFF, epoch, rank, 0xDA11]).generate_state(1)[0]) >> 1
+
+
+def _no_input(i: int) -> list[np.ndarray]:
+    raise StopIteration
+
+
+class _Feeder:
+    """Reads the plan's batches ahead of DALI in a few threads; ``get(b)`` returns batch ``b``."""
+
+    def __init__(self, index: Index, plan: RankPlan, ahead: int) -> None:
+        self.index, self.plan, self.ahead = index, plan, ahead
+        self._pool = ThreadPoolExecutor(max_workers=min(READ_THREADS, ahead), thread_name_prefix="gpupipe-read")
+        self._pending: dict[int, Future] = {}
+        self._next = 0
+        self.read: dict[int, list[RawSample]] = {}  # batches handed to DALI, not yet yielded
+
+    def _read(self, b: int) -> list[RawSample]:
+        return [self.index.read(int(s)) for s in self.plan.batch(b)[0]]
+
+    def get(self, b: int) -> list[RawSample]:
+        self._next = max(self._next, b)
+        while self._next < min(b + 1 + self.ahead, self.plan.num_batches):
+            self._pending[self._next] = self._pool.submit(self._read, self._next)
+            self._next += 1
+        future = self._pending.pop(b, None)
+        raws = future.result() if future is not None else self._read(b)
+        self.read[b] = raws
+        return raws
+
+    def close(self) -> None:
+        for f in self._pending.values():
+            f.cancel()
+        self._pool.shutdown(wait=True)
+
+
 class DaliRunner:
-    def __init__(self, index: Index, source: Any, transforms: Sequence[Transform], *, seed: int, device: str,
-                 batch_size: int, num_threads: int, prefetch: int, shuffle: bool, shuffle_buffer: int,
-                 channels_last: bool = False) -> None:
+    def __init__(self, index: Index, transforms: Sequence[Transform], *, device: str, rank: int, num_threads: int,
+                 prefetch: int, channels_last: bool = False) -> None:
         if not dali_available():
             raise BackendUnavailableError("backend='dali' needs NVIDIA DALI: pip install 'gpupipe[cuda12]' "
                                           "(or [cuda13])")
         check_pipeline(transforms)
-        if isinstance(source, WebDataset):
-            missing = [s.path for s in index.shards if s.dali_index is None]
-            if missing:
-                raise ShardError(f"no DALI index for shard {missing[0]!r} (see the warning logged when it was "
-                                 "indexed); use backend='torch'", shard=missing[0])
-        elif not isinstance(source, ImageFolder):
-            raise BackendUnavailableError(f"the dali backend cannot read a {type(source).__name__}")
-        self.index, self.source, self.transforms = index, source, tuple(transforms)
-        self.seed, self.batch_size, self.shuffle, self.buffer = seed, batch_size, shuffle, shuffle_buffer
+        self.index, self.transforms = index, tuple(transforms)
         self.num_threads, self.prefetch, self.channels_last = max(1, num_threads), prefetch, channels_last
-        self.device = torch.device(device)
-        self._pipe: Any = None
-        self._ready_epoch: int | None = None  # the epoch the pipeline's reader stands at the start of
-        self._build(0)  # fail early: a graph that DALI rejects is reported when the loader is built
+        self.device, self.rank = torch.device(device), rank
+        self._build(0, _no_input, batch_size=1)  # a graph that DALI rejects fails when the loader is built
 
     # -------------------------------------------------------------------- graph --
-    def _build(self, epoch: int) -> None:
-        from nvidia.dali import Pipeline, fn
+    def _build(self, seed: int, source: Any, *, batch_size: int) -> Any:
+        from nvidia.dali import Pipeline, fn, types
 
         gpu = self.device.type == "cuda"
-        epoch_seed = (self.seed * 1_000_003 + epoch * 7_919) % (2**31 - 1)
-        pipe = Pipeline(batch_size=self.batch_size, num_threads=self.num_threads,
-                        device_id=(self.device.index or 0) if gpu else None, seed=epoch_seed,
+        pipe = Pipeline(batch_size=batch_size, num_threads=self.num_threads,
+                        device_id=(self.device.index or 0) if gpu else None, seed=seed,
                         prefetch_queue_depth=self.prefetch, exec_dynamic=True)
-        shuffle = dict(random_shuffle=True, initial_fill=self.buffer, seed=epoch_seed) if self.shuffle else {}
         with pipe:
-            if isinstance(self.source, WebDataset):
-                shards = [self.index.shards[i] for i in self._shard_order(epoch)]
-                ext = [self.source.image, "cls"] if self.index.labeled else [self.source.image]
-                outputs = fn.readers.webdataset(
-                    paths=[s.path for s in shards], index_paths=[s.dali_index for s in shards], ext=ext,
-                    missing_component_behavior="error", pad_last_batch=True, name="reader", **shuffle)
-                encoded, label = (outputs[0], outputs[1]) if self.index.labeled else (outputs, None)
-            else:
-                files, labels = self._files()
-                encoded, label = fn.readers.file(files=files, labels=labels, pad_last_batch=True, name="reader",
-                                                 **shuffle)
-            images = lower(self.transforms, encoded, Ctx("gpu" if gpu else "cpu", epoch_seed),
+            encoded = fn.external_source(source=source, batch=True, dtype=types.UINT8, ndim=1, name="encoded")
+            images = lower(self.transforms, encoded, Ctx("gpu" if gpu else "cpu", seed),
                            channels_last=self.channels_last)
-            # the encoded images are an output too: their source_info names shard and key
-            pipe.set_outputs(images, encoded, *([label] if label is not None else []))
+            pipe.set_outputs(images)
         pipe.build()
-        self._pipe, self._ready_epoch = pipe, epoch
-
-    def _shard_order(self, epoch: int) -> np.ndarray:
-        n = len(self.index.shards)
-        return shard_permutation(n, seed=self.seed, epoch=epoch) if self.shuffle else np.arange(n)
-
-    def _files(self) -> tuple[list[str], list[int]]:
-        files, labels = [], []
-        for shard in self.index.shards:
-            files += [os.path.join(shard.path, k) for k in shard.keys]
-            labels += [int(x) for x in shard.labels]
-        return files, labels
+        return pipe
 
     # --------------------------------------------------------------------- run --
-    def run(self, order: np.ndarray, num_batches: int, epoch: int) -> Iterator[tuple[torch.Tensor, Any, list[str]]]:
-        """Yields ``num_batches`` batches of epoch ``epoch``. ``order`` is the torch backend's exact
-        sample order; DALI's reader follows the same shard order and its own sample buffer."""
-        # Without shuffling every epoch reads the same order, so a pipeline left at an epoch
-        # boundary is reused; with shuffling each epoch gets its own shard order and seed.
-        if self._ready_epoch is None or (self.shuffle and self._ready_epoch != epoch):
-            self._build(epoch)
-        self._ready_epoch = None  # an epoch left half-read leaves the reader mid-epoch
-        reader_batches = -(-len(order) // self.batch_size)
-        last = len(order) - (reader_batches - 1) * self.batch_size
-        yielded: set[str] = set()
-        for b in range(num_batches):
-            images, labels, keys = self._to_torch(*self._run_once(epoch, b, yielded),
-                                                  keep=last if b == reader_batches - 1 else self.batch_size)
-            yielded.update(keys)
-            yield images, labels, keys
-        if num_batches < reader_batches:  # drop_last: read the dropped batch so the reader ends its epoch
-            self._run_once(epoch, num_batches, yielded)
-        self._ready_epoch = epoch + 1
+    def run(self, plan: RankPlan, start: int, epoch: int, seed: int) -> Iterator[tuple[torch.Tensor, torch.Tensor | None, list[str]]]:
+        """Yields batches ``start..plan.num_batches-1`` of the plan."""
+        if start >= plan.num_batches:
+            return
+        feeder = _Feeder(self.index, plan, ahead=self.prefetch + 2)
 
-    def _run_once(self, epoch: int, batch: int, yielded: set[str]) -> tuple[Any, ...]:
+        def source(i: int) -> list[np.ndarray]:
+            b = start + i
+            if b >= plan.num_batches:
+                raise StopIteration
+            return [np.frombuffer(raw.data, np.uint8) for raw in feeder.get(b)]
+
         try:
-            return self._pipe.run()
-        except RuntimeError as e:
-            self._ready_epoch = None  # DALI's pipeline is unusable after an error: rebuild next time
-            raise self._locate_bad_sample(e, epoch, batch, yielded) from e
+            pipe = self._build(epoch_seed(seed, epoch, self.rank), source, batch_size=plan.batch_size)
+            for b in range(start, plan.num_batches):
+                try:
+                    (images,) = pipe.run()
+                except RuntimeError as e:
+                    raise self._locate_bad_sample(e, plan, b) from e
+                raws = feeder.read.pop(b)
+                yield self._to_torch(images), self._labels(raws), [r.key for r in raws]
+        finally:
+            feeder.close()
 
-    def _locate_bad_sample(self, error: RuntimeError, epoch: int, batch: int, yielded: set[str]) -> Exception:
-        """DALI's errors do not name the sample. The failing one is among the first
-        ``(batch + 2 + prefetch) * batch_size (+ shuffle buffer)`` samples of this epoch's shard
-        order (the reader only mixes samples it has read): decode those not yet yielded with
-        gpupipe's own decoder and name the first that fails."""
+    def _labels(self, raws: list[RawSample]) -> torch.Tensor | None:
+        if not self.index.labeled:
+            return None
+        labels = torch.tensor([r.label for r in raws], dtype=torch.int64)
+        return labels.to(self.device, non_blocking=True) if self.device.type == "cuda" else labels
+
+    def _to_torch(self, images: Any) -> torch.Tensor:
+        batch = torch.from_dlpack(images.as_tensor())
+        return batch.permute(0, 3, 1, 2) if self.channels_last else batch
+
+    def _locate_bad_sample(self, error: RuntimeError, plan: RankPlan, batch: int) -> Exception:
+        """DALI's errors do not name the sample. The failing one is in this batch or in one DALI
+        was already preparing (``prefetch`` ahead): decode those with gpupipe's own decoder and
+        name the first that fails."""
         from .._decode import decode_rgb
 
-        reach = (batch + 2 + self.prefetch) * self.batch_size + (self.buffer if self.shuffle else 0)
-        detail = str(error).strip().splitlines()
+        detail = str(error).strip().splitlines() or ["(no message)"]
         detail = next((line for line in reversed(detail) if "failure" in line or "rror" in line), detail[0])[:300]
-        for s in self._shard_order(epoch):
-            shard = self.index.shards[s]
-            first = int(self.index.offsets[s])
-            for i in range(len(shard)):
-                if reach <= 0:
-                    break
-                reach -= 1
-                raw = self.index.read(first + i)
-                if raw.key in yielded:
-                    continue
+        for b in range(batch, min(plan.num_batches, batch + self.prefetch + 1)):
+            for s in plan.batch(b)[0]:
+                raw = self.index.read(int(s))
                 try:
                     decode_rgb(raw.data, shard=raw.shard, key=raw.key)
                 except SampleError as bad:
                     return SampleError(f"{bad} (DALI: {detail})", shard=bad.shard, key=bad.key)
-        return SampleError(f"DALI failed on a sample of batch {batch} of epoch {epoch}, which gpupipe's decoder "
-                           f"reads fine: {detail}")
-
-    def _to_torch(self, images: Any, encoded: Any, aux: Any = None, *, keep: int) -> tuple[torch.Tensor, Any, list[str]]:
-        batch = torch.from_dlpack(images.as_tensor())
-        if self.channels_last:
-            batch = batch.permute(0, 3, 1, 2)
-        infos = [encoded[i].source_info() for i in range(keep)]
-        keys, shards = zip(*(self._key(info) for info in infos)) if keep else ((), ())
-        labels = None
-        if self.index.labeled:
-            if isinstance(self.source, WebDataset):
-                labels = torch.tensor([parse_label(bytes(np.asarray(aux[i])), shard=shards[i], key=keys[i])
-                                       for i in range(keep)], dtype=torch.int64)
-            else:
-                labels = torch.from_numpy(np.asarray(aux.as_tensor())[:keep, 0].astype(np.int64))
-            if self.device.type == "cuda":
-                labels = labels.to(self.device, non_blocking=True)
-        return batch[:keep], labels, list(keys)
-
-    def _key(self, info: str) -> tuple[str, str]:
-        if isinstance(self.source, WebDataset):  # "<shard path>:<offset>:<member name>"
-            shard, _, name = info.rsplit(":", 2)
-            return split_key(name)[0], shard
-        return os.path.relpath(info, self.source.root).replace(os.sep, "/"), self.source.root
+        return SampleError(f"DALI failed on batch {batch} (or one of the {self.prefetch} after it), whose samples "
+                           f"gpupipe's decoder reads fine: {detail}")

@@ -1,18 +1,17 @@
 """Runs a pipeline with the torch backend: a map-style dataset over the index, read in
-DataLoader worker processes, batches in the order of the epoch plan."""
+DataLoader worker processes, batches in the order of the rank's epoch plan."""
 
 from __future__ import annotations
 
 import random
 from collections.abc import Iterator, Sequence
-from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset
 
 from .._decode import decode_rgb
 from .._errors import SampleError
-from .._plan import sample_seed
+from .._plan import RankPlan, sample_seed
 from .._sources import Index
 from ..transforms import Transform
 from ._torch import apply_pipeline, check_pipeline
@@ -21,18 +20,18 @@ __all__ = ["TorchRunner"]
 
 
 class _Samples(Dataset):
-    def __init__(self, index: Index, transforms: Sequence[Transform], seed: int) -> None:
-        self.index, self.transforms, self.seed = index, tuple(transforms), seed
+    def __init__(self, index: Index, transforms: Sequence[Transform]) -> None:
+        self.index, self.transforms = index, tuple(transforms)
 
     def __len__(self) -> int:
         return len(self.index)
 
-    def __getitem__(self, item: tuple[int, int]) -> tuple[torch.Tensor, int | None, str]:
-        sample, epoch = item
+    def __getitem__(self, item: tuple[int, int, int]) -> tuple[torch.Tensor, int | None, str]:
+        sample, seed, epoch = item
         raw = self.index.read(sample)
         image = decode_rgb(raw.data, shard=raw.shard, key=raw.key)
         try:
-            image = apply_pipeline(self.transforms, image, random.Random(sample_seed(self.seed, epoch, sample)))
+            image = apply_pipeline(self.transforms, image, random.Random(sample_seed(seed, epoch, sample)))
         except ValueError as e:  # e.g. RandomCrop larger than this image
             raise SampleError(f"sample {raw.key!r} in shard {raw.shard!r} ({image.shape[-2]}x{image.shape[-1]}): "
                               f"{e}", shard=raw.shard, key=raw.key) from e
@@ -46,13 +45,13 @@ def _collate(items: list[tuple[torch.Tensor, int | None, str]]) -> tuple[torch.T
 
 
 class _Batches:
-    """Batch sampler: iterated in the main process each epoch, so it follows set_epoch even with
+    """Batch sampler: iterated in the main process each epoch, so it follows the plan even with
     persistent workers."""
 
     def __init__(self) -> None:
-        self.batches: list[list[tuple[int, int]]] = []
+        self.batches: list[list[tuple[int, int, int]]] = []
 
-    def __iter__(self) -> Iterator[list[tuple[int, int]]]:
+    def __iter__(self) -> Iterator[list[tuple[int, int, int]]]:
         return iter(self.batches)
 
     def __len__(self) -> int:
@@ -62,22 +61,23 @@ class _Batches:
 class TorchRunner:
     """Decode and transforms in ``num_workers`` processes (in-process when 0)."""
 
-    def __init__(self, index: Index, transforms: Sequence[Transform], *, seed: int, device: str, batch_size: int,
-                 num_workers: int, prefetch: int, channels_last: bool = False) -> None:
+    def __init__(self, index: Index, transforms: Sequence[Transform], *, device: str, num_workers: int,
+                 prefetch: int, channels_last: bool = False) -> None:
         check_pipeline(transforms)
-        self.batch_size, self.channels_last = batch_size, channels_last
+        self.channels_last = channels_last
         self.device = torch.device(device)
         self._batches = _Batches()
         self._loader = DataLoader(
-            _Samples(index, transforms, seed), batch_sampler=self._batches, collate_fn=_collate,
+            _Samples(index, transforms), batch_sampler=self._batches, collate_fn=_collate,
             num_workers=num_workers, prefetch_factor=prefetch if num_workers else None,
             persistent_workers=num_workers > 0, pin_memory=self.device.type == "cuda",
         )
 
-    def run(self, order: Any, num_batches: int, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor | None, list[str]]]:
-        """Yields ``num_batches`` batches of samples in ``order``."""
-        b = self.batch_size
-        self._batches.batches = [[(int(s), epoch) for s in order[i * b:(i + 1) * b]] for i in range(num_batches)]
+    def run(self, plan: RankPlan, start: int, epoch: int, seed: int
+            ) -> Iterator[tuple[torch.Tensor, torch.Tensor | None, list[str]]]:
+        """Yields batches ``start..plan.num_batches-1`` of the plan."""
+        self._batches.batches = [[(int(s), seed, epoch) for s in plan.batch(b)[0]]
+                                 for b in range(start, plan.num_batches)]
         for images, labels, keys in self._loader:
             if self.device.type != "cpu":
                 images = images.to(self.device, non_blocking=True)

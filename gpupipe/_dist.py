@@ -1,0 +1,145 @@
+"""The one place that knows the process's rank, world size and local GPU.
+
+Order of precedence (first that applies):
+
+1. explicit ``rank=`` / ``world_size=`` passed to :class:`~gpupipe.Loader`;
+2. ``torch.distributed``, when it is initialized;
+3. ``RANK`` / ``WORLD_SIZE`` (set by ``torchrun``);
+4. ``SLURM_PROCID`` / ``SLURM_NTASKS`` (set by ``srun``);
+5. a single process: rank 0 of 1.
+
+The local rank, which picks the GPU for ``device="cuda"``, is ``LOCAL_RANK`` (torchrun), else
+``SLURM_LOCALID`` (srun), else none (the current CUDA device is used).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+from typing import Any, NamedTuple
+
+from ._errors import ConfigError
+
+__all__ = ["Topology", "topology", "local_rank", "cuda_device", "shared_seed", "check_same"]
+
+log = logging.getLogger("gpupipe")
+
+
+class Topology(NamedTuple):
+    """Where this process stands: ``rank`` of ``world_size``, and where that came from."""
+
+    rank: int
+    world_size: int
+    origin: str  # "explicit", "torch.distributed", "RANK/WORLD_SIZE", "SLURM" or "single process"
+
+
+def _env_int(name: str) -> int | None:
+    value = os.environ.get(name)
+    if value is None or value.strip() == "":
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise ConfigError(f"environment variable {name}={value!r} is not an integer") from None
+
+
+def _dist() -> Any:
+    try:
+        import torch.distributed as dist
+    except ImportError:  # pragma: no cover - torch built without distributed
+        return None
+    return dist if dist.is_available() and dist.is_initialized() else None
+
+
+def _checked(rank: int, world_size: int, origin: str) -> Topology:
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ConfigError(f"rank {rank} of world size {world_size} (from {origin}): need 0 <= rank < world_size")
+    return Topology(rank, world_size, origin)
+
+
+def topology(rank: int | None = None, world_size: int | None = None) -> Topology:
+    """This process's rank and world size (see the module docstring for the order of precedence).
+
+    Raises:
+        ConfigError: only one of ``rank`` and ``world_size`` given, values out of range, or an
+            environment variable that is not an integer.
+    """
+    if (rank is None) != (world_size is None):
+        raise ConfigError(f"Loader: pass both rank and world_size, or neither (got rank={rank!r}, "
+                          f"world_size={world_size!r})")
+    if rank is not None:
+        for name, value in (("rank", rank), ("world_size", world_size)):
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise ConfigError(f"Loader: {name} must be an int or None, got {value!r}")
+        return _checked(rank, world_size, "explicit")
+    dist = _dist()
+    if dist is not None:
+        return _checked(dist.get_rank(), dist.get_world_size(), "torch.distributed")
+    env_rank, env_world = _env_int("RANK"), _env_int("WORLD_SIZE")
+    if env_rank is not None and env_world is not None:
+        return _checked(env_rank, env_world, "RANK/WORLD_SIZE")
+    slurm_rank, slurm_world = _env_int("SLURM_PROCID"), _env_int("SLURM_NTASKS")
+    if slurm_rank is not None and slurm_world is not None:
+        return _checked(slurm_rank, slurm_world, "SLURM")
+    return Topology(0, 1, "single process")
+
+
+def local_rank() -> int | None:
+    """``LOCAL_RANK``, else ``SLURM_LOCALID``, else ``None``."""
+    value = _env_int("LOCAL_RANK")
+    return _env_int("SLURM_LOCALID") if value is None else value
+
+
+def cuda_device() -> str:
+    """The device ``"cuda"`` means for this process: ``cuda:<local rank>`` under torchrun or srun.
+
+    Where each process sees a single GPU (SLURM binding GPUs per task), that GPU is used whatever
+    the local rank; without a local rank, the current CUDA device.
+    """
+    import torch
+
+    count = torch.cuda.device_count()
+    local = local_rank()
+    if local is None:
+        return f"cuda:{torch.cuda.current_device()}"
+    if 0 <= local < count:
+        return f"cuda:{local}"
+    if count == 1:
+        return "cuda:0"
+    raise ConfigError(f"local rank {local} (LOCAL_RANK/SLURM_LOCALID) but this process sees {count} GPUs; "
+                      f"pass device='cuda:N' explicitly")
+
+
+def shared_seed(seed: int | None, topo: Topology) -> int:
+    """``seed``, or one drawn for the run: by rank 0 and broadcast when distributed, since every
+    rank must draw the same epoch plan."""
+    if seed is not None:
+        return seed
+    drawn = random.SystemRandom().randrange(2**63)
+    if topo.world_size == 1:
+        return drawn
+    dist = _dist()
+    if dist is None:
+        raise ConfigError(f"Loader: seed=None with world_size={topo.world_size} ({topo.origin}) and no "
+                          "initialized torch.distributed to share a random seed: every rank must use the "
+                          "same seed, pass seed=<int>")
+    box = [drawn]
+    dist.broadcast_object_list(box, src=0)
+    return int(box[0])
+
+
+def check_same(topo: Topology, what: str, values: dict[str, Any]) -> None:
+    """Raises ConfigError on every rank if ``values`` differ between ranks (when torch.distributed
+    is initialized): a dataset seen differently by two ranks would otherwise hang DDP."""
+    dist = _dist()
+    if dist is None or topo.world_size == 1 or topo.origin != "torch.distributed":
+        return
+    gathered: list[Any] = [None] * topo.world_size
+    dist.all_gather_object(gathered, values)
+    for r, other in enumerate(gathered):
+        diff = {k: (values[k], other.get(k)) for k in values if other.get(k) != values[k]}
+        if diff:
+            detail = ", ".join(f"{k}: {mine!r} here, {theirs!r} on rank {r}" for k, (mine, theirs) in diff.items())
+            raise ConfigError(f"{what} differs between ranks ({detail}); every rank must see the same data "
+                              "and settings")
