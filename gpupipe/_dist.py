@@ -111,17 +111,19 @@ def cuda_device() -> str:
                       f"pass device='cuda:N' explicitly")
 
 
-def shared_seed(seed: int | None, topo: Topology) -> int:
+def shared_seed(seed: int | None, topo: Topology, *, shuffle: bool) -> int:
     """``seed``, or one drawn for the run: by rank 0 and broadcast when distributed, since every
-    rank must draw the same epoch plan."""
+    rank must draw the same shuffled epoch plan."""
     if seed is not None:
         return seed
     drawn = random.SystemRandom().randrange(2**63)
     if topo.world_size == 1:
         return drawn
     dist = _dist()
+    if dist is None and not shuffle:  # the plan does not depend on the seed
+        return drawn
     if dist is None:
-        raise ConfigError(f"Loader: seed=None with world_size={topo.world_size} ({topo.origin}) and no "
+        raise ConfigError(f"Loader: shuffle=True, seed=None with world_size={topo.world_size} ({topo.origin}) and no "
                           "initialized torch.distributed to share a random seed: every rank must use the "
                           "same seed, pass seed=<int>")
     box = [drawn]

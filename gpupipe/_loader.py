@@ -65,7 +65,8 @@ class Loader:
         shuffle: shuffle each epoch (see below). Default ``False``: shard order, then member order.
         drop_last: drop the samples that do not fill a whole batch on every rank. Default ``False``.
         seed: seed of the shuffle and of the augmentations; ``None`` draws one (on rank 0,
-            broadcast to the others through ``torch.distributed``); the run is then not
+            broadcast to the others through ``torch.distributed``; with ``shuffle=True`` and
+            several ranks but no ``torch.distributed``, pass a seed); the run is then not
             reproducible, but :meth:`state_dict` records the seed so that a resume is exact.
         backend: ``"dali"`` (one DALI graph; nvJPEG and GPU operators on ``cuda``, DALI's CPU
             operators on ``cpu``), ``"torch"`` (torchvision kernels in worker processes), or
@@ -166,7 +167,7 @@ class Loader:
         self.shuffle, self.drop_last = shuffle, drop_last
         self.rank, self.world_size = topo.rank, topo.world_size
         self._seed_given = seed is not None
-        self.seed = _dist.shared_seed(seed, topo)
+        self.seed = _dist.shared_seed(seed, topo, shuffle=shuffle)
         self.shuffle_buffer, self.interleave = shuffle_buffer, interleave
         self.backend, self.device = backends.resolve(backend, device)
         self.num_workers = min(_cpu_count(), 8) if num_workers is None else num_workers

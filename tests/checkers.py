@@ -121,3 +121,36 @@ def check_backend_parity(transforms, encoded: list[bytes], *, device: str = "cpu
     avg, worst = sum(errors) / len(errors), max(errors)
     assert avg <= mean_tol and worst <= max_tol, (transforms, avg, worst, errors)
     return avg, worst
+
+
+def check_epoch_partition(per_rank, all_keys, *, world_size: int, batch_size: int, drop_last: bool) -> dict:
+    """The distributed epoch contract, checked on what every rank yielded in one epoch.
+
+    ``per_rank[r]`` is rank r's list of batches, each ``(keys, valid)``. Checks: all ranks yield
+    the same number of batches, of the same sizes step by step; no valid sample twice;
+    ``drop_last=False``: the valid samples are ``all_keys`` exactly once, padding (at most one
+    sample per rank) only at the end; ``drop_last=True``: no padding, full batches, fewer than
+    ``world_size * batch_size`` samples skipped. Returns counts for further checks."""
+    assert len(per_rank) == world_size
+    lengths = [len(batches) for batches in per_rank]
+    assert len(set(lengths)) == 1, f"ranks yield different numbers of batches: {lengths}"
+    for step, batches in enumerate(zip(*per_rank)):
+        sizes = [len(keys) for keys, _ in batches]
+        assert len(set(sizes)) == 1, f"step {step}: batch sizes differ between ranks: {sizes}"
+        assert all(len(keys) == len(valid) for keys, valid in batches)
+        assert 0 < sizes[0] <= batch_size
+    valid_keys = [k for batches in per_rank for keys, valid in batches for k, v in zip(keys, valid) if v]
+    assert len(valid_keys) == len(set(valid_keys)), "a sample is valid twice"
+    assert set(valid_keys) <= set(all_keys)
+    padding = [sum(not v for _, valid in batches for v in valid) for batches in per_rank]
+    if drop_last:
+        assert sum(padding) == 0
+        assert all(len(keys) == batch_size for batches in per_rank for keys, _ in batches)
+        assert 0 <= len(all_keys) - len(valid_keys) < world_size * batch_size
+    else:
+        assert sorted(valid_keys) == sorted(all_keys), "drop_last=False must yield every sample exactly once"
+        assert all(p <= 1 for p in padding), padding
+        for batches in per_rank:  # padding only at the very end of a rank's epoch
+            flags = [v for _, valid in batches for v in valid]
+            assert flags == sorted(flags, reverse=True)
+    return {"batches": lengths[0], "valid": len(valid_keys), "padding": sum(padding)}

@@ -11,6 +11,7 @@ import torch
 import gpupipe as gp
 
 SHARD_SIZES = (7, 5, 4)  # uneven on purpose
+UNEVEN_SIZES = (7, 2, 5, 3)
 
 
 def label_of(i: int) -> int:
@@ -40,6 +41,12 @@ def _write_webdataset_shards(root, sizes, *, prefix="train", label=True):
 def shards(tmp_path_factory) -> list[str]:
     """3 shards of 7, 5 and 4 small synthetic-photo JPEGs; sample n has key img/SS/nnnnnn."""
     return _write_webdataset_shards(str(tmp_path_factory.mktemp("wds")), SHARD_SIZES)
+
+
+@pytest.fixture(scope="session")
+def uneven_shards(tmp_path_factory) -> list[str]:
+    """4 shards of 7, 2, 5 and 3 samples: 17 in all, which no world size of 2 or more divides."""
+    return _write_webdataset_shards(str(tmp_path_factory.mktemp("uneven")), UNEVEN_SIZES, prefix="uneven")
 
 
 @pytest.fixture(scope="session")
