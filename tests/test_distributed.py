@@ -276,6 +276,37 @@ class TestLoaderRanks:
         torch.testing.assert_close(batches[-1].images[0], batches[0].images[0])
 
 
+class TestWorkedExample:
+    """The README's and the Loader docstring's worked example, exactly."""
+
+    @pytest.fixture
+    def ten(self, tmp_path):
+        jpg = gp.encode_jpeg(gp.synthetic_image(0, size=(24, 24)))
+        with gp.ShardWriter(str(tmp_path / "ten-%d.tar")) as w:
+            for i in range(10):
+                w.write(f"s{i}", {"jpg": jpg, "cls": i})
+        return w.shards
+
+    @pytest.mark.parametrize("backend", BACKENDS)
+    @pytest.mark.parametrize("drop_last, expected", [
+        (False, [[(["s0", "s1"], [1, 1]), (["s2", "s3"], [1, 1])],
+                 [(["s4", "s5"], [1, 1]), (["s6", "s4"], [1, 0])],
+                 [(["s7", "s8"], [1, 1]), (["s9", "s7"], [1, 0])]]),
+        (True, [[(["s0", "s1"], [1, 1])], [(["s4", "s5"], [1, 1])], [(["s7", "s8"], [1, 1])]]),
+    ])
+    def test_three_ranks_batch_two(self, ten, clean_env, backend, drop_last, expected):
+        loaders = [gp.Loader(val(ten), 2, drop_last=drop_last, rank=r, world_size=3, backend=backend, device="cpu",
+                             num_workers=0) for r in range(3)]
+        assert [len(lo) for lo in loaders] == [len(expected[0])] * 3
+        got = [[(keys, [int(v) for v in valid]) for keys, valid in yielded(lo)] for lo in loaders]
+        assert got == expected
+
+    @pytest.mark.parametrize("drop_last, sizes", [(False, [4, 4, 2]), (True, [4, 4])])
+    def test_one_process(self, ten, clean_env, drop_last, sizes):
+        loader = gp.Loader(val(ten), 4, drop_last=drop_last, backend="torch", device="cpu", num_workers=0)
+        assert [len(keys) for keys, _ in yielded(loader)] == sizes == [4, 4, 2][:len(loader)]
+
+
 class _Simulated(Source):
     """10,000 shards, 10 M samples, indexes in memory: every shard points at the same real tar,
     so samples can be read; records which shards' indexes get loaded."""
