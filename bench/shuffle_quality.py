@@ -13,7 +13,6 @@ Results go to ``bench/results/<date>-shuffle-quality.md``.
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
 import sys
 import tempfile
@@ -25,6 +24,8 @@ sys.path.insert(0, ROOT)
 
 import gpupipe as gp  # noqa: E402
 from gpupipe._plan import rank_plan  # noqa: E402
+
+from _report import publish  # noqa: E402
 
 
 def classes_per_batch(labels: np.ndarray, batch: int) -> float:
@@ -82,17 +83,10 @@ def main() -> None:
             pass
     perfect = [classes_per_batch(np.random.default_rng(e).permutation(n) // S, B) for e in range(args.epochs)]
     rows.append(("perfect shuffle", float(np.mean(perfect))))
-    today = datetime.date.today().isoformat()
-    lines = [f"# Shuffle quality — {today}\n",
-             f"{args.shards} shards x {S} samples, one class per shard; batch {B}; buffer {K} samples; "
-             f"mean over {args.epochs} epochs; rank 0 shown for 8 ranks.\n",
-             "| order | classes per batch |", "|---|---|"]
-    lines += [f"| {name} | {value:.1f} |" for name, value in rows]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, f"{today}-shuffle-quality.md"), "w") as f:
-        f.write(text)
+    publish(args.out, "shuffle-quality", "Shuffle quality",
+            f"{args.shards} shards x {S} samples, one class per shard; batch {B}; buffer {K} samples; "
+            f"mean over {args.epochs} epochs; rank 0 shown for 8 ranks.",
+            ["order", "classes per batch"], [[name, f"{value:.1f}"] for name, value in rows])
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ Results go to ``bench/results/<date>-startup.md``.
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
 import sys
 import tempfile
@@ -26,6 +25,8 @@ sys.path.insert(0, ROOT)
 import gpupipe as gp  # noqa: E402
 from gpupipe import _wdsindex  # noqa: E402
 from gpupipe import transforms as T  # noqa: E402
+
+from _report import publish  # noqa: E402
 
 
 def main() -> None:
@@ -73,21 +74,15 @@ def main() -> None:
                          len(plan.samples)))
             print(rows[-1], flush=True)
     total = args.shards * args.per_shard
-    today = datetime.date.today().isoformat()
-    lines = [f"# Start-up at scale — {today}, {os.cpu_count()}-core CPU, backend {args.backend}\n",
-             f"{args.shards} shards, {total:,} samples (cached index files), world size {args.world}, batch "
-             f"{args.batch_size}, shuffle=True. Seconds, per rank, page cache warm. `Loader()` includes indexing "
-             "(one header line per shard) and the plan's consistency checks; the first batch loads the index "
-             "files of the shards it reads.\n",
-             "| rank | WebDataset() | Loader() | epoch plan | first batch | total | batches | shard indexes "
-             "loaded | samples in plan |", "|---|---|---|---|---|---|---|---|---|"]
-    lines += [f"| {r} | {a:.2f} | {b:.2f} | {c:.2f} | {d:.2f} | {e:.2f} | {n} | {lo} | {m:,} |"
-              for r, a, b, c, d, e, n, lo, m in rows]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, f"{today}-startup.md"), "w") as f:
-        f.write(text)
+    publish(args.out, "startup", f"Start-up at scale, {os.cpu_count()}-core CPU, backend {args.backend}",
+            f"{args.shards} shards, {total:,} samples (cached index files), world size {args.world}, batch "
+            f"{args.batch_size}, shuffle=True. Seconds, per rank, page cache warm. `Loader()` includes indexing "
+            "(one header line per shard) and the plan's consistency checks; the first batch loads the index "
+            "files of the shards it reads.",
+            ["rank", "WebDataset()", "Loader()", "epoch plan", "first batch", "total", "batches",
+             "shard indexes loaded", "samples in plan"],
+            [[str(r), f"{a:.2f}", f"{b:.2f}", f"{c:.2f}", f"{d:.2f}", f"{e:.2f}", str(n), str(lo), f"{m:,}"]
+             for r, a, b, c, d, e, n, lo, m in rows])
 
 
 if __name__ == "__main__":
