@@ -1,4 +1,5 @@
-"""``python -m gpupipe``: make-shards (write WebDataset shards) and bench (images/s of a pipeline)."""
+"""``python -m gpupipe``: make-shards (write WebDataset shards), index (build the shard index cache)
+and bench (images/s of a pipeline)."""
 
 from __future__ import annotations
 
@@ -92,6 +93,29 @@ def bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _index_one(job: tuple[str, tuple[str, ...], str | None]) -> int:
+    from ._sources import _cached_scan
+
+    return len(_cached_scan(*job))
+
+
+def index(args: argparse.Namespace) -> int:
+    """Builds the index cache of every shard, in parallel: a large dataset's first Loader then
+    starts from the cache on every rank (point ``GPUPIPE_CACHE_DIR`` at storage all nodes see)."""
+    from . import _wdsindex
+    from ._sources import WebDataset, _split_exts
+
+    source = WebDataset(args.source, image=args.image, label=None if args.label == "none" else args.label)
+    image_exts = _split_exts(source.image, "image")
+    jobs = [(u, image_exts, source.label) for u in source.urls]
+    start = time.perf_counter()
+    with concurrent.futures.ProcessPoolExecutor(args.workers) as pool:
+        total = sum(pool.map(_index_one, jobs, chunksize=max(1, len(jobs) // 64)))
+    print(f"{total} samples in {len(jobs)} shards, indexed in {time.perf_counter() - start:.1f} s; "
+          f"cache: {_wdsindex.cache_dir()}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m gpupipe", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -107,6 +131,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workers", type=int, default=None, help="encoding processes (default: all cores)")
     p.set_defaults(fn=make_shards)
+    i = sub.add_parser("index", help="build the index cache of a dataset's shards (in parallel)")
+    i.add_argument("source", help="shard pattern, e.g. 'data/train-{000000..001281}.tar'")
+    i.add_argument("--image", default="jpg;jpeg;png", help="image extensions, in order of preference")
+    i.add_argument("--label", default="cls", help="label extension, or 'none' for unlabeled data")
+    i.add_argument("--workers", type=int, default=None, help="processes (default: all cores)")
+    i.set_defaults(fn=index)
     b = sub.add_parser("bench", help="run a pipeline through the Loader and print images/s")
     b.add_argument("pipeline", help="pipeline factory, e.g. pipelines/imagenet.py:train")
     b.add_argument("source", help="shard pattern, e.g. 'data/train-{000000..000007}.tar'")
