@@ -91,6 +91,24 @@ class TestTopology:
         with pytest.raises(gp.ConfigError, match="local rank 3"):
             _dist.cuda_device()
 
+    def test_ranks_that_see_different_data_fail_instead_of_hanging(self, clean_env):
+        class FakeDist:  # rank 1 of 2 sees one shard fewer
+            def get_rank(self):
+                return 0
+
+            def get_world_size(self):
+                return 2
+
+            def all_gather_object(self, out, value):
+                out[:] = [value, {**value, "shards": value.get("shards", 0) - 1}]
+
+        clean_env.setattr(_dist, "_dist", lambda: FakeDist())
+        topo = _dist.topology()
+        assert topo == (0, 2, "torch.distributed")
+        _dist.check_same(topo, "the plan", {"samples": 10})  # the same everywhere: fine
+        with pytest.raises(gp.ConfigError, match=r"the plan differs between ranks \(shards: 4 here, 3 on rank 1\)"):
+            _dist.check_same(topo, "the plan", {"samples": 10, "shards": 4})
+
     def test_random_seed_needs_torch_distributed(self, clean_env, shards):
         clean_env.setenv("RANK", "0")
         clean_env.setenv("WORLD_SIZE", "2")
