@@ -43,6 +43,9 @@ def split_key(member: str) -> tuple[str, str]:
     return (f"{head}/{stem}" if head else stem), ext.lower() if dot else ""
 
 
+ShardDetail = tuple[list[str], np.ndarray, np.ndarray]  # keys, image [N, 2], label [N, 2]
+
+
 class ShardIndex:
     """The samples of one shard: ``size``, and (loaded on first use) their keys and the
     ``[offset, size]`` of the chosen members (-1: none).
@@ -54,8 +57,7 @@ class ShardIndex:
 
     def __init__(self, path: str, keys: list[str] | None = None, image: np.ndarray | None = None,
                  label: np.ndarray | None = None, labels: np.ndarray | None = None, dali_index: str | None = None,
-                 *, size: int | None = None, loader: Callable[[], tuple[list[str], np.ndarray, np.ndarray]] | None = None
-                 ) -> None:
+                 *, size: int | None = None, loader: Callable[[], ShardDetail] | None = None) -> None:
         if keys is None and (loader is None or size is None):
             raise ValueError("ShardIndex needs keys, or a size and a loader")
         self.path = path
@@ -77,7 +79,7 @@ class ShardIndex:
         if self._loader is not None:
             self._detail = None
 
-    def _load(self) -> tuple[list[str], np.ndarray, np.ndarray]:
+    def _load(self) -> ShardDetail:
         if self._detail is None:
             detail = self._loader()
             if len(detail[0]) != self.size:
@@ -324,7 +326,7 @@ def _cached_scan(path: str, image_exts: tuple[str, ...], label_ext: str | None) 
     labeled = label_ext is not None
     size = _wdsindex.count(idx_path)
     if size is not None:
-        def load() -> tuple[list[str], np.ndarray, np.ndarray]:
+        def load() -> ShardDetail:
             cached = _wdsindex.load(idx_path, labeled=labeled)
             if cached is None:  # the cache file went away or was damaged: scan the shard again
                 shard, _ = scan_tar(path, image_exts, label_ext)

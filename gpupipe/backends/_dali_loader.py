@@ -113,7 +113,8 @@ class DaliRunner:
         return pipe
 
     # --------------------------------------------------------------------- run --
-    def run(self, plan: RankPlan, start: int, epoch: int, seed: int) -> Iterator[tuple[torch.Tensor, torch.Tensor | None, list[str]]]:
+    def run(self, plan: RankPlan, start: int, epoch: int, seed: int
+            ) -> Iterator[tuple[torch.Tensor, torch.Tensor | None, list[str]]]:
         """Yields batches ``start..plan.num_batches-1`` of the plan."""
         if start >= plan.num_batches:
             return
