@@ -14,7 +14,6 @@ The local rank, which picks the GPU for ``device="cuda"``, is ``LOCAL_RANK`` (to
 
 from __future__ import annotations
 
-import logging
 import os
 import random
 from typing import Any, NamedTuple
@@ -22,8 +21,6 @@ from typing import Any, NamedTuple
 from ._errors import ConfigError
 
 __all__ = ["Topology", "topology", "local_rank", "cuda_device", "shared_seed", "check_same"]
-
-log = logging.getLogger("gpupipe")
 
 
 class Topology(NamedTuple):

@@ -52,7 +52,6 @@ class Batch(tuple):
 
 
 STATE_VERSION = 1
-_PLAN_FIELDS = ("num_samples", "world_size", "batch_size", "drop_last", "shuffle", "shuffle_buffer", "interleave")
 
 
 class Loader:
@@ -258,7 +257,7 @@ class Loader:
         if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
             raise ConfigError(f"Loader.load_state_dict: not a gpupipe loader state (version {STATE_VERSION})")
         mine = self._plan_settings()
-        diff = [f"{k}={state.get(k)!r} (this loader: {mine[k]!r})" for k in _PLAN_FIELDS if state.get(k) != mine[k]]
+        diff = [f"{k}={state.get(k)!r} (this loader: {v!r})" for k, v in mine.items() if state.get(k) != v]
         if state.get("rank") != self.rank:
             diff.insert(0, f"rank={state.get('rank')!r} (this loader: {self.rank}); save one state per rank")
         if self._seed_given and state.get("seed") != self.seed:

@@ -17,7 +17,6 @@ consumer's current CUDA stream wait for DALI's work.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -32,8 +31,6 @@ from ..transforms import Transform
 from ._dali import Ctx, check_pipeline, lower
 
 __all__ = ["DaliRunner", "dali_available"]
-
-log = logging.getLogger("gpupipe")
 
 READ_THREADS = 4
 
