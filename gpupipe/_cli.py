@@ -103,11 +103,10 @@ def index(args: argparse.Namespace) -> int:
     """Builds the index cache of every shard, in parallel: a large dataset's first Loader then
     starts from the cache on every rank (point ``GPUPIPE_CACHE_DIR`` at storage all nodes see)."""
     from . import _wdsindex
-    from ._sources import WebDataset, _split_exts
+    from ._sources import WebDataset
 
     source = WebDataset(args.source, image=args.image, label=None if args.label == "none" else args.label)
-    image_exts = _split_exts(source.image, "image")
-    jobs = [(u, image_exts, source.label) for u in source.urls]
+    jobs = [(u, *source.extensions()) for u in source.urls]
     start = time.perf_counter()
     with concurrent.futures.ProcessPoolExecutor(args.workers) as pool:
         total = sum(pool.map(_index_one, jobs, chunksize=max(1, len(jobs) // 64)))

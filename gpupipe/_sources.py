@@ -302,13 +302,16 @@ class WebDataset(Source):
         if self.label is not None:
             _split_exts(self.label, "label")
 
+    def extensions(self) -> tuple[tuple[str, ...], str | None]:
+        """The image extensions, in order of preference, and the label extension (``None``)."""
+        return _split_exts(self.image, "image"), (self.label.lstrip(".").lower() if self.label else None)
+
     def index(self, *, rank: int = 0, world_size: int = 1) -> Index:
         """Indexes the shards. Cached shards cost one header line each (their details load when
         first read); the others are scanned and cached. Rank ``r`` of ``world_size`` starts
         scanning at shard ``r * n // world_size``, so that ranks sharing a cache directory scan a
         new dataset's shards in parallel rather than all in the same order."""
-        image_exts = _split_exts(self.image, "image")
-        label_ext = self.label.lstrip(".").lower() if self.label else None
+        image_exts, label_ext = self.extensions()
         n = len(self.urls)
         first = rank * n // max(1, world_size)
         shards: list[ShardIndex | None] = [None] * n
