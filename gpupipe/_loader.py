@@ -195,8 +195,9 @@ class Loader:
         if self.backend == "dali":
             from .backends._dali_loader import DaliRunner
 
-            return DaliRunner(self.index, self.pipeline.transforms, device=self.device, rank=self.rank,
-                              num_threads=self.num_workers, prefetch=self.prefetch, channels_last=self.channels_last)
+            return DaliRunner(self.index, self.pipeline.transforms, device=self.device, rank=self.rank, seed=self.seed,
+                              batch_size=self.batch_size, num_threads=self.num_workers, prefetch=self.prefetch,
+                              channels_last=self.channels_last)
         from .backends._torch_loader import TorchRunner
 
         return TorchRunner(self.index, self.pipeline.transforms, device=self.device, num_workers=self.num_workers,

@@ -294,6 +294,21 @@ class TestLoaderRanks:
         torch.testing.assert_close(batches[-1].images[0], batches[0].images[0])
 
 
+def test_dali_augmentation_depends_only_on_seed_epoch_and_rank(shards, clean_env):
+    pipeline = gp.Pipeline(shards, [T.RandomResizedCrop(16), T.RandomHorizontalFlip()])
+
+    def epoch0(first_run_epoch1):
+        loader = gp.Loader(pipeline, 4, shuffle=True, seed=3, backend="dali", device="cpu", num_workers=1)
+        if first_run_epoch1:  # epoch 0 then runs on a rebuilt pipeline, not the one built with the loader
+            loader.set_epoch(1)
+            list(loader)
+            loader.set_epoch(0)
+        return torch.cat([images for images, _ in loader])
+
+    pytest.importorskip("nvidia.dali")
+    torch.testing.assert_close(epoch0(False), epoch0(True), atol=0, rtol=0)
+
+
 class TestWorkedExample:
     """The README's and the Loader docstring's worked example, exactly."""
 

@@ -82,8 +82,8 @@ class _Feeder:
 
 
 class DaliRunner:
-    def __init__(self, index: Index, transforms: Sequence[Transform], *, device: str, rank: int, num_threads: int,
-                 prefetch: int, channels_last: bool = False) -> None:
+    def __init__(self, index: Index, transforms: Sequence[Transform], *, device: str, rank: int, seed: int,
+                 batch_size: int, num_threads: int, prefetch: int, channels_last: bool = False) -> None:
         if not dali_available():
             raise BackendUnavailableError("backend='dali' needs NVIDIA DALI: pip install 'gpupipe[cuda12]' "
                                           "(or [cuda13])")
@@ -91,10 +91,15 @@ class DaliRunner:
         self.index, self.transforms = index, tuple(transforms)
         self.num_threads, self.prefetch, self.channels_last = max(1, num_threads), prefetch, channels_last
         self.device, self.rank = torch.device(device), rank
-        self._build(0, _no_input, batch_size=1)  # a graph that DALI rejects fails when the loader is built
+        self._feed: Any = _no_input  # the running epoch's input function
+        # Built now so that a graph DALI rejects fails when the loader is built; epoch 0 runs on it.
+        self._unused = (seed, 0, batch_size), self._build(epoch_seed(seed, 0, rank), batch_size=batch_size)
 
     # -------------------------------------------------------------------- graph --
-    def _build(self, seed: int, source: Any, *, batch_size: int) -> Any:
+    def _input(self, i: int) -> list[np.ndarray]:
+        return self._feed(i)
+
+    def _build(self, seed: int, *, batch_size: int) -> Any:
         from nvidia.dali import Pipeline, fn, types
 
         gpu = self.device.type == "cuda"
@@ -102,12 +107,20 @@ class DaliRunner:
                         device_id=(self.device.index or 0) if gpu else None, seed=seed,
                         prefetch_queue_depth=self.prefetch, exec_dynamic=True)
         with pipe:
-            encoded = fn.external_source(source=source, batch=True, dtype=types.UINT8, ndim=1, name="encoded")
+            encoded = fn.external_source(source=self._input, batch=True, dtype=types.UINT8, ndim=1, name="encoded")
             images = lower(self.transforms, encoded, Ctx("gpu" if gpu else "cpu", seed),
                            channels_last=self.channels_last)
             pipe.set_outputs(images)
         pipe.build()
         return pipe
+
+    def _pipeline(self, seed: int, epoch: int, batch_size: int) -> Any:
+        """A fresh pipeline for one epoch: the one built with the loader if it fits, else a new one
+        (a pipeline's generators cannot be re-seeded, and a run leaves them advanced)."""
+        key, pipe = self._unused
+        self._unused = (None, None)
+        return pipe if key == (seed, epoch, batch_size) else self._build(epoch_seed(seed, epoch, self.rank),
+                                                                         batch_size=batch_size)
 
     # --------------------------------------------------------------------- run --
     def run(self, plan: RankPlan, start: int, epoch: int, seed: int
@@ -117,14 +130,15 @@ class DaliRunner:
             return
         feeder = _Feeder(self.index, plan, ahead=self.prefetch + 2)
 
-        def source(i: int) -> list[np.ndarray]:
+        def feed(i: int) -> list[np.ndarray]:
             b = start + i
             if b >= plan.num_batches:
                 raise StopIteration
             return [np.frombuffer(raw.data, np.uint8) for raw in feeder.get(b)]
 
         try:
-            pipe = self._build(epoch_seed(seed, epoch, self.rank), source, batch_size=plan.batch_size)
+            pipe = self._pipeline(seed, epoch, plan.batch_size)
+            self._feed = feed
             for b in range(start, plan.num_batches):
                 try:
                     (images,) = pipe.run()
@@ -133,6 +147,7 @@ class DaliRunner:
                 raws = feeder.read.pop(b)
                 yield self._to_torch(images), self._labels(raws), [r.key for r in raws]
         finally:
+            self._feed = _no_input
             feeder.close()
 
     def _labels(self, raws: list[RawSample]) -> torch.Tensor | None:
