@@ -23,7 +23,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import gpupipe as gp  # noqa: E402
-from gpupipe._plan import rank_plan  # noqa: E402
+from gpupipe._plan import PlanSpec, rank_plan  # noqa: E402
 
 from _report import publish  # noqa: E402
 
@@ -64,9 +64,10 @@ def main() -> None:
     sizes = np.full(args.shards, S)
     for world in (1, 8):
         for interleave in (1, 16, 64):
-            got = [classes_per_batch(rank_plan(sizes, sequential=True, shuffle=True, seed=0, epoch=e, buffer=K,
-                                               interleave=interleave, rank=0, world_size=world, batch_size=B,
-                                               drop_last=True).samples // S, B) for e in range(args.epochs)]
+            spec = PlanSpec(num_samples=int(sizes.sum()), world_size=world, batch_size=B, drop_last=True, shuffle=True,
+                            shuffle_buffer=K, interleave=interleave)
+            got = [classes_per_batch(rank_plan(sizes, spec, sequential=True, seed=0, epoch=e, rank=0).samples // S, B)
+                   for e in range(args.epochs)]
             default = " (default)" if interleave == 64 else ""
             rows.append((f"gpupipe, {world} rank(s), interleave={interleave}{default}", float(np.mean(got))))
     with tempfile.TemporaryDirectory() as tmp:

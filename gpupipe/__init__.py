@@ -20,6 +20,7 @@ from ._errors import (
     BackendUnavailableError, ConfigError, DataError, GpupipeError, PipelineError, SampleError, ShardError,
     UnsupportedTransformError,
 )
+from ._config import LoaderConfig
 from ._loader import Batch, Loader
 from ._pipeline import Pipeline, load_pipeline
 from ._shards import ShardWriter, encode_jpeg, synthetic_image
@@ -30,6 +31,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Pipeline",
     "Loader",
+    "LoaderConfig",
     "Batch",
     "WebDataset",
     "ImageFolder",

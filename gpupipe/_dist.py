@@ -19,6 +19,7 @@ import random
 from typing import Any, NamedTuple
 
 from ._errors import ConfigError
+from ._validate import check_int
 
 __all__ = ["Topology", "topology", "local_rank", "cuda_device", "shared_seed", "check_same"]
 
@@ -65,11 +66,8 @@ def topology(rank: int | None = None, world_size: int | None = None) -> Topology
     if (rank is None) != (world_size is None):
         raise ConfigError(f"Loader: pass both rank and world_size, or neither (got rank={rank!r}, "
                           f"world_size={world_size!r})")
-    if rank is not None:
-        for name, value in (("rank", rank), ("world_size", world_size)):
-            if not isinstance(value, int) or isinstance(value, bool):
-                raise ConfigError(f"Loader: {name} must be an int or None, got {value!r}")
-        return _checked(rank, world_size, "explicit")
+    if rank is not None and world_size is not None:
+        return _checked(check_int("Loader", rank, "rank"), check_int("Loader", world_size, "world_size"), "explicit")
     dist = _dist()
     if dist is not None:
         return _checked(dist.get_rank(), dist.get_world_size(), "torch.distributed")

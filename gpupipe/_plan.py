@@ -1,33 +1,26 @@
-"""The epoch plan: which samples each rank yields in an epoch, in which order. One place for every
-backend; a pure function of the shard sizes and ``(seed, epoch, rank, world_size)`` plus the
-loader's settings, so every rank computes its own part without talking to the others.
+"""The epoch plan: which samples each rank yields in an epoch, in which order, for every backend.
 
-Steps:
+The contract — global order, rank split, sample mixing, equal length on every rank, and the
+worked example (10 samples, 3 ranks, batch 2) — is written once, in README.md, section "Epochs,
+distributed training and resuming" (pinned by ``tests/test_plan.py::TestWorkedExample``). This
+module implements it as a pure function of the shard sizes, a :class:`PlanSpec` and ``(seed,
+epoch, rank)``, so that every rank computes its own part without talking to the others.
 
-1. **Global order.** ``shuffle=False``: shard order, then member order. ``shuffle=True`` on tar
-   shards: the shards are permuted (same permutation on every rank, from ``(seed, epoch)``). On
-   random-access sources (ImageFolder): a full permutation of the samples.
-2. **Rank split.** The global order is cut into ``world_size`` contiguous ranges whose lengths
-   differ by at most one: rank ``r`` reads only its range, that is whole shards plus at most two
-   partial ones (byte ranges of the shards at its boundaries).
-3. **Sample mixing** (``shuffle=True`` on tar shards, per rank): the rank's shards are read
-   ``interleave`` at a time, interleaved evenly (each still front to back), then samples are mixed
-   within a window of ``buffer`` samples (each moves by less than ``buffer`` positions).
-4. **Equal length.** Every rank yields the same number of batches, ``num_batches``:
-   ``drop_last=False``: each rank has ``ceil(N / world_size)`` slots; a rank with one sample fewer
-   repeats its first sample once as padding, marked ``valid=False``. ``drop_last=True``: each rank
-   keeps the first ``batch_size * (N // (world_size * batch_size))`` samples of its range, so an
-   epoch drops ``N % (world_size * batch_size)`` samples, fewer than ``world_size * batch_size``.
+Random streams: the shard permutation and the ImageFolder permutation come from ``(seed,
+epoch)`` (the same on every rank); the interleave offsets and the mixing window from ``(seed,
+epoch, world_size, rank)``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
-__all__ = ["RankPlan", "rank_plan", "num_batches", "rank_range", "shard_permutation", "sample_seed"]
+__all__ = ["PlanSpec", "RankPlan", "rank_plan", "num_batches", "rank_range", "shard_permutation", "sample_seed"]
 
 
 def _rng(seed: int, epoch: int, *more: int) -> np.random.Generator:
@@ -61,14 +54,47 @@ def rank_range(num_samples: int, rank: int, world_size: int) -> tuple[int, int]:
 
 
 @dataclasses.dataclass(frozen=True)
+class PlanSpec:
+    """Everything a rank's epoch plan depends on besides ``(seed, epoch, rank)``: the dataset's
+    size and the loader's settings. Ranks of one job must agree on it (checked when
+    ``torch.distributed`` is initialized), and a saved loader state resumes only under an equal
+    one."""
+
+    num_samples: int
+    world_size: int
+    batch_size: int
+    drop_last: bool
+    shuffle: bool
+    shuffle_buffer: int
+    interleave: int
+
+    @property
+    def num_batches(self) -> int:
+        """Batches every rank yields per epoch."""
+        return num_batches(self.num_samples, world_size=self.world_size, batch_size=self.batch_size,
+                           drop_last=self.drop_last)
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def differences(self, other: Mapping[str, Any]) -> list[str]:
+        """``"name=<other's> (this loader: <mine>)"`` for each field where ``other`` differs."""
+        return [f"{k}={other.get(k)!r} (this loader: {v!r})" for k, v in self.as_dict().items() if other.get(k) != v]
+
+
+@dataclasses.dataclass(frozen=True)
 class RankPlan:
     """One rank's epoch: ``samples[i]`` (global sample numbers, int64 ``[n]``) in the order they
-    are yielded; ``valid[i]`` is False for padding. Batch ``b`` is ``samples[b*B:(b+1)*B]``."""
+    are yielded; ``valid[i]`` is False for padding. Batch ``b`` is ``samples[b*B:(b+1)*B]``.
+    ``seed`` and ``epoch`` are those the plan was drawn for (backends seed augmentation from them).
+    """
 
     samples: np.ndarray
     valid: np.ndarray
     batch_size: int
     num_batches: int
+    seed: int = 0
+    epoch: int = 0
 
     def batch(self, b: int) -> tuple[np.ndarray, np.ndarray]:
         if not 0 <= b < self.num_batches:
@@ -110,31 +136,37 @@ def _interleave(pieces: list[np.ndarray], interleave: int, rng: np.random.Genera
     return np.concatenate(out)
 
 
-def rank_plan(shard_sizes: np.ndarray, *, sequential: bool, shuffle: bool, seed: int, epoch: int, buffer: int,
-              interleave: int, rank: int, world_size: int, batch_size: int, drop_last: bool) -> RankPlan:
-    """The plan of ``rank`` for ``epoch`` (see the module docstring)."""
+def rank_plan(shard_sizes: np.ndarray, spec: PlanSpec, *, sequential: bool, seed: int, epoch: int,
+              rank: int) -> RankPlan:
+    """The plan of ``rank`` for ``epoch`` (the contract: README, "Epochs, distributed training and
+    resuming"). ``sequential`` sources (tar shards) are shuffled in two levels, shards then a
+    window of samples; others (ImageFolder) get a full permutation."""
     shard_sizes = np.asarray(shard_sizes, dtype=np.int64)
     offsets = np.concatenate([[0], np.cumsum(shard_sizes)]).astype(np.int64)
     total = int(offsets[-1])
+    if total != spec.num_samples:
+        raise ValueError(f"rank_plan: the shards hold {total} samples, the spec says {spec.num_samples}")
+    world_size, batch_size = spec.world_size, spec.batch_size
     start, stop = rank_range(total, rank, world_size)
-    if not shuffle:
+    if not spec.shuffle:
         mine = np.arange(start, stop, dtype=np.int64)
     elif not sequential:
         mine = _rng(seed, epoch).permutation(total).astype(np.int64)[start:stop]
     else:
         pieces = _pieces(shard_sizes, offsets, shard_permutation(len(shard_sizes), seed=seed, epoch=epoch), start, stop)
         rng = _rng(seed, epoch, world_size, rank)
-        mine = _interleave(pieces, interleave, rng)
+        mine = _interleave(pieces, spec.interleave, rng)
+        buffer = spec.shuffle_buffer
         if buffer > 1 and len(mine) > 1:
             mine = mine[np.argsort(np.arange(len(mine)) + rng.uniform(0.0, buffer, size=len(mine)), kind="stable")]
-    batches = num_batches(total, world_size=world_size, batch_size=batch_size, drop_last=drop_last)
-    if drop_last:
+    batches = spec.num_batches
+    if spec.drop_last:
         mine = mine[:batches * batch_size]
-        return RankPlan(mine, np.ones(len(mine), bool), batch_size, batches)
+        return RankPlan(mine, np.ones(len(mine), bool), batch_size, batches, seed, epoch)
     slots = math.ceil(total / world_size)
     pad = slots - len(mine)  # 0, or 1 on the ranks with the shorter range
     if pad:
         filler = mine[:1] if len(mine) else np.zeros(1, np.int64)  # fewer samples than ranks: sample 0
         mine = np.concatenate([mine, np.resize(filler, pad)])
     valid = np.arange(len(mine)) < len(mine) - pad
-    return RankPlan(mine, valid, batch_size, batches)
+    return RankPlan(mine, valid, batch_size, batches, seed, epoch)

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from ._errors import ConfigError
+from ._validate import check_int
 
 __all__ = ["ShardWriter", "synthetic_image", "encode_jpeg"]
 
@@ -41,9 +42,9 @@ class ShardWriter:
     def __init__(self, pattern: str, *, max_count: int = 1000, start: int = 0) -> None:
         if "%" not in pattern:
             raise ConfigError(f"ShardWriter: pattern needs a %d field for the shard number, got {pattern!r}")
-        if not (isinstance(max_count, int) and max_count > 0):
-            raise ConfigError(f"ShardWriter: max_count must be a positive int, got {max_count!r}")
-        self.pattern, self.max_count, self.next_shard = pattern, max_count, start
+        self.max_count = check_int("ShardWriter", max_count, "max_count", minimum=1)
+        self.next_shard = check_int("ShardWriter", start, "start", minimum=0)
+        self.pattern = pattern
         self.shards: list[str] = []
         self._tar: tarfile.TarFile | None = None
         self._count = 0

@@ -6,7 +6,7 @@ from gpupipe import transforms as T
 
 def test_top_level_api():
     assert sorted(gp.__all__) == sorted([
-        "Pipeline", "Loader", "Batch", "WebDataset", "ImageFolder", "load_pipeline", "register_lowering", "ShardWriter",
+        "Pipeline", "Loader", "LoaderConfig", "Batch", "WebDataset", "ImageFolder", "load_pipeline", "register_lowering", "ShardWriter",
         "synthetic_image", "encode_jpeg", "transforms", "GpupipeError", "ConfigError", "PipelineError",
         "UnsupportedTransformError", "BackendUnavailableError", "DataError", "ShardError", "SampleError",
         "__version__",

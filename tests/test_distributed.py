@@ -16,7 +16,7 @@ import torch
 import gpupipe as gp
 from gpupipe import _dist
 from gpupipe import transforms as T
-from gpupipe._plan import rank_plan, rank_range, shard_permutation
+from gpupipe._plan import PlanSpec, rank_plan, rank_range, shard_permutation
 from gpupipe._sources import Index, ShardIndex, Source
 
 from .checkers import check_epoch_partition
@@ -119,9 +119,12 @@ class TestTopology:
         assert (loader.rank, loader.world_size, loader.seed) == (0, 2, 4)
 
 
-def plan_batches(sizes, world, **kw):
+def plan_batches(sizes, world, *, sequential, shuffle, seed, epoch, buffer, interleave, batch_size, drop_last):
     """Every rank's plan of one epoch, as the checker wants it (keys are sample numbers)."""
-    plans = [rank_plan(np.array(sizes), rank=r, world_size=world, **kw) for r in range(world)]
+    spec = PlanSpec(num_samples=sum(sizes), world_size=world, batch_size=batch_size, drop_last=drop_last,
+                    shuffle=shuffle, shuffle_buffer=buffer, interleave=interleave)
+    plans = [rank_plan(np.array(sizes), spec, sequential=sequential, seed=seed, epoch=epoch, rank=r)
+             for r in range(world)]
     return plans, [[([str(s) for s in p.batch(b)[0]], p.batch(b)[1].tolist()) for b in range(p.num_batches)]
                    for p in plans]
 

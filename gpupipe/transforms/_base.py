@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import math
 import random
-from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import torch
 
-from .._errors import ConfigError, PipelineError
+from .._errors import PipelineError
+from .._validate import check_enum
 
 __all__ = ["Transform", "ImageSpec", "InterpolationMode"]
 
@@ -86,69 +85,11 @@ class Transform:
         object.__setattr__(self, name, value)
 
 
-# ---------------------------------------------------------------- argument checks --
-
-
-def _err(owner: str, name: str, expected: str, got: Any) -> ConfigError:
-    return ConfigError(f"{owner}: {name} must be {expected}, got {got!r}")
-
-
-def is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def check_size(owner: str, value: Any, name: str = "size") -> tuple[int, int]:
-    """``int`` or a sequence of one or two positive ints → ``(h, w)``."""
-    expected = "a positive int or a sequence of one or two positive ints (h, w)"
-    if is_int(value):
-        value = (value, value)
-    elif isinstance(value, Sequence) and not isinstance(value, str) and len(value) in (1, 2):
-        value = (value[0], value[0]) if len(value) == 1 else tuple(value)
-    else:
-        raise _err(owner, name, expected, value)
-    if not all(is_int(v) and v > 0 for v in value):
-        raise _err(owner, name, expected, value)
-    return (int(value[0]), int(value[1]))
-
-
-def check_range(
-    owner: str, value: Any, name: str, *, low: float = -math.inf, high: float = math.inf,
-    allow_equal: bool = True,
-) -> tuple[float, float]:
-    """A sequence ``(min, max)`` of numbers with ``low <= min <= max <= high``."""
-    expected = f"a sequence (min, max) of numbers in [{low}, {high}] with min <= max"
-    if not (isinstance(value, Sequence) and not isinstance(value, str) and len(value) == 2
-            and all(is_number(v) for v in value)):
-        raise _err(owner, name, expected, value)
-    lo, hi = float(value[0]), float(value[1])
-    if not (low <= lo <= hi <= high) or (not allow_equal and lo == hi):
-        raise _err(owner, name, expected, value)
-    return (lo, hi)
-
-
-def check_probability(owner: str, value: Any, name: str = "p") -> float:
-    if not (is_number(value) and 0.0 <= value <= 1.0):
-        raise _err(owner, name, "a number in [0, 1]", value)
-    return float(value)
-
-
-def check_bool(owner: str, value: Any, name: str) -> bool:
-    if not isinstance(value, bool):
-        raise _err(owner, name, "True or False", value)
-    return value
+# ------------------------------------------------------------ transform-specific checks --
 
 
 def check_interpolation(owner: str, value: Any) -> InterpolationMode:
-    raw = getattr(value, "value", value)  # torchvision's enum has the same string values
-    try:
-        return InterpolationMode(raw)
-    except ValueError:
-        names = ", ".join(m.name for m in InterpolationMode)
-        raise _err(owner, "interpolation", f"an InterpolationMode ({names}) or its value", value) from None
+    return check_enum(owner, value, "interpolation", InterpolationMode)
 
 
 def check_channels(t: Transform, spec: ImageSpec, allowed: tuple[int, ...] = (1, 3)) -> None:

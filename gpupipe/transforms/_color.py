@@ -11,9 +11,8 @@ from typing import Any, NamedTuple
 import torch
 
 from .._errors import ConfigError
-from ._base import (
-    ImageSpec, Transform, check_bool, check_channels, check_probability, check_range, is_int, is_number,
-)
+from .._validate import check_bool, check_probability, check_range, is_int, is_number
+from ._base import ImageSpec, Transform, check_channels
 
 __all__ = [
     "ColorJitter", "RandomGrayscale", "GaussianBlur", "ToDtype", "Normalize",

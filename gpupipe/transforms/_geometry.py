@@ -14,10 +14,8 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from .._errors import ConfigError
-from ._base import (
-    ImageSpec, InterpolationMode, Transform, check_bool, check_interpolation, check_probability,
-    check_range, check_size, is_int, is_number,
-)
+from .._validate import check_bool, check_probability, check_range, check_size, is_int, is_number
+from ._base import ImageSpec, InterpolationMode, Transform, check_interpolation
 
 __all__ = [
     "RandomResizedCrop", "Resize", "CenterCrop", "RandomCrop",

@@ -1,0 +1,122 @@
+"""Argument checks shared by transforms, the loader's config, rank discovery and the shard writer.
+
+Every check takes the ``owner`` (the class or function the argument belongs to) and the argument's
+``name``, so that each message reads ``"Owner: name must be <what>, got <value>"`` wherever it is
+raised. Each raises :class:`~gpupipe.ConfigError` (a ``ValueError``) and returns the normalised
+value.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Sequence
+from typing import Any, TypeVar
+
+from ._errors import ConfigError
+
+__all__ = [
+    "is_int",
+    "is_number",
+    "invalid",
+    "check_int",
+    "check_optional_int",
+    "check_bool",
+    "check_size",
+    "check_range",
+    "check_probability",
+    "check_enum",
+]
+
+E = TypeVar("E", bound=enum.Enum)
+
+
+def invalid(owner: str, name: str, expected: str, got: Any) -> ConfigError:
+    """The error for argument ``name`` of ``owner`` that is not ``expected``."""
+    return ConfigError(f"{owner}: {name} must be {expected}, got {got!r}")
+
+
+def is_int(value: Any) -> bool:
+    """An ``int`` that is not a ``bool`` (``True`` is not a count)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value: Any) -> bool:
+    """A finite ``int`` or ``float`` that is not a ``bool``."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def check_int(owner: str, value: Any, name: str, *, minimum: int | None = None) -> int:
+    """An int (not a bool), at least ``minimum`` when given."""
+    if not is_int(value) or (minimum is not None and value < minimum):
+        expected = "an int" if minimum is None else "a positive int" if minimum == 1 else f"an int >= {minimum}"
+        raise invalid(owner, name, expected, value)
+    return int(value)
+
+
+def check_optional_int(owner: str, value: Any, name: str, *, minimum: int | None = None) -> int | None:
+    """``None``, or an int as :func:`check_int`."""
+    if value is None:
+        return None
+    if not is_int(value) or (minimum is not None and value < minimum):
+        expected = "None or an int" + ("" if minimum is None else f" >= {minimum}")
+        raise invalid(owner, name, expected, value)
+    return int(value)
+
+
+def check_bool(owner: str, value: Any, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise invalid(owner, name, "True or False", value)
+    return value
+
+
+def check_size(owner: str, value: Any, name: str = "size") -> tuple[int, int]:
+    """``int`` or a sequence of one or two positive ints → ``(h, w)``."""
+    expected = "a positive int or a sequence of one or two positive ints (h, w)"
+    if is_int(value):
+        value = (value, value)
+    elif isinstance(value, Sequence) and not isinstance(value, str) and len(value) in (1, 2):
+        value = (value[0], value[0]) if len(value) == 1 else tuple(value)
+    else:
+        raise invalid(owner, name, expected, value)
+    if not all(is_int(v) and v > 0 for v in value):
+        raise invalid(owner, name, expected, value)
+    return (int(value[0]), int(value[1]))
+
+
+def check_range(
+    owner: str,
+    value: Any,
+    name: str,
+    *,
+    low: float = -math.inf,
+    high: float = math.inf,
+    allow_equal: bool = True,
+) -> tuple[float, float]:
+    """A sequence ``(min, max)`` of numbers with ``low <= min <= max <= high``."""
+    expected = f"a sequence (min, max) of numbers in [{low}, {high}] with min <= max"
+    if not (
+        isinstance(value, Sequence) and not isinstance(value, str) and len(value) == 2 and all(map(is_number, value))
+    ):
+        raise invalid(owner, name, expected, value)
+    lo, hi = float(value[0]), float(value[1])
+    if not (low <= lo <= hi <= high) or (not allow_equal and lo == hi):
+        raise invalid(owner, name, expected, value)
+    return (lo, hi)
+
+
+def check_probability(owner: str, value: Any, name: str = "p") -> float:
+    if not (is_number(value) and 0.0 <= value <= 1.0):
+        raise invalid(owner, name, "a number in [0, 1]", value)
+    return float(value)
+
+
+def check_enum(owner: str, value: Any, name: str, kind: type[E]) -> E:
+    """A member of ``kind``, or the value of one (so that another library's enum with the same
+    string values, such as torchvision's ``InterpolationMode``, is accepted)."""
+    raw = getattr(value, "value", value)
+    try:
+        return kind(raw)
+    except ValueError:
+        names = ", ".join(m.name for m in kind)
+        raise invalid(owner, name, f"a {kind.__name__} ({names}) or its value", value) from None

@@ -1,0 +1,115 @@
+"""One validated options object: LoaderConfig, shared argument checks, and versioned loader states."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+import gpupipe as gp
+from gpupipe import transforms as T
+
+from .checkers import check_invalid
+
+
+def val(source):
+    return gp.Pipeline(source, [T.Resize(24), T.CenterCrop(16), T.ToDtype(torch.float32, scale=True)])
+
+
+class TestLoaderConfig:
+    @pytest.mark.parametrize(
+        "kwargs, match",
+        [
+            (dict(batch_size=0), "batch_size must be a positive int"),
+            (dict(batch_size=True), "batch_size"),
+            (dict(batch_size=2, shuffle=1), "shuffle must be True or False"),
+            (dict(batch_size=2, drop_last="no"), "drop_last"),
+            (dict(batch_size=2, seed=1.5), "seed must be None or an int"),
+            (dict(batch_size=2, backend="tensorflow"), "backend must be one of"),
+            (dict(batch_size=2, device="tpu"), "device must be 'cpu' or 'cuda"),
+            (dict(batch_size=2, device=3.0), "device"),
+            (dict(batch_size=2, num_workers=-1), "num_workers must be None or an int >= 0"),
+            (dict(batch_size=2, prefetch=0), "prefetch must be a positive int"),
+            (dict(batch_size=2, shuffle_buffer=0), "shuffle_buffer"),
+            (dict(batch_size=2, interleave=True), "interleave"),
+            (dict(batch_size=2, rank=True, world_size=2), "rank"),
+            (dict(batch_size=2, memory_format=torch.preserve_format), "memory_format"),
+        ],
+    )
+    def test_invalid(self, kwargs, match):
+        check_invalid(lambda: gp.LoaderConfig(**kwargs), match)
+
+    def test_loader_reports_the_same_errors(self, shards):
+        with pytest.raises(gp.ConfigError, match="Loader: prefetch must be a positive int, got 0"):
+            gp.Loader(val(shards), 2, prefetch=0)
+        with pytest.raises(TypeError, match="unexpected keyword argument 'shufle'"):
+            gp.Loader(val(shards), 2, shufle=True)
+
+    def test_frozen_and_normalised(self):
+        config = gp.LoaderConfig(8, device=torch.device("cpu"))
+        assert config.device == "cpu" and config.backend == "auto" and not config.channels_last
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            config.batch_size = 4  # type: ignore[misc]
+        assert gp.LoaderConfig(8, memory_format=torch.channels_last).channels_last
+
+    def test_options_are_keyword_only(self):
+        with pytest.raises(TypeError):
+            gp.LoaderConfig(8, True)  # type: ignore[misc]
+
+    def test_loader_from_config(self, shards):
+        config = gp.LoaderConfig(4, shuffle=True, seed=3, backend="torch", device="cpu", num_workers=0)
+        loader = gp.Loader.from_config(val(shards), config)
+        assert loader.config is config and loader.seed == 3 and len(loader) == 4
+        same = gp.Loader(val(shards), 4, shuffle=True, seed=3, backend="torch", device="cpu", num_workers=0)
+        assert same.config == config
+        assert [b.keys for b in loader] == [b.keys for b in same]
+        evaluation = gp.Loader.from_config(val(shards), dataclasses.replace(config, shuffle=False))
+        assert [k for b in evaluation for k in b.keys] == [evaluation.index.key(i) for i in range(16)]
+        with pytest.raises(gp.ConfigError, match="config must be a gp.LoaderConfig"):
+            gp.Loader.from_config(val(shards), {"batch_size": 4})  # type: ignore[arg-type]
+
+
+class TestSharedChecks:
+    """transforms, rank discovery and the shard writer use the same checks (and messages)."""
+
+    def test_shard_writer(self, tmp_path):
+        check_invalid(lambda: gp.ShardWriter(str(tmp_path / "s-%d.tar"), max_count=True), "max_count")
+        check_invalid(lambda: gp.ShardWriter(str(tmp_path / "s-%d.tar"), start=-1), "start must be an int >= 0")
+
+    def test_explicit_rank(self):
+        from gpupipe import _dist
+
+        check_invalid(lambda: _dist.topology(True, 2), "rank must be an int")
+        check_invalid(lambda: _dist.topology(0, 2.0), "world_size must be an int")
+
+
+class TestStateVersions:
+    def test_state_names_its_version_and_plan(self, shards):
+        loader = gp.Loader(val(shards), 4, seed=1, backend="torch", device="cpu", num_workers=0)
+        state = loader.state_dict()
+        assert state["version"] == 2
+        assert state["plan"] == dict(
+            num_samples=16, world_size=1, batch_size=4, drop_last=False, shuffle=False, shuffle_buffer=4096, interleave=64
+        )
+
+    def test_version_1_states_still_load(self, shards):
+        """A state as gpupipe 0.1.0 saved it: the plan settings at the top level."""
+        v1 = {
+            "version": 1, "epoch": 2, "batches_yielded": 1, "seed": 7, "rank": 0, "num_samples": 16, "world_size": 1,
+            "batch_size": 4, "drop_last": False, "shuffle": True, "shuffle_buffer": 4096, "interleave": 64,
+        }  # fmt: skip
+        resumed = gp.Loader(val(shards), 4, shuffle=True, backend="torch", device="cpu", num_workers=0)
+        resumed.load_state_dict(v1)
+        resumed.set_epoch(2)
+        reference = gp.Loader(val(shards), 4, shuffle=True, seed=7, backend="torch", device="cpu", num_workers=0)
+        reference.set_epoch(2)
+        assert resumed.seed == 7 and [b.keys for b in resumed] == [b.keys for b in reference][1:]
+        with pytest.raises(gp.ConfigError, match="batch_size=4 \\(this loader: 2\\)"):
+            gp.Loader(val(shards), 2, shuffle=True, backend="torch", device="cpu").load_state_dict(v1)
+
+    @pytest.mark.parametrize("state", [{"epoch": 1}, {"version": 3, "plan": {}}, {"version": 2}, "state", None])
+    def test_not_a_state(self, shards, state):
+        loader = gp.Loader(val(shards), 4, backend="torch", device="cpu", num_workers=0)
+        with pytest.raises(gp.ConfigError, match="not a gpupipe loader state"):
+            loader.load_state_dict(state)
