@@ -23,7 +23,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import gpupipe as gp  # noqa: E402
-from gpupipe import _wdsindex  # noqa: E402
+from gpupipe.sources import LocalStorage, _wdsindex  # noqa: E402
 from gpupipe import transforms as T  # noqa: E402
 
 from _report import publish  # noqa: E402
@@ -49,7 +49,7 @@ def main() -> None:
         for s in range(args.shards):
             path = os.path.join(tmp, f"train-{s:06d}.tar")
             os.symlink(w.shards[0], path)
-            os.link(real, _wdsindex.index_path(path, ("jpg", "jpeg", "png"), "cls"))
+            os.link(real, _wdsindex.index_path(os.path.abspath(path), LocalStorage().stat(path), ("jpg", "jpeg", "png"), "cls"))
             urls.append(path)
         rows = []
         for rank in range(args.world):

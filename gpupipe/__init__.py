@@ -24,7 +24,8 @@ from ._config import LoaderConfig
 from ._loader import Batch, Loader
 from ._pipeline import Pipeline, load_pipeline
 from ._shards import ShardWriter, encode_jpeg, synthetic_image
-from ._sources import ImageFolder, WebDataset
+from . import sources
+from .sources import ImageFolder, Source, WebDataset
 
 __version__ = "0.1.0"
 

@@ -28,7 +28,7 @@ def _synthetic_sample(args: tuple[int, int, int, int]) -> tuple[str, dict]:
 def _imagefolder_samples(root: str, quality: int):
     from PIL import Image
 
-    from ._sources import ImageFolder
+    from .sources import ImageFolder
 
     index = ImageFolder(root).index()
     for n in range(len(index)):
@@ -94,16 +94,18 @@ def bench(args: argparse.Namespace) -> int:
 
 
 def _index_one(job: tuple[str, tuple[str, ...], str | None]) -> int:
-    from ._sources import _cached_scan
+    from .sources import storage_for
+    from .sources._webdataset import cached_scan
 
-    return len(_cached_scan(*job))
+    url, image_exts, label_ext = job
+    with storage_for([url]) as storage:
+        return len(cached_scan(storage, url, image_exts, label_ext))
 
 
 def index(args: argparse.Namespace) -> int:
     """Builds the index cache of every shard, in parallel: a large dataset's first Loader then
     starts from the cache on every rank (point ``GPUPIPE_CACHE_DIR`` at storage all nodes see)."""
-    from . import _wdsindex
-    from ._sources import WebDataset
+    from .sources import WebDataset, _wdsindex
 
     source = WebDataset(args.source, image=args.image, label=None if args.label == "none" else args.label)
     jobs = [(u, *source.extensions()) for u in source.urls]

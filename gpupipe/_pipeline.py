@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ._errors import ConfigError, PipelineError
-from ._sources import Source, WebDataset
+from .sources import Source, WebDataset
 from .transforms import ImageSpec, Transform
 
 __all__ = ["Pipeline", "load_pipeline"]

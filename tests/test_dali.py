@@ -237,7 +237,7 @@ class TestCompiler:
 
 class TestIndexCache:
     def test_written_once_reused_and_rebuilt_when_the_shard_changes(self, tmp_path, monkeypatch):
-        from gpupipe import _sources
+        from gpupipe.sources import _webdataset as _sources
 
         path = str(tmp_path / "s-%d.tar")
         with gp.ShardWriter(path) as w:

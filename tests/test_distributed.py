@@ -17,7 +17,9 @@ import gpupipe as gp
 from gpupipe import _dist
 from gpupipe import transforms as T
 from gpupipe._plan import PlanSpec, rank_plan, rank_range, shard_permutation
-from gpupipe._sources import Index, ShardIndex, Source
+from gpupipe.sources import Index, ShardIndex, Source
+from gpupipe.sources._webdataset import TarReader
+from gpupipe.sources import LocalStorage
 
 from .checkers import check_epoch_partition
 from .conftest import UNEVEN_SIZES
@@ -355,12 +357,13 @@ class _Simulated(Source):
         def load():
             self.loaded.append(s)
             n = int(self.sizes[s])
-            return ([f"s{s:05d}/{i:05d}" for i in range(n)], np.tile(self.image, (n, 1)), np.tile(self.label, (n, 1)))
+            keys = [f"s{s:05d}/{i:05d}" for i in range(n)]
+            return keys, {"image_range": np.tile(self.image, (n, 1)), "label_range": np.tile(self.label, (n, 1))}
         return load
 
     def index(self, *, rank: int = 0, world_size: int = 1) -> Index:
         shards = [ShardIndex(self.tar, size=int(n), loader=self._loader(s)) for s, n in enumerate(self.sizes)]
-        return Index(shards, sequential=True, labeled=True)
+        return Index(shards, reader=TarReader(LocalStorage(), labeled=True), sequential=True, labeled=True)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -371,7 +374,7 @@ class TestScale:
         real = gp.WebDataset(w.shards).index().shards[0]
         sizes = np.random.default_rng(0).integers(500, 1501, size=10_000)
         assert 9_900_000 < sizes.sum() < 10_100_000
-        source = _Simulated(w.shards[0], tuple(real.image[0]), tuple(real.label[0]), sizes)
+        source = _Simulated(w.shards[0], tuple(real.column("image_range")[0]), tuple(real.column("label_range")[0]), sizes)
         pipeline = gp.Pipeline(source, [T.CenterCrop(16)])
         loader = gp.Loader(pipeline, 256, shuffle=True, seed=1, rank=5, world_size=8, backend=backend,
                            device="cpu", num_workers=0)

@@ -12,7 +12,7 @@ import torch
 
 import gpupipe as gp
 from gpupipe._decode import decode_rgb
-from gpupipe._sources import split_key
+from gpupipe.sources import split_key
 
 from .conftest import SHARD_SIZES, label_of
 

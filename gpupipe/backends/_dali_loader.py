@@ -26,7 +26,7 @@ import torch
 
 from .._errors import BackendUnavailableError, SampleError
 from .._plan import RankPlan
-from .._sources import Index, RawSample
+from ..sources import Index, RawSample
 from ..transforms import Transform
 from ._dali import Ctx, check_pipeline, lower
 

@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader, Dataset
 from .._decode import decode_rgb
 from .._errors import SampleError
 from .._plan import RankPlan, sample_seed
-from .._sources import Index
+from ..sources import Index
 from ..transforms import Transform
 from ._torch import apply_pipeline, check_pipeline
 

@@ -4,8 +4,9 @@ One file per shard serves gpupipe's reader (``Index``: both backends read sample
 ranges it lists); being DALI's format, it also works with ``fn.readers.webdataset(index_paths=...)``
 for hand-written DALI pipelines, so users never run ``wds2idx``. Files live in
 ``$GPUPIPE_CACHE_DIR`` (default ``~/.cache/gpupipe``) under ``wds-index/``; a file's name holds a
-hash of the shard's absolute path and the extensions asked for, and the shard's size and
-modification time, so a changed shard gets a new index and an unchanged one is never re-read.
+hash of the shard's canonical URL (a local shard's absolute path) and the extensions asked for, and
+the shard's size and version (a local file's modification time), as its storage reports them, so
+a changed shard gets a new index and an unchanged one is never re-read.
 
 Format, as DALI reads it: a line ``v1.2 <samples>``, then one line per sample listing its members
 as ``<ext> <data offset> <size> <name>``. gpupipe lists only the members it uses: the chosen image
@@ -17,9 +18,12 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
 import tempfile
 
 import numpy as np
+
+from ._storage import Stat
 
 __all__ = ["cache_dir", "index_path", "count", "load", "save"]
 
@@ -32,15 +36,18 @@ def cache_dir() -> str:
     return os.path.join(root, "wds-index")
 
 
-def index_path(shard: str, image_exts: tuple[str, ...], label_ext: str | None) -> str:
-    st = os.stat(shard)
-    ident = f"{os.path.abspath(shard)}|{';'.join(image_exts)}|{label_ext}".encode()
+def index_path(canonical: str, stat: Stat, image_exts: tuple[str, ...], label_ext: str | None) -> str:
+    """The cache file of the shard ``canonical`` (its storage's canonical URL) at ``stat``."""
+    ident = f"{canonical}|{';'.join(image_exts)}|{label_ext}".encode()
     digest = hashlib.sha1(ident).hexdigest()[:20]
-    name = os.path.basename(shard).rpartition(".")[0] or "shard"
-    return os.path.join(cache_dir(), f"{name}-{digest}-{st.st_size}-{st.st_mtime_ns}.idx")
+    name = re.sub(r"[^A-Za-z0-9._-]", "_", canonical.rpartition("/")[2].rpartition(".")[0]) or "shard"
+    version = stat.version if re.fullmatch(r"[A-Za-z0-9._-]{1,64}", stat.version) else \
+        hashlib.sha1(stat.version.encode()).hexdigest()[:16]
+    return os.path.join(cache_dir(), f"{name}-{digest}-{stat.size}-{version}.idx")
 
 
 def save(path: str, keys: list[str], image_exts: list[str], image: np.ndarray, label: np.ndarray | None) -> bool:
+    # image, label: [N, 2] offset and size of each sample's chosen image and its label
     """Writes an index atomically; returns False (and logs why) where it cannot."""
     if any(any(c.isspace() for c in k) for k in keys):
         log.warning("gpupipe: %s has sample keys with whitespace, which DALI's index format cannot hold; "

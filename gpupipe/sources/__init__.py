@@ -1,0 +1,36 @@
+"""Data sources and the storage they read from.
+
+Layers, bottom up:
+
+- :class:`Storage` — byte access by URL (:class:`LocalStorage` for paths and ``file://``; more
+  schemes through :func:`register_storage`): ``stat``, ``read`` a byte range, ``open`` a stream.
+- :class:`Index` — a source's samples numbered ``0..N-1``, shard by shard (:class:`ShardIndex`),
+  with no I/O of its own: a :class:`Reader` given by the source reads samples through a storage.
+- Sources — cheap, picklable descriptions whose ``index()`` builds an :class:`Index`:
+  :class:`WebDataset` (tar shards; tar headers scanned once and cached in DALI's index format)
+  and :class:`ImageFolder`. A new source subclasses :class:`Source`.
+"""
+
+from ._imagefolder import IMG_EXTENSIONS, ImageFolder
+from ._index import Index, RawSample, Reader, ShardIndex, Source
+from ._storage import LocalStorage, Stat, Storage, expand_urls, register_storage, storage_for
+from ._webdataset import WebDataset, parse_label, split_key
+
+__all__ = [
+    "Source",
+    "WebDataset",
+    "ImageFolder",
+    "Index",
+    "ShardIndex",
+    "RawSample",
+    "Reader",
+    "Storage",
+    "LocalStorage",
+    "Stat",
+    "register_storage",
+    "storage_for",
+    "expand_urls",
+    "split_key",
+    "parse_label",
+    "IMG_EXTENSIONS",
+]

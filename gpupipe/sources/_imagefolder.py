@@ -1,0 +1,82 @@
+"""ImageFolder trees: the source and its reader (one file per sample, the label from its folder)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import numpy as np
+
+from .._errors import ConfigError, SampleError, ShardError
+from ._index import Index, RawSample, ShardIndex, Source
+from ._storage import LocalStorage, Storage
+
+__all__ = ["ImageFolder", "IMG_EXTENSIONS"]
+
+IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageFolder(Source):
+    """A torchvision ImageFolder tree: ``root/<class>/<...>/<image>`` (a local directory).
+
+    Classes are the sorted names of ``root``'s sub-folders, numbered from 0, exactly as
+    ``torchvision.datasets.ImageFolder``; files are walked in sorted order, following links.
+
+    Args:
+        root: the tree's root folder.
+        extensions: accepted file extensions (lower-case match). Default: torchvision's
+            ``IMG_EXTENSIONS``.
+
+    Sample keys are paths relative to ``root`` (``"cat/001.jpg"``). Each class is one shard of
+    the index.
+    """
+
+    root: str
+    _: dataclasses.KW_ONLY
+    extensions: tuple[str, ...] = IMG_EXTENSIONS
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "root", os.fspath(self.root))
+        if not os.path.isdir(self.root):
+            raise ConfigError(f"ImageFolder: root {self.root!r} is not a directory")
+
+    @property
+    def classes(self) -> list[str]:
+        return sorted(e.name for e in os.scandir(self.root) if e.is_dir())
+
+    def index(self, *, rank: int = 0, world_size: int = 1) -> Index:
+        classes = self.classes
+        if not classes:
+            raise ShardError(f"ImageFolder: no class folders in {self.root!r}", shard=self.root)
+        exts = tuple(e.lower() for e in self.extensions)
+        shards = []
+        for label, cls in enumerate(classes):
+            keys = []
+            for dirpath, _, names in sorted(os.walk(os.path.join(self.root, cls), followlinks=True)):
+                rel = os.path.relpath(dirpath, self.root)
+                keys += [f"{rel}/{n}".replace(os.sep, "/") for n in sorted(names) if n.lower().endswith(exts)]
+            if keys:
+                shards.append(ShardIndex(self.root, keys, {"label": np.full(len(keys), label, np.int64)}))
+        if not shards:
+            raise ShardError(f"ImageFolder: no image files ({', '.join(exts)}) under {self.root!r}", shard=self.root)
+        return Index(shards, reader=FileReader(LocalStorage()), sequential=False, labeled=True)
+
+
+class FileReader:
+    """Reads a whole file per sample: ``<shard path>/<key>``; the label is the shard's column."""
+
+    def __init__(self, storage: Storage) -> None:
+        self.storage = storage
+
+    def read(self, shard: ShardIndex, i: int) -> RawSample:
+        key = shard.keys[i]
+        try:
+            with self.storage.open(f"{shard.path}/{key}") as f:
+                data = f.read()
+        except OSError as e:
+            raise SampleError(f"cannot read sample {key!r} in {shard.path!r}: {e}", shard=shard.path, key=key) from e
+        return RawSample(key, shard.path, data, int(shard.column("label")[i]))
+
+    def close(self) -> None:
+        self.storage.close()

@@ -1,0 +1,201 @@
+"""The index of a source's samples: bookkeeping only, no I/O of its own.
+
+An :class:`Index` numbers a source's samples ``0..N-1`` in shard order, then member order, and
+says where each one is. Reading a sample is delegated to the source's :class:`Reader`, and a
+shard's details (keys and per-sample columns) come from a loader function the source provides, so
+that the index itself never touches storage.
+"""
+
+from __future__ import annotations
+
+import abc
+import collections
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple, Protocol
+
+import numpy as np
+
+from .._errors import ShardError
+
+__all__ = ["RawSample", "ShardIndex", "ShardDetail", "Reader", "Index", "Source"]
+
+
+class RawSample(NamedTuple):
+    """One sample as stored: encoded image bytes and the label (``None`` for unlabeled data)."""
+
+    key: str
+    shard: str
+    data: bytes
+    label: int | None
+
+
+ShardDetail = tuple[list[str], Mapping[str, np.ndarray]]  # keys, per-sample columns (first axis: sample)
+
+
+class ShardIndex:
+    """The samples of one shard: ``size``, and (loaded on first use) their keys and per-sample
+    columns, named by the source (a tar shard's ``image_range`` and ``label_range``, ``[N, 2]``
+    offset and size; an ImageFolder class's ``label``, ``[N]``).
+
+    Details are given directly (``keys=``, ``columns=``) or loaded lazily by ``loader`` — from a
+    cached index file, say — so that a loader over thousands of shards starts from the shard
+    sizes alone and each rank only loads the details of the shards it reads.
+
+    Args:
+        path: the shard's URL (or the ImageFolder root).
+        keys, columns: the details, when known now.
+        size: the number of samples, when the details load later.
+        loader: returns ``(keys, columns)``, when the details load later.
+        dali_index: the shard's cached index file in DALI's format, where there is one.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        keys: list[str] | None = None,
+        columns: Mapping[str, np.ndarray] | None = None,
+        *,
+        size: int | None = None,
+        loader: Callable[[], ShardDetail] | None = None,
+        dali_index: str | None = None,
+    ) -> None:
+        if keys is None and (loader is None or size is None):
+            raise ValueError("ShardIndex needs keys, or a size and a loader")
+        self.path = path
+        self.dali_index = dali_index
+        self.size = len(keys) if keys is not None else int(size)  # type: ignore[arg-type]
+        self._loader = loader
+        self._detail: ShardDetail | None = None if keys is None else (keys, dict(columns or {}))
+
+    def __len__(self) -> int:
+        return self.size
+
+    @property
+    def lazy(self) -> bool:
+        """Whether the details load on demand (and may be released)."""
+        return self._loader is not None
+
+    @property
+    def loaded(self) -> bool:
+        return self._detail is not None
+
+    def release(self) -> None:
+        """Forgets lazily loaded details (they are loaded again when needed)."""
+        if self._loader is not None:
+            self._detail = None
+
+    def detail(self) -> ShardDetail:
+        """``(keys, columns)``, loaded if need be."""
+        if self._detail is None:
+            assert self._loader is not None
+            detail = self._loader()
+            if len(detail[0]) != self.size:
+                raise ShardError(
+                    f"the index of shard {self.path!r} changed while in use ({len(detail[0])} samples, "
+                    f"{self.size} expected)",
+                    shard=self.path,
+                )
+            self._detail = detail
+        return self._detail
+
+    @property
+    def keys(self) -> list[str]:
+        return self.detail()[0]
+
+    def column(self, name: str) -> np.ndarray:
+        """The per-sample column ``name`` (first axis: sample)."""
+        return self.detail()[1][name]
+
+
+class Reader(Protocol):
+    """How a source reads one sample; the index delegates :meth:`Index.read` to it."""
+
+    def read(self, shard: ShardIndex, i: int) -> RawSample:
+        """Sample ``i`` of ``shard``; raises DataError naming the shard and the key."""
+
+    def close(self) -> None:
+        """Releases what the reader holds open (it reopens on demand)."""
+
+
+class Index:
+    """All samples of a source, numbered 0..N-1 in shard order, then member order.
+
+    Attributes:
+        shards: one :class:`ShardIndex` per shard, in order.
+        sequential: ``True`` where shards are best read front to back (tar files); ``False`` where
+            every sample is its own file (ImageFolder).
+        labeled: whether samples carry labels.
+        shard_sizes: int64 ``[S]``, samples per shard; ``offsets``: int64 ``[S + 1]``, cumulative.
+
+    Reading (:meth:`read`) is thread-safe and goes through the source's reader.
+    """
+
+    MAX_LOADED = 1024  # lazily loaded shard details kept per process
+
+    def __init__(self, shards: list[ShardIndex], *, reader: Reader, sequential: bool, labeled: bool) -> None:
+        self.shards = shards
+        self.reader = reader
+        self.sequential = sequential
+        self.labeled = labeled
+        self.shard_sizes = np.array([len(s) for s in shards], dtype=np.int64)
+        self.offsets = np.concatenate([[0], np.cumsum(self.shard_sizes)]).astype(np.int64)
+        self._init_process_state()
+
+    def _init_process_state(self) -> None:
+        self._lock = threading.Lock()
+        self._loaded: collections.OrderedDict[int, None] = collections.OrderedDict()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k not in ("_lock", "_loaded")}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._init_process_state()
+
+    def __len__(self) -> int:
+        return int(self.offsets[-1])
+
+    def close(self) -> None:
+        """Closes what the reader holds open (it reopens on the next read)."""
+        self.reader.close()
+
+    def locate(self, sample: int) -> tuple[int, int]:
+        """Global sample number → (shard number, sample number in the shard)."""
+        shard = int(np.searchsorted(self.offsets, sample, side="right")) - 1
+        return shard, sample - int(self.offsets[shard])
+
+    def shard(self, s: int) -> ShardIndex:
+        """Shard ``s`` with its details loaded; keeps at most ``MAX_LOADED`` lazily loaded."""
+        shard = self.shards[s]
+        if shard.lazy:
+            with self._lock:
+                self._loaded[s] = None
+                self._loaded.move_to_end(s)
+                while len(self._loaded) > self.MAX_LOADED:
+                    self.shards[self._loaded.popitem(last=False)[0]].release()
+        shard.detail()
+        return shard
+
+    def key(self, sample: int) -> str:
+        s, i = self.locate(sample)
+        return self.shard(s).keys[i]
+
+    def read(self, sample: int) -> RawSample:
+        """Reads sample number ``sample``: its key, shard, encoded image and parsed label."""
+        s, i = self.locate(sample)
+        return self.reader.read(self.shard(s), i)
+
+
+class Source(abc.ABC):
+    """Base class of data sources: a cheap, picklable description whose :meth:`index` reads the
+    metadata (tar headers, a directory tree) and returns an :class:`Index`.
+
+    A new source implements :meth:`index`: its shards as :class:`ShardIndex` entries and a
+    :class:`Reader` over a :class:`~gpupipe.sources.Storage`.
+    """
+
+    @abc.abstractmethod
+    def index(self, *, rank: int = 0, world_size: int = 1) -> Index:
+        """Indexes the source. ``rank`` and ``world_size`` only spread first-time work (scanning)
+        between ranks; every rank gets the same index."""

@@ -1,0 +1,206 @@
+"""Byte access to shards, behind one small interface, chosen by URL scheme.
+
+A :class:`Storage` answers three questions about a URL: how big is it and which version is it
+(:meth:`~Storage.stat`), what are the bytes of a range (:meth:`~Storage.read`), and give me a
+seekable stream (:meth:`~Storage.open`). Sources use nothing else to reach their data, so a new
+kind of storage (``https://``, ``s3://``) is one :class:`Storage` subclass and one entry in the
+scheme table (:func:`register_storage`).
+
+Storages raise :class:`OSError` (``FileNotFoundError``, ...) and return short reads at the end of
+a file as they are: the source that asked knows which shard and sample that was, and says so in
+its own error.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import os
+import threading
+from collections.abc import Callable, Sequence
+from typing import IO, Any, ClassVar
+
+from .._errors import ConfigError
+
+__all__ = [
+    "Stat",
+    "Storage",
+    "LocalStorage",
+    "register_storage",
+    "scheme_of",
+    "storage_for",
+    "expand_urls",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class Stat:
+    """What a storage knows of one URL: its ``size`` in bytes and a ``version`` string that
+    changes whenever the content does (a local file's modification time; an object's ETag)."""
+
+    size: int
+    version: str
+
+
+class Storage(abc.ABC):
+    """Byte access to the URLs of some schemes. One instance serves one loader (or one index) in
+    one process and may be used from several threads at once; :meth:`close` releases what it
+    holds (open files, connections), after which it opens them again on demand."""
+
+    schemes: ClassVar[tuple[str, ...]] = ()
+
+    @abc.abstractmethod
+    def canonical(self, url: str) -> str:
+        """The URL's identity for caches: the same data always has the same canonical URL."""
+
+    @abc.abstractmethod
+    def stat(self, url: str) -> Stat:
+        """Size and version of ``url``; raises OSError."""
+
+    @abc.abstractmethod
+    def read(self, url: str, offset: int, size: int) -> bytes:
+        """``size`` bytes at ``offset`` (fewer past the end); raises OSError."""
+
+    @abc.abstractmethod
+    def open(self, url: str) -> IO[bytes]:
+        """A seekable binary stream over ``url``; the caller closes it. Raises OSError."""
+
+    def close(self) -> None:  # noqa: B027 - storages without resources have nothing to do
+        """Releases the storage's open files or connections."""
+
+    def __enter__(self) -> Storage:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class LocalStorage(Storage):
+    """Local files (paths, ``file://`` URLs).
+
+    Reads use ``pread`` on descriptors kept open per thread (at most :attr:`MAX_OPEN` each, so at
+    least the loader's ``interleave``), so reader threads never share a file position. A forked
+    child never uses its parent's descriptors: it opens its own.
+    """
+
+    schemes = ("", "file")
+    MAX_OPEN = 128
+
+    def __init__(self) -> None:
+        self._init_process_state()
+
+    def _init_process_state(self) -> None:
+        self._pid = os.getpid()
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._all_files: list[dict[str, int]] = []
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._init_process_state()
+
+    @staticmethod
+    def path(url: str) -> str:
+        return url.removeprefix("file://")
+
+    def canonical(self, url: str) -> str:
+        return os.path.abspath(self.path(url))
+
+    def stat(self, url: str) -> Stat:
+        st = os.stat(self.path(url))
+        return Stat(st.st_size, str(st.st_mtime_ns))
+
+    def open(self, url: str) -> IO[bytes]:
+        return open(self.path(url), "rb")
+
+    def read(self, url: str, offset: int, size: int) -> bytes:
+        return os.pread(self._fd(self.path(url)), size, offset)
+
+    def _fd(self, path: str) -> int:
+        if self._pid != os.getpid():  # a forked child: never share the parent's descriptors
+            self._init_process_state()
+        files = getattr(self._local, "files", None)
+        if files is None:
+            files = self._local.files = {}
+            with self._lock:
+                self._all_files.append(files)
+        fd = files.get(path)
+        if fd is None:
+            if len(files) >= self.MAX_OPEN:
+                with self._lock:
+                    for old in files.values():
+                        os.close(old)
+                    files.clear()
+            fd = files[path] = os.open(path, os.O_RDONLY)
+        return fd
+
+    def close(self) -> None:
+        """Closes the descriptors this process opened (every thread's)."""
+        if self._pid != os.getpid():
+            return
+        with self._lock:
+            for files in self._all_files:
+                for fd in files.values():
+                    os.close(fd)
+                files.clear()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+
+_SCHEMES: dict[str, Callable[[], Storage]] = {"": LocalStorage, "file": LocalStorage}
+
+
+def register_storage(scheme: str, factory: Callable[[], Storage], *, replace: bool = False) -> None:
+    """Serves URLs ``scheme://...`` with storages made by ``factory``."""
+    if scheme in _SCHEMES and not replace:
+        raise ConfigError(f"register_storage: scheme {scheme!r} is already served; pass replace=True to replace it")
+    _SCHEMES[scheme] = factory
+
+
+def scheme_of(url: str) -> str:
+    """``"s3"`` for ``"s3://bucket/a.tar"``, ``""`` for a local path."""
+    head, sep, _ = url.partition("://")
+    return head.lower() if sep and head.isidentifier() else ""
+
+
+def storage_for(urls: Sequence[str]) -> Storage:
+    """A new storage for ``urls``, which must share one scheme."""
+    schemes = sorted({scheme_of(u) for u in urls})
+    if len(schemes) > 1:
+        raise ConfigError(f"one source cannot mix URL schemes, got {schemes}")
+    scheme = schemes[0] if schemes else ""
+    if scheme not in _SCHEMES:
+        raise ConfigError(_unserved(scheme))
+    return _SCHEMES[scheme]()
+
+
+def _unserved(scheme: str) -> str:
+    served = ", ".join(f"{s}://" for s in _SCHEMES if s)
+    return (f"no storage serves {scheme}:// URLs (served: local paths, {served}); only local paths (or file://) are "
+            "supported for now")
+
+
+def expand_urls(urls: str | os.PathLike[str] | Sequence[str], *, owner: str = "WebDataset") -> list[str]:
+    """Brace-expands a pattern (several braces allowed) or each entry of a list of patterns, checks
+    that a storage serves the URLs' scheme, and turns ``file://`` URLs into paths."""
+    import braceexpand
+
+    if isinstance(urls, (str, os.PathLike)):
+        urls = [urls]  # type: ignore[list-item]
+    out: list[str] = []
+    for u in urls:
+        u = os.fspath(u)
+        if u.startswith("pipe:"):
+            raise ConfigError(f"{owner}: 'pipe:' URLs are not supported: gpupipe never runs a shell command from a URL ({u!r})")
+        if scheme_of(u) not in _SCHEMES:
+            raise ConfigError(f"{owner}: {_unserved(scheme_of(u))}: {u!r}")
+        out.extend(p.removeprefix("file://") for p in braceexpand.braceexpand(u))
+    if not out:
+        raise ConfigError(f"{owner}: no shard given")
+    return out

@@ -1,0 +1,193 @@
+"""WebDataset tar shards: the source, its tar scanner and index cache, and its sample reader."""
+
+from __future__ import annotations
+
+import dataclasses
+import tarfile
+from collections.abc import Sequence
+
+import numpy as np
+
+from .._errors import ConfigError, SampleError, ShardError
+from . import _wdsindex
+from ._index import Index, RawSample, ShardDetail, ShardIndex, Source
+from ._storage import Storage, expand_urls, storage_for
+
+__all__ = ["WebDataset", "split_key", "parse_label", "scan_tar", "cached_scan"]
+
+
+def split_key(member: str) -> tuple[str, str]:
+    """``"img/00/000123.seg.png"`` → ``("img/00/000123", "seg.png")``: WebDataset's (and DALI's)
+    rule, the key ends at the first dot of the file name; the extension is lower-cased."""
+    member = member[2:] if member.startswith("./") else member
+    head, _, name = member.rpartition("/")
+    stem, dot, ext = name.partition(".")
+    return (f"{head}/{stem}" if head else stem), ext.lower() if dot else ""
+
+
+def parse_label(raw: bytes, *, shard: str, key: str) -> int:
+    """A ``.cls`` member's ASCII integer; SampleError naming shard and key otherwise."""
+    try:
+        return int(raw.decode("ascii").strip())
+    except (UnicodeDecodeError, ValueError):
+        raise SampleError(
+            f"label of sample {key!r} in shard {shard!r} is not an ASCII integer: {raw[:40]!r}", shard=shard, key=key
+        ) from None
+
+
+def _split_exts(value: str | Sequence[str] | None, name: str) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    parts = value.split(";") if isinstance(value, str) else list(value)
+    exts = tuple(p.strip().lower().lstrip(".") for p in parts if isinstance(p, str) and p.strip())
+    if not exts or not all(isinstance(p, str) for p in parts):
+        raise ConfigError(f"WebDataset: {name} must be extensions separated by ';' (e.g. 'jpg;png'), got {value!r}")
+    return exts
+
+
+@dataclasses.dataclass(frozen=True)
+class WebDataset(Source):
+    """WebDataset tar shards.
+
+    Args:
+        urls: a path pattern with brace ranges (``"data/train-{000000..000127}.tar"``; several
+            braces allowed) or a list of paths/patterns.
+        image: accepted image extensions, in order of preference, separated by ``;``.
+            Default ``"jpg;jpeg;png"``.
+        label: the extension of the label member, an ASCII integer (``"cls"``), or ``None`` for
+            unlabeled data (the loader then yields images only).
+
+    A sample is a run of consecutive members sharing a key: the member path up to the first dot of
+    its file name (``img/00/000123.jpg`` → ``img/00/000123``). Members of other extensions are
+    ignored. A sample without an accepted image, or without its label, is an error that names the
+    shard and the key.
+    """
+
+    urls: str | Sequence[str]
+    _: dataclasses.KW_ONLY
+    image: str = "jpg;jpeg;png"
+    label: str | None = "cls"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "urls", tuple(expand_urls(self.urls)))
+        _split_exts(self.image, "image")
+        if self.label is not None:
+            _split_exts(self.label, "label")
+
+    def extensions(self) -> tuple[tuple[str, ...], str | None]:
+        """The image extensions, in order of preference, and the label extension (``None``)."""
+        return _split_exts(self.image, "image"), (self.label.lstrip(".").lower() if self.label else None)
+
+    def index(self, *, rank: int = 0, world_size: int = 1) -> Index:
+        """Indexes the shards. Cached shards cost one header line each (their details load when
+        first read); the others are scanned and cached. Rank ``r`` of ``world_size`` starts
+        scanning at shard ``r * n // world_size``, so that ranks sharing a cache directory scan a
+        new dataset's shards in parallel rather than all in the same order."""
+        image_exts, label_ext = self.extensions()
+        storage = storage_for(self.urls)
+        n = len(self.urls)
+        first = rank * n // max(1, world_size)
+        shards: list[ShardIndex | None] = [None] * n
+        for i in range(n):
+            s = (first + i) % n
+            shards[s] = cached_scan(storage, self.urls[s], image_exts, label_ext)
+        labeled = label_ext is not None
+        return Index(shards, reader=TarReader(storage, labeled=labeled), sequential=True, labeled=labeled)  # type: ignore[arg-type]
+
+
+class TarReader:
+    """Reads a sample's image and label members by the byte ranges in its shard's index."""
+
+    def __init__(self, storage: Storage, *, labeled: bool) -> None:
+        self.storage, self.labeled = storage, labeled
+
+    def _read(self, shard: ShardIndex, offset: int, size: int, key: str) -> bytes:
+        try:
+            data = self.storage.read(shard.path, offset, size)
+        except OSError as e:
+            raise ShardError(f"cannot read shard {shard.path!r} at sample {key!r}: {e}", shard=shard.path, key=key) from e
+        if len(data) != size:
+            raise ShardError(f"shard {shard.path!r} is truncated at sample {key!r}", shard=shard.path, key=key)
+        return data
+
+    def read(self, shard: ShardIndex, i: int) -> RawSample:
+        key = shard.keys[i]
+        offset, size = shard.column("image_range")[i]
+        data = self._read(shard, int(offset), int(size), key)
+        label = None
+        if self.labeled:
+            offset, size = shard.column("label_range")[i]
+            label = parse_label(self._read(shard, int(offset), int(size), key), shard=shard.path, key=key)
+        return RawSample(key, shard.path, data, label)
+
+    def close(self) -> None:
+        self.storage.close()
+
+
+def cached_scan(storage: Storage, url: str, image_exts: tuple[str, ...], label_ext: str | None) -> ShardIndex:
+    """The index of one shard: from its cache file when there is one (details loaded lazily),
+    else scanned from the tar headers and cached."""
+    try:
+        idx_path = _wdsindex.index_path(storage.canonical(url), storage.stat(url), image_exts, label_ext)
+    except OSError as e:
+        raise ShardError(f"cannot read shard {url!r}: {e}", shard=url) from e
+    labeled = label_ext is not None
+    size = _wdsindex.count(idx_path)
+    if size is not None:
+
+        def load() -> ShardDetail:
+            cached = _wdsindex.load(idx_path, labeled=labeled)
+            if cached is None:  # the cache file went away or was damaged: scan the shard again
+                return scan_tar(storage, url, image_exts, label_ext)[0].detail()
+            keys, image, label = cached
+            return keys, {"image_range": image, "label_range": label}
+
+        return ShardIndex(url, size=size, loader=load, dali_index=idx_path)
+    shard, exts = scan_tar(storage, url, image_exts, label_ext)
+    ranges = shard.column("label_range") if labeled else None
+    if _wdsindex.save(idx_path, shard.keys, exts, shard.column("image_range"), ranges):
+        shard.dali_index = idx_path
+    return shard
+
+
+def scan_tar(
+    storage: Storage, url: str, image_exts: tuple[str, ...], label_ext: str | None
+) -> tuple[ShardIndex, list[str]]:
+    """Reads the headers of one tar shard (not the data) and groups members into samples; returns
+    the shard's index and each sample's chosen image extension."""
+    groups: list[tuple[str, dict[str, tuple[int, int]]]] = []
+    try:
+        with storage.open(url) as f, tarfile.open(fileobj=f, mode="r:") as tar:
+            for m in tar:
+                if not m.isfile():
+                    continue
+                key, ext = split_key(m.name)
+                if not groups or groups[-1][0] != key:
+                    groups.append((key, {}))
+                groups[-1][1][ext] = (m.offset_data, m.size)
+    except (OSError, tarfile.TarError) as e:
+        raise ShardError(f"cannot read shard {url!r}: {e}", shard=url) from e
+    n = len(groups)
+    keys, exts = [], []
+    image, label = np.full((n, 2), -1, np.int64), np.full((n, 2), -1, np.int64)
+    for i, (key, members) in enumerate(groups):
+        ext = next((e for e in image_exts if e in members), None)
+        if ext is None:
+            raise SampleError(
+                f"sample {key!r} in shard {url!r} has no image ({'/'.join(image_exts)}); it has "
+                f"{sorted(members) or 'no members'}",
+                shard=url,
+                key=key,
+            )
+        image[i] = members[ext]
+        exts.append(ext)
+        if label_ext is not None:
+            if label_ext not in members:
+                raise SampleError(
+                    f"sample {key!r} in shard {url!r} has no .{label_ext} label; pass label=None for unlabeled data",
+                    shard=url,
+                    key=key,
+                )
+            label[i] = members[label_ext]
+        keys.append(key)
+    return ShardIndex(url, keys, {"image_range": image, "label_range": label}), exts

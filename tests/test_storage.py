@@ -1,0 +1,157 @@
+"""The storage seam: LocalStorage's contract, the scheme table, and a new scheme plugged in as one
+class plus one table entry, read by every backend."""
+
+from __future__ import annotations
+
+import io
+import os
+import threading
+
+import pytest
+import torch
+
+import gpupipe as gp
+from gpupipe import sources
+from gpupipe import transforms as T
+from gpupipe.sources import _storage
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.fixture
+def blob(tmp_path):
+    path = tmp_path / "blob.bin"
+    path.write_bytes(bytes(range(256)) * 4)
+    return str(path)
+
+
+class TestLocalStorage:
+    def test_stat_read_open(self, blob):
+        with sources.LocalStorage() as st:
+            stat = st.stat(blob)
+            assert stat.size == 1024 and stat.version == str(os.stat(blob).st_mtime_ns)
+            assert st.read(blob, 250, 10) == bytes([250, 251, 252, 253, 254, 255, 0, 1, 2, 3])
+            assert st.read(blob, 1020, 10) == bytes([252, 253, 254, 255])  # short at the end, as pread
+            with st.open(blob) as f:
+                f.seek(256)
+                assert f.read(2) == b"\x00\x01"
+            assert st.canonical("file://" + blob) == os.path.abspath(blob) == st.canonical(blob)
+
+    def test_missing_file_is_an_oserror(self, tmp_path):
+        st = sources.LocalStorage()
+        for call in (lambda: st.stat(str(tmp_path / "x")), lambda: st.read(str(tmp_path / "x"), 0, 1)):
+            with pytest.raises(FileNotFoundError):
+                call()
+
+    def test_threads_and_close(self, blob, tmp_path):
+        st = sources.LocalStorage()
+        before = open_fds()
+        errors = []
+
+        def work(k):
+            for i in range(200):
+                off = (k * 37 + i) % 1000
+                if st.read(blob, off, 3) != bytes([off % 256, (off + 1) % 256, (off + 2) % 256]):
+                    errors.append(off)
+
+        threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors
+        assert open_fds() == before + 4  # one descriptor per thread, kept open for the next read
+        st.close()
+        assert open_fds() == before
+        assert st.read(blob, 0, 1) == b"\x00"  # reopens on demand
+        st.close()
+
+    def test_forked_child_opens_its_own_descriptors(self, blob):
+        st = sources.LocalStorage()
+        st.read(blob, 0, 1)
+        parent_fd = next(iter(st._local.files.values()))
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - child
+            ok = st.read(blob, 5, 1) == b"\x05" and next(iter(st._local.files.values()), None) != parent_fd
+            os.write(w, b"1" if ok else b"0")
+            os._exit(0)
+        os.waitpid(pid, 0)
+        assert os.read(r, 1) == b"1"
+        os.close(r)
+        os.close(w)
+        st.close()
+
+
+class TestSchemes:
+    def test_scheme_of(self):
+        assert _storage.scheme_of("s3://bucket/a.tar") == "s3"
+        assert _storage.scheme_of("HTTPS://x/a.tar") == "https"
+        assert _storage.scheme_of("/data/a.tar") == "" == _storage.scheme_of("a:b.tar")
+
+    @pytest.mark.parametrize("url", ["s3://bucket/a.tar", "https://host/a-{0..1}.tar", "gs://b/x.tar"])
+    def test_unserved_schemes_are_refused_when_the_source_is_made(self, url):
+        with pytest.raises(gp.ConfigError, match=r"WebDataset: no storage serves \w+:// URLs.*local paths"):
+            gp.WebDataset(url)
+
+    def test_one_source_one_scheme(self, monkeypatch):
+        monkeypatch.setitem(_storage._SCHEMES, "mem", MemoryStorage)
+        with pytest.raises(gp.ConfigError, match="cannot mix URL schemes"):
+            sources.storage_for(["mem://a.tar", "/data/b.tar"])
+
+    def test_register_refuses_to_replace_silently(self):
+        with pytest.raises(gp.ConfigError, match="already served"):
+            sources.register_storage("file", sources.LocalStorage)
+
+
+class MemoryStorage(sources.Storage):
+    """A whole storage scheme in a dozen lines: objects in a dict, versioned by a counter."""
+
+    schemes = ("mem",)
+    objects: dict[str, bytes] = {}
+    reads: list[tuple[str, int, int]] = []
+
+    def canonical(self, url):
+        return url
+
+    def stat(self, url):
+        if url not in self.objects:
+            raise FileNotFoundError(url)
+        return sources.Stat(len(self.objects[url]), f"v{hash(self.objects[url]) & 0xFFFF}")
+
+    def read(self, url, offset, size):
+        self.reads.append((url, offset, size))
+        self.stat(url)
+        return self.objects[url][offset : offset + size]
+
+    def open(self, url):
+        self.stat(url)
+        return io.BytesIO(self.objects[url])
+
+
+@pytest.fixture
+def memory_shards(monkeypatch, shards):
+    """The session's shards served as mem://train-00000{0,1,2}.tar."""
+    monkeypatch.setitem(_storage._SCHEMES, "mem", MemoryStorage)
+    monkeypatch.setattr(MemoryStorage, "objects", {})
+    monkeypatch.setattr(MemoryStorage, "reads", [])
+    for path in shards:
+        with open(path, "rb") as f:
+            MemoryStorage.objects[f"mem://{os.path.basename(path)}"] = f.read()
+    return "mem://train-{000000..000002}.tar"
+
+
+@pytest.mark.parametrize("backend", ["torch", "dali"])
+def test_a_new_scheme_is_one_class_and_one_table_entry(memory_shards, shards, backend):
+    if backend == "dali":
+        pytest.importorskip("nvidia.dali")
+    pipe = [T.Resize(24), T.CenterCrop(16), T.ToDtype(torch.float32, scale=True)]
+    remote = gp.Loader(gp.Pipeline(memory_shards, pipe), 4, backend=backend, device="cpu", num_workers=0)
+    local = gp.Loader(gp.Pipeline(shards, pipe), 4, backend=backend, device="cpu", num_workers=0)
+    got, expected = list(remote), list(local)
+    assert [b.keys for b in got] == [b.keys for b in expected]
+    assert all(torch.equal(a.images, b.images) and torch.equal(a.labels, b.labels) for a, b in zip(got, expected))
+    assert {url for url, _, _ in MemoryStorage.reads} == set(MemoryStorage.objects)  # every byte through the seam
+    assert remote.index.shards[0].dali_index is not None  # its index was cached like a local shard's
