@@ -23,6 +23,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import gpupipe as gp  # noqa: E402
+from gpupipe.testing import encode_jpeg, synthetic_image  # noqa: E402
 from gpupipe._plan import PlanSpec, rank_plan  # noqa: E402
 
 from _report import publish  # noqa: E402
@@ -72,7 +73,7 @@ def main() -> None:
             rows.append((f"gpupipe, {world} rank(s), interleave={interleave}{default}", float(np.mean(got))))
     with tempfile.TemporaryDirectory() as tmp:
         os.environ.setdefault("GPUPIPE_CACHE_DIR", os.path.join(tmp, "cache"))
-        jpg = gp.encode_jpeg(gp.synthetic_image(0, size=(8, 8)))
+        jpg = encode_jpeg(synthetic_image(0, size=(8, 8)))
         with gp.ShardWriter(os.path.join(tmp, "c-%06d.tar"), max_count=S) as w:
             for c in range(args.shards):
                 for i in range(S):

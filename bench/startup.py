@@ -23,6 +23,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import gpupipe as gp  # noqa: E402
+from gpupipe.testing import encode_jpeg, synthetic_image  # noqa: E402
 from gpupipe.sources import LocalStorage, _wdsindex  # noqa: E402
 from gpupipe import transforms as T  # noqa: E402
 
@@ -40,7 +41,7 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["GPUPIPE_CACHE_DIR"] = os.path.join(tmp, "cache")
-        jpg = gp.encode_jpeg(gp.synthetic_image(0, size=(40, 40)))
+        jpg = encode_jpeg(synthetic_image(0, size=(40, 40)))
         with gp.ShardWriter(os.path.join(tmp, "real-%d.tar"), max_count=args.per_shard) as w:
             for i in range(args.per_shard):
                 w.write(f"{i:07d}", {"jpg": jpg, "cls": i % 1000})

@@ -14,17 +14,26 @@ Example:
     >>> loader = gp.Loader(pipe, batch_size=64, shuffle=True, drop_last=True, seed=0)  # doctest: +SKIP
 """
 
-from . import transforms
-from .backends import register_lowering
+from typing import Any
+
+from . import sources, transforms
+from ._config import LoaderConfig
 from ._errors import (
-    BackendUnavailableError, ConfigError, DataError, GpupipeError, PipelineError, SampleError, ShardError,
+    BackendUnavailableError,
+    ClosedError,
+    ConfigError,
+    DataError,
+    GpupipeError,
+    PipelineError,
+    SampleError,
+    ShardError,
     UnsupportedTransformError,
 )
-from ._config import LoaderConfig
 from ._loader import Batch, Loader
 from ._pipeline import Pipeline, load_pipeline
-from ._shards import ShardWriter, encode_jpeg, synthetic_image
-from . import sources
+from ._plan import RankPlan
+from ._shards import ShardWriter
+from .backends import register_lowering
 from .sources import ImageFolder, Source, WebDataset
 
 __version__ = "0.1.0"
@@ -34,21 +43,36 @@ __all__ = [
     "Loader",
     "LoaderConfig",
     "Batch",
+    "RankPlan",
+    "Source",
     "WebDataset",
     "ImageFolder",
     "load_pipeline",
     "register_lowering",
     "ShardWriter",
-    "synthetic_image",
-    "encode_jpeg",
     "transforms",
+    "sources",
     "GpupipeError",
     "ConfigError",
     "PipelineError",
     "UnsupportedTransformError",
     "BackendUnavailableError",
+    "ClosedError",
     "DataError",
     "ShardError",
     "SampleError",
     "__version__",
 ]
+
+_MOVED = {"synthetic_image": "gpupipe.testing", "encode_jpeg": "gpupipe.testing"}
+
+
+def __getattr__(name: str) -> Any:
+    """Names that moved in 0.2: still found here, with a DeprecationWarning."""
+    if name in _MOVED:
+        import importlib
+        import warnings
+
+        warnings.warn(f"gpupipe.{name} moved to {_MOVED[name]}.{name}", DeprecationWarning, stacklevel=2)
+        return getattr(importlib.import_module(_MOVED[name]), name)
+    raise AttributeError(f"module 'gpupipe' has no attribute {name!r}")

@@ -13,7 +13,8 @@ import time
 
 import numpy as np
 
-from ._shards import ShardWriter, encode_jpeg, synthetic_image
+from ._shards import ShardWriter
+from .testing import encode_jpeg, synthetic_image
 
 __all__ = ["main"]
 

@@ -16,6 +16,7 @@ __all__ = [
     "PipelineError",
     "UnsupportedTransformError",
     "BackendUnavailableError",
+    "ClosedError",
     "DataError",
     "ShardError",
     "SampleError",
@@ -40,6 +41,10 @@ class UnsupportedTransformError(PipelineError):
 
 class BackendUnavailableError(GpupipeError, RuntimeError):
     """The requested backend or device is not installed or not present on this machine."""
+
+
+class ClosedError(GpupipeError, RuntimeError):
+    """The loader (or its runner) was closed: it cannot be iterated again."""
 
 
 class DataError(GpupipeError):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import warnings
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -12,10 +13,11 @@ import torch
 
 from . import _dist, backends
 from ._config import LoaderConfig
-from ._errors import ConfigError, PipelineError
+from ._errors import ClosedError, ConfigError, PipelineError
 from ._pipeline import Pipeline
 from ._plan import PlanSpec, RankPlan, rank_plan
 from ._validate import check_int, is_int
+from .sources import Index
 
 __all__ = ["Loader", "Batch"]
 
@@ -116,7 +118,9 @@ class Loader:
         self.batch_size = config.batch_size
         self.rank, self.world_size = topo.rank, topo.world_size
         self.seed = _dist.shared_seed(config.seed, topo, shuffle=config.shuffle)
-        self.backend, self.device = backends.resolve(config.backend, config.device)
+        backend, device = backends.resolve(config.backend, config.device)
+        backend.check(pipeline.transforms)
+        self.backend, self.device = backend.name, str(device)
         self.num_workers = min(_cpu_count(), 8) if config.num_workers is None else config.num_workers
         self.epoch = 0
         self._yielded = 0  # batches of self.epoch yielded so far
@@ -133,7 +137,16 @@ class Loader:
         if self._len == 0:
             warnings.warn(f"Loader: drop_last=True with {len(self.index)} samples, batch_size={config.batch_size} "
                           f"and world_size={self.world_size}: every epoch is empty", stacklevel=3)
-        self._runner = self._make_runner()
+        spec = backends.RunSpec(index=self.index, transforms=pipeline.transforms, device=device,
+                                batch_size=config.batch_size, workers=self.num_workers, prefetch=config.prefetch,
+                                channels_last=config.channels_last, rank=self.rank, seed=self.seed)
+        try:
+            self._runner = backend.runner(spec)
+        except BaseException:
+            self.index.close()
+            raise
+        # Releases the runner and the index when the loader is closed, collected, or at exit.
+        self._finalizer = weakref.finalize(self, _release, self._runner, self.index)
         log.info("gpupipe loader: rank %d/%d (%s), %d samples in %d shards, backend=%s, device=%s, %d batches/epoch",
                  self.rank, self.world_size, topo.origin, len(self.index), len(self.index.shards), self.backend,
                  self.device, self._len)
@@ -146,18 +159,21 @@ class Loader:
     def interleave(self) -> int:
         return self.config.interleave
 
-    def _make_runner(self) -> Any:
-        config = self.config
-        if self.backend == "dali":
-            from .backends._dali_loader import DaliRunner
+    def close(self) -> None:
+        """Ends the loader's worker processes, threads and DALI pipeline, stops an unfinished
+        epoch and closes its shard files. Idempotent; iterating a closed loader raises
+        :class:`~gpupipe.ClosedError`."""
+        self._finalizer()
 
-            return DaliRunner(self.index, self.pipeline.transforms, device=self.device, rank=self.rank, seed=self.seed,
-                              batch_size=self.batch_size, num_threads=self.num_workers, prefetch=config.prefetch,
-                              channels_last=config.channels_last)
-        from .backends._torch_loader import TorchRunner
+    @property
+    def closed(self) -> bool:
+        return not self._finalizer.alive
 
-        return TorchRunner(self.index, self.pipeline.transforms, device=self.device, num_workers=self.num_workers,
-                           prefetch=config.prefetch, channels_last=config.channels_last)
+    def __enter__(self) -> Loader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def __len__(self) -> int:
         """Batches per epoch, the same on every rank."""
@@ -178,6 +194,11 @@ class Loader:
                          epoch=epoch, rank=self.rank)
 
     def __iter__(self) -> Iterator[Batch]:
+        if self.closed:
+            raise ClosedError("this gp.Loader is closed")
+        return self._iterate()
+
+    def _iterate(self) -> Iterator[Batch]:
         epoch, start = self.epoch, 0
         if self._resume_at is not None and self._resume_at[0] == epoch:
             start = self._resume_at[1]
@@ -185,12 +206,15 @@ class Loader:
         self._yielded = start
         plan = self.plan(epoch)
         device = torch.device(self.device)
-        for b, (images, labels, keys) in enumerate(self._runner.run(plan, start, epoch, self.seed), start):
+        for b, (images, labels, keys) in enumerate(self._runner.run(plan, start), start):
             valid = torch.from_numpy(plan.batch(b)[1].copy())
             if device.type != "cpu":
                 valid = valid.to(device, non_blocking=True)
             self._yielded = b + 1
             yield Batch(images, labels, keys, valid)
+        if self.closed and self._yielded < plan.num_batches:
+            raise ClosedError(f"this gp.Loader was closed during an epoch, after {self._yielded} of its "
+                              f"{plan.num_batches} batches")
 
     def state_dict(self) -> dict[str, Any]:
         """This rank's position: the epoch and the batches of it yielded so far, with the settings
@@ -223,6 +247,11 @@ class Loader:
         self.seed = state["seed"]
         self.epoch, self._yielded = epoch, done
         self._resume_at = (epoch, done)
+
+
+def _release(runner: backends.Runner, index: Index) -> None:
+    runner.close()
+    index.close()
 
 
 def _upgrade_state(state: Any) -> dict[str, Any]:

@@ -2,42 +2,79 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from ._errors import UnsupportedTransformError
+from ._errors import ConfigError, UnsupportedTransformError
+
+__all__ = ["Registry", "Lowering"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+@dataclasses.dataclass(frozen=True)
+class Lowering:
+    """A backend's lowering of one transform type. ``unsupported(transform)`` returns why an
+    instance's options cannot run on the backend (``None`` where they can)."""
+
+    fn: Callable[..., Any]
+    unsupported: Callable[[Any], str | None] | None = None
+
+
 class Registry:
-    """Maps transform types to a backend's lowering functions.
+    """Maps transform types to a backend's lowerings.
 
     Lookup is by exact type first, then along the MRO, so a user's subclass of a built-in
-    transform lowers like its parent unless it registers its own lowering.
+    transform lowers like its parent unless it registers its own lowering. Registering a second
+    lowering for the same type is an error unless ``replace=True``.
     """
 
     def __init__(self, backend: str) -> None:
         self.backend = backend
-        self._table: dict[type, Callable[..., Any]] = {}
+        self._table: dict[type, Lowering] = {}
 
-    def register(self, *types: type) -> Callable[[F], F]:
+    def register(
+        self, *types: type, unsupported: Callable[[Any], str | None] | None = None, replace: bool = False
+    ) -> Callable[[F], F]:
+        """Decorator: registers the function as the lowering of ``types``."""
+        for t in types:
+            if t in self._table and not replace:
+                raise ConfigError(
+                    f"the {self.backend} backend already has a lowering for {t.__name__} "
+                    f"({self._table[t].fn.__module__}.{self._table[t].fn.__qualname__}); pass replace=True to replace it"
+                )
+
         def decorator(fn: F) -> F:
             for t in types:
-                self._table[t] = fn
+                self._table[t] = Lowering(fn, unsupported)
             return fn
+
         return decorator
 
     def __contains__(self, t: type) -> bool:
         return any(c in self._table for c in t.__mro__)
 
-    def lookup(self, transform: Any, position: int | None = None) -> Callable[..., Any]:
+    def _entry(self, transform: Any, position: int | None) -> Lowering:
         for cls in type(transform).__mro__:
             if cls in self._table:
                 return self._table[cls]
         where = "" if position is None else f" (pipeline step {position})"
+        name = type(transform).__name__
         raise UnsupportedTransformError(
-            f"the {self.backend} backend cannot run {type(transform).__name__}{where}: "
-            f"it has no lowering for it. Choose another backend or register one with "
-            f"gpupipe.register_lowering({type(transform).__name__}, backend={self.backend!r})"
+            f"the {self.backend} backend cannot run {name}{where}: it has no lowering for it. Choose another backend "
+            f"or register one with gpupipe.register_lowering({name}, backend={self.backend!r})"
         )
+
+    def lookup(self, transform: Any, position: int | None = None) -> Callable[..., Any]:
+        """The lowering function of ``transform``; UnsupportedTransformError if there is none."""
+        return self._entry(transform, position).fn
+
+    def check(self, transforms: Sequence[Any]) -> None:
+        """Raises UnsupportedTransformError, naming the transform and its step, if one has no
+        lowering or has options the backend cannot run."""
+        for i, t in enumerate(transforms):
+            entry = self._entry(t, i)
+            reason = entry.unsupported(t) if entry.unsupported else None
+            if reason:
+                raise UnsupportedTransformError(f"the {self.backend} backend cannot run {t!r} (pipeline step {i}): {reason}")

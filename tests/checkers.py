@@ -10,7 +10,7 @@ import torch
 import dataclasses
 
 from gpupipe import transforms as T
-from gpupipe.backends._torch import LOWERINGS
+from gpupipe.backends._torch._kernels import LOWERINGS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,7 +77,7 @@ def run_dali(transforms, encoded: list[bytes], *, device: str = "cpu", seed: int
     import numpy as np
     from nvidia.dali import Pipeline, fn
 
-    from gpupipe.backends._dali import Ctx, lower
+    from gpupipe.backends._dali._compiler import Ctx, lower
 
     gpu = device == "gpu"
     pipe = Pipeline(batch_size=len(encoded), num_threads=1, device_id=0 if gpu else None, seed=seed,
@@ -96,7 +96,7 @@ def run_dali(transforms, encoded: list[bytes], *, device: str = "cpu", seed: int
 def reference_outputs(transforms, encoded: list[bytes]) -> list[torch.Tensor]:
     """The torch backend's (torchvision's) outputs; for deterministic transforms only."""
     from gpupipe._decode import decode_rgb
-    from gpupipe.backends._torch import apply_pipeline
+    from gpupipe.backends._torch._kernels import apply_pipeline
 
     return [apply_pipeline(transforms, decode_rgb(e, shard="-", key=str(i)), random.Random(0))
             for i, e in enumerate(encoded)]

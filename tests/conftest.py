@@ -1,7 +1,9 @@
-"""Fixtures: small real-JPEG datasets built by the tests themselves."""
+"""Fixtures: small real-JPEG datasets built by the tests themselves, and ``backend``: every
+backend of the table (on each device it delivers to) that the contract suite runs on."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import numpy as np
@@ -9,6 +11,8 @@ import pytest
 import torch
 
 import gpupipe as gp
+from gpupipe import backends
+from gpupipe.testing import encode_jpeg, synthetic_image
 
 SHARD_SIZES = (7, 5, 4)  # uneven on purpose
 UNEVEN_SIZES = (7, 2, 5, 3)
@@ -27,8 +31,8 @@ def _write_webdataset_shards(root, sizes, *, prefix="train", label=True):
         path = os.path.join(root, f"{prefix}-{s:06d}.tar")
         with wds.TarWriter(path) as sink:
             for _ in range(size):
-                img = gp.synthetic_image(n, label=label_of(n), size=(64 + 8 * (n % 5), 80 + 4 * (n % 3)))
-                sample = {"__key__": f"img/{s:02d}/{n:06d}", "jpg": gp.encode_jpeg(img, quality=90)}
+                img = synthetic_image(n, label=label_of(n), size=(64 + 8 * (n % 5), 80 + 4 * (n % 3)))
+                sample = {"__key__": f"img/{s:02d}/{n:06d}", "jpg": encode_jpeg(img, quality=90)}
                 if label:
                     sample["cls"] = str(label_of(n)).encode()
                 sink.write(sample)
@@ -63,11 +67,11 @@ def image_folder(tmp_path_factory) -> str:
     for c, cls in enumerate(["zebra", "ant", "moose"]):
         os.makedirs(root / cls / "sub")
         for i in range(3 + c):
-            img = gp.synthetic_image(100 + 10 * c + i, label=c, size=(48, 56))
+            img = synthetic_image(100 + 10 * c + i, label=c, size=(48, 56))
             if i % 2:
                 Image.fromarray(img).save(root / cls / f"{i:03d}.png")
             else:
-                (root / cls / f"{i:03d}.JPEG").write_bytes(gp.encode_jpeg(img))
+                (root / cls / f"{i:03d}.JPEG").write_bytes(encode_jpeg(img))
         Image.fromarray(img).save(root / cls / "sub" / "deep.jpg")
         (root / cls / "notes.txt").write_text("not an image")
     return str(root)
@@ -78,7 +82,7 @@ def photo() -> torch.Tensor:
     """A decoded photograph-like JPEG, uint8 [3, 120, 160]."""
     from gpupipe._decode import decode_rgb
 
-    data = gp.encode_jpeg(gp.synthetic_image(7, label=3, size=(120, 160)))
+    data = encode_jpeg(synthetic_image(7, label=3, size=(120, 160)))
     return decode_rgb(data, shard="-", key="photo")
 
 
@@ -97,3 +101,41 @@ def _private_cache_dir(tmp_path_factory):
         os.environ.pop("GPUPIPE_CACHE_DIR", None)
     else:
         os.environ["GPUPIPE_CACHE_DIR"] = old
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """One backend on one device: what a contract test runs against."""
+
+    backend: str
+    device: str
+
+    def loader(self, pipeline, batch_size, **options) -> gp.Loader:
+        return gp.Loader(pipeline, batch_size, backend=self.backend, device=self.device, **options)
+
+    def __str__(self) -> str:
+        return f"{self.backend}-{self.device}"
+
+
+def targets():
+    """Every backend of the table on every device it delivers to; CUDA ones are marked ``gpu``."""
+    for name in backends.names():
+        for device in backends.get(name).devices:
+            marks = [pytest.mark.gpu] if device == "cuda" else []
+            yield pytest.param(Target(name, device), id=f"{name}-{device}", marks=marks)
+
+
+@pytest.fixture(params=list(targets()))
+def backend(request) -> Target:
+    """The contract suite's parameter: each backend of the table, skipped where not installed."""
+    target = request.param
+    b = backends.get(target.backend)
+    if not b.available():
+        pytest.skip(f"the {b.name} backend is not installed: it needs {b.requirement}")
+    return target
+
+
+@pytest.fixture(autouse=True)
+def _skip_gpu_without_cuda(request):
+    if request.node.get_closest_marker("gpu") and not torch.cuda.is_available():
+        pytest.skip("needs CUDA")

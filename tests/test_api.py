@@ -1,16 +1,22 @@
 """The public API is pinned: a change here is a deliberate API change."""
 
+import subprocess
+import sys
+
+import pytest
+
 import gpupipe as gp
+from gpupipe import sources, testing
 from gpupipe import transforms as T
 
 
 def test_top_level_api():
     assert sorted(gp.__all__) == sorted([
-        "Pipeline", "Loader", "LoaderConfig", "Batch", "WebDataset", "ImageFolder", "load_pipeline", "register_lowering", "ShardWriter",
-        "synthetic_image", "encode_jpeg", "transforms", "GpupipeError", "ConfigError", "PipelineError",
-        "UnsupportedTransformError", "BackendUnavailableError", "DataError", "ShardError", "SampleError",
-        "__version__",
-    ])
+        "Pipeline", "Loader", "LoaderConfig", "Batch", "RankPlan", "Source", "WebDataset", "ImageFolder",
+        "load_pipeline", "register_lowering", "ShardWriter", "transforms", "sources", "GpupipeError", "ConfigError",
+        "PipelineError", "UnsupportedTransformError", "BackendUnavailableError", "ClosedError", "DataError",
+        "ShardError", "SampleError", "__version__",
+    ])  # fmt: skip
     assert all(hasattr(gp, name) for name in gp.__all__)
 
 
@@ -19,24 +25,46 @@ def test_transforms_api():
         "Transform", "ImageSpec", "InterpolationMode", "RandomResizedCrop", "Resize", "CenterCrop", "RandomCrop",
         "RandomHorizontalFlip", "RandomVerticalFlip", "ColorJitter", "RandomGrayscale", "GaussianBlur", "ToDtype",
         "Normalize", "Arithmetic",
-    ])
+    ])  # fmt: skip
     assert all(hasattr(T, name) for name in T.__all__)
+
+
+def test_sources_api():
+    assert sorted(sources.__all__) == sorted([
+        "Source", "WebDataset", "ImageFolder", "Index", "ShardIndex", "RawSample", "Reader", "Storage",
+        "LocalStorage", "Stat", "register_storage", "storage_for", "expand_urls", "split_key", "parse_label",
+        "IMG_EXTENSIONS",
+    ])  # fmt: skip
+    assert all(hasattr(sources, name) for name in sources.__all__)
+    assert gp.Source is sources.Source and gp.WebDataset is sources.WebDataset
+
+
+def test_testing_api():
+    assert sorted(testing.__all__) == ["encode_jpeg", "synthetic_image"]
+
+
+def test_moved_test_helpers_still_work_with_a_warning():
+    with pytest.warns(DeprecationWarning, match="gpupipe.synthetic_image moved to gpupipe.testing.synthetic_image"):
+        assert gp.synthetic_image is testing.synthetic_image
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        gp.nope  # noqa: B018
 
 
 def test_error_hierarchy():
     assert issubclass(gp.ConfigError, ValueError) and issubclass(gp.PipelineError, gp.ConfigError)
     assert issubclass(gp.UnsupportedTransformError, gp.PipelineError)
     assert issubclass(gp.SampleError, gp.DataError) and issubclass(gp.ShardError, gp.DataError)
-    assert issubclass(gp.BackendUnavailableError, RuntimeError)
-    for cls in (gp.ConfigError, gp.DataError, gp.BackendUnavailableError):
+    assert issubclass(gp.BackendUnavailableError, RuntimeError) and issubclass(gp.ClosedError, RuntimeError)
+    for cls in (gp.ConfigError, gp.DataError, gp.BackendUnavailableError, gp.ClosedError):
         assert issubclass(cls, gp.GpupipeError)
     err = gp.SampleError("msg", shard="s.tar", key="k")  # one positional message: survives worker re-raise
     assert (str(err), err.shard, err.key) == ("msg", "s.tar", "k")
 
 
-def test_importing_gpupipe_does_not_import_dali():
-    import subprocess
-    import sys
-
-    code = "import sys, gpupipe; from gpupipe import transforms; print('nvidia.dali' in sys.modules)"
-    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
+def test_importing_gpupipe_imports_no_backend_library():
+    code = (
+        "import sys, gpupipe; from gpupipe import transforms, sources, backends; backends.get('dali');"
+        "print('nvidia.dali' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import gpupipe as gp
+from gpupipe.testing import encode_jpeg, synthetic_image
 from gpupipe._cli import main
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
@@ -28,7 +29,7 @@ def test_make_shards_synthetic(tmp_path, capsys):
 def test_synthetic_is_deterministic():
     import numpy as np
 
-    np.testing.assert_array_equal(gp.synthetic_image(3, label=1), gp.synthetic_image(3, label=1))
+    np.testing.assert_array_equal(synthetic_image(3, label=1), synthetic_image(3, label=1))
 
 
 def test_make_shards_from_imagefolder(tmp_path, image_folder, capsys):

@@ -14,6 +14,7 @@ import torch
 from torchvision.transforms import v2
 
 import gpupipe as gp
+from gpupipe.testing import encode_jpeg, synthetic_image
 from gpupipe import transforms as T
 
 from .checkers import AddMult, check_backend_parity, run_dali
@@ -28,7 +29,7 @@ DEVICES = ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)]
 @pytest.fixture(scope="module")
 def photos() -> list[bytes]:
     """Photograph-like JPEGs of the sizes real photos have: 300–500 px shorter side, both orientations."""
-    return [gp.encode_jpeg(gp.synthetic_image(1000 + i, label=i)) for i in range(10)]
+    return [encode_jpeg(synthetic_image(1000 + i, label=i)) for i in range(10)]
 
 
 def png(array: np.ndarray) -> bytes:
@@ -132,10 +133,10 @@ class TestRandomSampling:
     """DALI draws its own random parameters: their distributions must match torchvision's."""
 
     def test_random_resized_crop_windows(self):
-        from gpupipe.backends._dali import decode_random_crop
+        from gpupipe.backends._dali._compiler import decode_random_crop
 
         h, w, n = 300, 400, 400
-        image = gp.encode_jpeg(gp.synthetic_image(5, size=(h, w)))
+        image = encode_jpeg(synthetic_image(5, size=(h, w)))
         t = T.RandomResizedCrop(224)
         crops = run_dali(None, [image] * n, graph=lambda enc, ctx: decode_random_crop(t, enc, ctx))
         ours = _sample_stats([tuple(c.shape[:2]) for c in crops], h, w)
@@ -158,7 +159,7 @@ class TestRandomSampling:
         assert abs(np.mean(flipped) - 0.3) < 0.07
 
     def test_grayscale_rate(self):
-        image = gp.synthetic_image(3, size=(16, 16))
+        image = synthetic_image(3, size=(16, 16))
         outs = run_dali([T.RandomGrayscale(p=0.3)], [png(image)] * 400)
         gray = [int((o.max(0).values.int() - o.min(0).values.int()).max()) <= 1 for o in outs]  # HSV rounding
         assert abs(np.mean(gray) - 0.3) < 0.07
@@ -225,7 +226,7 @@ class TestCompiler:
             gp.Loader(pipe, 2, backend="dali", device="cpu")
 
     def test_fusions(self):
-        from gpupipe.backends._dali import _fusable_tail
+        from gpupipe.backends._dali._compiler import _fusable_tail
 
         train = [T.RandomHorizontalFlip(), T.ToDtype(torch.float32, scale=True), T.Normalize(**IMAGENET)]
         assert _fusable_tail(train) == train
@@ -241,7 +242,7 @@ class TestIndexCache:
 
         path = str(tmp_path / "s-%d.tar")
         with gp.ShardWriter(path) as w:
-            w.write_all((f"k{i}", {"jpg": gp.encode_jpeg(gp.synthetic_image(i, size=(30, 30))), "cls": i})
+            w.write_all((f"k{i}", {"jpg": encode_jpeg(synthetic_image(i, size=(30, 30))), "cls": i})
                         for i in range(3))
         first = gp.WebDataset(w.shards).index().shards[0].dali_index
         with open(first) as f:
@@ -252,7 +253,7 @@ class TestIndexCache:
         assert again.shards[0].dali_index == first and again.read(2).label == 2
         monkeypatch.setattr(_sources, "scan_tar", real_scan)
         with gp.ShardWriter(path) as w2:  # same path, new content
-            w2.write_all((f"n{i}", {"jpg": gp.encode_jpeg(gp.synthetic_image(i, size=(30, 30))), "cls": 9})
+            w2.write_all((f"n{i}", {"jpg": encode_jpeg(synthetic_image(i, size=(30, 30))), "cls": 9})
                          for i in range(5))
         changed = gp.WebDataset(w2.shards).index()
         assert changed.shards[0].dali_index != first and len(changed) == 5 and changed.key(0) == "n0"

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import gpupipe as gp
+from gpupipe.testing import encode_jpeg, synthetic_image
 from gpupipe import _dist
 from gpupipe import transforms as T
 from gpupipe._plan import PlanSpec, rank_plan, rank_range, shard_permutation
@@ -203,7 +204,7 @@ class TestShuffleQuality:
     @pytest.fixture
     def one_class_per_shard(self, tmp_path):
         root = tmp_path
-        jpg = gp.encode_jpeg(gp.synthetic_image(0, size=(16, 16)))
+        jpg = encode_jpeg(synthetic_image(0, size=(16, 16)))
         with gp.ShardWriter(str(root / "c-%06d.tar"), max_count=self.PER_SHARD) as w:
             for c in range(self.SHARDS):
                 for i in range(self.PER_SHARD):
@@ -319,7 +320,7 @@ class TestWorkedExample:
 
     @pytest.fixture
     def ten(self, tmp_path):
-        jpg = gp.encode_jpeg(gp.synthetic_image(0, size=(24, 24)))
+        jpg = encode_jpeg(synthetic_image(0, size=(24, 24)))
         with gp.ShardWriter(str(tmp_path / "ten-%d.tar")) as w:
             for i in range(10):
                 w.write(f"s{i}", {"jpg": jpg, "cls": i})
@@ -370,7 +371,7 @@ class _Simulated(Source):
 class TestScale:
     def test_ten_thousand_shards_ten_million_samples(self, backend, tmp_path, clean_env):
         with gp.ShardWriter(str(tmp_path / "one-%d.tar")) as w:
-            w.write("x", {"jpg": gp.encode_jpeg(gp.synthetic_image(1, size=(32, 32))), "cls": 7})
+            w.write("x", {"jpg": encode_jpeg(synthetic_image(1, size=(32, 32))), "cls": 7})
         real = gp.WebDataset(w.shards).index().shards[0]
         sizes = np.random.default_rng(0).integers(500, 1501, size=10_000)
         assert 9_900_000 < sizes.sum() < 10_100_000

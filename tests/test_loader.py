@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import gpupipe as gp
+from gpupipe.testing import encode_jpeg, synthetic_image
 from gpupipe import transforms as T
 
 from .conftest import SHARD_SIZES, label_of
@@ -192,7 +193,7 @@ class TestEpoch:
         assert shapes[0] == (4, 3, 24, 24)
 
     def test_bad_sample_names_shard_and_key(self, backend, tmp_path):
-        good = gp.encode_jpeg(gp.synthetic_image(0, size=(40, 40)))
+        good = encode_jpeg(synthetic_image(0, size=(40, 40)))
         with gp.ShardWriter(str(tmp_path / "bad-%d.tar")) as w:
             w.write("ok", {"jpg": good, "cls": 0})
             w.write("broken", {"jpg": good[:200], "cls": 1})
@@ -202,7 +203,7 @@ class TestEpoch:
                 list(loader)
 
     def test_bad_label_names_shard_and_key(self, backend, tmp_path):
-        good = gp.encode_jpeg(gp.synthetic_image(0, size=(40, 40)))
+        good = encode_jpeg(synthetic_image(0, size=(40, 40)))
         with gp.ShardWriter(str(tmp_path / "lab-%d.tar")) as w:
             w.write("ok", {"jpg": good, "cls": 0})
             w.write("cat", {"jpg": good, "cls": "cat"})

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import gpupipe as gp
+from gpupipe.testing import encode_jpeg, synthetic_image
 from gpupipe._decode import decode_rgb
 from gpupipe.sources import split_key
 
@@ -26,7 +27,7 @@ def write_tar(path, members):
     return str(path)
 
 
-JPEG = gp.encode_jpeg(gp.synthetic_image(1, size=(20, 30)))
+JPEG = encode_jpeg(synthetic_image(1, size=(20, 30)))
 
 
 class TestWebDataset:
@@ -135,16 +136,16 @@ class TestImageFolder:
 
 class TestDecode:
     def image(self):
-        return gp.synthetic_image(3, size=(40, 56))
+        return synthetic_image(3, size=(40, 56))
 
     def test_jpeg_rgb(self):
-        out = decode_rgb(gp.encode_jpeg(self.image(), quality=95), shard="s", key="k")
+        out = decode_rgb(encode_jpeg(self.image(), quality=95), shard="s", key="k")
         assert out.shape == (3, 40, 56) and out.dtype == torch.uint8
         assert np.abs(out.permute(1, 2, 0).numpy().astype(int) - self.image()).mean() < 4
 
     @pytest.mark.parametrize("mode", ["L", "CMYK"])
     def test_grayscale_and_cmyk_come_out_rgb(self, mode):
-        out = decode_rgb(gp.encode_jpeg(self.image(), quality=95, mode=mode), shard="s", key="k")
+        out = decode_rgb(encode_jpeg(self.image(), quality=95, mode=mode), shard="s", key="k")
         assert out.shape == (3, 40, 56)
         if mode == "L":
             assert torch.equal(out[0], out[1]) and torch.equal(out[1], out[2])

@@ -1,48 +1,64 @@
-"""Backends: each lowers transform definitions through its own registry.
+"""Backends, in one table: each lowers transform definitions through its own registry and runs
+them with its own runner.
 
-- ``torch``: torchvision's functional kernels in DataLoader worker processes (CPU).
 - ``dali``: one NVIDIA DALI graph; nvJPEG and GPU operators with ``device="cuda"``, DALI's CPU
   operators with ``device="cpu"``.
+- ``torch``: torchvision's functional kernels in DataLoader worker processes.
+
+A backend is a module (or package) defining a :class:`Backend` instance named ``BACKEND``; adding
+one is that module plus an entry in :data:`TABLE`. Modules are imported on first use, so
+``import gpupipe`` imports no backend library.
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
-from .._errors import ConfigError
-from .._registry import Registry
+import torch
 
-__all__ = ["BACKENDS", "registry", "register_lowering", "resolve"]
+from .._errors import BackendUnavailableError, ConfigError
+from ._base import Backend, RawBatch, Runner, RunSpec
 
-BACKENDS = ("auto", "torch", "dali")
+__all__ = ["TABLE", "Backend", "Runner", "RunSpec", "RawBatch", "names", "get", "resolve", "register_lowering"]
+
+# name -> module defining BACKEND. backend="auto" picks the first available one, in this order,
+# that delivers to the requested device.
+TABLE: dict[str, str] = {
+    "dali": "gpupipe.backends._dali",
+    "torch": "gpupipe.backends._torch",
+}
+
+_loaded: dict[str, Backend] = {}
 
 
 def names() -> tuple[str, ...]:
-    """The backends' names."""
-    return BACKENDS[1:]
+    """The backends' names, in ``"auto"``'s order of preference."""
+    return tuple(TABLE)
 
 
-def registry(backend: str) -> Registry:
-    """The lowering registry of ``backend`` (imports that backend)."""
-    if backend == "torch":
-        from ._torch import LOWERINGS
+def get(name: str) -> Backend:
+    """The backend called ``name`` (imports its module, not its libraries)."""
+    if name not in TABLE:
+        raise ConfigError(f"backend must be one of {('auto', *TABLE)}, got {name!r}")
+    if name not in _loaded:
+        backend = importlib.import_module(TABLE[name]).BACKEND
+        if not isinstance(backend, Backend) or backend.name != name:
+            raise TypeError(f"{TABLE[name]}.BACKEND must be a gpupipe Backend named {name!r}, got {backend!r}")
+        _loaded[name] = backend
+    return _loaded[name]
 
-        return LOWERINGS
-    if backend == "dali":
-        from ._dali import LOWERINGS
 
-        return LOWERINGS
-    raise ConfigError(f"backend must be one of {BACKENDS[1:]}, got {backend!r}")
-
-
-def register_lowering(transform_type: type, *, backend: str) -> Any:
+def register_lowering(transform_type: type, *, backend: str, replace: bool = False) -> Any:
     """Decorator: registers ``fn`` as ``backend``'s lowering of ``transform_type``.
 
     The function's signature is the backend's: ``(transform, image [C, H, W] tensor, params)``
     for ``"torch"`` (``params`` from ``transform.make_params``, or None), ``(transform, node,
-    ctx)`` for ``"dali"`` (a DALI graph node in HWC layout; ``ctx.fn``, ``ctx.device``,
-    ``ctx.next_seed()``). For pure arithmetic, subclass ``transforms.Arithmetic`` instead: it
-    needs no lowering at all.
+    ctx)`` for ``"dali"`` (a DALI graph node in HWC layout; ``ctx.fn``, ``ctx.device``). For pure
+    arithmetic, subclass ``transforms.Arithmetic`` instead: it needs no lowering at all.
+
+    A type that already has a lowering on that backend (a built-in transform, or one registered
+    before) is refused unless ``replace=True``; a subclass of a built-in may register its own.
 
     Example:
         >>> @gp.register_lowering(Posterize, backend="torch")  # doctest: +SKIP
@@ -53,26 +69,33 @@ def register_lowering(transform_type: type, *, backend: str) -> Any:
 
     if not (isinstance(transform_type, type) and issubclass(transform_type, Transform)):
         raise ConfigError(f"register_lowering: transform_type must be a gpupipe Transform subclass, got {transform_type!r}")
-    return registry(backend).register(transform_type)
+    return get(backend).lowerings.register(transform_type, replace=replace)
 
 
-def resolve(backend: str, device: Any) -> tuple[str, str]:
-    """Picks ``(backend, device)`` for the requested values; ``"auto"``/``None`` pick the best present."""
-    import torch
+def resolve(name: str, device: str | torch.device | None) -> tuple[Backend, torch.device]:
+    """The backend and device for the requested ones: ``"auto"`` picks the first available backend
+    of the table that delivers to the device; ``None`` picks ``cuda`` when present, else ``cpu``;
+    ``"cuda"`` means this process's GPU (``LOCAL_RANK`` under torchrun).
 
-    if device is None:
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    dev = torch.device(device)
+    Raises:
+        BackendUnavailableError: the backend's libraries or the device are not present.
+    """
+    dev = torch.device(device if device is not None else "cuda" if torch.cuda.is_available() else "cpu")
     if dev.type == "cuda" and not torch.cuda.is_available():
-        from .._errors import BackendUnavailableError
-
-        raise BackendUnavailableError(f"Loader: device={device!r} but CUDA is not available")
-    if dev.type == "cuda" and dev.index is None:  # "cuda": this process's GPU (LOCAL_RANK under torchrun)
+        raise BackendUnavailableError(f"Loader: device={str(device)!r} but CUDA is not available")
+    if dev.type == "cuda" and dev.index is None:
         from .._dist import cuda_device
 
         dev = torch.device(cuda_device())
-    if backend == "auto":  # DALI-GPU where CUDA and DALI are present, else DALI-CPU, else torch
-        from ._dali_loader import dali_available
-
-        backend = "dali" if dali_available() else "torch"
-    return backend, str(dev)
+    if name == "auto":
+        for candidate in TABLE:
+            backend = get(candidate)
+            if dev.type in backend.devices and backend.available():
+                return backend, dev
+        raise BackendUnavailableError(f"Loader: no backend available for device {str(dev)!r}")
+    backend = get(name)
+    if not backend.available():
+        raise BackendUnavailableError(f"Loader: backend={name!r} needs {backend.requirement}")
+    if dev.type not in backend.devices:
+        raise BackendUnavailableError(f"Loader: backend={name!r} cannot deliver to {str(dev)!r}")
+    return backend, dev

@@ -13,34 +13,31 @@ Hand-off: the pipeline runs with DALI's dynamic executor, whose output buffers a
 counted; ``torch.from_dlpack`` takes a reference, so a batch the user holds is never overwritten
 by later iterations, and nothing is copied on the host. On the GPU the DLPack exchange makes the
 consumer's current CUDA stream wait for DALI's work.
+
+Lifecycle: the graph's input callback is a :class:`_Slot` that holds the running epoch's feed and
+nothing else, so no reference cycle runs through a pipeline: a pipeline is shut down (its threads
+joined) as soon as the runner drops it, by :meth:`DaliRunner.close` or when collected.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import weakref
+from collections.abc import Callable, Generator, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 import torch
 
-from .._errors import BackendUnavailableError, SampleError
-from .._plan import RankPlan
-from ..sources import Index, RawSample
-from ..transforms import Transform
-from ._dali import Ctx, check_pipeline, lower
+from ..._errors import ClosedError, SampleError
+from ..._plan import RankPlan
+from ...sources import Index, RawSample
+from .._base import RawBatch, RunSpec
+from ._compiler import Ctx, lower
 
-__all__ = ["DaliRunner", "dali_available"]
+__all__ = ["DaliRunner"]
 
 READ_THREADS = 4
-
-
-def dali_available() -> bool:
-    try:
-        import nvidia.dali  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 def epoch_seed(seed: int, epoch: int, rank: int) -> int:
@@ -48,8 +45,17 @@ def epoch_seed(seed: int, epoch: int, rank: int) -> int:
     return int(np.random.SeedSequence([seed & 0xFFFFFFFFFFFFFFFF, epoch, rank, 0xDA11]).generate_state(1)[0]) >> 1
 
 
-def _no_input(i: int) -> list[np.ndarray]:
-    raise StopIteration
+class _Slot:
+    """The graph's ``external_source`` callback: calls the running epoch's feed. It references no
+    runner or pipeline, so a pipeline holding it is never part of a reference cycle."""
+
+    def __init__(self) -> None:
+        self.feed: Callable[[int], list[np.ndarray]] | None = None
+
+    def __call__(self, i: int) -> list[np.ndarray]:
+        if self.feed is None:
+            raise StopIteration
+        return self.feed(i)
 
 
 class _Feeder:
@@ -58,7 +64,7 @@ class _Feeder:
     def __init__(self, index: Index, plan: RankPlan, ahead: int) -> None:
         self.index, self.plan, self.ahead = index, plan, ahead
         self._pool = ThreadPoolExecutor(max_workers=min(READ_THREADS, ahead), thread_name_prefix="gpupipe-read")
-        self._pending: dict[int, Future] = {}
+        self._pending: dict[int, Future[list[RawSample]]] = {}
         self._next = 0
         self.read: dict[int, list[RawSample]] = {}  # batches handed to DALI, not yet yielded
 
@@ -82,34 +88,35 @@ class _Feeder:
 
 
 class DaliRunner:
-    def __init__(self, index: Index, transforms: Sequence[Transform], *, device: str, rank: int, seed: int,
-                 batch_size: int, num_threads: int, prefetch: int, channels_last: bool = False) -> None:
-        if not dali_available():
-            raise BackendUnavailableError("backend='dali' needs NVIDIA DALI: pip install 'gpupipe[cuda12]' "
-                                          "(or [cuda13])")
-        check_pipeline(transforms)
-        self.index, self.transforms = index, tuple(transforms)
-        self.num_threads, self.prefetch, self.channels_last = max(1, num_threads), prefetch, channels_last
-        self.device, self.rank = torch.device(device), rank
-        self._feed: Any = _no_input  # the running epoch's input function
+    def __init__(self, spec: RunSpec) -> None:
+        self.index, self.transforms = spec.index, spec.transforms
+        self.num_threads, self.prefetch, self.channels_last = max(1, spec.workers), spec.prefetch, spec.channels_last
+        self.device, self.rank = spec.device, spec.rank
+        self._slot = _Slot()
+        self._running: weakref.WeakSet[Generator[RawBatch, None, None]] = weakref.WeakSet()
+        self._closed = False
         # Built now so that a graph DALI rejects fails when the loader is built; epoch 0 runs on it.
-        self._unused = (seed, 0, batch_size), self._build(epoch_seed(seed, 0, rank), batch_size=batch_size)
+        self._unused: tuple[Any, Any] = (
+            (spec.seed, 0, spec.batch_size),
+            self._build(epoch_seed(spec.seed, 0, spec.rank), batch_size=spec.batch_size),
+        )
 
     # -------------------------------------------------------------------- graph --
-    def _input(self, i: int) -> list[np.ndarray]:
-        return self._feed(i)
-
     def _build(self, seed: int, *, batch_size: int) -> Any:
         from nvidia.dali import Pipeline, fn, types
 
         gpu = self.device.type == "cuda"
-        pipe = Pipeline(batch_size=batch_size, num_threads=self.num_threads,
-                        device_id=(self.device.index or 0) if gpu else None, seed=seed,
-                        prefetch_queue_depth=self.prefetch, exec_dynamic=True)
+        pipe = Pipeline(
+            batch_size=batch_size,
+            num_threads=self.num_threads,
+            device_id=(self.device.index or 0) if gpu else None,
+            seed=seed,
+            prefetch_queue_depth=self.prefetch,
+            exec_dynamic=True,
+        )
         with pipe:
-            encoded = fn.external_source(source=self._input, batch=True, dtype=types.UINT8, ndim=1, name="encoded")
-            images = lower(self.transforms, encoded, Ctx("gpu" if gpu else "cpu", seed),
-                           channels_last=self.channels_last)
+            encoded = fn.external_source(source=self._slot, batch=True, dtype=types.UINT8, ndim=1, name="encoded")
+            images = lower(self.transforms, encoded, Ctx("gpu" if gpu else "cpu", seed), channels_last=self.channels_last)
             pipe.set_outputs(images)
         pipe.build()
         return pipe
@@ -119,13 +126,20 @@ class DaliRunner:
         (a pipeline's generators cannot be re-seeded, and a run leaves them advanced)."""
         key, pipe = self._unused
         self._unused = (None, None)
-        return pipe if key == (seed, epoch, batch_size) else self._build(epoch_seed(seed, epoch, self.rank),
-                                                                         batch_size=batch_size)
+        if key == (seed, epoch, batch_size):
+            return pipe
+        return self._build(epoch_seed(seed, epoch, self.rank), batch_size=batch_size)
 
     # --------------------------------------------------------------------- run --
-    def run(self, plan: RankPlan, start: int, epoch: int, seed: int
-            ) -> Iterator[tuple[torch.Tensor, torch.Tensor | None, list[str]]]:
+    def run(self, plan: RankPlan, start: int) -> Iterator[RawBatch]:
         """Yields batches ``start..plan.num_batches-1`` of the plan."""
+        if self._closed:
+            raise ClosedError("the DALI runner is closed")
+        gen = self._run(plan, start)
+        self._running.add(gen)
+        return gen
+
+    def _run(self, plan: RankPlan, start: int) -> Generator[RawBatch, None, None]:
         if start >= plan.num_batches:
             return
         feeder = _Feeder(self.index, plan, ahead=self.prefetch + 2)
@@ -137,18 +151,28 @@ class DaliRunner:
             return [np.frombuffer(raw.data, np.uint8) for raw in feeder.get(b)]
 
         try:
-            pipe = self._pipeline(seed, epoch, plan.batch_size)
-            self._feed = feed
+            pipe = self._pipeline(plan.seed, plan.epoch, plan.batch_size)
+            self._slot.feed = feed
             for b in range(start, plan.num_batches):
                 try:
                     (images,) = pipe.run()
                 except RuntimeError as e:
                     raise self._locate_bad_sample(e, plan, b) from e
                 raws = feeder.read.pop(b)
-                yield self._to_torch(images), self._labels(raws), [r.key for r in raws]
+                yield RawBatch(self._to_torch(images), self._labels(raws), [r.key for r in raws])
         finally:
-            self._feed = _no_input
+            self._slot.feed = None
             feeder.close()
+
+    def close(self) -> None:
+        """Stops an unfinished epoch and drops the pipelines, which shuts them down."""
+        self._closed = True
+        for gen in list(self._running):
+            try:
+                gen.close()
+            except ValueError:  # closed from inside its own iteration: it ends when it returns
+                pass
+        self._unused = (None, None)
 
     def _labels(self, raws: list[RawSample]) -> torch.Tensor | None:
         if not self.index.labeled:
@@ -164,10 +188,10 @@ class DaliRunner:
         """DALI's errors do not name the sample. The failing one is in this batch or in one DALI
         was already preparing (``prefetch`` ahead): decode those with gpupipe's own decoder and
         name the first that fails."""
-        from .._decode import decode_rgb
+        from ..._decode import decode_rgb
 
-        detail = str(error).strip().splitlines() or ["(no message)"]
-        detail = next((line for line in reversed(detail) if "failure" in line or "rror" in line), detail[0])[:300]
+        lines = str(error).strip().splitlines() or ["(no message)"]
+        detail = next((line for line in reversed(lines) if "failure" in line or "rror" in line), lines[0])[:300]
         for b in range(batch, min(plan.num_batches, batch + self.prefetch + 1)):
             for s in plan.batch(b)[0]:
                 raw = self.index.read(int(s))
@@ -175,5 +199,7 @@ class DaliRunner:
                     decode_rgb(raw.data, shard=raw.shard, key=raw.key)
                 except SampleError as bad:
                     return SampleError(f"{bad} (DALI: {detail})", shard=bad.shard, key=bad.key)
-        return SampleError(f"DALI failed on batch {batch} (or one of the {self.prefetch} after it), whose samples "
-                           f"gpupipe's decoder reads fine: {detail}")
+        return SampleError(
+            f"DALI failed on batch {batch} (or one of the {self.prefetch} after it), whose samples "
+            f"gpupipe's decoder reads fine: {detail}"
+        )

@@ -23,11 +23,10 @@ from typing import Any
 
 import torch
 
-from .. import transforms as T
-from .._errors import UnsupportedTransformError
-from .._registry import Registry
+from ... import transforms as T
+from ..._registry import Registry
 
-__all__ = ["LOWERINGS", "Ctx", "lower", "check_pipeline"]
+__all__ = ["LOWERINGS", "Ctx", "lower"]
 
 LOWERINGS = Registry("dali")
 
@@ -66,16 +65,6 @@ class Ctx:
         from nvidia.dali import types
 
         return types
-
-
-def check_pipeline(transforms: Sequence[T.Transform]) -> None:
-    """Raises UnsupportedTransformError, naming the transform, before anything is built."""
-    for i, t in enumerate(transforms):
-        check = LOWERINGS.lookup(t, i)
-        unsupported = getattr(check, "unsupported", None)
-        reason = unsupported(t) if unsupported else None
-        if reason:
-            raise UnsupportedTransformError(f"the dali backend cannot run {t!r} (pipeline step {i}): {reason}")
 
 
 def _interp(ctx: Ctx, mode: T.InterpolationMode) -> Any:
@@ -238,7 +227,7 @@ def _random_crop_unsupported(t: T.RandomCrop) -> str | None:
     return None
 
 
-@LOWERINGS.register(T.RandomCrop)
+@LOWERINGS.register(T.RandomCrop, unsupported=_random_crop_unsupported)
 def _random_crop(t: T.RandomCrop, img: Any, ctx: Ctx) -> Any:
     from nvidia.dali import math as dmath
 
@@ -259,9 +248,6 @@ def _random_crop(t: T.RandomCrop, img: Any, ctx: Ctx) -> Any:
 
     fill = list(t.fill) if isinstance(t.fill, tuple) else float(t.fill)
     return _slice(ctx, img, axis(h, top, bottom, ch), axis(w, left, right, cw), ch, cw, fill)
-
-
-_random_crop.unsupported = _random_crop_unsupported
 
 
 @LOWERINGS.register(T.RandomHorizontalFlip)
@@ -305,7 +291,13 @@ def _gaussian_blur(t: T.GaussianBlur, img: Any, ctx: Ctx) -> Any:
     return ctx.fn.gaussian_blur(img, device=ctx.device, window_size=[ky, kx], sigma=sigma)
 
 
-@LOWERINGS.register(T.ToDtype)
+def _to_dtype_unsupported(t: T.ToDtype) -> str | None:
+    if t.dtype == torch.bfloat16:
+        return "DALI has no bfloat16; use ToDtype(torch.float16) or convert the batch in torch"
+    return None
+
+
+@LOWERINGS.register(T.ToDtype, unsupported=_to_dtype_unsupported)
 def _to_dtype(t: T.ToDtype, img: Any, ctx: Ctx) -> Any:
     from nvidia.dali import math as dmath
 
@@ -318,10 +310,6 @@ def _to_dtype(t: T.ToDtype, img: Any, ctx: Ctx) -> Any:
     elif t.scale and dst_int and not src_int:  # torchvision: floor(x * (256 - 1e-3)), saturated
         img = dmath.clamp(dmath.floor(img * (255.0 + 1.0 - 1e-3)), 0.0, 255.0)
     return fn.cast(img, device=ctx.device, dtype=target)
-
-
-_to_dtype.unsupported = lambda t: ("DALI has no bfloat16; use ToDtype(torch.float16) or convert the batch in torch"
-                                   if t.dtype == torch.bfloat16 else None)
 
 
 @LOWERINGS.register(T.Normalize)

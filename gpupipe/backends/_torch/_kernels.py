@@ -1,4 +1,4 @@
-"""The torch backend: torchvision's functional kernels, one sample at a time, in worker processes.
+"""The torch backend's lowerings: torchvision's functional kernels, one sample at a time.
 
 Each lowering is a pure kernel ``(transform, image [C, H, W], params) -> image``; the parameters
 come from :meth:`Transform.make_params`, drawn in :func:`apply_pipeline` and nowhere else. For the
@@ -14,24 +14,18 @@ import torch
 from torchvision.transforms import InterpolationMode as TVInterpolation
 from torchvision.transforms.v2 import functional as F
 
-from .. import transforms as T
-from .._registry import Registry
-from ..transforms._color import BlurParams, ColorJitterParams, GrayscaleParams
-from ..transforms._geometry import CropParams, FlipParams, RandomCropParams
+from ... import transforms as T
+from ..._registry import Registry
+from ...transforms._color import BlurParams, ColorJitterParams, GrayscaleParams
+from ...transforms._geometry import CropParams, FlipParams, RandomCropParams
 
-__all__ = ["LOWERINGS", "apply_pipeline", "check_pipeline"]
+__all__ = ["LOWERINGS", "apply_pipeline"]
 
 LOWERINGS = Registry("torch")
 
 
 def _interp(mode: T.InterpolationMode) -> TVInterpolation:
     return TVInterpolation(mode.value)
-
-
-def check_pipeline(transforms: Sequence[T.Transform]) -> None:
-    """Raises UnsupportedTransformError, naming the transform, if one has no torch lowering."""
-    for i, t in enumerate(transforms):
-        LOWERINGS.lookup(t, i)
 
 
 def apply_pipeline(transforms: Sequence[T.Transform], image: torch.Tensor, rng: random.Random) -> torch.Tensor:
@@ -113,7 +107,6 @@ def _normalize(t: T.Normalize, img: torch.Tensor, _: None) -> torch.Tensor:
     mean = list(t.mean) * channels if len(t.mean) == 1 else list(t.mean)
     std = list(t.std) * channels if len(t.std) == 1 else list(t.std)
     return F.normalize(img, mean, std)
-
 
 
 @LOWERINGS.register(T.Arithmetic)

@@ -1,0 +1,88 @@
+"""What every backend provides: a :class:`Backend` (availability, lowerings, a runner factory) and
+its :class:`Runner` (runs epoch plans, then is closed)."""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from collections.abc import Iterator, Sequence
+from typing import ClassVar, NamedTuple, Protocol
+
+import torch
+
+from .._plan import RankPlan
+from .._registry import Registry
+from ..sources import Index
+from ..transforms import Transform
+
+__all__ = ["Backend", "Runner", "RunSpec", "RawBatch"]
+
+
+class RawBatch(NamedTuple):
+    """What a runner yields per batch; the loader adds the validity mask."""
+
+    images: torch.Tensor  # [B, C, H, W] on the loader's device (channels-last storage if asked)
+    labels: torch.Tensor | None  # [B] int64 on the loader's device; None for unlabeled sources
+    keys: list[str]
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSpec:
+    """Everything a runner is built from: the data, the transforms, and where and how to run."""
+
+    index: Index
+    transforms: tuple[Transform, ...]
+    device: torch.device
+    batch_size: int
+    workers: int  # worker processes (torch) or CPU threads (DALI)
+    prefetch: int
+    channels_last: bool
+    rank: int
+    seed: int  # the loader's seed when built; each plan carries the seed it was drawn for
+
+
+class Runner(Protocol):
+    """Runs one backend's compiled pipeline over epoch plans."""
+
+    def run(self, plan: RankPlan, start: int) -> Iterator[RawBatch]:
+        """Yields batches ``start .. plan.num_batches - 1`` of ``plan``, exactly its samples in its
+        order; augmentation is seeded from ``plan.seed`` and ``plan.epoch``. An iteration left
+        unfinished is abandoned when its iterator is closed or dropped."""
+        ...
+
+    def close(self) -> None:
+        """Ends every process, thread and pipeline the runner started; idempotent."""
+        ...
+
+
+class Backend(abc.ABC):
+    """One way of running pipelines. A backend module defines a subclass and an instance named
+    ``BACKEND``; one entry in the table of :mod:`gpupipe.backends` makes it selectable.
+
+    Attributes:
+        name: what users pass as ``Loader(backend=...)``.
+        devices: the device types it delivers batches to.
+        requirement: what to install when it is not available.
+        lowerings: transform type → lowering function, for this backend.
+    """
+
+    name: ClassVar[str]
+    devices: ClassVar[tuple[str, ...]] = ("cpu", "cuda")
+    requirement: ClassVar[str] = ""
+    lowerings: ClassVar[Registry]
+
+    def available(self) -> bool:
+        """Whether the backend's libraries are installed (cheap; imports them at most once)."""
+        return True
+
+    def check(self, transforms: Sequence[Transform]) -> None:
+        """Raises UnsupportedTransformError, naming the step, if a transform (or one of its options)
+        cannot run on this backend: before any data is read."""
+        self.lowerings.check(transforms)
+
+    @abc.abstractmethod
+    def runner(self, spec: RunSpec) -> Runner:
+        """A runner for ``spec`` (its transforms already checked)."""
+
+    def __repr__(self) -> str:
+        return f"<gpupipe backend {self.name!r}>"

@@ -1,0 +1,178 @@
+"""Lifecycle: close(), ``with``, and loaders dropped without closing — nothing they started (worker
+processes, threads, DALI pipelines, shard files) outlives them, with the garbage collector off
+(so that a reference cycle would show as a leak) and at interpreter exit."""
+
+from __future__ import annotations
+
+import gc
+import multiprocessing
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+
+import gpupipe as gp
+from gpupipe import transforms as T
+
+ROOT = os.path.join(os.path.dirname(__file__), "..")
+
+
+def val(source):
+    return gp.Pipeline(source, [T.Resize(24), T.CenterCrop(16), T.ToDtype(torch.float32, scale=True)])
+
+
+def resources() -> dict[str, int]:
+    """What this process holds: OS threads (DALI's are not Python threads), open descriptors, child
+    processes, and DALI pipelines not yet shut down."""
+    counts = {
+        "threads": len(os.listdir("/proc/self/task")),
+        "fds": len(os.listdir("/proc/self/fd")),
+        "children": len(multiprocessing.active_children()),
+    }
+    if "nvidia.dali" in sys.modules:
+        from nvidia.dali import Pipeline
+
+        counts["dali_pipelines"] = len(Pipeline._pipes)
+    return counts
+
+
+def settled(limit: dict[str, int] | None = None, timeout: float = 10.0) -> dict[str, int]:
+    """The resource counts once they stop falling (threads and processes take a moment to end),
+    or, with ``limit``, as soon as none is above it (up to ``timeout``)."""
+    deadline, last, still = time.monotonic() + timeout, resources(), 0
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+        now = resources()
+        if limit is not None and all(now[k] <= limit.get(k, 0) for k in now):
+            return now
+        still = still + 1 if now == last else 0
+        if limit is None and still >= 6:
+            return now
+        last = now
+    return last
+
+
+@pytest.fixture
+def gc_off():
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+CASES = [("torch", 0), ("torch", 2), ("dali", 2)]
+
+
+@pytest.mark.parametrize("backend, workers", CASES)
+@pytest.mark.parametrize("how", ["close", "with", "drop", "drop_mid_epoch"])
+def test_loaders_do_not_accumulate(shards, gc_off, backend, workers, how):
+    if backend == "dali":
+        pytest.importorskip("nvidia.dali")
+
+    def cycle():
+        loader = gp.Loader(val(shards), 4, shuffle=True, seed=1, backend=backend, device="cpu", num_workers=workers)
+        if how == "with":
+            with loader:
+                assert len(list(loader)) == 4
+            assert loader.closed
+        elif how == "close":
+            it = iter(loader)
+            next(it)  # an epoch left unfinished
+            loader.close()
+        elif how == "drop":
+            list(loader)
+            del loader
+        else:
+            it = iter(loader)
+            next(it)
+            del it, loader
+
+    cycle()  # warm up: pools that torch and DALI create once per process
+    before = settled()
+    for _ in range(4):
+        cycle()
+    after = settled(before)
+    assert all(after[k] <= before[k] for k in before), (before, after)
+
+
+@pytest.mark.parametrize("backend, workers", CASES)
+def test_close_ends_workers_and_is_idempotent(shards, backend, workers):
+    if backend == "dali":
+        pytest.importorskip("nvidia.dali")
+    loader = gp.Loader(val(shards), 4, backend=backend, device="cpu", num_workers=workers)
+    it = iter(loader)
+    next(it)
+    if workers and backend == "torch":
+        assert len(multiprocessing.active_children()) == workers
+    loader.close()
+    loader.close()
+    assert loader.closed and multiprocessing.active_children() == []
+    with pytest.raises(gp.ClosedError, match="closed during an epoch"):
+        next(it)  # the unfinished epoch does not end quietly, as if it were short
+    with pytest.raises(gp.ClosedError, match="closed"):
+        iter(loader)
+
+
+def test_a_failed_build_leaves_nothing_open(shards):
+    pytest.importorskip("nvidia.dali")
+    before = settled()
+    with pytest.raises(gp.UnsupportedTransformError):
+        gp.Loader(gp.Pipeline(shards, [T.RandomCrop(16, padding=2, padding_mode="reflect")]), 2, backend="dali",
+                  device="cpu")
+    after = settled(before)
+    assert all(after[k] <= before[k] for k in before), (before, after)
+
+
+@pytest.mark.parametrize("backend", ["torch", "dali"])
+def test_an_unclosed_loader_is_released_at_exit(shards, backend):
+    """A script that never closes its loader (workers running, an epoch unfinished) exits promptly."""
+    if backend == "dali":
+        pytest.importorskip("nvidia.dali")
+    code = textwrap.dedent(f"""
+        import torch, gpupipe as gp
+        from gpupipe import transforms as T
+        pipe = gp.Pipeline({shards!r}, [T.Resize(24), T.CenterCrop(16), T.ToDtype(torch.float32, scale=True)])
+        loader = gp.Loader(pipe, 2, backend={backend!r}, device="cpu", num_workers=2)
+        batches = iter(loader)
+        next(batches)
+        print("ok", flush=True)
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
+
+
+def test_a_dropped_dali_runner_frees_its_pipelines(shards, gc_off):
+    """No reference cycle runs through a DALI pipeline: a runner dropped without close() (after
+    an epoch, and mid-epoch) frees its pipelines by reference counting alone."""
+    pytest.importorskip("nvidia.dali")
+    from nvidia.dali import Pipeline
+
+    from gpupipe import backends
+    from gpupipe._plan import PlanSpec, rank_plan
+
+    index = gp.WebDataset(shards).index()
+    transforms = val(shards).transforms
+    spec = backends.RunSpec(index=index, transforms=transforms, device=torch.device("cpu"), batch_size=4, workers=1,
+                            prefetch=2, channels_last=False, rank=0, seed=0)
+    plan = rank_plan(index.shard_sizes, PlanSpec(16, 1, 4, False, False, 1, 1), sequential=True, seed=0, epoch=1, rank=0)
+    before = len(Pipeline._pipes)
+    runner = backends.get("dali").runner(spec)
+    assert len(Pipeline._pipes) == before + 1  # built with the runner, held by it
+    del runner
+    assert len(Pipeline._pipes) == before
+    runner = backends.get("dali").runner(spec)
+    assert len(list(runner.run(plan, 0))) == 4  # epoch 1 runs on a second pipeline
+    del runner
+    assert len(Pipeline._pipes) == before
+    runner = backends.get("dali").runner(spec)
+    batches = runner.run(plan, 0)
+    next(batches)
+    del runner, batches
+    assert len(Pipeline._pipes) == before
+    index.close()
