@@ -1,16 +1,30 @@
-"""Reusable checkers for transforms and backends."""
+"""Reusable checkers for transforms and backends, and the small pipelines the tests share."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from typing import Any
 
 import torch
 
-import dataclasses
-
+import gpupipe as gp
 from gpupipe import transforms as T
 from gpupipe.backends._torch._kernels import LOWERINGS
+
+
+def val(source, size=16):
+    """A small evaluation pipeline: deterministic, fixed output ``[3, size, size]`` float32."""
+    return gp.Pipeline(source, [T.Resize(24), T.CenterCrop(size), T.ToDtype(torch.float32, scale=True)])
+
+
+def yielded(loader):
+    """One epoch as ``[(keys, valid), ...]``."""
+    return [(b.keys, b.valid.tolist()) for b in loader]
+
+
+def all_keys(index):
+    return [index.key(i) for i in range(len(index))]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,6 +16,7 @@ from gpupipe.testing import encode_jpeg, synthetic_image
 
 SHARD_SIZES = (7, 5, 4)  # uneven on purpose
 UNEVEN_SIZES = (7, 2, 5, 3)
+DIST_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID")
 
 
 def label_of(i: int) -> int:
@@ -84,6 +85,14 @@ def photo() -> torch.Tensor:
 
     data = encode_jpeg(synthetic_image(7, label=3, size=(120, 160)))
     return decode_rgb(data, shard="-", key="photo")
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    """No rank variables of torchrun or SLURM in the environment."""
+    for name in DIST_ENV:
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch
 
 
 @pytest.fixture

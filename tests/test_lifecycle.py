@@ -66,17 +66,11 @@ def gc_off():
         gc.enable()
 
 
-CASES = [("torch", 0), ("torch", 2), ("dali", 2)]
-
-
-@pytest.mark.parametrize("backend, workers", CASES)
+@pytest.mark.parametrize("workers", [0, 2])
 @pytest.mark.parametrize("how", ["close", "with", "drop", "drop_mid_epoch"])
 def test_loaders_do_not_accumulate(shards, gc_off, backend, workers, how):
-    if backend == "dali":
-        pytest.importorskip("nvidia.dali")
-
     def cycle():
-        loader = gp.Loader(val(shards), 4, shuffle=True, seed=1, backend=backend, device="cpu", num_workers=workers)
+        loader = backend.loader(val(shards), 4, shuffle=True, seed=1, num_workers=workers)
         if how == "with":
             with loader:
                 assert len(list(loader)) == 4
@@ -101,14 +95,12 @@ def test_loaders_do_not_accumulate(shards, gc_off, backend, workers, how):
     assert all(after[k] <= before[k] for k in before), (before, after)
 
 
-@pytest.mark.parametrize("backend, workers", CASES)
+@pytest.mark.parametrize("workers", [0, 2])
 def test_close_ends_workers_and_is_idempotent(shards, backend, workers):
-    if backend == "dali":
-        pytest.importorskip("nvidia.dali")
-    loader = gp.Loader(val(shards), 4, backend=backend, device="cpu", num_workers=workers)
+    loader = backend.loader(val(shards), 4, num_workers=workers)
     it = iter(loader)
     next(it)
-    if workers and backend == "torch":
+    if workers and backend.backend == "torch":
         assert len(multiprocessing.active_children()) == workers
     loader.close()
     loader.close()
@@ -129,16 +121,13 @@ def test_a_failed_build_leaves_nothing_open(shards):
     assert all(after[k] <= before[k] for k in before), (before, after)
 
 
-@pytest.mark.parametrize("backend", ["torch", "dali"])
 def test_an_unclosed_loader_is_released_at_exit(shards, backend):
     """A script that never closes its loader (workers running, an epoch unfinished) exits promptly."""
-    if backend == "dali":
-        pytest.importorskip("nvidia.dali")
     code = textwrap.dedent(f"""
         import torch, gpupipe as gp
         from gpupipe import transforms as T
         pipe = gp.Pipeline({shards!r}, [T.Resize(24), T.CenterCrop(16), T.ToDtype(torch.float32, scale=True)])
-        loader = gp.Loader(pipe, 2, backend={backend!r}, device="cpu", num_workers=2)
+        loader = gp.Loader(pipe, 2, backend={backend.backend!r}, device={backend.device!r}, num_workers=2)
         batches = iter(loader)
         next(batches)
         print("ok", flush=True)

@@ -13,6 +13,7 @@ import gpupipe as gp
 from gpupipe.testing import encode_jpeg, synthetic_image
 from gpupipe import transforms as T
 
+from .checkers import AddMult
 from .conftest import SHARD_SIZES, label_of
 
 N = sum(SHARD_SIZES)
@@ -25,11 +26,6 @@ def small_train(source, size=32):
 
 def small_val(source, size=32):
     return gp.Pipeline(source, [T.Resize(40), T.CenterCrop(size), T.ToDtype(torch.float32, scale=True)])
-
-
-def make(backend, *args, **kwargs):
-    kwargs.setdefault("device", "cpu")
-    return gp.Loader(*args, backend=backend, **kwargs)
 
 
 def collect(loader):
@@ -78,6 +74,9 @@ class TestPipeline:
 
 
 class TestLoaderArguments:
+    """Each option's validation is tested on LoaderConfig (tests/test_config.py); these go through
+    the Loader."""
+
     @pytest.mark.parametrize("kwargs, match", [
         (dict(batch_size=0), "batch_size"), (dict(batch_size=2, shuffle=1), "shuffle"),
         (dict(batch_size=2, seed=1.5), "seed"), (dict(batch_size=2, backend="tensorflow"), "backend"),
@@ -103,13 +102,12 @@ class TestLoaderArguments:
             gp.Loader(small_val(shards), 2, True)
 
 
-@pytest.mark.parametrize("backend", ["torch", "dali"])
 class TestEpoch:
-    """Epoch semantics, the same on every backend (DALI runs on its CPU operators here)."""
+    """Epoch semantics, the same on every backend of the table (DALI runs on its CPU operators here)."""
 
     @pytest.mark.parametrize("num_workers", [0, 2])
     def test_every_sample_once_in_order(self, backend, shards, num_workers):
-        loader = make(backend, small_val(shards), 5, num_workers=num_workers)
+        loader = backend.loader(small_val(shards), 5, num_workers=num_workers)
         keys, labels, shapes = collect(loader)
         index = loader.index
         assert keys == [index.key(i) for i in range(N)]  # shard order, then member order
@@ -124,7 +122,7 @@ class TestEpoch:
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # drop_last with fewer samples than a batch warns
-            loader = make(backend, small_val(shards), batch_size, drop_last=drop_last, shuffle=True, seed=1,
+            loader = backend.loader(small_val(shards), batch_size, drop_last=drop_last, shuffle=True, seed=1,
                                num_workers=0)
         keys, _, shapes = collect(loader)
         assert len(shapes) == len(loader)
@@ -135,10 +133,10 @@ class TestEpoch:
 
     def test_drop_last_with_too_few_samples_warns(self, backend, shards):
         with pytest.warns(UserWarning, match="every epoch is empty"):
-            make(backend, small_val(shards), 100, drop_last=True, num_workers=0)
+            backend.loader(small_val(shards), 100, drop_last=True, num_workers=0)
 
     def test_labels_follow_samples_when_shuffled(self, backend, shards):
-        loader = make(backend, small_train(shards), 4, shuffle=True, seed=3, num_workers=2)
+        loader = backend.loader(small_train(shards), 4, shuffle=True, seed=3, num_workers=2)
         keys, labels, _ = collect(loader)
         number = {loader.index.key(i): i for i in range(N)}
         assert labels == [label_of(number[k]) for k in keys]
@@ -146,7 +144,7 @@ class TestEpoch:
 
     def test_set_epoch_changes_order_and_seed_repeats_it(self, backend, shards):
         def order(seed, epoch):
-            loader = make(backend, small_val(shards), 4, shuffle=True, seed=seed, num_workers=0)
+            loader = backend.loader(small_val(shards), 4, shuffle=True, seed=seed, num_workers=0)
             loader.set_epoch(epoch)
             return collect(loader)[0]
 
@@ -156,7 +154,7 @@ class TestEpoch:
         assert order(6, 0) != e0
 
     def test_shuffle_is_two_level_on_shards(self, backend, shards):
-        loader = make(backend, small_val(shards), 4, shuffle=True, seed=0, shuffle_buffer=1, interleave=1,
+        loader = backend.loader(small_val(shards), 4, shuffle=True, seed=0, shuffle_buffer=1, interleave=1,
                       num_workers=0)
         orders = {tuple(loader.plan(e).samples) for e in range(12)}
         bounds = np.cumsum((0,) + SHARD_SIZES)
@@ -166,10 +164,10 @@ class TestEpoch:
         assert len(orders) > 1
 
     def test_augmentation_reproducible_across_worker_counts(self, backend, shards):
-        if backend == "dali":
+        if backend.backend == "dali":
             pytest.skip("DALI draws augmentation parameters with its own generators, per pipeline")
         def images(workers, epoch=0):
-            loader = make(backend, small_train(shards), 8, shuffle=True, seed=11, num_workers=workers)
+            loader = backend.loader(small_train(shards), 8, shuffle=True, seed=11, num_workers=workers)
             loader.set_epoch(epoch)
             return torch.cat([b[0] for b in loader])
 
@@ -178,14 +176,14 @@ class TestEpoch:
         assert not torch.equal(a, images(0, epoch=1))
 
     def test_unlabeled_batches_have_no_labels(self, backend, unlabeled_shards):
-        loader = make(backend, small_val(gp.WebDataset(unlabeled_shards, label=None)), 2, num_workers=0)
+        loader = backend.loader(small_val(gp.WebDataset(unlabeled_shards, label=None)), 2, num_workers=0)
         batches = list(loader)
         assert all(b.labels is None and b.valid.all() for b in batches)
         assert [images.shape[0] for images, _ in batches] == [2, 2, 1]
         assert [k for b in batches for k in b.keys] == [loader.index.key(i) for i in range(5)]
 
     def test_image_folder(self, backend, image_folder):
-        loader = make(backend, small_val(gp.ImageFolder(image_folder), size=24), 4, shuffle=True, seed=0, num_workers=2)
+        loader = backend.loader(small_val(gp.ImageFolder(image_folder), size=24), 4, shuffle=True, seed=0, num_workers=2)
         keys, labels, shapes = collect(loader)
         index = loader.index
         truth = {index.key(i): index.read(i).label for i in range(len(index))}
@@ -198,7 +196,7 @@ class TestEpoch:
             w.write("ok", {"jpg": good, "cls": 0})
             w.write("broken", {"jpg": good[:200], "cls": 1})
         for workers in (0, 1):
-            loader = make(backend, small_val(w.shards), 2, num_workers=workers)
+            loader = backend.loader(small_val(w.shards), 2, num_workers=workers)
             with pytest.raises(Exception, match=r"'broken' in shard '.*bad-0\.tar'"):
                 list(loader)
 
@@ -208,11 +206,38 @@ class TestEpoch:
             w.write("ok", {"jpg": good, "cls": 0})
             w.write("cat", {"jpg": good, "cls": "cat"})
         with pytest.raises(Exception, match=r"label of sample 'cat' in shard '.*lab-0\.tar' is not an ASCII integer"):
-            list(make(backend, small_val(w.shards), 2, num_workers=0))
+            list(backend.loader(small_val(w.shards), 2, num_workers=0))
 
     def test_batch_object(self, backend, shards):
-        batch = next(iter(make(backend, small_val(shards), 3, num_workers=0)))
+        batch = next(iter(backend.loader(small_val(shards), 3, num_workers=0)))
         images, labels = batch
         assert batch.images is images and batch.labels is labels and len(batch.keys) == 3
         assert images.dtype == torch.float32 and labels.dtype == torch.int64
         assert batch.valid.dtype == torch.bool and batch.valid.tolist() == [True] * 3
+
+
+class TestHandOff:
+    def test_channels_last(self, backend, shards):
+        pipe = gp.Pipeline(shards, [T.Resize(40), T.CenterCrop(32), T.ToDtype(torch.float32, scale=True)])
+        a = torch.cat([b[0] for b in backend.loader(pipe, 4)])
+        loader = backend.loader(pipe, 4, memory_format=torch.channels_last)
+        batches = [b[0] for b in loader]
+        assert all(b.is_contiguous(memory_format=torch.channels_last) and b.shape[1] == 3 for b in batches)
+        torch.testing.assert_close(torch.cat(batches), a)
+
+    def test_device(self, backend, shards):
+        images, labels = next(iter(backend.loader(small_val(shards), 4, num_workers=0)))
+        device = torch.device(backend.device)
+        assert images.device.type == labels.device.type == device.type
+
+
+class TestArithmetic:
+    """A user transform written once runs on every backend."""
+
+    def test_in_a_loader(self, backend, shards):
+        base = [T.CenterCrop(16), T.ToDtype(torch.float32, scale=True)]
+        plain, _ = next(iter(backend.loader(gp.Pipeline(shards, base), 4)))
+        pipe = gp.Pipeline(shards, base + [AddMult(add=-0.5, mult=2.0)])
+        images, _ = next(iter(backend.loader(pipe, 4)))
+        assert images.dtype == torch.float32
+        torch.testing.assert_close(images, (plain - 0.5) * 2.0)

@@ -167,3 +167,26 @@ class TestDecode:
         with pytest.raises(gp.SampleError, match="'k7'.*'shard-3.tar'") as info:
             decode_rgb(data, shard="shard-3.tar", key="k7")
         assert (info.value.shard, info.value.key) == ("shard-3.tar", "k7")
+
+
+class TestIndexCache:
+    def test_written_once_reused_and_rebuilt_when_the_shard_changes(self, tmp_path, monkeypatch):
+        from gpupipe.sources import _webdataset as _sources
+
+        path = str(tmp_path / "s-%d.tar")
+        with gp.ShardWriter(path) as w:
+            w.write_all((f"k{i}", {"jpg": encode_jpeg(synthetic_image(i, size=(30, 30))), "cls": i})
+                        for i in range(3))
+        first = gp.WebDataset(w.shards).index().shards[0].dali_index
+        with open(first) as f:
+            assert f.readline() == "v1.2 3\n"
+        real_scan = _sources.scan_tar
+        monkeypatch.setattr(_sources, "scan_tar", lambda *a: pytest.fail("an unchanged shard was re-read"))
+        again = gp.WebDataset(w.shards).index()
+        assert again.shards[0].dali_index == first and again.read(2).label == 2
+        monkeypatch.setattr(_sources, "scan_tar", real_scan)
+        with gp.ShardWriter(path) as w2:  # same path, new content
+            w2.write_all((f"n{i}", {"jpg": encode_jpeg(synthetic_image(i, size=(30, 30))), "cls": 9})
+                         for i in range(5))
+        changed = gp.WebDataset(w2.shards).index()
+        assert changed.shards[0].dali_index != first and len(changed) == 5 and changed.key(0) == "n0"

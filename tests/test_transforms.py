@@ -300,6 +300,10 @@ class TestArithmetic:
         with pytest.raises(gp.PipelineError, match="needs a float image"):
             AddMult().output_spec(T.ImageSpec())
 
+    def test_needs_float_input_in_a_pipeline(self, shards):
+        with pytest.raises(gp.PipelineError, match="AddMult: needs a float image"):
+            gp.Pipeline(shards, [AddMult(add=1.0)])
+
     def test_apply_is_required(self, photo):
         with pytest.raises(NotImplementedError, match="apply"):
             T.Arithmetic().apply(photo)

@@ -1,0 +1,51 @@
+"""A third backend, for the tests only: the torch backend's kernels run inline in the calling
+thread, one sample at a time. It is what adding a backend takes — this module, defining
+``BACKEND``, and an entry in ``gpupipe.backends.TABLE`` (tests/test_backends.py adds it)."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+
+import torch
+
+from gpupipe._decode import decode_rgb
+from gpupipe._plan import RankPlan, sample_seed
+from gpupipe.backends import Backend, RawBatch, RunSpec
+from gpupipe.backends._torch._kernels import LOWERINGS, apply_pipeline
+
+
+class InlineRunner:
+    def __init__(self, spec: RunSpec) -> None:
+        self.spec = spec
+        self.closed = False
+
+    def run(self, plan: RankPlan, start: int) -> Iterator[RawBatch]:
+        index, transforms = self.spec.index, self.spec.transforms
+        for b in range(start, plan.num_batches):
+            images, labels, keys = [], [], []
+            for s in map(int, plan.batch(b)[0]):
+                raw = index.read(s)
+                image = decode_rgb(raw.data, shard=raw.shard, key=raw.key)
+                images.append(apply_pipeline(transforms, image, random.Random(sample_seed(plan.seed, plan.epoch, s))))
+                labels.append(raw.label)
+                keys.append(raw.key)
+            batch = torch.stack(images).to(self.spec.device)
+            label_tensor = None if labels[0] is None else torch.tensor(labels, dtype=torch.int64)
+            yield RawBatch(batch, label_tensor, keys)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class InlineBackend(Backend):
+    name = "inline"
+    devices = ("cpu",)
+    requirement = "nothing"
+    lowerings = LOWERINGS  # the torch backend's kernels
+
+    def runner(self, spec: RunSpec) -> InlineRunner:
+        return InlineRunner(spec)
+
+
+BACKEND = InlineBackend()

@@ -1,0 +1,131 @@
+"""The backend table and protocol: lookup, the 'auto' choice, availability, lowering registries,
+and a third backend added as one module plus one table entry."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from torchvision.transforms import v2
+
+import gpupipe as gp
+from gpupipe import backends
+from gpupipe import transforms as T
+
+from .checkers import check_epoch_partition, val, yielded
+
+
+@dataclasses.dataclass(frozen=True)
+class Posterize(T.Transform):
+    bits: int = 4
+
+
+class TestTable:
+    def test_names_and_lookup(self):
+        assert backends.names() == ("dali", "torch")
+        for name in backends.names():
+            b = backends.get(name)
+            assert isinstance(b, backends.Backend) and b.name == name and backends.get(name) is b
+            assert set(b.devices) <= {"cpu", "cuda"} and b.requirement
+        with pytest.raises(gp.ConfigError, match="backend must be one of .*'auto', 'dali', 'torch'"):
+            backends.get("tensorflow")
+
+    def test_auto_prefers_dali(self, shards):
+        pytest.importorskip("nvidia.dali")
+        loader = gp.Loader(gp.Pipeline(shards, [T.CenterCrop(8)]), 2)
+        assert loader.backend == "dali"
+        assert torch.device(loader.device).type == ("cuda" if torch.cuda.is_available() else "cpu")
+
+    def test_auto_falls_back_in_table_order(self, shards, monkeypatch):
+        monkeypatch.setattr(type(backends.get("dali")), "available", lambda self: False)
+        loader = gp.Loader(gp.Pipeline(shards, [T.CenterCrop(8)]), 2, device="cpu", num_workers=0)
+        assert loader.backend == "torch"
+
+    def test_an_unavailable_backend_says_what_to_install(self, shards, monkeypatch):
+        monkeypatch.setattr(type(backends.get("dali")), "available", lambda self: False)
+        with pytest.raises(gp.BackendUnavailableError, match=r"backend='dali' needs NVIDIA DALI: pip install"):
+            gp.Loader(gp.Pipeline(shards, [T.CenterCrop(8)]), 2, backend="dali", device="cpu")
+
+    def test_a_table_entry_must_name_a_backend(self, monkeypatch):
+        monkeypatch.setitem(backends.TABLE, "wrong", "gpupipe.backends._torch")
+        with pytest.raises(TypeError, match="must be a gpupipe Backend named 'wrong'"):
+            backends.get("wrong")
+
+
+class TestLowerings:
+    def test_a_transform_without_lowering_is_reported_at_build(self, backend, shards):
+        pipe = gp.Pipeline(shards, [T.CenterCrop(16), Posterize()])
+        with pytest.raises(gp.UnsupportedTransformError, match="cannot run Posterize.*step 1.*register_lowering"):
+            backend.loader(pipe, 2)
+
+    def test_register_lowering(self, shards, monkeypatch):
+        registry = backends.get("torch").lowerings
+        monkeypatch.setattr(registry, "_table", dict(registry._table))  # undone after the test
+
+        @dataclasses.dataclass(frozen=True)
+        class Posterize2(Posterize):
+            pass
+
+        @gp.register_lowering(Posterize2, backend="torch")
+        def _posterize(t, image, params):
+            return v2.functional.posterize(image, t.bits)
+
+        pipe = gp.Pipeline(shards, [T.CenterCrop(16), Posterize2()])
+        batch, _ = next(iter(gp.Loader(pipe, 2, backend="torch", device="cpu")))
+        assert torch.all(batch % 16 == 0)
+        with pytest.raises(gp.UnsupportedTransformError):  # registered for torch only
+            gp.Loader(pipe, 2, backend="dali", device="cpu")
+
+    def test_a_second_lowering_for_a_type_is_refused(self, monkeypatch):
+        registry = backends.get("torch").lowerings
+        monkeypatch.setattr(registry, "_table", dict(registry._table))
+        with pytest.raises(gp.ConfigError, match="already has a lowering for Resize.*replace=True"):
+            gp.register_lowering(T.Resize, backend="torch")(lambda t, image, params: image)
+        mine = gp.register_lowering(T.Resize, backend="torch", replace=True)(lambda t, image, params: image)
+        assert registry.lookup(T.Resize(8)) is mine
+
+        @dataclasses.dataclass(frozen=True)
+        class MyResize(T.Resize):
+            pass
+
+        gp.register_lowering(MyResize, backend="torch")(lambda t, image, params: image)  # a subclass may
+
+    def test_only_transforms(self):
+        with pytest.raises(gp.ConfigError, match="must be a gpupipe Transform subclass"):
+            gp.register_lowering(v2.Resize, backend="torch")
+        with pytest.raises(gp.ConfigError, match="backend must be one of"):
+            gp.register_lowering(Posterize, backend="jax")
+
+
+class TestThirdBackend:
+    """tests/inline_backend.py is a whole backend; one table entry makes it selectable."""
+
+    @pytest.fixture
+    def inline(self, monkeypatch):
+        monkeypatch.setitem(backends.TABLE, "inline", "tests.inline_backend")
+        monkeypatch.delitem(backends._loaded, "inline", raising=False)
+        yield
+        backends._loaded.pop("inline", None)
+
+    def test_selectable_and_equal_to_torch(self, inline, shards):
+        def images(name):
+            loader = gp.Loader(val(shards), 4, shuffle=True, seed=5, backend=name, device="cpu", num_workers=0)
+            return [(b.keys, b.images, b.labels) for b in loader]
+
+        for (k1, i1, l1), (k2, i2, l2) in zip(images("inline"), images("torch"), strict=True):
+            assert k1 == k2 and torch.equal(i1, i2) and torch.equal(l1, l2)
+
+    def test_epoch_contract_and_lifecycle(self, inline, uneven_shards, clean_env):
+        loaders = [gp.Loader(val(uneven_shards), 2, rank=r, world_size=3, backend="inline", device="cpu")
+                   for r in range(3)]
+        check_epoch_partition([yielded(lo) for lo in loaders], [loaders[0].index.key(i) for i in range(17)],
+                              world_size=3, batch_size=2, drop_last=False)
+        runner = loaders[0]._runner
+        loaders[0].close()
+        assert runner.closed
+
+    def test_auto_never_picks_a_backend_that_cannot_deliver(self, inline, monkeypatch, shards):
+        monkeypatch.setattr(type(backends.get("dali")), "available", lambda self: False)
+        monkeypatch.setattr(type(backends.get("torch")), "devices", ("cuda",))
+        assert backends.resolve("auto", "cpu")[0].name == "inline"

@@ -1,0 +1,84 @@
+"""Rank discovery: the one place that knows rank, world size and local GPU (gpupipe._dist)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import gpupipe as gp
+from gpupipe import _dist
+
+from .checkers import val
+
+
+class TestTopology:
+    def test_single_process(self, clean_env):
+        assert _dist.topology() == (0, 1, "single process")
+
+    def test_explicit_wins_over_environment(self, clean_env):
+        clean_env.setenv("RANK", "1")
+        clean_env.setenv("WORLD_SIZE", "4")
+        assert _dist.topology(2, 3) == (2, 3, "explicit")
+
+    def test_torchrun_environment(self, clean_env):
+        clean_env.setenv("RANK", "3")
+        clean_env.setenv("WORLD_SIZE", "4")
+        clean_env.setenv("SLURM_PROCID", "0")
+        clean_env.setenv("SLURM_NTASKS", "2")
+        assert _dist.topology() == (3, 4, "RANK/WORLD_SIZE")
+
+    def test_slurm_environment(self, clean_env):
+        clean_env.setenv("SLURM_PROCID", "5")
+        clean_env.setenv("SLURM_NTASKS", "8")
+        assert _dist.topology() == (5, 8, "SLURM")
+
+    @pytest.mark.parametrize("rank, world, match", [(0, None, "both"), (3, 3, "0 <= rank"), (-1, 2, "0 <= rank"),
+                                                    (0, 0, "0 <= rank"), (1.0, 2, "int")])
+    def test_invalid_explicit(self, clean_env, rank, world, match):
+        with pytest.raises(gp.ConfigError, match=match):
+            _dist.topology(rank, world)
+
+    def test_invalid_environment_names_the_variable(self, clean_env):
+        clean_env.setenv("RANK", "first")
+        clean_env.setenv("WORLD_SIZE", "2")
+        with pytest.raises(gp.ConfigError, match="RANK='first'"):
+            _dist.topology()
+
+    def test_local_rank_picks_the_gpu(self, clean_env):
+        clean_env.setattr(torch.cuda, "device_count", lambda: 4)
+        clean_env.setenv("SLURM_LOCALID", "2")
+        assert _dist.cuda_device() == "cuda:2"
+        clean_env.setenv("LOCAL_RANK", "3")  # torchrun's variable first
+        assert _dist.cuda_device() == "cuda:3"
+        clean_env.setattr(torch.cuda, "device_count", lambda: 1)  # one GPU bound per task
+        assert _dist.cuda_device() == "cuda:0"
+        clean_env.setattr(torch.cuda, "device_count", lambda: 2)
+        with pytest.raises(gp.ConfigError, match="local rank 3"):
+            _dist.cuda_device()
+
+    def test_ranks_that_see_different_data_fail_instead_of_hanging(self, clean_env):
+        class FakeDist:  # rank 1 of 2 sees one shard fewer
+            def get_rank(self):
+                return 0
+
+            def get_world_size(self):
+                return 2
+
+            def all_gather_object(self, out, value):
+                out[:] = [value, {**value, "shards": value.get("shards", 0) - 1}]
+
+        clean_env.setattr(_dist, "_dist", lambda: FakeDist())
+        topo = _dist.topology()
+        assert topo == (0, 2, "torch.distributed")
+        _dist.check_same(topo, "the plan", {"samples": 10})  # the same everywhere: fine
+        with pytest.raises(gp.ConfigError, match=r"the plan differs between ranks \(shards: 4 here, 3 on rank 1\)"):
+            _dist.check_same(topo, "the plan", {"samples": 10, "shards": 4})
+
+    def test_random_seed_needs_torch_distributed(self, clean_env, shards):
+        clean_env.setenv("RANK", "0")
+        clean_env.setenv("WORLD_SIZE", "2")
+        with pytest.raises(gp.ConfigError, match="pass seed=<int>"):
+            gp.Loader(val(shards), 2, shuffle=True, backend="torch", device="cpu", num_workers=0)
+        gp.Loader(val(shards), 2, backend="torch", device="cpu", num_workers=0)  # unshuffled: any seed will do
+        loader = gp.Loader(val(shards), 2, seed=4, backend="torch", device="cpu", num_workers=0)
+        assert (loader.rank, loader.world_size, loader.seed) == (0, 2, 4)
