@@ -61,4 +61,11 @@ class ShardError(DataError):
 
 
 class SampleError(DataError):
-    """One sample cannot be used: image missing or undecodable, label missing or not an integer."""
+    """One sample cannot be used: image missing or undecodable, label missing or not an integer,
+    too small for a transform."""
+
+    @classmethod
+    def at(cls, message: str, *, shard: str, key: str, size: tuple[int, int] | None = None) -> SampleError:
+        """``"sample '<key>' in shard '<shard>' (<h>x<w>): <message>"``, the same on every backend."""
+        where = f" ({size[0]}x{size[1]})" if size is not None else ""
+        return cls(f"sample {key!r} in shard {shard!r}{where}: {message}", shard=shard, key=key)

@@ -85,13 +85,14 @@ def check_invalid(factory, match: str, exc=ValueError):
 # ------------------------------------------------------------------- backend parity --
 
 
-def run_dali(transforms, encoded: list[bytes], *, device: str = "cpu", seed: int = 0, graph=None) -> list[torch.Tensor]:
+def run_dali(transforms, encoded: list[bytes], *, device: str = "cpu", seed: int = 0, graph=None) -> list[Any]:
     """Runs gpupipe's DALI lowering of ``transforms`` on encoded images (one batch); returns the
-    outputs as CHW tensors on the CPU. ``graph(encoded_node, ctx)`` replaces the lowering."""
+    outputs as CHW tensors on the CPU, and for a sample that fails one of the graph's checks the
+    SampleError message the runner would raise. ``graph(encoded_node, ctx)`` replaces the lowering."""
     import numpy as np
     from nvidia.dali import Pipeline, fn
 
-    from gpupipe.backends._dali._compiler import Ctx, lower
+    from gpupipe.backends._dali._compiler import Ctx, Lowered, lower
 
     gpu = device == "gpu"
     pipe = Pipeline(batch_size=len(encoded), num_threads=1, device_id=0 if gpu else None, seed=seed,
@@ -99,39 +100,57 @@ def run_dali(transforms, encoded: list[bytes], *, device: str = "cpu", seed: int
     with pipe:
         data = fn.external_source(source=lambda: [np.frombuffer(e, dtype=np.uint8) for e in encoded], batch=True)
         ctx = Ctx(device, seed)
-        pipe.set_outputs(graph(data, ctx) if graph else lower(transforms, data, ctx))
+        lowered = Lowered(graph(data, ctx)) if graph else lower(transforms, data, ctx)
+        pipe.set_outputs(*lowered.outputs())
     pipe.build()
-    (out,) = pipe.run()
+    out, *checks = pipe.run()
     if gpu:
         out = out.as_cpu()
-    return [torch.from_numpy(np.array(out[i])) for i in range(len(encoded))]
+    results: list[Any] = [torch.from_numpy(np.array(out[i])) for i in range(len(encoded))]
+    for i, size, message in lowered.failures(np.asarray(checks[0].as_tensor())) if checks else []:
+        results[i] = str(gp.SampleError.at(message, shard="-", key=str(i), size=size))
+    return results
 
 
-def reference_outputs(transforms, encoded: list[bytes]) -> list[torch.Tensor]:
-    """The torch backend's (torchvision's) outputs; for deterministic transforms only."""
+def reference_outputs(transforms, encoded: list[bytes]) -> list[Any]:
+    """The torch backend's (torchvision's) outputs, and the SampleError message for a sample it
+    refuses; for deterministic transforms only."""
     from gpupipe._decode import decode_rgb
     from gpupipe.backends._torch._kernels import apply_pipeline
 
-    return [apply_pipeline(transforms, decode_rgb(e, shard="-", key=str(i)), random.Random(0))
-            for i, e in enumerate(encoded)]
+    results: list[Any] = []
+    for i, e in enumerate(encoded):
+        image = decode_rgb(e, shard="-", key=str(i))
+        try:
+            results.append(apply_pipeline(transforms, image, random.Random(0)))
+        except ValueError as error:
+            size = (int(image.shape[-2]), int(image.shape[-1]))
+            results.append(str(gp.SampleError.at(str(error), shard="-", key=str(i), size=size)))
+    return results
 
 
 def check_backend_parity(transforms, encoded: list[bytes], *, device: str = "cpu", unit: float | None = None,
                          mean_tol: float = 1.0, max_tol: float = 2.5) -> tuple[float, float]:
     """DALI vs torchvision on the same images and (deterministic) transforms.
 
-    Output shapes must be identical; the mean absolute difference per image, in 0–255 units
-    (``unit`` converts the output's scale; default 1 for integer outputs, 255 for float ones), must be ``<= mean_tol`` on average and ``<= max_tol``
-    for the worst image. Returns (average, worst)."""
+    A sample one backend refuses (an image too small for a crop) must be refused by the other,
+    with the same message. Other outputs must have identical shapes; the mean absolute difference
+    per image, in 0–255 units (``unit`` converts the output's scale; default 1 for integer outputs,
+    255 for float ones), must be ``<= mean_tol`` on average and ``<= max_tol`` for the worst
+    image. Returns (average, worst) over the images both produced."""
     ref = reference_outputs(transforms, encoded)
     got = run_dali(transforms, encoded, device=device)
     errors = []
-    if unit is None:
-        unit = 255.0 if ref[0].dtype.is_floating_point else 1.0
     for r, g in zip(ref, got):
+        if isinstance(r, str) or isinstance(g, str):
+            assert g == r, (transforms, g if isinstance(g, str) else "an image", r if isinstance(r, str) else "an image")
+            continue
         assert tuple(g.shape) == tuple(r.shape), (transforms, g.shape, r.shape)
         assert g.dtype == r.dtype, (g.dtype, r.dtype)
-        errors.append(float((g.double() - r.double()).abs().mean()) * unit)
+        scale = unit if unit is not None else 255.0 if r.dtype.is_floating_point else 1.0
+        errors.append(float((g.double() - r.double()).abs().mean()) * scale)
+    if not errors:
+        return 0.0, 0.0
     avg, worst = sum(errors) / len(errors), max(errors)
     assert avg <= mean_tol and worst <= max_tol, (transforms, avg, worst, errors)
     return avg, worst

@@ -109,11 +109,11 @@ class TestCenterCrop:
 
     @pytest.mark.parametrize("crop, size", [(5, 10), (4, 9), (13, 10), (12, 9), (10, 10)])
     def test_anchor_rule(self, crop, size):
-        from gpupipe.transforms._geometry import center_crop_anchor
+        from gpupipe._geometry import center_crop_anchor
 
         image = torch.arange(size * size, dtype=torch.float32).reshape(1, size, size) + 1
         out = v2.functional.center_crop(image, [crop, crop])
-        top, left = center_crop_anchor(crop, crop, size, size)
+        top = left = center_crop_anchor(crop, size)
         first = (top if top >= 0 else 0) * size + (left if left >= 0 else 0) + 1
         r, c = max(0, -top), max(0, -left)
         assert out[0, r, c] == first

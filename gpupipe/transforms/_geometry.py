@@ -1,8 +1,8 @@
 """Geometric transforms: RandomResizedCrop, Resize, CenterCrop, RandomCrop and the flips.
 
 Names, argument names and defaults are torchvision.transforms.v2's; the output geometry (sizes,
-rounding, crop offsets) follows torchvision's rules exactly, through the pure functions at the end of
-this module that every backend uses.
+rounding, crop offsets, too-small images) is torchvision's, defined once in ``gpupipe._geometry``
+and used by ``output_spec``, ``make_params`` and every backend.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from .._errors import ConfigError
+from .._geometry import crop_padding, crop_too_large, resize_size
 from .._validate import check_bool, check_probability, check_range, check_size, is_int, is_number
 from ._base import ImageSpec, InterpolationMode, Transform, check_interpolation
 
@@ -21,7 +22,6 @@ __all__ = [
     "RandomResizedCrop", "Resize", "CenterCrop", "RandomCrop",
     "RandomHorizontalFlip", "RandomVerticalFlip",
     "CropParams", "RandomCropParams", "FlipParams",
-    "resized_output_size", "center_crop_anchor",
 ]
 
 
@@ -157,7 +157,7 @@ class Resize(Transform):
         if self.size is not None and len(self.size) == 2:
             return dataclasses.replace(spec, height=self.size[0], width=self.size[1])
         if spec.fixed_size:
-            h, w = resized_output_size(spec.height, spec.width, self.size, self.max_size)
+            h, w = resize_size(spec.height, spec.width, self.size, self.max_size)
             return dataclasses.replace(spec, height=h, width=w)
         return dataclasses.replace(spec, height=None, width=None)
 
@@ -192,7 +192,7 @@ class RandomCrop(Transform):
         padding: ``None`` (default), an int for all sides, ``(left/right, top/bottom)`` or
             ``(left, top, right, bottom)``.
         pad_if_needed: pad images smaller than ``size`` (on both sides). Default ``False``: such
-            an image is an error.
+            an image is an error (a ``SampleError`` naming the sample, on every backend).
         fill: constant fill value for ``padding_mode="constant"``: a number, or one per channel.
         padding_mode: ``"constant"`` (default), ``"edge"``, ``"reflect"`` or ``"symmetric"``.
 
@@ -241,19 +241,11 @@ class RandomCrop(Transform):
 
     def make_params(self, height: int, width: int, rng: random.Random) -> RandomCropParams:
         left, top, right, bottom = self.padding or (0, 0, 0, 0)
-        ph, pw = height + top + bottom, width + left + right
         ch, cw = self.size
-        if self.pad_if_needed:
-            if ph < ch:
-                diff = ch - ph
-                top, bottom, ph = top + diff, bottom + diff, ph + 2 * diff
-            if pw < cw:
-                diff = cw - pw
-                left, right, pw = left + diff, right + diff, pw + 2 * diff
-        if ph < ch or pw < cw:
-            raise ValueError(f"RandomCrop: crop size {(ch, cw)} is larger than the "
-                             f"{'padded ' if self.padding else ''}image size {(ph, pw)}; "
-                             "set pad_if_needed=True to pad small images")
+        top, bottom, ph = crop_padding(height, top, bottom, ch, self.pad_if_needed)
+        left, right, pw = crop_padding(width, left, right, cw, self.pad_if_needed)
+        if ph < ch or pw < cw:  # torchvision raises too; the DALI backend reports the same error
+            raise ValueError(crop_too_large((ch, cw), (ph, pw), padding=self.padding is not None))
         return RandomCropParams((left, top, right, bottom), rng.randrange(ph - ch + 1),
                                 rng.randrange(pw - cw + 1), ch, cw)
 
@@ -279,38 +271,3 @@ class RandomHorizontalFlip(_RandomFlip):
 @dataclasses.dataclass(frozen=True)
 class RandomVerticalFlip(_RandomFlip):
     """Flips the image upside down with probability ``p`` (default 0.5). Shapes unchanged."""
-
-
-# ------------------------------------------------- geometry shared by every backend --
-
-
-def resized_output_size(height: int, width: int, size: tuple[int, ...] | None,
-                        max_size: int | None = None) -> tuple[int, int]:
-    """Output ``(h, w)`` of ``Resize(size, max_size=max_size)`` for an input of ``height x width``.
-
-    Torchvision's rule: the longer side is ``int(size * long / short)`` (rounded down), then
-    capped by ``max_size``.
-    """
-    short, long = (width, height) if width <= height else (height, width)
-    if size is None:
-        new_short, new_long = int(max_size * short / long), max_size
-    elif len(size) == 1:
-        new_short, new_long = size[0], int(size[0] * long / short)
-        if max_size is not None and new_long > max_size:
-            new_short, new_long = int(max_size * new_short / new_long), max_size
-    else:
-        return size[0], size[1]
-    return (new_long, new_short) if width <= height else (new_short, new_long)
-
-
-def center_crop_anchor(crop_height: int, crop_width: int, height: int, width: int) -> tuple[int, int]:
-    """Top-left corner of torchvision's center crop, in input pixels.
-
-    Negative where the crop is larger than the image: torchvision then pads ``(crop - size) // 2``
-    zeros before the image (the odd pixel goes after it).
-    """
-
-    def anchor(crop: int, size: int) -> int:
-        return -((crop - size) // 2) if crop > size else int(round((size - crop) / 2.0))
-
-    return anchor(crop_height, height), anchor(crop_width, width)

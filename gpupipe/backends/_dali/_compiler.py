@@ -9,41 +9,62 @@ operators) or the GPU (``device="gpu"``, after nvJPEG's ``mixed`` decoder). Comp
    ``Normalize`` becomes one ``crop_mirror_normalize``, which also writes CHW.
 3. Every other transform goes through :data:`LOWERINGS` (transform type → lowering function).
 
-Geometry follows torchvision exactly: sizes after ``Resize(int)`` and center-crop offsets are
-computed in the graph with torchvision's integer rules (DALI's ``resize_shorter`` and crop
-positions round differently). DALI is imported only when a graph is built.
+Geometry is ``gpupipe._geometry``'s — the functions the torch backend and ``output_spec`` use —
+evaluated on per-sample shape nodes with :data:`DALI_OPS` (DALI's ``resize_shorter`` and crop
+positions round differently from torchvision). Where a sample cannot be transformed (a
+``RandomCrop`` larger than its image), a lowering adds a per-sample check (:meth:`Ctx.require`);
+the checks become one extra int32 output of the graph, which the runner reads to raise the same
+error as the torch backend, naming the sample. DALI is imported only when a graph is built.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from ... import transforms as T
+from ..._geometry import center_crop_anchor, crop_padding, crop_too_large, resize_size
 from ..._registry import Registry
 
-__all__ = ["LOWERINGS", "Ctx", "lower"]
+__all__ = ["LOWERINGS", "DALI_OPS", "Ctx", "Check", "Lowered", "lower"]
 
 LOWERINGS = Registry("dali")
 
 _FLOAT_OUT = {torch.float32: "FLOAT", torch.float16: "FLOAT16"}
 
 
+@dataclasses.dataclass(frozen=True)
+class Check:
+    """A per-sample condition the graph computes: where ``ok`` is false, the sample fails with
+    ``message(*values)`` (``values``: per-sample int nodes, read back with the condition)."""
+
+    ok: Any
+    values: tuple[Any, ...]
+    message: Callable[..., str]
+
+
 @dataclasses.dataclass
 class Ctx:
-    """What a lowering function needs: the device its operators run on and a seed source."""
+    """What a lowering function needs: the device its operators run on, a seed source, and
+    :meth:`require` for per-sample conditions."""
 
     device: str  # "cpu" or "gpu"
     seed: int
     dtype: torch.dtype = torch.uint8  # dtype of the node being lowered
+    checks: list[Check] = dataclasses.field(default_factory=list)
     _seeds: Any = None
 
     def __post_init__(self) -> None:
         self._seeds = itertools.count(1)
+
+    def require(self, ok: Any, values: Sequence[Any], message: Callable[..., str]) -> None:
+        """Fails a sample where the boolean node ``ok`` is false, with ``message(*values)``."""
+        self.checks.append(Check(ok, tuple(values), message))
 
     def next_seed(self) -> int:
         """A distinct, reproducible seed for each random operator of the graph."""
@@ -95,9 +116,70 @@ def _where(cond: Any, a: Any, b: Any) -> Any:
     return cond * a + (1 - cond) * b
 
 
-def lower(transforms: Sequence[T.Transform], encoded: Any, ctx: Ctx, *, channels_last: bool = False) -> Any:
-    """Builds the graph for ``transforms`` on ``encoded`` images; returns ``[C, H, W]`` (or HWC
-    where ``channels_last``) images."""
+class _DaliOps:
+    """gpupipe._geometry's operations on DALI nodes (integer arithmetic, per sample)."""
+
+    where = staticmethod(_where)
+
+    @staticmethod
+    def min(a: Any, b: Any) -> Any:
+        from nvidia.dali import math as dmath
+
+        return dmath.min(a, b)
+
+    @staticmethod
+    def max(a: Any, b: Any) -> Any:
+        from nvidia.dali import math as dmath
+
+        return dmath.max(a, b)
+
+
+DALI_OPS = _DaliOps()
+
+
+@dataclasses.dataclass(frozen=True)
+class Lowered:
+    """A compiled graph's outputs: the images and, where a lowering required conditions, one int32
+    vector per sample — the encoded image's ``(height, width)``, then each check's ``ok`` and
+    values."""
+
+    images: Any
+    checks: tuple[Check, ...] = ()
+    check_output: Any = None
+
+    def outputs(self) -> list[Any]:
+        return [self.images] if self.check_output is None else [self.images, self.check_output]
+
+    def failures(self, rows: np.ndarray) -> list[tuple[int, tuple[int, int], str]]:
+        """``(sample, (height, width), message)`` for each sample of the batch that failed a
+        check, from the check output's ``[B, M]`` rows."""
+        failed = []
+        for b, row in enumerate(np.asarray(rows).reshape(len(rows), -1).tolist()):
+            pos = 2
+            for check in self.checks:
+                ok, values = row[pos], row[pos + 1 : pos + 1 + len(check.values)]
+                pos += 1 + len(check.values)
+                if not ok:
+                    failed.append((b, (row[0], row[1]), check.message(*values)))
+                    break
+        return failed
+
+
+def lower(transforms: Sequence[T.Transform], encoded: Any, ctx: Ctx, *, channels_last: bool = False) -> Lowered:
+    """Builds the graph for ``transforms`` on ``encoded`` images: ``[C, H, W]`` (or HWC where
+    ``channels_last``) images, and the per-sample checks the lowerings required."""
+    images = _lower_images(transforms, encoded, ctx, channels_last=channels_last)
+    if not ctx.checks:
+        return Lowered(images)
+    fn, types = ctx.fn, ctx.types
+    size = fn.peek_image_shape(encoded, dtype=types.INT32)
+    parts = [size[0], size[1]]
+    for check in ctx.checks:
+        parts += [fn.cast(check.ok, dtype=types.INT32), *(fn.cast(v, dtype=types.INT32) for v in check.values)]
+    return Lowered(images, tuple(ctx.checks), fn.stack(*parts))
+
+
+def _lower_images(transforms: Sequence[T.Transform], encoded: Any, ctx: Ctx, *, channels_last: bool) -> Any:
     fn, types = ctx.fn, ctx.types
     steps = list(transforms)
     if steps and type(steps[0]) is T.RandomResizedCrop:
@@ -140,21 +222,13 @@ def _fusable_tail(steps: list[T.Transform]) -> list[T.Transform]:
     return tail
 
 
-def _center_crop_anchor(size: Any, crop: int) -> Any:
-    """torchvision's anchor in DALI integer arithmetic: ``round((size - crop) / 2)`` with Python's
-    round-half-to-even, or ``-((crop - size) // 2)`` where the image is smaller than the crop."""
-    d = size - crop
-    q = d // 2  # floor; an odd d is a .5 tie, rounded up only when q is odd (to the even neighbour)
-    return _where(d >= 0, q + (d & 1) * (q & 1), -((crop - size) // 2))
-
-
 def _crop_mirror_normalize(tail: list[T.Transform], img: Any, ctx: Ctx, *, channels_last: bool) -> Any:
     fn, types = ctx.fn, ctx.types
     kwargs: dict[str, Any] = {}
     for t in tail:
         if isinstance(t, T.CenterCrop):
             h, w = _hw(img)
-            top, left = _center_crop_anchor(h, t.size[0]), _center_crop_anchor(w, t.size[1])
+            top, left = center_crop_anchor(t.size[0], h, DALI_OPS), center_crop_anchor(t.size[1], w, DALI_OPS)
             # crop_pos_x/y are relative: anchor = pos * (W - crop_w), which gives back the exact
             # integer anchor, inside the image or in the padding (tested against torchvision).
             kwargs.update(crop=list(t.size), out_of_bounds_policy="pad", fill_values=0.0,
@@ -191,20 +265,7 @@ def _resize_lowering(t: T.Resize, img: Any, ctx: Ctx) -> Any:
     if t.size is not None and len(t.size) == 2:
         return _resize(ctx, img, float(t.size[0]), float(t.size[1]), t.interpolation, t.antialias)
     h, w = _hw(img)
-    from nvidia.dali import math as dmath
-
-    short, long = dmath.min(h, w), dmath.max(h, w)
-    if t.size is None:
-        new_short, new_long = (t.max_size * short) // long, long * 0 + t.max_size
-    else:
-        new_short, new_long = short * 0 + t.size[0], (t.size[0] * long) // short
-        if t.max_size is not None:
-            over = new_long > t.max_size
-            new_short = _where(over, (t.max_size * new_short) // new_long, new_short)
-            new_long = _where(over, t.max_size, new_long)
-    portrait = w <= h  # torchvision: (new_w, new_h) = (short, long) if w <= h else (long, short)
-    new_h = _where(portrait, new_long, new_short)
-    new_w = _where(portrait, new_short, new_long)
+    new_h, new_w = resize_size(h, w, t.size, t.max_size, DALI_OPS)
     return _resize(ctx, img, _to_float(ctx, new_h), _to_float(ctx, new_w), t.interpolation, t.antialias)
 
 
@@ -218,7 +279,8 @@ def _slice(ctx: Ctx, img: Any, top: Any, left: Any, h: int, w: int, fill: Any = 
 @LOWERINGS.register(T.CenterCrop)
 def _center_crop(t: T.CenterCrop, img: Any, ctx: Ctx) -> Any:
     h, w = _hw(img)
-    return _slice(ctx, img, _center_crop_anchor(h, t.size[0]), _center_crop_anchor(w, t.size[1]), *t.size)
+    return _slice(ctx, img, center_crop_anchor(t.size[0], h, DALI_OPS), center_crop_anchor(t.size[1], w, DALI_OPS),
+                  *t.size)
 
 
 def _random_crop_unsupported(t: T.RandomCrop) -> str | None:
@@ -236,18 +298,21 @@ def _random_crop(t: T.RandomCrop, img: Any, ctx: Ctx) -> Any:
     left, top, right, bottom = t.padding or (0, 0, 0, 0)
     ch, cw = t.size
 
-    def axis(size: Any, before: int, after: int, crop: int) -> Any:
-        padded = size + before + after
-        if t.pad_if_needed:
-            diff = dmath.max(crop - padded, 0)
-            before, padded = diff + before, padded + 2 * diff
+    def axis(size: Any, before: int, after: int, crop: int) -> tuple[Any, Any]:
+        """The window's first input pixel (negative: in the padding), and the padded size."""
+        before, _, padded = crop_padding(size, before, after, crop, t.pad_if_needed, DALI_OPS)
+        room = padded - crop + 1  # the start is uniform in [0, room); room <= 0: the image is too small
         u = fn.random.uniform(range=[0.0, 1.0], seed=ctx.next_seed())
-        room = padded - crop + 1  # crop start uniform in [0, room); negative room: image too small
         start = fn.cast(dmath.floor(u * _to_float(ctx, room)), dtype=ctx.types.INT32)
-        return dmath.min(start, room - 1) - before
+        return dmath.min(start, room - 1) - before, padded
 
+    top_px, padded_h = axis(h, top, bottom, ch)
+    left_px, padded_w = axis(w, left, right, cw)
+    if not t.pad_if_needed:  # too small even padded: the sample fails, as on the torch backend
+        ctx.require((padded_h >= ch) & (padded_w >= cw), [padded_h, padded_w],
+                    lambda ph, pw: crop_too_large((ch, cw), (ph, pw), padding=t.padding is not None))
     fill = list(t.fill) if isinstance(t.fill, tuple) else float(t.fill)
-    return _slice(ctx, img, axis(h, top, bottom, ch), axis(w, left, right, cw), ch, cw, fill)
+    return _slice(ctx, img, top_px, left_px, ch, cw, fill)
 
 
 @LOWERINGS.register(T.RandomHorizontalFlip)

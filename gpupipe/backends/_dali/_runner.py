@@ -116,8 +116,9 @@ class DaliRunner:
         )
         with pipe:
             encoded = fn.external_source(source=self._slot, batch=True, dtype=types.UINT8, ndim=1, name="encoded")
-            images = lower(self.transforms, encoded, Ctx("gpu" if gpu else "cpu", seed), channels_last=self.channels_last)
-            pipe.set_outputs(images)
+            self._lowered = lower(self.transforms, encoded, Ctx("gpu" if gpu else "cpu", seed),
+                                  channels_last=self.channels_last)
+            pipe.set_outputs(*self._lowered.outputs())
         pipe.build()
         return pipe
 
@@ -155,10 +156,12 @@ class DaliRunner:
             self._slot.feed = feed
             for b in range(start, plan.num_batches):
                 try:
-                    (images,) = pipe.run()
+                    images, *checks = pipe.run()
                 except RuntimeError as e:
                     raise self._locate_bad_sample(e, plan, b) from e
                 raws = feeder.read.pop(b)
+                if checks:
+                    self._raise_failed_checks(checks[0], raws)
                 yield RawBatch(self._to_torch(images), self._labels(raws), [r.key for r in raws])
         finally:
             self._slot.feed = None
@@ -173,6 +176,11 @@ class DaliRunner:
             except ValueError:  # closed from inside its own iteration: it ends when it returns
                 pass
         self._unused = (None, None)
+
+    def _raise_failed_checks(self, checks: Any, raws: list[RawSample]) -> None:
+        """Raises the error of the first sample that failed a check the graph computed."""
+        for b, size, message in self._lowered.failures(np.asarray(checks.as_tensor())):
+            raise SampleError.at(message, shard=raws[b].shard, key=raws[b].key, size=size)
 
     def _labels(self, raws: list[RawSample]) -> torch.Tensor | None:
         if not self.index.labeled:

@@ -1,8 +1,9 @@
 """The torch backend's lowerings: torchvision's functional kernels, one sample at a time.
 
 Each lowering is a pure kernel ``(transform, image [C, H, W], params) -> image``; the parameters
-come from :meth:`Transform.make_params`, drawn in :func:`apply_pipeline` and nowhere else. For the
-same image and parameters the output equals what the torchvision v2 transform gives.
+come from :meth:`Transform.make_params`, drawn in :func:`apply_pipeline` and nowhere else. Sizes
+and crop anchors come from ``gpupipe._geometry`` (as on every backend). For the same image and
+parameters the output equals what the torchvision v2 transform gives.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from torchvision.transforms import InterpolationMode as TVInterpolation
 from torchvision.transforms.v2 import functional as F
 
 from ... import transforms as T
+from ..._geometry import center_crop_anchor, resize_size
 from ..._registry import Registry
 from ...transforms._color import BlurParams, ColorJitterParams, GrayscaleParams
 from ...transforms._geometry import CropParams, FlipParams, RandomCropParams
@@ -44,14 +46,14 @@ def _random_resized_crop(t: T.RandomResizedCrop, img: torch.Tensor, p: CropParam
 
 @LOWERINGS.register(T.Resize)
 def _resize(t: T.Resize, img: torch.Tensor, _: None) -> torch.Tensor:
-    size = None if t.size is None else list(t.size)
-    return F.resize(img, size, interpolation=_interp(t.interpolation), max_size=t.max_size,
-                    antialias=t.antialias)
+    h, w = resize_size(img.shape[-2], img.shape[-1], t.size, t.max_size)
+    return F.resize(img, [h, w], interpolation=_interp(t.interpolation), antialias=t.antialias)
 
 
 @LOWERINGS.register(T.CenterCrop)
 def _center_crop(t: T.CenterCrop, img: torch.Tensor, _: None) -> torch.Tensor:
-    return F.center_crop(img, list(t.size))
+    (ch, cw), (h, w) = t.size, img.shape[-2:]
+    return F.crop(img, center_crop_anchor(ch, h), center_crop_anchor(cw, w), ch, cw)  # pads with zeros outside
 
 
 @LOWERINGS.register(T.RandomCrop)

@@ -37,11 +37,8 @@ class _Samples(Dataset[tuple[torch.Tensor, "int | None", str]]):
         try:
             image = apply_pipeline(self.transforms, image, random.Random(sample_seed(seed, epoch, sample)))
         except ValueError as e:  # e.g. RandomCrop larger than this image
-            raise SampleError(
-                f"sample {raw.key!r} in shard {raw.shard!r} ({image.shape[-2]}x{image.shape[-1]}): {e}",
-                shard=raw.shard,
-                key=raw.key,
-            ) from e
+            size = (int(image.shape[-2]), int(image.shape[-1]))
+            raise SampleError.at(str(e), shard=raw.shard, key=raw.key, size=size) from e
         return image, raw.label, raw.key
 
 

@@ -1,0 +1,156 @@
+"""Geometry defined once (gpupipe._geometry): torchvision's rules on ints, the same functions on
+DALI graph nodes giving the same numbers, and one decision for an image too small for its crop on
+every backend."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+from torchvision.transforms.v2 import RandomCrop as TVRandomCrop
+from torchvision.transforms.v2.functional import _geometry as tvg
+
+import gpupipe as gp
+from gpupipe import transforms as T
+from gpupipe._geometry import center_crop_anchor, crop_padding, crop_too_large, resize_size
+from gpupipe.testing import encode_jpeg, synthetic_image
+
+from .checkers import check_backend_parity
+
+SIDES = [1, 2, 3, 7, 64, 99, 100, 224, 255, 256, 257, 333, 375, 500, 641, 1024, 4097]
+RESIZES = [((256,), None), ((224,), 300), ((32,), 33), ((1,), None), (None, 100), (None, 7), ((10, 20), None)]
+
+
+class TestIntRules:
+    """The int form against torchvision's own functions, on a grid of sizes."""
+
+    @pytest.mark.parametrize("size, max_size", RESIZES)
+    def test_resize_size(self, size, max_size):
+        for h, w in itertools.product(SIDES, SIDES):
+            tv = tvg._compute_resized_output_size((h, w), None if size is None else list(size), max_size)
+            assert list(resize_size(h, w, size, max_size)) == tv, (h, w, size, max_size)
+
+    def test_center_crop_anchor(self):
+        for crop, size in itertools.product(SIDES, SIDES):
+            if crop <= size:
+                expected = tvg._center_crop_compute_crop_anchor(crop, crop, size, size)[0]
+            else:  # torchvision pads (crop - size) // 2 before the image
+                expected = -tvg._center_crop_compute_padding(crop, crop, size, size)[1]
+            assert center_crop_anchor(crop, size) == expected, (crop, size)
+
+    @pytest.mark.parametrize("padding, pad_if_needed", [(None, False), (None, True), ((3, 1, 0, 5), False),
+                                                        ((3, 1, 0, 5), True)])
+    def test_crop_padding_and_too_small(self, padding, pad_if_needed):
+        for crop, size in itertools.product([1, 7, 64, 100, 257], [1, 7, 64, 100, 257, 300]):
+            tv = TVRandomCrop((crop, crop), padding=padding, pad_if_needed=pad_if_needed)
+            left, top, right, bottom = padding or (0, 0, 0, 0)
+            t_before, t_after, ph = crop_padding(size, top, bottom, crop, pad_if_needed)
+            l_before, l_after, pw = crop_padding(size + 1, left, right, crop, pad_if_needed)
+            try:
+                params = tv.make_params([torch.empty(1, size, size + 1)])
+            except ValueError:
+                assert ph < crop or pw < crop
+                continue
+            assert ph >= crop and pw >= crop
+            assert params["padding"] == [l_before, t_before, l_after, t_after]
+
+
+def dali_eval(fn_of_nodes, rows: np.ndarray) -> np.ndarray:
+    """Evaluates ``fn_of_nodes(*column_nodes)`` (tuple of int nodes) in a DALI graph, one sample per
+    row of ``rows``; returns ``[len(rows), k]``."""
+    from nvidia.dali import Pipeline, fn, types
+
+    pipe = Pipeline(batch_size=len(rows), num_threads=1, device_id=None)
+    with pipe:
+        data = fn.external_source(source=lambda: [np.asarray(r, np.int32) for r in rows], batch=True,
+                                  dtype=types.INT32, ndim=1)
+        outs = fn_of_nodes(*(data[i] for i in range(rows.shape[1])))
+        pipe.set_outputs(fn.stack(*(fn.cast(o, dtype=types.INT32) for o in outs)))
+    pipe.build()
+    (out,) = pipe.run()
+    return np.asarray(out.as_tensor())
+
+
+class TestOnDaliNodes:
+    """The same functions on DALI nodes (the DALI lowering's input) give the ints' numbers."""
+
+    @pytest.fixture(autouse=True)
+    def _dali(self):
+        pytest.importorskip("nvidia.dali")
+
+    @pytest.mark.parametrize("size, max_size", RESIZES)
+    def test_resize_size(self, size, max_size):
+        from gpupipe.backends._dali._compiler import DALI_OPS
+
+        rows = np.array(list(itertools.product(SIDES, SIDES)))
+        got = dali_eval(lambda h, w: resize_size(h, w, size, max_size, DALI_OPS), rows)
+        assert got.tolist() == [list(resize_size(h, w, size, max_size)) for h, w in rows.tolist()]
+
+    def test_center_crop_anchor(self):
+        from gpupipe.backends._dali._compiler import DALI_OPS
+
+        rows = np.array([[s] for s in SIDES])
+        for crop in SIDES:
+            got = dali_eval(lambda size: (center_crop_anchor(crop, size, DALI_OPS),), rows)
+            assert got[:, 0].tolist() == [center_crop_anchor(crop, s) for (s,) in rows.tolist()], crop
+
+    @pytest.mark.parametrize("pad_if_needed", [False, True])
+    def test_crop_padding(self, pad_if_needed):
+        from gpupipe.backends._dali._compiler import DALI_OPS
+
+        rows = np.array([[s] for s in SIDES])
+        for crop in (1, 100, 300):
+            got = dali_eval(lambda size: crop_padding(size, 3, 1, crop, pad_if_needed, DALI_OPS), rows)
+            assert got.tolist() == [list(crop_padding(s, 3, 1, crop, pad_if_needed)) for (s,) in rows.tolist()]
+
+
+# ------------------------------------------------------------------ too-small images --
+
+
+@pytest.fixture(scope="module")
+def mixed_sizes() -> list[bytes]:
+    """120x160 (too small for a 200 crop), 200x200 (exactly the crop) and 120x400 (too short)."""
+    return [encode_jpeg(synthetic_image(i, size=s)) for i, s in enumerate([(120, 160), (200, 200), (120, 400)])]
+
+
+class TestTooSmall:
+    """torchvision's decision (an error), on every backend, with the same message."""
+
+    def test_message(self):
+        assert crop_too_large((200, 200), (120, 160), padding=False) == (
+            "RandomCrop: crop size (200, 200) is larger than the image size (120, 160); "
+            "set pad_if_needed=True to pad small images")
+
+    @pytest.mark.parametrize("steps", [
+        [T.RandomCrop(200)],
+        [T.RandomCrop((240, 200), padding=(0, 20))],  # padded 160x160, 240x200 (fits exactly), 160x400
+        [T.Resize((100, 100)), T.RandomCrop(120)],  # too small after a resize: every sample
+    ])
+    def test_parity(self, mixed_sizes, steps):
+        pytest.importorskip("nvidia.dali")
+        from .checkers import reference_outputs
+
+        refused = [isinstance(r, str) for r in reference_outputs(steps, mixed_sizes)]
+        assert any(refused)
+        check_backend_parity(steps, mixed_sizes)  # the same samples refused, with the same message
+
+    def test_padding_instead(self, mixed_sizes):
+        pytest.importorskip("nvidia.dali")
+        check_backend_parity([T.RandomCrop((140, 180), padding=10)], mixed_sizes[:1])  # exactly fits: deterministic
+
+
+def test_a_too_small_sample_names_itself_on_every_backend(backend, tmp_path):
+    with gp.ShardWriter(str(tmp_path / "small-%d.tar")) as w:
+        w.write("big", {"jpg": encode_jpeg(synthetic_image(0, size=(60, 60))), "cls": 0})
+        w.write("tiny", {"jpg": encode_jpeg(synthetic_image(1, size=(30, 40))), "cls": 1})
+    pipe = gp.Pipeline(w.shards, [T.RandomCrop(50), T.ToDtype(torch.float32, scale=True)])
+    message = (r"sample 'tiny' in shard '.*small-0\.tar' \(30x40\): RandomCrop: crop size \(50, 50\) is larger than "
+               r"the image size \(30, 40\); set pad_if_needed=True")
+    with pytest.raises(gp.SampleError, match=message) as info:
+        list(backend.loader(pipe, 2, num_workers=0))
+    assert (info.value.key, info.value.shard) == ("tiny", w.shards[0])
+    padded = gp.Pipeline(w.shards, [T.RandomCrop(50, pad_if_needed=True), T.ToDtype(torch.float32, scale=True)])
+    images, _ = next(iter(backend.loader(padded, 2, num_workers=0)))
+    assert images.shape == (2, 3, 50, 50)
