@@ -1,5 +1,6 @@
 # make demo : set up .venv, make a small sample dataset, run the ImageNet pipeline, print images/s
-# make test : set up .venv if needed, run the tests
+# make test : set up .venv if needed, then lint (ruff), type-check (mypy) and run the tests
+# make lint : ruff (lint + format check) and mypy only; make format: apply ruff's fixes and format
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -7,7 +8,7 @@ DEMO_DATA ?= .demo-data
 DEMO_IMAGES ?= 1024
 EXTRAS ?= dev,cuda12
 
-.PHONY: demo test clean
+.PHONY: demo test lint format clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -23,7 +24,16 @@ demo: $(VENV)/.installed $(DEMO_DATA)/.done
 	$(PY) -m gpupipe bench pipelines/imagenet.py:train '$(DEMO_DATA)/train-{000000..000007}.tar' \
 		--batch-size 64 --epochs 3
 
-test: $(VENV)/.installed
+lint: $(VENV)/.installed
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+	$(PY) -m mypy
+
+format: $(VENV)/.installed
+	$(PY) -m ruff check --fix .
+	$(PY) -m ruff format .
+
+test: lint
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 clean:

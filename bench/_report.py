@@ -8,8 +8,7 @@ import os
 
 def publish(out: str, name: str, title: str, intro: str, header: list[str], rows: list[list[str]]) -> str:
     today = datetime.date.today().isoformat()
-    lines = [f"# {title} — {today}\n", intro + "\n", "| " + " | ".join(header) + " |",
-             "|" + "---|" * len(header)]
+    lines = [f"# {title} — {today}\n", intro + "\n", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     text = "\n".join(lines) + "\n"
     print(text)

@@ -25,7 +25,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-import gpupipe as gp  # noqa: E402
+import gpupipe as gp
 
 
 def backends() -> list[tuple[str, str]]:
@@ -44,8 +44,9 @@ def backends() -> list[tuple[str, str]]:
 
 
 def measure(pipeline, backend: str, device: str, batch_size: int, epochs: int, workers: int | None) -> dict:
-    loader = gp.Loader(pipeline, batch_size, shuffle=True, drop_last=True, seed=0, backend=backend, device=device,
-                       num_workers=workers)
+    loader = gp.Loader(
+        pipeline, batch_size, shuffle=True, drop_last=True, seed=0, backend=backend, device=device, num_workers=workers
+    )
     rates = []
     for epoch in range(epochs + 1):
         loader.set_epoch(epoch)
@@ -56,8 +57,13 @@ def measure(pipeline, backend: str, device: str, batch_size: int, epochs: int, w
             torch.cuda.synchronize()
         if epoch:  # epoch 0 is the warm-up
             rates.append(n / (time.perf_counter() - start))
-    return {"backend": backend, "device": device, "workers": loader.num_workers,
-            "images_per_s": round(sum(rates) / len(rates), 1), "epochs": [round(r, 1) for r in rates]}
+    return {
+        "backend": backend,
+        "device": device,
+        "workers": loader.num_workers,
+        "images_per_s": round(sum(rates) / len(rates), 1),
+        "epochs": [round(r, 1) for r in rates],
+    }
 
 
 def main() -> None:
@@ -71,22 +77,46 @@ def main() -> None:
     args = parser.parse_args()
     shards = sorted(glob.glob(os.path.join(args.data, "train-*.tar")))
     if not shards:
-        subprocess.run([sys.executable, "-m", "gpupipe", "make-shards", args.data, "--synthetic", str(args.images),
-                        "--shard-size", "256"], check=True, cwd=ROOT)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "gpupipe",
+                "make-shards",
+                args.data,
+                "--synthetic",
+                str(args.images),
+                "--shard-size",
+                "256",
+            ],
+            check=True,
+            cwd=ROOT,
+        )
         shards = sorted(glob.glob(os.path.join(args.data, "train-*.tar")))
-    recipes = gp.load_pipeline(os.path.join(ROOT, "pipelines", "imagenet.py:train")), \
-        gp.load_pipeline(os.path.join(ROOT, "pipelines", "imagenet.py:val"))
+    recipes = (
+        gp.load_pipeline(os.path.join(ROOT, "pipelines", "imagenet.py:train")),
+        gp.load_pipeline(os.path.join(ROOT, "pipelines", "imagenet.py:val")),
+    )
     machine = torch.cuda.get_device_name() if torch.cuda.is_available() else f"{os.cpu_count()}-core CPU"
     rows = []
     for recipe in recipes:
         for backend, device in backends():
-            row = {"pipeline": recipe.__name__, **measure(recipe(shards), backend, device, args.batch_size,
-                                                            args.epochs, args.workers)}
+            row = {
+                "pipeline": recipe.__name__,
+                **measure(recipe(shards), backend, device, args.batch_size, args.epochs, args.workers),
+            }
             print(json.dumps(row), flush=True)
             rows.append(row)
     today = datetime.date.today().isoformat()
-    meta = {"date": today, "machine": machine, "cpus": os.cpu_count(), "python": platform.python_version(),
-            "torch": torch.__version__, "images": len(gp.WebDataset(shards).index()), "batch_size": args.batch_size}
+    meta = {
+        "date": today,
+        "machine": machine,
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "images": len(gp.WebDataset(shards).index()),
+        "batch_size": args.batch_size,
+    }
     try:
         import nvidia.dali
 
@@ -101,10 +131,14 @@ def main() -> None:
     with open(stem + ".md", "w") as f:
         f.write(f"# Backends side by side — {machine}, {today}\n\n")
         f.write(", ".join(f"{k} {v}" for k, v in meta.items()) + "\n\n")
-        f.write("| pipeline | backend | device | workers/threads | images/s | vs torch-cpu |\n|---|---|---|---|---|---|\n")
+        f.write(
+            "| pipeline | backend | device | workers/threads | images/s | vs torch-cpu |\n|---|---|---|---|---|---|\n"
+        )
         for r in rows:
-            f.write(f"| {r['pipeline']} | {r['backend']} | {r['device']} | {r['workers']} | {r['images_per_s']:.0f} "
-                    f"| {r['images_per_s'] / base[r['pipeline']]:.2f}× |\n")
+            f.write(
+                f"| {r['pipeline']} | {r['backend']} | {r['device']} | {r['workers']} | {r['images_per_s']:.0f} "
+                f"| {r['images_per_s'] / base[r['pipeline']]:.2f}× |\n"
+            )
     print(f"wrote {stem}.md")
 
 

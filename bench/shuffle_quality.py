@@ -22,16 +22,18 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-import gpupipe as gp  # noqa: E402
-from gpupipe.testing import encode_jpeg, synthetic_image  # noqa: E402
-from gpupipe._plan import PlanSpec, rank_plan  # noqa: E402
+import contextlib
 
-from _report import publish  # noqa: E402
+from _report import publish
+
+import gpupipe as gp
+from gpupipe._plan import PlanSpec, rank_plan
+from gpupipe.testing import encode_jpeg, synthetic_image
 
 
 def classes_per_batch(labels: np.ndarray, batch: int) -> float:
     n = len(labels) // batch
-    return float(np.mean([len(np.unique(labels[i * batch:(i + 1) * batch])) for i in range(n)]))
+    return float(np.mean([len(np.unique(labels[i * batch : (i + 1) * batch])) for i in range(n)]))
 
 
 def dali_buffer_only(shards: list[str], batch: int, buffer: int, epoch: int) -> float:
@@ -40,8 +42,13 @@ def dali_buffer_only(shards: list[str], batch: int, buffer: int, epoch: int) -> 
     index = gp.WebDataset(shards).index()
     pipe = Pipeline(batch_size=batch, num_threads=2, device_id=None, seed=epoch + 1)
     with pipe:
-        _, cls = fn.readers.webdataset(paths=shards, index_paths=[s.dali_index for s in index.shards],
-                                       ext=["jpg", "cls"], random_shuffle=True, initial_fill=buffer)
+        _, cls = fn.readers.webdataset(  # type: ignore[misc]
+            paths=shards,
+            index_paths=[str(s.dali_index) for s in index.shards],
+            ext=["jpg", "cls"],
+            random_shuffle=True,
+            initial_fill=buffer,
+        )
         pipe.set_outputs(cls)
     pipe.build()
     labels = []
@@ -65,10 +72,19 @@ def main() -> None:
     sizes = np.full(args.shards, S)
     for world in (1, 8):
         for interleave in (1, 16, 64):
-            spec = PlanSpec(num_samples=int(sizes.sum()), world_size=world, batch_size=B, drop_last=True, shuffle=True,
-                            shuffle_buffer=K, interleave=interleave)
-            got = [classes_per_batch(rank_plan(sizes, spec, sequential=True, seed=0, epoch=e, rank=0).samples // S, B)
-                   for e in range(args.epochs)]
+            spec = PlanSpec(
+                num_samples=int(sizes.sum()),
+                world_size=world,
+                batch_size=B,
+                drop_last=True,
+                shuffle=True,
+                shuffle_buffer=K,
+                interleave=interleave,
+            )
+            got = [
+                classes_per_batch(rank_plan(sizes, spec, sequential=True, seed=0, epoch=e, rank=0).samples // S, B)
+                for e in range(args.epochs)
+            ]
             default = " (default)" if interleave == 64 else ""
             rows.append((f"gpupipe, {world} rank(s), interleave={interleave}{default}", float(np.mean(got))))
     with tempfile.TemporaryDirectory() as tmp:
@@ -78,17 +94,24 @@ def main() -> None:
             for c in range(args.shards):
                 for i in range(S):
                     w.write(f"c{c:04d}_{i:04d}", {"jpg": jpg, "cls": c})
-        try:
-            rows.append(("DALI readers.webdataset, random_shuffle (buffer only)",
-                         float(np.mean([dali_buffer_only(w.shards, B, K, e) for e in range(args.epochs)]))))
-        except ImportError:
-            pass
+        with contextlib.suppress(ImportError):
+            rows.append(
+                (
+                    "DALI readers.webdataset, random_shuffle (buffer only)",
+                    float(np.mean([dali_buffer_only(w.shards, B, K, e) for e in range(args.epochs)])),
+                )
+            )
     perfect = [classes_per_batch(np.random.default_rng(e).permutation(n) // S, B) for e in range(args.epochs)]
     rows.append(("perfect shuffle", float(np.mean(perfect))))
-    publish(args.out, "shuffle-quality", "Shuffle quality",
-            f"{args.shards} shards x {S} samples, one class per shard; batch {B}; buffer {K} samples; "
-            f"mean over {args.epochs} epochs; rank 0 shown for 8 ranks.",
-            ["order", "classes per batch"], [[name, f"{value:.1f}"] for name, value in rows])
+    publish(
+        args.out,
+        "shuffle-quality",
+        "Shuffle quality",
+        f"{args.shards} shards x {S} samples, one class per shard; batch {B}; buffer {K} samples; "
+        f"mean over {args.epochs} epochs; rank 0 shown for 8 ranks.",
+        ["order", "classes per batch"],
+        [[name, f"{value:.1f}"] for name, value in rows],
+    )
 
 
 if __name__ == "__main__":

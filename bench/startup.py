@@ -18,16 +18,15 @@ import sys
 import tempfile
 import time
 
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-import gpupipe as gp  # noqa: E402
-from gpupipe.testing import encode_jpeg, synthetic_image  # noqa: E402
-from gpupipe.sources import LocalStorage, _wdsindex  # noqa: E402
-from gpupipe import transforms as T  # noqa: E402
+from _report import publish
 
-from _report import publish  # noqa: E402
+import gpupipe as gp
+from gpupipe import transforms as T
+from gpupipe.sources import LocalStorage, _wdsindex
+from gpupipe.testing import encode_jpeg, synthetic_image
 
 
 def main() -> None:
@@ -46,11 +45,15 @@ def main() -> None:
             for i in range(args.per_shard):
                 w.write(f"{i:07d}", {"jpg": jpg, "cls": i % 1000})
         real = gp.WebDataset(w.shards[0]).index().shards[0].dali_index
+        assert real is not None, "the index cache could not be written"
         urls = []
         for s in range(args.shards):
             path = os.path.join(tmp, f"train-{s:06d}.tar")
             os.symlink(w.shards[0], path)
-            os.link(real, _wdsindex.index_path(os.path.abspath(path), LocalStorage().stat(path), ("jpg", "jpeg", "png"), "cls"))
+            os.link(
+                real,
+                _wdsindex.index_path(os.path.abspath(path), LocalStorage().stat(path), ("jpg", "jpeg", "png"), "cls"),
+            )
             urls.append(path)
         rows = []
         for rank in range(args.world):
@@ -59,8 +62,17 @@ def main() -> None:
             index_s = time.perf_counter() - t0
             pipeline = gp.Pipeline(source, [T.RandomResizedCrop(32)])
             t1 = time.perf_counter()
-            loader = gp.Loader(pipeline, args.batch_size, shuffle=True, seed=0, rank=rank, world_size=args.world,
-                               backend=args.backend, device="cpu", num_workers=0)
+            loader = gp.Loader(
+                pipeline,
+                args.batch_size,
+                shuffle=True,
+                seed=0,
+                rank=rank,
+                world_size=args.world,
+                backend=args.backend,
+                device="cpu",
+                num_workers=0,
+            )
             loader_s = time.perf_counter() - t1
             t2 = time.perf_counter()
             plan = loader.plan()
@@ -71,19 +83,45 @@ def main() -> None:
             batches.close()
             first_s = time.perf_counter() - t3
             loaded = sum(s.loaded for s in loader.index.shards)
-            rows.append((rank, index_s, loader_s, plan_s, first_s, time.perf_counter() - t0, len(loader), loaded,
-                         len(plan.samples)))
+            rows.append(
+                (
+                    rank,
+                    index_s,
+                    loader_s,
+                    plan_s,
+                    first_s,
+                    time.perf_counter() - t0,
+                    len(loader),
+                    loaded,
+                    len(plan.samples),
+                )
+            )
             print(rows[-1], flush=True)
     total = args.shards * args.per_shard
-    publish(args.out, "startup", f"Start-up at scale, {os.cpu_count()}-core CPU, backend {args.backend}",
-            f"{args.shards} shards, {total:,} samples (cached index files), world size {args.world}, batch "
-            f"{args.batch_size}, shuffle=True. Seconds, per rank, page cache warm. `Loader()` includes indexing "
-            "(one header line per shard) and the plan's consistency checks; the first batch loads the index "
-            "files of the shards it reads.",
-            ["rank", "WebDataset()", "Loader()", "epoch plan", "first batch", "total", "batches",
-             "shard indexes loaded", "samples in plan"],
-            [[str(r), f"{a:.2f}", f"{b:.2f}", f"{c:.2f}", f"{d:.2f}", f"{e:.2f}", str(n), str(lo), f"{m:,}"]
-             for r, a, b, c, d, e, n, lo, m in rows])
+    publish(
+        args.out,
+        "startup",
+        f"Start-up at scale, {os.cpu_count()}-core CPU, backend {args.backend}",
+        f"{args.shards} shards, {total:,} samples (cached index files), world size {args.world}, batch "
+        f"{args.batch_size}, shuffle=True. Seconds, per rank, page cache warm. `Loader()` includes indexing "
+        "(one header line per shard) and the plan's consistency checks; the first batch loads the index "
+        "files of the shards it reads.",
+        [
+            "rank",
+            "WebDataset()",
+            "Loader()",
+            "epoch plan",
+            "first batch",
+            "total",
+            "batches",
+            "shard indexes loaded",
+            "samples in plan",
+        ],
+        [
+            [str(r), f"{a:.2f}", f"{b:.2f}", f"{c:.2f}", f"{d:.2f}", f"{e:.2f}", str(n), str(lo), f"{m:,}"]
+            for r, a, b, c, d, e, n, lo, m in rows
+        ],
+    )
 
 
 if __name__ == "__main__":

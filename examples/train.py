@@ -82,14 +82,18 @@ def main() -> None:
                 counts += torch.stack([hit[batch.valid].sum(), batch.valid.sum()])
         if distributed:
             dist.all_reduce(counts)
-        logging.info("epoch %d: accuracy %.3f on %d samples (each counted once)", epoch,
-                     counts[0].item() / max(1, counts[1].item()), counts[1].item())
+        logging.info(
+            "epoch %d: accuracy %.3f on %d samples (each counted once)",
+            epoch,
+            counts[0].item() / max(1, counts[1].item()),
+            counts[1].item(),
+        )
     if distributed:
         dist.destroy_process_group()
 
 
 def save(path: str, model, opt, loader: gp.Loader, distributed: bool, rank: int) -> None:
-    states = [None] * (dist.get_world_size() if distributed else 1)
+    states: list[dict | None] = [None] * (dist.get_world_size() if distributed else 1)
     if distributed:
         dist.all_gather_object(states, loader.state_dict())
     else:

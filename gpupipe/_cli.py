@@ -10,6 +10,8 @@ import json
 import os
 import sys
 import time
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 
@@ -26,7 +28,7 @@ def _synthetic_sample(args: tuple[int, int, int, int]) -> tuple[str, dict]:
     return f"{i:08d}", {"jpg": jpeg, "cls": label}
 
 
-def _imagefolder_samples(root: str, quality: int):
+def _imagefolder_samples(root: str, quality: int) -> Iterator[tuple[str, dict[str, Any]]]:
     from PIL import Image
 
     from .sources import ImageFolder
@@ -70,8 +72,16 @@ def bench(args: argparse.Namespace) -> int:
 
         logging.basicConfig(level=logging_level.upper())
     pipeline = load_pipeline(args.pipeline)(args.source)
-    loader = Loader(pipeline, args.batch_size, shuffle=True, drop_last=True, seed=0, backend=args.backend,
-                    device=args.device, num_workers=args.workers)
+    loader = Loader(
+        pipeline,
+        args.batch_size,
+        shuffle=True,
+        drop_last=True,
+        seed=0,
+        backend=args.backend,
+        device=args.device,
+        num_workers=args.workers,
+    )
     print(f"pipeline {args.pipeline}: {len(loader.index)} samples, output {pipeline.output_spec}")
     print(f"backend={loader.backend} device={loader.device} workers={loader.num_workers} batch={args.batch_size}")
     results = []
@@ -83,14 +93,32 @@ def bench(args: argparse.Namespace) -> int:
                 torch.cuda.synchronize(images.device)
             n += images.shape[0]
         seconds = time.perf_counter() - start
-        results.append({"epoch": epoch, "images": n, "seconds": round(seconds, 3),
-                        "images_per_s": round(n / seconds, 1) if seconds else None})
-        print(f"epoch {epoch}: {n} images in {seconds:.2f} s = {n / seconds:.0f} images/s"
-              + (" (includes start-up)" if epoch == 0 else ""))
+        results.append(
+            {
+                "epoch": epoch,
+                "images": n,
+                "seconds": round(seconds, 3),
+                "images_per_s": round(n / seconds, 1) if seconds else None,
+            }
+        )
+        print(
+            f"epoch {epoch}: {n} images in {seconds:.2f} s = {n / seconds:.0f} images/s"
+            + (" (includes start-up)" if epoch == 0 else "")
+        )
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"pipeline": args.pipeline, "backend": loader.backend, "device": loader.device,
-                       "batch_size": args.batch_size, "workers": loader.num_workers, "epochs": results}, f, indent=2)
+            json.dump(
+                {
+                    "pipeline": args.pipeline,
+                    "backend": loader.backend,
+                    "device": loader.device,
+                    "batch_size": args.batch_size,
+                    "workers": loader.num_workers,
+                    "epochs": results,
+                },
+                f,
+                indent=2,
+            )
     return 0
 
 
@@ -113,8 +141,10 @@ def index(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     with concurrent.futures.ProcessPoolExecutor(args.workers) as pool:
         total = sum(pool.map(_index_one, jobs, chunksize=max(1, len(jobs) // 64)))
-    print(f"{total} samples in {len(jobs)} shards, indexed in {time.perf_counter() - start:.1f} s; "
-          f"cache: {_wdsindex.cache_dir()}")
+    print(
+        f"{total} samples in {len(jobs)} shards, indexed in {time.perf_counter() - start:.1f} s; "
+        f"cache: {_wdsindex.cache_dir()}"
+    )
     return 0
 
 

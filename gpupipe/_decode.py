@@ -29,8 +29,9 @@ except ImportError:  # pragma: no cover - a torchvision without image decoders
 
 def _decode_torchvision(data: bytes) -> torch.Tensor:
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="The image decoding and encoding capabilities of TorchVision",
-                                category=DeprecationWarning)
+        warnings.filterwarnings(
+            "ignore", message="The image decoding and encoding capabilities of TorchVision", category=DeprecationWarning
+        )
         return decode_image(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=ImageReadMode.RGB)
 
 
@@ -50,6 +51,9 @@ def decode_rgb(data: bytes, *, shard: str, key: str) -> torch.Tensor:
         if decode_image is not None and data.startswith(_TORCHVISION_MAGIC):
             return _decode_torchvision(data)
         return _decode_pillow(data)
-    except Exception as e:  # noqa: BLE001 - any decoder failure is bad data of this sample
-        raise SampleError(f"cannot decode the image of sample {key!r} in shard {shard!r}: "
-                          f"{type(e).__name__}: {e}", shard=shard, key=key) from e
+    except Exception as e:
+        raise SampleError(
+            f"cannot decode the image of sample {key!r} in shard {shard!r}: {type(e).__name__}: {e}",
+            shard=shard,
+            key=key,
+        ) from e

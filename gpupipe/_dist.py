@@ -64,8 +64,9 @@ def topology(rank: int | None = None, world_size: int | None = None) -> Topology
             environment variable that is not an integer.
     """
     if (rank is None) != (world_size is None):
-        raise ConfigError(f"Loader: pass both rank and world_size, or neither (got rank={rank!r}, "
-                          f"world_size={world_size!r})")
+        raise ConfigError(
+            f"Loader: pass both rank and world_size, or neither (got rank={rank!r}, world_size={world_size!r})"
+        )
     if rank is not None and world_size is not None:
         return _checked(check_int("Loader", rank, "rank"), check_int("Loader", world_size, "world_size"), "explicit")
     dist = _dist()
@@ -102,8 +103,10 @@ def cuda_device() -> str:
         return f"cuda:{local}"
     if count == 1:
         return "cuda:0"
-    raise ConfigError(f"local rank {local} (LOCAL_RANK/SLURM_LOCALID) but this process sees {count} GPUs; "
-                      f"pass device='cuda:N' explicitly")
+    raise ConfigError(
+        f"local rank {local} (LOCAL_RANK/SLURM_LOCALID) but this process sees {count} GPUs; "
+        f"pass device='cuda:N' explicitly"
+    )
 
 
 def shared_seed(seed: int | None, topo: Topology, *, shuffle: bool) -> int:
@@ -118,9 +121,11 @@ def shared_seed(seed: int | None, topo: Topology, *, shuffle: bool) -> int:
     if dist is None and not shuffle:  # the plan does not depend on the seed
         return drawn
     if dist is None:
-        raise ConfigError(f"Loader: shuffle=True, seed=None with world_size={topo.world_size} ({topo.origin}) and no "
-                          "initialized torch.distributed to share a random seed: every rank must use the "
-                          "same seed, pass seed=<int>")
+        raise ConfigError(
+            f"Loader: shuffle=True, seed=None with world_size={topo.world_size} ({topo.origin}) and no "
+            "initialized torch.distributed to share a random seed: every rank must use the "
+            "same seed, pass seed=<int>"
+        )
     box = [drawn]
     dist.broadcast_object_list(box, src=0)
     return int(box[0])
@@ -138,5 +143,6 @@ def check_same(topo: Topology, what: str, values: dict[str, Any]) -> None:
         diff = {k: (values[k], other.get(k)) for k in values if other.get(k) != values[k]}
         if diff:
             detail = ", ".join(f"{k}: {mine!r} here, {theirs!r} on rank {r}" for k, (mine, theirs) in diff.items())
-            raise ConfigError(f"{what} differs between ranks ({detail}); every rank must see the same data "
-                              "and settings")
+            raise ConfigError(
+                f"{what} differs between ranks ({detail}); every rank must see the same data and settings"
+            )

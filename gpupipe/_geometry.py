@@ -55,8 +55,9 @@ class _IntOps:
 INT: Ops = _IntOps()
 
 
-def resize_size(height: Any, width: Any, size: tuple[int, ...] | None, max_size: int | None,
-                ops: Ops = INT) -> tuple[Any, Any]:
+def resize_size(
+    height: Any, width: Any, size: tuple[int, ...] | None, max_size: int | None, ops: Ops = INT
+) -> tuple[Any, Any]:
     """Output ``(h, w)`` of ``Resize(size, max_size=max_size)`` on a ``height x width`` image.
 
     ``size``: ``(h, w)`` (exact), ``(s,)`` (the shorter side, the longer keeps the aspect ratio,
@@ -87,8 +88,9 @@ def center_crop_anchor(crop: int, size: Any, ops: Ops = INT) -> Any:
     return ops.where(d >= 0, q + (d & 1) * (q & 1), -((crop - size) // 2))
 
 
-def crop_padding(size: Any, before: int, after: int, crop: int, pad_if_needed: bool,
-                 ops: Ops = INT) -> tuple[Any, Any, Any]:
+def crop_padding(
+    size: Any, before: int, after: int, crop: int, pad_if_needed: bool, ops: Ops = INT
+) -> tuple[Any, Any, Any]:
     """One axis of ``RandomCrop``: ``(before, after, padded)`` — the padding on each side and the
     padded size — for an image side of ``size`` with ``padding`` ``before``/``after``. The window
     then starts anywhere in ``[0, padded - crop]``, at input pixel ``start - before``; it fits
@@ -102,5 +104,7 @@ def crop_padding(size: Any, before: int, after: int, crop: int, pad_if_needed: b
 
 def crop_too_large(crop: tuple[int, int], padded: tuple[int, int], *, padding: bool) -> str:
     """The error of a crop larger than its (padded) image, the same on every backend."""
-    return (f"RandomCrop: crop size {tuple(crop)} is larger than the {'padded ' if padding else ''}image size "
-            f"{tuple(padded)}; set pad_if_needed=True to pad small images")
+    return (
+        f"RandomCrop: crop size {tuple(crop)} is larger than the {'padded ' if padding else ''}image size "
+        f"{tuple(padded)}; set pad_if_needed=True to pad small images"
+    )

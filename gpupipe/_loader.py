@@ -6,7 +6,7 @@ import dataclasses
 import logging
 import warnings
 import weakref
-from collections.abc import Iterator
+from collections.abc import Generator
 from typing import Any
 
 import torch
@@ -39,8 +39,7 @@ class Batch(tuple):
     keys: list[str]
     valid: torch.Tensor
 
-    def __new__(cls, images: torch.Tensor, labels: torch.Tensor | None, keys: list[str],
-                valid: torch.Tensor) -> Batch:
+    def __new__(cls, images: torch.Tensor, labels: torch.Tensor | None, keys: list[str], valid: torch.Tensor) -> Batch:
         self = super().__new__(cls, (images, labels))
         self.keys = keys
         self.valid = valid
@@ -108,10 +107,12 @@ class Loader:
     def _init(self, pipeline: Pipeline, config: LoaderConfig) -> None:
         if not isinstance(pipeline, Pipeline):
             raise ConfigError(f"Loader: pipeline must be a gp.Pipeline, got {type(pipeline).__name__}")
-        spec = pipeline.output_spec
-        if not spec.fixed_size:
-            raise PipelineError(f"the pipeline's output size varies ({spec}); batching needs a fixed size: end it "
-                                "with CenterCrop, RandomCrop, RandomResizedCrop or Resize((h, w))")
+        output = pipeline.output_spec
+        if not output.fixed_size:
+            raise PipelineError(
+                f"the pipeline's output size varies ({output}); batching needs a fixed size: end it "
+                "with CenterCrop, RandomCrop, RandomResizedCrop or Resize((h, w))"
+            )
         self.config = config
         topo = _dist.topology(config.rank, config.world_size)
         self.pipeline = pipeline
@@ -128,18 +129,36 @@ class Loader:
         self.index = pipeline.source.index(rank=self.rank, world_size=self.world_size)
         if len(self.index) == 0:
             raise ConfigError(f"Loader: the source has no samples: {pipeline.source!r}")
-        self.plan_spec = PlanSpec(num_samples=len(self.index), world_size=self.world_size,
-                                  batch_size=config.batch_size, drop_last=config.drop_last, shuffle=config.shuffle,
-                                  shuffle_buffer=config.shuffle_buffer, interleave=config.interleave)
-        _dist.check_same(topo, "the loader's plan", {**self.plan_spec.as_dict(), "seed": self.seed,
-                                                       "shards": len(self.index.shards)})
+        self.plan_spec = PlanSpec(
+            num_samples=len(self.index),
+            world_size=self.world_size,
+            batch_size=config.batch_size,
+            drop_last=config.drop_last,
+            shuffle=config.shuffle,
+            shuffle_buffer=config.shuffle_buffer,
+            interleave=config.interleave,
+        )
+        _dist.check_same(
+            topo, "the loader's plan", {**self.plan_spec.as_dict(), "seed": self.seed, "shards": len(self.index.shards)}
+        )
         self._len = self.plan_spec.num_batches
         if self._len == 0:
-            warnings.warn(f"Loader: drop_last=True with {len(self.index)} samples, batch_size={config.batch_size} "
-                          f"and world_size={self.world_size}: every epoch is empty", stacklevel=3)
-        spec = backends.RunSpec(index=self.index, transforms=pipeline.transforms, device=device,
-                                batch_size=config.batch_size, workers=self.num_workers, prefetch=config.prefetch,
-                                channels_last=config.channels_last, rank=self.rank, seed=self.seed)
+            warnings.warn(
+                f"Loader: drop_last=True with {len(self.index)} samples, batch_size={config.batch_size} "
+                f"and world_size={self.world_size}: every epoch is empty",
+                stacklevel=3,
+            )
+        spec = backends.RunSpec(
+            index=self.index,
+            transforms=pipeline.transforms,
+            device=device,
+            batch_size=config.batch_size,
+            workers=self.num_workers,
+            prefetch=config.prefetch,
+            channels_last=config.channels_last,
+            rank=self.rank,
+            seed=self.seed,
+        )
         try:
             self._runner = backend.runner(spec)
         except BaseException:
@@ -147,9 +166,17 @@ class Loader:
             raise
         # Releases the runner and the index when the loader is closed, collected, or at exit.
         self._finalizer = weakref.finalize(self, _release, self._runner, self.index)
-        log.info("gpupipe loader: rank %d/%d (%s), %d samples in %d shards, backend=%s, device=%s, %d batches/epoch",
-                 self.rank, self.world_size, topo.origin, len(self.index), len(self.index.shards), self.backend,
-                 self.device, self._len)
+        log.info(
+            "gpupipe loader: rank %d/%d (%s), %d samples in %d shards, backend=%s, device=%s, %d batches/epoch",
+            self.rank,
+            self.world_size,
+            topo.origin,
+            len(self.index),
+            len(self.index.shards),
+            self.backend,
+            self.device,
+            self._len,
+        )
 
     @property
     def num_samples(self) -> int:
@@ -190,15 +217,21 @@ class Loader:
         """This rank's plan for ``epoch`` (default: the current one): the global sample numbers it
         yields, in order, and which are padding. ``loader.index.key(n)`` names sample ``n``."""
         epoch = self.epoch if epoch is None else epoch
-        return rank_plan(self.index.shard_sizes, self.plan_spec, sequential=self.index.sequential, seed=self.seed,
-                         epoch=epoch, rank=self.rank)
+        return rank_plan(
+            self.index.shard_sizes,
+            self.plan_spec,
+            sequential=self.index.sequential,
+            seed=self.seed,
+            epoch=epoch,
+            rank=self.rank,
+        )
 
-    def __iter__(self) -> Iterator[Batch]:
+    def __iter__(self) -> Generator[Batch, None, None]:
         if self.closed:
             raise ClosedError("this gp.Loader is closed")
         return self._iterate()
 
-    def _iterate(self) -> Iterator[Batch]:
+    def _iterate(self) -> Generator[Batch, None, None]:
         epoch, start = self.epoch, 0
         if self._resume_at is not None and self._resume_at[0] == epoch:
             start = self._resume_at[1]
@@ -213,14 +246,21 @@ class Loader:
             self._yielded = b + 1
             yield Batch(images, labels, keys, valid)
         if self.closed and self._yielded < plan.num_batches:
-            raise ClosedError(f"this gp.Loader was closed during an epoch, after {self._yielded} of its "
-                              f"{plan.num_batches} batches")
+            raise ClosedError(
+                f"this gp.Loader was closed during an epoch, after {self._yielded} of its {plan.num_batches} batches"
+            )
 
     def state_dict(self) -> dict[str, Any]:
         """This rank's position: the epoch and the batches of it yielded so far, with the settings
         the plan depends on. Save one per rank; call it between batches (after a step)."""
-        return {"version": STATE_VERSION, "epoch": self.epoch, "batches_yielded": self._yielded, "seed": self.seed,
-                "rank": self.rank, "plan": self.plan_spec.as_dict()}
+        return {
+            "version": STATE_VERSION,
+            "epoch": self.epoch,
+            "batches_yielded": self._yielded,
+            "seed": self.seed,
+            "rank": self.rank,
+            "plan": self.plan_spec.as_dict(),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restores a position saved by :meth:`state_dict` on the same rank: the next iteration of
@@ -259,8 +299,11 @@ def _upgrade_state(state: Any) -> dict[str, Any]:
     version = state.get("version") if isinstance(state, dict) else None
     if version == 1:
         fields = [f.name for f in dataclasses.fields(PlanSpec)]
-        return {**{k: v for k, v in state.items() if k not in fields}, "version": STATE_VERSION,
-                "plan": {k: state.get(k) for k in fields}}
+        return {
+            **{k: v for k, v in state.items() if k not in fields},
+            "version": STATE_VERSION,
+            "plan": {k: state.get(k) for k in fields},
+        }
     if version != STATE_VERSION or not isinstance(state.get("plan"), dict):
         raise ConfigError(f"Loader.load_state_dict: not a gpupipe loader state (version {STATE_VERSION} or 1)")
     return state

@@ -38,19 +38,26 @@ class Pipeline:
 
     def __init__(self, source: Source | str | Sequence[str], transforms: Sequence[Transform] = ()) -> None:
         if isinstance(source, (str, os.PathLike)) and os.path.isdir(source):
-            raise ConfigError(f"Pipeline: {os.fspath(source)!r} is a directory; use gp.ImageFolder(root) for an "
-                              "ImageFolder tree, or a shard pattern for WebDataset shards")
+            raise ConfigError(
+                f"Pipeline: {os.fspath(source)!r} is a directory; use gp.ImageFolder(root) for an "
+                "ImageFolder tree, or a shard pattern for WebDataset shards"
+            )
         if isinstance(source, (str, os.PathLike, list, tuple)):
             source = WebDataset(source)
         if not isinstance(source, Source):
-            raise ConfigError(f"Pipeline: source must be a gp.WebDataset, a gp.ImageFolder, a shard pattern or a "
-                              f"list of shard paths, got {type(source).__name__}")
+            raise ConfigError(
+                f"Pipeline: source must be a gp.WebDataset, a gp.ImageFolder, a shard pattern or a "
+                f"list of shard paths, got {type(source).__name__}"
+            )
         if isinstance(transforms, Transform) or not isinstance(transforms, Sequence):
             raise ConfigError("Pipeline: transforms must be a list of transforms")
         for i, t in enumerate(transforms):
             if not isinstance(t, Transform):
-                hint = " (torchvision transforms are not accepted: use gpupipe.transforms)" \
-                    if type(t).__module__.startswith("torchvision") else ""
+                hint = (
+                    " (torchvision transforms are not accepted: use gpupipe.transforms)"
+                    if type(t).__module__.startswith("torchvision")
+                    else ""
+                )
                 raise ConfigError(f"Pipeline: step {i} is a {type(t).__name__}, not a gpupipe transform{hint}")
         self.source = source
         self.transforms: tuple[Transform, ...] = tuple(transforms)
@@ -88,6 +95,8 @@ def load_pipeline(spec: str) -> Callable[..., Any]:
             raise ConfigError(f"pipeline file {target!r} does not exist")
         name = "gpupipe_user_" + os.path.splitext(os.path.basename(target))[0]
         mod_spec = importlib.util.spec_from_file_location(name, target)
+        if mod_spec is None or mod_spec.loader is None:
+            raise ConfigError(f"pipeline file {target!r} cannot be imported")
         module = importlib.util.module_from_spec(mod_spec)
         mod_spec.loader.exec_module(module)
     else:

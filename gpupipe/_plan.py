@@ -71,8 +71,9 @@ class PlanSpec:
     @property
     def num_batches(self) -> int:
         """Batches every rank yields per epoch."""
-        return num_batches(self.num_samples, world_size=self.world_size, batch_size=self.batch_size,
-                           drop_last=self.drop_last)
+        return num_batches(
+            self.num_samples, world_size=self.world_size, batch_size=self.batch_size, drop_last=self.drop_last
+        )
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -128,7 +129,7 @@ def _interleave(pieces: list[np.ndarray], interleave: int, rng: np.random.Genera
         return np.zeros(0, np.int64)
     out = []
     for g in range(0, len(pieces), interleave):
-        group = pieces[g:g + interleave]
+        group = pieces[g : g + interleave]
         samples = np.concatenate(group)
         lengths = np.array([len(p) for p in group])
         pos = np.concatenate([np.arange(n) for n in lengths]) + rng.uniform(0.0, 1.0, size=len(samples))
@@ -136,8 +137,9 @@ def _interleave(pieces: list[np.ndarray], interleave: int, rng: np.random.Genera
     return np.concatenate(out)
 
 
-def rank_plan(shard_sizes: np.ndarray, spec: PlanSpec, *, sequential: bool, seed: int, epoch: int,
-              rank: int) -> RankPlan:
+def rank_plan(
+    shard_sizes: np.ndarray, spec: PlanSpec, *, sequential: bool, seed: int, epoch: int, rank: int
+) -> RankPlan:
     """The plan of ``rank`` for ``epoch`` (the contract: README, "Epochs, distributed training and
     resuming"). ``sequential`` sources (tar shards) are shuffled in two levels, shards then a
     window of samples; others (ImageFolder) get a full permutation."""
@@ -161,7 +163,7 @@ def rank_plan(shard_sizes: np.ndarray, spec: PlanSpec, *, sequential: bool, seed
             mine = mine[np.argsort(np.arange(len(mine)) + rng.uniform(0.0, buffer, size=len(mine)), kind="stable")]
     batches = spec.num_batches
     if spec.drop_last:
-        mine = mine[:batches * batch_size]
+        mine = mine[: batches * batch_size]
         return RankPlan(mine, np.ones(len(mine), bool), batch_size, batches, seed, epoch)
     slots = math.ceil(total / world_size)
     pad = slots - len(mine)  # 0, or 1 on the ranks with the shorter range

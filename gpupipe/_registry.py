@@ -40,9 +40,10 @@ class Registry:
         """Decorator: registers the function as the lowering of ``types``."""
         for t in types:
             if t in self._table and not replace:
+                old = self._table[t].fn
                 raise ConfigError(
                     f"the {self.backend} backend already has a lowering for {t.__name__} "
-                    f"({self._table[t].fn.__module__}.{self._table[t].fn.__qualname__}); pass replace=True to replace it"
+                    f"({old.__module__}.{old.__qualname__}); pass replace=True to replace it"
                 )
 
         def decorator(fn: F) -> F:
@@ -77,4 +78,6 @@ class Registry:
             entry = self._entry(t, i)
             reason = entry.unsupported(t) if entry.unsupported else None
             if reason:
-                raise UnsupportedTransformError(f"the {self.backend} backend cannot run {t!r} (pipeline step {i}): {reason}")
+                raise UnsupportedTransformError(
+                    f"the {self.backend} backend cannot run {t!r} (pipeline step {i}): {reason}"
+                )

@@ -50,8 +50,7 @@ class ShardWriter:
     def write(self, key: str, members: Mapping[str, Any]) -> None:
         if not key or "." in key.rpartition("/")[2]:
             raise ConfigError(f"ShardWriter: key must be non-empty with no '.' in its file name, got {key!r}")
-        if self._tar is None or self._count >= self.max_count:
-            self._open_next()
+        tar = self._tar if self._tar is not None and self._count < self.max_count else self._open_next()
         for ext, value in members.items():
             if isinstance(value, (bool, np.bool_)):
                 raise ConfigError(f"ShardWriter: member {key}.{ext} is a bool")
@@ -60,21 +59,24 @@ class ShardWriter:
             elif isinstance(value, str):
                 value = value.encode("utf-8")
             elif not isinstance(value, (bytes, bytearray, memoryview)):
-                raise ConfigError(f"ShardWriter: member {key}.{ext} must be bytes, int or str, got {type(value).__name__}")
+                raise ConfigError(
+                    f"ShardWriter: member {key}.{ext} must be bytes, int or str, got {type(value).__name__}"
+                )
             info = tarfile.TarInfo(f"{key}.{ext}")
             info.size, info.mode, info.mtime = len(value), 0o444, 0
-            self._tar.addfile(info, io.BytesIO(bytes(value)))
+            tar.addfile(info, io.BytesIO(bytes(value)))
         self._count += 1
         self.samples += 1
 
-    def _open_next(self) -> None:
+    def _open_next(self) -> tarfile.TarFile:
         self.close()
         path = self.pattern % self.next_shard
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        self._tar = tarfile.open(path, "w", format=tarfile.USTAR_FORMAT)
+        self._tar = tarfile.open(path, "w", format=tarfile.USTAR_FORMAT)  # noqa: SIM115 - closed by close()
         self.shards.append(path)
         self.next_shard += 1
         self._count = 0
+        return self._tar
 
     def write_all(self, samples: Iterable[tuple[str, Mapping[str, Any]]]) -> list[str]:
         for key, members in samples:

@@ -29,8 +29,9 @@ def encode_jpeg(image: np.ndarray, *, quality: int = 90, mode: str | None = None
     return buf.getvalue()
 
 
-def synthetic_image(seed: int, *, label: int = 0, num_classes: int = 10,
-                    size: tuple[int, int] | None = None) -> np.ndarray:
+def synthetic_image(
+    seed: int, *, label: int = 0, num_classes: int = 10, size: tuple[int, int] | None = None
+) -> np.ndarray:
     """A photograph-like ``[H, W, 3]`` uint8 image: smooth shading, objects with sharp and soft
     edges, and fine texture — costs a JPEG codec about what a photo does, unlike noise.
 
@@ -48,11 +49,11 @@ def synthetic_image(seed: int, *, label: int = 0, num_classes: int = 10,
     hue = (label % max(num_classes, 1)) / max(num_classes, 1)
     base = np.array([np.cos(2 * np.pi * (hue + k / 3)) for k in range(3)]) * 70 + 128
     coarse = base + rng.normal(0, 35, (4, 6, 3))
-    image = Image.fromarray(np.clip(coarse, 0, 255).astype(np.uint8)).resize((w, h), Image.BICUBIC)
+    image = Image.fromarray(np.clip(coarse, 0, 255).astype(np.uint8)).resize((w, h), Image.Resampling.BICUBIC)
     draw = ImageDraw.Draw(image)
     for _ in range(int(rng.integers(6, 16))):
-        x0, y0 = rng.integers(-w // 4, w), rng.integers(-h // 4, h)
-        x1, y1 = x0 + rng.integers(w // 10, w // 2), y0 + rng.integers(h // 10, h // 2)
+        x0, y0 = int(rng.integers(-w // 4, w)), int(rng.integers(-h // 4, h))
+        x1, y1 = x0 + int(rng.integers(w // 10, w // 2)), y0 + int(rng.integers(h // 10, h // 2))
         color = tuple(int(c) for c in rng.integers(0, 256, 3))
         kind = rng.integers(3)
         if kind == 0:
@@ -60,11 +61,18 @@ def synthetic_image(seed: int, *, label: int = 0, num_classes: int = 10,
         elif kind == 1:
             draw.rectangle((x0, y0, x1, y1), fill=color)
         else:
-            pts = [(int(x0 + rng.integers(0, w // 3)), int(y0 + rng.integers(0, h // 3))) for _ in range(5)]
+            pts = [(x0 + int(rng.integers(0, w // 3)), y0 + int(rng.integers(0, h // 3))) for _ in range(5)]
             draw.polygon(pts, fill=color)
     image = image.filter(ImageFilter.GaussianBlur(radius=float(rng.uniform(0.5, 1.5))))
     pixels = np.asarray(image, dtype=np.float32)
-    grain = np.asarray(Image.fromarray(rng.normal(128, 40, (h // 2, w // 2)).clip(0, 255).astype(np.uint8))
-                       .resize((w, h), Image.BILINEAR), dtype=np.float32) - 128
+    grain = (
+        np.asarray(
+            Image.fromarray(rng.normal(128, 40, (h // 2, w // 2)).clip(0, 255).astype(np.uint8)).resize(
+                (w, h), Image.Resampling.BILINEAR
+            ),
+            dtype=np.float32,
+        )
+        - 128
+    )
     pixels += grain[..., None] * 0.15 + rng.normal(0, 2.5, (h, w, 1)).astype(np.float32)
     return np.clip(pixels, 0, 255).astype(np.uint8)

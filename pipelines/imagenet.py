@@ -17,21 +17,27 @@ def train(source, size=224):
     """RandomResizedCrop(size) + horizontal flip, then float and ImageNet normalisation.
 
     Output ``[3, size, size]`` float32."""
-    return gp.Pipeline(source, [
-        T.RandomResizedCrop(size),
-        T.RandomHorizontalFlip(),
-        T.ToDtype(torch.float32, scale=True),
-        T.Normalize(mean=MEAN, std=STD),
-    ])
+    return gp.Pipeline(
+        source,
+        [
+            T.RandomResizedCrop(size),
+            T.RandomHorizontalFlip(),
+            T.ToDtype(torch.float32, scale=True),
+            T.Normalize(mean=MEAN, std=STD),
+        ],
+    )
 
 
 def val(source, size=224, resize=256):
     """Resize(resize) of the shorter side + CenterCrop(size), then float and ImageNet normalisation.
 
     Output ``[3, size, size]`` float32."""
-    return gp.Pipeline(source, [
-        T.Resize(resize),
-        T.CenterCrop(size),
-        T.ToDtype(torch.float32, scale=True),
-        T.Normalize(mean=MEAN, std=STD),
-    ])
+    return gp.Pipeline(
+        source,
+        [
+            T.Resize(resize),
+            T.CenterCrop(size),
+            T.ToDtype(torch.float32, scale=True),
+            T.Normalize(mean=MEAN, std=STD),
+        ],
+    )

@@ -95,8 +95,7 @@ def run_dali(transforms, encoded: list[bytes], *, device: str = "cpu", seed: int
     from gpupipe.backends._dali._compiler import Ctx, Lowered, lower
 
     gpu = device == "gpu"
-    pipe = Pipeline(batch_size=len(encoded), num_threads=1, device_id=0 if gpu else None, seed=seed,
-                    exec_dynamic=True)
+    pipe = Pipeline(batch_size=len(encoded), num_threads=1, device_id=0 if gpu else None, seed=seed, exec_dynamic=True)
     with pipe:
         data = fn.external_source(source=lambda: [np.frombuffer(e, dtype=np.uint8) for e in encoded], batch=True)
         ctx = Ctx(device, seed)
@@ -129,8 +128,15 @@ def reference_outputs(transforms, encoded: list[bytes]) -> list[Any]:
     return results
 
 
-def check_backend_parity(transforms, encoded: list[bytes], *, device: str = "cpu", unit: float | None = None,
-                         mean_tol: float = 1.0, max_tol: float = 2.5) -> tuple[float, float]:
+def check_backend_parity(
+    transforms,
+    encoded: list[bytes],
+    *,
+    device: str = "cpu",
+    unit: float | None = None,
+    mean_tol: float = 1.0,
+    max_tol: float = 2.5,
+) -> tuple[float, float]:
     """DALI vs torchvision on the same images and (deterministic) transforms.
 
     A sample one backend refuses (an image too small for a crop) must be refused by the other,
@@ -141,9 +147,13 @@ def check_backend_parity(transforms, encoded: list[bytes], *, device: str = "cpu
     ref = reference_outputs(transforms, encoded)
     got = run_dali(transforms, encoded, device=device)
     errors = []
-    for r, g in zip(ref, got):
+    for r, g in zip(ref, got, strict=True):
         if isinstance(r, str) or isinstance(g, str):
-            assert g == r, (transforms, g if isinstance(g, str) else "an image", r if isinstance(r, str) else "an image")
+            assert g == r, (
+                transforms,
+                g if isinstance(g, str) else "an image",
+                r if isinstance(r, str) else "an image",
+            )
             continue
         assert tuple(g.shape) == tuple(r.shape), (transforms, g.shape, r.shape)
         assert g.dtype == r.dtype, (g.dtype, r.dtype)
@@ -167,12 +177,12 @@ def check_epoch_partition(per_rank, all_keys, *, world_size: int, batch_size: in
     assert len(per_rank) == world_size
     lengths = [len(batches) for batches in per_rank]
     assert len(set(lengths)) == 1, f"ranks yield different numbers of batches: {lengths}"
-    for step, batches in enumerate(zip(*per_rank)):
+    for step, batches in enumerate(zip(*per_rank, strict=True)):
         sizes = [len(keys) for keys, _ in batches]
         assert len(set(sizes)) == 1, f"step {step}: batch sizes differ between ranks: {sizes}"
         assert all(len(keys) == len(valid) for keys, valid in batches)
         assert 0 < sizes[0] <= batch_size
-    valid_keys = [k for batches in per_rank for keys, valid in batches for k, v in zip(keys, valid) if v]
+    valid_keys = [k for batches in per_rank for keys, valid in batches for k, v in zip(keys, valid, strict=True) if v]
     assert len(valid_keys) == len(set(valid_keys)), "a sample is valid twice"
     assert set(valid_keys) <= set(all_keys)
     padding = [sum(not v for _, valid in batches for v in valid) for batches in per_rank]

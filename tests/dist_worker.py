@@ -47,8 +47,14 @@ def main() -> None:
                 keys.append((batch.keys, batch.valid.tolist()))
             shards_read = sorted({train.index.shards[train.index.locate(int(s))[0]].path for s in train.plan().samples})
             epochs.append({"batches": keys, "shards": shards_read})
-        result[backend] = {"eval_len": len(evaluation), "eval": batches, "eval_counted": int(counted),
-                           "train_len": len(train), "train_seed": train.seed, "train": epochs}
+        result[backend] = {
+            "eval_len": len(evaluation),
+            "eval": batches,
+            "eval_counted": int(counted),
+            "train_len": len(train),
+            "train_seed": train.seed,
+            "train": epochs,
+        }
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump(result, f)
     dist.destroy_process_group()

@@ -28,7 +28,7 @@ class TestTable:
             b = backends.get(name)
             assert isinstance(b, backends.Backend) and b.name == name and backends.get(name) is b
             assert set(b.devices) <= {"cpu", "cuda"} and b.requirement
-        with pytest.raises(gp.ConfigError, match="backend must be one of .*'auto', 'dali', 'torch'"):
+        with pytest.raises(gp.ConfigError, match=r"backend must be one of .*'auto', 'dali', 'torch'"):
             backends.get("tensorflow")
 
     def test_auto_prefers_dali(self, shards):
@@ -56,7 +56,7 @@ class TestTable:
 class TestLowerings:
     def test_a_transform_without_lowering_is_reported_at_build(self, backend, shards):
         pipe = gp.Pipeline(shards, [T.CenterCrop(16), Posterize()])
-        with pytest.raises(gp.UnsupportedTransformError, match="cannot run Posterize.*step 1.*register_lowering"):
+        with pytest.raises(gp.UnsupportedTransformError, match=r"cannot run Posterize.*step 1.*register_lowering"):
             backend.loader(pipe, 2)
 
     def test_register_lowering(self, shards, monkeypatch):
@@ -80,7 +80,7 @@ class TestLowerings:
     def test_a_second_lowering_for_a_type_is_refused(self, monkeypatch):
         registry = backends.get("torch").lowerings
         monkeypatch.setattr(registry, "_table", dict(registry._table))
-        with pytest.raises(gp.ConfigError, match="already has a lowering for Resize.*replace=True"):
+        with pytest.raises(gp.ConfigError, match=r"already has a lowering for Resize.*replace=True"):
             gp.register_lowering(T.Resize, backend="torch")(lambda t, image, params: image)
         mine = gp.register_lowering(T.Resize, backend="torch", replace=True)(lambda t, image, params: image)
         assert registry.lookup(T.Resize(8)) is mine
@@ -117,11 +117,20 @@ class TestThirdBackend:
             assert k1 == k2 and torch.equal(i1, i2) and torch.equal(l1, l2)
 
     def test_epoch_contract_and_lifecycle(self, inline, uneven_shards, clean_env):
-        loaders = [gp.Loader(val(uneven_shards), 2, rank=r, world_size=3, backend="inline", device="cpu")
-                   for r in range(3)]
-        check_epoch_partition([yielded(lo) for lo in loaders], [loaders[0].index.key(i) for i in range(17)],
-                              world_size=3, batch_size=2, drop_last=False)
+        loaders = [
+            gp.Loader(val(uneven_shards), 2, rank=r, world_size=3, backend="inline", device="cpu") for r in range(3)
+        ]
+        check_epoch_partition(
+            [yielded(lo) for lo in loaders],
+            [loaders[0].index.key(i) for i in range(17)],
+            world_size=3,
+            batch_size=2,
+            drop_last=False,
+        )
+        from .inline_backend import InlineRunner
+
         runner = loaders[0]._runner
+        assert isinstance(runner, InlineRunner) and not runner.closed
         loaders[0].close()
         assert runner.closed
 

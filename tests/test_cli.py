@@ -6,15 +6,19 @@ import subprocess
 import sys
 
 import gpupipe as gp
-from gpupipe.testing import encode_jpeg, synthetic_image
 from gpupipe._cli import main
+from gpupipe.testing import synthetic_image
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 
 
 def test_make_shards_synthetic(tmp_path, capsys):
-    assert main(["make-shards", str(tmp_path), "--synthetic", "10", "--shard-size", "4", "--classes", "3",
-                 "--workers", "1"]) == 0
+    assert (
+        main(
+            ["make-shards", str(tmp_path), "--synthetic", "10", "--shard-size", "4", "--classes", "3", "--workers", "1"]
+        )
+        == 0
+    )
     assert "train-{000000..000002}.tar" in capsys.readouterr().out
     index = gp.WebDataset(str(tmp_path / "train-{000000..000002}.tar")).index()
     assert list(index.shard_sizes) == [4, 4, 2]
@@ -44,10 +48,28 @@ def test_make_shards_from_imagefolder(tmp_path, image_folder, capsys):
 def test_bench_runs_the_imagenet_pipeline(tmp_path):
     main(["make-shards", str(tmp_path), "--synthetic", "12", "--shard-size", "6", "--workers", "1"])
     out = tmp_path / "bench.json"
-    proc = subprocess.run([sys.executable, "-m", "gpupipe", "bench", "pipelines/imagenet.py:train",
-                           str(tmp_path / "train-{000000..000001}.tar"), "--batch-size", "4", "--epochs", "1",
-                           "--workers", "1", "--json", str(out)],
-                          cwd=ROOT, capture_output=True, text=True, check=True)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpupipe",
+            "bench",
+            "pipelines/imagenet.py:train",
+            str(tmp_path / "train-{000000..000001}.tar"),
+            "--batch-size",
+            "4",
+            "--epochs",
+            "1",
+            "--workers",
+            "1",
+            "--json",
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert "images/s" in proc.stdout
     result = json.loads(out.read_text())
     assert result["epochs"][0]["images"] == 12 and result["epochs"][0]["images_per_s"] > 0

@@ -55,7 +55,7 @@ class TestLoaderConfig:
 
     def test_options_are_keyword_only(self):
         with pytest.raises(TypeError):
-            gp.LoaderConfig(8, True)  # type: ignore[misc]
+            gp.LoaderConfig(8, True)  # type: ignore[call-arg]
 
     def test_loader_from_config(self, shards):
         config = gp.LoaderConfig(4, shuffle=True, seed=3, backend="torch", device="cpu", num_workers=0)
@@ -66,7 +66,7 @@ class TestLoaderConfig:
         assert [b.keys for b in loader] == [b.keys for b in same]
         evaluation = gp.Loader.from_config(val(shards), dataclasses.replace(config, shuffle=False))
         assert [k for b in evaluation for k in b.keys] == [evaluation.index.key(i) for i in range(16)]
-        with pytest.raises(gp.ConfigError, match="config must be a gp.LoaderConfig"):
+        with pytest.raises(gp.ConfigError, match=r"config must be a gp\.LoaderConfig"):
             gp.Loader.from_config(val(shards), {"batch_size": 4})  # type: ignore[arg-type]
 
 
@@ -81,7 +81,7 @@ class TestSharedChecks:
         from gpupipe import _dist
 
         check_invalid(lambda: _dist.topology(True, 2), "rank must be an int")
-        check_invalid(lambda: _dist.topology(0, 2.0), "world_size must be an int")
+        check_invalid(lambda: _dist.topology(0, 2.0), "world_size must be an int")  # type: ignore[arg-type]
 
 
 class TestStateVersions:
@@ -90,7 +90,13 @@ class TestStateVersions:
         state = loader.state_dict()
         assert state["version"] == 2
         assert state["plan"] == dict(
-            num_samples=16, world_size=1, batch_size=4, drop_last=False, shuffle=False, shuffle_buffer=4096, interleave=64
+            num_samples=16,
+            world_size=1,
+            batch_size=4,
+            drop_last=False,
+            shuffle=False,
+            shuffle_buffer=4096,
+            interleave=64,
         )
 
     def test_version_1_states_still_load(self, shards):

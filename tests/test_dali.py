@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import math
 import os
+from typing import Any
 
 import numpy as np
 import pytest
@@ -14,14 +15,14 @@ import torch
 from torchvision.transforms import v2
 
 import gpupipe as gp
-from gpupipe.testing import encode_jpeg, synthetic_image
 from gpupipe import transforms as T
+from gpupipe.testing import encode_jpeg, synthetic_image
 
 from .checkers import AddMult, check_backend_parity, run_dali
 
 pytest.importorskip("nvidia.dali")
 
-IMAGENET = dict(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])
+IMAGENET: dict[str, Any] = dict(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])
 NORMALIZED = 255 * 0.229  # normalised units → 0-255 units (the largest std: the strictest check)
 DEVICES = ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)]
 
@@ -59,37 +60,58 @@ class TestParity:
         val = gp.load_pipeline(os.path.join(os.path.dirname(__file__), "..", "pipelines", "imagenet.py:val"))
         check_backend_parity(val(["unused.tar"]).transforms, photos, device=device, unit=NORMALIZED)
 
-    @pytest.mark.parametrize("resize", [
-        T.Resize(256), T.Resize((200, 300)), T.Resize(100, max_size=120), T.Resize(None, max_size=200),
-        T.Resize(224, interpolation=T.InterpolationMode.BICUBIC), T.Resize(160, antialias=False),
-        T.Resize(640), [T.Resize(256), T.CenterCrop(224)],
-    ])
+    @pytest.mark.parametrize(
+        "resize",
+        [
+            T.Resize(256),
+            T.Resize((200, 300)),
+            T.Resize(100, max_size=120),
+            T.Resize(None, max_size=200),
+            T.Resize(224, interpolation=T.InterpolationMode.BICUBIC),
+            T.Resize(160, antialias=False),
+            T.Resize(640),
+            [T.Resize(256), T.CenterCrop(224)],
+        ],
+    )
     def test_resize(self, device, photos, resize):
         check_backend_parity(resize if isinstance(resize, list) else [resize], photos, device=device)
 
-    @pytest.mark.parametrize("steps", [
-        [T.CenterCrop(224)], [T.CenterCrop((301, 299))], [T.CenterCrop(600)],
-        [T.CenterCrop(225), T.ToDtype(torch.float32, scale=True)],  # fused into crop_mirror_normalize
-        [T.CenterCrop(600), T.ToDtype(torch.float32, scale=True)],  # fused, padded
-    ])
+    @pytest.mark.parametrize(
+        "steps",
+        [
+            [T.CenterCrop(224)],
+            [T.CenterCrop((301, 299))],
+            [T.CenterCrop(600)],
+            [T.CenterCrop(225), T.ToDtype(torch.float32, scale=True)],  # fused into crop_mirror_normalize
+            [T.CenterCrop(600), T.ToDtype(torch.float32, scale=True)],  # fused, padded
+        ],
+    )
     def test_center_crop_is_exact(self, device, photos, steps):
         decode = 0.0 if device == "cpu" else 2.5
         check_backend_parity(steps, photos, device=device, mean_tol=decode / 2.5 + 1e-4, max_tol=decode + 1e-4)
 
-    @pytest.mark.parametrize("steps", [
-        [T.RandomHorizontalFlip(p=1.0)], [T.RandomVerticalFlip(p=1.0)], [T.RandomHorizontalFlip(p=0.0)],
-        [T.CenterCrop(224), T.RandomHorizontalFlip(p=1.0), T.ToDtype(torch.float16, scale=True)],
-    ])
+    @pytest.mark.parametrize(
+        "steps",
+        [
+            [T.RandomHorizontalFlip(p=1.0)],
+            [T.RandomVerticalFlip(p=1.0)],
+            [T.RandomHorizontalFlip(p=0.0)],
+            [T.CenterCrop(224), T.RandomHorizontalFlip(p=1.0), T.ToDtype(torch.float16, scale=True)],
+        ],
+    )
     def test_flips(self, device, photos, steps):
         check_backend_parity(steps, photos, device=device)
 
-    @pytest.mark.parametrize("steps", [
-        [T.ToDtype(torch.float32, scale=True)],
-        [T.ToDtype(torch.float32, scale=True), T.ToDtype(torch.uint8, scale=True)],
-        [T.ToDtype(torch.float32)],
-        [T.ToDtype(torch.float32, scale=True), T.Normalize(**IMAGENET)],
-        [T.ToDtype(torch.float32, scale=True), T.GaussianBlur(3, sigma=1.0), T.Normalize(**IMAGENET)],
-    ])
+    @pytest.mark.parametrize(
+        "steps",
+        [
+            [T.ToDtype(torch.float32, scale=True)],
+            [T.ToDtype(torch.float32, scale=True), T.ToDtype(torch.uint8, scale=True)],
+            [T.ToDtype(torch.float32)],
+            [T.ToDtype(torch.float32, scale=True), T.Normalize(**IMAGENET)],
+            [T.ToDtype(torch.float32, scale=True), T.GaussianBlur(3, sigma=1.0), T.Normalize(**IMAGENET)],
+        ],
+    )
     def test_dtype_and_normalize(self, device, photos, steps):
         unscaled = steps == [T.ToDtype(torch.float32)]  # float values in 0-255
         unit = 1.0 if unscaled else NORMALIZED if isinstance(steps[-1], T.Normalize) else None
@@ -99,8 +121,15 @@ class TestParity:
     def test_gaussian_blur(self, device, photos, blur):
         check_backend_parity([blur], photos, device=device)
 
-    @pytest.mark.parametrize("jitter", [T.ColorJitter(brightness=(1.3, 1.3)), T.ColorJitter(brightness=(0.6, 0.6)),
-                                        T.ColorJitter(saturation=(0.4, 0.4)), T.ColorJitter(saturation=(1.5, 1.5))])
+    @pytest.mark.parametrize(
+        "jitter",
+        [
+            T.ColorJitter(brightness=(1.3, 1.3)),
+            T.ColorJitter(brightness=(0.6, 0.6)),
+            T.ColorJitter(saturation=(0.4, 0.4)),
+            T.ColorJitter(saturation=(1.5, 1.5)),
+        ],
+    )
     def test_color_jitter(self, device, photos, jitter):
         check_backend_parity([jitter], photos, device=device)
 
@@ -109,7 +138,7 @@ class TestParity:
         """README: DALI's contrast pivots on mid-grey (128), torchvision's on the image's mean grey."""
         decoded = run_dali([], photos, device=device)
         got = run_dali([T.ColorJitter(contrast=(factor, factor))], photos, device=device)
-        for x, y in zip(decoded, got):
+        for x, y in zip(decoded, got, strict=True):
             expected = ((x.double() - 128) * factor + 128).clamp(0, 255).round()
             assert (y.double() - expected).abs().max() <= 1
 
@@ -136,8 +165,9 @@ class TestRandomSampling:
         ours = _sample_stats([tuple(c.shape[:2]) for c in crops], h, w)
         tv = v2.RandomResizedCrop(224)
         torch.manual_seed(0)
-        theirs = _sample_stats([(p["height"], p["width"]) for p in
-                                (tv.make_params([torch.empty(3, h, w)]) for _ in range(4000))], h, w)
+        theirs = _sample_stats(
+            [(p["height"], p["width"]) for p in (tv.make_params([torch.empty(3, h, w)]) for _ in range(4000))], h, w
+        )
         np.testing.assert_allclose(ours, theirs, atol=0.05)
 
     def _first_pixels(self, steps, image, n=300):
@@ -148,8 +178,11 @@ class TestRandomSampling:
         image = coordinates(12, 16)
         outs = run_dali([flip(p=0.3)], [png(image)] * 400)
         flipped = [not torch.equal(o.permute(1, 2, 0), torch.from_numpy(image)) for o in outs]
-        assert all(torch.equal(o.permute(1, 2, 0), torch.from_numpy(np.flip(image, axis).copy()))
-                   for o, f in zip(outs, flipped) if f)
+        assert all(
+            torch.equal(o.permute(1, 2, 0), torch.from_numpy(np.flip(image, axis).copy()))
+            for o, f in zip(outs, flipped, strict=True)
+            if f
+        )
         assert abs(np.mean(flipped) - 0.3) < 0.07
 
     def test_grayscale_rate(self):
@@ -173,8 +206,10 @@ class TestRandomSampling:
         assert tops.min() == 0 and tops.max() == 20 and lefts.min() == 0 and lefts.max() == 40
         assert abs(tops.mean() - 10) < 1.5 and abs(lefts.mean() - 20) < 2.5
         # consecutive pixels: a real crop, not a resampling
-        assert all(torch.equal(o[0, :, 0], torch.arange(int(o[0, 0, 0]), int(o[0, 0, 0]) + 20, dtype=torch.uint8))
-                   for o in outs[:20])
+        assert all(
+            torch.equal(o[0, :, 0], torch.arange(int(o[0, 0, 0]), int(o[0, 0, 0]) + 20, dtype=torch.uint8))
+            for o in outs[:20]
+        )
 
     def test_random_crop_padding(self):
         image = coordinates(40, 60)
@@ -185,8 +220,9 @@ class TestRandomSampling:
             inside = (o[2] == 7).any(dim=1).nonzero()
             tops.append(int(inside[0]))
             padding = o[:, o[2] != 7]  # pixels not from the image carry the fill value
-            assert padding.shape[1] > 0 and torch.equal(padding.unique(dim=1).flatten(),
-                                                        torch.tensor([1, 2, 3], dtype=torch.uint8))
+            assert padding.shape[1] > 0 and torch.equal(
+                padding.unique(dim=1).flatten(), torch.tensor([1, 2, 3], dtype=torch.uint8)
+            )
         # padded height 60: the crop starts uniformly in [0, 10], i.e. the image at rows 10 - top
         assert min(tops) == 0 and max(tops) == 10
 
@@ -217,7 +253,7 @@ class TestHandOff:
         for images, _ in loader:
             held.append(images)
             copies.append(images.clone())
-        assert len(held) == 8 and all(torch.equal(h, c) for h, c in zip(held, copies))
+        assert len(held) == 8 and all(torch.equal(h, c) for h, c in zip(held, copies, strict=True))
         assert not torch.equal(held[0], held[1])
 
     @pytest.mark.gpu

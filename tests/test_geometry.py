@@ -40,8 +40,9 @@ class TestIntRules:
                 expected = -tvg._center_crop_compute_padding(crop, crop, size, size)[1]
             assert center_crop_anchor(crop, size) == expected, (crop, size)
 
-    @pytest.mark.parametrize("padding, pad_if_needed", [(None, False), (None, True), ((3, 1, 0, 5), False),
-                                                        ((3, 1, 0, 5), True)])
+    @pytest.mark.parametrize(
+        "padding, pad_if_needed", [(None, False), (None, True), ((3, 1, 0, 5), False), ((3, 1, 0, 5), True)]
+    )
     def test_crop_padding_and_too_small(self, padding, pad_if_needed):
         for crop, size in itertools.product([1, 7, 64, 100, 257], [1, 7, 64, 100, 257, 300]):
             tv = TVRandomCrop((crop, crop), padding=padding, pad_if_needed=pad_if_needed)
@@ -64,8 +65,9 @@ def dali_eval(fn_of_nodes, rows: np.ndarray) -> np.ndarray:
 
     pipe = Pipeline(batch_size=len(rows), num_threads=1, device_id=None)
     with pipe:
-        data = fn.external_source(source=lambda: [np.asarray(r, np.int32) for r in rows], batch=True,
-                                  dtype=types.INT32, ndim=1)
+        data = fn.external_source(
+            source=lambda: [np.asarray(r, np.int32) for r in rows], batch=True, dtype=types.INT32, ndim=1
+        )
         outs = fn_of_nodes(*(data[i] for i in range(rows.shape[1])))
         pipe.set_outputs(fn.stack(*(fn.cast(o, dtype=types.INT32) for o in outs)))
     pipe.build()
@@ -93,7 +95,7 @@ class TestOnDaliNodes:
 
         rows = np.array([[s] for s in SIDES])
         for crop in SIDES:
-            got = dali_eval(lambda size: (center_crop_anchor(crop, size, DALI_OPS),), rows)
+            got = dali_eval(lambda size, crop=crop: (center_crop_anchor(crop, size, DALI_OPS),), rows)
             assert got[:, 0].tolist() == [center_crop_anchor(crop, s) for (s,) in rows.tolist()], crop
 
     @pytest.mark.parametrize("pad_if_needed", [False, True])
@@ -102,7 +104,7 @@ class TestOnDaliNodes:
 
         rows = np.array([[s] for s in SIDES])
         for crop in (1, 100, 300):
-            got = dali_eval(lambda size: crop_padding(size, 3, 1, crop, pad_if_needed, DALI_OPS), rows)
+            got = dali_eval(lambda size, crop=crop: crop_padding(size, 3, 1, crop, pad_if_needed, DALI_OPS), rows)
             assert got.tolist() == [list(crop_padding(s, 3, 1, crop, pad_if_needed)) for (s,) in rows.tolist()]
 
 
@@ -121,13 +123,17 @@ class TestTooSmall:
     def test_message(self):
         assert crop_too_large((200, 200), (120, 160), padding=False) == (
             "RandomCrop: crop size (200, 200) is larger than the image size (120, 160); "
-            "set pad_if_needed=True to pad small images")
+            "set pad_if_needed=True to pad small images"
+        )
 
-    @pytest.mark.parametrize("steps", [
-        [T.RandomCrop(200)],
-        [T.RandomCrop((240, 200), padding=(0, 20))],  # padded 160x160, 240x200 (fits exactly), 160x400
-        [T.Resize((100, 100)), T.RandomCrop(120)],  # too small after a resize: every sample
-    ])
+    @pytest.mark.parametrize(
+        "steps",
+        [
+            [T.RandomCrop(200)],
+            [T.RandomCrop((240, 200), padding=(0, 20))],  # padded 160x160, 240x200 (fits exactly), 160x400
+            [T.Resize((100, 100)), T.RandomCrop(120)],  # too small after a resize: every sample
+        ],
+    )
     def test_parity(self, mixed_sizes, steps):
         pytest.importorskip("nvidia.dali")
         from .checkers import reference_outputs
@@ -146,8 +152,10 @@ def test_a_too_small_sample_names_itself_on_every_backend(backend, tmp_path):
         w.write("big", {"jpg": encode_jpeg(synthetic_image(0, size=(60, 60))), "cls": 0})
         w.write("tiny", {"jpg": encode_jpeg(synthetic_image(1, size=(30, 40))), "cls": 1})
     pipe = gp.Pipeline(w.shards, [T.RandomCrop(50), T.ToDtype(torch.float32, scale=True)])
-    message = (r"sample 'tiny' in shard '.*small-0\.tar' \(30x40\): RandomCrop: crop size \(50, 50\) is larger than "
-               r"the image size \(30, 40\); set pad_if_needed=True")
+    message = (
+        r"sample 'tiny' in shard '.*small-0\.tar' \(30x40\): RandomCrop: crop size \(50, 50\) is larger than "
+        r"the image size \(30, 40\); set pad_if_needed=True"
+    )
     with pytest.raises(gp.SampleError, match=message) as info:
         list(backend.loader(pipe, 2, num_workers=0))
     assert (info.value.key, info.value.shard) == ("tiny", w.shards[0])

@@ -115,8 +115,9 @@ def test_a_failed_build_leaves_nothing_open(shards):
     pytest.importorskip("nvidia.dali")
     before = settled()
     with pytest.raises(gp.UnsupportedTransformError):
-        gp.Loader(gp.Pipeline(shards, [T.RandomCrop(16, padding=2, padding_mode="reflect")]), 2, backend="dali",
-                  device="cpu")
+        gp.Loader(
+            gp.Pipeline(shards, [T.RandomCrop(16, padding=2, padding_mode="reflect")]), 2, backend="dali", device="cpu"
+        )
     after = settled(before)
     assert all(after[k] <= before[k] for k in before), (before, after)
 
@@ -147,9 +148,20 @@ def test_a_dropped_dali_runner_frees_its_pipelines(shards, gc_off):
 
     index = gp.WebDataset(shards).index()
     transforms = val(shards).transforms
-    spec = backends.RunSpec(index=index, transforms=transforms, device=torch.device("cpu"), batch_size=4, workers=1,
-                            prefetch=2, channels_last=False, rank=0, seed=0)
-    plan = rank_plan(index.shard_sizes, PlanSpec(16, 1, 4, False, False, 1, 1), sequential=True, seed=0, epoch=1, rank=0)
+    spec = backends.RunSpec(
+        index=index,
+        transforms=transforms,
+        device=torch.device("cpu"),
+        batch_size=4,
+        workers=1,
+        prefetch=2,
+        channels_last=False,
+        rank=0,
+        seed=0,
+    )
+    plan = rank_plan(
+        index.shard_sizes, PlanSpec(16, 1, 4, False, False, 1, 1), sequential=True, seed=0, epoch=1, rank=0
+    )
     before = len(Pipeline._pipes)
     runner = backends.get("dali").runner(spec)
     assert len(Pipeline._pipes) == before + 1  # built with the runner, held by it

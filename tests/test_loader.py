@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import gpupipe as gp
-from gpupipe.testing import encode_jpeg, synthetic_image
 from gpupipe import transforms as T
+from gpupipe.testing import encode_jpeg, synthetic_image
 
 from .checkers import AddMult
 from .conftest import SHARD_SIZES, label_of
@@ -20,8 +20,16 @@ N = sum(SHARD_SIZES)
 
 
 def small_train(source, size=32):
-    return gp.Pipeline(source, [T.RandomResizedCrop(size), T.RandomHorizontalFlip(), T.ColorJitter(0.2, 0.2, 0.2),
-                                T.ToDtype(torch.float32, scale=True), T.Normalize([0.5] * 3, [0.25] * 3)])
+    return gp.Pipeline(
+        source,
+        [
+            T.RandomResizedCrop(size),
+            T.RandomHorizontalFlip(),
+            T.ColorJitter(0.2, 0.2, 0.2),
+            T.ToDtype(torch.float32, scale=True),
+            T.Normalize([0.5] * 3, [0.25] * 3),
+        ],
+    )
 
 
 def small_val(source, size=32):
@@ -49,7 +57,7 @@ class TestPipeline:
         with pytest.raises(gp.ConfigError, match="ImageFolder"):
             gp.Pipeline(image_folder, [])
         with pytest.raises(gp.ConfigError, match="source must be"):
-            gp.Pipeline(42, [])
+            gp.Pipeline(42, [])  # type: ignore[arg-type]
 
     def test_step_errors_name_the_step(self, shards):
         with pytest.raises(gp.PipelineError, match=r"step 1: Normalize.*ToDtype"):
@@ -58,7 +66,7 @@ class TestPipeline:
     def test_torchvision_transforms_rejected(self, shards):
         from torchvision.transforms import v2
 
-        with pytest.raises(gp.ConfigError, match="use gpupipe.transforms"):
+        with pytest.raises(gp.ConfigError, match=r"use gpupipe\.transforms"):
             gp.Pipeline(shards, [v2.CenterCrop(8)])
 
     def test_load_pipeline_by_path(self, shards):
@@ -69,7 +77,7 @@ class TestPipeline:
         assert [type(t).__name__ for t in val.transforms] == ["Resize", "CenterCrop", "ToDtype", "Normalize"]
         with pytest.raises(gp.ConfigError, match="no function"):
             gp.load_pipeline(f"{root}:nope")
-        with pytest.raises(gp.ConfigError, match="file.py:function"):
+        with pytest.raises(gp.ConfigError, match=r"file\.py:function"):
             gp.load_pipeline("pipelines/imagenet.py")
 
 
@@ -77,12 +85,18 @@ class TestLoaderArguments:
     """Each option's validation is tested on LoaderConfig (tests/test_config.py); these go through
     the Loader."""
 
-    @pytest.mark.parametrize("kwargs, match", [
-        (dict(batch_size=0), "batch_size"), (dict(batch_size=2, shuffle=1), "shuffle"),
-        (dict(batch_size=2, seed=1.5), "seed"), (dict(batch_size=2, backend="tensorflow"), "backend"),
-        (dict(batch_size=2, device="tpu"), "device"), (dict(batch_size=2, num_workers=-1), "num_workers"),
-        (dict(batch_size=2, prefetch=0), "prefetch"),
-    ])
+    @pytest.mark.parametrize(
+        "kwargs, match",
+        [
+            (dict(batch_size=0), "batch_size"),
+            (dict(batch_size=2, shuffle=1), "shuffle"),
+            (dict(batch_size=2, seed=1.5), "seed"),
+            (dict(batch_size=2, backend="tensorflow"), "backend"),
+            (dict(batch_size=2, device="tpu"), "device"),
+            (dict(batch_size=2, num_workers=-1), "num_workers"),
+            (dict(batch_size=2, prefetch=0), "prefetch"),
+        ],
+    )
     def test_invalid(self, shards, kwargs, match):
         with pytest.raises(gp.ConfigError, match=match):
             gp.Loader(small_val(shards), **kwargs)
@@ -99,7 +113,7 @@ class TestLoaderArguments:
 
     def test_options_are_keyword_only(self, shards):
         with pytest.raises(TypeError):
-            gp.Loader(small_val(shards), 2, True)
+            gp.Loader(small_val(shards), 2, True)  # type: ignore[call-arg]
 
 
 class TestEpoch:
@@ -122,8 +136,9 @@ class TestEpoch:
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # drop_last with fewer samples than a batch warns
-            loader = backend.loader(small_val(shards), batch_size, drop_last=drop_last, shuffle=True, seed=1,
-                               num_workers=0)
+            loader = backend.loader(
+                small_val(shards), batch_size, drop_last=drop_last, shuffle=True, seed=1, num_workers=0
+            )
         keys, _, shapes = collect(loader)
         assert len(shapes) == len(loader)
         expected = N // batch_size if drop_last else math.ceil(N / batch_size)
@@ -154,18 +169,20 @@ class TestEpoch:
         assert order(6, 0) != e0
 
     def test_shuffle_is_two_level_on_shards(self, backend, shards):
-        loader = backend.loader(small_val(shards), 4, shuffle=True, seed=0, shuffle_buffer=1, interleave=1,
-                      num_workers=0)
+        loader = backend.loader(
+            small_val(shards), 4, shuffle=True, seed=0, shuffle_buffer=1, interleave=1, num_workers=0
+        )
         orders = {tuple(loader.plan(e).samples) for e in range(12)}
-        bounds = np.cumsum((0,) + SHARD_SIZES)
+        bounds = np.cumsum((0, *SHARD_SIZES))
         for o in orders:  # with a buffer of 1, each shard is read as one contiguous run
-            runs = [o[bounds[i]:bounds[i + 1]] for i in range(3)]
+            runs = [o[bounds[i] : bounds[i + 1]] for i in range(3)]
             assert sorted(np.concatenate(runs)) == list(range(N))
         assert len(orders) > 1
 
     def test_augmentation_reproducible_across_worker_counts(self, backend, shards):
         if backend.backend == "dali":
             pytest.skip("DALI draws augmentation parameters with its own generators, per pipeline")
+
         def images(workers, epoch=0):
             loader = backend.loader(small_train(shards), 8, shuffle=True, seed=11, num_workers=workers)
             loader.set_epoch(epoch)
@@ -183,7 +200,9 @@ class TestEpoch:
         assert [k for b in batches for k in b.keys] == [loader.index.key(i) for i in range(5)]
 
     def test_image_folder(self, backend, image_folder):
-        loader = backend.loader(small_val(gp.ImageFolder(image_folder), size=24), 4, shuffle=True, seed=0, num_workers=2)
+        loader = backend.loader(
+            small_val(gp.ImageFolder(image_folder), size=24), 4, shuffle=True, seed=0, num_workers=2
+        )
         keys, labels, shapes = collect(loader)
         index = loader.index
         truth = {index.key(i): index.read(i).label for i in range(len(index))}
@@ -237,7 +256,7 @@ class TestArithmetic:
     def test_in_a_loader(self, backend, shards):
         base = [T.CenterCrop(16), T.ToDtype(torch.float32, scale=True)]
         plain, _ = next(iter(backend.loader(gp.Pipeline(shards, base), 4)))
-        pipe = gp.Pipeline(shards, base + [AddMult(add=-0.5, mult=2.0)])
+        pipe = gp.Pipeline(shards, [*base, AddMult(add=-0.5, mult=2.0)])
         images, _ = next(iter(backend.loader(pipe, 4)))
         assert images.dtype == torch.float32
         torch.testing.assert_close(images, (plain - 0.5) * 2.0)

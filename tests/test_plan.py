@@ -3,6 +3,9 @@ worked example on every backend."""
 
 from __future__ import annotations
 
+import functools
+import operator
+
 import numpy as np
 import pytest
 import torch
@@ -17,12 +20,21 @@ from .checkers import check_epoch_partition, val, yielded
 
 def plan_batches(sizes, world, *, sequential, shuffle, seed, epoch, buffer, interleave, batch_size, drop_last):
     """Every rank's plan of one epoch, as the checker wants it (keys are sample numbers)."""
-    spec = PlanSpec(num_samples=sum(sizes), world_size=world, batch_size=batch_size, drop_last=drop_last,
-                    shuffle=shuffle, shuffle_buffer=buffer, interleave=interleave)
-    plans = [rank_plan(np.array(sizes), spec, sequential=sequential, seed=seed, epoch=epoch, rank=r)
-             for r in range(world)]
-    return plans, [[([str(s) for s in p.batch(b)[0]], p.batch(b)[1].tolist()) for b in range(p.num_batches)]
-                   for p in plans]
+    spec = PlanSpec(
+        num_samples=sum(sizes),
+        world_size=world,
+        batch_size=batch_size,
+        drop_last=drop_last,
+        shuffle=shuffle,
+        shuffle_buffer=buffer,
+        interleave=interleave,
+    )
+    plans = [
+        rank_plan(np.array(sizes), spec, sequential=sequential, seed=seed, epoch=epoch, rank=r) for r in range(world)
+    ]
+    return plans, [
+        [([str(s) for s in p.batch(b)[0]], p.batch(b)[1].tolist()) for b in range(p.num_batches)] for p in plans
+    ]
 
 
 class TestRankPlan:
@@ -33,20 +45,39 @@ class TestRankPlan:
     @pytest.mark.parametrize("drop_last", [False, True])
     @pytest.mark.parametrize("shuffle, sequential", [(False, True), (True, True), (True, False)])
     def test_simulated_ranks(self, world, batch_size, drop_last, shuffle, sequential):
-        kw = dict(sequential=sequential, shuffle=shuffle, seed=3, epoch=1, buffer=4, interleave=3,
-                  batch_size=batch_size, drop_last=drop_last)
+        kw = dict(
+            sequential=sequential,
+            shuffle=shuffle,
+            seed=3,
+            epoch=1,
+            buffer=4,
+            interleave=3,
+            batch_size=batch_size,
+            drop_last=drop_last,
+        )
         _, per_rank = plan_batches(self.SIZES, world, **kw)
         total = sum(self.SIZES)
-        counts = check_epoch_partition(per_rank, [str(i) for i in range(total)], world_size=world,
-                                       batch_size=batch_size, drop_last=drop_last)
+        counts = check_epoch_partition(
+            per_rank, [str(i) for i in range(total)], world_size=world, batch_size=batch_size, drop_last=drop_last
+        )
         if drop_last:
             assert counts["batches"] == total // (world * batch_size)
         else:
             assert counts["padding"] == -total % world
 
     def test_fewer_samples_than_ranks(self):
-        _, per_rank = plan_batches((1, 2), 8, sequential=True, shuffle=True, seed=0, epoch=0, buffer=4,
-                                   interleave=2, batch_size=2, drop_last=False)
+        _, per_rank = plan_batches(
+            (1, 2),
+            8,
+            sequential=True,
+            shuffle=True,
+            seed=0,
+            epoch=0,
+            buffer=4,
+            interleave=2,
+            batch_size=2,
+            drop_last=False,
+        )
         counts = check_epoch_partition(per_rank, ["0", "1", "2"], world_size=8, batch_size=2, drop_last=False)
         assert counts == {"batches": 1, "valid": 3, "padding": 5}
 
@@ -59,28 +90,53 @@ class TestRankPlan:
         assert samples(1, 2, 4) == samples(1, 2, 4)
         assert samples(1, 2, 4) != samples(1, 3, 4) != samples(2, 2, 4)
         # another world size splits the same samples differently
-        assert set(sum(samples(1, 2, 4), [])) == set(sum(samples(1, 2, 3), [])) == set(range(sum(self.SIZES)))
+        assert (
+            set(functools.reduce(operator.iadd, samples(1, 2, 4), []))
+            == set(functools.reduce(operator.iadd, samples(1, 2, 3), []))
+            == set(range(sum(self.SIZES)))
+        )
         assert samples(1, 2, 4)[0] != samples(1, 2, 3)[0]
 
     def test_each_rank_reads_a_contiguous_part_of_the_shard_order(self):
         sizes = np.array(self.SIZES)
         offsets = np.concatenate([[0], np.cumsum(sizes)])
-        plans, _ = plan_batches(sizes, 3, sequential=True, shuffle=True, seed=5, epoch=0, buffer=1,
-                                interleave=1, batch_size=4, drop_last=False)
-        order = np.concatenate([np.arange(offsets[s], offsets[s + 1]) for s in shard_permutation(
-            len(sizes), seed=5, epoch=0)])
+        plans, _ = plan_batches(
+            sizes,
+            3,
+            sequential=True,
+            shuffle=True,
+            seed=5,
+            epoch=0,
+            buffer=1,
+            interleave=1,
+            batch_size=4,
+            drop_last=False,
+        )
+        order = np.concatenate(
+            [np.arange(offsets[s], offsets[s + 1]) for s in shard_permutation(len(sizes), seed=5, epoch=0)]
+        )
         for r, p in enumerate(plans):
             start, stop = rank_range(len(order), r, 3)
             assert p.samples[p.valid].tolist() == order[start:stop].tolist()  # no mixing: exact range
         shard_sets = [{int(np.searchsorted(offsets, s, "right")) - 1 for s in p.samples[p.valid]} for p in plans]
-        shared = [len(a & b) for i, a in enumerate(shard_sets) for b in shard_sets[i + 1:]]
+        shared = [len(a & b) for i, a in enumerate(shard_sets) for b in shard_sets[i + 1 :]]
         assert sum(shared) <= 2  # only the shards cut at the 2 rank boundaries are split (by byte range)
 
     def test_interleave_reads_each_shard_front_to_back(self):
         sizes = np.array(self.SIZES)
         offsets = np.concatenate([[0], np.cumsum(sizes)])
-        (p,), _ = plan_batches(sizes, 1, sequential=True, shuffle=True, seed=1, epoch=0, buffer=1, interleave=4,
-                               batch_size=4, drop_last=False)
+        (p,), _ = plan_batches(
+            sizes,
+            1,
+            sequential=True,
+            shuffle=True,
+            seed=1,
+            epoch=0,
+            buffer=1,
+            interleave=4,
+            batch_size=4,
+            drop_last=False,
+        )
         shard = np.searchsorted(offsets, p.samples, "right") - 1
         for s in range(len(sizes)):
             assert np.all(np.diff(p.samples[shard == s]) == 1)
@@ -107,7 +163,7 @@ class TestShuffleQuality:
     def classes_per_batch(self, labels):
         labels = np.asarray(labels)
         n = len(labels) // self.BATCH
-        return float(np.mean([len(set(labels[i * self.BATCH:(i + 1) * self.BATCH].tolist())) for i in range(n)]))
+        return float(np.mean([len(set(labels[i * self.BATCH : (i + 1) * self.BATCH].tolist())) for i in range(n)]))
 
     def dali_buffer_only(self, shards, epoch):
         from nvidia.dali import Pipeline, fn
@@ -115,8 +171,13 @@ class TestShuffleQuality:
         index = gp.WebDataset(shards).index()  # writes the DALI index files
         pipe = Pipeline(batch_size=self.BATCH, num_threads=1, device_id=None, seed=epoch + 1)
         with pipe:
-            _, cls = fn.readers.webdataset(paths=shards, index_paths=[s.dali_index for s in index.shards],
-                                           ext=["jpg", "cls"], random_shuffle=True, initial_fill=self.BUFFER)
+            _, cls = fn.readers.webdataset(  # type: ignore[misc]
+                paths=shards,
+                index_paths=[str(s.dali_index) for s in index.shards],
+                ext=["jpg", "cls"],
+                random_shuffle=True,
+                initial_fill=self.BUFFER,
+            )
             pipe.set_outputs(cls)
         pipe.build()
         labels = []
@@ -127,9 +188,18 @@ class TestShuffleQuality:
 
     def test_two_level_beats_buffer_only(self, one_class_per_shard):
         pytest.importorskip("nvidia.dali")
-        loader = gp.Loader(gp.Pipeline(one_class_per_shard, [T.CenterCrop(8)]), self.BATCH, shuffle=True,
-                           drop_last=True, seed=0, shuffle_buffer=self.BUFFER, interleave=self.INTERLEAVE,
-                           backend="torch", device="cpu", num_workers=0)
+        loader = gp.Loader(
+            gp.Pipeline(one_class_per_shard, [T.CenterCrop(8)]),
+            self.BATCH,
+            shuffle=True,
+            drop_last=True,
+            seed=0,
+            shuffle_buffer=self.BUFFER,
+            interleave=self.INTERLEAVE,
+            backend="torch",
+            device="cpu",
+            num_workers=0,
+        )
         ours, dali, perfect = [], [], []
         n = self.SHARDS * self.PER_SHARD
         for epoch in range(3):
@@ -138,8 +208,10 @@ class TestShuffleQuality:
             dali.append(self.dali_buffer_only(one_class_per_shard, epoch))
             perfect.append(self.classes_per_batch(np.random.default_rng(epoch).permutation(n) // self.PER_SHARD))
         ours, dali, perfect = np.mean(ours), np.mean(dali), np.mean(perfect)
-        print(f"classes per batch of {self.BATCH}: gpupipe {ours:.1f}, DALI buffer-only {dali:.1f}, "
-              f"perfect shuffle {perfect:.1f}")
+        print(
+            f"classes per batch of {self.BATCH}: gpupipe {ours:.1f}, DALI buffer-only {dali:.1f}, "
+            f"perfect shuffle {perfect:.1f}"
+        )
         assert ours >= 1.25 * dali
         assert ours >= 0.7 * perfect
 
@@ -156,15 +228,24 @@ class TestWorkedExample:
                 w.write(f"s{i}", {"jpg": jpg, "cls": i})
         return w.shards
 
-    @pytest.mark.parametrize("drop_last, expected", [
-        (False, [[(["s0", "s1"], [1, 1]), (["s2", "s3"], [1, 1])],
-                 [(["s4", "s5"], [1, 1]), (["s6", "s4"], [1, 0])],
-                 [(["s7", "s8"], [1, 1]), (["s9", "s7"], [1, 0])]]),
-        (True, [[(["s0", "s1"], [1, 1])], [(["s4", "s5"], [1, 1])], [(["s7", "s8"], [1, 1])]]),
-    ])
+    @pytest.mark.parametrize(
+        "drop_last, expected",
+        [
+            (
+                False,
+                [
+                    [(["s0", "s1"], [1, 1]), (["s2", "s3"], [1, 1])],
+                    [(["s4", "s5"], [1, 1]), (["s6", "s4"], [1, 0])],
+                    [(["s7", "s8"], [1, 1]), (["s9", "s7"], [1, 0])],
+                ],
+            ),
+            (True, [[(["s0", "s1"], [1, 1])], [(["s4", "s5"], [1, 1])], [(["s7", "s8"], [1, 1])]]),
+        ],
+    )
     def test_three_ranks_batch_two(self, ten, clean_env, backend, drop_last, expected):
-        loaders = [backend.loader(val(ten), 2, drop_last=drop_last, rank=r, world_size=3,
-                             num_workers=0) for r in range(3)]
+        loaders = [
+            backend.loader(val(ten), 2, drop_last=drop_last, rank=r, world_size=3, num_workers=0) for r in range(3)
+        ]
         assert [len(lo) for lo in loaders] == [len(expected[0])] * 3
         got = [[(keys, [int(v) for v in valid]) for keys, valid in yielded(lo)] for lo in loaders]
         assert got == expected
@@ -172,4 +253,4 @@ class TestWorkedExample:
     @pytest.mark.parametrize("drop_last, sizes", [(False, [4, 4, 2]), (True, [4, 4])])
     def test_one_process(self, ten, clean_env, drop_last, sizes):
         loader = gp.Loader(val(ten), 4, drop_last=drop_last, backend="torch", device="cpu", num_workers=0)
-        assert [len(keys) for keys, _ in yielded(loader)] == sizes == [4, 4, 2][:len(loader)]
+        assert [len(keys) for keys, _ in yielded(loader)] == sizes == [4, 4, 2][: len(loader)]

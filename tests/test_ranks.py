@@ -24,26 +24,41 @@ class TestLoaderRanks:
 
     @pytest.mark.parametrize("world, batch_size", [(2, 4), (3, 2), (4, 3)])
     def test_eval_counts_every_sample_once(self, backend, uneven_shards, clean_env, world, batch_size):
-        loaders = [backend.loader(val(uneven_shards), batch_size, rank=r, world_size=world,
-                             num_workers=1) for r in range(world)]
+        loaders = [
+            backend.loader(val(uneven_shards), batch_size, rank=r, world_size=world, num_workers=1)
+            for r in range(world)
+        ]
         assert len({len(lo) for lo in loaders}) == 1
         per_rank = [yielded(lo) for lo in loaders]
         assert [len(batches) for batches in per_rank] == [len(loaders[0])] * world
-        check_epoch_partition(per_rank, all_keys(loaders[0].index), world_size=world, batch_size=batch_size,
-                              drop_last=False)
+        check_epoch_partition(
+            per_rank, all_keys(loaders[0].index), world_size=world, batch_size=batch_size, drop_last=False
+        )
 
     @pytest.mark.parametrize("world, batch_size", [(2, 4), (3, 2)])
     def test_train_epochs(self, backend, uneven_shards, clean_env, world, batch_size):
-        loaders = [backend.loader(val(uneven_shards), batch_size, shuffle=True, drop_last=True, seed=9, rank=r,
-                             world_size=world, num_workers=1) for r in range(world)]
+        loaders = [
+            backend.loader(
+                val(uneven_shards),
+                batch_size,
+                shuffle=True,
+                drop_last=True,
+                seed=9,
+                rank=r,
+                world_size=world,
+                num_workers=1,
+            )
+            for r in range(world)
+        ]
         seen = []
         for epoch in range(3):
             for lo in loaders:
                 lo.set_epoch(epoch)
             per_rank = [yielded(lo) for lo in loaders]
-            check_epoch_partition(per_rank, all_keys(loaders[0].index), world_size=world, batch_size=batch_size,
-                                  drop_last=True)
-            for lo, batches in zip(loaders, per_rank):  # the loader yields its plan, on every backend
+            check_epoch_partition(
+                per_rank, all_keys(loaders[0].index), world_size=world, batch_size=batch_size, drop_last=True
+            )
+            for lo, batches in zip(loaders, per_rank, strict=True):  # the loader yields its plan, on every backend
                 plan = lo.plan()
                 assert [k for keys, _ in batches for k in keys] == [lo.index.key(int(s)) for s in plan.samples]
             seen.append(per_rank)
@@ -80,6 +95,7 @@ class _Simulated(Source):
             n = int(self.sizes[s])
             keys = [f"s{s:05d}/{i:05d}" for i in range(n)]
             return keys, {"image_range": np.tile(self.image, (n, 1)), "label_range": np.tile(self.label, (n, 1))}
+
         return load
 
     def index(self, *, rank: int = 0, world_size: int = 1) -> Index:
@@ -94,7 +110,9 @@ class TestScale:
         real = gp.WebDataset(w.shards).index().shards[0]
         sizes = np.random.default_rng(0).integers(500, 1501, size=10_000)
         assert 9_900_000 < sizes.sum() < 10_100_000
-        source = _Simulated(w.shards[0], tuple(real.column("image_range")[0]), tuple(real.column("label_range")[0]), sizes)
+        source = _Simulated(
+            w.shards[0], tuple(real.column("image_range")[0]), tuple(real.column("label_range")[0]), sizes
+        )
         pipeline = gp.Pipeline(source, [T.CenterCrop(16)])
         loader = backend.loader(pipeline, 256, shuffle=True, seed=1, rank=5, world_size=8, num_workers=0)
         assert source.loaded == []  # start-up reads no per-sample index

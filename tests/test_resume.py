@@ -13,7 +13,9 @@ class TestResume:
     @pytest.mark.parametrize("drop_last", [False, True])
     def test_resume_at_every_point(self, backend, uneven_shards, clean_env, drop_last):
         def make(**kw):
-            return backend.loader(val(uneven_shards), 2, shuffle=True, drop_last=drop_last, rank=1, world_size=2, num_workers=0, **kw)
+            return backend.loader(
+                val(uneven_shards), 2, shuffle=True, drop_last=drop_last, rank=1, world_size=2, num_workers=0, **kw
+            )
 
         run = make(seed=11)
         run.set_epoch(3)
@@ -47,16 +49,21 @@ class TestResume:
         run.set_epoch(1)
         assert (run.state_dict()["epoch"], run.state_dict()["batches_yielded"]) == (1, 0)
 
-    @pytest.mark.parametrize("change, match", [
-        (dict(rank=0), "rank=1"), (dict(batch_size=3), "batch_size"), (dict(world_size=3, rank=1), "world_size"),
-        (dict(seed=8), "seed"), (dict(drop_last=True), "drop_last"), (dict(shuffle_buffer=7), "shuffle_buffer"),
-    ])
+    @pytest.mark.parametrize(
+        "change, match",
+        [
+            (dict(rank=0), "rank=1"),
+            (dict(batch_size=3), "batch_size"),
+            (dict(world_size=3, rank=1), "world_size"),
+            (dict(seed=8), "seed"),
+            (dict(drop_last=True), "drop_last"),
+            (dict(shuffle_buffer=7), "shuffle_buffer"),
+        ],
+    )
     def test_mismatched_state_is_refused(self, backend, uneven_shards, clean_env, change, match):
         kw = dict(batch_size=2, seed=1, rank=1, world_size=2, drop_last=False, shuffle_buffer=4096)
-        state = backend.loader(val(uneven_shards), shuffle=True, num_workers=0,
-                          **kw).state_dict()
-        other = backend.loader(val(uneven_shards), shuffle=True, num_workers=0,
-                          **{**kw, **change})
+        state = backend.loader(val(uneven_shards), shuffle=True, num_workers=0, **kw).state_dict()
+        other = backend.loader(val(uneven_shards), shuffle=True, num_workers=0, **{**kw, **change})
         with pytest.raises(gp.ConfigError, match=match):
             other.load_state_dict(state)
         with pytest.raises(gp.ConfigError, match="not a gpupipe loader state"):

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 import gpupipe as gp
-from gpupipe.testing import encode_jpeg, synthetic_image
 from gpupipe._decode import decode_rgb
 from gpupipe.sources import split_key
+from gpupipe.testing import encode_jpeg, synthetic_image
 
 from .conftest import SHARD_SIZES, label_of
 
@@ -48,10 +48,15 @@ class TestWebDataset:
         index = gp.WebDataset(shards).index()
         assert [index.read(i).label for i in range(len(index))] == [label_of(i) for i in range(len(index))]
 
-    @pytest.mark.parametrize("member, key, ext", [
-        ("img/00/000123.jpg", "img/00/000123", "jpg"), ("./a/b.seg.PNG", "a/b", "seg.png"),
-        ("x.y.z/k.cls", "x.y.z/k", "cls"), ("noext", "noext", ""),
-    ])
+    @pytest.mark.parametrize(
+        "member, key, ext",
+        [
+            ("img/00/000123.jpg", "img/00/000123", "jpg"),
+            ("./a/b.seg.PNG", "a/b", "seg.png"),
+            ("x.y.z/k.cls", "x.y.z/k", "cls"),
+            ("noext", "noext", ""),
+        ],
+    )
     def test_key_rule(self, member, key, ext):
         assert split_key(member) == (key, ext)
 
@@ -60,8 +65,17 @@ class TestWebDataset:
         from PIL import Image
 
         Image.new("RGB", (5, 4)).save(png, format="PNG")
-        path = write_tar(tmp_path / "s.tar", [("a.png", png.getvalue()), ("a.jpg", JPEG), ("a.cls", b"1"),
-                                              ("a.json", b"{}"), ("b.png", png.getvalue()), ("b.cls", b" 2\n")])
+        path = write_tar(
+            tmp_path / "s.tar",
+            [
+                ("a.png", png.getvalue()),
+                ("a.jpg", JPEG),
+                ("a.cls", b"1"),
+                ("a.json", b"{}"),
+                ("b.png", png.getvalue()),
+                ("b.cls", b" 2\n"),
+            ],
+        )
         index = gp.WebDataset(path).index()
         assert index.read(0).data == JPEG and index.read(0).label == 1
         assert index.read(1).data == png.getvalue() and index.read(1).label == 2
@@ -76,7 +90,7 @@ class TestWebDataset:
 
     def test_missing_label(self, tmp_path):
         path = write_tar(tmp_path / "s.tar", [("a.jpg", JPEG)])
-        with pytest.raises(gp.SampleError, match="no .cls label.*label=None"):
+        with pytest.raises(gp.SampleError, match=r"no \.cls label.*label=None"):
             gp.WebDataset(path).index()
         assert gp.WebDataset(path, label=None).index().read(0).label is None
 
@@ -86,14 +100,15 @@ class TestWebDataset:
             gp.WebDataset(path).index().read(0)
 
     def test_missing_or_corrupt_shard(self, tmp_path):
-        with pytest.raises(gp.ShardError, match="nope.tar"):
+        with pytest.raises(gp.ShardError, match=r"nope\.tar"):
             gp.WebDataset(str(tmp_path / "nope.tar")).index()
         (tmp_path / "bad.tar").write_bytes(b"not a tar file at all" * 40)
-        with pytest.raises(gp.ShardError, match="bad.tar"):
+        with pytest.raises(gp.ShardError, match=r"bad\.tar"):
             gp.WebDataset(str(tmp_path / "bad.tar")).index()
 
-    @pytest.mark.parametrize("url, match", [("pipe:curl http://x | cat", "never runs a shell"),
-                                            ("s3://bucket/a.tar", "local paths")])
+    @pytest.mark.parametrize(
+        "url, match", [("pipe:curl http://x | cat", "never runs a shell"), ("s3://bucket/a.tar", "local paths")]
+    )
     def test_refused_urls(self, url, match):
         with pytest.raises(gp.ConfigError, match=match):
             gp.WebDataset(url)
@@ -102,7 +117,7 @@ class TestWebDataset:
         with pytest.raises(gp.ConfigError, match="image"):
             gp.WebDataset("a.tar", image=";")
         with pytest.raises(TypeError):
-            gp.WebDataset("a.tar", "jpg")
+            gp.WebDataset("a.tar", "jpg")  # type: ignore[call-arg]
 
     def test_reads_our_own_writer(self, tmp_path):
         with gp.ShardWriter(str(tmp_path / "o-%03d.tar"), max_count=2) as w:
@@ -164,7 +179,7 @@ class TestDecode:
 
     @pytest.mark.parametrize("data", [b"", b"\xff\xd8garbage", JPEG[: len(JPEG) // 3] + b"\x00" * 10])
     def test_bad_data_names_shard_and_key(self, data):
-        with pytest.raises(gp.SampleError, match="'k7'.*'shard-3.tar'") as info:
+        with pytest.raises(gp.SampleError, match=r"'k7'.*'shard-3\.tar'") as info:
             decode_rgb(data, shard="shard-3.tar", key="k7")
         assert (info.value.shard, info.value.key) == ("shard-3.tar", "k7")
 
@@ -175,9 +190,9 @@ class TestIndexCache:
 
         path = str(tmp_path / "s-%d.tar")
         with gp.ShardWriter(path) as w:
-            w.write_all((f"k{i}", {"jpg": encode_jpeg(synthetic_image(i, size=(30, 30))), "cls": i})
-                        for i in range(3))
+            w.write_all((f"k{i}", {"jpg": encode_jpeg(synthetic_image(i, size=(30, 30))), "cls": i}) for i in range(3))
         first = gp.WebDataset(w.shards).index().shards[0].dali_index
+        assert first is not None
         with open(first) as f:
             assert f.readline() == "v1.2 3\n"
         real_scan = _sources.scan_tar
@@ -186,7 +201,6 @@ class TestIndexCache:
         assert again.shards[0].dali_index == first and again.read(2).label == 2
         monkeypatch.setattr(_sources, "scan_tar", real_scan)
         with gp.ShardWriter(path) as w2:  # same path, new content
-            w2.write_all((f"n{i}", {"jpg": encode_jpeg(synthetic_image(i, size=(30, 30))), "cls": 9})
-                         for i in range(5))
+            w2.write_all((f"n{i}", {"jpg": encode_jpeg(synthetic_image(i, size=(30, 30))), "cls": 9}) for i in range(5))
         changed = gp.WebDataset(w2.shards).index()
         assert changed.shards[0].dali_index != first and len(changed) == 5 and changed.key(0) == "n0"

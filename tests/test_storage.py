@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import os
 import threading
+from typing import ClassVar
 
 import pytest
 import torch
@@ -107,11 +108,11 @@ class TestSchemes:
 
 
 class MemoryStorage(sources.Storage):
-    """A whole storage scheme in a dozen lines: objects in a dict, versioned by a counter."""
+    """A whole storage scheme in a dozen lines: objects in a dict, versioned by their hash."""
 
     schemes = ("mem",)
-    objects: dict[str, bytes] = {}
-    reads: list[tuple[str, int, int]] = []
+    objects: ClassVar[dict[str, bytes]] = {}
+    reads: ClassVar[list[tuple[str, int, int]]] = []
 
     def canonical(self, url):
         return url
@@ -152,6 +153,8 @@ def test_a_new_scheme_is_one_class_and_one_table_entry(memory_shards, shards, ba
     local = gp.Loader(gp.Pipeline(shards, pipe), 4, backend=backend, device="cpu", num_workers=0)
     got, expected = list(remote), list(local)
     assert [b.keys for b in got] == [b.keys for b in expected]
-    assert all(torch.equal(a.images, b.images) and torch.equal(a.labels, b.labels) for a, b in zip(got, expected))
+    for a, b in zip(got, expected, strict=True):
+        assert a.labels is not None and b.labels is not None
+        assert torch.equal(a.images, b.images) and torch.equal(a.labels, b.labels)
     assert {url for url, _, _ in MemoryStorage.reads} == set(MemoryStorage.objects)  # every byte through the seam
     assert remote.index.shards[0].dali_index is not None  # its index was cached like a local shard's

@@ -32,8 +32,10 @@ class TestTopology:
         clean_env.setenv("SLURM_NTASKS", "8")
         assert _dist.topology() == (5, 8, "SLURM")
 
-    @pytest.mark.parametrize("rank, world, match", [(0, None, "both"), (3, 3, "0 <= rank"), (-1, 2, "0 <= rank"),
-                                                    (0, 0, "0 <= rank"), (1.0, 2, "int")])
+    @pytest.mark.parametrize(
+        "rank, world, match",
+        [(0, None, "both"), (3, 3, "0 <= rank"), (-1, 2, "0 <= rank"), (0, 0, "0 <= rank"), (1.0, 2, "int")],
+    )
     def test_invalid_explicit(self, clean_env, rank, world, match):
         with pytest.raises(gp.ConfigError, match=match):
             _dist.topology(rank, world)

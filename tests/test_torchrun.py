@@ -25,9 +25,22 @@ class TestTorchrun:
         env = {k: v for k, v in os.environ.items() if k not in DIST_ENV}
         env.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="error::DeprecationWarning:gpupipe")
         worker = os.path.join(os.path.dirname(__file__), "dist_worker.py")
-        proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                               worker, str(tmp_path), *uneven_shards], env=env, capture_output=True, text=True,
-                              timeout=300)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc_per_node=2",
+                worker,
+                str(tmp_path),
+                *uneven_shards,
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
         keys = all_keys(gp.WebDataset(uneven_shards).index())

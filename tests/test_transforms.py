@@ -22,27 +22,42 @@ def as_float(image):
 
 
 class TestRandomResizedCrop:
-    @pytest.mark.parametrize("kwargs, name", [
-        (dict(size=0), "size"), (dict(size=(1, 2, 3)), "size"), (dict(size="224"), "size"),
-        (dict(size=224, scale=(0.5,)), "scale"), (dict(size=224, scale=(0.9, 0.1)), "scale"),
-        (dict(size=224, ratio=(0, 1)), "ratio"), (dict(size=224, interpolation="lanczos"), "interpolation"),
-        (dict(size=224, antialias=None), "antialias"),
-    ])
+    @pytest.mark.parametrize(
+        "kwargs, name",
+        [
+            (dict(size=0), "size"),
+            (dict(size=(1, 2, 3)), "size"),
+            (dict(size="224"), "size"),
+            (dict(size=224, scale=(0.5,)), "scale"),
+            (dict(size=224, scale=(0.9, 0.1)), "scale"),
+            (dict(size=224, ratio=(0, 1)), "ratio"),
+            (dict(size=224, interpolation="lanczos"), "interpolation"),
+            (dict(size=224, antialias=None), "antialias"),
+        ],
+    )
     def test_invalid_arguments(self, kwargs, name):
         check_invalid(lambda: T.RandomResizedCrop(**kwargs), name)
 
     def test_options_are_keyword_only(self):
         with pytest.raises(TypeError):
-            T.RandomResizedCrop(224, (0.5, 1.0))
+            T.RandomResizedCrop(224, (0.5, 1.0))  # type: ignore[call-arg]
 
     def test_defaults_are_torchvision(self):
         t, tv = T.RandomResizedCrop(224), v2.RandomResizedCrop(224)
         assert t.size == tuple(tv.size) and t.scale == tuple(tv.scale) and t.ratio == tuple(tv.ratio)
-        assert t.antialias is tv.antialias and t.interpolation.value == getattr(tv.interpolation, "value", tv.interpolation)
+        assert t.antialias is tv.antialias and t.interpolation.value == getattr(
+            tv.interpolation, "value", tv.interpolation
+        )
 
-    @pytest.mark.parametrize("kwargs", [dict(size=48), dict(size=(40, 64), scale=(0.3, 0.9)),
-                                        dict(size=32, interpolation=v2.InterpolationMode.BICUBIC),
-                                        dict(size=50, interpolation="nearest", antialias=False)])
+    @pytest.mark.parametrize(
+        "kwargs",
+        [
+            dict(size=48),
+            dict(size=(40, 64), scale=(0.3, 0.9)),
+            dict(size=32, interpolation=v2.InterpolationMode.BICUBIC),
+            dict(size=50, interpolation="nearest", antialias=False),
+        ],
+    )
     def test_matches_torchvision(self, photo, kwargs):
         tv = v2.RandomResizedCrop(**kwargs)
         check_transform(T.RandomResizedCrop(**kwargs), photo, lambda img, p: tv.transform(img, p._asdict()))
@@ -72,16 +87,31 @@ class TestRandomResizedCrop:
 
 
 class TestResize:
-    @pytest.mark.parametrize("kwargs, name", [
-        (dict(size=-1), "size"), (dict(size=None), "max_size"), (dict(size=(10, 20), max_size=30), "max_size"),
-        (dict(size=100, max_size=100), "max_size"), (dict(size=10, interpolation=3), "interpolation"),
-    ])
+    @pytest.mark.parametrize(
+        "kwargs, name",
+        [
+            (dict(size=-1), "size"),
+            (dict(size=None), "max_size"),
+            (dict(size=(10, 20), max_size=30), "max_size"),
+            (dict(size=100, max_size=100), "max_size"),
+            (dict(size=10, interpolation=3), "interpolation"),
+        ],
+    )
     def test_invalid_arguments(self, kwargs, name):
         check_invalid(lambda: T.Resize(**kwargs), name)
 
-    @pytest.mark.parametrize("kwargs", [dict(size=37), dict(size=(50, 70)), dict(size=[61]),
-                                        dict(size=100, max_size=150), dict(size=None, max_size=90),
-                                        dict(size=64, interpolation="bicubic"), dict(size=150, antialias=False)])
+    @pytest.mark.parametrize(
+        "kwargs",
+        [
+            dict(size=37),
+            dict(size=(50, 70)),
+            dict(size=[61]),
+            dict(size=100, max_size=150),
+            dict(size=None, max_size=90),
+            dict(size=64, interpolation="bicubic"),
+            dict(size=150, antialias=False),
+        ],
+    )
     def test_matches_torchvision(self, photo, kwargs):
         tv = v2.Resize(**kwargs)
         check_transform(T.Resize(**kwargs), photo, lambda img, p: tv(img), seeds=[0])
@@ -120,25 +150,47 @@ class TestCenterCrop:
 
 
 class TestRandomCrop:
-    @pytest.mark.parametrize("kwargs, name", [
-        (dict(size=0), "size"), (dict(size=8, padding=-1), "padding"), (dict(size=8, padding=(1, 2, 3)), "padding"),
-        (dict(size=8, padding_mode="wrap"), "padding_mode"), (dict(size=8, fill="red"), "fill"),
-        (dict(size=8, pad_if_needed=1), "pad_if_needed"),
-    ])
+    @pytest.mark.parametrize(
+        "kwargs, name",
+        [
+            (dict(size=0), "size"),
+            (dict(size=8, padding=-1), "padding"),
+            (dict(size=8, padding=(1, 2, 3)), "padding"),
+            (dict(size=8, padding_mode="wrap"), "padding_mode"),
+            (dict(size=8, fill="red"), "fill"),
+            (dict(size=8, pad_if_needed=1), "pad_if_needed"),
+        ],
+    )
     def test_invalid_arguments(self, kwargs, name):
         check_invalid(lambda: T.RandomCrop(**kwargs), name)
 
-    @pytest.mark.parametrize("kwargs", [dict(size=50), dict(size=(120, 160)), dict(size=40, padding=4),
-                                        dict(size=(130, 100), pad_if_needed=True, fill=(10, 20, 30)),
-                                        dict(size=(100, 170), padding=(1, 2), pad_if_needed=True,
-                                             padding_mode="reflect"),
-                                        dict(size=64, padding=(1, 2, 3, 4), padding_mode="edge")])
+    @pytest.mark.parametrize(
+        "kwargs",
+        [
+            dict(size=50),
+            dict(size=(120, 160)),
+            dict(size=40, padding=4),
+            dict(size=(130, 100), pad_if_needed=True, fill=(10, 20, 30)),
+            dict(size=(100, 170), padding=(1, 2), pad_if_needed=True, padding_mode="reflect"),
+            dict(size=64, padding=(1, 2, 3, 4), padding_mode="edge"),
+        ],
+    )
     def test_matches_torchvision(self, photo, kwargs):
         tv = v2.RandomCrop(**kwargs)
 
         def reference(img, p):
-            return tv.transform(img, dict(needs_pad=any(p.padding), padding=list(p.padding), top=p.top, left=p.left,
-                                          height=p.height, width=p.width, needs_crop=True))
+            return tv.transform(
+                img,
+                dict(
+                    needs_pad=any(p.padding),
+                    padding=list(p.padding),
+                    top=p.top,
+                    left=p.left,
+                    height=p.height,
+                    width=p.width,
+                    needs_crop=True,
+                ),
+            )
 
         check_transform(T.RandomCrop(**kwargs), photo, reference)
 
@@ -154,8 +206,9 @@ class TestRandomHorizontalFlip:
 
     def test_matches_torchvision(self, photo):
         tv = v2.RandomHorizontalFlip(p=1.0)
-        results = check_transform(T.RandomHorizontalFlip(), photo,
-                                  lambda img, p: tv(img) if p.flip else img, seeds=range(20))
+        results = check_transform(
+            T.RandomHorizontalFlip(), photo, lambda img, p: tv(img) if p.flip else img, seeds=range(20)
+        )
         assert {p.flip for p, _ in results} == {True, False}
 
     def test_rate(self):
@@ -175,16 +228,31 @@ class TestRandomVerticalFlip:
 
 def _jitter_reference(tv):
     def reference(img, p):
-        return tv.transform(img, dict(fn_idx=torch.tensor(p.order), brightness_factor=p.brightness,
-                                      contrast_factor=p.contrast, saturation_factor=p.saturation, hue_factor=p.hue))
+        return tv.transform(
+            img,
+            dict(
+                fn_idx=torch.tensor(p.order),
+                brightness_factor=p.brightness,
+                contrast_factor=p.contrast,
+                saturation_factor=p.saturation,
+                hue_factor=p.hue,
+            ),
+        )
+
     return reference
 
 
 class TestColorJitter:
-    @pytest.mark.parametrize("kwargs, name", [
-        (dict(brightness=-0.1), "brightness"), (dict(contrast=(0.5,)), "contrast"),
-        (dict(saturation=(2, 1)), "saturation"), (dict(hue=0.6), "hue"), (dict(hue=(-0.7, 0.1)), "hue"),
-    ])
+    @pytest.mark.parametrize(
+        "kwargs, name",
+        [
+            (dict(brightness=-0.1), "brightness"),
+            (dict(contrast=(0.5,)), "contrast"),
+            (dict(saturation=(2, 1)), "saturation"),
+            (dict(hue=0.6), "hue"),
+            (dict(hue=(-0.7, 0.1)), "hue"),
+        ],
+    )
     def test_invalid_arguments(self, kwargs, name):
         check_invalid(lambda: T.ColorJitter(**kwargs), name)
 
@@ -230,15 +298,21 @@ class TestRandomGrayscale:
 
 
 class TestGaussianBlur:
-    @pytest.mark.parametrize("kwargs, name", [
-        (dict(kernel_size=4), "kernel_size"), (dict(kernel_size=(3, 0)), "kernel_size"),
-        (dict(kernel_size=3, sigma=0), "sigma"), (dict(kernel_size=3, sigma=(2.0, 1.0)), "sigma"),
-    ])
+    @pytest.mark.parametrize(
+        "kwargs, name",
+        [
+            (dict(kernel_size=4), "kernel_size"),
+            (dict(kernel_size=(3, 0)), "kernel_size"),
+            (dict(kernel_size=3, sigma=0), "sigma"),
+            (dict(kernel_size=3, sigma=(2.0, 1.0)), "sigma"),
+        ],
+    )
     def test_invalid_arguments(self, kwargs, name):
         check_invalid(lambda: T.GaussianBlur(**kwargs), name)
 
-    @pytest.mark.parametrize("kwargs", [dict(kernel_size=5), dict(kernel_size=(3, 9), sigma=(0.5, 3.0)),
-                                        dict(kernel_size=7, sigma=1.5)])
+    @pytest.mark.parametrize(
+        "kwargs", [dict(kernel_size=5), dict(kernel_size=(3, 9), sigma=(0.5, 3.0)), dict(kernel_size=7, sigma=1.5)]
+    )
     def test_matches_torchvision(self, photo, kwargs):
         tv = v2.GaussianBlur(**kwargs)
         check_transform(T.GaussianBlur(**kwargs), photo, lambda img, p: tv.transform(img, dict(sigma=[p.sigma] * 2)))
@@ -252,11 +326,11 @@ class TestGaussianBlur:
 class TestToDtype:
     def test_invalid_arguments(self):
         check_invalid(lambda: T.ToDtype(torch.int32), "dtype")
-        check_invalid(lambda: T.ToDtype(torch.float32, scale=1), "scale")
+        check_invalid(lambda: T.ToDtype(torch.float32, scale=1), "scale")  # type: ignore[arg-type]
 
     def test_scale_is_keyword_only(self):
         with pytest.raises(TypeError):
-            T.ToDtype(torch.float32, True)
+            T.ToDtype(torch.float32, True)  # type: ignore[call-arg]
 
     @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.uint8])
     @pytest.mark.parametrize("scale", [False, True])
@@ -270,10 +344,15 @@ class TestToDtype:
 
 
 class TestNormalize:
-    @pytest.mark.parametrize("kwargs, name", [
-        (dict(mean=[0.5], std=[0.0]), "std"), (dict(mean="abc", std=[1.0]), "mean"),
-        (dict(mean=[0.5], std=[]), "std"), (dict(mean=[0.5], std=[1.0], inplace="yes"), "inplace"),
-    ])
+    @pytest.mark.parametrize(
+        "kwargs, name",
+        [
+            (dict(mean=[0.5], std=[0.0]), "std"),
+            (dict(mean="abc", std=[1.0]), "mean"),
+            (dict(mean=[0.5], std=[]), "std"),
+            (dict(mean=[0.5], std=[1.0], inplace="yes"), "inplace"),
+        ],
+    )
     def test_invalid_arguments(self, kwargs, name):
         check_invalid(lambda: T.Normalize(**kwargs), name)
 
@@ -311,8 +390,11 @@ class TestArithmetic:
 
 def test_every_transform_has_a_test_class():
     tested = {name.removeprefix("Test") for name in globals() if name.startswith("Test")}
-    defined = {n for n in T.__all__ if isinstance(getattr(T, n), type) and issubclass(getattr(T, n), T.Transform)
-               and n != "Transform"}
+    defined = {
+        n
+        for n in T.__all__
+        if isinstance(getattr(T, n), type) and issubclass(getattr(T, n), T.Transform) and n != "Transform"
+    }
     assert defined <= tested, defined - tested
 
 
@@ -321,5 +403,5 @@ def test_transforms_are_frozen_and_hashable():
     import dataclasses
 
     with pytest.raises(dataclasses.FrozenInstanceError):
-        t.size = (1, 1)
+        t.size = (1, 1)  # type: ignore[misc]
     assert hash(t) == hash(T.RandomResizedCrop((224, 224)))

@@ -68,7 +68,9 @@ def register_lowering(transform_type: type, *, backend: str, replace: bool = Fal
     from ..transforms import Transform
 
     if not (isinstance(transform_type, type) and issubclass(transform_type, Transform)):
-        raise ConfigError(f"register_lowering: transform_type must be a gpupipe Transform subclass, got {transform_type!r}")
+        raise ConfigError(
+            f"register_lowering: transform_type must be a gpupipe Transform subclass, got {transform_type!r}"
+        )
     return get(backend).lowerings.register(transform_type, replace=replace)
 
 

@@ -4,8 +4,10 @@ its :class:`Runner` (runs epoch plans, then is closed)."""
 from __future__ import annotations
 
 import abc
+import contextlib
 import dataclasses
-from collections.abc import Iterator, Sequence
+import weakref
+from collections.abc import Generator, Iterator, Sequence
 from typing import ClassVar, NamedTuple, Protocol
 
 import torch
@@ -15,7 +17,7 @@ from .._registry import Registry
 from ..sources import Index
 from ..transforms import Transform
 
-__all__ = ["Backend", "Runner", "RunSpec", "RawBatch"]
+__all__ = ["Backend", "Runner", "RunSpec", "RawBatch", "Runs"]
 
 
 class RawBatch(NamedTuple):
@@ -53,6 +55,24 @@ class Runner(Protocol):
     def close(self) -> None:
         """Ends every process, thread and pipeline the runner started; idempotent."""
         ...
+
+
+class Runs:
+    """A runner's unfinished ``run`` iterations, so that ``close()`` can stop them (each ends its
+    epoch's threads in its ``finally``). Holds them weakly: a dropped iteration is closed by
+    Python."""
+
+    def __init__(self) -> None:
+        self._runs: weakref.WeakSet[Generator[RawBatch, None, None]] = weakref.WeakSet()
+
+    def track(self, run: Generator[RawBatch, None, None]) -> Generator[RawBatch, None, None]:
+        self._runs.add(run)
+        return run
+
+    def close(self) -> None:
+        for run in list(self._runs):
+            with contextlib.suppress(ValueError):  # closed from inside its own iteration: it ends as it returns
+                run.close()
 
 
 class Backend(abc.ABC):

@@ -14,6 +14,7 @@ its own error.
 from __future__ import annotations
 
 import abc
+import contextlib
 import dataclasses
 import os
 import threading
@@ -147,10 +148,8 @@ class LocalStorage(Storage):
                 files.clear()
 
     def __del__(self) -> None:
-        try:
+        with contextlib.suppress(Exception):
             self.close()
-        except Exception:  # noqa: BLE001 - interpreter shutdown
-            pass
 
 
 _SCHEMES: dict[str, Callable[[], Storage]] = {"": LocalStorage, "file": LocalStorage}
@@ -182,8 +181,10 @@ def storage_for(urls: Sequence[str]) -> Storage:
 
 def _unserved(scheme: str) -> str:
     served = ", ".join(f"{s}://" for s in _SCHEMES if s)
-    return (f"no storage serves {scheme}:// URLs (served: local paths, {served}); only local paths (or file://) are "
-            "supported for now")
+    return (
+        f"no storage serves {scheme}:// URLs (served: local paths, {served}); only local paths (or file://) are "
+        "supported for now"
+    )
 
 
 def expand_urls(urls: str | os.PathLike[str] | Sequence[str], *, owner: str = "WebDataset") -> list[str]:
@@ -197,7 +198,9 @@ def expand_urls(urls: str | os.PathLike[str] | Sequence[str], *, owner: str = "W
     for u in urls:
         u = os.fspath(u)
         if u.startswith("pipe:"):
-            raise ConfigError(f"{owner}: 'pipe:' URLs are not supported: gpupipe never runs a shell command from a URL ({u!r})")
+            raise ConfigError(
+                f"{owner}: 'pipe:' URLs are not supported: gpupipe never runs a shell command from a URL ({u!r})"
+            )
         if scheme_of(u) not in _SCHEMES:
             raise ConfigError(f"{owner}: {_unserved(scheme_of(u))}: {u!r}")
         out.extend(p.removeprefix("file://") for p in braceexpand.braceexpand(u))

@@ -41,8 +41,11 @@ def index_path(canonical: str, stat: Stat, image_exts: tuple[str, ...], label_ex
     ident = f"{canonical}|{';'.join(image_exts)}|{label_ext}".encode()
     digest = hashlib.sha1(ident).hexdigest()[:20]
     name = re.sub(r"[^A-Za-z0-9._-]", "_", canonical.rpartition("/")[2].rpartition(".")[0]) or "shard"
-    version = stat.version if re.fullmatch(r"[A-Za-z0-9._-]{1,64}", stat.version) else \
-        hashlib.sha1(stat.version.encode()).hexdigest()[:16]
+    version = (
+        stat.version
+        if re.fullmatch(r"[A-Za-z0-9._-]{1,64}", stat.version)
+        else hashlib.sha1(stat.version.encode()).hexdigest()[:16]
+    )
     return os.path.join(cache_dir(), f"{name}-{digest}-{stat.size}-{version}.idx")
 
 
@@ -50,8 +53,11 @@ def save(path: str, keys: list[str], image_exts: list[str], image: np.ndarray, l
     # image, label: [N, 2] offset and size of each sample's chosen image and its label
     """Writes an index atomically; returns False (and logs why) where it cannot."""
     if any(any(c.isspace() for c in k) for k in keys):
-        log.warning("gpupipe: %s has sample keys with whitespace, which DALI's index format cannot hold; "
-                    "its index is not cached", path)
+        log.warning(
+            "gpupipe: %s has sample keys with whitespace, which DALI's index format cannot hold; "
+            "its index is not cached",
+            path,
+        )
         return False
     lines = [f"{VERSION} {len(keys)}\n"]
     for i, key in enumerate(keys):
@@ -99,6 +105,9 @@ def load(path: str, labeled: bool) -> tuple[list[str], np.ndarray, np.ndarray] |
         return None
     keys = [r[3][: -len(r[0]) - 1] for r in rows]
     image = np.array([[int(r[1]), int(r[2])] for r in rows], dtype=np.int64).reshape(n, 2)
-    label = np.array([[int(r[5]), int(r[6])] for r in rows], dtype=np.int64).reshape(n, 2) if labeled \
+    label = (
+        np.array([[int(r[5]), int(r[6])] for r in rows], dtype=np.int64).reshape(n, 2)
+        if labeled
         else np.full((n, 2), -1, np.int64)
+    )
     return keys, image, label

@@ -105,7 +105,9 @@ class TarReader:
         try:
             data = self.storage.read(shard.path, offset, size)
         except OSError as e:
-            raise ShardError(f"cannot read shard {shard.path!r} at sample {key!r}: {e}", shard=shard.path, key=key) from e
+            raise ShardError(
+                f"cannot read shard {shard.path!r} at sample {key!r}: {e}", shard=shard.path, key=key
+            ) from e
         if len(data) != size:
             raise ShardError(f"shard {shard.path!r} is truncated at sample {key!r}", shard=shard.path, key=key)
         return data
@@ -171,16 +173,16 @@ def scan_tar(
     keys, exts = [], []
     image, label = np.full((n, 2), -1, np.int64), np.full((n, 2), -1, np.int64)
     for i, (key, members) in enumerate(groups):
-        ext = next((e for e in image_exts if e in members), None)
-        if ext is None:
+        chosen = next((e for e in image_exts if e in members), None)
+        if chosen is None:
             raise SampleError(
                 f"sample {key!r} in shard {url!r} has no image ({'/'.join(image_exts)}); it has "
                 f"{sorted(members) or 'no members'}",
                 shard=url,
                 key=key,
             )
-        image[i] = members[ext]
-        exts.append(ext)
+        image[i] = members[chosen]
+        exts.append(chosen)
         if label_ext is not None:
             if label_ext not in members:
                 raise SampleError(

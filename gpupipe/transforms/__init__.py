@@ -13,10 +13,15 @@ Example:
 """
 
 from ._base import ImageSpec, InterpolationMode, Transform
-from ._custom import Arithmetic
 from ._color import ColorJitter, GaussianBlur, Normalize, RandomGrayscale, ToDtype
+from ._custom import Arithmetic
 from ._geometry import (
-    CenterCrop, RandomCrop, RandomHorizontalFlip, RandomResizedCrop, RandomVerticalFlip, Resize,
+    CenterCrop,
+    RandomCrop,
+    RandomHorizontalFlip,
+    RandomResizedCrop,
+    RandomVerticalFlip,
+    Resize,
 )
 
 __all__ = [

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import random
+from random import Random
 from typing import Any, ClassVar
 
 import torch
@@ -70,7 +70,7 @@ class Transform:
         """Returns the spec of the output for an input of ``spec``; raises PipelineError if invalid."""
         return spec
 
-    def make_params(self, height: int, width: int, rng: random.Random) -> Any:
+    def make_params(self, height: int, width: int, rng: Random) -> Any:
         """Draws this transform's random parameters for an image of ``height`` x ``width``.
 
         Deterministic transforms return ``None``. Backends that draw parameters themselves (DALI's

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import random
 from collections.abc import Sequence
+from random import Random
 from typing import Any, NamedTuple
 
 import torch
@@ -15,8 +15,14 @@ from .._validate import check_bool, check_probability, check_range, is_int, is_n
 from ._base import ImageSpec, Transform, check_channels
 
 __all__ = [
-    "ColorJitter", "RandomGrayscale", "GaussianBlur", "ToDtype", "Normalize",
-    "ColorJitterParams", "GrayscaleParams", "BlurParams",
+    "ColorJitter",
+    "RandomGrayscale",
+    "GaussianBlur",
+    "ToDtype",
+    "Normalize",
+    "ColorJitterParams",
+    "GrayscaleParams",
+    "BlurParams",
 ]
 
 
@@ -39,8 +45,9 @@ class BlurParams(NamedTuple):
     sigma: float
 
 
-def _jitter_range(owner: str, value: Any, name: str, *, center: float, bound: tuple[float, float],
-                  clip_first_on_zero: bool) -> tuple[float, float] | None:
+def _jitter_range(
+    owner: str, value: Any, name: str, *, center: float, bound: tuple[float, float], clip_first_on_zero: bool
+) -> tuple[float, float] | None:
     if value is None:
         return None
     if is_number(value):
@@ -78,19 +85,23 @@ class ColorJitter(Transform):
     def __post_init__(self) -> None:
         name = type(self).__name__
         for field in ("brightness", "contrast", "saturation"):
-            self._set(field, _jitter_range(name, getattr(self, field), field, center=1.0,
-                                           bound=(0.0, math.inf), clip_first_on_zero=True))
-        self._set("hue", _jitter_range(name, self.hue, "hue", center=0.0, bound=(-0.5, 0.5),
-                                       clip_first_on_zero=False))
+            self._set(
+                field,
+                _jitter_range(
+                    name, getattr(self, field), field, center=1.0, bound=(0.0, math.inf), clip_first_on_zero=True
+                ),
+            )
+        self._set("hue", _jitter_range(name, self.hue, "hue", center=0.0, bound=(-0.5, 0.5), clip_first_on_zero=False))
 
     def output_spec(self, spec: ImageSpec) -> ImageSpec:
         check_channels(self, spec, (3,) if (self.saturation or self.hue) else (1, 3))
         return spec
 
-    def make_params(self, height: int, width: int, rng: random.Random) -> ColorJitterParams:
+    def make_params(self, height: int, width: int, rng: Random) -> ColorJitterParams:
         order = tuple(rng.sample(range(4), 4))
-        draw = [None if r is None else rng.uniform(*r)
-                for r in (self.brightness, self.contrast, self.saturation, self.hue)]
+        draw = [
+            None if r is None else rng.uniform(*r) for r in (self.brightness, self.contrast, self.saturation, self.hue)
+        ]
         return ColorJitterParams(order, *draw)
 
 
@@ -110,7 +121,7 @@ class RandomGrayscale(Transform):
         check_channels(self, spec)
         return spec
 
-    def make_params(self, height: int, width: int, rng: random.Random) -> GrayscaleParams:
+    def make_params(self, height: int, width: int, rng: Random) -> GrayscaleParams:
         return GrayscaleParams(rng.random() < self.p)
 
 
@@ -136,8 +147,10 @@ class GaussianBlur(Transform):
         ks = self.kernel_size
         ks = (ks, ks) if is_int(ks) else tuple(ks) if isinstance(ks, Sequence) and not isinstance(ks, str) else None
         if ks is None or len(ks) != 2 or not all(is_int(k) and k > 0 and k % 2 == 1 for k in ks):
-            raise ConfigError(f"{name}: kernel_size must be an odd positive int or a sequence of two "
-                              f"odd positive ints (kx, ky), got {self.kernel_size!r}")
+            raise ConfigError(
+                f"{name}: kernel_size must be an odd positive int or a sequence of two "
+                f"odd positive ints (kx, ky), got {self.kernel_size!r}"
+            )
         self._set("kernel_size", ks)
         sigma = self.sigma
         if is_number(sigma):
@@ -149,7 +162,7 @@ class GaussianBlur(Transform):
             raise ConfigError(f"{name}: sigma must be positive, got {self.sigma!r}")
         self._set("sigma", sigma)
 
-    def make_params(self, height: int, width: int, rng: random.Random) -> BlurParams:
+    def make_params(self, height: int, width: int, rng: Random) -> BlurParams:
         return BlurParams(rng.uniform(*self.sigma))
 
 
@@ -206,8 +219,9 @@ class Normalize(Transform):
             value = getattr(self, field)
             if is_number(value):
                 value = (value,)
-            if not (isinstance(value, Sequence) and not isinstance(value, str) and value
-                    and all(map(is_number, value))):
+            if not (
+                isinstance(value, Sequence) and not isinstance(value, str) and value and all(map(is_number, value))
+            ):
                 raise ConfigError(f"{name}: {field} must be a sequence of numbers (one per channel), got {value!r}")
             self._set(field, tuple(float(v) for v in value))
         if any(s == 0 for s in self.std):
@@ -219,5 +233,7 @@ class Normalize(Transform):
             raise self._fail(f"needs a float image, got {spec}; add ToDtype(torch.float32, scale=True) before it")
         for field in ("mean", "std"):
             if len(getattr(self, field)) not in (1, spec.channels):
-                raise self._fail(f"{field} has {len(getattr(self, field))} values for an image of {spec.channels} channels")
+                raise self._fail(
+                    f"{field} has {len(getattr(self, field))} values for an image of {spec.channels} channels"
+                )
         return spec

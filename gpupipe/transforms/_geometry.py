@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import random
 from collections.abc import Sequence
+from random import Random
 from typing import Any, NamedTuple
 
 from .._errors import ConfigError
@@ -19,9 +19,15 @@ from .._validate import check_bool, check_probability, check_range, check_size, 
 from ._base import ImageSpec, InterpolationMode, Transform, check_interpolation
 
 __all__ = [
-    "RandomResizedCrop", "Resize", "CenterCrop", "RandomCrop",
-    "RandomHorizontalFlip", "RandomVerticalFlip",
-    "CropParams", "RandomCropParams", "FlipParams",
+    "RandomResizedCrop",
+    "Resize",
+    "CenterCrop",
+    "RandomCrop",
+    "RandomHorizontalFlip",
+    "RandomVerticalFlip",
+    "CropParams",
+    "RandomCropParams",
+    "FlipParams",
 ]
 
 
@@ -89,21 +95,21 @@ class RandomResizedCrop(Transform):
     def output_spec(self, spec: ImageSpec) -> ImageSpec:
         return dataclasses.replace(spec, height=self.size[0], width=self.size[1])
 
-    def make_params(self, height: int, width: int, rng: random.Random) -> CropParams:
+    def make_params(self, height: int, width: int, rng: Random) -> CropParams:
         area = height * width
         log_lo, log_hi = math.log(self.ratio[0]), math.log(self.ratio[1])
         for _ in range(10):
             target_area = area * rng.uniform(self.scale[0], self.scale[1])
             aspect_ratio = math.exp(rng.uniform(log_lo, log_hi))
-            w = int(round(math.sqrt(target_area * aspect_ratio)))
-            h = int(round(math.sqrt(target_area / aspect_ratio)))
+            w = round(math.sqrt(target_area * aspect_ratio))
+            h = round(math.sqrt(target_area / aspect_ratio))
             if 0 < w <= width and 0 < h <= height:
                 return CropParams(rng.randrange(height - h + 1), rng.randrange(width - w + 1), h, w)
         in_ratio = width / height  # fallback: central crop, as torchvision
         if in_ratio < self.ratio[0]:
-            w, h = width, int(round(width / self.ratio[0]))
+            w, h = width, round(width / self.ratio[0])
         elif in_ratio > self.ratio[1]:
-            h, w = height, int(round(height * self.ratio[1]))
+            h, w = height, round(height * self.ratio[1])
         else:
             w, h = width, height
         return CropParams((height - h) // 2, (width - w) // 2, h, w)
@@ -143,7 +149,9 @@ class Resize(Transform):
         else:
             size = check_size(name, size)
             if self.max_size is not None:
-                raise ConfigError(f"{name}: max_size is only allowed with an int size (the shorter side), got size={size}")
+                raise ConfigError(
+                    f"{name}: max_size is only allowed with an int size (the shorter side), got size={size}"
+                )
         if self.max_size is not None:
             if not (is_int(self.max_size) and self.max_size > 0):
                 raise ConfigError(f"{name}: max_size must be None or a positive int, got {self.max_size!r}")
@@ -216,12 +224,16 @@ class RandomCrop(Transform):
             if is_int(padding):
                 padding = (padding,) * 4
             elif isinstance(padding, Sequence) and len(padding) in (1, 2, 4) and all(map(is_int, padding)):
-                padding = {1: lambda p: p * 4, 2: lambda p: (p[0], p[1], p[0], p[1]), 4: tuple}[len(padding)](tuple(padding))
+                padding = {1: lambda p: p * 4, 2: lambda p: (p[0], p[1], p[0], p[1]), 4: tuple}[len(padding)](
+                    tuple(padding)
+                )
             else:
                 padding = "bad"
             if padding == "bad" or any(p < 0 for p in padding):
-                raise ConfigError(f"{name}: padding must be None, a non-negative int, or a sequence of 1, 2 "
-                                  f"or 4 non-negative ints, got {self.padding!r}")
+                raise ConfigError(
+                    f"{name}: padding must be None, a non-negative int, or a sequence of 1, 2 "
+                    f"or 4 non-negative ints, got {self.padding!r}"
+                )
             padding = None if not any(padding) else padding  # stored as (left, top, right, bottom)
         self._set("padding", padding)
         check_bool(name, self.pad_if_needed, "pad_if_needed")
@@ -239,15 +251,16 @@ class RandomCrop(Transform):
             raise self._fail(f"fill has {len(self.fill)} values for an image of {spec.channels} channels")
         return dataclasses.replace(spec, height=self.size[0], width=self.size[1])
 
-    def make_params(self, height: int, width: int, rng: random.Random) -> RandomCropParams:
+    def make_params(self, height: int, width: int, rng: Random) -> RandomCropParams:
         left, top, right, bottom = self.padding or (0, 0, 0, 0)
         ch, cw = self.size
         top, bottom, ph = crop_padding(height, top, bottom, ch, self.pad_if_needed)
         left, right, pw = crop_padding(width, left, right, cw, self.pad_if_needed)
         if ph < ch or pw < cw:  # torchvision raises too; the DALI backend reports the same error
             raise ValueError(crop_too_large((ch, cw), (ph, pw), padding=self.padding is not None))
-        return RandomCropParams((left, top, right, bottom), rng.randrange(ph - ch + 1),
-                                rng.randrange(pw - cw + 1), ch, cw)
+        return RandomCropParams(
+            (left, top, right, bottom), rng.randrange(ph - ch + 1), rng.randrange(pw - cw + 1), ch, cw
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -259,7 +272,7 @@ class _RandomFlip(Transform):
     def __post_init__(self) -> None:
         self._set("p", check_probability(type(self).__name__, self.p))
 
-    def make_params(self, height: int, width: int, rng: random.Random) -> FlipParams:
+    def make_params(self, height: int, width: int, rng: Random) -> FlipParams:
         return FlipParams(rng.random() < self.p)
 
 

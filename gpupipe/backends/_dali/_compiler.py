@@ -90,14 +90,25 @@ class Ctx:
 
 def _interp(ctx: Ctx, mode: T.InterpolationMode) -> Any:
     it = ctx.types.DALIInterpType
-    return {T.InterpolationMode.BILINEAR: it.INTERP_LINEAR, T.InterpolationMode.BICUBIC: it.INTERP_CUBIC,
-            T.InterpolationMode.NEAREST: it.INTERP_NN, T.InterpolationMode.NEAREST_EXACT: it.INTERP_NN}[mode]
+    return {
+        T.InterpolationMode.BILINEAR: it.INTERP_LINEAR,
+        T.InterpolationMode.BICUBIC: it.INTERP_CUBIC,
+        T.InterpolationMode.NEAREST: it.INTERP_NN,
+        T.InterpolationMode.NEAREST_EXACT: it.INTERP_NN,
+    }[mode]
 
 
 def _resize(ctx: Ctx, img: Any, h: Any, w: Any, interpolation: T.InterpolationMode, antialias: bool) -> Any:
     types = ctx.types
-    return ctx.fn.resize(img, device=ctx.device, resize_x=w, resize_y=h, interp_type=_interp(ctx, interpolation),
-                         antialias=antialias, dtype=types.UINT8 if ctx.dtype == torch.uint8 else types.FLOAT)
+    return ctx.fn.resize(
+        img,
+        device=ctx.device,
+        resize_x=w,
+        resize_y=h,
+        interp_type=_interp(ctx, interpolation),
+        antialias=antialias,
+        dtype=types.UINT8 if ctx.dtype == torch.uint8 else types.FLOAT,
+    )
 
 
 def _hw(img: Any) -> tuple[Any, Any]:
@@ -182,10 +193,11 @@ def lower(transforms: Sequence[T.Transform], encoded: Any, ctx: Ctx, *, channels
 def _lower_images(transforms: Sequence[T.Transform], encoded: Any, ctx: Ctx, *, channels_last: bool) -> Any:
     fn, types = ctx.fn, ctx.types
     steps = list(transforms)
-    if steps and type(steps[0]) is T.RandomResizedCrop:
-        t = steps.pop(0)
-        img = decode_random_crop(t, encoded, ctx)
-        img = _resize(ctx, img, float(t.size[0]), float(t.size[1]), t.interpolation, t.antialias)
+    first = steps[0] if steps else None
+    if isinstance(first, T.RandomResizedCrop) and type(first) is T.RandomResizedCrop:  # not a user subclass
+        steps.pop(0)
+        img = decode_random_crop(first, encoded, ctx)
+        img = _resize(ctx, img, float(first.size[0]), float(first.size[1]), first.interpolation, first.antialias)
     else:
         img = fn.decoders.image(encoded, device=ctx.decoder_device, output_type=types.RGB)
     tail = _fusable_tail(steps)
@@ -202,16 +214,21 @@ def _lower_images(transforms: Sequence[T.Transform], encoded: Any, ctx: Ctx, *, 
 
 def decode_random_crop(t: T.RandomResizedCrop, encoded: Any, ctx: Ctx) -> Any:
     """The crop window of ``t``, drawn and decoded at once (only that region is decoded)."""
-    return ctx.fn.decoders.image_random_crop(encoded, device=ctx.decoder_device,
-                                             output_type=ctx.types.RGB, random_area=list(t.scale),
-                                             random_aspect_ratio=list(t.ratio), num_attempts=10,
-                                             seed=ctx.next_seed())
+    return ctx.fn.decoders.image_random_crop(
+        encoded,
+        device=ctx.decoder_device,
+        output_type=ctx.types.RGB,
+        random_area=list(t.scale),
+        random_aspect_ratio=list(t.ratio),
+        num_attempts=10,
+        seed=ctx.next_seed(),
+    )
 
 
 def _fusable_tail(steps: list[T.Transform]) -> list[T.Transform]:
     """The longest suffix shaped ``[CenterCrop] [RandomHorizontalFlip] ToDtype(float) [Normalize]``."""
     pattern = [T.CenterCrop, T.RandomHorizontalFlip, T.ToDtype, T.Normalize]
-    i, tail = len(steps), []
+    i, tail = len(steps), list[T.Transform]()
     for kind in reversed(pattern):
         if i and type(steps[i - 1]) is kind:
             i -= 1
@@ -231,8 +248,13 @@ def _crop_mirror_normalize(tail: list[T.Transform], img: Any, ctx: Ctx, *, chann
             top, left = center_crop_anchor(t.size[0], h, DALI_OPS), center_crop_anchor(t.size[1], w, DALI_OPS)
             # crop_pos_x/y are relative: anchor = pos * (W - crop_w), which gives back the exact
             # integer anchor, inside the image or in the padding (tested against torchvision).
-            kwargs.update(crop=list(t.size), out_of_bounds_policy="pad", fill_values=0.0,
-                          crop_pos_y=_relative(ctx, top, h - t.size[0]), crop_pos_x=_relative(ctx, left, w - t.size[1]))
+            kwargs.update(
+                crop=list(t.size),
+                out_of_bounds_policy="pad",
+                fill_values=0.0,
+                crop_pos_y=_relative(ctx, top, h - t.size[0]),
+                crop_pos_x=_relative(ctx, left, w - t.size[1]),
+            )
         elif isinstance(t, T.RandomHorizontalFlip):
             kwargs["mirror"] = fn.random.coin_flip(probability=t.p, seed=ctx.next_seed())
     to_dtype = next(t for t in tail if isinstance(t, T.ToDtype))
@@ -240,8 +262,15 @@ def _crop_mirror_normalize(tail: list[T.Transform], img: Any, ctx: Ctx, *, chann
     scale = 255.0 if to_dtype.scale and ctx.dtype == torch.uint8 else 1.0
     mean = [m * scale for m in norm.mean] if norm else [0.0]
     std = [s * scale for s in norm.std] if norm else [scale]
-    return fn.crop_mirror_normalize(img, device=ctx.device, dtype=getattr(types, _FLOAT_OUT[to_dtype.dtype]),
-                                    output_layout="HWC" if channels_last else "CHW", mean=mean, std=std, **kwargs)
+    return fn.crop_mirror_normalize(
+        img,
+        device=ctx.device,
+        dtype=getattr(types, _FLOAT_OUT[to_dtype.dtype]),
+        output_layout="HWC" if channels_last else "CHW",
+        mean=mean,
+        std=std,
+        **kwargs,
+    )
 
 
 def _relative(ctx: Ctx, anchor: Any, room: Any) -> Any:
@@ -254,10 +283,17 @@ def _relative(ctx: Ctx, anchor: Any, room: Any) -> Any:
 
 @LOWERINGS.register(T.RandomResizedCrop)
 def _random_resized_crop(t: T.RandomResizedCrop, img: Any, ctx: Ctx) -> Any:
-    return ctx.fn.random_resized_crop(img, device=ctx.device, size=list(t.size), random_area=list(t.scale),
-                                      random_aspect_ratio=list(t.ratio), num_attempts=10,
-                                      interp_type=_interp(ctx, t.interpolation), antialias=t.antialias,
-                                      seed=ctx.next_seed())
+    return ctx.fn.random_resized_crop(
+        img,
+        device=ctx.device,
+        size=list(t.size),
+        random_area=list(t.scale),
+        random_aspect_ratio=list(t.ratio),
+        num_attempts=10,
+        interp_type=_interp(ctx, t.interpolation),
+        antialias=t.antialias,
+        seed=ctx.next_seed(),
+    )
 
 
 @LOWERINGS.register(T.Resize)
@@ -272,15 +308,23 @@ def _resize_lowering(t: T.Resize, img: Any, ctx: Ctx) -> Any:
 def _slice(ctx: Ctx, img: Any, top: Any, left: Any, h: int, w: int, fill: Any = 0.0) -> Any:
     fn = ctx.fn
     anchor = fn.stack(top, left)
-    return fn.slice(img, anchor, fn.constant(idata=[h, w], dtype=ctx.types.INT32), device=ctx.device,
-                    axis_names="HW", out_of_bounds_policy="pad", fill_values=fill)
+    return fn.slice(
+        img,
+        anchor,
+        fn.constant(idata=[h, w], dtype=ctx.types.INT32),
+        device=ctx.device,
+        axis_names="HW",
+        out_of_bounds_policy="pad",
+        fill_values=fill,
+    )
 
 
 @LOWERINGS.register(T.CenterCrop)
 def _center_crop(t: T.CenterCrop, img: Any, ctx: Ctx) -> Any:
     h, w = _hw(img)
-    return _slice(ctx, img, center_crop_anchor(t.size[0], h, DALI_OPS), center_crop_anchor(t.size[1], w, DALI_OPS),
-                  *t.size)
+    return _slice(
+        ctx, img, center_crop_anchor(t.size[0], h, DALI_OPS), center_crop_anchor(t.size[1], w, DALI_OPS), *t.size
+    )
 
 
 def _random_crop_unsupported(t: T.RandomCrop) -> str | None:
@@ -309,22 +353,27 @@ def _random_crop(t: T.RandomCrop, img: Any, ctx: Ctx) -> Any:
     top_px, padded_h = axis(h, top, bottom, ch)
     left_px, padded_w = axis(w, left, right, cw)
     if not t.pad_if_needed:  # too small even padded: the sample fails, as on the torch backend
-        ctx.require((padded_h >= ch) & (padded_w >= cw), [padded_h, padded_w],
-                    lambda ph, pw: crop_too_large((ch, cw), (ph, pw), padding=t.padding is not None))
+        ctx.require(
+            (padded_h >= ch) & (padded_w >= cw),
+            [padded_h, padded_w],
+            lambda ph, pw: crop_too_large((ch, cw), (ph, pw), padding=t.padding is not None),
+        )
     fill = list(t.fill) if isinstance(t.fill, tuple) else float(t.fill)
     return _slice(ctx, img, top_px, left_px, ch, cw, fill)
 
 
 @LOWERINGS.register(T.RandomHorizontalFlip)
 def _hflip(t: T.RandomHorizontalFlip, img: Any, ctx: Ctx) -> Any:
-    return ctx.fn.flip(img, device=ctx.device, vertical=0,
-                       horizontal=ctx.fn.random.coin_flip(probability=t.p, seed=ctx.next_seed()))
+    return ctx.fn.flip(
+        img, device=ctx.device, vertical=0, horizontal=ctx.fn.random.coin_flip(probability=t.p, seed=ctx.next_seed())
+    )
 
 
 @LOWERINGS.register(T.RandomVerticalFlip)
 def _vflip(t: T.RandomVerticalFlip, img: Any, ctx: Ctx) -> Any:
-    return ctx.fn.flip(img, device=ctx.device, horizontal=0,
-                       vertical=ctx.fn.random.coin_flip(probability=t.p, seed=ctx.next_seed()))
+    return ctx.fn.flip(
+        img, device=ctx.device, horizontal=0, vertical=ctx.fn.random.coin_flip(probability=t.p, seed=ctx.next_seed())
+    )
 
 
 @LOWERINGS.register(T.ColorJitter)
@@ -338,8 +387,14 @@ def _color_jitter(t: T.ColorJitter, img: Any, ctx: Ctx) -> Any:
             return r[0] * scale
         return fn.random.uniform(range=[r[0] * scale, r[1] * scale], seed=ctx.next_seed())
 
-    return fn.color_twist(img, device=ctx.device, brightness=draw(t.brightness, 1.0), contrast=draw(t.contrast, 1.0),
-                          saturation=draw(t.saturation, 1.0), hue=draw(t.hue, 0.0, 360.0))
+    return fn.color_twist(
+        img,
+        device=ctx.device,
+        brightness=draw(t.brightness, 1.0),
+        contrast=draw(t.contrast, 1.0),
+        saturation=draw(t.saturation, 1.0),
+        hue=draw(t.hue, 0.0, 360.0),
+    )
 
 
 @LOWERINGS.register(T.RandomGrayscale)
@@ -351,8 +406,7 @@ def _grayscale(t: T.RandomGrayscale, img: Any, ctx: Ctx) -> Any:
 @LOWERINGS.register(T.GaussianBlur)
 def _gaussian_blur(t: T.GaussianBlur, img: Any, ctx: Ctx) -> Any:
     kx, ky = t.kernel_size
-    sigma = t.sigma[0] if t.sigma[0] == t.sigma[1] else \
-        ctx.fn.random.uniform(range=list(t.sigma), seed=ctx.next_seed())
+    sigma = t.sigma[0] if t.sigma[0] == t.sigma[1] else ctx.fn.random.uniform(range=list(t.sigma), seed=ctx.next_seed())
     return ctx.fn.gaussian_blur(img, device=ctx.device, window_size=[ky, kx], sigma=sigma)
 
 
@@ -367,8 +421,12 @@ def _to_dtype(t: T.ToDtype, img: Any, ctx: Ctx) -> Any:
     from nvidia.dali import math as dmath
 
     fn, types = ctx.fn, ctx.types
-    target = {torch.uint8: types.UINT8, torch.float16: types.FLOAT16, torch.float32: types.FLOAT,
-              torch.float64: types.FLOAT64}[t.dtype]
+    target = {
+        torch.uint8: types.UINT8,
+        torch.float16: types.FLOAT16,
+        torch.float32: types.FLOAT,
+        torch.float64: types.FLOAT64,
+    }[t.dtype]
     src_int, dst_int = ctx.dtype == torch.uint8, t.dtype == torch.uint8
     if t.scale and src_int and not dst_int:
         img = _to_float(ctx, img) * (1.0 / 255.0)
@@ -380,8 +438,9 @@ def _to_dtype(t: T.ToDtype, img: Any, ctx: Ctx) -> Any:
 @LOWERINGS.register(T.Normalize)
 def _normalize(t: T.Normalize, img: Any, ctx: Ctx) -> Any:
     mean, std = list(t.mean) * (3 // len(t.mean)), list(t.std) * (3 // len(t.std))
-    return ctx.fn.crop_mirror_normalize(img, device=ctx.device, mean=mean, std=std, output_layout="HWC",
-                                        dtype=ctx.types.FLOAT)
+    return ctx.fn.crop_mirror_normalize(
+        img, device=ctx.device, mean=mean, std=std, output_layout="HWC", dtype=ctx.types.FLOAT
+    )
 
 
 @LOWERINGS.register(T.Arithmetic)

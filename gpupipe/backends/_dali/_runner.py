@@ -21,7 +21,6 @@ joined) as soon as the runner drops it, by :meth:`DaliRunner.close` or when coll
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable, Generator, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -32,7 +31,7 @@ import torch
 from ..._errors import ClosedError, SampleError
 from ..._plan import RankPlan
 from ...sources import Index, RawSample
-from .._base import RawBatch, RunSpec
+from .._base import RawBatch, Runs, RunSpec
 from ._compiler import Ctx, lower
 
 __all__ = ["DaliRunner"]
@@ -93,7 +92,7 @@ class DaliRunner:
         self.num_threads, self.prefetch, self.channels_last = max(1, spec.workers), spec.prefetch, spec.channels_last
         self.device, self.rank = spec.device, spec.rank
         self._slot = _Slot()
-        self._running: weakref.WeakSet[Generator[RawBatch, None, None]] = weakref.WeakSet()
+        self._runs = Runs()
         self._closed = False
         # Built now so that a graph DALI rejects fails when the loader is built; epoch 0 runs on it.
         self._unused: tuple[Any, Any] = (
@@ -116,8 +115,9 @@ class DaliRunner:
         )
         with pipe:
             encoded = fn.external_source(source=self._slot, batch=True, dtype=types.UINT8, ndim=1, name="encoded")
-            self._lowered = lower(self.transforms, encoded, Ctx("gpu" if gpu else "cpu", seed),
-                                  channels_last=self.channels_last)
+            self._lowered = lower(
+                self.transforms, encoded, Ctx("gpu" if gpu else "cpu", seed), channels_last=self.channels_last
+            )
             pipe.set_outputs(*self._lowered.outputs())
         pipe.build()
         return pipe
@@ -136,9 +136,7 @@ class DaliRunner:
         """Yields batches ``start..plan.num_batches-1`` of the plan."""
         if self._closed:
             raise ClosedError("the DALI runner is closed")
-        gen = self._run(plan, start)
-        self._running.add(gen)
-        return gen
+        return self._runs.track(self._run(plan, start))
 
     def _run(self, plan: RankPlan, start: int) -> Generator[RawBatch, None, None]:
         if start >= plan.num_batches:
@@ -170,11 +168,7 @@ class DaliRunner:
     def close(self) -> None:
         """Stops an unfinished epoch and drops the pipelines, which shuts them down."""
         self._closed = True
-        for gen in list(self._running):
-            try:
-                gen.close()
-            except ValueError:  # closed from inside its own iteration: it ends when it returns
-                pass
+        self._runs.close()
         self._unused = (None, None)
 
     def _raise_failed_checks(self, checks: Any, raws: list[RawSample]) -> None:

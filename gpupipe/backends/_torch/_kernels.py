@@ -40,8 +40,16 @@ def apply_pipeline(transforms: Sequence[T.Transform], image: torch.Tensor, rng: 
 
 @LOWERINGS.register(T.RandomResizedCrop)
 def _random_resized_crop(t: T.RandomResizedCrop, img: torch.Tensor, p: CropParams) -> torch.Tensor:
-    return F.resized_crop(img, p.top, p.left, p.height, p.width, list(t.size),
-                          interpolation=_interp(t.interpolation), antialias=t.antialias)
+    return F.resized_crop(
+        img,
+        p.top,
+        p.left,
+        p.height,
+        p.width,
+        list(t.size),
+        interpolation=_interp(t.interpolation),
+        antialias=t.antialias,
+    )
 
 
 @LOWERINGS.register(T.Resize)

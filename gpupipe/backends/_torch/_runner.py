@@ -4,7 +4,6 @@ DataLoader worker processes, batches in the order of the rank's epoch plan."""
 from __future__ import annotations
 
 import random
-import weakref
 from collections.abc import Generator, Iterator, Sequence
 
 import torch
@@ -15,7 +14,7 @@ from ..._errors import ClosedError, SampleError
 from ..._plan import RankPlan, sample_seed
 from ...sources import Index
 from ...transforms import Transform
-from .._base import RawBatch, RunSpec
+from .._base import RawBatch, Runs, RunSpec
 from ._kernels import apply_pipeline
 
 __all__ = ["TorchRunner"]
@@ -79,15 +78,13 @@ class TorchRunner:
             persistent_workers=spec.workers > 0,
             pin_memory=self.device.type == "cuda",
         )
-        self._running: weakref.WeakSet[Generator[RawBatch, None, None]] = weakref.WeakSet()
+        self._runs = Runs()
 
     def run(self, plan: RankPlan, start: int) -> Iterator[RawBatch]:
         """Yields batches ``start..plan.num_batches-1`` of the plan."""
         if self._loader is None:
             raise ClosedError("the torch runner is closed")
-        gen = self._run(self._loader, plan, start)
-        self._running.add(gen)
-        return gen
+        return self._runs.track(self._run(self._loader, plan, start))
 
     def _run(self, loader: DataLoader, plan: RankPlan, start: int) -> Generator[RawBatch, None, None]:
         self._batches.batches = [
@@ -103,11 +100,7 @@ class TorchRunner:
 
     def close(self) -> None:
         """Stops an unfinished epoch and ends the worker processes (and the pin-memory thread)."""
-        for gen in list(self._running):
-            try:
-                gen.close()
-            except ValueError:  # closed from inside its own iteration: it ends when it returns
-                pass
+        self._runs.close()
         loader, self._loader = self._loader, None
         iterator = getattr(loader, "_iterator", None)  # the persistent workers' iterator
         if iterator is not None:
