@@ -44,19 +44,19 @@ def backends() -> list[tuple[str, str]]:
 
 
 def measure(pipeline, backend: str, device: str, batch_size: int, epochs: int, workers: int | None) -> dict:
-    loader = gp.Loader(
-        pipeline, batch_size, shuffle=True, drop_last=True, seed=0, backend=backend, device=device, num_workers=workers
-    )
     rates = []
-    for epoch in range(epochs + 1):
-        loader.set_epoch(epoch)
-        n, start = 0, time.perf_counter()
-        for images, _ in loader:
-            n += images.shape[0]
-        if images.is_cuda:
-            torch.cuda.synchronize()
-        if epoch:  # epoch 0 is the warm-up
-            rates.append(n / (time.perf_counter() - start))
+    with gp.Loader(
+        pipeline, batch_size, shuffle=True, drop_last=True, seed=0, backend=backend, device=device, num_workers=workers
+    ) as loader:
+        for epoch in range(epochs + 1):
+            loader.set_epoch(epoch)
+            n, start = 0, time.perf_counter()
+            for images, _ in loader:
+                n += images.shape[0]
+            if images.is_cuda:
+                torch.cuda.synchronize()
+            if epoch:  # epoch 0 is the warm-up
+                rates.append(n / (time.perf_counter() - start))
     return {
         "backend": backend,
         "device": device,
