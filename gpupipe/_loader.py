@@ -13,7 +13,7 @@ import torch
 
 from . import _dist, backends
 from ._config import LoaderConfig
-from ._errors import ClosedError, ConfigError, PipelineError
+from ._errors import ClosedError, ConfigError, GpupipeError, PipelineError
 from ._pipeline import Pipeline
 from ._plan import PlanSpec, RankPlan, rank_plan
 from ._validate import check_int, is_int
@@ -89,7 +89,9 @@ class Loader:
 
     Lifecycle: :meth:`close` (or ``with gp.Loader(...) as loader:``) ends the loader's worker
     processes, threads and DALI pipeline and closes its files; a loader that is garbage collected
-    or still open at interpreter exit is closed then.
+    or still open at interpreter exit is closed then. One epoch runs at a time: ``iter(loader)``
+    ends an unfinished earlier iteration. ``close()`` from another thread stops a running epoch at
+    its next batch, which raises :class:`~gpupipe.ClosedError` in the iterating thread.
     """
 
     def __init__(self, pipeline: Pipeline, batch_size: int, **options: Any) -> None:
@@ -126,6 +128,7 @@ class Loader:
         self.epoch = 0
         self._yielded = 0  # batches of self.epoch yielded so far
         self._resume_at: tuple[int, int] | None = None  # (epoch, batch) set by load_state_dict
+        self._current: weakref.ref[Generator[Batch, None, None]] | None = None  # the running iteration
         self.index = pipeline.source.index(rank=self.rank, world_size=self.world_size)
         if len(self.index) == 0:
             raise ConfigError(f"Loader: the source has no samples: {pipeline.source!r}")
@@ -182,9 +185,30 @@ class Loader:
     def num_samples(self) -> int:
         return self.plan_spec.num_samples
 
+    # The options as attributes, read-only (as in gpupipe 0.1): the config is the one source.
+    @property
+    def shuffle(self) -> bool:
+        return self.config.shuffle
+
+    @property
+    def drop_last(self) -> bool:
+        return self.config.drop_last
+
+    @property
+    def prefetch(self) -> int:
+        return self.config.prefetch
+
+    @property
+    def shuffle_buffer(self) -> int:
+        return self.config.shuffle_buffer
+
     @property
     def interleave(self) -> int:
         return self.config.interleave
+
+    @property
+    def channels_last(self) -> bool:
+        return self.config.channels_last
 
     def close(self) -> None:
         """Ends the loader's worker processes, threads and DALI pipeline, stops an unfinished
@@ -227,9 +251,21 @@ class Loader:
         )
 
     def __iter__(self) -> Generator[Batch, None, None]:
+        """An iterator over this epoch's batches. One epoch runs at a time: starting a new
+        iteration ends an unfinished earlier one (its iterator stops)."""
         if self.closed:
             raise ClosedError("this gp.Loader is closed")
-        return self._iterate()
+        previous = self._current() if self._current is not None else None
+        if previous is not None:
+            try:
+                previous.close()
+            except ValueError:  # it is executing right now, in another thread
+                raise GpupipeError(
+                    "this gp.Loader is being iterated in another thread: a loader runs one epoch at a time"
+                ) from None
+        iteration = self._iterate()
+        self._current = weakref.ref(iteration)
+        return iteration
 
     def _iterate(self) -> Generator[Batch, None, None]:
         epoch, start = self.epoch, 0

@@ -59,7 +59,7 @@ def check_optional_int(owner: str, value: Any, name: str, *, minimum: int | None
     if value is None:
         return None
     if not is_int(value) or (minimum is not None and value < minimum):
-        expected = "None or an int" + ("" if minimum is None else f" >= {minimum}")
+        expected = "an int or None" if minimum is None else f"None or an int >= {minimum}"
         raise invalid(owner, name, expected, value)
     return int(value)
 

@@ -1,11 +1,11 @@
-"""One rank of the torchrun test (tests/test_distributed.py::TestTorchrun); not a test itself.
+"""One rank of the torchrun test (tests/test_torchrun.py::TestTorchrun); not a test itself.
 
     python -m torch.distributed.run --standalone --nproc_per_node=2 tests/dist_worker.py OUT SHARD...
 
-Initializes gloo, then for each backend runs an evaluation epoch (``drop_last=False``, counting
-valid samples with ``all_reduce`` as a DDP evaluation would) and two training epochs
-(``shuffle=True``, ``drop_last=True``, ``seed=None`` so that rank 0's seed is broadcast), and
-writes what this rank yielded to ``OUT/rank<r>.json``.
+Initializes gloo, then for each installed backend of the table runs an evaluation epoch
+(``drop_last=False``, counting valid samples with ``all_reduce`` as a DDP evaluation would) and
+two training epochs (``shuffle=True``, ``drop_last=True``, ``seed=None`` so that rank 0's seed is
+broadcast), and writes what this rank yielded to ``OUT/rank<r>.json``.
 """
 
 from __future__ import annotations
@@ -18,7 +18,10 @@ import torch
 import torch.distributed as dist
 
 import gpupipe as gp
+from gpupipe import backends
 from gpupipe import transforms as T
+
+BACKENDS = [name for name in backends.names() if backends.get(name).available()]
 
 
 def main() -> None:
@@ -27,7 +30,7 @@ def main() -> None:
     rank = dist.get_rank()
     pipeline = gp.Pipeline(shards, [T.Resize(24), T.CenterCrop(16), T.ToDtype(torch.float32, scale=True)])
     result: dict = {"rank": rank, "world_size": dist.get_world_size()}
-    for backend in ("torch", "dali"):
+    for backend in BACKENDS:
         evaluation = gp.Loader(pipeline, 4, backend=backend, device="cpu", num_workers=1)
         batches, counted = [], torch.zeros(1, dtype=torch.int64)
         for batch in evaluation:

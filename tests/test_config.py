@@ -25,7 +25,7 @@ class TestLoaderConfig:
             (dict(batch_size=True), "batch_size"),
             (dict(batch_size=2, shuffle=1), "shuffle must be True or False"),
             (dict(batch_size=2, drop_last="no"), "drop_last"),
-            (dict(batch_size=2, seed=1.5), "seed must be None or an int"),
+            (dict(batch_size=2, seed=1.5), "seed must be an int or None"),
             (dict(batch_size=2, backend="tensorflow"), "backend must be one of"),
             (dict(batch_size=2, device="tpu"), "device must be 'cpu' or 'cuda"),
             (dict(batch_size=2, device=3.0), "device"),
@@ -61,6 +61,14 @@ class TestLoaderConfig:
         config = gp.LoaderConfig(4, shuffle=True, seed=3, backend="torch", device="cpu", num_workers=0)
         loader = gp.Loader.from_config(val(shards), config)
         assert loader.config is config and loader.seed == 3 and len(loader) == 4
+        assert (loader.shuffle, loader.drop_last, loader.prefetch, loader.shuffle_buffer, loader.interleave) == (
+            True,
+            False,
+            2,
+            4096,
+            64,
+        )
+        assert loader.channels_last is False and loader.num_workers == 0 and loader.batch_size == 4
         same = gp.Loader(val(shards), 4, shuffle=True, seed=3, backend="torch", device="cpu", num_workers=0)
         assert same.config == config
         assert [b.keys for b in loader] == [b.keys for b in same]

@@ -234,6 +234,31 @@ class TestCompiler:
             gp.Loader(pipe, 2, backend="dali", device="cpu")
         gp.Loader(pipe, 2, backend="torch", device="cpu")  # fine on torch
 
+    @pytest.mark.parametrize(
+        "steps, replaced",
+        [
+            ([T.CenterCrop(16), T.ToDtype(torch.float32, scale=True)], T.CenterCrop),  # the fused tail
+            ([T.RandomResizedCrop(16), T.ToDtype(torch.float32, scale=True)], T.RandomResizedCrop),  # fused decode
+            ([T.CenterCrop(16), T.RandomHorizontalFlip(), T.ToDtype(torch.float32), T.Normalize([0.5], [2.0])],
+             T.Normalize),
+        ],
+    )  # fmt: skip
+    def test_a_replaced_lowering_is_not_fused_away(self, shards, monkeypatch, steps, replaced):
+        from gpupipe import backends
+
+        registry = backends.get("dali").lowerings
+        monkeypatch.setattr(registry, "_table", dict(registry._table))
+        builtin, called = registry.lookup(next(t for t in steps if type(t) is replaced)), []
+
+        @gp.register_lowering(replaced, backend="dali", replace=True)
+        def _mine(t, node, ctx):
+            called.append(t)
+            return builtin(t, node, ctx)
+
+        with gp.Loader(gp.Pipeline(shards, steps), 4, backend="dali", device="cpu") as loader:
+            images, _ = next(iter(loader))
+        assert called and images.shape == (4, 3, 16, 16)
+
     def test_fusions(self):
         from gpupipe.backends._dali._compiler import _fusable_tail
 

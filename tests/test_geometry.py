@@ -147,7 +147,8 @@ class TestTooSmall:
         check_backend_parity([T.RandomCrop((140, 180), padding=10)], mixed_sizes[:1])  # exactly fits: deterministic
 
 
-def test_a_too_small_sample_names_itself_on_every_backend(backend, tmp_path):
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_too_small_sample_names_itself_on_every_backend(backend, tmp_path, workers):
     with gp.ShardWriter(str(tmp_path / "small-%d.tar")) as w:
         w.write("big", {"jpg": encode_jpeg(synthetic_image(0, size=(60, 60))), "cls": 0})
         w.write("tiny", {"jpg": encode_jpeg(synthetic_image(1, size=(30, 40))), "cls": 1})
@@ -157,7 +158,7 @@ def test_a_too_small_sample_names_itself_on_every_backend(backend, tmp_path):
         r"the image size \(30, 40\); set pad_if_needed=True"
     )
     with pytest.raises(gp.SampleError, match=message) as info:
-        list(backend.loader(pipe, 2, num_workers=0))
+        list(backend.loader(pipe, 2, num_workers=workers))
     assert (info.value.key, info.value.shard) == ("tiny", w.shards[0])
     padded = gp.Pipeline(w.shards, [T.RandomCrop(50, pad_if_needed=True), T.ToDtype(torch.float32, scale=True)])
     images, _ = next(iter(backend.loader(padded, 2, num_workers=0)))

@@ -4,12 +4,14 @@ processes, threads, DALI pipelines, shard files) outlives them, with the garbage
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import multiprocessing
 import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
@@ -111,15 +113,83 @@ def test_close_ends_workers_and_is_idempotent(shards, backend, workers):
         iter(loader)
 
 
-def test_a_failed_build_leaves_nothing_open(shards):
+@dataclasses.dataclass(frozen=True)
+class BrokenLowering(T.Transform):
+    """Its DALI lowering fails while the graph is being built, after the pipeline object exists."""
+
+
+def test_a_failed_dali_build_leaves_nothing_open(shards, monkeypatch):
     pytest.importorskip("nvidia.dali")
+    from gpupipe import backends
+
+    registry = backends.get("dali").lowerings
+    monkeypatch.setattr(registry, "_table", dict(registry._table))
+
+    @gp.register_lowering(BrokenLowering, backend="dali")
+    def _broken(t, node, ctx):
+        return ctx.fn.resize(node, no_such_argument=1)  # DALI refuses it while building the graph
+
+    gp.Loader(val(shards), 2, backend="dali", device="cpu").close()  # warm up
     before = settled()
-    with pytest.raises(gp.UnsupportedTransformError):
-        gp.Loader(
-            gp.Pipeline(shards, [T.RandomCrop(16, padding=2, padding_mode="reflect")]), 2, backend="dali", device="cpu"
-        )
+    for _ in range(3):
+        with pytest.raises(KeyError, match="no_such_argument"):
+            gp.Loader(gp.Pipeline(shards, [T.CenterCrop(16), BrokenLowering()]), 2, backend="dali", device="cpu")
     after = settled(before)
     assert all(after[k] <= before[k] for k in before), (before, after)
+
+
+def test_epochs_do_not_accumulate(shards, backend):
+    """Each epoch's reader threads and their files end with the epoch."""
+    with backend.loader(val(shards), 4, shuffle=True, seed=0, num_workers=2) as loader:
+        list(loader)
+        before = settled()
+        for epoch in range(1, 6):
+            loader.set_epoch(epoch)
+            assert len(list(loader)) == 4
+        after = settled(before)
+        assert all(after[k] <= before[k] for k in before), (before, after)
+
+
+def test_a_new_iteration_ends_the_unfinished_one(shards, backend):
+    loader = backend.loader(val(shards), 4, num_workers=1)
+    peek = iter(loader)
+    next(peek)
+    keys = []
+    for i, batch in enumerate(loader):  # a whole epoch, not disturbed by the abandoned one
+        keys += batch.keys
+        if i == 1:
+            del peek
+    assert keys == [loader.index.key(i) for i in range(16)]
+    first = iter(loader)
+    next(first)
+    second = iter(loader)
+    with pytest.raises(StopIteration):
+        next(first)  # ended by the second
+    assert len(list(second)) == 4
+    loader.close()
+
+
+def test_close_from_another_thread_stops_the_epoch(shards, backend):
+    loader = backend.loader(val(shards), 1, num_workers=2)
+    started, outcome = threading.Event(), list[object]()
+
+    def train():
+        try:
+            for _ in loader:
+                started.set()
+                time.sleep(0.05)
+            outcome.append("finished")
+        except gp.ClosedError as e:
+            outcome.append(e)
+
+    worker = threading.Thread(target=train)
+    worker.start()
+    assert started.wait(60)
+    loader.close()
+    worker.join(60)
+    assert not worker.is_alive() and len(outcome) == 1 and isinstance(outcome[0], gp.ClosedError), outcome
+    after = settled({"children": 0})
+    assert after["children"] == 0
 
 
 def test_an_unclosed_loader_is_released_at_exit(shards, backend):

@@ -214,10 +214,14 @@ class TestEpoch:
         with gp.ShardWriter(str(tmp_path / "bad-%d.tar")) as w:
             w.write("ok", {"jpg": good, "cls": 0})
             w.write("broken", {"jpg": good[:200], "cls": 1})
+        messages = []
         for workers in (0, 1):
             loader = backend.loader(small_val(w.shards), 2, num_workers=workers)
-            with pytest.raises(Exception, match=r"'broken' in shard '.*bad-0\.tar'"):
+            with pytest.raises(gp.SampleError, match=r"'broken' in shard '.*bad-0\.tar'") as info:
                 list(loader)
+            assert (info.value.key, info.value.shard) == ("broken", w.shards[0])  # from a worker process too
+            messages.append(str(info.value))
+        assert messages[0] == messages[1]
 
     def test_bad_label_names_shard_and_key(self, backend, tmp_path):
         good = encode_jpeg(synthetic_image(0, size=(40, 40)))

@@ -204,3 +204,16 @@ class TestIndexCache:
             w2.write_all((f"n{i}", {"jpg": encode_jpeg(synthetic_image(i, size=(30, 30))), "cls": 9}) for i in range(5))
         changed = gp.WebDataset(w2.shards).index()
         assert changed.shards[0].dali_index != first and len(changed) == 5 and changed.key(0) == "n0"
+
+
+def test_a_cached_index_pickles(shards):
+    """Spawned DataLoader workers receive the index pickled; shards from the cache load lazily."""
+    import pickle
+
+    gp.WebDataset(shards).index()
+    index = gp.WebDataset(shards).index()
+    assert not any(s.loaded for s in index.shards)
+    copy = pickle.loads(pickle.dumps(index))
+    assert [copy.read(i) for i in (0, 8, 15)] == [index.read(i) for i in (0, 8, 15)]
+    index.close()
+    copy.close()

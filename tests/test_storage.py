@@ -46,43 +46,61 @@ class TestLocalStorage:
             with pytest.raises(FileNotFoundError):
                 call()
 
-    def test_threads_and_close(self, blob, tmp_path):
+    def test_threads_and_close(self, blob):
         st = sources.LocalStorage()
         before = open_fds()
         errors = []
+        reading, release = threading.Barrier(5), threading.Event()
 
         def work(k):
             for i in range(200):
                 off = (k * 37 + i) % 1000
                 if st.read(blob, off, 3) != bytes([off % 256, (off + 1) % 256, (off + 2) % 256]):
                     errors.append(off)
+            reading.wait()
+            release.wait()
 
         threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
         for t in threads:
             t.start()
+        reading.wait()
+        assert not errors
+        assert open_fds() == before + 4 == before + st.open_descriptors()  # one per live thread, kept open
+        st.close()  # closes every thread's descriptors, from this thread
+        assert open_fds() == before and st.open_descriptors() == 0
+        release.set()
         for t in threads:
             t.join()
-        assert not errors
-        assert open_fds() == before + 4  # one descriptor per thread, kept open for the next read
-        st.close()
-        assert open_fds() == before
         assert st.read(blob, 0, 1) == b"\x00"  # reopens on demand
         st.close()
+
+    def test_a_finished_thread_leaves_no_descriptor_open(self, blob):
+        """Reader threads come and go (one pool per epoch): their descriptors go with them."""
+        st = sources.LocalStorage()
+        before = open_fds()
+        for _ in range(5):
+            t = threading.Thread(target=st.read, args=(blob, 0, 1))
+            t.start()
+            t.join()
+        assert open_fds() == before and st.open_descriptors() == 0
 
     def test_forked_child_opens_its_own_descriptors(self, blob):
         st = sources.LocalStorage()
         st.read(blob, 0, 1)
-        parent_fd = next(iter(st._local.files.values()))
+        parent_fd = next(iter(st._local.files.fds.values()))
         r, w = os.pipe()
         pid = os.fork()
         if pid == 0:  # pragma: no cover - child
-            ok = st.read(blob, 5, 1) == b"\x05" and next(iter(st._local.files.values()), None) != parent_fd
+            ok = st.read(blob, 5, 1) == b"\x05" and st._pid == os.getpid()  # its own state, its own files
+            st.close()
             os.write(w, b"1" if ok else b"0")
             os._exit(0)
         os.waitpid(pid, 0)
         assert os.read(r, 1) == b"1"
         os.close(r)
         os.close(w)
+        assert st.read(blob, 7, 1) == b"\x07" and next(iter(st._local.files.fds.values())) == parent_fd
+        os.fstat(parent_fd)  # still open here: the child's close() did not touch it
         st.close()
 
 

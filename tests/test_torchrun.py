@@ -13,8 +13,7 @@ import gpupipe as gp
 
 from .checkers import all_keys, check_epoch_partition
 from .conftest import DIST_ENV, UNEVEN_SIZES
-
-BACKENDS = ["torch", "dali"]
+from .dist_worker import BACKENDS
 
 
 class TestTorchrun:

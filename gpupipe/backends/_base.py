@@ -4,7 +4,6 @@ its :class:`Runner` (runs epoch plans, then is closed)."""
 from __future__ import annotations
 
 import abc
-import contextlib
 import dataclasses
 import weakref
 from collections.abc import Generator, Iterator, Sequence
@@ -69,10 +68,17 @@ class Runs:
         self._runs.add(run)
         return run
 
-    def close(self) -> None:
+    def close(self) -> bool:
+        """Closes every run not executing right now; returns whether all are stopped. A run
+        executing in another thread cannot be closed from here: the runner's loop checks its
+        closed flag between batches and ends it there."""
+        stopped = True
         for run in list(self._runs):
-            with contextlib.suppress(ValueError):  # closed from inside its own iteration: it ends as it returns
+            try:
                 run.close()
+            except ValueError:  # executing, in another thread (or this one): it ends at its next batch
+                stopped = False
+        return stopped
 
 
 class Backend(abc.ABC):

@@ -18,6 +18,7 @@ import contextlib
 import dataclasses
 import os
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from typing import IO, Any, ClassVar
 
@@ -44,9 +45,18 @@ class Stat:
 
 
 class Storage(abc.ABC):
-    """Byte access to the URLs of some schemes. One instance serves one loader (or one index) in
-    one process and may be used from several threads at once; :meth:`close` releases what it
-    holds (open files, connections), after which it opens them again on demand."""
+    """Byte access to the URLs of some schemes, for one index (one loader).
+
+    Contract for implementations:
+
+    - Thread-safe: reader threads call :meth:`read` at once.
+    - Process-safe: the torch backend's worker processes get the instance by ``fork`` (inherited)
+      or ``spawn`` (pickled). A storage must never use a file, socket or connection opened by
+      another process: pickle without them (``__getstate__``), and after a fork reopen them
+      (``LocalStorage`` compares ``os.getpid()`` with the pid that opened them).
+    - :meth:`close` releases what this process holds (open files, connections), waiting for reads
+      in flight; the storage opens them again on demand.
+    """
 
     schemes: ClassVar[tuple[str, ...]] = ()
 
@@ -76,11 +86,35 @@ class Storage(abc.ABC):
         self.close()
 
 
+class _Descriptors:
+    """One thread's open files, ``path -> descriptor``. Closed when its thread ends (Python drops
+    the thread's local storage) or when the storage is closed; the lock makes a ``close()`` from
+    another thread wait for a read in flight, so a descriptor is never closed under a ``pread``
+    (whose number could then be reused by another file)."""
+
+    __slots__ = ("__weakref__", "fds", "lock")
+
+    def __init__(self) -> None:
+        self.fds: dict[str, int] = {}
+        self.lock = threading.Lock()
+
+    def close(self) -> None:
+        with self.lock:
+            for fd in self.fds.values():
+                os.close(fd)
+            self.fds.clear()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):  # interpreter shutdown
+            self.close()
+
+
 class LocalStorage(Storage):
     """Local files (paths, ``file://`` URLs).
 
     Reads use ``pread`` on descriptors kept open per thread (at most :attr:`MAX_OPEN` each, so at
-    least the loader's ``interleave``), so reader threads never share a file position. A forked
+    least the loader's ``interleave``), so reader threads never share a file position. A thread's
+    descriptors are closed when the thread ends, and every thread's by :meth:`close`. A forked
     child never uses its parent's descriptors: it opens its own.
     """
 
@@ -93,8 +127,8 @@ class LocalStorage(Storage):
     def _init_process_state(self) -> None:
         self._pid = os.getpid()
         self._local = threading.local()
-        self._lock = threading.Lock()
-        self._all_files: list[dict[str, int]] = []
+        self._lock = threading.Lock()  # guards _holders
+        self._holders: weakref.WeakSet[_Descriptors] = weakref.WeakSet()
 
     def __getstate__(self) -> dict[str, Any]:
         return {}
@@ -117,39 +151,42 @@ class LocalStorage(Storage):
         return open(self.path(url), "rb")
 
     def read(self, url: str, offset: int, size: int) -> bytes:
-        return os.pread(self._fd(self.path(url)), size, offset)
+        path = self.path(url)
+        files = self._descriptors()
+        with files.lock:
+            fd = files.fds.get(path)
+            if fd is None:
+                if len(files.fds) >= self.MAX_OPEN:
+                    for old in files.fds.values():
+                        os.close(old)
+                    files.fds.clear()
+                fd = files.fds[path] = os.open(path, os.O_RDONLY)
+            return os.pread(fd, size, offset)
 
-    def _fd(self, path: str) -> int:
+    def _descriptors(self) -> _Descriptors:
         if self._pid != os.getpid():  # a forked child: never share the parent's descriptors
             self._init_process_state()
-        files = getattr(self._local, "files", None)
+        files: _Descriptors | None = getattr(self._local, "files", None)
         if files is None:
-            files = self._local.files = {}
+            files = self._local.files = _Descriptors()
             with self._lock:
-                self._all_files.append(files)
-        fd = files.get(path)
-        if fd is None:
-            if len(files) >= self.MAX_OPEN:
-                with self._lock:
-                    for old in files.values():
-                        os.close(old)
-                    files.clear()
-            fd = files[path] = os.open(path, os.O_RDONLY)
-        return fd
+                self._holders.add(files)
+        return files
+
+    def open_descriptors(self) -> int:
+        """How many descriptors this process holds open, all threads together."""
+        with self._lock:
+            return sum(len(h.fds) for h in self._holders)
 
     def close(self) -> None:
-        """Closes the descriptors this process opened (every thread's)."""
+        """Closes the descriptors this process opened (every thread's; a read in flight first
+        completes). Files reopen on the next read."""
         if self._pid != os.getpid():
             return
         with self._lock:
-            for files in self._all_files:
-                for fd in files.values():
-                    os.close(fd)
-                files.clear()
-
-    def __del__(self) -> None:
-        with contextlib.suppress(Exception):
-            self.close()
+            holders = list(self._holders)
+        for files in holders:
+            files.close()
 
 
 _SCHEMES: dict[str, Callable[[], Storage]] = {"": LocalStorage, "file": LocalStorage}

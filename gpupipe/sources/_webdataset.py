@@ -136,20 +136,32 @@ def cached_scan(storage: Storage, url: str, image_exts: tuple[str, ...], label_e
     labeled = label_ext is not None
     size = _wdsindex.count(idx_path)
     if size is not None:
-
-        def load() -> ShardDetail:
-            cached = _wdsindex.load(idx_path, labeled=labeled)
-            if cached is None:  # the cache file went away or was damaged: scan the shard again
-                return scan_tar(storage, url, image_exts, label_ext)[0].detail()
-            keys, image, label = cached
-            return keys, {"image_range": image, "label_range": label}
-
-        return ShardIndex(url, size=size, loader=load, dali_index=idx_path)
+        return ShardIndex(
+            url, size=size, loader=_CachedDetail(storage, url, idx_path, image_exts, label_ext), dali_index=idx_path
+        )
     shard, exts = scan_tar(storage, url, image_exts, label_ext)
     ranges = shard.column("label_range") if labeled else None
     if _wdsindex.save(idx_path, shard.keys, exts, shard.column("image_range"), ranges):
         shard.dali_index = idx_path
     return shard
+
+
+class _CachedDetail:
+    """Loads a shard's details from its cache file (or scans the shard again if the file went away
+    or was damaged). A class, not a closure, so that an index pickles into spawned workers."""
+
+    def __init__(
+        self, storage: Storage, url: str, idx_path: str, image_exts: tuple[str, ...], label_ext: str | None
+    ) -> None:
+        self.storage, self.url, self.idx_path = storage, url, idx_path
+        self.image_exts, self.label_ext = image_exts, label_ext
+
+    def __call__(self) -> ShardDetail:
+        cached = _wdsindex.load(self.idx_path, labeled=self.label_ext is not None)
+        if cached is None:
+            return scan_tar(self.storage, self.url, self.image_exts, self.label_ext)[0].detail()
+        keys, image, label = cached
+        return keys, {"image_range": image, "label_range": label}
 
 
 def scan_tar(

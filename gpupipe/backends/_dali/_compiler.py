@@ -194,7 +194,7 @@ def _lower_images(transforms: Sequence[T.Transform], encoded: Any, ctx: Ctx, *, 
     fn, types = ctx.fn, ctx.types
     steps = list(transforms)
     first = steps[0] if steps else None
-    if isinstance(first, T.RandomResizedCrop) and type(first) is T.RandomResizedCrop:  # not a user subclass
+    if isinstance(first, T.RandomResizedCrop) and _builtin(first):
         steps.pop(0)
         img = decode_random_crop(first, encoded, ctx)
         img = _resize(ctx, img, float(first.size[0]), float(first.size[1]), first.interpolation, first.antialias)
@@ -225,12 +225,20 @@ def decode_random_crop(t: T.RandomResizedCrop, encoded: Any, ctx: Ctx) -> Any:
     )
 
 
+def _builtin(t: T.Transform) -> bool:
+    """Whether ``t`` lowers with the built-in lowering of its exact type: only those are fused; a
+    subclass, or a type whose lowering was replaced (``register_lowering(..., replace=True)``),
+    runs its own registered lowering."""
+    builtin = _BUILTIN.get(type(t))
+    return builtin is not None and LOWERINGS.lookup(t) is builtin
+
+
 def _fusable_tail(steps: list[T.Transform]) -> list[T.Transform]:
     """The longest suffix shaped ``[CenterCrop] [RandomHorizontalFlip] ToDtype(float) [Normalize]``."""
     pattern = [T.CenterCrop, T.RandomHorizontalFlip, T.ToDtype, T.Normalize]
     i, tail = len(steps), list[T.Transform]()
     for kind in reversed(pattern):
-        if i and type(steps[i - 1]) is kind:
+        if i and type(steps[i - 1]) is kind and _builtin(steps[i - 1]):
             i -= 1
             tail.insert(0, steps[i])
     dtype_steps = [t for t in tail if isinstance(t, T.ToDtype)]
@@ -447,3 +455,13 @@ def _normalize(t: T.Normalize, img: Any, ctx: Ctx) -> Any:
 def _arithmetic(t: T.Arithmetic, img: Any, ctx: Ctx) -> Any:
     dtype = {torch.float16: ctx.types.FLOAT16, torch.float64: ctx.types.FLOAT64}.get(ctx.dtype, ctx.types.FLOAT)
     return ctx.fn.cast(t.apply(img), device=ctx.device, dtype=dtype)
+
+
+# The lowerings fusion stands in for (see _builtin).
+_BUILTIN: dict[type, Any] = {
+    T.RandomResizedCrop: _random_resized_crop,
+    T.CenterCrop: _center_crop,
+    T.RandomHorizontalFlip: _hflip,
+    T.ToDtype: _to_dtype,
+    T.Normalize: _normalize,
+}

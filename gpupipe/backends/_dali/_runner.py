@@ -14,16 +14,17 @@ counted; ``torch.from_dlpack`` takes a reference, so a batch the user holds is n
 by later iterations, and nothing is copied on the host. On the GPU the DLPack exchange makes the
 consumer's current CUDA stream wait for DALI's work.
 
-Lifecycle: the graph's input callback is a :class:`_Slot` that holds the running epoch's feed and
-nothing else, so no reference cycle runs through a pipeline: a pipeline is shut down (its threads
-joined) as soon as the runner drops it, by :meth:`DaliRunner.close` or when collected.
+Lifecycle: each pipeline's input callback is its own :class:`_Slot`, which holds the running
+epoch's feed and nothing else, so no reference cycle runs through a pipeline: a pipeline is shut
+down (its threads joined) as soon as the runner drops it, by :meth:`DaliRunner.close` or when
+collected.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Generator, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -32,7 +33,7 @@ from ..._errors import ClosedError, SampleError
 from ..._plan import RankPlan
 from ...sources import Index, RawSample
 from .._base import RawBatch, Runs, RunSpec
-from ._compiler import Ctx, lower
+from ._compiler import Ctx, Lowered, lower
 
 __all__ = ["DaliRunner"]
 
@@ -86,22 +87,29 @@ class _Feeder:
         self._pool.shutdown(wait=True)
 
 
+class _Graph(NamedTuple):
+    """One built DALI pipeline with its own input slot and the lowering's outputs."""
+
+    pipe: Any
+    slot: _Slot
+    lowered: Lowered
+
+
 class DaliRunner:
     def __init__(self, spec: RunSpec) -> None:
         self.index, self.transforms = spec.index, spec.transforms
         self.num_threads, self.prefetch, self.channels_last = max(1, spec.workers), spec.prefetch, spec.channels_last
         self.device, self.rank = spec.device, spec.rank
-        self._slot = _Slot()
         self._runs = Runs()
         self._closed = False
         # Built now so that a graph DALI rejects fails when the loader is built; epoch 0 runs on it.
-        self._unused: tuple[Any, Any] = (
+        self._unused: tuple[Any, _Graph | None] = (
             (spec.seed, 0, spec.batch_size),
             self._build(epoch_seed(spec.seed, 0, spec.rank), batch_size=spec.batch_size),
         )
 
     # -------------------------------------------------------------------- graph --
-    def _build(self, seed: int, *, batch_size: int) -> Any:
+    def _build(self, seed: int, *, batch_size: int) -> _Graph:
         from nvidia.dali import Pipeline, fn, types
 
         gpu = self.device.type == "cuda"
@@ -113,22 +121,23 @@ class DaliRunner:
             prefetch_queue_depth=self.prefetch,
             exec_dynamic=True,
         )
+        slot = _Slot()  # one per pipeline: a run feeds only its own
         with pipe:
-            encoded = fn.external_source(source=self._slot, batch=True, dtype=types.UINT8, ndim=1, name="encoded")
-            self._lowered = lower(
+            encoded = fn.external_source(source=slot, batch=True, dtype=types.UINT8, ndim=1, name="encoded")
+            lowered = lower(
                 self.transforms, encoded, Ctx("gpu" if gpu else "cpu", seed), channels_last=self.channels_last
             )
-            pipe.set_outputs(*self._lowered.outputs())
+            pipe.set_outputs(*lowered.outputs())
         pipe.build()
-        return pipe
+        return _Graph(pipe, slot, lowered)
 
-    def _pipeline(self, seed: int, epoch: int, batch_size: int) -> Any:
+    def _graph(self, seed: int, epoch: int, batch_size: int) -> _Graph:
         """A fresh pipeline for one epoch: the one built with the loader if it fits, else a new one
         (a pipeline's generators cannot be re-seeded, and a run leaves them advanced)."""
-        key, pipe = self._unused
+        key, graph = self._unused
         self._unused = (None, None)
-        if key == (seed, epoch, batch_size):
-            return pipe
+        if graph is not None and key == (seed, epoch, batch_size):
+            return graph
         return self._build(epoch_seed(seed, epoch, self.rank), batch_size=batch_size)
 
     # --------------------------------------------------------------------- run --
@@ -149,31 +158,37 @@ class DaliRunner:
                 raise StopIteration
             return [np.frombuffer(raw.data, np.uint8) for raw in feeder.get(b)]
 
+        graph = None
         try:
-            pipe = self._pipeline(plan.seed, plan.epoch, plan.batch_size)
-            self._slot.feed = feed
+            graph = self._graph(plan.seed, plan.epoch, plan.batch_size)
+            graph.slot.feed = feed
             for b in range(start, plan.num_batches):
+                if self._closed:  # closed from another thread while this epoch runs
+                    raise ClosedError("the DALI runner was closed during an epoch")
                 try:
-                    images, *checks = pipe.run()
+                    images, *checks = graph.pipe.run()
                 except RuntimeError as e:
                     raise self._locate_bad_sample(e, plan, b) from e
                 raws = feeder.read.pop(b)
                 if checks:
-                    self._raise_failed_checks(checks[0], raws)
+                    self._raise_failed_checks(graph.lowered, checks[0], raws)
                 yield RawBatch(self._to_torch(images), self._labels(raws), [r.key for r in raws])
         finally:
-            self._slot.feed = None
+            if graph is not None:
+                graph.slot.feed = None
             feeder.close()
 
     def close(self) -> None:
-        """Stops an unfinished epoch and drops the pipelines, which shuts them down."""
+        """Stops an unfinished epoch and drops the pipelines, which shuts them down (a run
+        executing in another thread stops at its next batch and drops its own)."""
         self._closed = True
         self._runs.close()
         self._unused = (None, None)
 
-    def _raise_failed_checks(self, checks: Any, raws: list[RawSample]) -> None:
+    @staticmethod
+    def _raise_failed_checks(lowered: Lowered, checks: Any, raws: list[RawSample]) -> None:
         """Raises the error of the first sample that failed a check the graph computed."""
-        for b, size, message in self._lowered.failures(np.asarray(checks.as_tensor())):
+        for b, size, message in lowered.failures(np.asarray(checks.as_tensor())):
             raise SampleError.at(message, shard=raws[b].shard, key=raws[b].key, size=size)
 
     def _labels(self, raws: list[RawSample]) -> torch.Tensor | None:

@@ -3,6 +3,7 @@ DataLoader worker processes, batches in the order of the rank's epoch plan."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Generator, Iterator, Sequence
 
@@ -10,7 +11,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from ..._decode import decode_rgb
-from ..._errors import ClosedError, SampleError
+from ..._errors import ClosedError, DataError, SampleError
 from ..._plan import RankPlan, sample_seed
 from ...sources import Index
 from ...transforms import Transform
@@ -22,15 +23,38 @@ __all__ = ["TorchRunner"]
 Item = tuple[int, int, int]  # (sample, seed, epoch)
 
 
-class _Samples(Dataset[tuple[torch.Tensor, "int | None", str]]):
+Sample = tuple[torch.Tensor, "int | None", str]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Failure:
+    """A sample's DataError carried out of a worker process as data, so that the main process
+    raises it as it was, ``.shard`` and ``.key`` included (DataLoader's re-raise of a worker's
+    exception keeps only a message), and the same with or without workers."""
+
+    kind: type[DataError]
+    message: str
+    shard: str | None
+    key: str | None
+
+    def error(self) -> DataError:
+        return self.kind(self.message, shard=self.shard, key=self.key)
+
+
+class _Samples(Dataset["Sample | _Failure"]):
     def __init__(self, index: Index, transforms: Sequence[Transform]) -> None:
         self.index, self.transforms = index, tuple(transforms)
 
     def __len__(self) -> int:
         return len(self.index)
 
-    def __getitem__(self, item: Item) -> tuple[torch.Tensor, int | None, str]:
-        sample, seed, epoch = item
+    def __getitem__(self, item: Item) -> Sample | _Failure:
+        try:
+            return self._sample(*item)
+        except DataError as e:
+            return _Failure(type(e), str(e), e.shard, e.key)
+
+    def _sample(self, sample: int, seed: int, epoch: int) -> Sample:
         raw = self.index.read(sample)
         image = decode_rgb(raw.data, shard=raw.shard, key=raw.key)
         try:
@@ -41,10 +65,15 @@ class _Samples(Dataset[tuple[torch.Tensor, "int | None", str]]):
         return image, raw.label, raw.key
 
 
-def _collate(items: list[tuple[torch.Tensor, int | None, str]]) -> RawBatch:
-    images = torch.stack([i[0] for i in items])
-    labels = None if items[0][1] is None else torch.tensor([i[1] for i in items], dtype=torch.int64)
-    return RawBatch(images, labels, [i[2] for i in items])
+def _collate(items: list[Sample | _Failure]) -> RawBatch | _Failure:
+    samples: list[Sample] = []
+    for item in items:
+        if isinstance(item, _Failure):
+            return item
+        samples.append(item)
+    images = torch.stack([s[0] for s in samples])
+    labels = None if samples[0][1] is None else torch.tensor([s[1] for s in samples], dtype=torch.int64)
+    return RawBatch(images, labels, [s[2] for s in samples])
 
 
 class _Batches:
@@ -69,7 +98,7 @@ class TorchRunner:
         self.channels_last = spec.channels_last
         self.device = spec.device
         self._batches = _Batches()
-        self._loader: DataLoader[tuple[torch.Tensor, int | None, str]] | None = DataLoader(
+        self._loader: DataLoader[Sample | _Failure] | None = DataLoader(
             _Samples(spec.index, spec.transforms),
             batch_sampler=self._batches,
             collate_fn=_collate,
@@ -79,10 +108,11 @@ class TorchRunner:
             pin_memory=self.device.type == "cuda",
         )
         self._runs = Runs()
+        self._closed = False
 
     def run(self, plan: RankPlan, start: int) -> Iterator[RawBatch]:
         """Yields batches ``start..plan.num_batches-1`` of the plan."""
-        if self._loader is None:
+        if self._loader is None or self._closed:
             raise ClosedError("the torch runner is closed")
         return self._runs.track(self._run(self._loader, plan, start))
 
@@ -90,17 +120,31 @@ class TorchRunner:
         self._batches.batches = [
             [(int(s), plan.seed, plan.epoch) for s in plan.batch(b)[0]] for b in range(start, plan.num_batches)
         ]
-        for images, labels, keys in loader:
-            if self.device.type != "cpu":
-                images = images.to(self.device, non_blocking=True)
-                labels = None if labels is None else labels.to(self.device, non_blocking=True)
-            if self.channels_last:
-                images = images.contiguous(memory_format=torch.channels_last)
-            yield RawBatch(images, labels, keys)
+        try:
+            for batch in loader:
+                if self._closed:  # closed from another thread while this epoch runs
+                    raise ClosedError("the torch runner was closed during an epoch")
+                if isinstance(batch, _Failure):
+                    raise batch.error()
+                images, labels, keys = batch
+                if self.device.type != "cpu":
+                    images = images.to(self.device, non_blocking=True)
+                    labels = None if labels is None else labels.to(self.device, non_blocking=True)
+                if self.channels_last:
+                    images = images.contiguous(memory_format=torch.channels_last)
+                yield RawBatch(images, labels, keys)
+        finally:
+            if self._closed:
+                self._shutdown()
 
     def close(self) -> None:
-        """Stops an unfinished epoch and ends the worker processes (and the pin-memory thread)."""
-        self._runs.close()
+        """Stops an unfinished epoch and ends the worker processes (and the pin-memory thread); a
+        run executing in another thread stops at its next batch and ends them itself."""
+        self._closed = True
+        if self._runs.close():
+            self._shutdown()
+
+    def _shutdown(self) -> None:
         loader, self._loader = self._loader, None
         iterator = getattr(loader, "_iterator", None)  # the persistent workers' iterator
         if iterator is not None:
