@@ -72,7 +72,7 @@ def bench(args: argparse.Namespace) -> int:
 
         logging.basicConfig(level=logging_level.upper())
     pipeline = load_pipeline(args.pipeline)(args.source)
-    loader = Loader(
+    with Loader(
         pipeline,
         args.batch_size,
         shuffle=True,
@@ -81,30 +81,30 @@ def bench(args: argparse.Namespace) -> int:
         backend=args.backend,
         device=args.device,
         num_workers=args.workers,
-    )
-    print(f"pipeline {args.pipeline}: {len(loader.index)} samples, output {pipeline.output_spec}")
-    print(f"backend={loader.backend} device={loader.device} workers={loader.num_workers} batch={args.batch_size}")
-    results = []
-    for epoch in range(args.epochs):
-        loader.set_epoch(epoch)
-        n, start = 0, time.perf_counter()
-        for images, *_ in loader:
-            if images.is_cuda:
-                torch.cuda.synchronize(images.device)
-            n += images.shape[0]
-        seconds = time.perf_counter() - start
-        results.append(
-            {
-                "epoch": epoch,
-                "images": n,
-                "seconds": round(seconds, 3),
-                "images_per_s": round(n / seconds, 1) if seconds else None,
-            }
-        )
-        print(
-            f"epoch {epoch}: {n} images in {seconds:.2f} s = {n / seconds:.0f} images/s"
-            + (" (includes start-up)" if epoch == 0 else "")
-        )
+    ) as loader:
+        print(f"pipeline {args.pipeline}: {len(loader.index)} samples, output {pipeline.output_spec}")
+        print(f"backend={loader.backend} device={loader.device} workers={loader.num_workers} batch={args.batch_size}")
+        results = []
+        for epoch in range(args.epochs):
+            loader.set_epoch(epoch)
+            n, start = 0, time.perf_counter()
+            for images, *_ in loader:
+                if images.is_cuda:
+                    torch.cuda.synchronize(images.device)
+                n += images.shape[0]
+            seconds = time.perf_counter() - start
+            results.append(
+                {
+                    "epoch": epoch,
+                    "images": n,
+                    "seconds": round(seconds, 3),
+                    "images_per_s": round(n / seconds, 1) if seconds else None,
+                }
+            )
+            print(
+                f"epoch {epoch}: {n} images in {seconds:.2f} s = {n / seconds:.0f} images/s"
+                + (" (includes start-up)" if epoch == 0 else "")
+            )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(
