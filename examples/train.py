@@ -37,6 +37,8 @@ def main() -> None:
 
     distributed = "RANK" in os.environ
     if distributed:
+        if torch.cuda.is_available():  # each rank on its own GPU, before NCCL starts
+            torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     rank = dist.get_rank() if distributed else 0
     train_pipe = gp.load_pipeline(f"{args.pipeline}:train")(args.shards, size=args.size)

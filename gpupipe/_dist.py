@@ -14,14 +14,18 @@ The local rank, which picks the GPU for ``device="cuda"``, is ``LOCAL_RANK`` (to
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ._errors import ConfigError
 from ._validate import check_int
 
-__all__ = ["Topology", "topology", "local_rank", "cuda_device", "shared_seed", "check_same"]
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["Topology", "topology", "local_rank", "cuda_device", "collective_device", "shared_seed", "check_same"]
 
 
 class Topology(NamedTuple):
@@ -109,9 +113,28 @@ def cuda_device() -> str:
     )
 
 
-def shared_seed(seed: int | None, topo: Topology, *, shuffle: bool) -> int:
+def collective_device(device: torch.device | None = None) -> contextlib.AbstractContextManager[Any]:
+    """The context gpupipe's ``torch.distributed`` object collectives run in.
+
+    NCCL's object collectives (``broadcast_object_list``, ``all_gather_object``) put their tensors
+    on ``torch.cuda.current_device()``: in a job whose ranks never called
+    ``torch.cuda.set_device``, every rank would use ``cuda:0`` (NCCL then fails or hangs). So they
+    run with the loader's GPU current — or, for a CPU loader, this process's GPU
+    (``LOCAL_RANK``) — whatever the caller set; gloo's are unaffected.
+    """
+    import torch
+
+    if device is not None and device.type == "cuda":
+        return torch.cuda.device(device)
+    if torch.cuda.is_available():
+        return torch.cuda.device(torch.device(cuda_device()))
+    return contextlib.nullcontext()
+
+
+def shared_seed(seed: int | None, topo: Topology, *, shuffle: bool, device: torch.device | None = None) -> int:
     """``seed``, or one drawn for the run: by rank 0 and broadcast when distributed, since every
-    rank must draw the same shuffled epoch plan."""
+    rank must draw the same shuffled epoch plan. ``device``: the loader's (see
+    :func:`collective_device`)."""
     if seed is not None:
         return seed
     drawn = random.SystemRandom().randrange(2**63)
@@ -127,18 +150,21 @@ def shared_seed(seed: int | None, topo: Topology, *, shuffle: bool) -> int:
             "same seed, pass seed=<int>"
         )
     box = [drawn]
-    dist.broadcast_object_list(box, src=0)
+    with collective_device(device):
+        dist.broadcast_object_list(box, src=0)
     return int(box[0])
 
 
-def check_same(topo: Topology, what: str, values: dict[str, Any]) -> None:
+def check_same(topo: Topology, what: str, values: dict[str, Any], *, device: torch.device | None = None) -> None:
     """Raises ConfigError on every rank if ``values`` differ between ranks (when torch.distributed
-    is initialized): a dataset seen differently by two ranks would otherwise hang DDP."""
+    is initialized): a dataset seen differently by two ranks would otherwise hang DDP.
+    ``device``: the loader's (see :func:`collective_device`)."""
     dist = _dist()
     if dist is None or topo.world_size == 1 or topo.origin != "torch.distributed":
         return
     gathered: list[Any] = [None] * topo.world_size
-    dist.all_gather_object(gathered, values)
+    with collective_device(device):
+        dist.all_gather_object(gathered, values)
     for r, other in enumerate(gathered):
         diff = {k: (values[k], other.get(k)) for k in values if other.get(k) != values[k]}
         if diff:

@@ -120,9 +120,9 @@ class Loader:
         self.pipeline = pipeline
         self.batch_size = config.batch_size
         self.rank, self.world_size = topo.rank, topo.world_size
-        self.seed = _dist.shared_seed(config.seed, topo, shuffle=config.shuffle)
         backend, device = backends.resolve(config.backend, config.device)
         backend.check(pipeline.transforms)
+        self.seed = _dist.shared_seed(config.seed, topo, shuffle=config.shuffle, device=device)
         self.backend, self.device = backend.name, str(device)
         self.num_workers = min(_cpu_count(), 8) if config.num_workers is None else config.num_workers
         self.epoch = 0
@@ -142,7 +142,10 @@ class Loader:
             interleave=config.interleave,
         )
         _dist.check_same(
-            topo, "the loader's plan", {**self.plan_spec.as_dict(), "seed": self.seed, "shards": len(self.index.shards)}
+            topo,
+            "the loader's plan",
+            {**self.plan_spec.as_dict(), "seed": self.seed, "shards": len(self.index.shards)},
+            device=device,
         )
         self._len = self.plan_spec.num_batches
         if self._len == 0:
@@ -276,9 +279,7 @@ class Loader:
         plan = self.plan(epoch)
         device = torch.device(self.device)
         for b, (images, labels, keys) in enumerate(self._runner.run(plan, start), start):
-            valid = torch.from_numpy(plan.batch(b)[1].copy())
-            if device.type != "cpu":
-                valid = valid.to(device, non_blocking=True)
+            valid = backends.to_device(torch.from_numpy(plan.batch(b)[1].copy()), device)
             self._yielded = b + 1
             yield Batch(images, labels, keys, valid)
         if self.closed and self._yielded < plan.num_batches:

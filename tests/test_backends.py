@@ -138,3 +138,23 @@ class TestThirdBackend:
         monkeypatch.setattr(type(backends.get("dali")), "available", lambda self: False)
         monkeypatch.setattr(type(backends.get("torch")), "devices", ("cuda",))
         assert backends.resolve("auto", "cpu")[0].name == "inline"
+
+
+def test_to_device_copies_from_pinned_memory(monkeypatch):
+    """Labels and validity masks reach the GPU from pinned memory, without blocking the host."""
+    calls: list[object] = []
+
+    def pin(self):
+        calls.append("pin")
+        return self
+
+    def to(self, *args, **kwargs):
+        calls.append(("to", args, kwargs))
+        return self
+
+    monkeypatch.setattr(torch.Tensor, "pin_memory", pin)
+    monkeypatch.setattr(torch.Tensor, "to", to)
+    labels = torch.tensor([1, 2])
+    assert backends.to_device(labels, torch.device("cpu")) is labels and calls == []
+    backends.to_device(labels, torch.device("cuda:1"))
+    assert calls == ["pin", ("to", (torch.device("cuda:1"),), {"non_blocking": True})]

@@ -313,3 +313,43 @@ def test_dali_augmentation_depends_only_on_seed_epoch_and_rank(shards, clean_env
 
     pytest.importorskip("nvidia.dali")
     torch.testing.assert_close(epoch0(False), epoch0(True), atol=0, rtol=0)
+
+
+class TestFailures:
+    """What a DALI failure is reported as: only a sample gpupipe's decoder also rejects is bad data."""
+
+    GOOD = encode_jpeg(synthetic_image(0, size=(24, 24)))
+
+    def samples(self, *pairs):
+        from gpupipe.sources import RawSample
+
+        return [RawSample(key, "s.tar", data, 0) for key, data in pairs]
+
+    def explain(self, message, samples):
+        from gpupipe.backends._dali._runner import explain_failure
+
+        return explain_failure(RuntimeError(message), iter(samples), batch=3, ahead=2)
+
+    @pytest.mark.parametrize("message", [
+        "[/opt/dali/dali/core/mm/default_resources.cc:123] CUDA error: out of memory",
+        "Critical error in pipeline:\nError in MIXED operator `decoders__Image`: std::bad_alloc",
+        "cudaErrorMemoryAllocation: out of memory",
+    ])  # fmt: skip
+    def test_out_of_memory_is_torchs_error_not_bad_data(self, message):
+        error = self.explain(message, self.samples(("a", self.GOOD), ("b", b"\xff\xd8broken")))
+        assert isinstance(error, torch.OutOfMemoryError) and not isinstance(error, gp.DataError)
+        assert "batch 3" in str(error)
+
+    def test_a_cuda_failure_is_not_bad_data(self):
+        error = self.explain("CUDA error: an illegal memory access was encountered", self.samples(("b", b"\xff\xd8x")))
+        assert type(error) is RuntimeError and "on the device" in str(error)
+
+    def test_a_sample_our_decoder_rejects_is_named(self):
+        error = self.explain("Error in CPU operator decoders__Image: failed to decode",
+                             self.samples(("a", self.GOOD), ("b", self.GOOD[:100])))  # fmt: skip
+        assert isinstance(error, gp.SampleError) and (error.key, error.shard) == ("b", "s.tar")
+        assert "DALI: " in str(error)
+
+    def test_no_sample_to_blame_is_not_bad_data(self):
+        error = self.explain("Error in CPU operator resize: something else", self.samples(("a", self.GOOD)))
+        assert type(error) is RuntimeError and "not known to be bad data" in str(error)

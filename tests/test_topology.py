@@ -84,3 +84,52 @@ class TestTopology:
         gp.Loader(val(shards), 2, backend="torch", device="cpu", num_workers=0)  # unshuffled: any seed will do
         loader = gp.Loader(val(shards), 2, seed=4, backend="torch", device="cpu", num_workers=0)
         assert (loader.rank, loader.world_size, loader.seed) == (0, 2, 4)
+
+
+class RecordingDist:
+    """torch.distributed as NCCL would see it: records the current CUDA device of each object
+    collective (NCCL puts the collective's tensors there)."""
+
+    def __init__(self, rank: int, world: int) -> None:
+        self.rank, self.world = rank, world
+        self.devices: list[tuple[str, int]] = []
+
+    def get_rank(self):
+        return self.rank
+
+    def get_world_size(self):
+        return self.world
+
+    def broadcast_object_list(self, box, src=0):
+        self.devices.append(("broadcast", torch.cuda.current_device()))
+        box[0] = 12345
+
+    def all_gather_object(self, out, value):
+        self.devices.append(("all_gather", torch.cuda.current_device()))
+        out[:] = [value] * self.world
+
+
+class TestCollectivesDevice:
+    """gpupipe's object collectives run on the loader's GPU whatever the caller set: under NCCL,
+    a job that never called torch.cuda.set_device would otherwise run every rank's on cuda:0."""
+
+    def test_on_the_loaders_gpu(self, clean_env, fake_cuda):
+        dist = RecordingDist(rank=2, world=4)
+        clean_env.setattr(_dist, "_dist", lambda: dist)
+        topo = _dist.topology()
+        assert _dist.shared_seed(None, topo, shuffle=True, device=torch.device("cuda:2")) == 12345
+        _dist.check_same(topo, "the plan", {"samples": 10}, device=torch.device("cuda:2"))
+        assert dist.devices == [("broadcast", 2), ("all_gather", 2)]
+        assert fake_cuda.current == 0  # the caller's current device is left as it was
+
+    def test_a_cpu_loader_uses_this_ranks_gpu(self, clean_env, fake_cuda, shards):
+        clean_env.setenv("LOCAL_RANK", "3")
+        dist = RecordingDist(rank=3, world=4)
+        clean_env.setattr(_dist, "_dist", lambda: dist)
+        loader = gp.Loader(val(shards), 2, shuffle=True, backend="torch", device="cpu", num_workers=0)
+        assert loader.seed == 12345 and (loader.rank, loader.world_size) == (3, 4)
+        assert dist.devices == [("broadcast", 3), ("all_gather", 3)]
+
+    def test_without_cuda_nothing_changes(self, clean_env):
+        with _dist.collective_device(torch.device("cpu")):
+            pass  # a no-op context on a machine without CUDA

@@ -18,9 +18,20 @@ from typing import Any
 import torch
 
 from .._errors import BackendUnavailableError, ConfigError
-from ._base import Backend, RawBatch, Runner, RunSpec
+from ._base import Backend, RawBatch, Runner, RunSpec, to_device
 
-__all__ = ["TABLE", "Backend", "Runner", "RunSpec", "RawBatch", "names", "get", "resolve", "register_lowering"]
+__all__ = [
+    "TABLE",
+    "Backend",
+    "Runner",
+    "RunSpec",
+    "RawBatch",
+    "names",
+    "get",
+    "resolve",
+    "register_lowering",
+    "to_device",
+]
 
 # name -> module defining BACKEND. backend="auto" picks the first available one, in this order,
 # that delivers to the requested device.

@@ -16,7 +16,16 @@ from .._registry import Registry
 from ..sources import Index
 from ..transforms import Transform
 
-__all__ = ["Backend", "Runner", "RunSpec", "RawBatch", "Runs"]
+__all__ = ["Backend", "Runner", "RunSpec", "RawBatch", "Runs", "to_device"]
+
+
+def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on ``device``. For a GPU, copied from pinned memory without blocking the
+    host (from pageable memory CUDA copies synchronously, through a staging buffer); torch's
+    caching host allocator keeps the pinned block until the copy has run."""
+    if device.type == "cpu":
+        return tensor
+    return tensor.pin_memory().to(device, non_blocking=True)
 
 
 class RawBatch(NamedTuple):

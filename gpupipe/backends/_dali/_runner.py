@@ -22,7 +22,7 @@ collected.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, NamedTuple
 
@@ -32,7 +32,7 @@ import torch
 from ..._errors import ClosedError, SampleError
 from ..._plan import RankPlan
 from ...sources import Index, RawSample
-from .._base import RawBatch, Runs, RunSpec
+from .._base import RawBatch, Runs, RunSpec, to_device
 from ._compiler import Ctx, Lowered, lower
 
 __all__ = ["DaliRunner"]
@@ -195,28 +195,49 @@ class DaliRunner:
         if not self.index.labeled:
             return None
         labels = torch.tensor([r.label for r in raws], dtype=torch.int64)
-        return labels.to(self.device, non_blocking=True) if self.device.type == "cuda" else labels
+        return to_device(labels, self.device)
 
     def _to_torch(self, images: Any) -> torch.Tensor:
         batch = torch.from_dlpack(images.as_tensor())
         return batch.permute(0, 3, 1, 2) if self.channels_last else batch
 
     def _locate_bad_sample(self, error: RuntimeError, plan: RankPlan, batch: int) -> Exception:
-        """DALI's errors do not name the sample. The failing one is in this batch or in one DALI
-        was already preparing (``prefetch`` ahead): decode those with gpupipe's own decoder and
-        name the first that fails."""
-        from ..._decode import decode_rgb
+        """The exception to raise for a DALI failure on ``batch``: the failing sample may be in it
+        or in one DALI was already preparing (``prefetch`` ahead)."""
+        last = min(plan.num_batches, batch + self.prefetch + 1)
+        candidates = (self.index.read(int(s)) for b in range(batch, last) for s in plan.batch(b)[0])
+        return explain_failure(error, candidates, batch=batch, ahead=self.prefetch)
 
-        lines = str(error).strip().splitlines() or ["(no message)"]
-        detail = next((line for line in reversed(lines) if "failure" in line or "rror" in line), lines[0])[:300]
-        for b in range(batch, min(plan.num_batches, batch + self.prefetch + 1)):
-            for s in plan.batch(b)[0]:
-                raw = self.index.read(int(s))
-                try:
-                    decode_rgb(raw.data, shard=raw.shard, key=raw.key)
-                except SampleError as bad:
-                    return SampleError(f"{bad} (DALI: {detail})", shard=bad.shard, key=bad.key)
-        return SampleError(
-            f"DALI failed on batch {batch} (or one of the {self.prefetch} after it), whose samples "
-            f"gpupipe's decoder reads fine: {detail}"
-        )
+
+_OUT_OF_MEMORY = ("out of memory", "cudaerrormemoryallocation", "cuda_error_out_of_memory", "std::bad_alloc")
+_CUDA_FAILURE = ("cuda error", "cudaerror", "cuda_error", "cuda runtime error", "nvjpeg_status", "nvimgcodec")
+
+
+def explain_failure(error: RuntimeError, candidates: Iterable[RawSample], *, batch: int, ahead: int) -> Exception:
+    """What a DALI failure means. DALI's errors name no sample, so:
+
+    - out of memory (GPU or host) is ``torch.OutOfMemoryError``, as torch's own, never bad data;
+    - another CUDA or decoder-library failure is a ``RuntimeError`` about the device;
+    - otherwise each candidate sample is decoded with gpupipe's own decoder: the first it rejects
+      is the ``SampleError``, naming shard and key;
+    - if it reads them all, a ``RuntimeError``: not known to be bad data.
+    """
+    from ..._decode import decode_rgb
+
+    text = str(error)
+    lines = text.strip().splitlines() or ["(no message)"]
+    detail = next((line for line in reversed(lines) if "failure" in line or "rror" in line), lines[0])[:300]
+    lowered = text.lower()
+    if any(marker in lowered for marker in _OUT_OF_MEMORY):
+        return torch.OutOfMemoryError(f"DALI ran out of memory on batch {batch}: {detail}")
+    if any(marker in lowered for marker in _CUDA_FAILURE):
+        return RuntimeError(f"DALI failed on the device on batch {batch}: {detail}")
+    for raw in candidates:
+        try:
+            decode_rgb(raw.data, shard=raw.shard, key=raw.key)
+        except SampleError as bad:
+            return SampleError(f"{bad} (DALI: {detail})", shard=bad.shard, key=bad.key)
+    return RuntimeError(
+        f"DALI failed on batch {batch} (or one of the {ahead} after it), whose samples gpupipe's decoder reads "
+        f"fine, so the failure is not known to be bad data: {detail}"
+    )
