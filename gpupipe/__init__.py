@@ -17,7 +17,7 @@ Example:
 from typing import Any
 
 from . import sources, transforms
-from ._config import LoaderConfig
+from ._config import DaliOptions, LoaderConfig
 from ._errors import (
     BackendUnavailableError,
     ClosedError,
@@ -42,6 +42,7 @@ __all__ = [
     "Pipeline",
     "Loader",
     "LoaderConfig",
+    "DaliOptions",
     "Batch",
     "RankPlan",
     "Source",

@@ -8,11 +8,71 @@ from typing import Any
 import torch
 
 from ._errors import ConfigError
-from ._validate import check_bool, check_int, check_optional_int
+from ._validate import check_bool, check_int, check_optional_int, check_probability
 
-__all__ = ["LoaderConfig"]
+__all__ = ["LoaderConfig", "DaliOptions"]
 
 _MEMORY_FORMATS = (torch.contiguous_format, torch.channels_last)
+
+
+@dataclasses.dataclass(frozen=True)
+class DaliOptions:
+    """The DALI backend's GPU JPEG decoder (nvJPEG, DALI's ``mixed`` decoders), with DALI's
+    argument names. Used with ``device="cuda"`` only: DALI's CPU decoder and the torch backend
+    ignore them. ``gp.Loader(..., dali=gp.DaliOptions(hw_decoder_load=0.8))``.
+
+    Args:
+        jpeg_fancy_upsampling: upsample chroma as libjpeg-turbo does, so that GPU-decoded images
+            match the CPU decoders' (and the torch backend's). Default ``True``; DALI's own
+            default is ``False``: a little faster, chroma a few levels off.
+        hw_decoder_load: the share of JPEG data sent to the GPU's hardware JPEG decoder (A100,
+            H100 and other data-center GPUs that have one), the rest to nvJPEG's CUDA decoder.
+            Default 0.65 (DALI's); the best value depends on the decoder threads and the training
+            step's use of the GPU: measure (``python bench/backends.py``).
+        device_memory_padding: bytes of nvJPEG device buffer preallocated per decoder thread.
+            Default 16 MiB (DALI's).
+        host_memory_padding: bytes of each of the two pinned host buffers nvJPEG preallocates per
+            decoder thread. Default 8 MiB (DALI's). Both paddings avoid reallocations when a
+            larger image comes; DALI's older ImageNet recipe used 211025920 and 140544512, which
+            cost that much per thread (pinned host memory times 2, times the ranks on a node).
+        preallocate_width_hint, preallocate_height_hint: the image size the hardware decoder
+            preallocates for. Default 5980 x 6430, ImageNet's largest image, as DALI's
+            ResNet-50 recipe; 0 lets it allocate on demand.
+        affine: tie each decoder thread to a CPU core. ``None`` (default): ``True`` with one rank
+            per node, ``False`` with several (``LOCAL_WORLD_SIZE`` or ``SLURM_NTASKS_PER_NODE``
+            above 1), whose threads would otherwise be tied to the same cores.
+    """
+
+    _: dataclasses.KW_ONLY
+    jpeg_fancy_upsampling: bool = True
+    hw_decoder_load: float = 0.65
+    device_memory_padding: int = 16 * 2**20
+    host_memory_padding: int = 8 * 2**20
+    preallocate_width_hint: int = 5980
+    preallocate_height_hint: int = 6430
+    affine: bool | None = None
+
+    def __post_init__(self) -> None:
+        owner = "DaliOptions"
+        check_bool(owner, self.jpeg_fancy_upsampling, "jpeg_fancy_upsampling")
+        object.__setattr__(self, "hw_decoder_load", check_probability(owner, self.hw_decoder_load, "hw_decoder_load"))
+        for name in (
+            "device_memory_padding",
+            "host_memory_padding",
+            "preallocate_width_hint",
+            "preallocate_height_hint",
+        ):
+            check_int(owner, getattr(self, name), name, minimum=0)
+        if self.affine is not None:
+            check_bool(owner, self.affine, "affine")
+
+    def decoder_args(self, *, ranks_per_node: int | None) -> dict[str, Any]:
+        """The arguments of DALI's ``mixed`` decoders, for a job with ``ranks_per_node`` local
+        ranks (``None``: unknown, taken as one)."""
+        args = dataclasses.asdict(self)
+        if self.affine is None:
+            args["affine"] = (ranks_per_node or 1) == 1
+        return args
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +110,8 @@ class LoaderConfig:
             ``SLURM_PROCID``/``SLURM_NTASKS``, else rank 0 of 1. Pass both or neither.
         memory_format: ``torch.contiguous_format`` (default) or ``torch.channels_last``: NHWC
             storage presented as an ``[B, C, H, W]`` tensor (DALI's layout, no extra copy there).
+        dali: the DALI backend's GPU decoder settings, a :class:`DaliOptions`. Default
+            ``DaliOptions()``.
 
     Raises:
         ConfigError: an option of the wrong type or out of range; the message names it.
@@ -69,6 +131,7 @@ class LoaderConfig:
     rank: int | None = None
     world_size: int | None = None
     memory_format: torch.memory_format = torch.contiguous_format
+    dali: DaliOptions = DaliOptions()
 
     def __post_init__(self) -> None:
         from . import backends
@@ -94,6 +157,8 @@ class LoaderConfig:
                 f"{owner}: memory_format must be torch.contiguous_format or torch.channels_last, "
                 f"got {self.memory_format!r}"
             )
+        if not isinstance(self.dali, DaliOptions):
+            raise ConfigError(f"{owner}: dali must be a gp.DaliOptions, got {self.dali!r}")
 
     @property
     def channels_last(self) -> bool:

@@ -25,7 +25,16 @@ from ._validate import check_int
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["Topology", "topology", "local_rank", "cuda_device", "collective_device", "shared_seed", "check_same"]
+__all__ = [
+    "Topology",
+    "topology",
+    "local_rank",
+    "ranks_per_node",
+    "cuda_device",
+    "collective_device",
+    "shared_seed",
+    "check_same",
+]
 
 
 class Topology(NamedTuple):
@@ -89,6 +98,13 @@ def local_rank() -> int | None:
     """``LOCAL_RANK``, else ``SLURM_LOCALID``, else ``None``."""
     value = _env_int("LOCAL_RANK")
     return _env_int("SLURM_LOCALID") if value is None else value
+
+
+def ranks_per_node() -> int | None:
+    """This node's number of ranks: ``LOCAL_WORLD_SIZE`` (torchrun), else
+    ``SLURM_NTASKS_PER_NODE`` (srun with ``--ntasks-per-node``), else ``None`` (unknown)."""
+    value = _env_int("LOCAL_WORLD_SIZE")
+    return _env_int("SLURM_NTASKS_PER_NODE") if value is None else value
 
 
 def cuda_device() -> str:

@@ -157,11 +157,9 @@ class Loader:
         spec = backends.RunSpec(
             index=self.index,
             transforms=pipeline.transforms,
+            config=config,
             device=device,
-            batch_size=config.batch_size,
             workers=self.num_workers,
-            prefetch=config.prefetch,
-            channels_last=config.channels_last,
             rank=self.rank,
             seed=self.seed,
         )

@@ -221,11 +221,9 @@ def test_a_dropped_dali_runner_frees_its_pipelines(shards, gc_off):
     spec = backends.RunSpec(
         index=index,
         transforms=transforms,
+        config=gp.LoaderConfig(4, prefetch=2),
         device=torch.device("cpu"),
-        batch_size=4,
         workers=1,
-        prefetch=2,
-        channels_last=False,
         rank=0,
         seed=0,
     )

@@ -45,6 +45,7 @@ class TestRandomResizedCrop:
     def test_defaults_are_torchvision(self):
         t, tv = T.RandomResizedCrop(224), v2.RandomResizedCrop(224)
         assert t.size == tuple(tv.size) and t.scale == tuple(tv.scale) and t.ratio == tuple(tv.ratio)
+        assert isinstance(t.interpolation, T.InterpolationMode)  # strings are stored as the enum
         assert t.antialias is tv.antialias and t.interpolation.value == getattr(
             tv.interpolation, "value", tv.interpolation
         )

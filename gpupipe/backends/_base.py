@@ -11,6 +11,7 @@ from typing import ClassVar, NamedTuple, Protocol
 
 import torch
 
+from .._config import LoaderConfig
 from .._plan import RankPlan
 from .._registry import Registry
 from ..sources import Index
@@ -38,15 +39,14 @@ class RawBatch(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class RunSpec:
-    """Everything a runner is built from: the data, the transforms, and where and how to run."""
+    """Everything a runner is built from: the data, the transforms, the loader's options, and
+    what the loader resolved from them (device, workers, rank, seed)."""
 
     index: Index
     transforms: tuple[Transform, ...]
+    config: LoaderConfig  # batch_size, prefetch, memory_format, dali, ...
     device: torch.device
-    batch_size: int
     workers: int  # worker processes (torch) or CPU threads (DALI)
-    prefetch: int
-    channels_last: bool
     rank: int
     seed: int  # the loader's seed when built; each plan carries the seed it was drawn for
 

@@ -77,7 +77,7 @@ class RandomResizedCrop(Transform):
     _: dataclasses.KW_ONLY
     scale: Sequence[float] = (0.08, 1.0)
     ratio: Sequence[float] = (3.0 / 4.0, 4.0 / 3.0)
-    interpolation: InterpolationMode = InterpolationMode.BILINEAR
+    interpolation: InterpolationMode | str = InterpolationMode.BILINEAR  # stored as an InterpolationMode
     antialias: bool = True
 
     random = True
@@ -133,7 +133,7 @@ class Resize(Transform):
 
     size: Any
     _: dataclasses.KW_ONLY
-    interpolation: InterpolationMode = InterpolationMode.BILINEAR
+    interpolation: InterpolationMode | str = InterpolationMode.BILINEAR  # stored as an InterpolationMode
     max_size: int | None = None
     antialias: bool = True
 

@@ -55,6 +55,7 @@ class Ctx:
 
     device: str  # "cpu" or "gpu"
     seed: int
+    decoder_args: dict[str, Any] = dataclasses.field(default_factory=dict)  # for the mixed decoders
     dtype: torch.dtype = torch.uint8  # dtype of the node being lowered
     checks: list[Check] = dataclasses.field(default_factory=list)
     _seeds: Any = None
@@ -88,17 +89,17 @@ class Ctx:
         return types
 
 
-def _interp(ctx: Ctx, mode: T.InterpolationMode) -> Any:
+def _interp(ctx: Ctx, mode: T.InterpolationMode | str) -> Any:
     it = ctx.types.DALIInterpType
     return {
         T.InterpolationMode.BILINEAR: it.INTERP_LINEAR,
         T.InterpolationMode.BICUBIC: it.INTERP_CUBIC,
         T.InterpolationMode.NEAREST: it.INTERP_NN,
         T.InterpolationMode.NEAREST_EXACT: it.INTERP_NN,
-    }[mode]
+    }[T.InterpolationMode(mode)]
 
 
-def _resize(ctx: Ctx, img: Any, h: Any, w: Any, interpolation: T.InterpolationMode, antialias: bool) -> Any:
+def _resize(ctx: Ctx, img: Any, h: Any, w: Any, interpolation: T.InterpolationMode | str, antialias: bool) -> Any:
     types = ctx.types
     return ctx.fn.resize(
         img,
@@ -199,7 +200,7 @@ def _lower_images(transforms: Sequence[T.Transform], encoded: Any, ctx: Ctx, *, 
         img = decode_random_crop(first, encoded, ctx)
         img = _resize(ctx, img, float(first.size[0]), float(first.size[1]), first.interpolation, first.antialias)
     else:
-        img = fn.decoders.image(encoded, device=ctx.decoder_device, output_type=types.RGB)
+        img = fn.decoders.image(encoded, device=ctx.decoder_device, output_type=types.RGB, **ctx.decoder_args)
     tail = _fusable_tail(steps)
     for t in steps[: len(steps) - len(tail)]:
         img = LOWERINGS.lookup(t)(t, img, ctx)
@@ -218,6 +219,7 @@ def decode_random_crop(t: T.RandomResizedCrop, encoded: Any, ctx: Ctx) -> Any:
         encoded,
         device=ctx.decoder_device,
         output_type=ctx.types.RGB,
+        **ctx.decoder_args,
         random_area=list(t.scale),
         random_aspect_ratio=list(t.ratio),
         num_attempts=10,

@@ -9,10 +9,21 @@ only the byte ranges of its own samples. Labels and keys never enter the graph.
 Randomness: one DALI pipeline per epoch, seeded from ``(seed, epoch, rank)``. A resumed epoch
 starts the generators afresh, so its augmentation draws differ from the interrupted run's.
 
-Hand-off: the pipeline runs with DALI's dynamic executor, whose output buffers are reference
-counted; ``torch.from_dlpack`` takes a reference, so a batch the user holds is never overwritten
-by later iterations, and nothing is copied on the host. On the GPU the DLPack exchange makes the
-consumer's current CUDA stream wait for DALI's work.
+Hand-off (DALI 2.4, dynamic executor; read in DALI's sources, see README "Running on GPUs"):
+
+- Each batch is asked for on the consumer's stream — torch's current stream on the loader's GPU,
+  in the thread that iterates: ``pipe.run(stream)`` makes that stream wait on DALI's work (a
+  ``cudaStreamWaitEvent``) and does not block the host; ``torch.from_dlpack`` waits again on the
+  batch's ready event (free). Kernels the training step queues on that stream therefore never
+  read a batch before it is ready. (Without a stream, ``run()`` waited on the host every batch.)
+- The dynamic executor never recycles an output buffer that is still referenced, and
+  ``as_tensor()`` + ``torch.from_dlpack`` share it without a copy. When torch frees the tensor,
+  DALI returns the memory to its pool only after a device-wide synchronization (its DLPack
+  "graveyard" thread), so memory is never reused while queued kernels, on any stream, may read it.
+- A batch used on another stream needs ``other.wait_stream(torch.cuda.current_stream())`` first,
+  as any tensor produced on one stream and used on another.
+- CPU outputs (and labels, keys) are host data; labels are copied to the GPU from pinned memory
+  on the same current stream.
 
 Lifecycle: each pipeline's input callback is its own :class:`_Slot`, which holds the running
 epoch's feed and nothing else, so no reference cycle runs through a pipeline: a pipeline is shut
@@ -22,16 +33,18 @@ collected.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
+from ..._dist import ranks_per_node
 from ..._errors import ClosedError, SampleError
 from ..._plan import RankPlan
 from ...sources import Index, RawSample
+from ...transforms import Transform
 from .._base import RawBatch, Runs, RunSpec, to_device
 from ._compiler import Ctx, Lowered, lower
 
@@ -95,41 +108,71 @@ class _Graph(NamedTuple):
     lowered: Lowered
 
 
+def define_graph(
+    transforms: Sequence[Transform],
+    *,
+    gpu: bool,
+    device_id: int | None,
+    batch_size: int,
+    num_threads: int,
+    prefetch: int,
+    seed: int,
+    channels_last: bool,
+    decoder_args: dict[str, Any],
+) -> _Graph:
+    """The DALI pipeline of ``transforms``, defined but not built. With ``gpu`` and
+    ``device_id=None`` it is the GPU graph, defined (and serializable) on a machine without a GPU:
+    the tests check its operators and their placement that way."""
+    from nvidia.dali import Pipeline, fn, types
+
+    pipe = Pipeline(
+        batch_size=batch_size,
+        num_threads=num_threads,
+        device_id=device_id,
+        seed=seed,
+        prefetch_queue_depth=prefetch,
+        exec_dynamic=True,
+    )
+    slot = _Slot()  # one per pipeline: a run feeds only its own
+    with pipe:
+        encoded = fn.external_source(source=slot, batch=True, dtype=types.UINT8, ndim=1, name="encoded")
+        ctx = Ctx("gpu" if gpu else "cpu", seed, decoder_args=decoder_args if gpu else {})
+        lowered = lower(transforms, encoded, ctx, channels_last=channels_last)
+        pipe.set_outputs(*lowered.outputs())
+    return _Graph(pipe, slot, lowered)
+
+
 class DaliRunner:
     def __init__(self, spec: RunSpec) -> None:
         self.index, self.transforms = spec.index, spec.transforms
-        self.num_threads, self.prefetch, self.channels_last = max(1, spec.workers), spec.prefetch, spec.channels_last
+        self.num_threads, self.prefetch = max(1, spec.workers), spec.config.prefetch
+        self.channels_last = spec.config.channels_last
         self.device, self.rank = spec.device, spec.rank
+        self.decoder_args = spec.config.dali.decoder_args(ranks_per_node=ranks_per_node())
         self._runs = Runs()
         self._closed = False
         # Built now so that a graph DALI rejects fails when the loader is built; epoch 0 runs on it.
         self._unused: tuple[Any, _Graph | None] = (
-            (spec.seed, 0, spec.batch_size),
-            self._build(epoch_seed(spec.seed, 0, spec.rank), batch_size=spec.batch_size),
+            (spec.seed, 0, spec.config.batch_size),
+            self._build(epoch_seed(spec.seed, 0, spec.rank), batch_size=spec.config.batch_size),
         )
 
     # -------------------------------------------------------------------- graph --
     def _build(self, seed: int, *, batch_size: int) -> _Graph:
-        from nvidia.dali import Pipeline, fn, types
-
         gpu = self.device.type == "cuda"
-        pipe = Pipeline(
+        graph = define_graph(
+            self.transforms,
+            gpu=gpu,
+            device_id=(self.device.index or 0) if gpu else None,
             batch_size=batch_size,
             num_threads=self.num_threads,
-            device_id=(self.device.index or 0) if gpu else None,
+            prefetch=self.prefetch,
             seed=seed,
-            prefetch_queue_depth=self.prefetch,
-            exec_dynamic=True,
+            channels_last=self.channels_last,
+            decoder_args=self.decoder_args,
         )
-        slot = _Slot()  # one per pipeline: a run feeds only its own
-        with pipe:
-            encoded = fn.external_source(source=slot, batch=True, dtype=types.UINT8, ndim=1, name="encoded")
-            lowered = lower(
-                self.transforms, encoded, Ctx("gpu" if gpu else "cpu", seed), channels_last=self.channels_last
-            )
-            pipe.set_outputs(*lowered.outputs())
-        pipe.build()
-        return _Graph(pipe, slot, lowered)
+        graph.pipe.build()
+        return graph
 
     def _graph(self, seed: int, epoch: int, batch_size: int) -> _Graph:
         """A fresh pipeline for one epoch: the one built with the loader if it fits, else a new one
@@ -166,7 +209,7 @@ class DaliRunner:
                 if self._closed:  # closed from another thread while this epoch runs
                     raise ClosedError("the DALI runner was closed during an epoch")
                 try:
-                    images, *checks = graph.pipe.run()
+                    images, *checks = graph.pipe.run(consumer_stream(self.device))
                 except RuntimeError as e:
                     raise self._locate_bad_sample(e, plan, b) from e
                 raws = feeder.read.pop(b)
@@ -207,6 +250,12 @@ class DaliRunner:
         last = min(plan.num_batches, batch + self.prefetch + 1)
         candidates = (self.index.read(int(s)) for b in range(batch, last) for s in plan.batch(b)[0])
         return explain_failure(error, candidates, batch=batch, ahead=self.prefetch)
+
+
+def consumer_stream(device: torch.device) -> Any:
+    """The stream a batch is handed to: torch's current stream on ``device`` in this thread, or
+    ``None`` (host-synchronous) for a CPU pipeline."""
+    return torch.cuda.current_stream(device) if device.type == "cuda" else None
 
 
 _OUT_OF_MEMORY = ("out of memory", "cudaerrormemoryallocation", "cuda_error_out_of_memory", "std::bad_alloc")

@@ -26,8 +26,8 @@ __all__ = ["LOWERINGS", "apply_pipeline"]
 LOWERINGS = Registry("torch")
 
 
-def _interp(mode: T.InterpolationMode) -> TVInterpolation:
-    return TVInterpolation(mode.value)
+def _interp(mode: T.InterpolationMode | str) -> TVInterpolation:
+    return TVInterpolation(T.InterpolationMode(mode).value)
 
 
 def apply_pipeline(transforms: Sequence[T.Transform], image: torch.Tensor, rng: random.Random) -> torch.Tensor:

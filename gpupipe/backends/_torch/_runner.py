@@ -95,7 +95,7 @@ class TorchRunner:
     epochs (``persistent_workers``) and ended by :meth:`close`."""
 
     def __init__(self, spec: RunSpec) -> None:
-        self.channels_last = spec.channels_last
+        self.channels_last = spec.config.channels_last
         self.device = spec.device
         self._batches = _Batches()
         self._loader: DataLoader[Sample | _Failure] | None = DataLoader(
@@ -103,7 +103,7 @@ class TorchRunner:
             batch_sampler=self._batches,
             collate_fn=_collate,
             num_workers=spec.workers,
-            prefetch_factor=spec.prefetch if spec.workers else None,
+            prefetch_factor=spec.config.prefetch if spec.workers else None,
             persistent_workers=spec.workers > 0,
             pin_memory=self.device.type == "cuda",
         )

@@ -1,0 +1,223 @@
+"""The DALI backend's GPU graph, built in CI without a GPU: for every transform and option the
+graph for ``device="cuda"`` is defined and serialized on the CPU (``device_id=None``), which makes
+DALI check operator names, argument names and types and device placement, and the placement and
+the decoder's argument values are checked here. A wrong argument in a GPU-only branch fails CI."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+import torch
+
+import gpupipe as gp
+from gpupipe import transforms as T
+
+from .checkers import AddMult
+from .dali_graph import check_gpu_placement, parse
+
+pytest.importorskip("nvidia.dali")
+
+FLOAT = T.ToDtype(torch.float32, scale=True)
+IMAGENET: dict[str, Any] = dict(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])
+
+# Every transform, with its options: each entry is a pipeline (a transform in the context it needs).
+MATRIX: dict[str, list[list[T.Transform]]] = {
+    "RandomResizedCrop": [
+        [T.RandomResizedCrop(224)],  # fused into the decoder
+        [T.RandomResizedCrop((160, 200), scale=(0.3, 1.0), ratio=(0.5, 2.0), interpolation="bicubic", antialias=False)],
+        [T.CenterCrop(300), T.RandomResizedCrop(64, interpolation="nearest")],  # not first: no fusion
+    ],
+    "Resize": [
+        [T.Resize(256), T.CenterCrop(224)],
+        [T.Resize((200, 300))],
+        [T.Resize(100, max_size=120)],
+        [T.Resize(None, max_size=200)],
+        [T.Resize(64, interpolation="nearest-exact", antialias=False)],
+        [FLOAT, T.Resize(48)],  # a float image
+    ],
+    "CenterCrop": [[T.CenterCrop(224)], [T.CenterCrop((301, 299)), FLOAT]],
+    "RandomCrop": [
+        [T.RandomCrop(32)],  # with its per-sample too-small check
+        [T.RandomCrop(32, padding=4, fill=(1, 2, 3))],
+        [T.RandomCrop((64, 48), padding=(1, 2), pad_if_needed=True)],
+    ],
+    "RandomHorizontalFlip": [[T.RandomHorizontalFlip()], [T.CenterCrop(64), T.RandomHorizontalFlip(p=0.3), FLOAT]],
+    "RandomVerticalFlip": [[T.RandomVerticalFlip(p=0.2)]],
+    "ColorJitter": [
+        [T.ColorJitter(0.4, 0.4, 0.4, 0.1)],
+        [T.ColorJitter(brightness=(1.2, 1.2), saturation=(0.5, 0.5))],
+        [FLOAT, T.ColorJitter(contrast=0.3)],
+    ],
+    "RandomGrayscale": [[T.RandomGrayscale()], [T.RandomGrayscale(p=1.0)]],
+    "GaussianBlur": [[T.GaussianBlur(5)], [T.GaussianBlur((3, 9), sigma=1.5)], [FLOAT, T.GaussianBlur(3)]],
+    "ToDtype": [
+        [FLOAT],
+        [T.ToDtype(torch.float16, scale=True)],
+        [T.ToDtype(torch.float64)],
+        [FLOAT, T.ToDtype(torch.uint8, scale=True)],
+        [T.ToDtype(torch.float32)],
+    ],
+    "Normalize": [[FLOAT, T.Normalize(**IMAGENET)], [T.CenterCrop(64), FLOAT, T.Normalize([0.5], [0.25])]],
+    "Arithmetic": [[FLOAT, AddMult(add=-0.5, mult=2.0)]],
+}
+
+ROOT = os.path.join(os.path.dirname(__file__), "..")
+
+
+def recipes() -> list[list[T.Transform]]:
+    imagenet = os.path.join(ROOT, "pipelines", "imagenet.py")
+    return [list(gp.load_pipeline(f"{imagenet}:{name}")(["unused.tar"]).transforms) for name in ("train", "val")]
+
+
+def cases():
+    for name, pipelines in MATRIX.items():
+        for i, steps in enumerate(pipelines):
+            yield pytest.param(steps, id=f"{name}-{i}")
+    for i, steps in enumerate(recipes()):
+        yield pytest.param(steps, id=f"imagenet-{('train', 'val')[i]}")
+
+
+def gpu_graph(steps, *, channels_last=False, dali=None, ranks_per_node=None):
+    from gpupipe import backends
+    from gpupipe.backends._dali._runner import define_graph
+
+    backends.get("dali").check(steps)  # as the Loader does first
+    dali = dali or gp.DaliOptions()
+    graph = define_graph(
+        steps,
+        gpu=True,
+        device_id=None,
+        batch_size=4,
+        num_threads=2,
+        prefetch=2,
+        seed=1,
+        channels_last=channels_last,
+        decoder_args=dali.decoder_args(ranks_per_node=ranks_per_node),
+    )
+    return parse(graph.pipe.serialize()), graph
+
+
+def test_the_matrix_covers_every_transform():
+    defined = {n for n in T.__all__ if isinstance(getattr(T, n), type) and issubclass(getattr(T, n), T.Transform)}
+    assert defined - {"Transform"} <= set(MATRIX), defined - set(MATRIX)
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize("steps", list(cases()))
+def test_gpu_graph(steps, channels_last):
+    (ops, outputs), graph = gpu_graph(steps, channels_last=channels_last)
+    decoder = check_gpu_placement(ops, outputs)
+    for name, value in gp.DaliOptions().decoder_args(ranks_per_node=None).items():
+        assert decoder.args[name] == pytest.approx(value), name
+    assert len(outputs) == 1 + bool(graph.lowered.checks)
+    if type(steps[0]) is T.RandomResizedCrop:
+        assert decoder.schema == "decoders__ImageRandomCrop"
+
+
+def test_fusions_run_on_the_gpu():
+    (ops, _), _ = gpu_graph(recipes()[0])  # train: RRC fused into the decoder, flip+normalize into CMN
+    gpu_ops = [op.schema for op in ops if op.device == "gpu"]
+    assert gpu_ops == ["Resize", "CropMirrorNormalize"], gpu_ops
+    (ops, _), _ = gpu_graph(recipes()[1])  # val: resize, then crop+normalize as one op
+    assert [op.schema for op in ops if op.device == "gpu"] == ["Resize", "CropMirrorNormalize"]
+
+
+def test_decoder_options_reach_the_mixed_decoder():
+    dali = gp.DaliOptions(
+        jpeg_fancy_upsampling=False,
+        hw_decoder_load=0.9,
+        device_memory_padding=1 << 20,
+        host_memory_padding=0,
+        preallocate_width_hint=0,
+        preallocate_height_hint=0,
+    )
+    for steps in ([T.CenterCrop(32)], [T.RandomResizedCrop(32)]):
+        (ops, outputs), _ = gpu_graph(steps, dali=dali, ranks_per_node=8)
+        decoder = check_gpu_placement(ops, outputs)
+        assert decoder.args["jpeg_fancy_upsampling"] is False and decoder.args["hw_decoder_load"] == pytest.approx(0.9)
+        assert decoder.args["device_memory_padding"] == 1 << 20 and decoder.args["host_memory_padding"] == 0
+        assert decoder.args["preallocate_width_hint"] == decoder.args["preallocate_height_hint"] == 0
+        assert decoder.args["affine"] is False  # 8 ranks share the node's cores
+
+
+def test_the_cpu_graph_has_the_same_operators_on_the_cpu():
+    from gpupipe.backends._dali._runner import define_graph
+
+    steps = recipes()[1]
+    graph = define_graph(
+        steps,
+        gpu=False,
+        device_id=None,
+        batch_size=4,
+        num_threads=2,
+        prefetch=2,
+        seed=1,
+        channels_last=False,
+        decoder_args=gp.DaliOptions().decoder_args(ranks_per_node=None),
+    )
+    ops, _ = parse(graph.pipe.serialize())
+    (gpu_ops, _), _ = gpu_graph(steps)
+    assert [op.schema for op in ops] == [op.schema for op in gpu_ops]
+    assert {op.device for op in ops} == {"cpu"}
+    decoder = next(op for op in ops if op.schema.startswith("decoders__"))
+    assert "hw_decoder_load" not in decoder.args  # the mixed decoder's settings go to the mixed decoder only
+
+
+class TestDaliOptions:
+    def test_defaults(self):
+        args = gp.DaliOptions().decoder_args(ranks_per_node=None)
+        assert args == dict(
+            jpeg_fancy_upsampling=True,
+            hw_decoder_load=0.65,
+            device_memory_padding=16 << 20,
+            host_memory_padding=8 << 20,
+            preallocate_width_hint=5980,
+            preallocate_height_hint=6430,
+            affine=True,
+        )
+
+    @pytest.mark.parametrize("ranks, affine", [(None, True), (1, True), (2, False), (8, False)])
+    def test_affinity_follows_the_ranks_on_the_node(self, ranks, affine):
+        assert gp.DaliOptions().decoder_args(ranks_per_node=ranks)["affine"] is affine
+        assert gp.DaliOptions(affine=True).decoder_args(ranks_per_node=ranks)["affine"] is True
+
+    def test_ranks_per_node_from_the_launcher(self, clean_env):
+        from gpupipe import _dist
+
+        assert _dist.ranks_per_node() is None
+        clean_env.setenv("SLURM_NTASKS_PER_NODE", "4")
+        assert _dist.ranks_per_node() == 4
+        clean_env.setenv("LOCAL_WORLD_SIZE", "8")  # torchrun's first
+        assert _dist.ranks_per_node() == 8
+
+    @pytest.mark.parametrize("kwargs, name", [
+        (dict(hw_decoder_load=1.5), "hw_decoder_load"), (dict(device_memory_padding=-1), "device_memory_padding"),
+        (dict(jpeg_fancy_upsampling=1), "jpeg_fancy_upsampling"), (dict(affine="yes"), "affine"),
+        (dict(preallocate_width_hint=2.5), "preallocate_width_hint"),
+    ])  # fmt: skip
+    def test_invalid(self, kwargs, name):
+        with pytest.raises(gp.ConfigError, match=f"DaliOptions: {name}"):
+            gp.DaliOptions(**kwargs)
+
+    def test_in_the_loader_config(self):
+        with pytest.raises(gp.ConfigError, match=r"dali must be a gp\.DaliOptions"):
+            gp.LoaderConfig(4, dali={"hw_decoder_load": 0.5})  # type: ignore[arg-type]
+        assert gp.LoaderConfig(4, dali=gp.DaliOptions(hw_decoder_load=0.5)).dali.hw_decoder_load == 0.5
+
+
+def test_the_values_gpupipe_computes():
+    """DALI checks argument names and types; the values come from gpupipe, checked here."""
+    (ops, _), _ = gpu_graph(recipes()[0])
+    decoder, cmn = ops[1], ops[-1]
+    assert decoder.args["random_area"] == pytest.approx([0.08, 1.0])
+    assert decoder.args["random_aspect_ratio"] == pytest.approx([3 / 4, 4 / 3])
+    assert decoder.args["num_attempts"] == 10  # torchvision's sampler
+    assert cmn.args["mean"] == pytest.approx([m * 255 for m in IMAGENET["mean"]], rel=1e-6)
+    assert cmn.args["std"] == pytest.approx([s * 255 for s in IMAGENET["std"]], rel=1e-6)
+    assert cmn.args["output_layout"] == "CHW"
+    (ops, _), _ = gpu_graph([T.RandomCrop(32, padding=4, fill=(1, 2, 3))])
+    (crop,) = [op for op in ops if op.schema == "Slice"]
+    assert crop.device == "gpu" and crop.args["fill_values"] == [1.0, 2.0, 3.0]
+    assert crop.args["out_of_bounds_policy"] == "pad"
