@@ -38,6 +38,27 @@ class AddMult(T.Arithmetic):
         return (x + self.add) * self.mult
 
 
+@dataclasses.dataclass(frozen=True)
+class Posterize(T.ArrayFunction):
+    """An ArrayFunction of the tests (uint8 in, uint8 out, same shape): keeps the top ``bits``."""
+
+    bits: int = 4
+
+    def apply(self, image, xp):
+        return image & xp.uint8((0xFF << (8 - self.bits)) & 0xFF)
+
+
+@dataclasses.dataclass(frozen=True)
+class EveryOtherColumn(T.ArrayFunction):
+    """An ArrayFunction that changes the shape, and declares it: every other column."""
+
+    def apply(self, image, xp):
+        return xp.ascontiguousarray(image[:, ::2])
+
+    def output_spec(self, spec):
+        return dataclasses.replace(spec, width=None if spec.width is None else (spec.width + 1) // 2)
+
+
 def spec_of(image: torch.Tensor) -> T.ImageSpec:
     return T.ImageSpec(image.shape[-3], image.shape[-2], image.shape[-1], image.dtype)
 

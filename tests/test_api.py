@@ -24,7 +24,7 @@ def test_transforms_api():
     assert sorted(T.__all__) == sorted([
         "Transform", "ImageSpec", "InterpolationMode", "RandomResizedCrop", "Resize", "CenterCrop", "RandomCrop",
         "RandomHorizontalFlip", "RandomVerticalFlip", "ColorJitter", "RandomGrayscale", "GaussianBlur", "ToDtype",
-        "Normalize", "Arithmetic",
+        "Normalize", "Arithmetic", "ArrayFunction",
     ])  # fmt: skip
     assert all(hasattr(T, name) for name in T.__all__)
 

@@ -18,7 +18,7 @@ import gpupipe as gp
 from gpupipe import transforms as T
 from gpupipe.testing import encode_jpeg, synthetic_image
 
-from .checkers import AddMult, check_backend_parity, run_dali
+from .checkers import AddMult, EveryOtherColumn, Posterize, check_backend_parity, run_dali
 
 pytest.importorskip("nvidia.dali")
 
@@ -289,6 +289,19 @@ class TestHandOff:
         assert len(batches) == len(loader) == 4
         images, labels = batches[0]
         assert images.is_cuda and labels.is_cuda and images.shape == (4, 3, 32, 32) and labels.dtype == torch.int64
+
+
+class TestArrayFunction:
+    """Written once over arrays: NumPy on DALI's CPU operators (python_function), CuPy on the GPU."""
+
+    @pytest.mark.parametrize("device", DEVICES)
+    @pytest.mark.parametrize("steps", [[Posterize(bits=3)], [T.CenterCrop(64), EveryOtherColumn()]])
+    def test_parity(self, device, photos, steps):
+        if device == "gpu":
+            pytest.importorskip("cupy")
+        exact = device == "cpu"  # the same NumPy on the same decoded pixels; nvJPEG's IDCT differs slightly
+        check_backend_parity(steps, photos, device=device, mean_tol=0.0 if exact else 1.0,
+                             max_tol=0.0 if exact else 2.5)  # fmt: skip
 
 
 class TestArithmetic:

@@ -13,7 +13,7 @@ import gpupipe as gp
 from gpupipe import transforms as T
 from gpupipe.testing import encode_jpeg, synthetic_image
 
-from .checkers import AddMult
+from .checkers import AddMult, EveryOtherColumn, Posterize
 from .conftest import SHARD_SIZES, label_of
 
 N = sum(SHARD_SIZES)
@@ -252,6 +252,18 @@ class TestHandOff:
         images, labels = next(iter(backend.loader(small_val(shards), 4, num_workers=0)))
         device = torch.device(backend.device)
         assert images.device.type == labels.device.type == device.type
+
+
+class TestArrayFunction:
+    """A user transform written once over arrays runs on every backend."""
+
+    def test_in_a_loader(self, backend, shards):
+        base = [T.CenterCrop(16)]
+        plain, _ = next(iter(backend.loader(gp.Pipeline(shards, base), 4, num_workers=0)))
+        pipe = gp.Pipeline(shards, [*base, Posterize(bits=2), EveryOtherColumn()])
+        images, _ = next(iter(backend.loader(pipe, 4, num_workers=0)))
+        assert images.shape == (4, 3, 16, 8) and images.dtype == torch.uint8
+        torch.testing.assert_close(images, plain[..., ::2] & 0xC0)
 
 
 class TestArithmetic:

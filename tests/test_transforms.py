@@ -14,7 +14,7 @@ from torchvision.transforms import v2
 import gpupipe as gp
 from gpupipe import transforms as T
 
-from .checkers import AddMult, check_invalid, check_transform, spec_of
+from .checkers import AddMult, EveryOtherColumn, Posterize, check_invalid, check_transform, spec_of
 
 
 def as_float(image):
@@ -387,6 +387,24 @@ class TestArithmetic:
     def test_apply_is_required(self, photo):
         with pytest.raises(NotImplementedError, match="apply"):
             T.Arithmetic().apply(photo)
+
+
+class TestArrayFunction:
+    def test_matches_numpy(self, photo):
+        import numpy as np
+
+        check_transform(Posterize(bits=3), photo, lambda img, p: img & 0xE0, seeds=[0])
+        out = check_transform(EveryOtherColumn(), photo, lambda img, p: img[:, :, ::2].contiguous(), seeds=[0])
+        assert out[0][1].shape == (3, 120, 80)
+        assert isinstance(Posterize().apply(np.zeros((2, 2, 3), np.uint8), np), np.ndarray)
+
+    def test_declared_output_spec(self, shards):
+        pipe = gp.Pipeline(shards, [T.CenterCrop((32, 31)), EveryOtherColumn()])
+        assert (pipe.output_spec.height, pipe.output_spec.width) == (32, 16)
+
+    def test_apply_is_required(self, photo):
+        with pytest.raises(NotImplementedError, match="apply"):
+            T.ArrayFunction().apply(photo, None)
 
 
 def test_every_transform_has_a_test_class():

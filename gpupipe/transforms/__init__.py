@@ -14,7 +14,7 @@ Example:
 
 from ._base import ImageSpec, InterpolationMode, Transform
 from ._color import ColorJitter, GaussianBlur, Normalize, RandomGrayscale, ToDtype
-from ._custom import Arithmetic
+from ._custom import Arithmetic, ArrayFunction
 from ._geometry import (
     CenterCrop,
     RandomCrop,
@@ -40,4 +40,5 @@ __all__ = [
     "ToDtype",
     "Normalize",
     "Arithmetic",
+    "ArrayFunction",
 ]

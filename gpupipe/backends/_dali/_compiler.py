@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from ... import transforms as T
+from ..._errors import BackendUnavailableError
 from ..._geometry import center_crop_anchor, crop_padding, crop_too_large, resize_size
 from ..._registry import Registry
 
@@ -467,3 +468,22 @@ _BUILTIN: dict[type, Any] = {
     T.ToDtype: _to_dtype,
     T.Normalize: _normalize,
 }
+
+
+@LOWERINGS.register(T.ArrayFunction)
+def _array_function(t: T.ArrayFunction, img: Any, ctx: Ctx) -> Any:
+    if ctx.device == "gpu":
+        try:
+            import cupy as xp
+        except ImportError:
+            raise BackendUnavailableError(
+                f"{type(t).__name__} (an ArrayFunction) on the GPU needs CuPy: pip install cupy-cuda12x (or "
+                "cupy-cuda13x, as DALI's CUDA major)"
+            ) from None
+    else:
+        import numpy as xp
+
+    def run(image: Any) -> Any:
+        return t.apply(image, xp)
+
+    return ctx.fn.python_function(img, function=run, device=ctx.device, batch_processing=False, output_layouts="HWC")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 from torchvision.transforms import InterpolationMode as TVInterpolation
 from torchvision.transforms.v2 import functional as F
@@ -122,3 +123,9 @@ def _normalize(t: T.Normalize, img: torch.Tensor, _: None) -> torch.Tensor:
 @LOWERINGS.register(T.Arithmetic)
 def _arithmetic(t: T.Arithmetic, img: torch.Tensor, _: None) -> torch.Tensor:
     return t.apply(img).to(img.dtype)
+
+
+@LOWERINGS.register(T.ArrayFunction)
+def _array_function(t: T.ArrayFunction, img: torch.Tensor, _: None) -> torch.Tensor:
+    out = t.apply(img.permute(1, 2, 0).numpy(), np)  # [H, W, C], a view
+    return torch.from_numpy(np.ascontiguousarray(out)).permute(2, 0, 1)
