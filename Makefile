@@ -1,18 +1,34 @@
-# make demo : set up .venv, make a small sample dataset, run the ImageNet pipeline, print images/s
-# make test : set up .venv if needed, then lint (ruff), type-check (mypy) and run the tests
-# make lint : ruff (lint + format check) and mypy only; make format: apply ruff's fixes and format
+# make demo     : set up .venv, make a small sample dataset, run the ImageNet pipeline, print images/s
+# make test     : set up .venv if needed, then lint (ruff), type-check (mypy) and run the tests
+# make test-gpu : the gpu-marked tests and `gpupipe doctor --run` (on a machine with a GPU)
+# make lint     : ruff (lint + format check) and mypy only; make format: apply ruff's fixes and format
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 DEMO_DATA ?= .demo-data
 DEMO_IMAGES ?= 1024
-EXTRAS ?= dev,cuda12
 
-.PHONY: demo test lint format clean
+# The CUDA major of the NVIDIA driver (nvidia-smi's "CUDA Version"), which picks the builds: torch
+# and DALI must not need a newer CUDA than the driver supports. Override with `make CUDA=12`.
+#   13 or newer: PyPI's torch (a CUDA 13 build) and DALI for CUDA 13
+#   12:          torch from PyTorch's CUDA 12 index and DALI for CUDA 12
+#   none (no driver, as in CI): PyPI's torch and DALI for CUDA 12, both run on the CPU
+CUDA ?= $(shell nvidia-smi 2>/dev/null | sed -n 's/.*CUDA Version: *\([0-9][0-9]*\).*/\1/p' | head -n 1)
+ifeq ($(CUDA),12)
+  EXTRAS ?= dev,cuda12
+  TORCH_INDEX ?= https://download.pytorch.org/whl/cu126
+else ifeq ($(CUDA),)
+  EXTRAS ?= dev,cuda12
+else
+  EXTRAS ?= dev,cuda13
+endif
+
+.PHONY: demo test test-gpu lint format clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
+	$(if $(TORCH_INDEX),$(PY) -m pip install -q -c constraints.txt torch torchvision --index-url $(TORCH_INDEX))
 	$(PY) -m pip install -q -c constraints.txt -e '.[$(EXTRAS)]'
 	touch $@
 
@@ -35,6 +51,10 @@ format: $(VENV)/.installed
 
 test: lint
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+test-gpu: $(VENV)/.installed
+	$(PY) -m gpupipe doctor --run
+	$(PY) -m pytest -q -m gpu -rs $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) $(DEMO_DATA) .pytest_cache

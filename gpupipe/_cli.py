@@ -1,5 +1,5 @@
-"""``python -m gpupipe``: make-shards (write WebDataset shards), index (build the shard index cache)
-and bench (images/s of a pipeline)."""
+"""``python -m gpupipe``: make-shards (write WebDataset shards), index (build the shard index cache),
+bench (images/s of a pipeline) and doctor (check this machine)."""
 
 from __future__ import annotations
 
@@ -148,6 +148,12 @@ def index(args: argparse.Namespace) -> int:
     return 0
 
 
+def doctor(args: argparse.Namespace) -> int:
+    from ._doctor import main as doctor_main
+
+    return doctor_main(run=args.run, images=args.images)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m gpupipe", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -179,6 +185,17 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--epochs", type=int, default=2)
     b.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     b.set_defaults(fn=bench)
+    d = sub.add_parser(
+        "doctor",
+        help="check this machine for gpupipe: versions, CUDA builds, GPUs, what backend='auto' picks, fixes",
+        description="Prints Python, torch, torchvision, DALI and CuPy with their CUDA builds, the driver's CUDA "
+        "version, the GPUs and whether each has a hardware JPEG decoder, what backend='auto' picks and why, and "
+        "every mismatch with the command that fixes it. Exits 1 when something is broken.",
+    )
+    d.add_argument("--run", action="store_true", help="also push generated images through each backend and "
+                   "device present: images/s and the difference from the torch backend")  # fmt: skip
+    d.add_argument("--images", type=int, default=64, help="images for --run (default 64)")
+    d.set_defaults(fn=doctor)
     args = parser.parse_args(argv)
     if getattr(args, "synthetic", None) is not None and args.synthetic <= 0:
         parser.error("--synthetic must be positive")

@@ -133,3 +133,54 @@ class TestCollectivesDevice:
     def test_without_cuda_nothing_changes(self, clean_env):
         with _dist.collective_device(torch.device("cpu")):
             pass  # a no-op context on a machine without CUDA
+
+
+class TestDevicePerRank:
+    """Which GPU a loader uses, decided once (_dist / backends.resolve) and used by every backend."""
+
+    def test_cuda_means_this_ranks_gpu(self, clean_env, fake_cuda):
+        from gpupipe import backends
+
+        clean_env.setenv("LOCAL_RANK", "2")
+        for name in ("torch", "dali"):
+            assert backends.resolve(name, "cuda")[1] == torch.device("cuda:2")
+            assert backends.resolve(name, None)[1] == torch.device("cuda:2")  # None: CUDA present, so cuda
+            assert backends.resolve(name, "cuda:1")[1] == torch.device("cuda:1")  # explicit wins
+        clean_env.delenv("LOCAL_RANK")
+        fake_cuda.current = 3  # no local rank: the current device, as torch would use
+        assert backends.resolve("torch", "cuda")[1] == torch.device("cuda:3")
+
+    def test_each_loader_builds_its_dali_pipeline_on_its_gpu(self, clean_env, fake_cuda, shards, monkeypatch):
+        """Several loaders in one process (train and val), on this rank's GPU or another: each DALI
+        pipeline is built for its loader's device, whatever the current device."""
+        pytest.importorskip("nvidia.dali")
+        from gpupipe.backends._dali import _runner
+
+        built = []
+
+        class FakePipe:
+            def build(self):
+                pass
+
+        def define(transforms, **kw):
+            built.append((kw["gpu"], kw["device_id"], kw["decoder_args"]["affine"]))
+            return _runner._Graph(FakePipe(), _runner._Slot(), None)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(_runner, "define_graph", define)
+        clean_env.setenv("LOCAL_RANK", "1")
+        clean_env.setenv("LOCAL_WORLD_SIZE", "4")
+        train = gp.Loader(val(shards), 2, shuffle=True, seed=0, backend="dali", device="cuda")
+        evaluation = gp.Loader(val(shards), 2, backend="dali", device="cuda:3")
+        assert (train.device, evaluation.device) == ("cuda:1", "cuda:3")
+        assert built == [(True, 1, False), (True, 3, False)]  # 4 ranks per node: threads not pinned
+        assert fake_cuda.current == 0
+
+
+def test_batches_are_handed_over_on_the_consumers_stream(monkeypatch, fake_cuda):
+    from gpupipe.backends._dali._runner import consumer_stream
+
+    streams: dict[str, object] = {}
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: streams.setdefault(str(device), object()))
+    assert consumer_stream(torch.device("cpu")) is None  # a CPU pipeline: host data
+    stream = consumer_stream(torch.device("cuda:2"))
+    assert stream is streams["cuda:2"]  # torch's current stream on the loader's GPU, in this thread

@@ -1,0 +1,349 @@
+"""``python -m gpupipe doctor``: what this machine has for gpupipe, what ``backend="auto"`` picks,
+and every mismatch found, with the command that fixes it; ``--run`` pushes a few batches through
+each backend and device present and compares them with the torch backend.
+
+The facts (:func:`probe`) and the diagnosis (:func:`diagnose`) are separate: the diagnosis is a
+pure function of the facts, so every branch — GPUs, drivers and builds this machine does not have
+— is tested with facts made up in the tests.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import dataclasses
+import enum
+import importlib.metadata
+import platform
+import sys
+from typing import Any
+
+__all__ = ["Gpu", "Environment", "Finding", "Level", "probe", "diagnose", "auto_choice", "report", "hw_jpeg"]
+
+TORCH_CUDA12_INDEX = "https://download.pytorch.org/whl/cu126"  # torch for a CUDA 12 driver (also in the Makefile)
+
+# GPUs with a hardware JPEG decoder that nvJPEG's hardware backend uses. nvJPEG's documentation
+# names A100, A30 and H100; the others are the same chips or their data-center successors.
+_HW_JPEG_DOCUMENTED = ("A100", "A30", "H100")
+_HW_JPEG_SAME_FAMILY = ("A800", "H800", "H200", "H20", "GH200", "B100", "B200", "B300", "GB200", "GB300")
+
+
+@dataclasses.dataclass(frozen=True)
+class Gpu:
+    index: int
+    name: str
+    capability: tuple[int, int]
+    memory_gib: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Environment:
+    """What :func:`probe` found. CUDA versions are ``(major, minor)``; ``None`` where absent."""
+
+    python: str
+    torch: str
+    torch_cuda: tuple[int, int] | None  # the CUDA torch was built for
+    torchvision: str | None
+    dali: str | None
+    dali_cuda: int | None  # the CUDA major DALI was built for
+    cupy: str | None
+    cupy_cuda: int | None
+    driver_cuda: tuple[int, int] | None  # the newest CUDA the driver supports
+    gpus: tuple[Gpu, ...]
+    torch_sees_cuda: bool  # torch.cuda.is_available()
+
+
+class Level(str, enum.Enum):
+    OK = "ok"
+    NOTE = "note"
+    WARNING = "warning"
+    ERROR = "error"
+
+
+@dataclasses.dataclass(frozen=True)
+class Finding:
+    level: Level
+    message: str
+    fix: str | None = None  # the command that fixes it
+
+
+def hw_jpeg(name: str) -> str:
+    """Whether GPU ``name`` has a hardware JPEG decoder, and how that is known (DALI has no query)."""
+    words = name.upper().replace("-", " ").split()
+    if any(model in words for model in _HW_JPEG_DOCUMENTED):
+        return "yes (nvJPEG documents this model)"
+    if any(model in words for model in _HW_JPEG_SAME_FAMILY):
+        return "yes (same data-center family as A100/H100)"
+    return "no (not a data-center model with one): nvJPEG decodes with CUDA"
+
+
+def _version(x: int | None) -> str:
+    return "none" if x is None else str(x)
+
+
+def _cuda(v: tuple[int, int] | None) -> str:
+    return "none" if v is None else f"{v[0]}.{v[1]}"
+
+
+# ---------------------------------------------------------------------------- probing --
+
+
+class CudaDriver:
+    """The NVIDIA driver, read through ``libcuda`` (no torch, no CUDA context kept)."""
+
+    def __init__(self) -> None:
+        self.lib: Any = None
+        with contextlib.suppress(OSError):  # no NVIDIA driver
+            self.lib = ctypes.CDLL("libcuda.so.1")
+
+    def version(self) -> tuple[int, int] | None:
+        if self.lib is None:
+            return None
+        v = ctypes.c_int()
+        if self.lib.cuDriverGetVersion(ctypes.byref(v)) != 0:
+            return None
+        return v.value // 1000, (v.value % 1000) // 10
+
+    def gpus(self) -> tuple[Gpu, ...]:
+        if self.lib is None or self.lib.cuInit(0) != 0:
+            return ()
+        count = ctypes.c_int()
+        if self.lib.cuDeviceGetCount(ctypes.byref(count)) != 0:
+            return ()
+        gpus = []
+        for i in range(count.value):
+            dev, name, mem = ctypes.c_int(), ctypes.create_string_buffer(256), ctypes.c_size_t()
+            major, minor = ctypes.c_int(), ctypes.c_int()
+            self.lib.cuDeviceGet(ctypes.byref(dev), i)
+            self.lib.cuDeviceGetName(name, 256, dev)
+            self.lib.cuDeviceTotalMem_v2(ctypes.byref(mem), dev)
+            self.lib.cuDeviceGetAttribute(ctypes.byref(major), 75, dev)  # COMPUTE_CAPABILITY_MAJOR
+            self.lib.cuDeviceGetAttribute(ctypes.byref(minor), 76, dev)  # COMPUTE_CAPABILITY_MINOR
+            gpus.append(Gpu(i, name.value.decode(), (major.value, minor.value), round(mem.value / 2**30, 1)))
+        return tuple(gpus)
+
+
+def _dist_version(*names: str) -> tuple[str | None, str | None]:
+    """(version, distribution name) of the first of ``names`` installed."""
+    for name in names:
+        try:
+            return importlib.metadata.version(name), name
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None, None
+
+
+def probe(driver: CudaDriver | None = None) -> Environment:
+    """Reads this machine: Python, torch, torchvision, DALI and CuPy with their CUDA builds, the
+    driver and the GPUs."""
+    import torch
+
+    driver = driver or CudaDriver()
+    tv, _ = _dist_version("torchvision")
+    dali, dali_dist = _dist_version("nvidia-dali-cuda130", "nvidia-dali-cuda120", "nvidia-dali-cuda110")
+    dali_cuda = None
+    if dali_dist:
+        dali_cuda = int(dali_dist.removeprefix("nvidia-dali-cuda")) // 10
+    cupy, cupy_dist = _dist_version("cupy-cuda13x", "cupy-cuda12x", "cupy-cuda11x", "cupy")
+    cupy_cuda = int(cupy_dist[len("cupy-cuda") : -1]) if cupy_dist and cupy_dist != "cupy" else None
+    torch_cuda = None
+    if torch.version.cuda:
+        major, minor = torch.version.cuda.split(".")[:2]
+        torch_cuda = int(major), int(minor)
+    return Environment(
+        python=platform.python_version(),
+        torch=torch.__version__,
+        torch_cuda=torch_cuda,
+        torchvision=tv,
+        dali=dali,
+        dali_cuda=dali_cuda,
+        cupy=cupy,
+        cupy_cuda=cupy_cuda,
+        driver_cuda=driver.version(),
+        gpus=driver.gpus(),
+        torch_sees_cuda=torch.cuda.is_available(),
+    )
+
+
+# --------------------------------------------------------------------------- diagnosis --
+
+
+def auto_choice(env: Environment) -> tuple[str, str, str]:
+    """``(backend, device, why)`` for ``backend="auto", device=None`` on ``env``."""
+    if env.torch_sees_cuda:
+        device, why = "cuda", "CUDA is available to torch"
+    else:
+        device, why = "cpu", "torch sees no usable GPU"
+    if env.dali:
+        return "dali", device, f"{why}, and DALI is installed (DALI's {'GPU' if device == 'cuda' else 'CPU'} operators)"
+    return "torch", device, f"{why}, and DALI is not installed (torchvision's kernels in worker processes)"
+
+
+def diagnose(env: Environment) -> list[Finding]:
+    """Every mismatch in ``env``, most serious first, each with the command that fixes it."""
+    found: list[Finding] = []
+    driver = env.driver_cuda
+    if not env.gpus or driver is None:
+        found.append(Finding(Level.NOTE, "no NVIDIA GPU or driver: gpupipe runs DALI's CPU operators or torch"))
+    else:
+        if env.torch_cuda and env.torch_cuda[0] > driver[0]:
+            found.append(Finding(
+                Level.ERROR,
+                f"torch {env.torch} is built for CUDA {_cuda(env.torch_cuda)} but the driver supports CUDA "
+                f"{_cuda(driver)}: torch cannot use the GPUs. Install torch built for CUDA {driver[0]} (or "
+                "update the driver)",
+                f"pip install --force-reinstall torch=={env.torch.split('+')[0]} torchvision --index-url "
+                f"{TORCH_CUDA12_INDEX}" if driver[0] == 12 else None,
+            ))  # fmt: skip
+        elif env.torch_cuda is None:
+            found.append(Finding(
+                Level.ERROR, f"torch {env.torch} is a CPU-only build: it cannot use the GPUs",
+                f"pip install --force-reinstall torch=={env.torch.split('+')[0]} torchvision" if driver[0] >= 13
+                else f"pip install --force-reinstall torch torchvision --index-url {TORCH_CUDA12_INDEX}",
+            ))  # fmt: skip
+        elif not env.torch_sees_cuda:
+            found.append(Finding(Level.ERROR, "torch has a CUDA build but torch.cuda.is_available() is False: check "
+                                 "CUDA_VISIBLE_DEVICES and the driver (nvidia-smi)"))  # fmt: skip
+        if env.dali_cuda and env.dali_cuda > driver[0]:
+            found.append(
+                Finding(
+                    Level.ERROR,
+                    f"DALI {env.dali} is built for CUDA {env.dali_cuda} but the driver supports CUDA {_cuda(driver)}: "
+                    "the dali backend cannot use the GPUs",
+                    f"pip uninstall -y nvidia-dali-cuda{env.dali_cuda}0 && pip install 'gpupipe[cuda{driver[0]}]'",
+                )
+            )
+        elif env.dali is None:
+            major = env.torch_cuda[0] if env.torch_cuda else driver[0]
+            found.append(Finding(
+                Level.WARNING, "DALI is not installed: backend='auto' uses the torch backend, decoding on the CPU",
+                f"pip install 'gpupipe[cuda{major}]'",
+            ))  # fmt: skip
+        elif env.torch_cuda and env.dali_cuda and env.dali_cuda != env.torch_cuda[0]:
+            found.append(Finding(
+                Level.WARNING,
+                f"DALI is built for CUDA {env.dali_cuda}, torch for CUDA {_cuda(env.torch_cuda)}: both work on this "
+                "driver, but the process loads two CUDA runtimes (more memory, two sets of libraries)",
+                f"pip uninstall -y nvidia-dali-cuda{env.dali_cuda}0 && pip install 'gpupipe[cuda{env.torch_cuda[0]}]'",
+            ))  # fmt: skip
+        if env.cupy and env.cupy_cuda and env.cupy_cuda > driver[0]:
+            found.append(Finding(
+                Level.ERROR, f"CuPy {env.cupy} is built for CUDA {env.cupy_cuda}: ArrayFunction steps fail on the GPU",
+                f"pip uninstall -y cupy-cuda{env.cupy_cuda}x && pip install cupy-cuda{driver[0]}x",
+            ))  # fmt: skip
+        without = [g.name for g in env.gpus if hw_jpeg(g.name).startswith("no")]
+        if without:
+            names = ", ".join(sorted(set(without)))
+            found.append(Finding(Level.NOTE, f"no hardware JPEG decoder on {names}: nvJPEG decodes with CUDA kernels "
+                                 "(DaliOptions.hw_decoder_load has no effect)"))  # fmt: skip
+    order = [Level.ERROR, Level.WARNING, Level.NOTE, Level.OK]
+    return sorted(found, key=lambda f: order.index(f.level))
+
+
+def report(env: Environment, findings: list[Finding]) -> str:
+    """The text ``doctor`` prints."""
+    backend, device, why = auto_choice(env)
+    lines = [
+        f"python       {env.python} ({sys.platform})",
+        f"torch        {env.torch} (CUDA build {_cuda(env.torch_cuda)}; sees CUDA: {env.torch_sees_cuda})",
+        f"torchvision  {env.torchvision or 'not installed'}",
+        f"DALI         {env.dali or 'not installed'}" + (f" (built for CUDA {env.dali_cuda})" if env.dali else ""),
+        f"CuPy         {env.cupy or 'not installed'}" + (f" (for CUDA {env.cupy_cuda})" if env.cupy_cuda else ""),
+        f"driver       {'CUDA ' + _cuda(env.driver_cuda) if env.driver_cuda else 'no NVIDIA driver'}",
+    ]
+    for g in env.gpus:
+        lines.append(f"GPU {g.index}        {g.name}, compute {g.capability[0]}.{g.capability[1]}, {g.memory_gib} GiB; "
+                     f"hardware JPEG decoder: {hw_jpeg(g.name)}")  # fmt: skip
+    lines.append(f"auto         backend={backend!r} device={device!r}: {why}")
+    for f in findings:
+        lines.append(f"{f.level.value.upper():12} {f.message}" + (f"\n             fix: {f.fix}" if f.fix else ""))
+    if not any(f.level in (Level.ERROR, Level.WARNING) for f in findings):
+        lines.append("OK           nothing to fix")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------ --run --
+
+
+def targets(env: Environment) -> list[tuple[str, str]]:
+    """The (backend, device) pairs ``--run`` tries: torch on the CPU (the reference) and every
+    other one this machine can run."""
+    found = [("torch", "cpu")]
+    if env.dali:
+        found.append(("dali", "cpu"))
+    if env.torch_sees_cuda:
+        found += [("dali", "cuda")] if env.dali else []
+        found.append(("torch", "cuda"))
+    return found
+
+
+def run_check(env: Environment, *, images: int = 64, batch_size: int = 16, out: Any = print) -> bool:
+    """Pushes ``images`` generated photographs through each backend and device of
+    :func:`targets`: prints images/s and, per image, the difference from the torch backend's
+    output (0-255 units; the tests' tolerances: mean <= 1.0, worst <= 2.5). Returns whether every
+    one ran and agreed."""
+    import os
+    import tempfile
+    import time
+
+    import torch
+
+    from . import transforms as T
+    from ._loader import Loader
+    from ._pipeline import Pipeline
+    from ._shards import ShardWriter
+    from .testing import encode_jpeg, synthetic_image
+
+    steps = [T.Resize(128), T.CenterCrop(112), T.ToDtype(torch.float32, scale=True)]
+    ok, reference = True, dict[str, Any]()
+    old_cache = os.environ.get("GPUPIPE_CACHE_DIR")
+    with tempfile.TemporaryDirectory(prefix="gpupipe-doctor-") as tmp:
+        os.environ["GPUPIPE_CACHE_DIR"] = os.path.join(tmp, "cache")
+        try:
+            with ShardWriter(os.path.join(tmp, "doctor-%d.tar"), max_count=max(1, images // 2)) as w:
+                for i in range(images):
+                    w.write(f"{i:06d}", {"jpg": encode_jpeg(synthetic_image(i, size=(240, 320 + 8 * (i % 5)))),
+                                         "cls": i % 10})  # fmt: skip
+            for backend, device in targets(env):
+                try:
+                    outputs, rate = {}, 0.0
+                    with Loader(Pipeline(w.shards, steps), batch_size, backend=backend, device=device) as loader:
+                        for _ in range(2):  # the first epoch warms up (workers, DALI build)
+                            start, n = time.perf_counter(), 0
+                            for batch in loader:
+                                for key, image in zip(batch.keys, batch.images.float().cpu(), strict=True):
+                                    outputs[key] = image
+                                n += len(batch.keys)
+                            if batch.images.is_cuda:
+                                torch.cuda.synchronize(batch.images.device)
+                            rate = n / (time.perf_counter() - start)
+                    if not reference:
+                        reference = outputs
+                        out(f"run          {backend}-{device}: {rate:.0f} images/s (the reference)")
+                        continue
+                    errors = [float((outputs[k] - reference[k]).abs().mean()) * 255 for k in reference]
+                    mean, worst = sum(errors) / len(errors), max(errors)
+                    agree = mean <= 1.0 and worst <= 2.5
+                    ok &= agree
+                    out(f"run          {backend}-{device}: {rate:.0f} images/s; vs torch-cpu: mean {mean:.2f}, worst "
+                        f"{worst:.2f} (0-255){'' if agree else '  ** OUTSIDE mean 1.0 / worst 2.5 **'}")  # fmt: skip
+                except Exception as e:  # report every target, then fail
+                    ok = False
+                    out(f"ERROR        {backend}-{device} failed: {type(e).__name__}: {str(e).splitlines()[0][:300]}")
+        finally:
+            if old_cache is None:
+                os.environ.pop("GPUPIPE_CACHE_DIR", None)
+            else:
+                os.environ["GPUPIPE_CACHE_DIR"] = old_cache
+    return ok
+
+
+def main(*, run: bool = False, images: int = 64, out: Any = print) -> int:
+    """``python -m gpupipe doctor [--run]``: 0 when nothing is broken, 1 otherwise."""
+    env = probe()
+    findings = diagnose(env)
+    out(report(env, findings))
+    broken = any(f.level == Level.ERROR for f in findings)
+    if run and not run_check(env, images=images, out=out):
+        broken = True
+    return 1 if broken else 0

@@ -1,0 +1,166 @@
+"""``python -m gpupipe doctor``: the diagnosis on made-up machines (every GPU branch, without a GPU),
+probing through a fake driver and fake CUDA, and the command itself on this machine."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from gpupipe import _doctor as doctor
+from gpupipe._doctor import Environment, Gpu, Level
+
+ROOT = os.path.join(os.path.dirname(__file__), "..")
+
+H100 = Gpu(0, "NVIDIA H100 80GB HBM3", (9, 0), 79.1)
+HEALTHY = Environment(python="3.12.3", torch="2.14.1+cu130", torch_cuda=(13, 0), torchvision="0.29.1", dali="2.4.0",
+                      dali_cuda=13, cupy="14.2.0", cupy_cuda=13, driver_cuda=(13, 0), gpus=(H100,) * 8,
+                      torch_sees_cuda=True)  # fmt: skip
+CPU_ONLY = dataclasses.replace(HEALTHY, torch_cuda=(13, 0), dali_cuda=12, cupy=None, cupy_cuda=None, driver_cuda=None,
+                               gpus=(), torch_sees_cuda=False)  # fmt: skip
+
+
+def levels(env):
+    return [(f.level, f.message) for f in doctor.diagnose(env)]
+
+
+class TestDiagnosis:
+    def test_a_healthy_gpu_node(self):
+        assert doctor.diagnose(HEALTHY) == []
+        assert doctor.auto_choice(HEALTHY)[:2] == ("dali", "cuda")
+
+    def test_a_cpu_machine(self):
+        (finding,) = doctor.diagnose(CPU_ONLY)
+        assert finding.level == Level.NOTE and "no NVIDIA GPU" in finding.message
+        assert doctor.auto_choice(CPU_ONLY)[:2] == ("dali", "cpu")
+        assert doctor.auto_choice(dataclasses.replace(CPU_ONLY, dali=None, dali_cuda=None))[:2] == ("torch", "cpu")
+
+    def test_a_cuda_12_driver_with_pypis_torch(self):
+        """The case of the issue: PyPI's torch is a CUDA 13 build; a CUDA 12 driver cannot run it."""
+        env = dataclasses.replace(HEALTHY, driver_cuda=(12, 4), dali_cuda=12, cupy=None, torch_sees_cuda=False)
+        first, *_ = doctor.diagnose(env)
+        assert first.level == Level.ERROR and "built for CUDA 13.0 but the driver supports CUDA 12.4" in first.message
+        assert (
+            first.fix
+            == f"pip install --force-reinstall torch==2.14.1 torchvision --index-url {doctor.TORCH_CUDA12_INDEX}"
+        )
+
+    def test_dali_built_for_a_newer_cuda_than_the_driver(self):
+        env = dataclasses.replace(HEALTHY, torch="2.14.1+cu126", torch_cuda=(12, 6), driver_cuda=(12, 8), cupy=None)
+        (finding,) = [f for f in doctor.diagnose(env) if f.level == Level.ERROR]
+        assert "DALI 2.4.0 is built for CUDA 13" in finding.message
+        assert finding.fix == "pip uninstall -y nvidia-dali-cuda130 && pip install 'gpupipe[cuda12]'"
+
+    def test_two_cuda_runtimes(self):
+        env = dataclasses.replace(HEALTHY, dali_cuda=12)  # works on a CUDA 13 driver, but loads both
+        (finding,) = doctor.diagnose(env)
+        assert finding.level == Level.WARNING and "two CUDA runtimes" in finding.message
+        assert finding.fix == "pip uninstall -y nvidia-dali-cuda120 && pip install 'gpupipe[cuda13]'"
+
+    def test_a_gpu_without_dali(self):
+        env = dataclasses.replace(HEALTHY, dali=None, dali_cuda=None)
+        (finding,) = doctor.diagnose(env)
+        assert finding.level == Level.WARNING and finding.fix == "pip install 'gpupipe[cuda13]'"
+        assert doctor.auto_choice(env)[:2] == ("torch", "cuda")
+
+    @pytest.mark.parametrize("torch_version, torch_cuda, sees, match", [
+        ("2.14.1+cpu", None, False, "CPU-only build"),
+        ("2.14.1+cu130", (13, 0), False, "is_available\\(\\) is False"),
+    ])  # fmt: skip
+    def test_torch_cannot_use_the_gpus(self, torch_version, torch_cuda, sees, match):
+        env = dataclasses.replace(HEALTHY, torch=torch_version, torch_cuda=torch_cuda, torch_sees_cuda=sees)
+        assert any(level == Level.ERROR and __import__("re").search(match, m) for level, m in levels(env))
+
+    def test_cupy_for_the_wrong_cuda(self):
+        env = dataclasses.replace(HEALTHY, torch="2.14.1+cu126", torch_cuda=(12, 6), dali_cuda=12, driver_cuda=(12, 8))
+        (finding,) = doctor.diagnose(env)
+        assert finding.level == Level.ERROR and "CuPy 14.2.0 is built for CUDA 13" in finding.message
+        assert finding.fix == "pip uninstall -y cupy-cuda13x && pip install cupy-cuda12x"
+
+    def test_no_hardware_jpeg_decoder(self):
+        env = dataclasses.replace(HEALTHY, gpus=(Gpu(0, "NVIDIA GeForce RTX 4090", (8, 9), 23.6),))
+        (finding,) = doctor.diagnose(env)
+        assert finding.level == Level.NOTE and "RTX 4090" in finding.message and "hw_decoder_load" in finding.message
+
+    @pytest.mark.parametrize("name, answer", [
+        ("NVIDIA A100-SXM4-80GB", "yes (nvJPEG"), ("NVIDIA H100 80GB HBM3", "yes (nvJPEG"),
+        ("NVIDIA A30", "yes (nvJPEG"),
+        ("NVIDIA H200", "yes (same"), ("NVIDIA GH200 480GB", "yes (same"), ("NVIDIA B200", "yes (same"),
+        ("NVIDIA GeForce RTX 4090", "no"), ("Tesla V100-SXM2-32GB", "no"), ("NVIDIA A10", "no"),
+    ])  # fmt: skip
+    def test_hardware_jpeg_decoder_by_model(self, name, answer):
+        assert doctor.hw_jpeg(name).startswith(answer)
+
+    def test_errors_come_first_and_the_report_shows_fixes(self):
+        env = dataclasses.replace(HEALTHY, driver_cuda=(12, 4), torch_sees_cuda=False,
+                                  gpus=(Gpu(0, "NVIDIA GeForce RTX 4090", (8, 9), 23.6),))  # fmt: skip
+        findings = doctor.diagnose(env)
+        severity = [[Level.ERROR, Level.WARNING, Level.NOTE, Level.OK].index(f.level) for f in findings]
+        assert severity == sorted(severity) and severity[0] == 0 and len(set(severity)) > 1
+        text = doctor.report(env, findings)
+        assert "ERROR" in text and "fix: pip install --force-reinstall torch==2.14.1" in text
+        assert "GPU 0        NVIDIA GeForce RTX 4090, compute 8.9, 23.6 GiB; hardware JPEG decoder: no" in text
+
+
+class FakeDriver(doctor.CudaDriver):
+    def __init__(self, version, gpus):
+        self._version, self._gpus = version, gpus
+
+    def version(self):
+        return self._version
+
+    def gpus(self):
+        return self._gpus
+
+
+def test_probe_reads_the_builds_and_the_driver(fake_cuda, monkeypatch):
+    monkeypatch.setattr(torch.version, "cuda", "12.6")
+    env = doctor.probe(FakeDriver((12, 8), (H100, dataclasses.replace(H100, index=1))))
+    assert env.driver_cuda == (12, 8) and len(env.gpus) == 2 and env.torch_sees_cuda
+    assert env.torch_cuda == (12, 6) and env.torch == torch.__version__
+    import importlib.metadata
+
+    assert env.dali == importlib.metadata.version("nvidia-dali-cuda120") and env.dali_cuda == 12
+    assert env.python and env.torchvision
+
+
+def test_the_driver_is_read_without_torch():
+    driver = doctor.CudaDriver()
+    if driver.lib is None:  # this machine: no libcuda
+        assert driver.version() is None and driver.gpus() == ()
+    else:  # pragma: no cover - a GPU machine
+        assert driver.version() is not None
+
+
+class TestCommand:
+    def test_this_machine(self):
+        proc = subprocess.run([sys.executable, "-m", "gpupipe", "doctor"], cwd=ROOT, capture_output=True, text=True,
+                              timeout=120)  # fmt: skip
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "torch        2.14.1" in proc.stdout and "auto         backend=" in proc.stdout
+
+    def test_run_pushes_batches_through_every_backend(self, capsys):
+        env = doctor.probe()
+        assert doctor.run_check(env, images=12, batch_size=4, out=print)
+        out = capsys.readouterr().out
+        assert "torch-cpu:" in out and "images/s (the reference)" in out
+        if env.dali:
+            assert "dali-cpu:" in out and "vs torch-cpu: mean" in out
+
+    def test_broken_means_exit_1(self, monkeypatch, capsys):
+        broken = dataclasses.replace(HEALTHY, driver_cuda=(12, 4), torch_sees_cuda=False)
+        monkeypatch.setattr(doctor, "probe", lambda: broken)
+        assert doctor.main() == 1
+        assert "ERROR" in capsys.readouterr().out
+        monkeypatch.setattr(doctor, "probe", lambda: CPU_ONLY)
+        assert doctor.main() == 0
+
+    def test_a_failing_backend_fails_the_run(self, monkeypatch, capsys):
+        env = dataclasses.replace(CPU_ONLY, dali=None, dali_cuda=None)
+        monkeypatch.setattr(doctor, "targets", lambda env: [("torch", "cpu"), ("torch", "cuda")])  # no CUDA here
+        assert not doctor.run_check(env, images=4, batch_size=2, out=print)
+        assert "ERROR        torch-cuda failed: BackendUnavailableError" in capsys.readouterr().out
