@@ -119,7 +119,8 @@ def run_dali(transforms, encoded: list[bytes], *, device: str = "cpu", seed: int
     pipe = Pipeline(batch_size=len(encoded), num_threads=1, device_id=0 if gpu else None, seed=seed, exec_dynamic=True)
     with pipe:
         data = fn.external_source(source=lambda: [np.frombuffer(e, dtype=np.uint8) for e in encoded], batch=True)
-        ctx = Ctx(device, seed)
+        decoder_args = gp.DaliOptions().decoder_args(ranks_per_node=None) if gpu else {}  # as the runner does
+        ctx = Ctx(device, seed, decoder_args=decoder_args)
         lowered = Lowered(graph(data, ctx)) if graph else lower(transforms, data, ctx)
         pipe.set_outputs(*lowered.outputs())
     pipe.build()

@@ -282,6 +282,20 @@ class TestHandOff:
         assert not torch.equal(held[0], held[1])
 
     @pytest.mark.gpu
+    def test_batches_on_another_stream(self, shards):
+        """Handed over on the consumer's current stream: kernels queued on a side stream read
+        finished batches, and the results equal those on the default stream."""
+        train = gp.load_pipeline(os.path.join(os.path.dirname(__file__), "..", "pipelines", "imagenet.py:val"))
+        loader = gp.Loader(train(shards, size=32), 4, backend="dali", device="cuda")
+        reference = [b.images.double().sum().item() for b in loader]
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):
+            sums = [b.images.double().sum() for b in loader]  # queued on the side stream, no host sync
+        side.synchronize()
+        assert [s.item() for s in sums] == pytest.approx(reference)
+        loader.close()
+
+    @pytest.mark.gpu
     def test_cuda_loader(self, shards):
         train = gp.load_pipeline(os.path.join(os.path.dirname(__file__), "..", "pipelines", "imagenet.py:train"))
         loader = gp.Loader(train(shards, size=32), 4, backend="dali", device="cuda")
