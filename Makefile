@@ -8,19 +8,24 @@ PY := $(VENV)/bin/python
 DEMO_DATA ?= .demo-data
 DEMO_IMAGES ?= 1024
 
-# The CUDA major of the NVIDIA driver (nvidia-smi's "CUDA Version"), which picks the builds: torch
-# and DALI must not need a newer CUDA than the driver supports. Override with `make CUDA=12`.
-#   13 or newer: PyPI's torch (a CUDA 13 build) and DALI for CUDA 13
-#   12:          torch from PyTorch's CUDA 12 index and DALI for CUDA 12
-#   none (no driver, as in CI): PyPI's torch and DALI for CUDA 12, both run on the CPU
-CUDA ?= $(shell nvidia-smi 2>/dev/null | sed -n 's/.*CUDA Version: *\([0-9][0-9]*\).*/\1/p' | head -n 1)
-ifeq ($(CUDA),12)
+# The CUDA version of the NVIDIA driver (nvidia-smi's "CUDA Version"), whose major picks the builds:
+# torch, DALI and CuPy must not need a newer CUDA than the driver supports. Override: make CUDA=12.
+#   13 or newer: PyPI's torch (a CUDA 13 build), DALI and CuPy for CUDA 13
+#   12:          the newest torch on PyTorch's CUDA 12 index (TORCH_INDEX), DALI and CuPy for CUDA 12
+#   none (no driver, as in CI): PyPI's torch and DALI for CUDA 12, both on the CPU
+CUDA ?= $(shell nvidia-smi 2>/dev/null | sed -n 's/.*CUDA Version: *\([0-9][0-9.]*\).*/\1/p' | head -n 1)
+CUDA_MAJOR := $(firstword $(subst ., ,$(CUDA)))
+CONSTRAINTS := constraints.txt
+ifeq ($(CUDA_MAJOR),)
   EXTRAS ?= dev,cuda12
+else ifeq ($(CUDA_MAJOR),12)
+  EXTRAS ?= dev,cuda12,cupy12
   TORCH_INDEX ?= https://download.pytorch.org/whl/cu126
-else ifeq ($(CUDA),)
-  EXTRAS ?= dev,cuda12
+  CONSTRAINTS := $(VENV)/constraints-cuda12.txt
+else ifeq ($(shell test "$(CUDA_MAJOR)" -ge 13 2>/dev/null && echo yes),yes)
+  EXTRAS ?= dev,cuda13,cupy13
 else
-  EXTRAS ?= dev,cuda13
+  $(error the NVIDIA driver supports CUDA $(CUDA): DALI 2.4 needs 12 or newer; update the driver, or run make CUDA= for a CPU-only install)
 endif
 
 .PHONY: demo test test-gpu lint format clean
@@ -28,8 +33,10 @@ endif
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(if $(TORCH_INDEX),$(PY) -m pip install -q -c constraints.txt torch torchvision --index-url $(TORCH_INDEX))
-	$(PY) -m pip install -q -c constraints.txt -e '.[$(EXTRAS)]'
+	@# CUDA 12: torch and torchvision from TORCH_INDEX, then constraints without PyPI's (CUDA 13) torch pins
+	$(if $(TORCH_INDEX),$(PY) -m pip install -q torch torchvision --index-url $(TORCH_INDEX))
+	$(if $(TORCH_INDEX),grep -v '^torch' constraints.txt > $(CONSTRAINTS))
+	$(PY) -m pip install -q -c $(CONSTRAINTS) -e '.[$(EXTRAS)]'
 	touch $@
 
 $(DEMO_DATA)/.done: | $(VENV)/.installed

@@ -36,8 +36,10 @@ class DaliOptions:
             larger image comes; DALI's older ImageNet recipe used 211025920 and 140544512, which
             cost that much per thread (pinned host memory times 2, times the ranks on a node).
         preallocate_width_hint, preallocate_height_hint: the image size the hardware decoder
-            preallocates for. Default 5980 x 6430, ImageNet's largest image, as DALI's
-            ResNet-50 recipe; 0 lets it allocate on demand.
+            preallocates for, for a whole batch of such images. Default 0 x 0 (DALI's): it
+            allocates as images come. DALI's ResNet-50 recipe sets 5980 x 6430, ImageNet's
+            largest image: that preallocates ``batch_size`` images of 38 Mpx, up to many GB of GPU
+            memory at batch 256; not measured here yet (``bench/backends.py`` on a GPU).
         affine: tie each decoder thread to a CPU core. ``None`` (default): ``True`` with one rank
             per node, ``False`` with several (``LOCAL_WORLD_SIZE`` or ``SLURM_NTASKS_PER_NODE``
             above 1), whose threads would otherwise be tied to the same cores.
@@ -48,8 +50,8 @@ class DaliOptions:
     hw_decoder_load: float = 0.65
     device_memory_padding: int = 16 * 2**20
     host_memory_padding: int = 8 * 2**20
-    preallocate_width_hint: int = 5980
-    preallocate_height_hint: int = 6430
+    preallocate_width_hint: int = 0
+    preallocate_height_hint: int = 0
     affine: bool | None = None
 
     def __post_init__(self) -> None:

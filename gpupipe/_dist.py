@@ -129,22 +129,22 @@ def cuda_device() -> str:
     )
 
 
-def collective_device(device: torch.device | None = None) -> contextlib.AbstractContextManager[Any]:
+def collective_device(dist: Any, device: torch.device | None = None) -> contextlib.AbstractContextManager[Any]:
     """The context gpupipe's ``torch.distributed`` object collectives run in.
 
     NCCL's object collectives (``broadcast_object_list``, ``all_gather_object``) put their tensors
     on ``torch.cuda.current_device()``: in a job whose ranks never called
-    ``torch.cuda.set_device``, every rank would use ``cuda:0`` (NCCL then fails or hangs). So they
-    run with the loader's GPU current — or, for a CPU loader, this process's GPU
-    (``LOCAL_RANK``) — whatever the caller set; gloo's are unaffected.
+    ``torch.cuda.set_device``, every rank would use ``cuda:0`` (NCCL then fails or hangs). So under
+    NCCL they run with the loader's GPU current — or, for a CPU loader, this process's GPU
+    (``LOCAL_RANK``) — whatever the caller set. Under gloo nothing changes and no GPU is touched.
     """
     import torch
 
+    if "nccl" not in str(dist.get_backend()).lower():
+        return contextlib.nullcontext()
     if device is not None and device.type == "cuda":
         return torch.cuda.device(device)
-    if torch.cuda.is_available():
-        return torch.cuda.device(torch.device(cuda_device()))
-    return contextlib.nullcontext()
+    return torch.cuda.device(torch.device(cuda_device()))
 
 
 def shared_seed(seed: int | None, topo: Topology, *, shuffle: bool, device: torch.device | None = None) -> int:
@@ -166,7 +166,7 @@ def shared_seed(seed: int | None, topo: Topology, *, shuffle: bool, device: torc
             "same seed, pass seed=<int>"
         )
     box = [drawn]
-    with collective_device(device):
+    with collective_device(dist, device):
         dist.broadcast_object_list(box, src=0)
     return int(box[0])
 
@@ -179,7 +179,7 @@ def check_same(topo: Topology, what: str, values: dict[str, Any], *, device: tor
     if dist is None or topo.world_size == 1 or topo.origin != "torch.distributed":
         return
     gathered: list[Any] = [None] * topo.world_size
-    with collective_device(device):
+    with collective_device(dist, device):
         dist.all_gather_object(gathered, values)
     for r, other in enumerate(gathered):
         diff = {k: (values[k], other.get(k)) for k in values if other.get(k) != values[k]}

@@ -68,13 +68,19 @@ class Finding:
 
 
 def hw_jpeg(name: str) -> str:
-    """Whether GPU ``name`` has a hardware JPEG decoder, and how that is known (DALI has no query)."""
-    words = name.upper().replace("-", " ").split()
+    """Whether GPU ``name`` has a hardware JPEG decoder nvJPEG uses, and how that is known: DALI
+    has no query, so from the model name (nvJPEG falls back to CUDA decoding without one)."""
+    upper = name.upper()
+    words = upper.replace("-", " ").split()
+    if "MIG" in words or upper.startswith("MIG"):
+        return "depends on the MIG profile (only profiles with media extensions have a JPEG engine)"
     if any(model in words for model in _HW_JPEG_DOCUMENTED):
         return "yes (nvJPEG documents this model)"
     if any(model in words for model in _HW_JPEG_SAME_FAMILY):
         return "yes (same data-center family as A100/H100)"
-    return "no (not a data-center model with one): nvJPEG decodes with CUDA"
+    if any(w in words for w in ("GEFORCE", "RTX", "QUADRO", "TITAN", "V100", "T4", "P100", "K80")):
+        return "no (a consumer or pre-Ampere GPU): nvJPEG decodes with CUDA"
+    return "unknown (not in nvJPEG's documented list: A100, A30, H100): measure with python bench/backends.py"
 
 
 def _version(x: int | None) -> str:
@@ -236,6 +242,10 @@ def diagnose(env: Environment) -> list[Finding]:
             names = ", ".join(sorted(set(without)))
             found.append(Finding(Level.NOTE, f"no hardware JPEG decoder on {names}: nvJPEG decodes with CUDA kernels "
                                  "(DaliOptions.hw_decoder_load has no effect)"))  # fmt: skip
+        unknown = [g.name for g in env.gpus if not hw_jpeg(g.name).startswith(("no", "yes"))]
+        if unknown:
+            found.append(Finding(Level.NOTE, f"whether {', '.join(sorted(set(unknown)))} has a hardware JPEG decoder "
+                                 "nvJPEG uses is not known here: nvJPEG uses it if present, else CUDA"))  # fmt: skip
     order = [Level.ERROR, Level.WARNING, Level.NOTE, Level.OK]
     return sorted(found, key=lambda f: order.index(f.level))
 

@@ -358,8 +358,12 @@ class TestFailures:
         return explain_failure(RuntimeError(message), iter(samples), batch=3, ahead=2)
 
     @pytest.mark.parametrize("message", [
+        # DALI's own (libdali_core's strings), as PropagateError passes them on
+        "Critical error in pipeline:\nError in MIXED operator `nvidia.dali.fn.decoders.image`, which was used in "
+        "the pipeline definition with the following traceback:\n...\nCan't allocate 115356000 bytes on device 0.",
+        "Error in GPU operator `nvidia.dali.fn.resize`:\nCUDA allocation failed",
         "[/opt/dali/dali/core/mm/default_resources.cc:123] CUDA error: out of memory",
-        "Critical error in pipeline:\nError in MIXED operator `decoders__Image`: std::bad_alloc",
+        "Error in MIXED operator `decoders__Image`: std::bad_alloc",
         "cudaErrorMemoryAllocation: out of memory",
     ])  # fmt: skip
     def test_out_of_memory_is_torchs_error_not_bad_data(self, message):
@@ -370,6 +374,12 @@ class TestFailures:
     def test_a_cuda_failure_is_not_bad_data(self):
         error = self.explain("CUDA error: an illegal memory access was encountered", self.samples(("b", b"\xff\xd8x")))
         assert type(error) is RuntimeError and "on the device" in str(error)
+
+    def test_a_decoder_status_is_not_taken_for_the_device(self):
+        """nvJPEG reports a bad bitstream with a status: the sample search decides."""
+        message = "Error in MIXED operator decoders__Image: nvImageCodec failure: '#3' (NVJPEG_STATUS_BAD_JPEG)"
+        error = self.explain(message, self.samples(("a", self.GOOD), ("b", b"\xff\xd8x")))
+        assert isinstance(error, gp.SampleError) and error.key == "b"
 
     def test_a_sample_our_decoder_rejects_is_named(self):
         error = self.explain("Error in CPU operator decoders__Image: failed to decode",

@@ -90,10 +90,17 @@ class TestDiagnosis:
         ("NVIDIA A100-SXM4-80GB", "yes (nvJPEG"), ("NVIDIA H100 80GB HBM3", "yes (nvJPEG"),
         ("NVIDIA A30", "yes (nvJPEG"),
         ("NVIDIA H200", "yes (same"), ("NVIDIA GH200 480GB", "yes (same"), ("NVIDIA B200", "yes (same"),
-        ("NVIDIA GeForce RTX 4090", "no"), ("Tesla V100-SXM2-32GB", "no"), ("NVIDIA A10", "no"),
+        ("NVIDIA GeForce RTX 4090", "no"), ("Tesla V100-SXM2-32GB", "no"), ("Tesla T4", "no"),
+        ("NVIDIA A10", "unknown"), ("NVIDIA L4", "unknown"), ("NVIDIA L40S", "unknown"),
+        ("NVIDIA H100 80GB HBM3 MIG 1g.10gb", "depends on the MIG profile"), ("MIG 3g.40gb", "depends"),
     ])  # fmt: skip
     def test_hardware_jpeg_decoder_by_model(self, name, answer):
         assert doctor.hw_jpeg(name).startswith(answer)
+
+    def test_unknown_models_are_said_so(self):
+        env = dataclasses.replace(HEALTHY, gpus=(Gpu(0, "NVIDIA L4", (8, 9), 22.5),))
+        (finding,) = doctor.diagnose(env)
+        assert finding.level == Level.NOTE and "whether NVIDIA L4 has a hardware JPEG decoder" in finding.message
 
     def test_errors_come_first_and_the_report_shows_fixes(self):
         env = dataclasses.replace(HEALTHY, driver_cuda=(12, 4), torch_sees_cuda=False,

@@ -59,7 +59,11 @@ MATRIX: dict[str, list[list[T.Transform]]] = {
         [FLOAT, T.ToDtype(torch.uint8, scale=True)],
         [T.ToDtype(torch.float32)],
     ],
-    "Normalize": [[FLOAT, T.Normalize(**IMAGENET)], [T.CenterCrop(64), FLOAT, T.Normalize([0.5], [0.25])]],
+    "Normalize": [
+        [FLOAT, T.Normalize(**IMAGENET)],
+        [T.CenterCrop(64), FLOAT, T.Normalize([0.5], [0.25])],
+        [FLOAT, T.Normalize(**IMAGENET), T.GaussianBlur(3)],  # not last: lowered alone, not fused
+    ],
     "Arithmetic": [[FLOAT, AddMult(add=-0.5, mult=2.0)]],
 }
 
@@ -117,6 +121,32 @@ def test_gpu_graph(steps, channels_last):
         assert decoder.schema == "decoders__ImageRandomCrop"
 
 
+def test_the_matrix_reaches_every_dali_lowering(monkeypatch):
+    """Each built-in lowering is built at least once by the matrix (fused steps lower through the
+    fusion; this counts the standalone lowerings), so none is left untried in CI."""
+    from gpupipe import backends
+    from gpupipe._registry import Lowering
+    from gpupipe.backends._dali import _compiler
+
+    registry, reached = backends.get("dali").lowerings, set()
+    table, builtin = dict(registry._table), dict(_compiler._BUILTIN)
+    for kind, entry in registry._table.items():
+
+        def recorder(t, node, ctx, _fn=entry.fn, _kind=kind):
+            reached.add(_kind)
+            return _fn(t, node, ctx)
+
+        table[kind] = Lowering(recorder, entry.unsupported)
+        if kind in builtin:  # keep fusion deciding as without the recorders
+            builtin[kind] = recorder
+    monkeypatch.setattr(registry, "_table", table)
+    monkeypatch.setattr(_compiler, "_BUILTIN", builtin)
+    for case in cases():
+        gpu_graph(case.values[0])
+    missing = {kind.__name__ for kind in table} - {kind.__name__ for kind in reached} - {"ArrayFunction"}
+    assert not missing, missing
+
+
 def test_fusions_run_on_the_gpu():
     (ops, _), _ = gpu_graph(recipes()[0])  # train: RRC fused into the decoder, flip+normalize into CMN
     gpu_ops = [op.schema for op in ops if op.device == "gpu"]
@@ -131,15 +161,15 @@ def test_decoder_options_reach_the_mixed_decoder():
         hw_decoder_load=0.9,
         device_memory_padding=1 << 20,
         host_memory_padding=0,
-        preallocate_width_hint=0,
-        preallocate_height_hint=0,
+        preallocate_width_hint=5980,
+        preallocate_height_hint=6430,
     )
     for steps in ([T.CenterCrop(32)], [T.RandomResizedCrop(32)]):
         (ops, outputs), _ = gpu_graph(steps, dali=dali, ranks_per_node=8)
         decoder = check_gpu_placement(ops, outputs)
         assert decoder.args["jpeg_fancy_upsampling"] is False and decoder.args["hw_decoder_load"] == pytest.approx(0.9)
         assert decoder.args["device_memory_padding"] == 1 << 20 and decoder.args["host_memory_padding"] == 0
-        assert decoder.args["preallocate_width_hint"] == decoder.args["preallocate_height_hint"] == 0
+        assert (decoder.args["preallocate_width_hint"], decoder.args["preallocate_height_hint"]) == (5980, 6430)
         assert decoder.args["affine"] is False  # 8 ranks share the node's cores
 
 
@@ -174,8 +204,8 @@ class TestDaliOptions:
             hw_decoder_load=0.65,
             device_memory_padding=16 << 20,
             host_memory_padding=8 << 20,
-            preallocate_width_hint=5980,
-            preallocate_height_hint=6430,
+            preallocate_width_hint=0,
+            preallocate_height_hint=0,
             affine=True,
         )
 

@@ -66,6 +66,9 @@ class TestTopology:
             def get_world_size(self):
                 return 2
 
+            def get_backend(self):
+                return "gloo"
+
             def all_gather_object(self, out, value):
                 out[:] = [value, {**value, "shards": value.get("shards", 0) - 1}]
 
@@ -90,9 +93,12 @@ class RecordingDist:
     """torch.distributed as NCCL would see it: records the current CUDA device of each object
     collective (NCCL puts the collective's tensors there)."""
 
-    def __init__(self, rank: int, world: int) -> None:
-        self.rank, self.world = rank, world
+    def __init__(self, rank: int, world: int, backend: str = "nccl") -> None:
+        self.rank, self.world, self.backend = rank, world, backend
         self.devices: list[tuple[str, int]] = []
+
+    def get_backend(self):
+        return self.backend
 
     def get_rank(self):
         return self.rank
@@ -130,9 +136,17 @@ class TestCollectivesDevice:
         assert loader.seed == 12345 and (loader.rank, loader.world_size) == (3, 4)
         assert dist.devices == [("broadcast", 3), ("all_gather", 3)]
 
+    def test_under_gloo_no_gpu_is_touched(self, clean_env, fake_cuda, shards):
+        """A CPU loader in a gloo job, on a node where LOCAL_RANK is no GPU index (CPU workers)."""
+        clean_env.setenv("LOCAL_RANK", "7")
+        dist = RecordingDist(rank=7, world=8, backend="gloo")
+        clean_env.setattr(_dist, "_dist", lambda: dist)
+        loader = gp.Loader(val(shards), 2, shuffle=True, backend="torch", device="cpu", num_workers=0)
+        assert loader.seed == 12345 and dist.devices == [("broadcast", 0), ("all_gather", 0)]  # as the caller left it
+
     def test_without_cuda_nothing_changes(self, clean_env):
-        with _dist.collective_device(torch.device("cpu")):
-            pass  # a no-op context on a machine without CUDA
+        with _dist.collective_device(RecordingDist(0, 1, backend="gloo"), torch.device("cpu")):
+            pass
 
 
 class TestDevicePerRank:
@@ -184,3 +198,8 @@ def test_batches_are_handed_over_on_the_consumers_stream(monkeypatch, fake_cuda)
     assert consumer_stream(torch.device("cpu")) is None  # a CPU pipeline: host data
     stream = consumer_stream(torch.device("cuda:2"))
     assert stream is streams["cuda:2"]  # torch's current stream on the loader's GPU, in this thread
+    from gpupipe.backends._dali._runner import on_device
+
+    with on_device(torch.device("cuda:2")):  # the loader's GPU current while DALI takes the stream
+        assert torch.cuda.current_device() == 2
+    assert torch.cuda.current_device() == 0

@@ -33,6 +33,7 @@ collected.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, NamedTuple
@@ -209,7 +210,8 @@ class DaliRunner:
                 if self._closed:  # closed from another thread while this epoch runs
                     raise ClosedError("the DALI runner was closed during an epoch")
                 try:
-                    images, *checks = graph.pipe.run(consumer_stream(self.device))
+                    with on_device(self.device):  # DALI reads torch's default stream (0) as the current device's
+                        images, *checks = graph.pipe.run(consumer_stream(self.device))
                 except RuntimeError as e:
                     raise self._locate_bad_sample(e, plan, b) from e
                 raws = feeder.read.pop(b)
@@ -258,15 +260,25 @@ def consumer_stream(device: torch.device) -> Any:
     return torch.cuda.current_stream(device) if device.type == "cuda" else None
 
 
-_OUT_OF_MEMORY = ("out of memory", "cudaerrormemoryallocation", "cuda_error_out_of_memory", "std::bad_alloc")
-_CUDA_FAILURE = ("cuda error", "cudaerror", "cuda_error", "cuda runtime error", "nvjpeg_status", "nvimgcodec")
+def on_device(device: torch.device) -> contextlib.AbstractContextManager[Any]:
+    """``device`` current while DALI takes the consumer's stream: torch's default stream is the
+    handle 0, which DALI resolves on the current device (a train and a val loader on two GPUs)."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+
+
+# DALI's own allocation failures (libdali_core: "Can't allocate %zu bytes on device %d.", "CUDA
+# allocation failed"), CUDA's and C++'s. A decoder's status (nvJPEG, nvImageCodec) is not here: a bad
+# bitstream is one, and the sample search below tells the two apart.
+_OUT_OF_MEMORY = ("out of memory", "can't allocate", "allocation failed", "cudaerrormemoryallocation",
+                  "cuda_error_out_of_memory", "std::bad_alloc", "cudabadalloc")  # fmt: skip
+_CUDA_FAILURE = ("cuda error", "cudaerror", "cuda_error", "cuda runtime error")
 
 
 def explain_failure(error: RuntimeError, candidates: Iterable[RawSample], *, batch: int, ahead: int) -> Exception:
     """What a DALI failure means. DALI's errors name no sample, so:
 
     - out of memory (GPU or host) is ``torch.OutOfMemoryError``, as torch's own, never bad data;
-    - another CUDA or decoder-library failure is a ``RuntimeError`` about the device;
+    - another CUDA failure is a ``RuntimeError`` about the device;
     - otherwise each candidate sample is decoded with gpupipe's own decoder: the first it rejects
       is the ``SampleError``, naming shard and key;
     - if it reads them all, a ``RuntimeError``: not known to be bad data.
