@@ -83,23 +83,20 @@ def cases():
         yield pytest.param(steps, id=f"imagenet-{('train', 'val')[i]}")
 
 
-def gpu_graph(steps, *, channels_last=False, dali=None, ranks_per_node=None):
+def define(steps, *, gpu=True, channels_last=False, dali=None, ranks_per_node=None):
+    """The DALI pipeline the runner defines for ``steps`` (not built: no GPU needed)."""
     from gpupipe import backends
     from gpupipe.backends._dali._runner import define_graph
 
     backends.get("dali").check(steps)  # as the Loader does first
-    dali = dali or gp.DaliOptions()
-    graph = define_graph(
-        steps,
-        gpu=True,
-        device_id=None,
-        batch_size=4,
-        num_threads=2,
-        prefetch=2,
-        seed=1,
-        channels_last=channels_last,
-        decoder_args=dali.decoder_args(ranks_per_node=ranks_per_node),
-    )
+    decoder_args = (dali or gp.DaliOptions()).decoder_args(ranks_per_node=ranks_per_node)
+    return define_graph(steps, gpu=gpu, device_id=None, batch_size=4, num_threads=2, prefetch=2, seed=1,
+                        channels_last=channels_last, decoder_args=decoder_args)  # fmt: skip
+
+
+def gpu_graph(steps, **kwargs):
+    """``((operators, outputs), graph)`` of the GPU graph of ``steps``, serialized and parsed."""
+    graph = define(steps, **kwargs)
     return parse(graph.pipe.serialize()), graph
 
 
@@ -174,20 +171,8 @@ def test_decoder_options_reach_the_mixed_decoder():
 
 
 def test_the_cpu_graph_has_the_same_operators_on_the_cpu():
-    from gpupipe.backends._dali._runner import define_graph
-
     steps = recipes()[1]
-    graph = define_graph(
-        steps,
-        gpu=False,
-        device_id=None,
-        batch_size=4,
-        num_threads=2,
-        prefetch=2,
-        seed=1,
-        channels_last=False,
-        decoder_args=gp.DaliOptions().decoder_args(ranks_per_node=None),
-    )
+    graph = define(steps, gpu=False)
     ops, _ = parse(graph.pipe.serialize())
     (gpu_ops, _), _ = gpu_graph(steps)
     assert [op.schema for op in ops] == [op.schema for op in gpu_ops]
@@ -259,20 +244,7 @@ class TestArrayFunction:
     be serialized, so its GPU graph is checked from DALI's operator list."""
 
     def graph(self):
-        from gpupipe.backends._dali._runner import define_graph
-
-        steps = [T.CenterCrop(32), Posterize(bits=3), FLOAT]
-        return define_graph(
-            steps,
-            gpu=True,
-            device_id=None,
-            batch_size=4,
-            num_threads=2,
-            prefetch=2,
-            seed=1,
-            channels_last=False,
-            decoder_args=gp.DaliOptions().decoder_args(ranks_per_node=None),
-        )
+        return define([T.CenterCrop(32), Posterize(bits=3), FLOAT])
 
     def test_on_the_gpu_with_cupy(self, monkeypatch):
         import sys
