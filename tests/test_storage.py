@@ -128,7 +128,6 @@ class TestSchemes:
 class MemoryStorage(sources.Storage):
     """A whole storage scheme in a dozen lines: objects in a dict, versioned by their hash."""
 
-    schemes = ("mem",)
     objects: ClassVar[dict[str, bytes]] = {}
     reads: ClassVar[list[tuple[str, int, int]]] = []
 

@@ -20,7 +20,7 @@ import os
 import threading
 import weakref
 from collections.abc import Callable, Sequence
-from typing import IO, Any, ClassVar
+from typing import IO, Any
 
 from .._errors import ConfigError
 
@@ -57,8 +57,6 @@ class Storage(abc.ABC):
     - :meth:`close` releases what this process holds (open files, connections), waiting for reads
       in flight; the storage opens them again on demand.
     """
-
-    schemes: ClassVar[tuple[str, ...]] = ()
 
     @abc.abstractmethod
     def canonical(self, url: str) -> str:
@@ -118,7 +116,6 @@ class LocalStorage(Storage):
     child never uses its parent's descriptors: it opens its own.
     """
 
-    schemes = ("", "file")
     MAX_OPEN = 128
 
     def __init__(self) -> None:
