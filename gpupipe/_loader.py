@@ -118,7 +118,6 @@ class Loader:
         self.config = config
         topo = _dist.topology(config.rank, config.world_size)
         self.pipeline = pipeline
-        self.batch_size = config.batch_size
         self.rank, self.world_size = topo.rank, topo.world_size
         backend, device = backends.resolve(config.backend, config.device)
         backend.check(pipeline.transforms)
@@ -187,6 +186,10 @@ class Loader:
         return self.plan_spec.num_samples
 
     # The options as attributes, read-only (as in gpupipe 0.1): the config is the one source.
+    @property
+    def batch_size(self) -> int:
+        return self.config.batch_size
+
     @property
     def shuffle(self) -> bool:
         return self.config.shuffle
