@@ -18,7 +18,9 @@ import numpy as np
 
 from .._errors import ShardError
 
-__all__ = ["RawSample", "ShardIndex", "ShardDetail", "Reader", "Index", "Source"]
+__all__ = ["RawSample", "ShardIndex", "ShardDetail", "Reader", "Index", "Source", "Located", "NO_LABEL"]
+
+NO_LABEL = np.iinfo(np.int64).min  # in a parsed ``label`` column: the label member is not an integer
 
 
 class RawSample(NamedTuple):
@@ -28,6 +30,26 @@ class RawSample(NamedTuple):
     shard: str
     data: bytes
     label: int | None
+
+
+class Located(NamedTuple):
+    """Where a batch of samples is, from the index alone (no I/O), vectorized.
+
+    Attributes:
+        shard: int64 ``[B]``, each sample's shard number.
+        keys: the ``B`` keys.
+        labels: int64 ``[B]`` (``NO_LABEL`` where a label is not an integer), from the shards'
+            parsed ``label`` column; ``None`` for unlabeled sources, or where a shard has no such
+            column (the labels then come from :meth:`Index.read`).
+        ranges: int64 ``[B, 2]``, the encoded image's offset and size in its shard (its
+            ``image_range`` column), or ``None`` where the source's samples are not byte ranges
+            of their shards (ImageFolder).
+    """
+
+    shard: np.ndarray
+    keys: list[str]
+    labels: np.ndarray | None
+    ranges: np.ndarray | None
 
 
 ShardDetail = tuple[list[str], Mapping[str, np.ndarray]]  # keys, per-sample columns (first axis: sample)
@@ -180,6 +202,34 @@ class Index:
     def key(self, sample: int) -> str:
         s, i = self.locate(sample)
         return self.shard(s).keys[i]
+
+    def locate_batch(self, samples: np.ndarray) -> Located:
+        """Shards, keys, labels and byte ranges of ``samples`` (global numbers, int64 ``[B]``),
+        with a few array operations per shard the batch touches."""
+        samples = np.asarray(samples, dtype=np.int64)
+        shard = np.searchsorted(self.offsets, samples, side="right") - 1
+        local = samples - self.offsets[shard]
+        n = len(samples)
+        keys: list[str] = [""] * n
+        labels = np.empty(n, np.int64) if self.labeled else None
+        ranges: np.ndarray | None = np.empty((n, 2), np.int64)
+        order = np.argsort(shard, kind="stable")
+        for group in np.split(order, np.flatnonzero(np.diff(shard[order])) + 1) if n else []:
+            detail = self.shard(int(shard[group[0]]))
+            rows = local[group]
+            shard_keys = detail.keys
+            for j, i in zip(group.tolist(), rows.tolist(), strict=True):
+                keys[j] = shard_keys[i]
+            columns = detail.detail()[1]
+            if labels is not None:
+                labels = labels if "label" in columns else None
+                if labels is not None:
+                    labels[group] = columns["label"][rows]
+            if ranges is not None:
+                ranges = ranges if "image_range" in columns else None
+                if ranges is not None:
+                    ranges[group] = columns["image_range"][rows]
+        return Located(shard, keys, labels, ranges)
 
     def read(self, sample: int) -> RawSample:
         """Reads sample number ``sample``: its key, shard, encoded image and parsed label."""

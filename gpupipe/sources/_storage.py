@@ -74,6 +74,23 @@ class Storage(abc.ABC):
     def open(self, url: str) -> IO[bytes]:
         """A seekable binary stream over ``url``; the caller closes it. Raises OSError."""
 
+    def read_into(self, url: str, offset: int, out: memoryview) -> int:
+        """Reads ``len(out)`` bytes at ``offset`` into ``out``; returns how many were read (fewer
+        past the end). The DALI backend reads each batch into a reused buffer this way; the
+        default copies :meth:`read`'s bytes, a storage that can read in place overrides it."""
+        data = self.read(url, offset, len(out))
+        out[: len(data)] = data
+        return len(data)
+
+    def read_ranges_into(self, url: str, ranges: Sequence[tuple[int, int]], out: memoryview, at: Sequence[int]) -> int:
+        """Reads each ``(offset, size)`` range of ``url`` into ``out[at[i] : at[i] + size]``, in
+        order; returns how many ranges were read whole (fewer: the next one came back short).
+        The DALI backend reads a batch's samples of one shard with one call."""
+        for i, ((offset, size), start) in enumerate(zip(ranges, at, strict=True)):
+            if self.read_into(url, offset, out[start : start + size]) != size:
+                return i
+        return len(ranges)
+
     def close(self) -> None:  # noqa: B027 - storages without resources have nothing to do
         """Releases the storage's open files or connections."""
 
@@ -148,17 +165,37 @@ class LocalStorage(Storage):
         return open(self.path(url), "rb")
 
     def read(self, url: str, offset: int, size: int) -> bytes:
-        path = self.path(url)
         files = self._descriptors()
         with files.lock:
-            fd = files.fds.get(path)
-            if fd is None:
-                if len(files.fds) >= self.MAX_OPEN:
-                    for old in files.fds.values():
-                        os.close(old)
-                    files.fds.clear()
-                fd = files.fds[path] = os.open(path, os.O_RDONLY)
-            return os.pread(fd, size, offset)
+            return os.pread(self._fd(files, url), size, offset)
+
+    def read_into(self, url: str, offset: int, out: memoryview) -> int:
+        """``pread`` straight into ``out`` (no intermediate bytes); the GIL is released meanwhile."""
+        files = self._descriptors()
+        with files.lock:
+            return os.preadv(self._fd(files, url), [out], offset)
+
+    def read_ranges_into(self, url: str, ranges: Sequence[tuple[int, int]], out: memoryview, at: Sequence[int]) -> int:
+        """One descriptor lookup, then one ``pread`` per range, straight into ``out``."""
+        files = self._descriptors()
+        preadv = os.preadv
+        with files.lock:
+            fd = self._fd(files, url)
+            for i, ((offset, size), start) in enumerate(zip(ranges, at, strict=True)):
+                if preadv(fd, [out[start : start + size]], offset) != size:
+                    return i
+        return len(ranges)
+
+    def _fd(self, files: _Descriptors, url: str) -> int:
+        path = self.path(url)
+        fd = files.fds.get(path)
+        if fd is None:
+            if len(files.fds) >= self.MAX_OPEN:
+                for old in files.fds.values():
+                    os.close(old)
+                files.fds.clear()
+            fd = files.fds[path] = os.open(path, os.O_RDONLY)
+        return fd
 
     def _descriptors(self) -> _Descriptors:
         if self._pid != os.getpid():  # a forked child: never share the parent's descriptors

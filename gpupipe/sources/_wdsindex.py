@@ -10,7 +10,9 @@ a changed shard gets a new index and an unchanged one is never re-read.
 
 Format, as DALI reads it: a line ``v1.2 <samples>``, then one line per sample listing its members
 as ``<ext> <data offset> <size> <name>``. gpupipe lists only the members it uses: the chosen image
-and the label.
+and the label. The labels, parsed once when the shard is scanned, sit beside it in
+``<name>.labels.npy`` (int64 ``[N]``, ``NO_LABEL`` where a label is not an integer; loaded with
+``allow_pickle=False``), so that no epoch reads a label member again.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import numpy as np
 
 from ._storage import Stat
 
-__all__ = ["cache_dir", "index_path", "count", "load", "save"]
+__all__ = ["cache_dir", "index_path", "count", "load", "save", "labels_path", "save_labels", "load_labels"]
 
 log = logging.getLogger("gpupipe")
 VERSION = "v1.2"
@@ -111,3 +113,30 @@ def load(path: str, labeled: bool) -> tuple[list[str], np.ndarray, np.ndarray] |
         else np.full((n, 2), -1, np.int64)
     )
     return keys, image, label
+
+
+def labels_path(path: str) -> str:
+    return path.removesuffix(".idx") + ".labels.npy"
+
+
+def save_labels(path: str, labels: np.ndarray) -> None:
+    """Writes the parsed labels of the index ``path`` atomically (a failure is logged)."""
+    target = labels_path(path)
+    try:
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(target), suffix=".tmp")
+        with os.fdopen(fd, "wb") as f:
+            np.save(f, np.asarray(labels, dtype=np.int64), allow_pickle=False)
+        os.replace(tmp, target)
+    except OSError as e:
+        log.warning("gpupipe: cannot write the label cache %s: %s", target, e)
+
+
+def load_labels(path: str, n: int) -> np.ndarray | None:
+    """The parsed labels of the index ``path``; ``None`` if absent or not ``n`` int64 values."""
+    try:
+        labels = np.load(labels_path(path), allow_pickle=False)
+    except (OSError, ValueError):
+        return None
+    if labels.dtype != np.int64 or labels.shape != (n,):
+        return None
+    return labels

@@ -10,7 +10,7 @@ import numpy as np
 
 from .._errors import ConfigError, SampleError, ShardError
 from . import _wdsindex
-from ._index import Index, RawSample, ShardDetail, ShardIndex, Source
+from ._index import NO_LABEL, Index, RawSample, ShardDetail, ShardIndex, Source
 from ._storage import Storage, expand_urls, storage_for
 
 __all__ = ["WebDataset", "split_key", "parse_label", "scan_tar", "cached_scan"]
@@ -118,8 +118,11 @@ class TarReader:
         data = self._read(shard, int(offset), int(size), key)
         label = None
         if self.labeled:
-            offset, size = shard.column("label_range")[i]
-            label = parse_label(self._read(shard, int(offset), int(size), key), shard=shard.path, key=key)
+            parsed = shard.detail()[1].get("label")  # parsed when indexed
+            label = NO_LABEL if parsed is None else int(parsed[i])
+            if label == NO_LABEL:  # not parsed, or not an integer: read it (again, for the error's detail)
+                offset, size = shard.column("label_range")[i]
+                label = parse_label(self._read(shard, int(offset), int(size), key), shard=shard.path, key=key)
         return RawSample(key, shard.path, data, label)
 
     def close(self) -> None:
@@ -143,6 +146,8 @@ def cached_scan(storage: Storage, url: str, image_exts: tuple[str, ...], label_e
     ranges = shard.column("label_range") if labeled else None
     if _wdsindex.save(idx_path, shard.keys, exts, shard.column("image_range"), ranges):
         shard.dali_index = idx_path
+        if labeled:
+            _wdsindex.save_labels(idx_path, shard.column("label"))
     return shard
 
 
@@ -157,11 +162,36 @@ class _CachedDetail:
         self.image_exts, self.label_ext = image_exts, label_ext
 
     def __call__(self) -> ShardDetail:
-        cached = _wdsindex.load(self.idx_path, labeled=self.label_ext is not None)
+        labeled = self.label_ext is not None
+        cached = _wdsindex.load(self.idx_path, labeled=labeled)
         if cached is None:
             return scan_tar(self.storage, self.url, self.image_exts, self.label_ext)[0].detail()
-        keys, image, label = cached
-        return keys, {"image_range": image, "label_range": label}
+        keys, image, label_range = cached
+        columns = {"image_range": image, "label_range": label_range}
+        if labeled:
+            labels = _wdsindex.load_labels(self.idx_path, len(keys))
+            if labels is None:  # an index cached by an older gpupipe: parse the labels once
+                labels = _read_labels(self.storage, self.url, keys, label_range)
+                _wdsindex.save_labels(self.idx_path, labels)
+            columns["label"] = labels
+        return keys, columns
+
+
+def _label_value(raw: bytes) -> int:
+    try:
+        return int(raw.decode("ascii").strip())
+    except (UnicodeDecodeError, ValueError):
+        return NO_LABEL
+
+
+def _read_labels(storage: Storage, url: str, keys: list[str], ranges: np.ndarray) -> np.ndarray:
+    labels = np.empty(len(keys), np.int64)
+    for i, (offset, size) in enumerate(ranges.tolist()):
+        try:
+            labels[i] = _label_value(storage.read(url, offset, size))
+        except OSError as e:
+            raise ShardError(f"cannot read shard {url!r} at sample {keys[i]!r}: {e}", shard=url, key=keys[i]) from e
+    return labels
 
 
 def scan_tar(
@@ -170,6 +200,7 @@ def scan_tar(
     """Reads the headers of one tar shard (not the data) and groups members into samples; returns
     the shard's index and each sample's chosen image extension."""
     groups: list[tuple[str, dict[str, tuple[int, int]]]] = []
+    values: dict[int, int] = {}  # sample -> parsed label (label members are read: a few bytes each)
     try:
         with storage.open(url) as f, tarfile.open(fileobj=f, mode="r:") as tar:
             for m in tar:
@@ -179,6 +210,9 @@ def scan_tar(
                 if not groups or groups[-1][0] != key:
                     groups.append((key, {}))
                 groups[-1][1][ext] = (m.offset_data, m.size)
+                if ext == label_ext:
+                    member = tar.extractfile(m)
+                    values[len(groups) - 1] = _label_value(member.read() if member else b"")
     except (OSError, tarfile.TarError) as e:
         raise ShardError(f"cannot read shard {url!r}: {e}", shard=url) from e
     n = len(groups)
@@ -204,4 +238,7 @@ def scan_tar(
                 )
             label[i] = members[label_ext]
         keys.append(key)
-    return ShardIndex(url, keys, {"image_range": image, "label_range": label}), exts
+    columns = {"image_range": image, "label_range": label}
+    if label_ext is not None:
+        columns["label"] = np.array([values.get(i, NO_LABEL) for i in range(n)], dtype=np.int64)
+    return ShardIndex(url, keys, columns), exts
