@@ -16,6 +16,8 @@ The rules are torchvision's (``torchvision.transforms.v2.functional``), tested a
 - ``CenterCrop``: the anchor is ``round((size - crop) / 2)`` with Python's round-half-to-even; an
   image smaller than the crop is padded with ``(crop - size) // 2`` zeros before it (the odd pixel
   after).
+- ``RandomResizedCrop``: see :func:`resized_crop_window` (the DALI backend computes the same
+  window in its graph, from the same float64 arithmetic).
 - ``RandomCrop``: padding first; with ``pad_if_needed`` a too-small side gets ``crop - padded``
   more on both sides; the window's start is uniform in ``[0, padded - crop]``. An image still
   smaller than the crop is an error — on every backend, naming the sample (torchvision raises).
@@ -23,9 +25,22 @@ The rules are torchvision's (``torchvision.transforms.v2.functional``), tested a
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from typing import Any, Protocol
 
-__all__ = ["Ops", "INT", "resize_size", "center_crop_anchor", "crop_padding", "crop_too_large"]
+__all__ = [
+    "Ops",
+    "INT",
+    "ATTEMPTS",
+    "resize_size",
+    "center_crop_anchor",
+    "crop_padding",
+    "crop_too_large",
+    "resized_crop_window",
+]
+
+ATTEMPTS = 10  # RandomResizedCrop's tries before its central-crop fallback (torchvision's number)
 
 
 class Ops(Protocol):
@@ -108,3 +123,34 @@ def crop_too_large(crop: tuple[int, int], padded: tuple[int, int], *, padding: b
         f"RandomCrop: crop size {tuple(crop)} is larger than the {'padded ' if padding else ''}image size "
         f"{tuple(padded)}; set pad_if_needed=True to pad small images"
     )
+
+
+def resized_crop_window(
+    height: int, width: int, factors: Sequence[float], ratio: Sequence[float]
+) -> tuple[int, int, int, int]:
+    """``(top, left, h, w)`` of ``RandomResizedCrop``'s window on a ``height x width`` image.
+
+    ``factors`` come from ``RandomResizedCrop.sample``: ``sw[k], sh[k]`` for each of the
+    :data:`ATTEMPTS` attempts (``sqrt(s * r)`` and ``sqrt(s / r)`` for an area fraction ``s`` and
+    an aspect ratio ``r``), then ``u_top, u_left`` (then ``ratio``, which the DALI graph reads
+    from there). torchvision's sampler, in float64:
+
+    - attempt ``k``: ``w = floor(sqrt(H * W) * sw[k] + 0.5)``, ``h = floor(sqrt(H * W) * sh[k] +
+      0.5)``; the first with ``0 < w <= W`` and ``0 < h <= H`` wins (torchvision rounds
+      ``sqrt(H * W * s * r)`` half to even: the two differ only on exact ties), at ``top =
+      floor(u_top * (H - h + 1))``, ``left = floor(u_left * (W - w + 1))``;
+    - if none fits, the largest central crop within ``ratio``: ``h = min(H, floor(W / ratio[0] +
+      0.5))``, ``w = min(W, floor(H * ratio[1] + 0.5))``, at ``((H - h) // 2, (W - w) // 2)``.
+    """
+    n = ATTEMPTS
+    sqa = math.sqrt(float(height * width))
+    for k in range(n):
+        w = math.floor(sqa * factors[k] + 0.5)
+        h = math.floor(sqa * factors[n + k] + 0.5)
+        if 0 < w <= width and 0 < h <= height:
+            top = math.floor(factors[2 * n] * float(height - h + 1))
+            left = math.floor(factors[2 * n + 1] * float(width - w + 1))
+            return top, left, h, w
+    h = min(height, math.floor(width / ratio[0] + 0.5))
+    w = min(width, math.floor(height * ratio[1] + 0.5))
+    return (height - h) // 2, (width - w) // 2, h, w

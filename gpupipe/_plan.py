@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["PlanSpec", "RankPlan", "rank_plan", "num_batches", "rank_range", "shard_permutation", "sample_seed"]
+__all__ = ["PlanSpec", "RankPlan", "rank_plan", "num_batches", "rank_range", "shard_permutation"]
 
 
 def _rng(seed: int, epoch: int, *more: int) -> np.random.Generator:
@@ -30,12 +30,6 @@ def _rng(seed: int, epoch: int, *more: int) -> np.random.Generator:
 def shard_permutation(num_shards: int, *, seed: int, epoch: int) -> np.ndarray:
     """The order in which a shuffled epoch reads the shards (the same on every rank)."""
     return _rng(seed, epoch).permutation(num_shards)
-
-
-def sample_seed(seed: int, epoch: int, sample: int) -> str:
-    """The seed of one sample's augmentation (torch backend): the same sample in the same epoch
-    always gets the same random parameters, whatever the worker count, rank or position."""
-    return f"{seed}/{epoch}/{sample}"
 
 
 def num_batches(num_samples: int, *, world_size: int, batch_size: int, drop_last: bool) -> int:

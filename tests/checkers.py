@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import random
 from typing import Any
 
 import torch
@@ -67,6 +66,21 @@ def run_torch(t: T.Transform, image: torch.Tensor, params: Any) -> torch.Tensor:
     return LOWERINGS.lookup(t)(t, image, params)
 
 
+def draw(t: T.Transform, seed: int, step: int = 0):
+    """One sample's random factors for ``t`` (a row of ``t.sample``), as a backend draws them."""
+    from gpupipe._random import uniforms
+
+    return t.sample(uniforms(seed, 0, [0], step, t.draws))[0]
+
+
+def drawn_params(t: T.Transform, height: int, width: int, n: int, *, seed: int = 0) -> list:
+    """``t``'s parameters for ``n`` samples of a ``height x width`` image, drawn as every backend
+    draws them (samples ``0..n-1``, epoch 0, step 0)."""
+    from gpupipe._random import uniforms
+
+    return [t.make_params(height, width, f) for f in t.sample(uniforms(seed, 0, range(n), 0, t.draws))]
+
+
 def check_transform(t: T.Transform, image: torch.Tensor, reference, *, seeds=range(5), atol: float = 0.0):
     """Checks a transform on the torch backend, for several random parameter draws:
 
@@ -79,7 +93,7 @@ def check_transform(t: T.Transform, image: torch.Tensor, reference, *, seeds=ran
     spec = t.output_spec(spec_of(image))
     results = []
     for seed in seeds:
-        params = t.make_params(image.shape[-2], image.shape[-1], random.Random(seed)) if t.random else None
+        params = t.make_params(image.shape[-2], image.shape[-1], draw(t, seed)) if t.random else None
         out = run_torch(t, image, params)
         assert out.dtype == spec.dtype, (t, out.dtype, spec)
         assert out.shape[-3] == spec.channels, (t, out.shape, spec)
@@ -106,25 +120,43 @@ def check_invalid(factory, match: str, exc=ValueError):
 # ------------------------------------------------------------------- backend parity --
 
 
+def sample_factors(transforms, n: int, *, seed: int = 0, epoch: int = 0):
+    """The random factors of samples ``0..n-1``, step by step (``[n, F]`` or None), as every
+    backend draws them."""
+    from gpupipe._random import factors
+
+    return factors(list(transforms), seed, epoch, list(range(n)))
+
+
 def run_dali(transforms, encoded: list[bytes], *, device: str = "cpu", seed: int = 0, graph=None) -> list[Any]:
-    """Runs gpupipe's DALI lowering of ``transforms`` on encoded images (one batch); returns the
-    outputs as CHW tensors on the CPU, and for a sample that fails one of the graph's checks the
-    SampleError message the runner would raise. ``graph(encoded_node, ctx)`` replaces the lowering."""
+    """Runs gpupipe's DALI lowering of ``transforms`` on encoded images (one batch, samples
+    ``0..n-1`` of epoch 0 for the random factors); returns the outputs as CHW tensors on the CPU,
+    and for a sample that fails one of the graph's checks the SampleError message the runner would
+    raise. ``graph(encoded_node, ctx)`` replaces the lowering."""
     import numpy as np
-    from nvidia.dali import Pipeline, fn
+    from nvidia.dali import Pipeline, fn, types
 
     from gpupipe.backends._dali._compiler import Ctx, Lowered, lower
 
     gpu = device == "gpu"
-    pipe = Pipeline(batch_size=len(encoded), num_threads=1, device_id=0 if gpu else None, seed=seed, exec_dynamic=True)
+    pipe = Pipeline(
+        batch_size=len(encoded),
+        num_threads=1,
+        device_id=0 if gpu else None,
+        seed=seed,
+        exec_dynamic=True,
+        prefetch_queue_depth=1,
+    )
     with pipe:
-        data = fn.external_source(source=lambda: [np.frombuffer(e, dtype=np.uint8) for e in encoded], batch=True)
+        data = fn.external_source(name="encoded", dtype=types.UINT8, ndim=1)
         decoder_args = gp.DaliOptions().decoder_args(ranks_per_node=None) if gpu else {}  # as the runner does
         ctx = Ctx(device, seed, decoder_args=decoder_args)
-        lowered = Lowered(graph(data, ctx)) if graph else lower(transforms, data, ctx)
+        lowered = Lowered(graph(data, ctx), inputs=ctx.inputs) if graph else lower(transforms, data, ctx)
         pipe.set_outputs(*lowered.outputs())
     pipe.build()
-    out, *checks = pipe.run()
+    drawn = sample_factors(transforms, len(encoded), seed=seed)
+    inputs = {name: drawn[step] for name, step in lowered.inputs.items()}
+    out, *checks = pipe.run(encoded=[np.frombuffer(e, dtype=np.uint8) for e in encoded], **inputs)
     if gpu:
         out = out.as_cpu()
     results: list[Any] = [torch.from_numpy(np.array(out[i])) for i in range(len(encoded))]
@@ -133,17 +165,18 @@ def run_dali(transforms, encoded: list[bytes], *, device: str = "cpu", seed: int
     return results
 
 
-def reference_outputs(transforms, encoded: list[bytes]) -> list[Any]:
-    """The torch backend's (torchvision's) outputs, and the SampleError message for a sample it
-    refuses; for deterministic transforms only."""
+def reference_outputs(transforms, encoded: list[bytes], *, seed: int = 0) -> list[Any]:
+    """The torch backend's (torchvision's) outputs, with the random factors ``run_dali`` feeds, and
+    the SampleError message for a sample it refuses."""
     from gpupipe._decode import decode_rgb
     from gpupipe.backends._torch._kernels import apply_pipeline
 
+    drawn = sample_factors(transforms, len(encoded), seed=seed)
     results: list[Any] = []
     for i, e in enumerate(encoded):
         image = decode_rgb(e, shard="-", key=str(i))
         try:
-            results.append(apply_pipeline(transforms, image, random.Random(0)))
+            results.append(apply_pipeline(transforms, image, [None if f is None else f[i] for f in drawn]))
         except ValueError as error:
             size = (int(image.shape[-2]), int(image.shape[-1]))
             results.append(str(gp.SampleError.at(str(error), shard="-", key=str(i), size=size)))
@@ -159,7 +192,7 @@ def check_backend_parity(
     mean_tol: float = 1.0,
     max_tol: float = 2.5,
 ) -> tuple[float, float]:
-    """DALI vs torchvision on the same images and (deterministic) transforms.
+    """DALI vs torchvision on the same images and transforms, with the same random factors.
 
     A sample one backend refuses (an image too small for a crop) must be refused by the other,
     with the same message. Other outputs must have identical shapes; the mean absolute difference

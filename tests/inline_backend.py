@@ -4,13 +4,13 @@ thread, one sample at a time. It is what adding a backend takes — this module,
 
 from __future__ import annotations
 
-import random
 from collections.abc import Iterator
 
 import torch
 
 from gpupipe._decode import decode_rgb
-from gpupipe._plan import RankPlan, sample_seed
+from gpupipe._plan import RankPlan
+from gpupipe._random import factors
 from gpupipe.backends import Backend, RawBatch, RunSpec
 from gpupipe.backends._torch._kernels import LOWERINGS, apply_pipeline
 
@@ -24,10 +24,12 @@ class InlineRunner:
         index, transforms = self.spec.index, self.spec.transforms
         for b in range(start, plan.num_batches):
             images, labels, keys = [], [], []
-            for s in map(int, plan.batch(b)[0]):
+            samples = plan.batch(b)[0]
+            drawn = factors(transforms, plan.seed, plan.epoch, samples)  # the whole batch's draws at once
+            for i, s in enumerate(map(int, samples)):
                 raw = index.read(s)
                 image = decode_rgb(raw.data, shard=raw.shard, key=raw.key)
-                images.append(apply_pipeline(transforms, image, random.Random(sample_seed(plan.seed, plan.epoch, s))))
+                images.append(apply_pipeline(transforms, image, [None if f is None else f[i] for f in drawn]))
                 labels.append(raw.label)
                 keys.append(raw.key)
             batch = torch.stack(images).to(self.spec.device)

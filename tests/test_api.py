@@ -68,3 +68,14 @@ def test_importing_gpupipe_imports_no_backend_library():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def test_backends_api():
+    from gpupipe import backends
+
+    assert sorted(backends.__all__) == sorted([
+        "TABLE", "Backend", "Runner", "RunSpec", "RawBatch", "names", "get", "resolve", "register_lowering",
+        "to_device", "DaliContext",
+    ])  # fmt: skip
+    ctx = backends.DaliContext("cpu")
+    assert ctx.device == "cpu" and ctx.decoder_device == "cpu" and ctx.inputs == {}

@@ -18,7 +18,7 @@ import gpupipe as gp
 from gpupipe import transforms as T
 from gpupipe.testing import encode_jpeg, synthetic_image
 
-from .checkers import AddMult, EveryOtherColumn, Posterize, check_backend_parity, run_dali
+from .checkers import AddMult, EveryOtherColumn, Posterize, check_backend_parity, run_dali, sample_factors
 
 pytest.importorskip("nvidia.dali")
 
@@ -153,7 +153,8 @@ def _sample_stats(windows, h, w):
 
 
 class TestRandomSampling:
-    """DALI draws its own random parameters: their distributions must match torchvision's."""
+    """The DALI graph turns the fed factors into parameters: the same as the torch backend's, whose
+    distributions are torchvision's."""
 
     def test_random_resized_crop_windows(self):
         from gpupipe.backends._dali._compiler import decode_random_crop
@@ -161,7 +162,7 @@ class TestRandomSampling:
         h, w, n = 300, 400, 400
         image = encode_jpeg(synthetic_image(5, size=(h, w)))
         t = T.RandomResizedCrop(224)
-        crops = run_dali(None, [image] * n, graph=lambda enc, ctx: decode_random_crop(t, enc, ctx))
+        crops = run_dali([t], [image] * n, graph=lambda enc, ctx: decode_random_crop(t, enc, ctx))
         ours = _sample_stats([tuple(c.shape[:2]) for c in crops], h, w)
         tv = v2.RandomResizedCrop(224)
         torch.manual_seed(0)
@@ -169,6 +170,41 @@ class TestRandomSampling:
             [(p["height"], p["width"]) for p in (tv.make_params([torch.empty(3, h, w)]) for _ in range(4000))], h, w
         )
         np.testing.assert_allclose(ours, theirs, atol=0.05)
+
+    @pytest.mark.parametrize(
+        "scale, ratio", [((0.08, 1.0), (3 / 4, 4 / 3)), ((0.9, 1.0), (2.0, 3.0)), ((0.5, 2.0), (0.1, 0.2))]
+    )
+    def test_windows_are_the_reference_windows(self, scale, ratio):
+        """The graph's float64 arithmetic gives exactly ``resized_crop_window``'s windows, fallback
+        (no attempt fits) included, on every image shape."""
+        from gpupipe._geometry import resized_crop_window
+        from gpupipe.backends._dali._compiler import peek_shape
+        from gpupipe.backends._dali._compiler import resized_crop_window as in_graph
+
+        rng = np.random.default_rng(3)
+        sizes: list[tuple[int, int]] = [
+            (1, 1),
+            (1, 300),
+            (300, 1),
+            (7, 500),
+            (500, 7),
+            (375, 500),
+            (500, 375),
+            (3, 700),
+            (700, 3),
+        ]
+        sizes += [(int(rng.integers(1, 700)), int(rng.integers(1, 700))) for _ in range(25)]
+        images = [encode_jpeg(np.zeros((h, w, 3), np.uint8)) for h, w in sizes] * 4
+        t = T.RandomResizedCrop(8, scale=scale, ratio=ratio)
+
+        def graph(encoded, ctx):
+            shape = peek_shape(ctx, encoded)
+            return ctx.fn.stack(*in_graph(ctx, ctx.random(0), shape[0], shape[1]))
+
+        got = [tuple(int(v) for v in out) for out in run_dali([t], images, graph=graph)]
+        drawn = sample_factors([t], len(images))[0]
+        expected = [resized_crop_window(*sizes[i % len(sizes)], list(drawn[i]), t.ratio) for i in range(len(images))]
+        assert got == expected
 
     def _first_pixels(self, steps, image, n=300):
         return [out[:, 0, 0] if out.shape[0] == 3 else out[0, 0] for out in run_dali(steps, [png(image)] * n)]

@@ -114,8 +114,12 @@ def test_gpu_graph(steps, channels_last):
     for name, value in gp.DaliOptions().decoder_args(ranks_per_node=None).items():
         assert decoder.args[name] == pytest.approx(value), name
     assert len(outputs) == 1 + bool(graph.lowered.checks)
+    assert decoder.args["adjust_orientation"] is False  # as torchvision's decoders (the torch backend)
     if type(steps[0]) is T.RandomResizedCrop:
-        assert decoder.schema == "decoders__ImageRandomCrop"
+        assert decoder.schema == "decoders__ImageSlice"  # the fed window, decoded alone
+    random_steps = {f"factors{i}": i for i, t in enumerate(steps) if t.random}
+    assert graph.lowered.inputs == random_steps  # every draw is fed: no DALI random operator
+    assert not [op.schema for op in ops if op.schema.startswith("random__")]
 
 
 def test_the_matrix_reaches_every_dali_lowering(monkeypatch):
@@ -226,10 +230,8 @@ class TestDaliOptions:
 def test_the_values_gpupipe_computes():
     """DALI checks argument names and types; the values come from gpupipe, checked here."""
     (ops, _), _ = gpu_graph(recipes()[0])
-    decoder, cmn = ops[1], ops[-1]
-    assert decoder.args["random_area"] == pytest.approx([0.08, 1.0])
-    assert decoder.args["random_aspect_ratio"] == pytest.approx([3 / 4, 4 / 3])
-    assert decoder.args["num_attempts"] == 10  # torchvision's sampler
+    decoder, cmn = next(op for op in ops if op.schema.startswith("decoders__")), ops[-1]
+    assert decoder.args["axis_names"] == "HW"  # the fed window: start=(top, left), shape=(h, w)
     assert cmn.args["mean"] == pytest.approx([m * 255 for m in IMAGENET["mean"]], rel=1e-6)
     assert cmn.args["std"] == pytest.approx([s * 255 for s in IMAGENET["std"]], rel=1e-6)
     assert cmn.args["output_layout"] == "CHW"

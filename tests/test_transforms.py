@@ -4,7 +4,6 @@ parameters (torch backend), and parameter sampling against torchvision's."""
 from __future__ import annotations
 
 import math
-import random
 
 import numpy as np
 import pytest
@@ -14,7 +13,7 @@ from torchvision.transforms import v2
 import gpupipe as gp
 from gpupipe import transforms as T
 
-from .checkers import AddMult, EveryOtherColumn, Posterize, check_invalid, check_transform, spec_of
+from .checkers import AddMult, EveryOtherColumn, Posterize, check_invalid, check_transform, drawn_params, spec_of
 
 
 def as_float(image):
@@ -66,8 +65,7 @@ class TestRandomResizedCrop:
     def test_sampling_matches_torchvision(self):
         t, tv = T.RandomResizedCrop(32), v2.RandomResizedCrop(32)
         h, w, n = 375, 500, 4000
-        rng = random.Random(0)
-        ours = [t.make_params(h, w, rng) for _ in range(n)]
+        ours = drawn_params(t, h, w, n)
         torch.manual_seed(0)
         theirs = [tv.make_params([torch.empty(3, h, w)]) for _ in range(n)]
 
@@ -84,7 +82,7 @@ class TestRandomResizedCrop:
 
     def test_fallback_is_central_crop(self):
         t = T.RandomResizedCrop(8, scale=(5.0, 6.0))  # never fits: torchvision's central fallback
-        assert t.make_params(100, 400, random.Random(0)) == (0, 133, 100, 133)
+        assert drawn_params(t, 100, 400, 1)[0] == (0, 133, 100, 133)
 
 
 class TestResize:
@@ -197,7 +195,7 @@ class TestRandomCrop:
 
     def test_too_small_image_is_an_error(self):
         with pytest.raises(ValueError, match="pad_if_needed"):
-            T.RandomCrop(200).make_params(120, 160, random.Random(0))
+            drawn_params(T.RandomCrop(200), 120, 160, 1)
 
 
 class TestRandomHorizontalFlip:
@@ -213,8 +211,7 @@ class TestRandomHorizontalFlip:
         assert {p.flip for p, _ in results} == {True, False}
 
     def test_rate(self):
-        rng = random.Random(0)
-        flips = [T.RandomHorizontalFlip(p=0.3).make_params(1, 1, rng).flip for _ in range(4000)]
+        flips = [p.flip for p in drawn_params(T.RandomHorizontalFlip(p=0.3), 1, 1, 4000)]
         assert abs(np.mean(flips) - 0.3) < 0.03
 
 
@@ -270,8 +267,8 @@ class TestColorJitter:
         check_transform(T.ColorJitter(**kwargs), image, _jitter_reference(v2.ColorJitter(**kwargs)))
 
     def test_ranges(self):
-        t, rng = T.ColorJitter(brightness=(0.5, 1.5), hue=0.2), random.Random(1)
-        ps = [t.make_params(1, 1, rng) for _ in range(2000)]
+        t = T.ColorJitter(brightness=(0.5, 1.5), hue=0.2)
+        ps = drawn_params(t, 1, 1, 2000, seed=1)
         b, h = np.array([p.brightness for p in ps]), np.array([p.hue for p in ps])
         assert 0.5 <= b.min() < 0.52 and 1.48 < b.max() <= 1.5 and abs(b.mean() - 1.0) < 0.03
         assert -0.2 <= h.min() < -0.19 and 0.19 < h.max() <= 0.2
@@ -319,8 +316,7 @@ class TestGaussianBlur:
         check_transform(T.GaussianBlur(**kwargs), photo, lambda img, p: tv.transform(img, dict(sigma=[p.sigma] * 2)))
 
     def test_sigma_range(self):
-        rng = random.Random(0)
-        s = [T.GaussianBlur(3, sigma=(0.1, 2.0)).make_params(1, 1, rng).sigma for _ in range(2000)]
+        s = [p.sigma for p in drawn_params(T.GaussianBlur(3, sigma=(0.1, 2.0)), 1, 1, 2000)]
         assert 0.1 <= min(s) < 0.15 and 1.95 < max(s) <= 2.0
 
 

@@ -19,6 +19,7 @@ import torch
 
 from .._errors import BackendUnavailableError, ConfigError
 from ._base import Backend, RawBatch, Runner, RunSpec, to_device
+from ._dali._compiler import Ctx as DaliContext  # the DALI lowering context (DALI itself loads lazily)
 
 __all__ = [
     "TABLE",
@@ -31,6 +32,7 @@ __all__ = [
     "resolve",
     "register_lowering",
     "to_device",
+    "DaliContext",
 ]
 
 # name -> module defining BACKEND. backend="auto" picks the first available one, in this order,

@@ -2,17 +2,19 @@
 
 A transform is a small frozen dataclass. It validates and normalises its arguments at
 construction, says what it does to the image's shape and dtype (:meth:`Transform.output_spec`) and,
-when it is random, draws its parameters (:meth:`Transform.make_params`). It never touches pixels:
-backends lower it through their registries (see ``gpupipe/backends``).
+when it is random, how its parameters follow from uniform draws (:meth:`Transform.sample`,
+:meth:`Transform.make_params`). It never draws them itself (``gpupipe._random`` does, for every
+backend) and never touches pixels: backends lower it through their registries (see
+``gpupipe/backends``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
-from random import Random
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 
 from .._errors import PipelineError
@@ -61,21 +63,39 @@ class ImageSpec:
 class Transform:
     """Base class of all transforms.
 
-    Subclasses are frozen dataclasses. ``random`` tells whether :meth:`make_params` draws anything.
+    Subclasses are frozen dataclasses. A random transform sets ``draws``, the number of uniforms
+    in ``[0, 1)`` it consumes per sample (``random`` is then true), and defines its parameters in
+    two pure steps, so that every backend computes the same ones:
+
+    1. :meth:`sample`: uniforms ``[..., draws]`` → the transform's random factors ``[..., F]``,
+       vectorized (what does not depend on the image: a flip decision, a blur sigma, the crop
+       scales of ``RandomResizedCrop``'s attempts);
+    2. :meth:`make_params`: one sample's factors and its image size → its parameters.
+
+    The torch backend applies both per sample; the DALI backend runs :meth:`sample` on the host
+    for a whole batch and computes step 2 in its graph, with the same arithmetic.
     """
 
     random: ClassVar[bool] = False
+    draws: ClassVar[int] = 0
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.random != (cls.draws > 0):
+            raise TypeError(f"{cls.__name__}: a random transform sets draws > 0, a deterministic one draws = 0")
 
     def output_spec(self, spec: ImageSpec) -> ImageSpec:
         """Returns the spec of the output for an input of ``spec``; raises PipelineError if invalid."""
         return spec
 
-    def make_params(self, height: int, width: int, rng: Random) -> Any:
-        """Draws this transform's random parameters for an image of ``height`` x ``width``.
+    def sample(self, u: np.ndarray) -> np.ndarray:
+        """This transform's random factors (float64 ``[..., F]``) from uniforms ``[..., draws]``;
+        vectorized over the leading axes. Default: the uniforms themselves."""
+        return u
 
-        Deterministic transforms return ``None``. Backends that draw parameters themselves (DALI's
-        random operators) follow the same distributions.
-        """
+    def make_params(self, height: int, width: int, factors: np.ndarray) -> Any:
+        """The parameters for an image of ``height`` x ``width`` with this sample's random
+        ``factors`` (one row of :meth:`sample`'s output). Deterministic transforms return ``None``."""
         return None
 
     def _fail(self, message: str) -> PipelineError:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
-from random import Random
 from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 
 from .._errors import ConfigError
@@ -81,6 +81,7 @@ class ColorJitter(Transform):
     hue: Any = None
 
     random = True
+    draws = 8
 
     def __post_init__(self) -> None:
         name = type(self).__name__
@@ -97,12 +98,20 @@ class ColorJitter(Transform):
         check_channels(self, spec, (3,) if (self.saturation or self.hue) else (1, 3))
         return spec
 
-    def make_params(self, height: int, width: int, rng: Random) -> ColorJitterParams:
-        order = tuple(rng.sample(range(4), 4))
-        draw = [
-            None if r is None else rng.uniform(*r) for r in (self.brightness, self.contrast, self.saturation, self.hue)
+    def sample(self, u: np.ndarray) -> np.ndarray:
+        """``[..., 8]``: the order (a permutation of 0..3, as floats), then the brightness,
+        contrast, saturation and hue factors (NaN where that adjustment is off)."""
+        order = np.argsort(u[..., :4], axis=-1, kind="stable").astype(np.float64)
+        drawn = [
+            np.full(u.shape[:-1], np.nan) if r is None else r[0] + (r[1] - r[0]) * u[..., 4 + i]
+            for i, r in enumerate((self.brightness, self.contrast, self.saturation, self.hue))
         ]
-        return ColorJitterParams(order, *draw)
+        return np.concatenate([order, np.stack(drawn, axis=-1)], axis=-1)
+
+    def make_params(self, height: int, width: int, factors: np.ndarray) -> ColorJitterParams:
+        order = tuple(int(o) for o in factors[:4])
+        values = [None if math.isnan(f) else float(f) for f in factors[4:8]]
+        return ColorJitterParams(order, *values)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,6 +122,7 @@ class RandomGrayscale(Transform):
     p: float = 0.1
 
     random = True
+    draws = 1
 
     def __post_init__(self) -> None:
         self._set("p", check_probability(type(self).__name__, self.p))
@@ -121,8 +131,12 @@ class RandomGrayscale(Transform):
         check_channels(self, spec)
         return spec
 
-    def make_params(self, height: int, width: int, rng: Random) -> GrayscaleParams:
-        return GrayscaleParams(rng.random() < self.p)
+    def sample(self, u: np.ndarray) -> np.ndarray:
+        """``[..., 1]``: 1.0 where the image turns gray (``u < p``)."""
+        return (u < self.p).astype(np.float64)
+
+    def make_params(self, height: int, width: int, factors: np.ndarray) -> GrayscaleParams:
+        return GrayscaleParams(bool(factors[0]))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,6 +155,7 @@ class GaussianBlur(Transform):
     sigma: Any = (0.1, 2.0)
 
     random = True
+    draws = 1
 
     def __post_init__(self) -> None:
         name = type(self).__name__
@@ -162,8 +177,12 @@ class GaussianBlur(Transform):
             raise ConfigError(f"{name}: sigma must be positive, got {self.sigma!r}")
         self._set("sigma", sigma)
 
-    def make_params(self, height: int, width: int, rng: Random) -> BlurParams:
-        return BlurParams(rng.uniform(*self.sigma))
+    def sample(self, u: np.ndarray) -> np.ndarray:
+        """``[..., 1]``: sigma, uniform in ``sigma``."""
+        return self.sigma[0] + (self.sigma[1] - self.sigma[0]) * u
+
+    def make_params(self, height: int, width: int, factors: np.ndarray) -> BlurParams:
+        return BlurParams(float(factors[0]))
 
 
 _DTYPES = (torch.uint8, torch.float16, torch.bfloat16, torch.float32, torch.float64)

@@ -10,11 +10,12 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
-from random import Random
 from typing import Any, NamedTuple
 
+import numpy as np
+
 from .._errors import ConfigError
-from .._geometry import crop_padding, crop_too_large, resize_size
+from .._geometry import ATTEMPTS, crop_padding, crop_too_large, resize_size, resized_crop_window
 from .._validate import check_bool, check_probability, check_range, check_size, is_int, is_number
 from ._base import ImageSpec, InterpolationMode, Transform, check_interpolation
 
@@ -68,9 +69,10 @@ class RandomResizedCrop(Transform):
 
     Shapes: ``[C, H, W] -> [C, size[0], size[1]]``.
 
-    Backends: parameters follow torchvision's sampler (10 attempts, then a central crop). DALI
-    fuses this transform with decoding (region-of-interest decode) and draws from the same
-    distributions with its own generator.
+    Parameters follow torchvision's sampler: 10 attempts of a uniform area fraction and a
+    log-uniform aspect ratio, the first that fits wins, at a uniform position; else a central crop
+    (``gpupipe._geometry.resized_crop_window``). Every backend computes the same window for the same
+    sample; DALI fuses it with decoding (only the window is decoded).
     """
 
     size: Any
@@ -81,6 +83,7 @@ class RandomResizedCrop(Transform):
     antialias: bool = True
 
     random = True
+    draws = 2 * ATTEMPTS + 2
 
     def __post_init__(self) -> None:
         name = type(self).__name__
@@ -95,24 +98,20 @@ class RandomResizedCrop(Transform):
     def output_spec(self, spec: ImageSpec) -> ImageSpec:
         return dataclasses.replace(spec, height=self.size[0], width=self.size[1])
 
-    def make_params(self, height: int, width: int, rng: Random) -> CropParams:
-        area = height * width
-        log_lo, log_hi = math.log(self.ratio[0]), math.log(self.ratio[1])
-        for _ in range(10):
-            target_area = area * rng.uniform(self.scale[0], self.scale[1])
-            aspect_ratio = math.exp(rng.uniform(log_lo, log_hi))
-            w = round(math.sqrt(target_area * aspect_ratio))
-            h = round(math.sqrt(target_area / aspect_ratio))
-            if 0 < w <= width and 0 < h <= height:
-                return CropParams(rng.randrange(height - h + 1), rng.randrange(width - w + 1), h, w)
-        in_ratio = width / height  # fallback: central crop, as torchvision
-        if in_ratio < self.ratio[0]:
-            w, h = width, round(width / self.ratio[0])
-        elif in_ratio > self.ratio[1]:
-            h, w = height, round(height * self.ratio[1])
-        else:
-            w, h = width, height
-        return CropParams((height - h) // 2, (width - w) // 2, h, w)
+    def sample(self, u: np.ndarray) -> np.ndarray:
+        """Factors ``[..., 2 * ATTEMPTS + 4]``: each attempt's width and height per unit of
+        ``sqrt(area)`` (``sqrt(s * r)``, ``sqrt(s / r)`` for area fraction ``s`` and aspect ratio
+        ``r``), two uniforms for the window's position, then ``ratio`` itself (constants, carried
+        as float64 data because DALI holds its graph's real constants as float32)."""
+        n = ATTEMPTS
+        s = self.scale[0] + (self.scale[1] - self.scale[0]) * u[..., :n]
+        lo, hi = math.log(self.ratio[0]), math.log(self.ratio[1])
+        r = np.exp(lo + (hi - lo) * u[..., n : 2 * n])
+        ratio = np.broadcast_to(np.asarray(self.ratio, np.float64), (*u.shape[:-1], 2))
+        return np.concatenate([np.sqrt(s * r), np.sqrt(s / r), u[..., 2 * n : 2 * n + 2], ratio], axis=-1)
+
+    def make_params(self, height: int, width: int, factors: np.ndarray) -> CropParams:
+        return CropParams(*resized_crop_window(height, width, [float(f) for f in factors], self.ratio))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -215,6 +214,7 @@ class RandomCrop(Transform):
     padding_mode: str = "constant"
 
     random = True
+    draws = 2
 
     def __post_init__(self) -> None:
         name = type(self).__name__
@@ -251,16 +251,19 @@ class RandomCrop(Transform):
             raise self._fail(f"fill has {len(self.fill)} values for an image of {spec.channels} channels")
         return dataclasses.replace(spec, height=self.size[0], width=self.size[1])
 
-    def make_params(self, height: int, width: int, rng: Random) -> RandomCropParams:
+    def make_params(self, height: int, width: int, factors: np.ndarray) -> RandomCropParams:
         left, top, right, bottom = self.padding or (0, 0, 0, 0)
         ch, cw = self.size
         top, bottom, ph = crop_padding(height, top, bottom, ch, self.pad_if_needed)
         left, right, pw = crop_padding(width, left, right, cw, self.pad_if_needed)
         if ph < ch or pw < cw:  # torchvision raises too; the DALI backend reports the same error
             raise ValueError(crop_too_large((ch, cw), (ph, pw), padding=self.padding is not None))
-        return RandomCropParams(
-            (left, top, right, bottom), rng.randrange(ph - ch + 1), rng.randrange(pw - cw + 1), ch, cw
+        # the window starts uniformly in [0, padded - crop]: floor(u * (padded - crop + 1))
+        y, x = (
+            min(math.floor(float(u) * room), room - 1)
+            for u, room in zip(factors, (ph - ch + 1, pw - cw + 1), strict=True)
         )
+        return RandomCropParams((left, top, right, bottom), y, x, ch, cw)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -268,12 +271,17 @@ class _RandomFlip(Transform):
     p: float = 0.5
 
     random = True
+    draws = 1
 
     def __post_init__(self) -> None:
         self._set("p", check_probability(type(self).__name__, self.p))
 
-    def make_params(self, height: int, width: int, rng: Random) -> FlipParams:
-        return FlipParams(rng.random() < self.p)
+    def sample(self, u: np.ndarray) -> np.ndarray:
+        """``[..., 1]``: 1.0 where the image is flipped (``u < p``), else 0.0."""
+        return (u < self.p).astype(np.float64)
+
+    def make_params(self, height: int, width: int, factors: np.ndarray) -> FlipParams:
+        return FlipParams(bool(factors[0]))
 
 
 @dataclasses.dataclass(frozen=True)

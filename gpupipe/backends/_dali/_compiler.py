@@ -3,11 +3,19 @@
 Images flow through the graph as HWC uint8 (DALI's layout), on the CPU (``device="cpu"``, DALI CPU
 operators) or the GPU (``device="gpu"``, after nvJPEG's ``mixed`` decoder). Compilation:
 
-1. Decode. A leading ``RandomResizedCrop`` is fused into it: ``decoders.image_random_crop`` decodes
-   only the region it draws (region-of-interest decode), then ``resize`` scales it.
+1. Decode. A leading ``RandomResizedCrop`` is fused into it: its window is computed in the graph
+   from the encoded image's size (``peek_image_shape``) and ``decoders.image_slice`` decodes only
+   that region (region-of-interest decode), then ``resize`` scales it.
 2. Tail fusion. A final run of ``CenterCrop`` / ``RandomHorizontalFlip`` / ``ToDtype(float)`` /
    ``Normalize`` becomes one ``crop_mirror_normalize``, which also writes CHW.
 3. Every other transform goes through :data:`LOWERINGS` (transform type → lowering function).
+
+Randomness: no DALI random operator. Each random step's factors (``Transform.sample`` of the
+uniforms ``gpupipe._random`` draws from ``(seed, epoch, sample)``) enter the graph through an
+``external_source`` named ``factors<step>`` (float64 ``[F]`` per sample, fed by the runner for
+each batch: :attr:`Lowered.inputs`), and the lowering turns them into parameters with the same
+float64 arithmetic as ``Transform.make_params``. So the DALI backend draws what the torch backend
+draws, a resumed epoch draws what the interrupted one did, and one pipeline serves every epoch.
 
 Geometry is ``gpupipe._geometry``'s — the functions the torch backend and ``output_spec`` use —
 evaluated on per-sample shape nodes with :data:`DALI_OPS` (DALI's ``resize_shorter`` and crop
@@ -29,7 +37,7 @@ import torch
 
 from ... import transforms as T
 from ..._errors import BackendUnavailableError
-from ..._geometry import center_crop_anchor, crop_padding, crop_too_large, resize_size
+from ..._geometry import ATTEMPTS, center_crop_anchor, crop_padding, crop_too_large, resize_size
 from ..._registry import Registry
 
 __all__ = ["LOWERINGS", "DALI_OPS", "Ctx", "Check", "Lowered", "lower"]
@@ -51,15 +59,29 @@ class Check:
 
 @dataclasses.dataclass
 class Ctx:
-    """What a lowering function needs: the device its operators run on, a seed source, and
-    :meth:`require` for per-sample conditions."""
+    """What a lowering function needs: the device its operators run on, the step's random factors
+    (:meth:`random`), and :meth:`require` for per-sample conditions.
+
+    Attributes:
+        device: ``"cpu"`` or ``"gpu"``.
+        seed: the loader's seed, for a user lowering that uses DALI's own random operators (with
+            :meth:`next_seed`); those are seeded once per loader, so they are not reproducible per
+            sample or on resume, and differ from the torch backend's draws. Use :meth:`random`.
+        decoder_args: extra arguments of the ``mixed`` decoders (GPU only).
+        dtype: the dtype of the node being lowered.
+        step: the position in the pipeline of the transform being lowered.
+        inputs: ``external_source`` name → step, for each step whose factors the graph takes.
+    """
 
     device: str  # "cpu" or "gpu"
-    seed: int
+    seed: int = 0
     decoder_args: dict[str, Any] = dataclasses.field(default_factory=dict)  # for the mixed decoders
     dtype: torch.dtype = torch.uint8  # dtype of the node being lowered
     checks: list[Check] = dataclasses.field(default_factory=list)
+    step: int = 0
+    inputs: dict[str, int] = dataclasses.field(default_factory=dict)
     _seeds: Any = None
+    _nodes: dict[int, Any] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._seeds = itertools.count(1)
@@ -68,8 +90,18 @@ class Ctx:
         """Fails a sample where the boolean node ``ok`` is false, with ``message(*values)``."""
         self.checks.append(Check(ok, tuple(values), message))
 
+    def random(self, step: int | None = None) -> Any:
+        """The random factors of ``step`` (default: the step being lowered): a CPU node, float64
+        ``[F]`` per sample — one row of ``Transform.sample``'s output, fed for each batch."""
+        step = self.step if step is None else step
+        if step not in self._nodes:
+            name = f"factors{step}"
+            self._nodes[step] = self.fn.external_source(name=name, dtype=self.types.FLOAT64, ndim=1, device="cpu")
+            self.inputs[name] = step
+        return self._nodes[step]
+
     def next_seed(self) -> int:
-        """A distinct, reproducible seed for each random operator of the graph."""
+        """A distinct seed for each DALI random operator a user lowering adds (see ``seed``)."""
         return (self.seed * 1_000_003 + next(self._seeds) * 7_919) % (2**31 - 1)
 
     @property
@@ -159,6 +191,7 @@ class Lowered:
     images: Any
     checks: tuple[Check, ...] = ()
     check_output: Any = None
+    inputs: dict[str, int] = dataclasses.field(default_factory=dict)  # factors to feed: name -> step
 
     def outputs(self) -> list[Any]:
         return [self.images] if self.check_output is None else [self.images, self.check_output]
@@ -183,31 +216,43 @@ def lower(transforms: Sequence[T.Transform], encoded: Any, ctx: Ctx, *, channels
     ``channels_last``) images, and the per-sample checks the lowerings required."""
     images = _lower_images(transforms, encoded, ctx, channels_last=channels_last)
     if not ctx.checks:
-        return Lowered(images)
+        return Lowered(images, inputs=ctx.inputs)
     fn, types = ctx.fn, ctx.types
-    size = fn.peek_image_shape(encoded, dtype=types.INT32)
+    size = peek_shape(ctx, encoded)
     parts = [size[0], size[1]]
     for check in ctx.checks:
         parts += [fn.cast(check.ok, dtype=types.INT32), *(fn.cast(v, dtype=types.INT32) for v in check.values)]
-    return Lowered(images, tuple(ctx.checks), fn.stack(*parts))
+    return Lowered(images, tuple(ctx.checks), fn.stack(*parts), ctx.inputs)
+
+
+# EXIF orientation is not applied: torchvision's decoders (the torch backend) do not apply it either.
+_ORIENTATION = {"adjust_orientation": False}
+
+
+def peek_shape(ctx: Ctx, encoded: Any) -> Any:
+    """The encoded images' ``[H, W, C]`` (int32, CPU), from their headers, as the decoders see them."""
+    return ctx.fn.peek_image_shape(encoded, dtype=ctx.types.INT32, **_ORIENTATION)
 
 
 def _lower_images(transforms: Sequence[T.Transform], encoded: Any, ctx: Ctx, *, channels_last: bool) -> Any:
     fn, types = ctx.fn, ctx.types
-    steps = list(transforms)
-    first = steps[0] if steps else None
+    steps = list(enumerate(transforms))
+    first = steps[0][1] if steps else None
     if isinstance(first, T.RandomResizedCrop) and _builtin(first):
         steps.pop(0)
+        ctx.step = 0
         img = decode_random_crop(first, encoded, ctx)
         img = _resize(ctx, img, float(first.size[0]), float(first.size[1]), first.interpolation, first.antialias)
     else:
-        img = fn.decoders.image(encoded, device=ctx.decoder_device, output_type=types.RGB, **ctx.decoder_args)
-    tail = _fusable_tail(steps)
-    for t in steps[: len(steps) - len(tail)]:
+        img = fn.decoders.image(
+            encoded, device=ctx.decoder_device, output_type=types.RGB, **_ORIENTATION, **ctx.decoder_args
+        )
+    tail = _fusable_tail([t for _, t in steps])
+    for ctx.step, t in steps[: len(steps) - len(tail)]:
         img = LOWERINGS.lookup(t)(t, img, ctx)
         ctx.dtype = t.output_spec(T.ImageSpec(dtype=ctx.dtype)).dtype
     if tail:
-        return _crop_mirror_normalize(tail, img, ctx, channels_last=channels_last)
+        return _crop_mirror_normalize(steps[len(steps) - len(tail) :], img, ctx, channels_last=channels_last)
     return img if channels_last else fn.transpose(img, device=ctx.device, perm=[2, 0, 1], output_layout="CHW")
 
 
@@ -215,17 +260,57 @@ def _lower_images(transforms: Sequence[T.Transform], encoded: Any, ctx: Ctx, *, 
 
 
 def decode_random_crop(t: T.RandomResizedCrop, encoded: Any, ctx: Ctx) -> Any:
-    """The crop window of ``t``, drawn and decoded at once (only that region is decoded)."""
-    return ctx.fn.decoders.image_random_crop(
+    """The crop window of ``t`` (step ``ctx.step``), computed from the encoded image's size and
+    decoded at once (only that region is decoded)."""
+    shape = peek_shape(ctx, encoded)
+    top, left, h, w = resized_crop_window(ctx, ctx.random(), shape[0], shape[1])
+    fn = ctx.fn
+    return fn.decoders.image_slice(
         encoded,
         device=ctx.decoder_device,
         output_type=ctx.types.RGB,
+        start=fn.stack(top, left),
+        shape=fn.stack(h, w),
+        axis_names="HW",
+        **_ORIENTATION,
         **ctx.decoder_args,
-        random_area=list(t.scale),
-        random_aspect_ratio=list(t.ratio),
-        num_attempts=10,
-        seed=ctx.next_seed(),
     )
+
+
+def resized_crop_window(ctx: Ctx, factors: Any, height: Any, width: Any) -> tuple[Any, ...]:
+    """``gpupipe._geometry.resized_crop_window`` on graph nodes: int32 ``(top, left, h, w)`` per
+    sample, from the step's factors (``RandomResizedCrop.sample``: the ratio bounds come last, as
+    float64 data) and the image's int32 ``height``/``width``. The same float64 operations in the
+    same order, the attempts as ``[ATTEMPTS]`` vectors; the only constants are 0.5 and 1.0, exact
+    in the float32 DALI keeps constants in."""
+    from nvidia.dali import math as dmath
+
+    fn, types, n = ctx.fn, ctx.types, ATTEMPTS
+
+    def f64(x: Any) -> Any:
+        return fn.cast(x, dtype=types.FLOAT64)
+
+    def i32(x: Any) -> Any:
+        return fn.cast(x, dtype=types.INT32)
+
+    hf, wf = f64(height), f64(width)
+    sqa = dmath.sqrt(hf * wf)
+    ws = dmath.floor(sqa * factors[0:n] + 0.5)
+    hs = dmath.floor(sqa * factors[n : 2 * n] + 0.5)
+    fits = (ws >= 1.0) & (ws <= wf) & (hs >= 1.0) & (hs <= hf)
+    attempt = fn.constant(idata=list(range(n)), dtype=types.INT32)
+    first = i32(fn.reductions.min(attempt + (1 - i32(fits)) * n))  # n where no attempt fits
+    chosen = i32(attempt == first)
+    found = i32(first < n)
+    h = found * i32(fn.reductions.sum(i32(hs) * chosen)) + (1 - found) * dmath.min(
+        height, i32(dmath.floor(wf / factors[2 * n + 2] + 0.5))
+    )
+    w = found * i32(fn.reductions.sum(i32(ws) * chosen)) + (1 - found) * dmath.min(
+        width, i32(dmath.floor(hf * factors[2 * n + 3] + 0.5))
+    )
+    top = found * i32(dmath.floor(factors[2 * n] * f64(height - h + 1))) + (1 - found) * ((height - h) // 2)
+    left = found * i32(dmath.floor(factors[2 * n + 1] * f64(width - w + 1))) + (1 - found) * ((width - w) // 2)
+    return i32(top), i32(left), i32(h), i32(w)
 
 
 def _builtin(t: T.Transform) -> bool:
@@ -250,10 +335,11 @@ def _fusable_tail(steps: list[T.Transform]) -> list[T.Transform]:
     return tail
 
 
-def _crop_mirror_normalize(tail: list[T.Transform], img: Any, ctx: Ctx, *, channels_last: bool) -> Any:
+def _crop_mirror_normalize(steps: list[tuple[int, T.Transform]], img: Any, ctx: Ctx, *, channels_last: bool) -> Any:
     fn, types = ctx.fn, ctx.types
     kwargs: dict[str, Any] = {}
-    for t in tail:
+    tail = [t for _, t in steps]
+    for step, t in steps:
         if isinstance(t, T.CenterCrop):
             h, w = _hw(img)
             top, left = center_crop_anchor(t.size[0], h, DALI_OPS), center_crop_anchor(t.size[1], w, DALI_OPS)
@@ -267,7 +353,7 @@ def _crop_mirror_normalize(tail: list[T.Transform], img: Any, ctx: Ctx, *, chann
                 crop_pos_x=_relative(ctx, left, w - t.size[1]),
             )
         elif isinstance(t, T.RandomHorizontalFlip):
-            kwargs["mirror"] = fn.random.coin_flip(probability=t.p, seed=ctx.next_seed())
+            kwargs["mirror"] = _decision(ctx, ctx.random(step))
     to_dtype = next(t for t in tail if isinstance(t, T.ToDtype))
     norm = next((t for t in tail if isinstance(t, T.Normalize)), None)
     scale = 255.0 if to_dtype.scale and ctx.dtype == torch.uint8 else 1.0
@@ -292,19 +378,23 @@ def _relative(ctx: Ctx, anchor: Any, room: Any) -> Any:
 # -------------------------------------------------------------------- lowerings --
 
 
+def _decision(ctx: Ctx, factors: Any) -> Any:
+    """A 0/1 factor (a flip, a grayscale) as the int32 argument DALI's operators take."""
+    return ctx.fn.cast(factors[0], dtype=ctx.types.INT32)
+
+
+def _factor(ctx: Ctx, factors: Any, i: int) -> Any:
+    """Factor ``i`` as a float32 argument."""
+    return ctx.fn.cast(factors[i], dtype=ctx.types.FLOAT)
+
+
 @LOWERINGS.register(T.RandomResizedCrop)
 def _random_resized_crop(t: T.RandomResizedCrop, img: Any, ctx: Ctx) -> Any:
-    return ctx.fn.random_resized_crop(
-        img,
-        device=ctx.device,
-        size=list(t.size),
-        random_area=list(t.scale),
-        random_aspect_ratio=list(t.ratio),
-        num_attempts=10,
-        interp_type=_interp(ctx, t.interpolation),
-        antialias=t.antialias,
-        seed=ctx.next_seed(),
-    )
+    fn = ctx.fn
+    h, w = _hw(img)
+    top, left, ch, cw = resized_crop_window(ctx, ctx.random(), h, w)
+    img = fn.slice(img, fn.stack(top, left), fn.stack(ch, cw), device=ctx.device, axis_names="HW")
+    return _resize(ctx, img, float(t.size[0]), float(t.size[1]), t.interpolation, t.antialias)
 
 
 @LOWERINGS.register(T.Resize)
@@ -353,16 +443,17 @@ def _random_crop(t: T.RandomCrop, img: Any, ctx: Ctx) -> Any:
     left, top, right, bottom = t.padding or (0, 0, 0, 0)
     ch, cw = t.size
 
-    def axis(size: Any, before: int, after: int, crop: int) -> tuple[Any, Any]:
+    factors = ctx.random()
+
+    def axis(size: Any, before: int, after: int, crop: int, u: Any) -> tuple[Any, Any]:
         """The window's first input pixel (negative: in the padding), and the padded size."""
         before, _, padded = crop_padding(size, before, after, crop, t.pad_if_needed, DALI_OPS)
-        room = padded - crop + 1  # the start is uniform in [0, room); room <= 0: the image is too small
-        u = fn.random.uniform(range=[0.0, 1.0], seed=ctx.next_seed())
-        start = fn.cast(dmath.floor(u * _to_float(ctx, room)), dtype=ctx.types.INT32)
+        room = padded - crop + 1  # the start is floor(u * room), in [0, room); room <= 0: too small
+        start = fn.cast(dmath.floor(u * fn.cast(room, dtype=ctx.types.FLOAT64)), dtype=ctx.types.INT32)
         return dmath.min(start, room - 1) - before, padded
 
-    top_px, padded_h = axis(h, top, bottom, ch)
-    left_px, padded_w = axis(w, left, right, cw)
+    top_px, padded_h = axis(h, top, bottom, ch, factors[0])
+    left_px, padded_w = axis(w, left, right, cw, factors[1])
     if not t.pad_if_needed:  # too small even padded: the sample fails, as on the torch backend
         ctx.require(
             (padded_h >= ch) & (padded_w >= cw),
@@ -375,50 +466,45 @@ def _random_crop(t: T.RandomCrop, img: Any, ctx: Ctx) -> Any:
 
 @LOWERINGS.register(T.RandomHorizontalFlip)
 def _hflip(t: T.RandomHorizontalFlip, img: Any, ctx: Ctx) -> Any:
-    return ctx.fn.flip(
-        img, device=ctx.device, vertical=0, horizontal=ctx.fn.random.coin_flip(probability=t.p, seed=ctx.next_seed())
-    )
+    return ctx.fn.flip(img, device=ctx.device, vertical=0, horizontal=_decision(ctx, ctx.random()))
 
 
 @LOWERINGS.register(T.RandomVerticalFlip)
 def _vflip(t: T.RandomVerticalFlip, img: Any, ctx: Ctx) -> Any:
-    return ctx.fn.flip(
-        img, device=ctx.device, horizontal=0, vertical=ctx.fn.random.coin_flip(probability=t.p, seed=ctx.next_seed())
-    )
+    return ctx.fn.flip(img, device=ctx.device, horizontal=0, vertical=_decision(ctx, ctx.random()))
 
 
 @LOWERINGS.register(T.ColorJitter)
 def _color_jitter(t: T.ColorJitter, img: Any, ctx: Ctx) -> Any:
-    fn = ctx.fn
+    """The drawn factors, applied by one ``color_twist`` in its fixed order (the drawn order is
+    not followed: a documented kernel difference); DALI's hue is in degrees."""
+    factors = ctx.random()
 
-    def draw(r: tuple[float, float] | None, neutral: float, scale: float = 1.0) -> Any:
+    def factor(i: int, r: tuple[float, float] | None, neutral: float, scale: float = 1.0) -> Any:
         if r is None:
             return neutral
-        if r[0] == r[1]:
-            return r[0] * scale
-        return fn.random.uniform(range=[r[0] * scale, r[1] * scale], seed=ctx.next_seed())
+        return _factor(ctx, factors, 4 + i) * scale if scale != 1.0 else _factor(ctx, factors, 4 + i)
 
-    return fn.color_twist(
+    return ctx.fn.color_twist(
         img,
         device=ctx.device,
-        brightness=draw(t.brightness, 1.0),
-        contrast=draw(t.contrast, 1.0),
-        saturation=draw(t.saturation, 1.0),
-        hue=draw(t.hue, 0.0, 360.0),
+        brightness=factor(0, t.brightness, 1.0),
+        contrast=factor(1, t.contrast, 1.0),
+        saturation=factor(2, t.saturation, 1.0),
+        hue=factor(3, t.hue, 0.0, 360.0),
     )
 
 
 @LOWERINGS.register(T.RandomGrayscale)
 def _grayscale(t: T.RandomGrayscale, img: Any, ctx: Ctx) -> Any:
-    keep = 1 - ctx.fn.random.coin_flip(probability=t.p, seed=ctx.next_seed())
-    return ctx.fn.hsv(img, device=ctx.device, saturation=_to_float(ctx, keep))
+    keep = 1.0 - _factor(ctx, ctx.random(), 0)
+    return ctx.fn.hsv(img, device=ctx.device, saturation=keep)
 
 
 @LOWERINGS.register(T.GaussianBlur)
 def _gaussian_blur(t: T.GaussianBlur, img: Any, ctx: Ctx) -> Any:
     kx, ky = t.kernel_size
-    sigma = t.sigma[0] if t.sigma[0] == t.sigma[1] else ctx.fn.random.uniform(range=list(t.sigma), seed=ctx.next_seed())
-    return ctx.fn.gaussian_blur(img, device=ctx.device, window_size=[ky, kx], sigma=sigma)
+    return ctx.fn.gaussian_blur(img, device=ctx.device, window_size=[ky, kx], sigma=_factor(ctx, ctx.random(), 0))
 
 
 def _to_dtype_unsupported(t: T.ToDtype) -> str | None:

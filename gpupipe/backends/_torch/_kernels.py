@@ -1,14 +1,14 @@
 """The torch backend's lowerings: torchvision's functional kernels, one sample at a time.
 
 Each lowering is a pure kernel ``(transform, image [C, H, W], params) -> image``; the parameters
-come from :meth:`Transform.make_params`, drawn in :func:`apply_pipeline` and nowhere else. Sizes
+come from :meth:`Transform.make_params`, computed in :func:`apply_pipeline` (and nowhere else) from
+the sample's random factors, which ``gpupipe._random`` draws for every backend. Sizes
 and crop anchors come from ``gpupipe._geometry`` (as on every backend). For the same image and
 parameters the output equals what the torchvision v2 transform gives.
 """
 
 from __future__ import annotations
 
-import random
 from collections.abc import Sequence
 
 import numpy as np
@@ -31,12 +31,22 @@ def _interp(mode: T.InterpolationMode | str) -> TVInterpolation:
     return TVInterpolation(T.InterpolationMode(mode).value)
 
 
-def apply_pipeline(transforms: Sequence[T.Transform], image: torch.Tensor, rng: random.Random) -> torch.Tensor:
-    """Runs ``transforms`` on one ``[C, H, W]`` image, drawing each random parameter from ``rng``."""
-    for t in transforms:
-        params = t.make_params(image.shape[-2], image.shape[-1], rng) if t.random else None
+def apply_pipeline(
+    transforms: Sequence[T.Transform], image: torch.Tensor, factors: Sequence[np.ndarray | None]
+) -> torch.Tensor:
+    """Runs ``transforms`` on one ``[C, H, W]`` image; ``factors[i]``: step ``i``'s random factors
+    for this sample (a row of ``gpupipe._random.factors``), ``None`` for a deterministic step."""
+    for t, f in zip(transforms, factors, strict=True):
+        params = t.make_params(image.shape[-2], image.shape[-1], f) if f is not None else None
         image = LOWERINGS.lookup(t)(t, image, params)
     return image
+
+
+def sample_factors(transforms: Sequence[T.Transform], seed: int, epoch: int, sample: int) -> list[np.ndarray | None]:
+    """One sample's random factors, step by step (what the DALI runner feeds its graph per batch)."""
+    from ..._random import factors
+
+    return [None if f is None else f[0] for f in factors(transforms, seed, epoch, [sample])]
 
 
 @LOWERINGS.register(T.RandomResizedCrop)

@@ -4,7 +4,6 @@ DataLoader worker processes, batches in the order of the rank's epoch plan."""
 from __future__ import annotations
 
 import dataclasses
-import random
 from collections.abc import Generator, Iterator, Sequence
 
 import torch
@@ -12,11 +11,11 @@ from torch.utils.data import DataLoader, Dataset
 
 from ..._decode import decode_rgb
 from ..._errors import ClosedError, DataError, SampleError
-from ..._plan import RankPlan, sample_seed
+from ..._plan import RankPlan
 from ...sources import Index
 from ...transforms import Transform
 from .._base import RawBatch, Runs, RunSpec
-from ._kernels import apply_pipeline
+from ._kernels import apply_pipeline, sample_factors
 
 __all__ = ["TorchRunner"]
 
@@ -58,7 +57,7 @@ class _Samples(Dataset["Sample | _Failure"]):
         raw = self.index.read(sample)
         image = decode_rgb(raw.data, shard=raw.shard, key=raw.key)
         try:
-            image = apply_pipeline(self.transforms, image, random.Random(sample_seed(seed, epoch, sample)))
+            image = apply_pipeline(self.transforms, image, sample_factors(self.transforms, seed, epoch, sample))
         except ValueError as e:  # e.g. RandomCrop larger than this image
             size = (int(image.shape[-2]), int(image.shape[-1]))
             raise SampleError.at(str(e), shard=raw.shard, key=raw.key, size=size) from e

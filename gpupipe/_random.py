@@ -1,0 +1,60 @@
+"""Augmentation randomness, drawn in one place for every backend.
+
+A random transform consumes ``t.draws`` uniforms in ``[0, 1)`` per sample and turns them into its
+random *factors* (:meth:`~gpupipe.transforms.Transform.sample`, vectorized), which a backend
+combines with the image's size into the transform's parameters. The uniforms of one sample are a
+pure function of ``(seed, epoch, sample, step)`` — ``step`` being the transform's position in
+the pipeline — computed by a counter-based generator (the SplitMix64 finalizer over 64-bit
+counters), vectorized over a batch. So:
+
+- every backend draws the same parameters for the same sample: the torch backend computes them
+  in its workers, one sample at a time; the DALI backend on the host for a whole batch, and feeds
+  them to the graph;
+- a resumed epoch draws exactly what the uninterrupted one drew, and the worker count, the rank
+  and the sample's position in its batch change nothing;
+- a padding duplicate of a sample (see the epoch plan) is augmented as the sample itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+__all__ = ["uniforms", "factors"]
+
+_MASK = (1 << 64) - 1
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _mix(z: np.ndarray) -> np.ndarray:
+    """SplitMix64's finalizer on a uint64 array (wrapping arithmetic)."""
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def _key(seed: int, epoch: int, step: int) -> np.ndarray:
+    key = np.zeros(1, np.uint64)
+    for part in (seed, epoch, step):
+        key = _mix(key ^ np.array([part & _MASK], np.uint64))
+    return key
+
+
+def uniforms(seed: int, epoch: int, samples: np.ndarray | Sequence[int], step: int, count: int) -> np.ndarray:
+    """float64 ``[len(samples), count]`` uniforms in ``[0, 1)``: row ``i`` depends only on
+    ``(seed, epoch, samples[i], step)``."""
+    s = np.asarray(samples, dtype=np.int64).astype(np.uint64)[:, None]
+    j = np.arange(count, dtype=np.uint64)[None, :]
+    z = _mix(_mix(s ^ _key(seed, epoch, step)) + (j + np.uint64(1)) * _GOLDEN)
+    return (z >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
+
+
+def factors(transforms: Sequence[object], seed: int, epoch: int, samples: np.ndarray | Sequence[int]) -> list:
+    """For each step of ``transforms``: its random factors ``[len(samples), F]`` (float64), or
+    ``None`` for a deterministic step."""
+    out: list[np.ndarray | None] = []
+    for step, t in enumerate(transforms):
+        draws = getattr(t, "draws", 0)
+        out.append(t.sample(uniforms(seed, epoch, samples, step, draws)) if draws else None)  # type: ignore[attr-defined]
+    return out
