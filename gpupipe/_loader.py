@@ -79,13 +79,14 @@ class Loader:
     ``len(loader)`` batches of the same sizes, padding marked in ``batch.valid``. The contract,
     with a worked example of what each rank yields at the end of an epoch for both ``drop_last``
     settings, is in README.md, "Epochs, distributed training and resuming". The same ``(seed,
-    epoch, world_size)`` gives every rank the same samples in the same order on every backend;
-    the torch backend also gives the same augmentation parameters whatever ``num_workers``, the
-    dali backend draws them with DALI's generators, seeded from ``(seed, epoch, rank)``.
+    epoch, world_size)`` gives every rank the same samples in the same order on every backend,
+    and the same augmentation parameters per sample: drawn from ``(seed, epoch, sample)``
+    (``gpupipe._random``), whatever the backend, ``num_workers`` or rank.
 
     Resuming: :meth:`state_dict` records the epoch and the batches yielded so far on this rank;
     after :meth:`load_state_dict` (and ``set_epoch`` of that same epoch) the loader yields
-    exactly the batches, with the same keys, that the interrupted run would have yielded next.
+    exactly the batches, with the same keys and the same augmentation, that the interrupted run
+    would have yielded next.
 
     Lifecycle: :meth:`close` (or ``with gp.Loader(...) as loader:``) ends the loader's worker
     processes, threads and DALI pipeline and closes its files; a loader that is garbage collected

@@ -19,6 +19,7 @@ import torch
 
 import gpupipe as gp
 from gpupipe import transforms as T
+from gpupipe.testing import encode_jpeg, synthetic_image
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 
@@ -139,7 +140,7 @@ def test_a_failed_dali_build_leaves_nothing_open(shards, monkeypatch):
 
 
 def test_epochs_do_not_accumulate(shards, backend):
-    """Each epoch's reader threads and their files end with the epoch."""
+    """Nothing grows from epoch to epoch: the reader threads (kept by the loader) and their files."""
     with backend.loader(val(shards), 4, shuffle=True, seed=0, num_workers=2) as loader:
         list(loader)
         before = settled()
@@ -236,7 +237,8 @@ def test_a_dropped_dali_runner_frees_its_pipelines(shards, gc_off):
     del runner
     assert len(Pipeline._pipes) == before
     runner = backends.get("dali").runner(spec)
-    assert len(list(runner.run(plan, 0))) == 4  # epoch 1 runs on a second pipeline
+    assert len(list(runner.run(plan, 0))) == 4  # epoch 1 runs on the same pipeline
+    assert len(Pipeline._pipes) == before + 1 and runner.builds == 1  # type: ignore[attr-defined]
     del runner
     assert len(Pipeline._pipes) == before
     runner = backends.get("dali").runner(spec)
@@ -245,3 +247,90 @@ def test_a_dropped_dali_runner_frees_its_pipelines(shards, gc_off):
     del runner, batches
     assert len(Pipeline._pipes) == before
     index.close()
+
+
+def test_torch_workers_start_after_a_leaked_dali_loader(shards, tmp_path):
+    """A DALI loader that failed and was never closed, then a torch-backend loader whose worker is
+    forked: the child inherits the DALI runner but not its threads, and must not try to shut it
+    down (that waited forever for the parent's threads). Run in a subprocess, with a deadline."""
+    pytest.importorskip("nvidia.dali")
+    code = textwrap.dedent(f"""
+        import gc, torch, gpupipe as gp
+        from gpupipe import transforms as T
+        from gpupipe.testing import encode_jpeg, synthetic_image
+        good = encode_jpeg(synthetic_image(0, size=(40, 40)))
+        with gp.ShardWriter({str(tmp_path / "bad-%d.tar")!r}) as w:
+            w.write("ok", {{"jpg": good, "cls": 0}})
+            w.write("broken", {{"jpg": good[:200], "cls": 1}})
+        pipe = gp.Pipeline(w.shards, [T.Resize(24), T.CenterCrop(16)])
+        for backend, workers in (("torch", 1), ("dali", 1), ("torch", 1), ("dali", 1)):
+            loader = gp.Loader(pipe, 2, backend=backend, device="cpu", num_workers=workers)
+            try:
+                list(loader)
+            except gp.SampleError:
+                pass
+            del loader  # leaked into a reference cycle by the traceback, collected later
+        good_pipe = gp.Pipeline({shards!r}, [T.Resize(24), T.CenterCrop(16)])
+        loader = gp.Loader(good_pipe, 4, backend="torch", device="cpu", num_workers=2)
+        gc.collect()
+        print(sum(len(b.keys) for b in loader), flush=True)
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "16", proc.stderr[-2000:]
+
+
+def _in_a_forked_child(work) -> None:
+    """Runs ``work()`` in a forked child that then leaves at once; fails if it hangs."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            work()
+        finally:
+            os._exit(0)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            assert os.waitstatus_to_exitcode(status) == 0
+            return
+        time.sleep(0.05)
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    pytest.fail("the forked child hung releasing the parent's DALI objects")
+
+
+def test_a_forked_child_never_shuts_down_the_parents_dali_runner(shards, tmp_path):
+    """What a torch-backend worker does when it collects a leaked DALI loader, or an exception
+    whose traceback holds a failed DALI pipeline: releasing them in a forked child must return at
+    once, not wait forever for the parent's DALI threads."""
+    pytest.importorskip("nvidia.dali")
+    loader = gp.Loader(val(shards), 4, backend="dali", device="cpu")
+    next(iter(loader))
+    held = [loader._runner]
+
+    def release_runner():
+        held[0].close()
+        held.clear()
+        loader.__dict__.clear()
+        gc.collect()
+
+    _in_a_forked_child(release_runner)
+    assert len(list(loader)) == 4  # the parent's runner is untouched
+    loader.close()
+
+    good = encode_jpeg(synthetic_image(0, size=(40, 40)))
+    with gp.ShardWriter(str(tmp_path / "bad-%d.tar")) as w:
+        w.write("ok", {"jpg": good, "cls": 0})
+        w.write("broken", {"jpg": good[:200], "cls": 1})
+    failing = gp.Loader(val(w.shards), 2, backend="dali", device="cpu")
+    with pytest.raises(gp.SampleError) as info:
+        list(failing)
+    failing.close()
+    errors = [info]
+    del info
+
+    def drop_the_error():
+        errors.clear()  # the traceback's frames held the failed pipeline
+        gc.collect()
+
+    _in_a_forked_child(drop_the_error)

@@ -178,7 +178,7 @@ class TestDevicePerRank:
 
         def define(transforms, **kw):
             built.append((kw["gpu"], kw["device_id"], kw["decoder_args"]["affine"]))
-            return _runner._Graph(FakePipe(), _runner._Slot(), None)  # type: ignore[arg-type]
+            return _runner.Defined(FakePipe(), None)  # type: ignore[arg-type]
 
         monkeypatch.setattr(_runner, "define_graph", define)
         clean_env.setenv("LOCAL_RANK", "1")

@@ -1,21 +1,35 @@
 """Runs a compiled pipeline with DALI and hands batches to torch through DLPack.
 
-Input: gpupipe reads each batch of the rank's epoch plan itself — the byte ranges of its samples,
-with ``pread`` in a few threads, ahead of DALI — and feeds the encoded images to the graph through
-``fn.external_source``. DALI therefore yields exactly the samples of the plan, in its order, on
-every rank: the same keys as the torch backend, padding and resume included, and each rank reads
-only the byte ranges of its own samples. Labels and keys never enter the graph.
+One DALI pipeline per loader: built with the runner and reused for every epoch, validation pass
+and resume (rebuilt only after DALI failed, or for a plan with larger batches). It has no random
+operator and no callback: the runner feeds every input of each iteration itself.
 
-Randomness: one DALI pipeline per epoch, seeded from ``(seed, epoch, rank)``. A resumed epoch
-starts the generators afresh, so its augmentation draws differ from the interrupted run's.
+Input path (per batch, never per sample on the training thread):
+
+- the index locates the batch's samples at once (:meth:`Index.locate_batch`: shards, keys,
+  parsed labels and byte ranges, from arrays);
+- reader threads (:data:`READ_THREADS`) ``pread`` the byte ranges straight into one reused
+  buffer per batch (``Storage.read_into``; the GIL is released during each read), ahead of DALI;
+- the batch goes to DALI as views of that buffer (``external_source(no_copy=True)``): DALI never
+  copies the encoded bytes and Python never allocates them. A buffer returns to the pool only
+  once DALI has produced its iteration's outputs (on a GPU, once the consumer stream has passed
+  them), and an epoch never ends with fed or scheduled iterations left: an abandoned epoch drains
+  them, so nothing of it leaks into the next one;
+- the random factors of the batch (``gpupipe._random``) are fed as one float64 array per random
+  step; labels and keys never enter the graph.
+
+Exactly the samples of the plan in its order, padding and resume included, each rank reading
+only its own byte ranges; a read that comes back short (a shard that shrank) is a ``ShardError``
+naming the shard and the key. Nothing is memory-mapped, so a shard that changes underneath can
+never raise SIGBUS.
 
 Hand-off (DALI 2.4, dynamic executor; read in DALI's sources, see README "Running on GPUs"):
 
 - Each batch is asked for on the consumer's stream — torch's current stream on the loader's GPU,
-  in the thread that iterates: ``pipe.run(stream)`` makes that stream wait on DALI's work (a
+  in the thread that iterates: ``pipe.outputs(stream)`` makes that stream wait on DALI's work (a
   ``cudaStreamWaitEvent``) and does not block the host; ``torch.from_dlpack`` waits again on the
   batch's ready event (free). Kernels the training step queues on that stream therefore never
-  read a batch before it is ready. (Without a stream, ``run()`` waited on the host every batch.)
+  read a batch before it is ready.
 - The dynamic executor never recycles an output buffer that is still referenced, and
   ``as_tensor()`` + ``torch.from_dlpack`` share it without a copy. When torch frees the tensor,
   DALI returns the memory to its pool only after a device-wide synchronization (its DLPack
@@ -25,16 +39,21 @@ Hand-off (DALI 2.4, dynamic executor; read in DALI's sources, see README "Runnin
 - CPU outputs (and labels, keys) are host data; labels are copied to the GPU from pinned memory
   on the same current stream.
 
-Lifecycle: each pipeline's input callback is its own :class:`_Slot`, which holds the running
-epoch's feed and nothing else, so no reference cycle runs through a pipeline: a pipeline is shut
-down (its threads joined) as soon as the runner drops it, by :meth:`DaliRunner.close` or when
-collected.
+Lifecycle: the pipeline references no runner (no callback), so it is shut down (its threads
+joined) as soon as the runner drops it, by :meth:`DaliRunner.close` or when collected. A forked
+child (a torch-backend worker started after a DALI loader) inherits the runner but none of its
+threads: there the runner is pinned and never closed or collected, since shutting down DALI's
+executor or the reader pool would wait forever for threads that exist only in the parent.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
-from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
+import os
+import threading
+import weakref
+from collections.abc import Callable, Generator, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, NamedTuple
 
@@ -42,75 +61,240 @@ import numpy as np
 import torch
 
 from ..._dist import ranks_per_node
-from ..._errors import ClosedError, SampleError
+from ..._errors import ClosedError, SampleError, ShardError
 from ..._plan import RankPlan
+from ..._random import factors
 from ...sources import Index, RawSample
+from ...sources._index import NO_LABEL
 from ...transforms import Transform
 from .._base import RawBatch, Runs, RunSpec, to_device
 from ._compiler import Ctx, Lowered, lower
 
 __all__ = ["DaliRunner"]
 
-READ_THREADS = 4
+READ_THREADS = 2  # more threads contend for the GIL between reads; two keep the disk and DALI busy
+
+_LIVE: weakref.WeakSet[DaliRunner] = weakref.WeakSet()
+_PINNED: list[Any] = []  # in a forked child: the parent's runners and pipelines, never released here
 
 
-def epoch_seed(seed: int, epoch: int, rank: int) -> int:
-    """The DALI pipeline seed of one rank's epoch (DALI wants a non-negative 31-bit int)."""
-    return int(np.random.SeedSequence([seed & 0xFFFFFFFFFFFFFFFF, epoch, rank, 0xDA11]).generate_state(1)[0]) >> 1
+def _pin_in_child() -> None:
+    """After a fork, in the child: keep every runner and every DALI pipeline of the parent alive
+    for good. A DALI pipeline destroyed in a forked child waits forever in its executor's
+    destructor for the parent's threads — and one can be referenced from anywhere (a traceback's
+    frames, say), so all of them are pinned, not only the runners'."""
+    import sys
+
+    _PINNED.extend(_LIVE)
+    dali = sys.modules.get("nvidia.dali.pipeline")
+    refs = getattr(getattr(dali, "Pipeline", None), "_pipes", None)  # DALI's set of weak references to them
+    for ref in list(refs or ()):
+        pipe = ref() if callable(ref) else None
+        backend = getattr(pipe, "_pipe", None)
+        if backend is not None:  # the C++ pipeline: pinned, and detached so that no shutdown reaches it
+            _PINNED.append(backend)
+            pipe._pipe = None  # type: ignore[union-attr]
 
 
-class _Slot:
-    """The graph's ``external_source`` callback: calls the running epoch's feed. It references no
-    runner or pipeline, so a pipeline holding it is never part of a reference cycle."""
-
-    def __init__(self) -> None:
-        self.feed: Callable[[int], list[np.ndarray]] | None = None
-
-    def __call__(self, i: int) -> list[np.ndarray]:
-        if self.feed is None:
-            raise StopIteration
-        return self.feed(i)
+os.register_at_fork(after_in_child=_pin_in_child)
 
 
-class _Feeder:
-    """Reads the plan's batches ahead of DALI in a few threads; ``get(b)`` returns batch ``b``."""
+class _Buffers:
+    """Reused byte buffers, one per batch in flight (pinned host memory for a GPU pipeline, so
+    that the decoder's copies to the device are asynchronous). A buffer given back with a CUDA
+    event is reused only once the event completed (the consumer stream passed the batch's
+    outputs, hence DALI's copies of it)."""
 
-    def __init__(self, index: Index, plan: RankPlan, ahead: int) -> None:
-        self.index, self.plan, self.ahead = index, plan, ahead
-        self._pool = ThreadPoolExecutor(max_workers=min(READ_THREADS, ahead), thread_name_prefix="gpupipe-read")
-        self._pending: dict[int, Future[list[RawSample]]] = {}
+    KEEP = 16  # free buffers kept at most
+
+    def __init__(self, pinned: bool) -> None:
+        self.pinned = pinned
+        self._free: list[tuple[np.ndarray, Any]] = []
+        self._lock = threading.Lock()
+
+    def take(self, size: int) -> np.ndarray:
+        with self._lock:
+            ready = [i for i, (_, event) in enumerate(self._free) if event is None or event.query()]
+            fits = [i for i in ready if len(self._free[i][0]) >= size]
+            if fits:
+                return self._free.pop(min(fits, key=lambda i: len(self._free[i][0])))[0]
+            if ready and len(self._free) >= self.KEEP:  # none fits: let the smallest go
+                self._free.pop(min(ready, key=lambda i: len(self._free[i][0])))
+        size = max(size + size // 4, 1 << 16)
+        if self.pinned:
+            return torch.empty(size, dtype=torch.uint8, pin_memory=True).numpy()
+        return np.empty(size, np.uint8)
+
+    def give(self, buf: np.ndarray, event: Any = None) -> None:
+        with self._lock:
+            self._free.append((buf, event))
+            if len(self._free) > self.KEEP:
+                self._free.pop(0)
+
+
+class _Batch(NamedTuple):
+    """One batch, read and ready to feed: ``encoded`` are views of ``buffer``."""
+
+    b: int
+    samples: np.ndarray
+    keys: list[str]
+    shards: list[str]
+    labels: np.ndarray | None
+    encoded: list[Any]  # DALI TensorCPU views of buffer
+    buffer: np.ndarray | None
+    factors: dict[str, np.ndarray]
+
+
+class _Reader:
+    """Reads the plan's batches ahead of DALI in :data:`READ_THREADS` threads."""
+
+    def __init__(self, index: Index, plan: RankPlan, inputs: dict[str, int], transforms: tuple[Transform, ...],
+                 buffers: _Buffers, pool: ThreadPoolExecutor, ahead: int) -> None:  # fmt: skip
+        self.index, self.plan, self.inputs, self.transforms = index, plan, inputs, transforms
+        self.buffers, self.pool, self.ahead = buffers, pool, ahead
+        self._pending: dict[int, Future[_Batch]] = {}
         self._next = 0
-        self.read: dict[int, list[RawSample]] = {}  # batches handed to DALI, not yet yielded
 
-    def _read(self, b: int) -> list[RawSample]:
-        return [self.index.read(int(s)) for s in self.plan.batch(b)[0]]
-
-    def get(self, b: int) -> list[RawSample]:
+    def get(self, b: int) -> _Batch:
         self._next = max(self._next, b)
         while self._next < min(b + 1 + self.ahead, self.plan.num_batches):
-            self._pending[self._next] = self._pool.submit(self._read, self._next)
+            self._pending[self._next] = self.pool.submit(self.read, self._next)
             self._next += 1
         future = self._pending.pop(b, None)
-        raws = future.result() if future is not None else self._read(b)
-        self.read[b] = raws
-        return raws
+        return future.result() if future is not None else self.read(b)
+
+    def read(self, b: int) -> _Batch:
+        index, samples = self.index, self.plan.batch(b)[0]
+        where = index.locate_batch(samples)
+        shards = [index.shards[s].path for s in where.shard.tolist()]
+        if where.labels is not None and (where.labels == NO_LABEL).any():
+            index.read(int(samples[int(np.argmax(where.labels == NO_LABEL))]))  # raises, naming the sample
+        labels = where.labels
+        if where.ranges is None or (index.labeled and labels is None):  # whole files (ImageFolder), ...
+            raws = [index.read(int(s)) for s in samples]  # ... or a source without parsed labels
+            sizes = np.array([len(r.data) for r in raws], np.int64)
+            buffer = self.buffers.take(int(sizes.sum()))
+            ends = np.cumsum(sizes)
+            for raw, end, size in zip(raws, ends.tolist(), sizes.tolist(), strict=True):
+                buffer[end - size : end] = np.frombuffer(raw.data, np.uint8)
+            if index.labeled:
+                labels = np.array([r.label for r in raws], np.int64)
+        else:
+            assert where.ranges is not None
+            sizes = where.ranges[:, 1]
+            buffer = self.buffers.take(int(sizes.sum()))
+            ends = np.cumsum(sizes)
+            try:
+                self._read_ranges(where.ranges, ends, where.shard, shards, where.keys, buffer)
+            except BaseException:
+                self.buffers.give(buffer)
+                raise
+        from nvidia.dali.tensors import TensorCPU  # wrapped here, off the training thread; no copy
+
+        encoded = [TensorCPU(buffer[end - size : end]) for end, size in zip(ends.tolist(), sizes.tolist(), strict=True)]
+        drawn = factors(self.transforms, self.plan.seed, self.plan.epoch, samples)
+        fed = {name: drawn[step] for name, step in self.inputs.items()}
+        return _Batch(b, samples, where.keys, shards, labels, encoded, buffer, fed)
+
+    def _read_ranges(self, ranges: np.ndarray, ends: np.ndarray, shard_ids: np.ndarray, shards: list[str],
+                     keys: list[str], buffer: np.ndarray) -> None:  # fmt: skip
+        """Reads the batch's byte ranges into ``buffer``: one storage call per shard touched."""
+        storage = self.index.reader.storage  # type: ignore[attr-defined]
+        view = memoryview(buffer)  # type: ignore[arg-type]
+        starts = ends - ranges[:, 1]
+        order = np.argsort(shard_ids, kind="stable")
+        for group in np.split(order, np.flatnonzero(np.diff(shard_ids[order])) + 1):
+            shard = shards[int(group[0])]
+            rows = ranges[group].tolist()
+            try:
+                done = storage.read_ranges_into(shard, rows, view, starts[group].tolist())
+            except OSError as e:
+                key = keys[int(group[0])]
+                raise ShardError(f"cannot read shard {shard!r} at sample {key!r}: {e}", shard=shard, key=key) from e
+            if done != len(rows):
+                key = keys[int(group[done])]
+                raise ShardError(
+                    f"shard {shard!r} is truncated at sample {key!r} (it changed after it was indexed)",
+                    shard=shard,
+                    key=key,
+                )
 
     def close(self) -> None:
-        for f in self._pending.values():
-            f.cancel()
-        self._pool.shutdown(wait=True)
+        for future in self._pending.values():
+            if not future.cancel():
+                with contextlib.suppress(BaseException):
+                    batch = future.result()
+                    if batch.buffer is not None:
+                        self.buffers.give(batch.buffer)
+        self._pending.clear()
 
 
-class _Graph(NamedTuple):
-    """One built DALI pipeline with its own input slot and the lowering's outputs."""
+class _Graph:
+    """One built DALI pipeline, fed and scheduled by the runner: :meth:`push` feeds a batch and
+    schedules its iteration, :meth:`pop` returns the oldest scheduled one with its outputs.
+
+    DALI's first ``schedule_run`` starts ``prefetch`` iterations at once, so the first batches are
+    held until that many are fed; :meth:`start` pads a shorter first run with repeats of its last
+    batch, whose outputs nobody sees. ``uses`` counts the iterations fed from each buffer: a
+    buffer returns to the pool when its last one is popped."""
+
+    def __init__(self, pipe: Any, lowered: Lowered, depth: int) -> None:
+        self.pipe, self.lowered, self.depth = pipe, lowered, depth
+        self.started = False
+        self.held: list[tuple[_Batch, bool]] = []  # fed, waiting for the first schedule_run
+        self.flight: collections.deque[tuple[_Batch, bool]] = collections.deque()  # (batch, repeat)
+        self.uses: collections.Counter[int] = collections.Counter()
+
+    @property
+    def busy(self) -> int:
+        return len(self.held) + len(self.flight)
+
+    def push(self, batch: _Batch, *, repeat: bool = False) -> None:
+        """Feeds ``batch`` and schedules its iteration (a ``repeat`` is not yielded)."""
+        self.pipe.feed_input("encoded", batch.encoded)
+        for name, value in batch.factors.items():
+            self.pipe.feed_input(name, value)
+        self.uses[id(batch.buffer)] += 1
+        if self.started:
+            self.pipe.schedule_run()
+            self.flight.append((batch, repeat))
+            return
+        self.held.append((batch, repeat))
+        if len(self.held) == self.depth:
+            self.pipe.schedule_run()  # runs all `depth` held iterations
+            self.flight.extend(self.held)
+            self.held.clear()
+            self.started = True
+
+    def start(self) -> None:
+        """Schedules the held batches now, padding with repeats of the last."""
+        while self.held:
+            self.push(self.held[-1][0], repeat=True)
+
+    def pop(self, stream: Any) -> tuple[_Batch, bool, Any]:
+        """``(batch, repeat, outputs)`` of the oldest scheduled iteration."""
+        batch, repeat = self.flight.popleft()
+        return batch, repeat, self.pipe.outputs(stream)
+
+    def done(self, batch: _Batch) -> bool:
+        """One iteration fed from ``batch``'s buffer is over; whether it was the last."""
+        key = id(batch.buffer)
+        self.uses[key] -= 1
+        if self.uses[key] > 0:
+            return False
+        del self.uses[key]
+        return True
+
+
+class Defined(NamedTuple):
+    """A defined (not yet built) DALI pipeline and its lowering."""
 
     pipe: Any
-    slot: _Slot
     lowered: Lowered
 
 
 def define_graph(
-    transforms: Sequence[Transform],
+    transforms: tuple[Transform, ...] | list[Transform],
     *,
     gpu: bool,
     device_id: int | None,
@@ -120,10 +304,12 @@ def define_graph(
     seed: int,
     channels_last: bool,
     decoder_args: dict[str, Any],
-) -> _Graph:
-    """The DALI pipeline of ``transforms``, defined but not built. With ``gpu`` and
-    ``device_id=None`` it is the GPU graph, defined (and serializable) on a machine without a GPU:
-    the tests check its operators and their placement that way."""
+    graph: Callable[[Any, Ctx], Any] | None = None,
+) -> Defined:
+    """The DALI pipeline of ``transforms`` and its lowering, defined but not built. With ``gpu``
+    and ``device_id=None`` it is the GPU graph, defined (and serializable) on a machine without a
+    GPU: the tests check its operators and their placement that way. ``graph(encoded, ctx)``
+    replaces the lowering (``bench/input_path.py`` times the input path with a pass-through)."""
     from nvidia.dali import Pipeline, fn, types
 
     pipe = Pipeline(
@@ -134,55 +320,56 @@ def define_graph(
         prefetch_queue_depth=prefetch,
         exec_dynamic=True,
     )
-    slot = _Slot()  # one per pipeline: a run feeds only its own
     with pipe:
-        encoded = fn.external_source(source=slot, batch=True, dtype=types.UINT8, ndim=1, name="encoded")
+        encoded = fn.external_source(name="encoded", dtype=types.UINT8, ndim=1, no_copy=True)
         ctx = Ctx("gpu" if gpu else "cpu", seed, decoder_args=decoder_args if gpu else {})
-        lowered = lower(transforms, encoded, ctx, channels_last=channels_last)
+        if graph is None:
+            lowered = lower(transforms, encoded, ctx, channels_last=channels_last)
+        else:
+            lowered = Lowered(graph(encoded, ctx), inputs=ctx.inputs)
         pipe.set_outputs(*lowered.outputs())
-    return _Graph(pipe, slot, lowered)
+    return Defined(pipe, lowered)
 
 
 class DaliRunner:
-    def __init__(self, spec: RunSpec) -> None:
+    """Runs ``spec`` on one DALI pipeline (``graph``: see :func:`define_graph`)."""
+
+    def __init__(self, spec: RunSpec, *, graph: Callable[[Any, Ctx], Any] | None = None) -> None:
+        self._define = graph
+        self._pid = os.getpid()
         self.index, self.transforms = spec.index, spec.transforms
         self.num_threads, self.prefetch = max(1, spec.workers), spec.config.prefetch
         self.channels_last = spec.config.channels_last
-        self.device, self.rank = spec.device, spec.rank
+        self.device, self.rank, self.seed = spec.device, spec.rank, spec.seed
         self.decoder_args = spec.config.dali.decoder_args(ranks_per_node=ranks_per_node())
+        self.builds = 0  # pipelines built (one per loader, unless DALI fails)
         self._runs = Runs()
         self._closed = False
-        # Built now so that a graph DALI rejects fails when the loader is built; epoch 0 runs on it.
-        self._unused: tuple[Any, _Graph | None] = (
-            (spec.seed, 0, spec.config.batch_size),
-            self._build(epoch_seed(spec.seed, 0, spec.rank), batch_size=spec.config.batch_size),
-        )
+        self._buffers = _Buffers(pinned=self.device.type == "cuda")
+        self._pool = ThreadPoolExecutor(max_workers=READ_THREADS, thread_name_prefix="gpupipe-read")
+        # Built now, so that a graph DALI rejects fails when the loader is built.
+        self._graph: _Graph | None = self._build(spec.config.batch_size)
+        _LIVE.add(self)
 
     # -------------------------------------------------------------------- graph --
-    def _build(self, seed: int, *, batch_size: int) -> _Graph:
+    def _build(self, batch_size: int) -> _Graph:
         gpu = self.device.type == "cuda"
-        graph = define_graph(
+        pipe, lowered = define_graph(
             self.transforms,
             gpu=gpu,
             device_id=(self.device.index or 0) if gpu else None,
             batch_size=batch_size,
             num_threads=self.num_threads,
             prefetch=self.prefetch,
-            seed=seed,
+            seed=self.seed & 0x7FFFFFFF,
             channels_last=self.channels_last,
             decoder_args=self.decoder_args,
+            graph=self._define,
         )
-        graph.pipe.build()
-        return graph
-
-    def _graph(self, seed: int, epoch: int, batch_size: int) -> _Graph:
-        """A fresh pipeline for one epoch: the one built with the loader if it fits, else a new one
-        (a pipeline's generators cannot be re-seeded, and a run leaves them advanced)."""
-        key, graph = self._unused
-        self._unused = (None, None)
-        if graph is not None and key == (seed, epoch, batch_size):
-            return graph
-        return self._build(epoch_seed(seed, epoch, self.rank), batch_size=batch_size)
+        pipe.build()
+        self.builds += 1
+        self.max_batch = batch_size
+        return _Graph(pipe, lowered, self.prefetch)
 
     # --------------------------------------------------------------------- run --
     def run(self, plan: RankPlan, start: int) -> Iterator[RawBatch]:
@@ -194,61 +381,104 @@ class DaliRunner:
     def _run(self, plan: RankPlan, start: int) -> Generator[RawBatch, None, None]:
         if start >= plan.num_batches:
             return
-        feeder = _Feeder(self.index, plan, ahead=self.prefetch + 2)
-
-        def feed(i: int) -> list[np.ndarray]:
-            b = start + i
-            if b >= plan.num_batches:
-                raise StopIteration
-            return [np.frombuffer(raw.data, np.uint8) for raw in feeder.get(b)]
-
-        graph = None
+        if self._graph is None or plan.batch_size > self.max_batch:
+            self._graph = None  # the old pipeline goes first (its memory)
+            self._graph = self._build(max(plan.batch_size, self.max_batch))
+        graph = self._graph
+        reader = _Reader(self.index, plan, graph.lowered.inputs, self.transforms, self._buffers, self._pool,
+                         ahead=self.prefetch + 1)  # fmt: skip
+        stream = consumer_stream(self.device)
+        fed, limit, error = start, plan.num_batches, None  # feeding stops at `limit`: an unreadable batch
+        failed = False
         try:
-            graph = self._graph(plan.seed, plan.epoch, plan.batch_size)
-            graph.slot.feed = feed
             for b in range(start, plan.num_batches):
                 if self._closed:  # closed from another thread while this epoch runs
                     raise ClosedError("the DALI runner was closed during an epoch")
-                try:
-                    with on_device(self.device):  # DALI reads torch's default stream (0) as the current device's
-                        images, *checks = graph.pipe.run(consumer_stream(self.device))
-                except RuntimeError as e:
-                    raise self._locate_bad_sample(e, plan, b) from e
-                raws = feeder.read.pop(b)
+                while fed < limit and graph.busy < self.prefetch:
+                    try:
+                        batch = reader.get(fed)
+                    except Exception as e:  # raised when its batch is due, after the ones before it
+                        error, limit = e, fed
+                        break
+                    graph.push(batch)
+                    fed += 1
+                if fed == limit:
+                    graph.start()
+                if b == limit:
+                    assert error is not None
+                    raise error
+                repeat = True
+                while repeat:
+                    try:
+                        with on_device(self.device):  # DALI reads torch's default stream (0) as the current device's
+                            batch, repeat, outputs = graph.pop(stream)
+                    except RuntimeError as e:
+                        failed = True
+                        raise self._locate_bad_sample(e, plan, b) from e
+                    self._release(graph, batch)
+                images, *checks = outputs
                 if checks:
-                    self._raise_failed_checks(graph.lowered, checks[0], raws)
-                yield RawBatch(self._to_torch(images), self._labels(raws), [r.key for r in raws])
+                    self._raise_failed_checks(graph.lowered, checks[0], batch)
+                yield RawBatch(self._to_torch(images), self._labels(batch), batch.keys)
         finally:
-            if graph is not None:
-                graph.slot.feed = None
-            feeder.close()
+            reader.close()
+            if failed or not self._drain(graph):
+                self._graph = None  # DALI failed: a fresh pipeline for the next epoch
+            self.index.close()  # the reader threads' open files end with the epoch
+
+    def _drain(self, graph: _Graph) -> bool:
+        """Finishes every iteration fed or scheduled (an abandoned epoch's), so that none leaks
+        into the next epoch; ``False`` if DALI failed on one."""
+        try:
+            graph.start()
+            while graph.flight:
+                batch, _, outputs = graph.pop(None)
+                del outputs
+                self._release(graph, batch)
+        except Exception:  # failed on an iteration nobody will see
+            return False
+        return True
+
+    def _release(self, graph: _Graph, batch: _Batch) -> None:
+        """Returns the batch's buffer to the pool once no scheduled iteration reads it. CPU outputs
+        are host-synchronous; on a GPU the buffer waits for an event on the consumer stream."""
+        if batch.buffer is None or not graph.done(batch):
+            return
+        event = None
+        if self.device.type == "cuda":
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(self.device))
+        self._buffers.give(batch.buffer, event)
 
     def close(self) -> None:
-        """Stops an unfinished epoch and drops the pipelines, which shuts them down (a run
-        executing in another thread stops at its next batch and drops its own)."""
+        """Stops an unfinished epoch and drops the pipeline, which shuts it down (a run executing in
+        another thread stops at its next batch), and ends the reader threads. In a forked child it
+        does nothing: the pipeline and the threads are the parent's."""
+        if os.getpid() != self._pid:
+            return
         self._closed = True
         self._runs.close()
-        self._unused = (None, None)
+        self._graph = None
+        self._pool.shutdown(wait=True, cancel_futures=True)
 
     @staticmethod
-    def _raise_failed_checks(lowered: Lowered, checks: Any, raws: list[RawSample]) -> None:
+    def _raise_failed_checks(lowered: Lowered, checks: Any, batch: _Batch) -> None:
         """Raises the error of the first sample that failed a check the graph computed."""
         for b, size, message in lowered.failures(np.asarray(checks.as_tensor())):
-            raise SampleError.at(message, shard=raws[b].shard, key=raws[b].key, size=size)
+            raise SampleError.at(message, shard=batch.shards[b], key=batch.keys[b], size=size)
 
-    def _labels(self, raws: list[RawSample]) -> torch.Tensor | None:
-        if not self.index.labeled:
+    def _labels(self, batch: _Batch) -> torch.Tensor | None:
+        if batch.labels is None:
             return None
-        labels = torch.tensor([r.label for r in raws], dtype=torch.int64)
-        return to_device(labels, self.device)
+        return to_device(torch.from_numpy(batch.labels), self.device)
 
     def _to_torch(self, images: Any) -> torch.Tensor:
-        batch = torch.from_dlpack(images.as_tensor())
-        return batch.permute(0, 3, 1, 2) if self.channels_last else batch
+        out = torch.from_dlpack(images.as_tensor())
+        return out.permute(0, 3, 1, 2) if self.channels_last else out
 
     def _locate_bad_sample(self, error: RuntimeError, plan: RankPlan, batch: int) -> Exception:
         """The exception to raise for a DALI failure on ``batch``: the failing sample may be in it
-        or in one DALI was already preparing (``prefetch`` ahead)."""
+        or in one DALI was already preparing (``prefetch`` ahead). The pipeline is not reused."""
         last = min(plan.num_batches, batch + self.prefetch + 1)
         candidates = (self.index.read(int(s)) for b in range(batch, last) for s in plan.batch(b)[0])
         return explain_failure(error, candidates, batch=batch, ahead=self.prefetch)
