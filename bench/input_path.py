@@ -1,0 +1,237 @@
+"""The DALI backend's input path alone, against DALI's own C++ reader, on the same shards.
+
+    python bench/input_path.py                 # makes shards in .bench-data/input-path/ once
+    python bench/input_path.py --rounds 7 --images 3072
+
+Both sides read WebDataset shards of ImageNet-sized JPEGs (about 110 KB, 500x375) and deliver
+every sample's encoded bytes to a DALI graph whose only operator is a pass-through (the shapes:
+decode is left out, so that only the input path is timed); 2 CPU threads each, batch 256,
+prefetch 2, the page cache warm:
+
+- ``gpupipe``: the DALI backend's runner, as a loader runs it — the epoch plan (shuffled, as for
+  training), the index, reader threads that ``pread`` each batch into a reused buffer, zero-copy
+  feeding, the random-factor draws of the ImageNet train recipe, labels and keys per batch;
+- ``dali reader``: ``fn.readers.webdataset`` (C++), reading the same shards in file order with
+  gpupipe's cached DALI-format index files.
+
+Each round runs one full epoch of each, interleaved (this machine is noisy); the report gives
+medians of images/s, MB/s, CPU-seconds per 10k images of the whole process, and of the Python
+threads alone (the training thread and gpupipe's reader threads: everything that holds the GIL;
+user and system time apart), and the ratio last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import platform
+import statistics
+import sys
+import tarfile
+import threading
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from _report import publish
+
+BATCH, THREADS, PREFETCH, SHARDS = 256, 2, 2, 8
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def make_shards(root: str, images: int) -> list[str]:
+    """``SHARDS`` shards of ImageNet-sized JPEGs (noisy photos-like content, quality 90)."""
+    from PIL import Image
+
+    urls = [os.path.join(root, f"train-{i:06d}.tar") for i in range(SHARDS)]
+    if all(os.path.exists(u) for u in urls):
+        return urls
+    os.makedirs(root, exist_ok=True)
+    rng = np.random.default_rng(0)
+    pool = []
+    for i in range(48):  # distinct encodings, reused: sizes and content of real photos
+        h, w = (375, 500) if i % 3 else (500, 375)
+        base = rng.integers(0, 256, (h // 8 + 1, w // 8 + 1, 3)).astype(np.float32)
+        img = np.kron(base, np.ones((8, 8, 1)))[:h, :w] + rng.normal(0, 18, (h, w, 3))
+        buf = io.BytesIO()
+        Image.fromarray(img.clip(0, 255).astype(np.uint8)).save(buf, format="JPEG", quality=90)
+        pool.append(buf.getvalue())
+    per = images // SHARDS
+    for s, url in enumerate(urls):
+        with tarfile.open(url + ".tmp", "w") as tar:
+            for j in range(per):
+                key = f"{s:03d}{j:06d}"
+                for ext, data in (("jpg", pool[(s * per + j) % len(pool)]), ("cls", str(j % 1000).encode())):
+                    info = tarfile.TarInfo(f"{key}.{ext}")
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+        os.replace(url + ".tmp", url)
+    return urls
+
+
+def python_cpu() -> tuple[float, float]:
+    """User and system CPU seconds of this process's Python threads (every thread ``threading``
+    knows): user time is the interpreter's work, under the GIL; system time is the kernel's
+    (copying file pages into the batch buffers, with the GIL released)."""
+    user = system = 0
+    for t in threading.enumerate():
+        try:
+            with open(f"/proc/self/task/{t.native_id}/stat") as f:
+                fields = f.read().rpartition(")")[2].split()
+            user, system = user + int(fields[11]), system + int(fields[12])
+        except (OSError, TypeError):
+            pass
+    return user / TICK, system / TICK
+
+
+def process_cpu() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
+class Gpupipe:
+    name = "gpupipe"
+
+    def __init__(self, urls: list[str]) -> None:
+        import torch
+
+        import gpupipe as gp
+        from gpupipe._plan import PlanSpec, rank_plan
+        from gpupipe.backends import RunSpec
+        from gpupipe.backends._dali._runner import DaliRunner
+
+        self.index = gp.WebDataset(urls).index()
+        config = gp.LoaderConfig(BATCH, backend="dali", device="cpu", num_workers=THREADS, prefetch=PREFETCH)
+        train = gp.load_pipeline(os.path.join(ROOT, "pipelines", "imagenet.py:train"))
+        transforms = tuple(train(urls).transforms)
+        spec = RunSpec(self.index, transforms, config, torch.device("cpu"), THREADS, 0, 0)
+        self.runner = DaliRunner(spec, graph=lambda encoded, ctx: pass_through(encoded, ctx, factors=True))
+        self.spec = PlanSpec(len(self.index), 1, BATCH, True, True, 1000, 8)
+        self.plan = lambda epoch: rank_plan(
+            self.index.shard_sizes, self.spec, sequential=True, seed=0, epoch=epoch, rank=0
+        )
+        self.epoch = 0
+
+    def epoch_run(self) -> tuple[int, int]:
+        self.epoch += 1
+        n = nbytes = 0
+        plan = self.plan(self.epoch)
+        for batch in self.runner.run(plan, 0):
+            n += len(batch.keys)
+            nbytes += int(batch.images[:, 0].sum())
+        return n, nbytes
+
+    def close(self) -> None:
+        self.runner.close()
+
+
+def pass_through(encoded, ctx, *, factors: bool = False):
+    """The graph of the timed runs: the encoded bytes' shapes (decode left out). With ``factors``,
+    the train recipe's random factors enter the graph too (fed per batch, as in training)."""
+    shapes = encoded.shape(dtype=ctx.types.INT64)
+    return ctx.fn.cat(shapes, ctx.random(0).shape(dtype=ctx.types.INT64)) if factors else shapes
+
+
+class DaliReader:
+    name = "dali reader"
+
+    def __init__(self, urls: list[str]) -> None:
+        from nvidia.dali import Pipeline, fn, types
+
+        import gpupipe as gp
+
+        index = gp.WebDataset(urls).index()
+        paths = [str(shard.dali_index) for shard in index.shards]
+        self.size = len(index)
+        self.pipe = Pipeline(batch_size=BATCH, num_threads=THREADS, device_id=None, prefetch_queue_depth=PREFETCH,
+                             exec_dynamic=True)  # fmt: skip
+        with self.pipe:
+            jpg, cls = fn.readers.webdataset(  # type: ignore[misc]
+                paths=urls, index_paths=paths, ext=["jpg", "cls"], missing_component_behavior="error",
+                name="reader", pad_last_batch=False, dtypes=[types.UINT8, types.UINT8],
+            )  # fmt: skip
+            self.pipe.set_outputs(jpg.shape(dtype=types.INT64), cls.shape(dtype=types.INT64))
+        self.pipe.build()
+
+    def epoch_run(self) -> tuple[int, int]:
+        n = nbytes = 0
+        while n < self.size - BATCH + 1:
+            shapes, _ = self.pipe.run()
+            arr = np.asarray(shapes.as_tensor())
+            n += len(arr)
+            nbytes += int(arr.sum())
+        return n, nbytes
+
+    def close(self) -> None:
+        del self.pipe
+
+
+def timed(reader) -> dict[str, float]:
+    cpu0, (user0, sys0), t0 = process_cpu(), python_cpu(), time.perf_counter()
+    n, nbytes = reader.epoch_run()
+    wall = time.perf_counter() - t0
+    user, system = python_cpu()
+    return {
+        "images/s": n / wall,
+        "MB/s": nbytes / wall / 1e6,
+        "process CPU-s / 10k": (process_cpu() - cpu0) / n * 1e4,
+        "Python threads, user CPU-s / 10k": (user - user0) / n * 1e4,
+        "Python threads, system CPU-s / 10k": (system - sys0) / n * 1e4,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--images", type=int, default=3072)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--data", default=os.path.join(ROOT, ".bench-data", "input-path"))
+    parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
+    args = parser.parse_args()
+
+    urls = make_shards(args.data, args.images)
+    for url in urls:  # warm the page cache
+        with open(url, "rb") as f:
+            while f.read(1 << 24):
+                pass
+    size_mb = sum(os.path.getsize(u) for u in urls) / 1e6
+    readers: list[Gpupipe | DaliReader] = [Gpupipe(urls), DaliReader(urls)]
+    for r in readers:  # warm-up epoch: builds, first allocations
+        r.epoch_run()
+    results: dict[str, list[dict[str, float]]] = {r.name: [] for r in readers}
+    for _ in range(args.rounds):
+        for r in readers:
+            results[r.name].append(timed(r))
+    for r in readers:
+        r.close()
+
+    metrics = ["images/s", "MB/s", "process CPU-s / 10k", "Python threads, user CPU-s / 10k",
+               "Python threads, system CPU-s / 10k"]  # fmt: skip
+    medians = {name: {m: statistics.median(x[m] for x in runs) for m in metrics} for name, runs in results.items()}
+    rows = [[name, *(f"{medians[name][m]:,.3f}" if "CPU" in m else f"{medians[name][m]:,.0f}" for m in metrics)]
+            for name in results]  # fmt: skip
+    ratio = medians["gpupipe"]["images/s"] / medians["dali reader"]["images/s"]
+    intro = (
+        f"`python bench/input_path.py --images {args.images} --rounds {args.rounds}` on {platform.node()} "
+        f"({os.cpu_count()} CPUs, {platform.processor() or platform.machine()}), no GPU. {len(urls)} shards, "
+        f"{size_mb:.0f} MB, JPEGs of ~{size_mb * 1e6 / args.images / 1e3:.0f} KB (500x375). Batch {BATCH}, "
+        f"{THREADS} threads each, prefetch {PREFETCH}, decode replaced by a pass-through; medians of "
+        f"{args.rounds} interleaved rounds of one epoch each. gpupipe's epochs are shuffled (the training "
+        "plan) and include the train recipe's random-factor draws; DALI's reader reads in file order. "
+        "'Python threads' are the threads that run Python (the iterating thread and gpupipe's readers): "
+        "user time is interpreter work under the GIL, system time the kernel copying file pages into "
+        "the batch buffers (GIL released). CPU times come from /proc at 10 ms resolution."
+    )
+    path = publish(args.out, "input-path", "Input path: gpupipe vs DALI's webdataset reader", intro,
+                   ["reader", *metrics], rows)  # fmt: skip
+    line = f"gpupipe / DALI reader (images/s): {ratio:.2f}x"
+    with open(path, "a") as f:
+        f.write(f"\n{line}\n")
+    print(line)
+
+
+if __name__ == "__main__":
+    main()
