@@ -280,3 +280,60 @@ class TestBuffers:
         pool.give(second)
         assert pool.take(10) is second  # the smallest that fits
         assert len(pool.take(1 << 20)) >= 1 << 20
+
+
+class TestFailuresMidway:
+    def test_a_feed_interrupted_midway_never_shifts_later_epochs(self, photo_shards, monkeypatch):
+        """Ctrl-C (or a rejected feed) between the image feed and the factors feed of a batch:
+        DALI's queues no longer match the runner's, so the pipeline is dropped, never reused — the
+        next epoch's images belong to its keys."""
+
+        def make():
+            return gp.Loader(small_train(photo_shards), 4, backend="dali", device="cpu", seed=4)
+
+        with make() as fresh:
+            fresh.set_epoch(1)
+            expected = [(b.keys, b.images.clone()) for b in fresh]
+        with make() as loader:
+            pipe = loader._runner._graph.pipe
+            feed, calls = pipe.feed_input, []
+
+            def interrupted(name, data, *args, **kwargs):
+                calls.append(name)
+                if len(calls) == 5:  # batch 2's factors, after its images were fed
+                    raise KeyboardInterrupt
+                return feed(name, data, *args, **kwargs)
+
+            monkeypatch.setattr(pipe, "feed_input", interrupted)
+            with pytest.raises(KeyboardInterrupt):
+                list(loader)
+            loader.set_epoch(1)
+            got = [(b.keys, b.images.clone()) for b in loader]
+            assert builds(loader) == 2  # the interrupted pipeline was dropped
+        assert [k for k, _ in got] == [k for k, _ in expected]
+        assert all(torch.equal(a, b) for (_, a), (_, b) in zip(got, expected, strict=True))
+
+    def test_the_consumer_stream_is_asked_for_each_batch(self, photo_shards, monkeypatch):
+        """A training loop may switch streams between batches: each batch is handed over on the
+        stream current when it is taken, not the one current when the epoch began."""
+        from gpupipe.backends._dali import _runner
+
+        asked = []
+        monkeypatch.setattr(_runner, "consumer_stream", lambda device: asked.append(device))
+        with gp.Loader(small_train(photo_shards), 4, backend="dali", device="cpu") as loader:
+            assert len(list(loader)) == 4
+        assert len(asked) == 4
+
+    def test_a_label_beyond_int64_is_named_not_an_index_failure(self, tmp_path):
+        import webdataset as wds
+
+        path = str(tmp_path / "big-000000.tar")
+        with wds.TarWriter(path) as sink:
+            for n, cls in enumerate([b"1", b"99999999999999999999", b"3", b"4"]):
+                sink.write({"__key__": f"k{n}", "jpg": encode_jpeg(synthetic_image(n, size=(40, 40))), "cls": cls})
+        pipe = gp.Pipeline([path], [T.CenterCrop(32)])
+        for backend in ("dali", "torch"):
+            with gp.Loader(pipe, 2, backend=backend, device="cpu", num_workers=0) as loader:
+                with pytest.raises(gp.SampleError, match=r"label of sample 'k1'.*int64 range") as info:
+                    list(loader)
+                assert info.value.key == "k1"

@@ -135,7 +135,7 @@ def load_labels(path: str, n: int) -> np.ndarray | None:
     """The parsed labels of the index ``path``; ``None`` if absent or not ``n`` int64 values."""
     try:
         labels = np.load(labels_path(path), allow_pickle=False)
-    except (OSError, ValueError):
+    except (OSError, ValueError, EOFError):
         return None
     if labels.dtype != np.int64 or labels.shape != (n,):
         return None

@@ -25,14 +25,22 @@ def split_key(member: str) -> tuple[str, str]:
     return (f"{head}/{stem}" if head else stem), ext.lower() if dot else ""
 
 
+_INT64 = (-(1 << 63) + 1, (1 << 63) - 1)  # the lowest int64 is NO_LABEL
+
+
 def parse_label(raw: bytes, *, shard: str, key: str) -> int:
-    """A ``.cls`` member's ASCII integer; SampleError naming shard and key otherwise."""
+    """A ``.cls`` member's ASCII integer (an int64); SampleError naming shard and key otherwise."""
     try:
-        return int(raw.decode("ascii").strip())
+        value = int(raw.decode("ascii").strip())
     except (UnicodeDecodeError, ValueError):
         raise SampleError(
             f"label of sample {key!r} in shard {shard!r} is not an ASCII integer: {raw[:40]!r}", shard=shard, key=key
         ) from None
+    if not _INT64[0] <= value <= _INT64[1]:
+        raise SampleError(
+            f"label of sample {key!r} in shard {shard!r} is out of the int64 range: {raw[:40]!r}", shard=shard, key=key
+        )
+    return value
 
 
 def _split_exts(value: str | Sequence[str] | None, name: str) -> tuple[str, ...]:
@@ -178,10 +186,12 @@ class _CachedDetail:
 
 
 def _label_value(raw: bytes) -> int:
+    """The label, or NO_LABEL where it is not an int64 (``parse_label`` then names the problem)."""
     try:
-        return int(raw.decode("ascii").strip())
+        value = int(raw.decode("ascii").strip())
     except (UnicodeDecodeError, ValueError):
         return NO_LABEL
+    return value if _INT64[0] <= value <= _INT64[1] else NO_LABEL
 
 
 def _read_labels(storage: Storage, url: str, keys: list[str], ranges: np.ndarray) -> np.ndarray:

@@ -241,6 +241,7 @@ class _Graph:
     def __init__(self, pipe: Any, lowered: Lowered, depth: int) -> None:
         self.pipe, self.lowered, self.depth = pipe, lowered, depth
         self.started = False
+        self.broken = False  # a feed, schedule or output call failed midway: DALI's queues are unknown
         self.held: list[tuple[_Batch, bool]] = []  # fed, waiting for the first schedule_run
         self.flight: collections.deque[tuple[_Batch, bool]] = collections.deque()  # (batch, repeat)
         self.uses: collections.Counter[int] = collections.Counter()
@@ -250,31 +251,47 @@ class _Graph:
         return len(self.held) + len(self.flight)
 
     def push(self, batch: _Batch, *, repeat: bool = False) -> None:
-        """Feeds ``batch`` and schedules its iteration (a ``repeat`` is not yielded)."""
-        self.pipe.feed_input("encoded", batch.encoded)
-        for name, value in batch.factors.items():
-            self.pipe.feed_input(name, value)
-        self.uses[id(batch.buffer)] += 1
-        if self.started:
-            self.pipe.schedule_run()
-            self.flight.append((batch, repeat))
-            return
-        self.held.append((batch, repeat))
-        if len(self.held) == self.depth:
-            self.pipe.schedule_run()  # runs all `depth` held iterations
-            self.flight.extend(self.held)
-            self.held.clear()
-            self.started = True
+        """Feeds ``batch`` and schedules its iteration (a ``repeat`` is not yielded). Anything
+        raised midway (a rejected feed, Ctrl-C) leaves the graph :attr:`broken`: the runner then
+        drops it rather than guess which of DALI's queues moved."""
+        self._check()
+        try:
+            self.pipe.feed_input("encoded", batch.encoded)
+            for name, value in batch.factors.items():
+                self.pipe.feed_input(name, value)
+            self.uses[id(batch.buffer)] += 1
+            if self.started:
+                self.pipe.schedule_run()
+                self.flight.append((batch, repeat))
+                return
+            self.held.append((batch, repeat))
+            if len(self.held) == self.depth:
+                self.pipe.schedule_run()  # runs all `depth` held iterations
+                self.flight.extend(self.held)
+                self.held.clear()
+                self.started = True
+        except BaseException:
+            self.broken = True
+            raise
 
     def start(self) -> None:
         """Schedules the held batches now, padding with repeats of the last."""
-        while self.held:
+        for _ in range(self.depth - len(self.held) if self.held else 0):
             self.push(self.held[-1][0], repeat=True)
 
     def pop(self, stream: Any) -> tuple[_Batch, bool, Any]:
         """``(batch, repeat, outputs)`` of the oldest scheduled iteration."""
-        batch, repeat = self.flight.popleft()
-        return batch, repeat, self.pipe.outputs(stream)
+        self._check()
+        try:
+            batch, repeat = self.flight.popleft()
+            return batch, repeat, self.pipe.outputs(stream)
+        except BaseException:
+            self.broken = True
+            raise
+
+    def _check(self) -> None:
+        if self.broken:
+            raise RuntimeError("gpupipe: this DALI pipeline's queues are in an unknown state (a call failed midway)")
 
     def done(self, batch: _Batch) -> bool:
         """One iteration fed from ``batch``'s buffer is over; whether it was the last."""
@@ -387,7 +404,6 @@ class DaliRunner:
         graph = self._graph
         reader = _Reader(self.index, plan, graph.lowered.inputs, self.transforms, self._buffers, self._pool,
                          ahead=self.prefetch + 1)  # fmt: skip
-        stream = consumer_stream(self.device)
         fed, limit, error = start, plan.num_batches, None  # feeding stops at `limit`: an unreadable batch
         failed = False
         try:
@@ -405,8 +421,11 @@ class DaliRunner:
                 if fed == limit:
                     graph.start()
                 if b == limit:
+                    if self._closed:
+                        raise ClosedError("the DALI runner was closed during an epoch")
                     assert error is not None
                     raise error
+                stream = consumer_stream(self.device)  # torch's current stream, asked for each batch
                 repeat = True
                 while repeat:
                     try:
@@ -415,15 +434,15 @@ class DaliRunner:
                     except RuntimeError as e:
                         failed = True
                         raise self._locate_bad_sample(e, plan, b) from e
-                    self._release(graph, batch)
+                    self._release(graph, batch, stream)
                 images, *checks = outputs
                 if checks:
                     self._raise_failed_checks(graph.lowered, checks[0], batch)
                 yield RawBatch(self._to_torch(images), self._labels(batch), batch.keys)
         finally:
             reader.close()
-            if failed or not self._drain(graph):
-                self._graph = None  # DALI failed: a fresh pipeline for the next epoch
+            if failed or graph.broken or not self._drain(graph):
+                self._graph = None  # DALI failed, or a call failed midway: a fresh pipeline next epoch
             self.index.close()  # the reader threads' open files end with the epoch
 
     def _drain(self, graph: _Graph) -> bool:
@@ -432,22 +451,23 @@ class DaliRunner:
         try:
             graph.start()
             while graph.flight:
-                batch, _, outputs = graph.pop(None)
+                batch, _, outputs = graph.pop(None)  # host-synchronous: the iteration is over
                 del outputs
-                self._release(graph, batch)
+                self._release(graph, batch, None)
         except Exception:  # failed on an iteration nobody will see
             return False
         return True
 
-    def _release(self, graph: _Graph, batch: _Batch) -> None:
-        """Returns the batch's buffer to the pool once no scheduled iteration reads it. CPU outputs
-        are host-synchronous; on a GPU the buffer waits for an event on the consumer stream."""
+    def _release(self, graph: _Graph, batch: _Batch, stream: Any) -> None:
+        """Returns the batch's buffer to the pool once no scheduled iteration reads it. Outputs
+        taken without a stream are host-synchronous; taken on a CUDA stream, the buffer waits for
+        an event recorded on that stream (which waits on DALI's work)."""
         if batch.buffer is None or not graph.done(batch):
             return
         event = None
-        if self.device.type == "cuda":
+        if stream is not None:
             event = torch.cuda.Event()
-            event.record(torch.cuda.current_stream(self.device))
+            event.record(stream)
         self._buffers.give(batch.buffer, event)
 
     def close(self) -> None:
