@@ -337,3 +337,11 @@ class TestFailuresMidway:
                 with pytest.raises(gp.SampleError, match=r"label of sample 'k1'.*int64 range") as info:
                     list(loader)
                 assert info.value.key == "k1"
+
+    def test_host_buffers_are_huge_page_sized_and_writable(self):
+        from gpupipe.backends._dali._runner import _Buffers
+
+        buf = _Buffers(pinned=False).take(3 << 20)
+        assert len(buf) % (2 << 20) == 0 and len(buf) >= 3 << 20 and buf.flags.writeable
+        buf[:] = 7
+        assert int(buf[-1]) == 7
