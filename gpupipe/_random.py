@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["uniforms", "factors"]
+__all__ = ["uniforms", "step_factors", "factors"]
 
 _MASK = (1 << 64) - 1
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -50,11 +50,13 @@ def uniforms(seed: int, epoch: int, samples: np.ndarray | Sequence[int], step: i
     return (z >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
 
 
-def factors(transforms: Sequence[object], seed: int, epoch: int, samples: np.ndarray | Sequence[int]) -> list:
-    """For each step of ``transforms``: its random factors ``[len(samples), F]`` (float64), or
+def step_factors(t: object, seed: int, epoch: int, samples: np.ndarray | Sequence[int], step: int) -> np.ndarray | None:
+    """The random factors ``[len(samples), F]`` (float64) of ``t``, the pipeline's step ``step``;
     ``None`` for a deterministic step."""
-    out: list[np.ndarray | None] = []
-    for step, t in enumerate(transforms):
-        draws = getattr(t, "draws", 0)
-        out.append(t.sample(uniforms(seed, epoch, samples, step, draws)) if draws else None)  # type: ignore[attr-defined]
-    return out
+    draws = getattr(t, "draws", 0)
+    return t.sample(uniforms(seed, epoch, samples, step, draws)) if draws else None  # type: ignore[attr-defined]
+
+
+def factors(transforms: Sequence[object], seed: int, epoch: int, samples: np.ndarray | Sequence[int]) -> list:
+    """For each step of ``transforms``: :func:`step_factors`."""
+    return [step_factors(t, seed, epoch, samples, step) for step, t in enumerate(transforms)]

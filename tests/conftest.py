@@ -25,8 +25,13 @@ def label_of(i: int) -> int:
     return (i * 7) % 5
 
 
-def _write_webdataset_shards(root, sizes, *, prefix="train", label=True):
-    """Writes shards with webdataset's own TarWriter (independent of gpupipe's writer)."""
+def _small_image(n: int) -> np.ndarray:
+    return synthetic_image(n, label=label_of(n), size=(64 + 8 * (n % 5), 80 + 4 * (n % 3)))
+
+
+def _write_webdataset_shards(root, sizes, *, prefix="train", label=True, image=_small_image):
+    """Writes shards with webdataset's own TarWriter (independent of gpupipe's writer); sample
+    ``n`` is ``image(n)`` as a JPEG, labelled ``label_of(n)``."""
     import webdataset as wds
 
     paths, n = [], 0
@@ -34,7 +39,7 @@ def _write_webdataset_shards(root, sizes, *, prefix="train", label=True):
         path = os.path.join(root, f"{prefix}-{s:06d}.tar")
         with wds.TarWriter(path) as sink:
             for _ in range(size):
-                img = synthetic_image(n, label=label_of(n), size=(64 + 8 * (n % 5), 80 + 4 * (n % 3)))
+                img = image(n)
                 sample = {"__key__": f"img/{s:02d}/{n:06d}", "jpg": encode_jpeg(img, quality=90)}
                 if label:
                     sample["cls"] = str(label_of(n)).encode()

@@ -223,13 +223,18 @@ class TestEpoch:
             messages.append(str(info.value))
         assert messages[0] == messages[1]
 
-    def test_bad_label_names_shard_and_key(self, backend, tmp_path):
+    @pytest.mark.parametrize(
+        "label, problem", [("cat", "is not an ASCII integer"), ("99999999999999999999", "is out of the int64 range")]
+    )
+    def test_bad_label_names_shard_and_key(self, backend, tmp_path, label, problem):
+        """Labels are parsed when the shard is indexed; a bad one fails only its sample, when read."""
         good = encode_jpeg(synthetic_image(0, size=(40, 40)))
         with gp.ShardWriter(str(tmp_path / "lab-%d.tar")) as w:
             w.write("ok", {"jpg": good, "cls": 0})
-            w.write("cat", {"jpg": good, "cls": "cat"})
-        with pytest.raises(Exception, match=r"label of sample 'cat' in shard '.*lab-0\.tar' is not an ASCII integer"):
+            w.write("bad", {"jpg": good, "cls": label})
+        with pytest.raises(gp.SampleError, match=rf"label of sample 'bad' in shard '.*lab-0\.tar' {problem}") as info:
             list(backend.loader(small_val(w.shards), 2, num_workers=0))
+        assert (info.value.key, info.value.shard) == ("bad", w.shards[0])
 
     def test_batch_object(self, backend, shards):
         batch = next(iter(backend.loader(small_val(shards), 3, num_workers=0)))

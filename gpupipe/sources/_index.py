@@ -44,12 +44,14 @@ class Located(NamedTuple):
         ranges: int64 ``[B, 2]``, the encoded image's offset and size in its shard (its
             ``image_range`` column), or ``None`` where the source's samples are not byte ranges
             of their shards (ImageFolder).
+        groups: the batch's positions shard by shard (int64 arrays, each in batch order).
     """
 
     shard: np.ndarray
     keys: list[str]
     labels: np.ndarray | None
     ranges: np.ndarray | None
+    groups: list[np.ndarray]
 
 
 ShardDetail = tuple[list[str], Mapping[str, np.ndarray]]  # keys, per-sample columns (first axis: sample)
@@ -214,7 +216,8 @@ class Index:
         labels = np.empty(n, np.int64) if self.labeled else None
         ranges: np.ndarray | None = np.empty((n, 2), np.int64)
         order = np.argsort(shard, kind="stable")
-        for group in np.split(order, np.flatnonzero(np.diff(shard[order])) + 1) if n else []:
+        groups = np.split(order, np.flatnonzero(np.diff(shard[order])) + 1) if n else []
+        for group in groups:
             detail = self.shard(int(shard[group[0]]))
             rows = local[group]
             shard_keys = detail.keys
@@ -229,7 +232,7 @@ class Index:
                 ranges = ranges if "image_range" in columns else None
                 if ranges is not None:
                     ranges[group] = columns["image_range"][rows]
-        return Located(shard, keys, labels, ranges)
+        return Located(shard, keys, labels, ranges, groups)
 
     def read(self, sample: int) -> RawSample:
         """Reads sample number ``sample``: its key, shard, encoded image and parsed label."""

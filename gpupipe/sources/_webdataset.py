@@ -13,7 +13,7 @@ from . import _wdsindex
 from ._index import NO_LABEL, Index, RawSample, ShardDetail, ShardIndex, Source
 from ._storage import Storage, expand_urls, storage_for
 
-__all__ = ["WebDataset", "split_key", "parse_label", "scan_tar", "cached_scan"]
+__all__ = ["WebDataset", "split_key", "parse_label", "scan_tar", "cached_scan", "unreadable", "truncated"]
 
 
 def split_key(member: str) -> tuple[str, str]:
@@ -23,6 +23,18 @@ def split_key(member: str) -> tuple[str, str]:
     head, _, name = member.rpartition("/")
     stem, dot, ext = name.partition(".")
     return (f"{head}/{stem}" if head else stem), ext.lower() if dot else ""
+
+
+def unreadable(shard: str, key: str, error: OSError) -> ShardError:
+    """The error of a sample's byte range that storage could not read."""
+    return ShardError(f"cannot read shard {shard!r} at sample {key!r}: {error}", shard=shard, key=key)
+
+
+def truncated(shard: str, key: str) -> ShardError:
+    """The error of a sample's byte range that came back short: the shard shrank after indexing."""
+    return ShardError(
+        f"shard {shard!r} is truncated at sample {key!r} (it changed after it was indexed)", shard=shard, key=key
+    )
 
 
 _INT64 = (-(1 << 63) + 1, (1 << 63) - 1)  # the lowest int64 is NO_LABEL
@@ -113,11 +125,9 @@ class TarReader:
         try:
             data = self.storage.read(shard.path, offset, size)
         except OSError as e:
-            raise ShardError(
-                f"cannot read shard {shard.path!r} at sample {key!r}: {e}", shard=shard.path, key=key
-            ) from e
+            raise unreadable(shard.path, key, e) from e
         if len(data) != size:
-            raise ShardError(f"shard {shard.path!r} is truncated at sample {key!r}", shard=shard.path, key=key)
+            raise truncated(shard.path, key)
         return data
 
     def read(self, shard: ShardIndex, i: int) -> RawSample:
@@ -186,12 +196,12 @@ class _CachedDetail:
 
 
 def _label_value(raw: bytes) -> int:
-    """The label, or NO_LABEL where it is not an int64 (``parse_label`` then names the problem)."""
+    """The label, or NO_LABEL where ``parse_label`` refuses it (it names the problem when the
+    sample is read)."""
     try:
-        value = int(raw.decode("ascii").strip())
-    except (UnicodeDecodeError, ValueError):
+        return parse_label(raw, shard="", key="")
+    except SampleError:
         return NO_LABEL
-    return value if _INT64[0] <= value <= _INT64[1] else NO_LABEL
 
 
 def _read_labels(storage: Storage, url: str, keys: list[str], ranges: np.ndarray) -> np.ndarray:
@@ -200,7 +210,7 @@ def _read_labels(storage: Storage, url: str, keys: list[str], ranges: np.ndarray
         try:
             labels[i] = _label_value(storage.read(url, offset, size))
         except OSError as e:
-            raise ShardError(f"cannot read shard {url!r} at sample {keys[i]!r}: {e}", shard=url, key=keys[i]) from e
+            raise unreadable(url, keys[i], e) from e
     return labels
 
 

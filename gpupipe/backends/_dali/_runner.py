@@ -62,11 +62,12 @@ import numpy as np
 import torch
 
 from ..._dist import ranks_per_node
-from ..._errors import ClosedError, SampleError, ShardError
+from ..._errors import ClosedError, SampleError
 from ..._plan import RankPlan
-from ..._random import factors
+from ..._random import step_factors
 from ...sources import Index, RawSample
 from ...sources._index import NO_LABEL
+from ...sources._webdataset import truncated, unreadable
 from ...transforms import Transform
 from .._base import RawBatch, Runs, RunSpec, to_device
 from ._compiler import Ctx, Lowered, lower
@@ -157,7 +158,7 @@ class _Batch(NamedTuple):
     labels: np.ndarray | None
     encoded: list[Any]  # DALI TensorCPU views of buffer
     buffer: np.ndarray | None
-    factors: dict[str, np.ndarray]
+    factors: dict[str, np.ndarray | None]  # by input name; None only for a step that is not random
 
 
 class _Reader:
@@ -200,39 +201,34 @@ class _Reader:
             buffer = self.buffers.take(int(sizes.sum()))
             ends = np.cumsum(sizes)
             try:
-                self._read_ranges(where.ranges, ends, where.shard, shards, where.keys, buffer)
+                self._read_ranges(where.ranges, ends, where.groups, shards, where.keys, buffer)
             except BaseException:
                 self.buffers.give(buffer)
                 raise
         from nvidia.dali.tensors import TensorCPU  # wrapped here, off the training thread; no copy
 
         encoded = [TensorCPU(buffer[end - size : end]) for end, size in zip(ends.tolist(), sizes.tolist(), strict=True)]
-        drawn = factors(self.transforms, self.plan.seed, self.plan.epoch, samples)
-        fed = {name: drawn[step] for name, step in self.inputs.items()}
+        seed, epoch = self.plan.seed, self.plan.epoch
+        fed = {
+            name: step_factors(self.transforms[step], seed, epoch, samples, step) for name, step in self.inputs.items()
+        }
         return _Batch(b, samples, where.keys, shards, labels, encoded, buffer, fed)
 
-    def _read_ranges(self, ranges: np.ndarray, ends: np.ndarray, shard_ids: np.ndarray, shards: list[str],
+    def _read_ranges(self, ranges: np.ndarray, ends: np.ndarray, groups: list[np.ndarray], shards: list[str],
                      keys: list[str], buffer: np.ndarray) -> None:  # fmt: skip
         """Reads the batch's byte ranges into ``buffer``: one storage call per shard touched."""
         storage = self.index.reader.storage  # type: ignore[attr-defined]
         view = memoryview(buffer)  # type: ignore[arg-type]
         starts = ends - ranges[:, 1]
-        order = np.argsort(shard_ids, kind="stable")
-        for group in np.split(order, np.flatnonzero(np.diff(shard_ids[order])) + 1):
+        for group in groups:
             shard = shards[int(group[0])]
             rows = ranges[group].tolist()
             try:
                 done = storage.read_ranges_into(shard, rows, view, starts[group].tolist())
             except OSError as e:
-                key = keys[int(group[0])]
-                raise ShardError(f"cannot read shard {shard!r} at sample {key!r}: {e}", shard=shard, key=key) from e
+                raise unreadable(shard, keys[int(group[0])], e) from e
             if done != len(rows):
-                key = keys[int(group[done])]
-                raise ShardError(
-                    f"shard {shard!r} is truncated at sample {key!r} (it changed after it was indexed)",
-                    shard=shard,
-                    key=key,
-                )
+                raise truncated(shard, keys[int(group[done])])
 
     def close(self) -> None:
         for future in self._pending.values():
