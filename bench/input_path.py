@@ -9,8 +9,11 @@ decode is left out, so that only the input path is timed); 2 CPU threads each, b
 prefetch 2, the page cache warm:
 
 - ``gpupipe``: the DALI backend's runner, as a loader runs it — the epoch plan (shuffled, as for
-  training), the index, reader threads that ``pread`` each batch into a reused buffer, zero-copy
+  training), the index, reader threads that hand each batch over as views of the shards mapped
+  under read leases (``pread`` into a reused buffer where no lease can be had), zero-copy
   feeding, the random-factor draws of the ImageNet train recipe, labels and keys per batch;
+- ``gpupipe, pread``: the same with the shards read by ``pread`` into a reused buffer, as for a
+  GPU pipeline or shards that cannot be leased;
 - ``dali reader``: ``fn.readers.webdataset`` (C++), reading the same shards in file order with
   gpupipe's cached DALI-format index files.
 
@@ -94,9 +97,10 @@ def process_cpu() -> float:
 
 
 class Gpupipe:
-    name = "gpupipe"
+    """The DALI backend's runner; ``mapped=False`` forces its ``pread`` path (GPU pipelines, and
+    shards without a read lease)."""
 
-    def __init__(self, urls: list[str]) -> None:
+    def __init__(self, urls: list[str], *, mapped: bool = True) -> None:
         import torch
 
         import gpupipe as gp
@@ -110,6 +114,8 @@ class Gpupipe:
         transforms = tuple(train(urls).transforms)
         spec = RunSpec(self.index, transforms, config, torch.device("cpu"), THREADS, 0, 0)
         self.runner = DaliRunner(spec, graph=lambda encoded, ctx: pass_through(encoded, ctx, factors=True))
+        self.runner.mapped = mapped
+        self.name = "gpupipe" if mapped else "gpupipe, pread"
         self.spec = PlanSpec(len(self.index), 1, BATCH, True, True, 1000, 8)
         self.plan = lambda epoch: rank_plan(
             self.index.shard_sizes, self.spec, sequential=True, seed=0, epoch=epoch, rank=0
@@ -198,7 +204,7 @@ def main() -> None:
             while f.read(1 << 24):
                 pass
     size_mb = sum(os.path.getsize(u) for u in urls) / 1e6
-    readers: list[Gpupipe | DaliReader] = [Gpupipe(urls), DaliReader(urls)]
+    readers: list[Gpupipe | DaliReader] = [Gpupipe(urls), Gpupipe(urls, mapped=False), DaliReader(urls)]
     for r in readers:  # warm-up epoch: builds, first allocations
         r.epoch_run()
     results: dict[str, list[dict[str, float]]] = {r.name: [] for r in readers}
@@ -222,8 +228,9 @@ def main() -> None:
         f"{args.rounds} interleaved rounds of one epoch each. gpupipe's epochs are shuffled (the training "
         "plan) and include the train recipe's random-factor draws; DALI's reader reads in file order. "
         "'Python threads' are the threads that run Python (the iterating thread and gpupipe's readers): "
-        "user time is interpreter work under the GIL, system time the kernel copying file pages into "
-        "the batch buffers (GIL released). CPU times come from /proc at 10 ms resolution."
+        "user time is interpreter work under the GIL, system time the kernel's (mapping shards, or "
+        "copying file pages into batch buffers where a shard cannot be mapped). CPU times come from "
+        "/proc at 10 ms resolution."
     )
     path = publish(args.out, "input-path", "Input path: gpupipe vs DALI's webdataset reader", intro,
                    ["reader", *metrics], rows)  # fmt: skip

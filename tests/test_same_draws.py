@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -14,6 +16,7 @@ import torch
 
 import gpupipe as gp
 from gpupipe import transforms as T
+from gpupipe.sources._mapped import MappedFile
 from gpupipe.testing import synthetic_image
 
 from .conftest import _write_webdataset_shards, label_of
@@ -193,30 +196,150 @@ class TestExactResume:
 
 
 class TestInputPath:
-    def test_labels_are_never_read_per_sample(self, photo_shards, monkeypatch):
-        """Labels come from the index, parsed once: an epoch reads only the images' byte ranges,
-        one read per sample, into the batch buffer."""
+    @pytest.mark.parametrize("leases", [True, False], ids=["mapped", "pread"])
+    def test_labels_are_never_read_per_sample(self, photo_shards, monkeypatch, leases):
+        """Labels come from the index, parsed once: an epoch touches only the images' byte ranges.
+        With read leases every shard is mapped once and no byte is read; without, one read per
+        sample into the batch buffer, one storage call per shard a batch touches."""
         from gpupipe.sources import LocalStorage
 
+        calls = {"read": 0, "ranges": 0, "calls": 0}
+        maps: list[MappedFile | None] = []
+        read, read_ranges, map_file = LocalStorage.read, LocalStorage.read_ranges_into, LocalStorage.map
+
+        def count_read(self, *args):
+            calls["read"] += 1
+            return read(self, *args)
+
+        def count_ranges(self, url, ranges, out, at):
+            calls["calls"] += 1
+            calls["ranges"] += len(ranges)
+            return read_ranges(self, url, ranges, out, at)
+
+        def count_maps(self, url):
+            maps.append(map_file(self, url) if leases else None)
+            return maps[-1]
+
         with gp.Loader(small_train(photo_shards), 4, backend="dali", device="cpu") as loader:
-            calls = {"read": 0, "ranges": 0, "calls": 0}
-            read, read_ranges = LocalStorage.read, LocalStorage.read_ranges_into
-
-            def count_read(self, *args):
-                calls["read"] += 1
-                return read(self, *args)
-
-            def count_ranges(self, url, ranges, out, at):
-                calls["calls"] += 1
-                calls["ranges"] += len(ranges)
-                return read_ranges(self, url, ranges, out, at)
-
             monkeypatch.setattr(LocalStorage, "read", count_read)
             monkeypatch.setattr(LocalStorage, "read_ranges_into", count_ranges)
+            monkeypatch.setattr(LocalStorage, "map", count_maps)
             labels = [int(v) for b in loader for v in b.labels.tolist()]  # type: ignore[union-attr]
-        assert calls["read"] == 0 and calls["ranges"] == sum(PHOTO_SIZES)
-        assert calls["calls"] <= len(loader) * len(PHOTO_SIZES)  # one call per shard a batch touches
         assert sorted(labels) == sorted(label_of(n) for n in range(sum(PHOTO_SIZES)))
+        assert calls["read"] == 0 and len(maps) == len(PHOTO_SIZES)  # each shard mapped once an epoch
+        if leases and all(m is not None for m in maps):
+            assert calls["ranges"] == 0
+            assert not any(m.leased for m in maps if m is not None)  # every lease went with the epoch
+        else:
+            assert calls["ranges"] == sum(PHOTO_SIZES)
+            assert calls["calls"] <= len(loader) * len(PHOTO_SIZES)  # one call per shard a batch touches
+
+    def test_few_shards_stay_mapped_at_once(self, photo_shards, monkeypatch):
+        """Beyond ``Maps.MAX_OPEN`` mapped shards the least recently used is retired: a rank with
+        thousands of shards never holds thousands of descriptors."""
+        from gpupipe.backends._dali._input import Maps
+        from gpupipe.sources import LocalStorage
+
+        maps: list[MappedFile | None] = []
+        map_file = LocalStorage.map
+
+        def count_maps(self, url):
+            maps.append(map_file(self, url))
+            return maps[-1]
+
+        def epoch():
+            with gp.Loader(small_train(photo_shards), 4, backend="dali", device="cpu", seed=3) as loader:
+                return [(b.keys, b.images.clone()) for b in loader]
+
+        expected = epoch()
+        monkeypatch.setattr(Maps, "MAX_OPEN", 1)
+        monkeypatch.setattr(LocalStorage, "map", count_maps)
+        got = epoch()
+        assert [k for k, _ in got] == [k for k, _ in expected]
+        assert all(torch.equal(a, b) for (_, a), (_, b) in zip(got, expected, strict=True))
+        assert len(maps) > len(PHOTO_SIZES)  # shards were mapped again after being retired
+        assert not any(m.leased for m in maps if m is not None)
+
+    def test_a_retired_map_keeps_its_lease_while_a_batch_uses_it(self, tmp_path, monkeypatch):
+        from gpupipe.backends._dali._input import Maps
+        from gpupipe.sources import LocalStorage
+
+        files = []
+        for i in range(5):
+            files.append(str(tmp_path / f"{i}.bin"))
+            with open(files[-1], "wb") as f:
+                f.write(b"x" * 100)
+        monkeypatch.setattr(Maps, "MAX_OPEN", 2)
+        maps = Maps(LocalStorage())
+        held = maps.use(files[0])
+        if held is None:
+            pytest.skip("no read leases here")
+        for path in files[1:]:
+            mapped = maps.use(path)
+            assert mapped is not None
+            mapped.give()  # that batch is done
+        opened = list(maps._maps.values())
+        assert len(opened) == 2 and all(m is not None and m.leased for m in opened)
+        assert held.leased  # retired (least recently used), but a batch in flight still reads it
+        held.give()
+        assert not held.leased
+        maps.close()
+        assert not any(m is not None and m.leased for m in opened)
+
+    def test_mapped_and_read_batches_are_the_same(self, photo_shards, monkeypatch):
+        from gpupipe.sources import LocalStorage
+
+        def epoch():
+            with gp.Loader(small_train(photo_shards), 4, backend="dali", device="cpu", seed=3) as loader:
+                return [(b.keys, b.images.clone()) for b in loader]
+
+        mapped = epoch()
+        monkeypatch.setattr(LocalStorage, "map", lambda self, url: None)
+        read = epoch()
+        assert [k for k, _ in mapped] == [k for k, _ in read]
+        assert all(torch.equal(a, b) for (_, a), (_, b) in zip(mapped, read, strict=True))
+
+    def test_a_shard_truncated_while_mapped_never_raises_sigbus(self, tmp_path):
+        """Another process truncates a shard early in an epoch: it waits for the lease; the loader
+        sees the lease breaking, reads that shard with pread from then on and lets the lease go
+        once the batches already handed to DALI are done; the truncation completes, and the epoch
+        ends with a ShardError naming the shard, after exactly the plan's keys before it. Never
+        SIGBUS: in a child process, so that one would fail this test rather than kill the run."""
+        paths = _write_webdataset_shards(str(tmp_path), (4, 40), prefix="cut")
+        script = f"""
+import subprocess, sys, time
+import gpupipe as gp
+from gpupipe import transforms as T
+from gpupipe.sources import LocalStorage
+
+paths = {paths!r}
+if LocalStorage().map(paths[1]) is None:
+    print("NO LEASES"); sys.exit(0)
+with gp.Loader(gp.Pipeline(paths, [T.CenterCrop(8)]), 2, backend="dali", device="cpu", shuffle=False) as loader:
+    shard, keys, writer = loader.index.shards[1], [], None
+    try:
+        for batch in loader:
+            keys += batch.keys
+            if writer is None:
+                writer = subprocess.Popen([sys.executable, "-c", f"import os; os.truncate({{shard.path!r}}, 100)"])
+                started = time.monotonic()
+                time.sleep(2)  # the writer starts and waits on the lease
+        print("COMPLETE")
+    except gp.ShardError as e:
+        assert e.shard == shard.path and "truncated" in str(e), e
+        assert keys == [loader.index.key(i) for i in range(len(keys))], keys
+        print("SHARD ERROR after", len(keys))
+    assert writer is not None and writer.wait(timeout=30) == 0
+    print("TRUNCATED AFTER", round(time.monotonic() - started, 1))
+"""
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-3000:]
+        if "NO LEASES" in done.stdout:
+            pytest.skip("no read leases here (Linux grants them on files one owns, on local file systems)")
+        assert "SHARD ERROR" in done.stdout, done.stdout
+        delivered = int(done.stdout.split("SHARD ERROR after")[1].split()[0])
+        assert 2 <= delivered < 44
+        assert float(done.stdout.split("TRUNCATED AFTER")[1]) < 20  # not the kernel's 45 s: the lease went
 
     @pytest.mark.parametrize("backend", ["dali", "torch"])
     def test_a_shard_that_shrinks_is_a_clean_error(self, photo_shards, tmp_path, backend):
@@ -241,7 +364,7 @@ class TestBuffers:
     def test_a_buffer_is_reused_only_once_its_event_completed(self):
         """On a GPU a batch buffer goes back to the pool with an event on the consumer stream: it is
         refilled only once the stream passed the batch (DALI's copies of it are done)."""
-        from gpupipe.backends._dali._runner import _Buffers
+        from gpupipe.backends._dali._input import Buffers
 
         class Event:
             done = False
@@ -249,7 +372,7 @@ class TestBuffers:
             def query(self):
                 return self.done
 
-        pool, event = _Buffers(pinned=False), Event()
+        pool, event = Buffers(pinned=False), Event()
         first = pool.take(1000)
         pool.give(first, event)
         second = pool.take(1000)
@@ -261,9 +384,9 @@ class TestBuffers:
         assert len(pool.take(1 << 20)) >= 1 << 20
 
     def test_host_buffers_are_huge_page_sized_and_writable(self):
-        from gpupipe.backends._dali._runner import _Buffers
+        from gpupipe.backends._dali._input import Buffers
 
-        buf = _Buffers(pinned=False).take(3 << 20)
+        buf = Buffers(pinned=False).take(3 << 20)
         assert len(buf) % (2 << 20) == 0 and len(buf) >= 3 << 20 and buf.flags.writeable
         buf[:] = 7
         assert int(buf[-1]) == 7

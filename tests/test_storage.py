@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import io
 import os
+import signal
+import subprocess
+import sys
 import threading
+import time
 from typing import ClassVar
 
 import pytest
@@ -15,6 +19,7 @@ import gpupipe as gp
 from gpupipe import sources
 from gpupipe import transforms as T
 from gpupipe.sources import _storage
+from gpupipe.sources._mapped import MappedFile
 
 
 def open_fds() -> int:
@@ -175,3 +180,66 @@ def test_a_new_scheme_is_one_class_and_one_table_entry(memory_shards, shards, ba
         assert torch.equal(a.images, b.images) and torch.equal(a.labels, b.labels)
     assert {url for url, _, _ in MemoryStorage.reads} == set(MemoryStorage.objects)  # every byte through the seam
     assert remote.index.shards[0].dali_index is not None  # its index was cached like a local shard's
+
+
+def _truncate_in_background(path: str, size: int) -> subprocess.Popen[bytes]:
+    """Another process truncating ``path`` (it waits while a read lease stands)."""
+    code = f"import os; os.truncate({path!r}, {size})"
+    return subprocess.Popen([sys.executable, "-c", code])
+
+
+def _leasable(path: str) -> MappedFile:
+    mapped = MappedFile.open(path)
+    if mapped is None:
+        pytest.skip("no read leases here (Linux grants them on files one owns, on local file systems)")
+    return mapped
+
+
+class TestMappedFile:
+    """Shards are mapped only under a read lease, so that a truncation can never raise SIGBUS."""
+
+    def test_a_truncation_waits_until_the_last_use_is_given_back(self, blob):
+        mapped = _leasable(blob)
+        assert mapped.size == 1024 and bytes(mapped.array[:4]) == bytes(range(4))
+        assert mapped.acquire()
+        writer = _truncate_in_background(blob, 10)
+        deadline = time.monotonic() + 10
+        while mapped.acquire():  # the lease reads back as breaking once the writer waits
+            mapped.give()
+            assert time.monotonic() < deadline, "the truncation never broke the lease"
+            time.sleep(0.02)
+        time.sleep(0.3)
+        assert writer.poll() is None, "the file was truncated while a use was held"
+        assert int(mapped.array[1023]) == 255  # still readable: no SIGBUS
+        mapped.give()  # the last use: the lease goes
+        assert writer.wait(timeout=10) == 0 and os.path.getsize(blob) == 10
+        assert not mapped.leased and not mapped.acquire()
+
+    def test_retiring_an_unused_map_releases_it_at_once(self, blob):
+        mapped = _leasable(blob)
+        mapped.retire()
+        assert not mapped.leased and not mapped.acquire()
+        writer = _truncate_in_background(blob, 10)
+        assert writer.wait(timeout=10) == 0
+
+    def test_no_lease_while_a_writer_has_the_file_open(self, blob):
+        _leasable(blob).retire()
+        with open(blob, "r+b"):
+            assert MappedFile.open(blob) is None  # read it with pread instead
+
+    def test_no_lease_while_someone_handles_the_lease_signal(self, blob, monkeypatch):
+        _leasable(blob).retire()
+        monkeypatch.setattr(signal, "getsignal", lambda sig: (lambda *a: None) if sig == signal.SIGURG else None)
+        assert MappedFile.open(blob) is None
+
+    def test_an_empty_file_is_not_mapped(self, tmp_path):
+        empty = tmp_path / "empty"
+        empty.write_bytes(b"")
+        assert MappedFile.open(str(empty)) is None
+
+    def test_local_storage_maps_and_other_storages_do_not(self, blob):
+        mapped = sources.LocalStorage().map(blob)
+        assert mapped is None or mapped.size == 1024
+        if mapped is not None:
+            mapped.retire()
+        assert MemoryStorage().map("mem://x") is None

@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from typing import IO, Any
 
 from .._errors import ConfigError
+from ._mapped import MappedFile
 
 __all__ = [
     "Stat",
@@ -90,6 +91,11 @@ class Storage(abc.ABC):
             if self.read_into(url, offset, out[start : start + size]) != size:
                 return i
         return len(ranges)
+
+    def map(self, url: str) -> MappedFile | None:
+        """``url`` memory-mapped under a read lease (:class:`~gpupipe.sources._mapped.MappedFile`),
+        or ``None`` where it cannot be (the default: read it with :meth:`read_ranges_into`)."""
+        return None
 
     def close(self) -> None:  # noqa: B027 - storages without resources have nothing to do
         """Releases the storage's open files or connections."""
@@ -185,6 +191,10 @@ class LocalStorage(Storage):
                 if preadv(fd, [out[start : start + size]], offset) != size:
                     return i
         return len(ranges)
+
+    def map(self, url: str) -> MappedFile | None:
+        """The file mapped under a read lease where Linux grants one (see ``_mapped``)."""
+        return MappedFile.open(self.path(url))
 
     def _fd(self, files: _Descriptors, url: str) -> int:
         path = self.path(url)

@@ -4,24 +4,30 @@ One DALI pipeline per loader: built with the runner and reused for every epoch, 
 and resume (rebuilt only after DALI failed, or for a plan with larger batches). It has no random
 operator and no callback: the runner feeds every input of each iteration itself.
 
-Input path (per batch, never per sample on the training thread):
+Input path (per batch, never per sample on the training thread; ``_input``):
 
 - the index locates the batch's samples at once (:meth:`Index.locate_batch`: shards, keys,
   parsed labels and byte ranges, from arrays);
-- reader threads (:data:`READ_THREADS`) ``pread`` the byte ranges straight into one reused
-  buffer per batch (``Storage.read_into``; the GIL is released during each read), ahead of DALI;
-- the batch goes to DALI as views of that buffer (``external_source(no_copy=True)``): DALI never
-  copies the encoded bytes and Python never allocates them. A buffer returns to the pool only
-  once DALI has produced its iteration's outputs (on a GPU, once the consumer stream has passed
-  them), and an epoch never ends with fed or scheduled iterations left: an abandoned epoch drains
-  them, so nothing of it leaks into the next one;
+- reader threads (:data:`READ_THREADS`) prepare the batches ahead of DALI. For a CPU pipeline each
+  shard is memory-mapped under a read lease (``sources._mapped``) and the samples are views of
+  the page cache: no copy at all. Where no lease can be had (not the file's owner, NFS, ...), and
+  for a GPU pipeline, the byte ranges are ``pread`` straight into one reused buffer per batch
+  (pinned memory on a GPU, so that the decoder's copies to the device are asynchronous; the GIL
+  is released during each read);
+- the batch goes to DALI as those views (``external_source(no_copy=True)``): DALI never copies
+  the encoded bytes and Python never allocates them. A buffer returns to the pool, and a map's
+  lease may go, only once DALI has produced the outputs of every iteration that reads it (on a
+  GPU, once the consumer stream has passed them), and an epoch never ends with fed or scheduled
+  iterations left: an abandoned epoch drains them, so nothing of it leaks into the next one;
 - the random factors of the batch (``gpupipe._random``) are fed as one float64 array per random
   step; labels and keys never enter the graph.
 
 Exactly the samples of the plan in its order, padding and resume included, each rank reading
-only its own byte ranges; a read that comes back short (a shard that shrank) is a ``ShardError``
-naming the shard and the key. Nothing is memory-mapped, so a shard that changes underneath can
-never raise SIGBUS.
+only its own byte ranges; a shard shorter than its index says (it shrank) is a ``ShardError``
+naming the shard and the first key past its end. A shard that is truncated while mapped can never
+raise SIGBUS: the truncation waits on the lease, the runner sees the lease breaking and reads that
+shard with ``pread`` from the next batch on, and lets the lease go once the batches already
+handed to DALI are done.
 
 Hand-off (DALI 2.4, dynamic executor; read in DALI's sources, see README "Running on GPUs"):
 
@@ -50,12 +56,10 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import mmap
 import os
-import threading
 import weakref
 from collections.abc import Callable, Generator, Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -64,17 +68,14 @@ import torch
 from ..._dist import ranks_per_node
 from ..._errors import ClosedError, SampleError
 from ..._plan import RankPlan
-from ..._random import step_factors
-from ...sources import Index, RawSample
-from ...sources._index import NO_LABEL
-from ...sources._webdataset import truncated, unreadable
+from ...sources import RawSample
 from ...transforms import Transform
 from .._base import RawBatch, Runs, RunSpec, to_device
 from ._compiler import Ctx, Lowered, lower
+from ._input import READ_THREADS, Batch, Buffers, Maps, Reader
 
 __all__ = ["DaliRunner"]
 
-READ_THREADS = 2  # more threads contend for the GIL between reads; two keep the disk and DALI busy
 
 _LIVE: weakref.WeakSet[DaliRunner] = weakref.WeakSet()
 _PINNED: list[Any] = []  # in a forked child: the parent's runners and pipelines, never released here
@@ -101,167 +102,28 @@ def _pin_in_child() -> None:
 os.register_at_fork(after_in_child=_pin_in_child)
 
 
-class _Buffers:
-    """Reused byte buffers, one per batch in flight (pinned host memory for a GPU pipeline, so
-    that the decoder's copies to the device are asynchronous). A buffer given back with a CUDA
-    event is reused only once the event completed (the consumer stream passed the batch's
-    outputs, hence DALI's copies of it)."""
-
-    KEEP = 16  # free buffers kept at most
-
-    def __init__(self, pinned: bool) -> None:
-        self.pinned = pinned
-        self._free: list[tuple[np.ndarray, Any]] = []
-        self._lock = threading.Lock()
-
-    def take(self, size: int) -> np.ndarray:
-        with self._lock:
-            ready = [i for i, (_, event) in enumerate(self._free) if event is None or event.query()]
-            fits = [i for i in ready if len(self._free[i][0]) >= size]
-            if fits:
-                return self._free.pop(min(fits, key=lambda i: len(self._free[i][0])))[0]
-            if ready and len(self._free) >= self.KEEP:  # none fits: let the smallest go
-                self._free.pop(min(ready, key=lambda i: len(self._free[i][0])))
-        size = max(size + size // 4, 1 << 16)
-        if self.pinned:
-            return torch.empty(size, dtype=torch.uint8, pin_memory=True).numpy()
-        return _huge_page_buffer(size)
-
-    def give(self, buf: np.ndarray, event: Any = None) -> None:
-        with self._lock:
-            self._free.append((buf, event))
-            if len(self._free) > self.KEEP:
-                self._free.pop(0)
-
-
-_HUGE_PAGE = 2 << 20
-
-
-def _huge_page_buffer(size: int) -> np.ndarray:
-    """``size`` bytes of anonymous memory backed by transparent huge pages where the kernel allows
-    it: ``pread`` copies into it about 2.7x faster than into malloc'd pages (5.3 against 1.9 GB/s
-    measured on the 2-core machine, page cache warm). Unmapped when the array is collected."""
-    length = -(-size // _HUGE_PAGE) * _HUGE_PAGE
-    region = mmap.mmap(-1, length)
-    with contextlib.suppress(AttributeError, OSError):  # no MADV_HUGEPAGE on this platform
-        region.madvise(mmap.MADV_HUGEPAGE)
-    return np.frombuffer(region, np.uint8)
-
-
-class _Batch(NamedTuple):
-    """One batch, read and ready to feed: ``encoded`` are views of ``buffer``."""
-
-    b: int
-    samples: np.ndarray
-    keys: list[str]
-    shards: list[str]
-    labels: np.ndarray | None
-    encoded: list[Any]  # DALI TensorCPU views of buffer
-    buffer: np.ndarray | None
-    factors: dict[str, np.ndarray | None]  # by input name; None only for a step that is not random
-
-
-class _Reader:
-    """Reads the plan's batches ahead of DALI in :data:`READ_THREADS` threads."""
-
-    def __init__(self, index: Index, plan: RankPlan, inputs: dict[str, int], transforms: tuple[Transform, ...],
-                 buffers: _Buffers, pool: ThreadPoolExecutor, ahead: int) -> None:  # fmt: skip
-        self.index, self.plan, self.inputs, self.transforms = index, plan, inputs, transforms
-        self.buffers, self.pool, self.ahead = buffers, pool, ahead
-        self._pending: dict[int, Future[_Batch]] = {}
-        self._next = 0
-
-    def get(self, b: int) -> _Batch:
-        self._next = max(self._next, b)
-        while self._next < min(b + 1 + self.ahead, self.plan.num_batches):
-            self._pending[self._next] = self.pool.submit(self.read, self._next)
-            self._next += 1
-        future = self._pending.pop(b, None)
-        return future.result() if future is not None else self.read(b)
-
-    def read(self, b: int) -> _Batch:
-        index, samples = self.index, self.plan.batch(b)[0]
-        where = index.locate_batch(samples)
-        shards = [index.shards[s].path for s in where.shard.tolist()]
-        if where.labels is not None and (where.labels == NO_LABEL).any():
-            index.read(int(samples[int(np.argmax(where.labels == NO_LABEL))]))  # raises, naming the sample
-        labels = where.labels
-        if where.ranges is None or (index.labeled and labels is None):  # whole files (ImageFolder), ...
-            raws = [index.read(int(s)) for s in samples]  # ... or a source without parsed labels
-            sizes = np.array([len(r.data) for r in raws], np.int64)
-            buffer = self.buffers.take(int(sizes.sum()))
-            ends = np.cumsum(sizes)
-            for raw, end, size in zip(raws, ends.tolist(), sizes.tolist(), strict=True):
-                buffer[end - size : end] = np.frombuffer(raw.data, np.uint8)
-            if index.labeled:
-                labels = np.array([r.label for r in raws], np.int64)
-        else:
-            assert where.ranges is not None
-            sizes = where.ranges[:, 1]
-            buffer = self.buffers.take(int(sizes.sum()))
-            ends = np.cumsum(sizes)
-            try:
-                self._read_ranges(where.ranges, ends, where.groups, shards, where.keys, buffer)
-            except BaseException:
-                self.buffers.give(buffer)
-                raise
-        from nvidia.dali.tensors import TensorCPU  # wrapped here, off the training thread; no copy
-
-        encoded = [TensorCPU(buffer[end - size : end]) for end, size in zip(ends.tolist(), sizes.tolist(), strict=True)]
-        seed, epoch = self.plan.seed, self.plan.epoch
-        fed = {
-            name: step_factors(self.transforms[step], seed, epoch, samples, step) for name, step in self.inputs.items()
-        }
-        return _Batch(b, samples, where.keys, shards, labels, encoded, buffer, fed)
-
-    def _read_ranges(self, ranges: np.ndarray, ends: np.ndarray, groups: list[np.ndarray], shards: list[str],
-                     keys: list[str], buffer: np.ndarray) -> None:  # fmt: skip
-        """Reads the batch's byte ranges into ``buffer``: one storage call per shard touched."""
-        storage = self.index.reader.storage  # type: ignore[attr-defined]
-        view = memoryview(buffer)  # type: ignore[arg-type]
-        starts = ends - ranges[:, 1]
-        for group in groups:
-            shard = shards[int(group[0])]
-            rows = ranges[group].tolist()
-            try:
-                done = storage.read_ranges_into(shard, rows, view, starts[group].tolist())
-            except OSError as e:
-                raise unreadable(shard, keys[int(group[0])], e) from e
-            if done != len(rows):
-                raise truncated(shard, keys[int(group[done])])
-
-    def close(self) -> None:
-        for future in self._pending.values():
-            if not future.cancel():
-                with contextlib.suppress(BaseException):
-                    batch = future.result()
-                    if batch.buffer is not None:
-                        self.buffers.give(batch.buffer)
-        self._pending.clear()
-
-
 class _Graph:
     """One built DALI pipeline, fed and scheduled by the runner: :meth:`push` feeds a batch and
     schedules its iteration, :meth:`pop` returns the oldest scheduled one with its outputs.
 
     DALI's first ``schedule_run`` starts ``prefetch`` iterations at once, so the first batches are
     held until that many are fed; :meth:`start` pads a shorter first run with repeats of its last
-    batch, whose outputs nobody sees. ``uses`` counts the iterations fed from each buffer: a
-    buffer returns to the pool when its last one is popped."""
+    batch, whose outputs nobody sees. ``uses`` counts the iterations fed from each batch: its
+    buffer returns to the pool, and its maps' uses end, when its last one is popped."""
 
     def __init__(self, pipe: Any, lowered: Lowered, depth: int) -> None:
         self.pipe, self.lowered, self.depth = pipe, lowered, depth
         self.started = False
         self.broken = False  # a feed, schedule or output call failed midway: DALI's queues are unknown
-        self.held: list[tuple[_Batch, bool]] = []  # fed, waiting for the first schedule_run
-        self.flight: collections.deque[tuple[_Batch, bool]] = collections.deque()  # (batch, repeat)
+        self.held: list[tuple[Batch, bool]] = []  # fed, waiting for the first schedule_run
+        self.flight: collections.deque[tuple[Batch, bool]] = collections.deque()  # (batch, repeat)
         self.uses: collections.Counter[int] = collections.Counter()
 
     @property
     def busy(self) -> int:
         return len(self.held) + len(self.flight)
 
-    def push(self, batch: _Batch, *, repeat: bool = False) -> None:
+    def push(self, batch: Batch, *, repeat: bool = False) -> None:
         """Feeds ``batch`` and schedules its iteration (a ``repeat`` is not yielded). Anything
         raised midway (a rejected feed, Ctrl-C) leaves the graph :attr:`broken`: the runner then
         drops it rather than guess which of DALI's queues moved."""
@@ -270,7 +132,7 @@ class _Graph:
             self.pipe.feed_input("encoded", batch.encoded)
             for name, value in batch.factors.items():
                 self.pipe.feed_input(name, value)
-            self.uses[id(batch.buffer)] += 1
+            self.uses[id(batch)] += 1
             if self.started:
                 self.pipe.schedule_run()
                 self.flight.append((batch, repeat))
@@ -290,7 +152,7 @@ class _Graph:
         for _ in range(self.depth - len(self.held) if self.held else 0):
             self.push(self.held[-1][0], repeat=True)
 
-    def pop(self, stream: Any) -> tuple[_Batch, bool, Any]:
+    def pop(self, stream: Any) -> tuple[Batch, bool, Any]:
         """``(batch, repeat, outputs)`` of the oldest scheduled iteration."""
         self._check()
         try:
@@ -304,9 +166,9 @@ class _Graph:
         if self.broken:
             raise RuntimeError("gpupipe: this DALI pipeline's queues are in an unknown state (a call failed midway)")
 
-    def done(self, batch: _Batch) -> bool:
-        """One iteration fed from ``batch``'s buffer is over; whether it was the last."""
-        key = id(batch.buffer)
+    def done(self, batch: Batch) -> bool:
+        """One iteration fed from ``batch`` is over; whether it was the last."""
+        key = id(batch)
         self.uses[key] -= 1
         if self.uses[key] > 0:
             return False
@@ -373,7 +235,10 @@ class DaliRunner:
         self.builds = 0  # pipelines built (one per loader, unless DALI fails)
         self._runs = Runs()
         self._closed = False
-        self._buffers = _Buffers(pinned=self.device.type == "cuda")
+        self._buffers = Buffers(pinned=self.device.type == "cuda")
+        # A CPU pipeline reads views of mapped shards (no copy); a GPU pipeline reads into pinned
+        # buffers, so that the decoder's copies to the device are asynchronous.
+        self.mapped = self.device.type == "cpu"
         self._pool = ThreadPoolExecutor(max_workers=READ_THREADS, thread_name_prefix="gpupipe-read")
         # Built now, so that a graph DALI rejects fails when the loader is built.
         self._graph: _Graph | None = self._build(spec.config.batch_size)
@@ -413,7 +278,8 @@ class DaliRunner:
             self._graph = None  # the old pipeline goes first (its memory)
             self._graph = self._build(max(plan.batch_size, self.max_batch))
         graph = self._graph
-        reader = _Reader(self.index, plan, graph.lowered.inputs, self.transforms, self._buffers, self._pool,
+        maps = Maps(self.index.reader.storage) if self.mapped else None  # type: ignore[attr-defined]
+        reader = Reader(self.index, plan, graph.lowered.inputs, self.transforms, self._buffers, maps, self._pool,
                          ahead=self.prefetch + 1)  # fmt: skip
         fed, limit, error = start, plan.num_batches, None  # feeding stops at `limit`: an unreadable batch
         failed = False
@@ -454,6 +320,8 @@ class DaliRunner:
             reader.close()
             if failed or graph.broken or not self._drain(graph):
                 self._graph = None  # DALI failed, or a call failed midway: a fresh pipeline next epoch
+            if maps is not None:
+                maps.close()  # each lease goes once no batch in flight uses its map
             self.index.close()  # the reader threads' open files end with the epoch
 
     def _drain(self, graph: _Graph) -> bool:
@@ -469,17 +337,18 @@ class DaliRunner:
             return False
         return True
 
-    def _release(self, graph: _Graph, batch: _Batch, stream: Any) -> None:
-        """Returns the batch's buffer to the pool once no scheduled iteration reads it. Outputs
-        taken without a stream are host-synchronous; taken on a CUDA stream, the buffer waits for
-        an event recorded on that stream (which waits on DALI's work)."""
-        if batch.buffer is None or not graph.done(batch):
+    def _release(self, graph: _Graph, batch: Batch, stream: Any) -> None:
+        """Returns the batch's buffer to the pool, and ends its maps' uses, once no scheduled
+        iteration reads them. Outputs taken without a stream are host-synchronous; taken on a
+        CUDA stream, the buffer waits for an event recorded on that stream (which waits on DALI's
+        work). Maps are used by CPU pipelines only."""
+        if not graph.done(batch):
             return
         event = None
-        if stream is not None:
+        if stream is not None and batch.buffer is not None:
             event = torch.cuda.Event()
             event.record(stream)
-        self._buffers.give(batch.buffer, event)
+        Batch.release(batch.maps, batch.buffer, self._buffers, event)
 
     def close(self) -> None:
         """Stops an unfinished epoch and drops the pipeline, which shuts it down (a run executing in
@@ -493,12 +362,12 @@ class DaliRunner:
         self._pool.shutdown(wait=True, cancel_futures=True)
 
     @staticmethod
-    def _raise_failed_checks(lowered: Lowered, checks: Any, batch: _Batch) -> None:
+    def _raise_failed_checks(lowered: Lowered, checks: Any, batch: Batch) -> None:
         """Raises the error of the first sample that failed a check the graph computed."""
         for b, size, message in lowered.failures(np.asarray(checks.as_tensor())):
             raise SampleError.at(message, shard=batch.shards[b], key=batch.keys[b], size=size)
 
-    def _labels(self, batch: _Batch) -> torch.Tensor | None:
+    def _labels(self, batch: Batch) -> torch.Tensor | None:
         if batch.labels is None:
             return None
         return to_device(torch.from_numpy(batch.labels), self.device)
