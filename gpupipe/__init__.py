@@ -17,7 +17,7 @@ Example:
 from typing import Any
 
 from . import sources, transforms
-from ._config import DaliOptions, LoaderConfig
+from ._config import DaliOptions, LoaderConfig, OnError
 from ._errors import (
     BackendUnavailableError,
     ClosedError,
@@ -29,7 +29,7 @@ from ._errors import (
     ShardError,
     UnsupportedTransformError,
 )
-from ._loader import Batch, Loader
+from ._loader import Batch, Loader, SkippedSample
 from ._pipeline import Pipeline, load_pipeline
 from ._plan import RankPlan
 from ._shards import ShardWriter
@@ -43,7 +43,9 @@ __all__ = [
     "Loader",
     "LoaderConfig",
     "DaliOptions",
+    "OnError",
     "Batch",
+    "SkippedSample",
     "RankPlan",
     "Source",
     "WebDataset",

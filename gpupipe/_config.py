@@ -3,14 +3,28 @@
 from __future__ import annotations
 
 import dataclasses
+import enum
 from typing import Any
 
 import torch
 
 from ._errors import ConfigError
-from ._validate import check_bool, check_int, check_optional_int, check_probability
+from ._validate import check_bool, check_enum, check_int, check_optional_int, check_probability, is_int, is_number
 
-__all__ = ["LoaderConfig", "DaliOptions"]
+__all__ = ["LoaderConfig", "DaliOptions", "OnError"]
+
+
+class OnError(str, enum.Enum):
+    """What a loader does with a sample it cannot use (``Loader(on_error=...)``).
+
+    ``RAISE`` (``"raise"``): raise the error, naming the shard, the key and what is wrong.
+    ``SKIP`` (``"skip"``): leave the sample out: its place in the batch is marked invalid
+    (``batch.valid``), it is counted, logged once and listed in ``loader.skipped``.
+    """
+
+    RAISE = "raise"
+    SKIP = "skip"
+
 
 _MEMORY_FORMATS = (torch.contiguous_format, torch.channels_last)
 
@@ -114,6 +128,18 @@ class LoaderConfig:
             storage presented as an ``[B, C, H, W]`` tensor (DALI's layout, no extra copy there).
         dali: the DALI backend's GPU decoder settings, a :class:`DaliOptions`. Default
             ``DaliOptions()``.
+        on_error: ``"raise"`` (default) or ``"skip"`` (an :class:`OnError`): what to do with a
+            sample that cannot be used (undecodable or empty image, bad label, a shard truncated
+            or unreadable at that sample, too small for a transform). ``"raise"`` raises a
+            :class:`~gpupipe.DataError` naming the shard and the key. ``"skip"`` leaves it out
+            of the epoch: every rank still yields the same number of batches of the same size —
+            the sample's place holds a copy of another sample of the batch, marked ``False`` in
+            ``batch.valid`` like padding — and it is logged once and listed in
+            ``loader.skipped`` (kept in ``state_dict``). The same on every backend.
+        max_skipped: with ``on_error="skip"``, the most samples one rank may skip in an epoch
+            before a :class:`~gpupipe.DataError` stops it: a fraction of the rank's samples
+            (a float in ``(0, 1)``) or a count (an int ``>= 0``); ``None``: no limit. Default
+            ``0.01``: a dataset rotting beyond 1 % fails loudly.
 
     Raises:
         ConfigError: an option of the wrong type or out of range; the message names it.
@@ -134,6 +160,8 @@ class LoaderConfig:
     world_size: int | None = None
     memory_format: torch.memory_format = torch.contiguous_format
     dali: DaliOptions = DaliOptions()
+    on_error: OnError | str = OnError.RAISE
+    max_skipped: int | float | None = 0.01
 
     def __post_init__(self) -> None:
         from . import backends
@@ -161,6 +189,20 @@ class LoaderConfig:
             )
         if not isinstance(self.dali, DaliOptions):
             raise ConfigError(f"{owner}: dali must be a gp.DaliOptions, got {self.dali!r}")
+        object.__setattr__(self, "on_error", check_enum(owner, self.on_error, "on_error", OnError))
+        cap = self.max_skipped
+        if not (cap is None or (is_int(cap) and cap >= 0) or (is_number(cap) and not is_int(cap) and 0 < cap < 1)):
+            raise ConfigError(
+                f"{owner}: max_skipped must be a count (an int >= 0), a fraction (a float in (0, 1)) or None, "
+                f"got {cap!r}"
+            )
+
+    def skip_limit(self, samples: int) -> int | None:
+        """The most samples an epoch of ``samples`` samples may skip (``None``: no limit)."""
+        cap = self.max_skipped
+        if cap is None:
+            return None
+        return int(cap) if is_int(cap) else int(cap * samples)
 
     @property
     def channels_last(self) -> bool:

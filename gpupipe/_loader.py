@@ -9,17 +9,18 @@ import weakref
 from collections.abc import Generator
 from typing import Any
 
+import numpy as np
 import torch
 
 from . import _dist, backends
 from ._config import LoaderConfig
-from ._errors import ClosedError, ConfigError, GpupipeError, PipelineError
+from ._errors import ClosedError, ConfigError, DataError, GpupipeError, PipelineError
 from ._pipeline import Pipeline
 from ._plan import PlanSpec, RankPlan, rank_plan
 from ._validate import check_int, is_int
 from .sources import Index
 
-__all__ = ["Loader", "Batch"]
+__all__ = ["Loader", "Batch", "SkippedSample"]
 
 log = logging.getLogger("gpupipe")
 
@@ -54,6 +55,20 @@ class Batch(tuple):
         return self[1]
 
 
+@dataclasses.dataclass(frozen=True)
+class SkippedSample:
+    """A sample a loader left out (``on_error="skip"``): where it is, why, and the first epoch
+    it was skipped in. ``str()`` is the error's message."""
+
+    key: str | None
+    shard: str | None
+    reason: str
+    epoch: int
+
+    def __str__(self) -> str:
+        return self.reason
+
+
 STATE_VERSION = 2  # 1: the plan's settings at the top level (gpupipe 0.1.0); still loaded
 
 
@@ -67,7 +82,7 @@ class Loader:
         **options: keyword-only options, validated together as a :class:`~gpupipe.LoaderConfig`
             (its docstring describes each): ``shuffle``, ``drop_last``, ``seed``, ``backend``,
             ``device``, ``num_workers``, ``prefetch``, ``shuffle_buffer``, ``interleave``,
-            ``rank``, ``world_size``, ``memory_format``.
+            ``rank``, ``world_size``, ``memory_format``, ``dali``, ``on_error``, ``max_skipped``.
 
     Yields:
         :class:`Batch`: unpacks as ``images, labels`` — ``images`` ``[B, C, H, W]`` of the
@@ -129,6 +144,8 @@ class Loader:
         self._yielded = 0  # batches of self.epoch yielded so far
         self._resume_at: tuple[int, int] | None = None  # (epoch, batch) set by load_state_dict
         self._current: weakref.ref[Generator[Batch, None, None]] | None = None  # the running iteration
+        self._skipped: dict[tuple[str | None, str | None], SkippedSample] = {}  # by (shard, key), first time
+        self._skipped_in_epoch = 0  # samples of self.epoch skipped so far (the cap's count)
         self.index = pipeline.source.index(rank=self.rank, world_size=self.world_size)
         if len(self.index) == 0:
             raise ConfigError(f"Loader: the source has no samples: {pipeline.source!r}")
@@ -162,6 +179,7 @@ class Loader:
             workers=self.num_workers,
             rank=self.rank,
             seed=self.seed,
+            output=pipeline.output_spec,
         )
         try:
             self._runner = backend.runner(spec)
@@ -235,11 +253,18 @@ class Loader:
         """Batches per epoch, the same on every rank."""
         return self._len
 
+    @property
+    def skipped(self) -> list[SkippedSample]:
+        """The samples left out so far (``on_error="skip"``), each once, in the order they were
+        first met; kept across epochs and in :meth:`state_dict`."""
+        return list(self._skipped.values())
+
     def set_epoch(self, epoch: int) -> None:
         """Sets the epoch whose order (and augmentation) the next iteration yields."""
         check_int("Loader.set_epoch", epoch, "epoch", minimum=0)
         if epoch != self.epoch:
             self._yielded = 0
+            self._skipped_in_epoch = 0
         self.epoch = epoch
 
     def plan(self, epoch: int | None = None) -> RankPlan:
@@ -277,16 +302,44 @@ class Loader:
         if self._resume_at is not None and self._resume_at[0] == epoch:
             start = self._resume_at[1]
         self._resume_at = None
+        if start == 0:
+            self._skipped_in_epoch = 0
         self._yielded = start
         plan = self.plan(epoch)
         device = torch.device(self.device)
-        for b, (images, labels, keys) in enumerate(self._runner.run(plan, start), start):
-            valid = backends.to_device(torch.from_numpy(plan.batch(b)[1].copy()), device)
+        limit = self.config.skip_limit(int(plan.valid.sum()))
+        for b, (images, labels, keys, skipped) in enumerate(self._runner.run(plan, start), start):
+            valid = plan.batch(b)[1].copy()
+            if skipped:
+                self._skip(skipped, valid, epoch, limit)
             self._yielded = b + 1
-            yield Batch(images, labels, keys, valid)
+            yield Batch(images, labels, keys, backends.to_device(torch.from_numpy(valid), device))
         if self.closed and self._yielded < plan.num_batches:
             raise ClosedError(
                 f"this gp.Loader was closed during an epoch, after {self._yielded} of its {plan.num_batches} batches"
+            )
+
+    def _skip(
+        self, skipped: tuple[tuple[int, DataError], ...], valid: np.ndarray, epoch: int, limit: int | None
+    ) -> None:
+        """Marks a batch's skipped samples invalid, records and logs each the first time, and
+        raises once the epoch's count passes ``limit``."""
+        for position, error in skipped:
+            if valid[position]:  # padding repeats a sample: counted once
+                self._skipped_in_epoch += 1
+            valid[position] = False
+            where = (error.shard, error.key)
+            if where not in self._skipped:
+                self._skipped[where] = SkippedSample(error.key, error.shard, str(error), epoch)
+                log.warning("gpupipe: skipped a sample (on_error='skip'): %s", error)
+        if limit is not None and self._skipped_in_epoch > limit:
+            first = next(iter(self._skipped.values()))
+            raise DataError(
+                f"rank {self.rank} skipped {self._skipped_in_epoch} samples in epoch {epoch}, more than "
+                f"max_skipped={self.config.max_skipped!r} allows ({limit}); the data is damaged beyond the limit set. "
+                f"First skipped: {first}. See loader.skipped for all of them.",
+                shard=first.shard,
+                key=first.key,
             )
 
     def state_dict(self) -> dict[str, Any]:
@@ -299,13 +352,15 @@ class Loader:
             "seed": self.seed,
             "rank": self.rank,
             "plan": self.plan_spec.as_dict(),
+            "skipped": [dataclasses.asdict(s) for s in self._skipped.values()],
+            "skipped_in_epoch": self._skipped_in_epoch,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restores a position saved by :meth:`state_dict` on the same rank: the next iteration of
-        that epoch yields the batches the interrupted run would have yielded next (same keys in
-        the same order; on the dali backend the augmentation draws may differ). States saved by
-        gpupipe 0.1.0 (version 1) load too.
+        that epoch yields the batches the interrupted run would have yielded next: the same keys in
+        the same order with the same augmentation, on every backend. States saved by gpupipe 0.1.0
+        (version 1) load too.
 
         Raises:
             ConfigError: the state is from another rank, or from a loader whose plan differs
@@ -326,6 +381,9 @@ class Loader:
         self.seed = state["seed"]
         self.epoch, self._yielded = epoch, done
         self._resume_at = (epoch, done)
+        records = [SkippedSample(**r) for r in state.get("skipped", ())]
+        self._skipped = {(r.shard, r.key): r for r in records}
+        self._skipped_in_epoch = int(state.get("skipped_in_epoch", 0))
 
 
 def _release(runner: backends.Runner, index: Index) -> None:

@@ -29,9 +29,16 @@ def _small_image(n: int) -> np.ndarray:
     return synthetic_image(n, label=label_of(n), size=(64 + 8 * (n % 5), 80 + 4 * (n % 3)))
 
 
-def _write_webdataset_shards(root, sizes, *, prefix="train", label=True, image=_small_image):
+def truncated_jpeg(n: int) -> bytes:
+    """The first half of sample ``n``'s JPEG: every decoder refuses it."""
+    data = encode_jpeg(_small_image(n), quality=90)
+    return data[: len(data) // 2]
+
+
+def _write_webdataset_shards(root, sizes, *, prefix="train", label=True, image=_small_image, patch=None):
     """Writes shards with webdataset's own TarWriter (independent of gpupipe's writer); sample
-    ``n`` is ``image(n)`` as a JPEG, labelled ``label_of(n)``."""
+    ``n`` is ``image(n)`` as a JPEG, labelled ``label_of(n)``. ``patch`` maps a sample number to
+    members that replace its own (bytes; ``None`` leaves the member out): damaged samples."""
     import webdataset as wds
 
     paths, n = [], 0
@@ -43,6 +50,11 @@ def _write_webdataset_shards(root, sizes, *, prefix="train", label=True, image=_
                 sample = {"__key__": f"img/{s:02d}/{n:06d}", "jpg": encode_jpeg(img, quality=90)}
                 if label:
                     sample["cls"] = str(label_of(n)).encode()
+                for ext, value in (patch or {}).get(n, {}).items():
+                    if value is None:
+                        sample.pop(ext, None)
+                    else:
+                        sample[ext] = value
                 sink.write(sample)
                 n += 1
         paths.append(path)

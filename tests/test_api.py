@@ -12,7 +12,8 @@ from gpupipe import transforms as T
 
 def test_top_level_api():
     assert sorted(gp.__all__) == sorted([
-        "Pipeline", "Loader", "LoaderConfig", "DaliOptions", "Batch", "RankPlan", "Source", "WebDataset", "ImageFolder",
+        "Pipeline", "Loader", "LoaderConfig", "DaliOptions", "OnError", "Batch", "SkippedSample", "RankPlan",
+        "Source", "WebDataset", "ImageFolder",
         "load_pipeline", "register_lowering", "ShardWriter", "transforms", "sources", "GpupipeError", "ConfigError",
         "PipelineError", "UnsupportedTransformError", "BackendUnavailableError", "ClosedError", "DataError",
         "ShardError", "SampleError", "__version__",

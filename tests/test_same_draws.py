@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -19,7 +20,7 @@ from gpupipe import transforms as T
 from gpupipe.sources._mapped import MappedFile
 from gpupipe.testing import synthetic_image
 
-from .conftest import _write_webdataset_shards, label_of
+from .conftest import _write_webdataset_shards, label_of, truncated_jpeg
 
 pytest.importorskip("nvidia.dali")
 
@@ -248,7 +249,7 @@ class TestInputPath:
             return maps[-1]
 
         def epoch():
-            with gp.Loader(small_train(photo_shards), 4, backend="dali", device="cpu", seed=3) as loader:
+            with gp.Loader(small_train(photo_shards), 4, backend="dali", device="cpu", seed=3, shuffle=True) as loader:
                 return [(b.keys, b.images.clone()) for b in loader]
 
         expected = epoch()
@@ -285,6 +286,70 @@ class TestInputPath:
         assert not held.leased
         maps.close()
         assert not any(m is not None and m.leased for m in opened)
+
+    def test_a_batch_whose_lease_broke_after_it_was_read_is_read_again(self, tmp_path):
+        """Batches are read ahead; a lease that breaks before one is fed (a writer waits, or the
+        kernel gave up waiting for a paused loop) makes it be read again with pread: mapped bytes
+        are never fed without a standing lease."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        from gpupipe._plan import RankPlan
+        from gpupipe.backends._dali._input import Buffers, Maps, Reader
+        from gpupipe.sources import LocalStorage
+
+        paths = _write_webdataset_shards(str(tmp_path), (8,), prefix="late")
+        index = gp.WebDataset(paths).index()
+        plan = RankPlan(np.arange(8), np.ones(8, bool), batch_size=4, num_batches=2)
+        with ThreadPoolExecutor(1) as pool:
+            reader = Reader(index, plan, {}, (), Buffers(pinned=False), Maps(LocalStorage()), pool, ahead=0)
+            batch = reader.read(0)
+            if not batch.maps:
+                pytest.skip("no read leases here")
+            before = [bytes(v) for v in batch.views]
+            writer = subprocess.Popen([sys.executable, "-c", f"import os; os.truncate({paths[0]!r}, 100)"])
+            time.sleep(1)
+            assert writer.poll() is None  # waits on the lease
+            fresh = reader.checked(batch)
+            assert fresh.maps == () and fresh.buffer is not None
+            assert [bytes(v) for v in fresh.views] == before
+            assert writer.wait(timeout=10) == 0  # the stale batch's use ended: the lease went
+        index.close()
+
+    def test_a_writer_waits_for_the_next_batch_not_the_end_of_the_epoch(self, tmp_path):
+        """A shard the epoch is done with is truncated mid-epoch: its lease goes at the next batch."""
+        paths = _write_webdataset_shards(str(tmp_path), (4, 40), prefix="idle")
+        if gp.sources.LocalStorage().map(paths[0]) is None:
+            pytest.skip("no read leases here")
+        with gp.Loader(gp.Pipeline(paths, [T.CenterCrop(8)]), 2, backend="dali", device="cpu") as loader:
+            writer, done_at = None, None
+            for i, _ in enumerate(loader):
+                if i == 4:  # shard 0 (samples 0-3) is long done
+                    writer = subprocess.Popen([sys.executable, "-c", f"import os; os.truncate({paths[0]!r}, 0)"])
+                if writer is not None and done_at is None and writer.poll() is not None:
+                    done_at = i
+                time.sleep(0.2)
+        assert writer is not None and writer.wait(timeout=60) == 0
+        assert done_at is not None and done_at < len(loader) - 1, "the writer waited for the end of the epoch"
+
+    def test_no_lease_outlives_a_failed_epoch(self, tmp_path, monkeypatch):
+        """DALI fails on a corrupt JPEG: the error is raised (and kept, as a notebook or a logger
+        keeps it) — no map stays leased, so no writer waits on it."""
+        from gpupipe.sources import LocalStorage
+
+        paths = _write_webdataset_shards(str(tmp_path), (4, 12), prefix="bad", patch={9: {"jpg": truncated_jpeg(9)}})
+        maps: list[MappedFile | None] = []
+        map_file = LocalStorage.map
+
+        def record(self, url):
+            maps.append(map_file(self, url))
+            return maps[-1]
+
+        monkeypatch.setattr(LocalStorage, "map", record)
+        with gp.Loader(gp.Pipeline(paths, [T.CenterCrop(8)]), 2, backend="dali", device="cpu") as loader:
+            with pytest.raises(gp.SampleError) as kept:
+                list(loader)
+            assert kept.value.key == "img/01/000009"
+            assert not any(m.leased for m in maps if m is not None)
 
     def test_mapped_and_read_batches_are_the_same(self, photo_shards, monkeypatch):
         from gpupipe.sources import LocalStorage

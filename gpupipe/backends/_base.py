@@ -11,11 +11,12 @@ from typing import ClassVar, NamedTuple, Protocol
 
 import torch
 
-from .._config import LoaderConfig
+from .._config import LoaderConfig, OnError
+from .._errors import DataError
 from .._plan import RankPlan
 from .._registry import Registry
 from ..sources import Index
-from ..transforms import Transform
+from ..transforms import ImageSpec, Transform
 
 __all__ = ["Backend", "Runner", "RunSpec", "RawBatch", "Runs", "to_device"]
 
@@ -30,11 +31,17 @@ def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 
 class RawBatch(NamedTuple):
-    """What a runner yields per batch; the loader adds the validity mask."""
+    """What a runner yields per batch; the loader adds the validity mask.
+
+    With ``on_error="skip"``, ``skipped`` lists the batch positions of the samples that could not
+    be used, with their errors; each such position holds a copy of another sample (its image,
+    label and key), which the loader marks invalid.
+    """
 
     images: torch.Tensor  # [B, C, H, W] on the loader's device (channels-last storage if asked)
     labels: torch.Tensor | None  # [B] int64 on the loader's device; None for unlabeled sources
     keys: list[str]
+    skipped: tuple[tuple[int, DataError], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +56,12 @@ class RunSpec:
     workers: int  # worker processes (torch) or CPU threads (DALI)
     rank: int
     seed: int  # the loader's seed when built; each plan carries the seed it was drawn for
+    output: ImageSpec | None = None  # one output image (fixed size); None where the caller has no pipeline
+
+    @property
+    def skip(self) -> bool:
+        """Whether bad samples are skipped (``on_error="skip"``) rather than raised."""
+        return self.config.on_error == OnError.SKIP
 
 
 class Runner(Protocol):

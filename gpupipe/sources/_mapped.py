@@ -13,12 +13,15 @@ read the mapping:
 - :meth:`MappedFile.acquire` is called before each batch's views are handed out: it counts a use
   and answers ``False`` once the lease is breaking (a writer waits), so that the caller falls
   back to ``pread`` (whose short reads are clean errors) for everything after;
-- :meth:`MappedFile.give` ends a use; the lease is released (the writer unblocks) only once the
-  file is retired and no use is left. The DALI runner retires every map at the end of an epoch,
-  and ends a batch's uses only once DALI has produced its iteration's outputs, so no mapped byte
-  is read after the lease is gone. (A writer is blocked for as long as the batches already
-  handed out take to finish, milliseconds; only a host that stalls for ``lease-break-time``
-  could outlive the lease.)
+- :meth:`MappedFile.valid` is called again right before views are handed to the reader (DALI),
+  which reads them at once: views prepared ahead of time are never read after the kernel broke
+  the lease on its own (a consumer paused for ``lease-break-time``);
+- :meth:`MappedFile.give` ends a use; the lease is released (the writer unblocks) once the file
+  is retired, or its lease is breaking, and no use is left. The DALI runner retires every map at
+  the end of an epoch, checks the leases of its maps at every batch, and ends a batch's uses
+  only once DALI has produced its iteration's outputs, so no mapped byte is read after the
+  lease is gone. A writer waits until the loader's next batch (milliseconds while training
+  runs; at most ``lease-break-time`` while the training loop is paused).
 
 A lease needs: Linux, a file the process owns (or ``CAP_LEASE``), a file system that supports
 leases (local ones; not NFS), no writer already holding the file open, and a lease-break signal
@@ -109,11 +112,25 @@ class MappedFile:
             return True
 
     def give(self) -> None:
-        """Ends a use; the last use of a retired mapping releases the lease."""
+        """Ends a use; the last use of a retired mapping — or of one whose lease is breaking —
+        releases the lease."""
         with self._lock:
             self._uses -= 1
+            if self._uses == 0 and not self._retired and self._fd is not None and not _lease_held(self._fd):
+                self._retired = True
             if self._retired and self._uses == 0:
                 self._release()
+
+    def valid(self) -> bool:
+        """Whether views of the mapping may still be handed to a reader now: the lease stands and
+        no writer waits on it. A breaking lease retires the mapping (released once unused)."""
+        with self._lock:
+            if self._fd is None:
+                return False
+            if not _lease_held(self._fd):
+                self._retire()
+                return False
+            return True
 
     def retire(self) -> None:
         """No new use; the lease goes as soon as no use is left (now, if none is)."""

@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
+from ..._errors import DataError
 from ..._plan import RankPlan
 from ..._random import step_factors
 from ...sources import Index, RawSample
@@ -93,6 +94,9 @@ class Batch(NamedTuple):
     buffer: np.ndarray | None  # the samples read with pread
     maps: tuple[MappedFile, ...]  # the mapped shards the other samples are views of, one use each
     factors: dict[str, np.ndarray | None]  # by input name; None only for a step that is not random
+    views: list[Any]  # the encoded samples as numpy views (what encoded wraps)
+    skipped: tuple[tuple[int, Any], ...]  # (position, DataError) of samples left out (skip), sorted
+    token: object  # the batch's identity for use counting: a retried copy (decode failure, skip) shares it
 
     @staticmethod
     def release(maps: Iterable[MappedFile], buffer: np.ndarray | None, buffers: Buffers, event: Any = None) -> None:
@@ -138,6 +142,14 @@ class Maps:
             mapped = self._maps[shard]
         return mapped if mapped is not None and mapped.acquire() else None
 
+    def sweep(self) -> None:
+        """Retires the maps whose lease is breaking (a writer waits): the unused ones' leases go
+        now. Called once per batch read."""
+        with self._lock:
+            maps = [m for m in self._maps.values() if m is not None]
+        for mapped in maps:
+            mapped.valid()
+
     def close(self) -> None:
         with self._lock:
             maps = list(self._maps.values())
@@ -148,14 +160,21 @@ class Maps:
 
 
 class Reader:
-    """Reads the plan's batches ahead of DALI in :data:`READ_THREADS` threads."""
+    """Reads the plan's batches ahead of DALI in :data:`READ_THREADS` threads.
+
+    A sample that cannot be read (its shard unreadable or truncated there, its label not an
+    integer) raises its ``DataError`` when its batch is due, or with ``skip`` is left out: its
+    place holds a copy of a good sample of the batch (:meth:`substitute`) and the batch lists it.
+    """
 
     def __init__(self, index: Index, plan: RankPlan, inputs: dict[str, int], transforms: tuple[Transform, ...],
-                 buffers: Buffers, maps: Maps | None, pool: ThreadPoolExecutor, ahead: int) -> None:  # fmt: skip
+                 buffers: Buffers, maps: Maps | None, pool: ThreadPoolExecutor, ahead: int,
+                 skip: bool = False) -> None:  # fmt: skip
         self.index, self.plan, self.inputs, self.transforms = index, plan, inputs, transforms
-        self.buffers, self.maps, self.pool, self.ahead = buffers, maps, pool, ahead
+        self.buffers, self.maps, self.pool, self.ahead, self.skip = buffers, maps, pool, ahead, skip
         self._pending: dict[int, Future[Batch]] = {}
         self._next = 0
+        self._spare: tuple[np.ndarray, int, str, str, int] | None = None  # a good sample, for all-bad batches
 
     def get(self, b: int) -> Batch:
         self._next = max(self._next, b)
@@ -165,50 +184,127 @@ class Reader:
         future = self._pending.pop(b, None)
         return future.result() if future is not None else self.read(b)
 
-    def read(self, b: int) -> Batch:
+    def _bad(self, bad: dict[int, DataError], position: int, error: DataError) -> None:
+        """Raises ``error``, or with ``skip`` records it for ``position`` (the first one counts)."""
+        if not self.skip:
+            raise error
+        bad.setdefault(position, error)
+
+    def checked(self, batch: Batch) -> Batch:
+        """``batch``, right before it is fed: if a lease of its maps broke since it was read (a
+        writer waits, or the kernel gave up waiting for us), the batch read again with ``pread``
+        — mapped bytes are never handed to DALI without a standing lease."""
+        if all(mapped.valid() for mapped in batch.maps):
+            return batch
+        fresh = self.read(batch.b, mapped=False)
+        Batch.release(batch.maps, batch.buffer, self.buffers)
+        return fresh
+
+    def read(self, b: int, *, mapped: bool = True) -> Batch:
         index, samples = self.index, self.plan.batch(b)[0]
+        if self.maps is not None:
+            self.maps.sweep()
         where = index.locate_batch(samples)
         shards = [index.shards[s].path for s in where.shard.tolist()]
+        bad: dict[int, DataError] = {}
         if where.labels is not None and (where.labels == NO_LABEL).any():
-            index.read(int(samples[int(np.argmax(where.labels == NO_LABEL))]))  # raises, naming the sample
+            for i in np.flatnonzero(where.labels == NO_LABEL).tolist():
+                try:
+                    index.read(int(samples[i]))  # raises, naming the sample
+                except DataError as e:
+                    self._bad(bad, i, e)
         labels, buffer = where.labels, None
         maps: list[MappedFile] = []
         views: list[Any] = [None] * len(samples)
         try:
             if where.ranges is None or (index.labeled and labels is None):  # whole files (ImageFolder), ...
-                raws = [index.read(int(s)) for s in samples]  # ... or a source without parsed labels
+                raws: list[RawSample | None] = []
+                for i, s in enumerate(samples.tolist()):  # ... or a source without parsed labels
+                    try:
+                        raws.append(index.read(s))
+                    except DataError as e:
+                        self._bad(bad, i, e)
+                        raws.append(None)
                 buffer = self._copy(raws, views)
                 if index.labeled:
-                    labels = np.array([r.label for r in raws], np.int64)
+                    labels = np.array([r.label if r is not None else 0 for r in raws], np.int64)
             else:
-                rest = self._map_ranges(where, shards, views, maps)
+                rest = self._map_ranges(where, shards, views, maps, bad) if mapped else where.groups
                 if rest:
-                    buffer = self._read_ranges(where, rest, shards, views)
+                    buffer = self._read_ranges(where, rest, shards, views, bad)
+            keys, drawn = list(where.keys), samples
+            if bad:
+                labels, drawn = self.substitute(bad, samples, views, labels, keys, shards)
+            from nvidia.dali.tensors import TensorCPU  # wrapped here, off the training thread; no copy
+
+            encoded = [TensorCPU(view) for view in views]
+            fed = self.factors(drawn)
         except BaseException:
             Batch.release(maps, buffer, self.buffers)
             raise
-        from nvidia.dali.tensors import TensorCPU  # wrapped here, off the training thread; no copy
+        skipped = tuple(sorted(bad.items()))
+        return Batch(b, samples, keys, shards, labels, encoded, buffer, tuple(maps), fed, views, skipped, object())
 
-        encoded = [TensorCPU(view) for view in views]
+    def substitute(self, bad: dict[int, Any], samples: np.ndarray, views: list[Any], labels: np.ndarray | None,
+                   keys: list[str], shards: list[str]) -> tuple[np.ndarray | None, np.ndarray]:  # fmt: skip
+        """Puts a copy of the batch's first good sample (its bytes, label, key and shard) in each
+        ``bad`` position — or of a spare good sample of the epoch if none is good. Returns the
+        labels (a new array) and the sample numbers to draw the augmentation from: the donor's in
+        the bad positions, so that they come out as copies of it (as the torch backend's do)."""
+        good = next((i for i in range(len(views)) if i not in bad), None)
+        if good is not None:
+            label = None if labels is None else int(labels[good])
+            view, key, shard, number = views[good], keys[good], shards[good], int(samples[good])
+        else:
+            view, label, key, shard, number = self.spare()
+        labels = None if labels is None else labels.copy()
+        drawn = samples.copy()
+        for i in bad:
+            views[i], keys[i], shards[i], drawn[i] = view, key, shard, number
+            if labels is not None:
+                labels[i] = label
+        return labels, drawn
+
+    def factors(self, samples: np.ndarray) -> dict[str, np.ndarray | None]:
+        """The random factors of a batch of ``samples``, by input name."""
         seed, epoch = self.plan.seed, self.plan.epoch
-        fed = {
+        return {
             name: step_factors(self.transforms[step], seed, epoch, samples, step) for name, step in self.inputs.items()
         }
-        return Batch(b, samples, where.keys, shards, labels, encoded, buffer, tuple(maps), fed)
 
-    def _copy(self, raws: list[RawSample], views: list[Any]) -> np.ndarray:
+    def spare(self) -> tuple[np.ndarray, int, str, str, int]:
+        """A good sample of the epoch (its bytes copied, label, key, shard, number), for a batch
+        whose every sample is bad: the first of the plan that reads and decodes."""
+        from ..._decode import decode_rgb
+
+        if self._spare is None:
+            for s in self.plan.samples.tolist():
+                try:
+                    raw = self.index.read(s)
+                    decode_rgb(raw.data, shard=raw.shard, key=raw.key)
+                except DataError:
+                    continue
+                data = np.frombuffer(raw.data, np.uint8).copy()
+                self._spare = (data, raw.label if raw.label is not None else 0, raw.key, raw.shard, s)
+                break
+            else:
+                raise DataError("on_error='skip': no sample of this rank's epoch can be read")
+        return self._spare
+
+    def _copy(self, raws: list[RawSample | None], views: list[Any]) -> np.ndarray:
         """Copies whole samples' bytes into one buffer (sources without byte ranges)."""
-        sizes = [len(r.data) for r in raws]
+        sizes = [len(r.data) if r is not None else 0 for r in raws]
         buffer = self.buffers.take(sum(sizes))
         end = 0
         for i, (raw, size) in enumerate(zip(raws, sizes, strict=True)):
             views[i] = buffer[end : end + size]
-            views[i][:] = np.frombuffer(raw.data, np.uint8)
+            if raw is not None:
+                views[i][:] = np.frombuffer(raw.data, np.uint8)
             end += size
         return buffer
 
-    def _map_ranges(self, where: Located, shards: list[str], views: list[Any],
-                    maps: list[MappedFile]) -> list[np.ndarray]:  # fmt: skip
+    def _map_ranges(self, where: Located, shards: list[str], views: list[Any], maps: list[MappedFile],
+                    bad: dict[int, DataError]) -> list[np.ndarray]:  # fmt: skip
         """Views into the mapped shards (see :class:`Maps`); returns the groups left to read."""
         assert where.ranges is not None
         rest = []
@@ -221,15 +317,17 @@ class Reader:
             maps.append(mapped)
             rows = where.ranges[group]
             ends = rows[:, 0] + rows[:, 1]
-            if int(ends.max()) > mapped.size:  # the shard is shorter than when it was indexed
-                raise truncated(shard, where.keys[int(group[int(np.argmax(ends > mapped.size))])])
+            for i in group[ends > mapped.size].tolist():  # the shard is shorter than when it was indexed
+                self._bad(bad, i, truncated(shard, where.keys[i]))
             array = mapped.array
             for i, offset, end in zip(group.tolist(), rows[:, 0].tolist(), ends.tolist(), strict=True):
-                views[i] = array[offset:end]
+                views[i] = array[offset:end] if end <= mapped.size else array[:0]
         return rest
 
-    def _read_ranges(self, where: Located, groups: list[np.ndarray], shards: list[str], views: list[Any]) -> np.ndarray:
-        """Reads the byte ranges of ``groups`` into one buffer: one storage call per shard."""
+    def _read_ranges(self, where: Located, groups: list[np.ndarray], shards: list[str], views: list[Any],
+                     bad: dict[int, DataError]) -> np.ndarray:  # fmt: skip
+        """Reads the byte ranges of ``groups`` into one buffer: one storage call per shard (more
+        only past a sample that cannot be read, with ``skip``)."""
         assert where.ranges is not None
         positions = np.concatenate(groups)
         sizes = where.ranges[positions, 1]
@@ -246,16 +344,30 @@ class Reader:
                 shard, rows = shards[int(group[0])], where.ranges[group].tolist()
                 at = starts[first : first + len(group)].tolist()
                 first += len(group)
-                try:
-                    done = storage.read_ranges_into(shard, rows, out, at)
-                except OSError as e:
-                    raise unreadable(shard, where.keys[int(group[0])], e) from e
-                if done != len(rows):
-                    raise truncated(shard, where.keys[int(group[done])])
+                keys = [where.keys[i] for i in group.tolist()]
+                done = 0
+                while done < len(rows):
+                    try:
+                        done += storage.read_ranges_into(shard, rows[done:], out, at[done:])
+                    except OSError:  # at which sample? one at a time, from the first not read
+                        self._read_singly(storage, shard, rows[done:], out, at[done:], group[done:], keys[done:], bad)
+                        break
+                    if done < len(rows):  # came back short: the shard shrank
+                        self._bad(bad, int(group[done]), truncated(shard, keys[done]))
+                        done += 1
         except BaseException:
             self.buffers.give(buffer)
             raise
         return buffer
+
+    def _read_singly(self, storage: Any, shard: str, rows: list[Any], out: memoryview, at: list[int],
+                     group: np.ndarray, keys: list[str], bad: dict[int, DataError]) -> None:  # fmt: skip
+        for row, start, i, key in zip(rows, at, group.tolist(), keys, strict=True):
+            try:
+                if storage.read_ranges_into(shard, [row], out, [start]) != 1:
+                    self._bad(bad, i, truncated(shard, key))
+            except OSError as e:
+                self._bad(bad, i, unreadable(shard, key, e))
 
     def close(self) -> None:
         for future in self._pending.values():

@@ -117,7 +117,8 @@ class _Graph:
         self.broken = False  # a feed, schedule or output call failed midway: DALI's queues are unknown
         self.held: list[tuple[Batch, bool]] = []  # fed, waiting for the first schedule_run
         self.flight: collections.deque[tuple[Batch, bool]] = collections.deque()  # (batch, repeat)
-        self.uses: collections.Counter[int] = collections.Counter()
+        self.uses: collections.Counter[int] = collections.Counter()  # by id(batch.token)
+        self.owners: dict[int, Batch] = {}  # a batch per token in use: what abandon() releases
 
     @property
     def busy(self) -> int:
@@ -127,12 +128,13 @@ class _Graph:
         """Feeds ``batch`` and schedules its iteration (a ``repeat`` is not yielded). Anything
         raised midway (a rejected feed, Ctrl-C) leaves the graph :attr:`broken`: the runner then
         drops it rather than guess which of DALI's queues moved."""
+        self.uses[id(batch.token)] += 1  # first: a push that fails still owns the batch
+        self.owners.setdefault(id(batch.token), batch)
         self._check()
         try:
             self.pipe.feed_input("encoded", batch.encoded)
             for name, value in batch.factors.items():
                 self.pipe.feed_input(name, value)
-            self.uses[id(batch)] += 1
             if self.started:
                 self.pipe.schedule_run()
                 self.flight.append((batch, repeat))
@@ -153,27 +155,63 @@ class _Graph:
             self.push(self.held[-1][0], repeat=True)
 
     def pop(self, stream: Any) -> tuple[Batch, bool, Any]:
-        """``(batch, repeat, outputs)`` of the oldest scheduled iteration."""
+        """``(batch, repeat, outputs)`` of the oldest scheduled iteration. DALI's failure on that
+        iteration is an :class:`IterationFailed`; the graph is then :attr:`broken` until
+        :meth:`recover` (DALI has consumed the failed iteration and runs the next ones)."""
         self._check()
         try:
             batch, repeat = self.flight.popleft()
-            return batch, repeat, self.pipe.outputs(stream)
         except BaseException:
             self.broken = True
             raise
+        try:
+            return batch, repeat, self.pipe.outputs(stream)
+        except RuntimeError as e:
+            self.broken = True
+            raise IterationFailed(batch, repeat, e) from e
+        except BaseException:
+            self.broken = True
+            raise
+
+    def recover(self) -> None:
+        """After an :class:`IterationFailed`: the queues are known again (the failed iteration is
+        gone, the later ones stand), so the graph is used on."""
+        self.broken = False
 
     def _check(self) -> None:
         if self.broken:
             raise RuntimeError("gpupipe: this DALI pipeline's queues are in an unknown state (a call failed midway)")
 
     def done(self, batch: Batch) -> bool:
-        """One iteration fed from ``batch`` is over; whether it was the last."""
-        key = id(batch)
+        """One iteration fed from ``batch`` (or a retried copy of it) is over; whether it was the last."""
+        key = id(batch.token)
         self.uses[key] -= 1
         if self.uses[key] > 0:
             return False
         del self.uses[key]
+        del self.owners[key]
         return True
+
+    def abandon(self) -> list[Batch]:
+        """Shuts the pipeline down (its threads joined: nothing reads a fed batch any more) and
+        returns every batch it still owned, for their buffers and maps to be released."""
+        self.broken = True
+        with contextlib.suppress(Exception):
+            self.pipe._shutdown()
+        owned = list(self.owners.values())
+        self.owners.clear()
+        self.uses.clear()
+        self.held.clear()
+        self.flight.clear()
+        return owned
+
+
+class IterationFailed(RuntimeError):
+    """DALI failed on one iteration (``error``), of ``batch``."""
+
+    def __init__(self, batch: Batch, repeat: bool, error: RuntimeError) -> None:
+        super().__init__(str(error))
+        self.batch, self.repeat, self.error = batch, repeat, error
 
 
 class Defined(NamedTuple):
@@ -231,6 +269,7 @@ class DaliRunner:
         self.num_threads, self.prefetch = max(1, spec.workers), spec.config.prefetch
         self.channels_last = spec.config.channels_last
         self.device, self.rank, self.seed = spec.device, spec.rank, spec.seed
+        self.skip = spec.skip
         self.decoder_args = spec.config.dali.decoder_args(ranks_per_node=ranks_per_node())
         self.builds = 0  # pipelines built (one per loader, unless DALI fails)
         self._runs = Runs()
@@ -280,16 +319,17 @@ class DaliRunner:
         graph = self._graph
         maps = Maps(self.index.reader.storage) if self.mapped else None  # type: ignore[attr-defined]
         reader = Reader(self.index, plan, graph.lowered.inputs, self.transforms, self._buffers, maps, self._pool,
-                         ahead=self.prefetch + 1)  # fmt: skip
+                        ahead=self.prefetch + 1, skip=self.skip)  # fmt: skip
         fed, limit, error = start, plan.num_batches, None  # feeding stops at `limit`: an unreadable batch
         failed = False
+        ready: dict[int, tuple[Batch, Any]] = {}  # popped ahead of their turn (behind a retried batch)
         try:
             for b in range(start, plan.num_batches):
                 if self._closed:  # closed from another thread while this epoch runs
                     raise ClosedError("the DALI runner was closed during an epoch")
                 while fed < limit and graph.busy < self.prefetch:
                     try:
-                        batch = reader.get(fed)
+                        batch = reader.checked(reader.get(fed))
                     except Exception as e:  # raised when its batch is due, after the ones before it
                         error, limit = e, fed
                         break
@@ -297,29 +337,33 @@ class DaliRunner:
                     fed += 1
                 if fed == limit:
                     graph.start()
-                if b == limit:
+                if b == limit and b not in ready:
                     if self._closed:
                         raise ClosedError("the DALI runner was closed during an epoch")
                     assert error is not None
                     raise error
                 stream = consumer_stream(self.device)  # torch's current stream, asked for each batch
-                repeat = True
-                while repeat:
+                while b not in ready:
                     try:
                         with on_device(self.device):  # DALI reads torch's default stream (0) as the current device's
-                            batch, repeat, outputs = graph.pop(stream)
-                    except RuntimeError as e:
-                        failed = True
-                        raise self._locate_bad_sample(e, plan, b) from e
-                    self._release(graph, batch, stream)
+                            popped, repeat, outputs = graph.pop(stream)
+                    except IterationFailed as f:
+                        if not self.skip or not self._retry(graph, reader, f):
+                            failed = True
+                            raise self._locate_bad_sample(f.error, plan, b) from f.error
+                        continue
+                    self._release(graph, popped, stream)
+                    if not repeat:
+                        ready[popped.b] = (popped, outputs)
+                batch, outputs = ready.pop(b)
                 images, *checks = outputs
-                if checks:
-                    self._raise_failed_checks(graph.lowered, checks[0], batch)
-                yield RawBatch(self._to_torch(images), self._labels(batch), batch.keys)
+                yield self._deliver(graph.lowered, batch, self._to_torch(images), checks[0] if checks else None)
         finally:
             reader.close()
             if failed or graph.broken or not self._drain(graph):
                 self._graph = None  # DALI failed, or a call failed midway: a fresh pipeline next epoch
+                for batch in graph.abandon():  # after the shutdown: no thread reads them any more
+                    Batch.release(batch.maps, batch.buffer, self._buffers)
             if maps is not None:
                 maps.close()  # each lease goes once no batch in flight uses its map
             self.index.close()  # the reader threads' open files end with the epoch
@@ -361,16 +405,70 @@ class DaliRunner:
         self._graph = None
         self._pool.shutdown(wait=True, cancel_futures=True)
 
-    @staticmethod
-    def _raise_failed_checks(lowered: Lowered, checks: Any, batch: Batch) -> None:
-        """Raises the error of the first sample that failed a check the graph computed."""
-        for b, size, message in lowered.failures(np.asarray(checks.as_tensor())):
-            raise SampleError.at(message, shard=batch.shards[b], key=batch.keys[b], size=size)
+    def _deliver(self, lowered: Lowered, batch: Batch, images: torch.Tensor, checks: Any) -> RawBatch:
+        """The batch as yielded. A sample that failed a check the graph computed (too small for a
+        transform) raises its error, or with ``skip`` is left out: its image, label and key are
+        replaced by those of the batch's first good sample (zeros if none is)."""
+        skipped, labels, keys = dict(batch.skipped), batch.labels, batch.keys
+        failures = lowered.failures(np.asarray(checks.as_tensor())) if checks is not None else []
+        new = {}
+        for b, size, message in failures:
+            error = SampleError.at(message, shard=batch.shards[b], key=batch.keys[b], size=size)
+            if not self.skip:
+                raise error
+            if b not in skipped:
+                new[b] = error
+        if new:
+            skipped.update(new)
+            positions = sorted(new)
+            good = next((i for i in range(len(keys)) if i not in skipped), None)
+            keys = list(keys)
+            if good is None:
+                images[positions] = 0
+            else:
+                images[positions] = images[good]
+                labels = None if labels is None else labels.copy()
+                for i in positions:
+                    keys[i] = keys[good]
+                    if labels is not None:
+                        labels[i] = labels[good]
+        label_tensor = None if labels is None else to_device(torch.from_numpy(labels), self.device)
+        return RawBatch(images, label_tensor, keys, tuple(sorted(skipped.items())))
 
-    def _labels(self, batch: Batch) -> torch.Tensor | None:
-        if batch.labels is None:
-            return None
-        return to_device(torch.from_numpy(batch.labels), self.device)
+    def _retry(self, graph: _Graph, reader: Reader, failure: IterationFailed) -> bool:
+        """With ``skip``, after DALI failed on a batch: finds the samples gpupipe's decoder rejects
+        and feeds the batch again with copies of a good sample in their places (it comes out
+        after the iterations already scheduled, which wait for it). ``False`` if the failure is
+        not known to be bad data (then it is raised)."""
+        from nvidia.dali.tensors import TensorCPU
+
+        from ..._decode import decode_rgb
+
+        batch = failure.batch
+        if failure.repeat:  # a padding iteration nobody sees
+            graph.recover()
+            self._release(graph, batch, None)
+            return True
+        if device_failure(failure.error, batch=batch.b) is not None:
+            return False
+        bad: dict[int, Any] = dict(batch.skipped)
+        for i, view in enumerate(batch.views):
+            if i not in bad:
+                try:
+                    decode_rgb(bytes(view), shard=batch.shards[i], key=batch.keys[i])
+                except SampleError as e:
+                    bad[i] = e
+        if len(bad) == len(batch.skipped):
+            return False
+        views, keys, shards = list(batch.views), list(batch.keys), list(batch.shards)
+        labels, drawn = reader.substitute(bad, batch.samples, views, batch.labels, keys, shards)
+        encoded = [TensorCPU(view) for view in views]
+        fixed = batch._replace(keys=keys, shards=shards, labels=labels, encoded=encoded, views=views,
+                               factors=reader.factors(drawn), skipped=tuple(sorted(bad.items())))  # fmt: skip
+        graph.recover()
+        graph.push(fixed)  # shares the batch's buffer and maps (same token): they stay
+        self._release(graph, batch, None)
+        return True
 
     def _to_torch(self, images: Any) -> torch.Tensor:
         out = torch.from_dlpack(images.as_tensor())
@@ -404,6 +502,21 @@ _OUT_OF_MEMORY = ("out of memory", "can't allocate", "allocation failed", "cudae
 _CUDA_FAILURE = ("cuda error", "cudaerror", "cuda_error", "cuda runtime error")
 
 
+def _detail(error: BaseException) -> str:
+    lines = str(error).strip().splitlines() or ["(no message)"]
+    return next((line for line in reversed(lines) if "failure" in line or "rror" in line), lines[0])[:300]
+
+
+def device_failure(error: BaseException, *, batch: int) -> Exception | None:
+    """The error to raise if DALI's failure is the device's or the memory's (never bad data)."""
+    lowered = str(error).lower()
+    if any(marker in lowered for marker in _OUT_OF_MEMORY):
+        return torch.OutOfMemoryError(f"DALI ran out of memory on batch {batch}: {_detail(error)}")
+    if any(marker in lowered for marker in _CUDA_FAILURE):
+        return RuntimeError(f"DALI failed on the device on batch {batch}: {_detail(error)}")
+    return None
+
+
 def explain_failure(error: RuntimeError, candidates: Iterable[RawSample], *, batch: int, ahead: int) -> Exception:
     """What a DALI failure means. DALI's errors name no sample, so:
 
@@ -415,14 +528,10 @@ def explain_failure(error: RuntimeError, candidates: Iterable[RawSample], *, bat
     """
     from ..._decode import decode_rgb
 
-    text = str(error)
-    lines = text.strip().splitlines() or ["(no message)"]
-    detail = next((line for line in reversed(lines) if "failure" in line or "rror" in line), lines[0])[:300]
-    lowered = text.lower()
-    if any(marker in lowered for marker in _OUT_OF_MEMORY):
-        return torch.OutOfMemoryError(f"DALI ran out of memory on batch {batch}: {detail}")
-    if any(marker in lowered for marker in _CUDA_FAILURE):
-        return RuntimeError(f"DALI failed on the device on batch {batch}: {detail}")
+    detail = _detail(error)
+    failure = device_failure(error, batch=batch)
+    if failure is not None:
+        return failure
     for raw in candidates:
         try:
             decode_rgb(raw.data, shard=raw.shard, key=raw.key)

@@ -13,7 +13,7 @@ from ..._decode import decode_rgb
 from ..._errors import ClosedError, DataError, SampleError
 from ..._plan import RankPlan
 from ...sources import Index
-from ...transforms import Transform
+from ...transforms import ImageSpec, Transform
 from .._base import RawBatch, Runs, RunSpec
 from ._kernels import apply_pipeline, sample_factors
 
@@ -64,15 +64,31 @@ class _Samples(Dataset["Sample | _Failure"]):
         return image, raw.label, raw.key
 
 
-def _collate(items: list[Sample | _Failure]) -> RawBatch | _Failure:
-    samples: list[Sample] = []
-    for item in items:
-        if isinstance(item, _Failure):
-            return item
-        samples.append(item)
-    images = torch.stack([s[0] for s in samples])
-    labels = None if samples[0][1] is None else torch.tensor([s[1] for s in samples], dtype=torch.int64)
-    return RawBatch(images, labels, [s[2] for s in samples])
+class _Collate:
+    """Stacks a batch's samples. A sample that failed raises (its ``_Failure`` is the batch), or,
+    with ``skip``, is replaced by a copy of the first good sample of the batch (zeros of the
+    output's shape, label 0, if none is good) and listed by position."""
+
+    def __init__(self, skip: bool, output: ImageSpec | None, labeled: bool) -> None:
+        self.skip, self.output, self.labeled = skip, output, labeled
+
+    def __call__(self, items: list[Sample | _Failure]) -> RawBatch | _Failure:
+        failed = [(i, item) for i, item in enumerate(items) if isinstance(item, _Failure)]
+        if failed and not self.skip:
+            return failed[0][1]
+        good = [item for item in items if not isinstance(item, _Failure)]
+        donor = good[0] if good else self._blank(failed[0][1])
+        samples = [donor if isinstance(item, _Failure) else item for item in items]
+        images = torch.stack([s[0] for s in samples])
+        labels = None if samples[0][1] is None else torch.tensor([s[1] for s in samples], dtype=torch.int64)
+        return RawBatch(images, labels, [s[2] for s in samples], tuple(failed))  # type: ignore[arg-type]
+
+    def _blank(self, failure: _Failure) -> Sample:
+        spec = self.output
+        if spec is None or not spec.fixed_size:
+            raise failure.error()
+        image = torch.zeros(spec.channels, spec.height, spec.width, dtype=spec.dtype)  # type: ignore[arg-type]
+        return image, 0 if self.labeled else None, failure.key or ""
 
 
 class _Batches:
@@ -100,7 +116,7 @@ class TorchRunner:
         self._loader: DataLoader[Sample | _Failure] | None = DataLoader(
             _Samples(spec.index, spec.transforms),
             batch_sampler=self._batches,
-            collate_fn=_collate,
+            collate_fn=_Collate(spec.skip, spec.output, spec.index.labeled),
             num_workers=spec.workers,
             prefetch_factor=spec.config.prefetch if spec.workers else None,
             persistent_workers=spec.workers > 0,
@@ -125,13 +141,14 @@ class TorchRunner:
                     raise ClosedError("the torch runner was closed during an epoch")
                 if isinstance(batch, _Failure):
                     raise batch.error()
-                images, labels, keys = batch
+                images, labels, keys, failed = batch
+                skipped = tuple((i, f.error()) for i, f in failed)
                 if self.device.type != "cpu":
                     images = images.to(self.device, non_blocking=True)
                     labels = None if labels is None else labels.to(self.device, non_blocking=True)
                 if self.channels_last:
                     images = images.contiguous(memory_format=torch.channels_last)
-                yield RawBatch(images, labels, keys)
+                yield RawBatch(images, labels, keys, skipped)
         finally:
             if self._closed:
                 self._shutdown()
