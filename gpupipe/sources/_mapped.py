@@ -102,11 +102,7 @@ class MappedFile:
         """Counts a use of the mapping and says whether it may be read: ``False`` (and no use
         counted) once retired or once the lease is breaking, for good."""
         with self._lock:
-            if self._retired or self._fd is None:
-                return False
-            if not _lease_held(self._fd):
-                log.info("gpupipe: %s is being written or truncated: reading it with pread from now on", self.path)
-                self._retire()
+            if self._retired or not self._stands():
                 return False
             self._uses += 1
             return True
@@ -116,21 +112,17 @@ class MappedFile:
         releases the lease."""
         with self._lock:
             self._uses -= 1
-            if self._uses == 0 and not self._retired and self._fd is not None and not _lease_held(self._fd):
-                self._retired = True
-            if self._retired and self._uses == 0:
-                self._release()
+            if self._uses == 0:
+                if self._retired:
+                    self._release()
+                else:
+                    self._stands()  # a breaking lease goes now
 
     def valid(self) -> bool:
         """Whether views of the mapping may still be handed to a reader now: the lease stands and
         no writer waits on it. A breaking lease retires the mapping (released once unused)."""
         with self._lock:
-            if self._fd is None:
-                return False
-            if not _lease_held(self._fd):
-                self._retire()
-                return False
-            return True
+            return self._stands()
 
     def retire(self) -> None:
         """No new use; the lease goes as soon as no use is left (now, if none is)."""
@@ -141,6 +133,18 @@ class MappedFile:
     def leased(self) -> bool:
         """Whether the lease is still held (for tests and diagnostics)."""
         return self._fd is not None
+
+    def _stands(self) -> bool:
+        """Under the lock: whether the lease stands. A breaking one retires the mapping (its lease
+        goes once no use is left): the one check behind acquire, give and valid."""
+        if self._fd is None:
+            return False
+        if not _lease_held(self._fd):
+            if not self._retired:
+                log.info("gpupipe: %s is being written or truncated: reading it with pread from now on", self.path)
+            self._retire()
+            return False
+        return True
 
     def _retire(self) -> None:
         self._retired = True

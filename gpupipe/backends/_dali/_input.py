@@ -321,7 +321,7 @@ class Reader:
                 self._bad(bad, i, truncated(shard, where.keys[i]))
             array = mapped.array
             for i, offset, end in zip(group.tolist(), rows[:, 0].tolist(), ends.tolist(), strict=True):
-                views[i] = array[offset:end] if end <= mapped.size else array[:0]
+                views[i] = array[offset:end]  # past the end: a short view (never read; substituted)
         return rest
 
     def _read_ranges(self, where: Located, groups: list[np.ndarray], shards: list[str], views: list[Any],
@@ -344,16 +344,16 @@ class Reader:
                 shard, rows = shards[int(group[0])], where.ranges[group].tolist()
                 at = starts[first : first + len(group)].tolist()
                 first += len(group)
-                keys = [where.keys[i] for i in group.tolist()]
                 done = 0
                 while done < len(rows):
                     try:
                         done += storage.read_ranges_into(shard, rows[done:], out, at[done:])
                     except OSError:  # at which sample? one at a time, from the first not read
-                        self._read_singly(storage, shard, rows[done:], out, at[done:], group[done:], keys[done:], bad)
+                        self._read_singly(storage, shard, rows[done:], out, at[done:], group[done:], where.keys, bad)
                         break
                     if done < len(rows):  # came back short: the shard shrank
-                        self._bad(bad, int(group[done]), truncated(shard, keys[done]))
+                        i = int(group[done])
+                        self._bad(bad, i, truncated(shard, where.keys[i]))
                         done += 1
         except BaseException:
             self.buffers.give(buffer)
@@ -362,7 +362,9 @@ class Reader:
 
     def _read_singly(self, storage: Any, shard: str, rows: list[Any], out: memoryview, at: list[int],
                      group: np.ndarray, keys: list[str], bad: dict[int, DataError]) -> None:  # fmt: skip
-        for row, start, i, key in zip(rows, at, group.tolist(), keys, strict=True):
+        """Reads ``rows`` one by one, so that an error names its own sample (``keys[group[j]]``)."""
+        for row, start, i in zip(rows, at, group.tolist(), strict=True):
+            key = keys[i]
             try:
                 if storage.read_ranges_into(shard, [row], out, [start]) != 1:
                     self._bad(bad, i, truncated(shard, key))

@@ -337,7 +337,7 @@ class DaliRunner:
                     fed += 1
                 if fed == limit:
                     graph.start()
-                if b == limit and b not in ready:
+                if b == limit:
                     if self._closed:
                         raise ClosedError("the DALI runner was closed during an epoch")
                     assert error is not None
