@@ -15,7 +15,7 @@ import warnings
 import numpy as np
 import torch
 
-from ._errors import SampleError
+from ._errors import Damage, SampleError
 
 __all__ = ["decode_rgb"]
 
@@ -46,7 +46,8 @@ def _decode_pillow(data: bytes) -> torch.Tensor:
 def decode_rgb(data: bytes, *, shard: str, key: str) -> torch.Tensor:
     """Decodes ``data`` to a uint8 ``[3, H, W]`` tensor; raises SampleError naming shard and key."""
     if not data:
-        raise SampleError(f"the image of sample {key!r} in shard {shard!r} is empty", shard=shard, key=key)
+        message = f"the image of sample {key!r} in shard {shard!r} is empty"
+        raise SampleError(message, shard=shard, key=key, kind=Damage.EMPTY_IMAGE)
     try:
         if decode_image is not None and data.startswith(_TORCHVISION_MAGIC):
             return _decode_torchvision(data)
@@ -56,4 +57,5 @@ def decode_rgb(data: bytes, *, shard: str, key: str) -> torch.Tensor:
             f"cannot decode the image of sample {key!r} in shard {shard!r}: {type(e).__name__}: {e}",
             shard=shard,
             key=key,
+            kind=Damage.UNDECODABLE,
         ) from e

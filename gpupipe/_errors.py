@@ -10,7 +10,10 @@ re-raised across DataLoader worker processes.
 
 from __future__ import annotations
 
+import enum
+
 __all__ = [
+    "Damage",
     "GpupipeError",
     "ConfigError",
     "PipelineError",
@@ -47,13 +50,51 @@ class ClosedError(GpupipeError, RuntimeError):
     """The loader (or its runner) was closed: it cannot be iterated again."""
 
 
-class DataError(GpupipeError):
-    """Bad input data. Subclasses name the shard and, where known, the sample key."""
+class Damage(str, enum.Enum):
+    """What is wrong with a shard or a sample: :attr:`DataError.kind`, the kinds
+    ``gpupipe check`` counts, and :attr:`~gpupipe.SkippedSample.kind`.
 
-    def __init__(self, message: str, *, shard: str | None = None, key: str | None = None) -> None:
+    Shards: ``MISSING_SHARD`` (no such file), ``UNREADABLE_SHARD`` (an I/O error, or not a tar
+    file), ``EMPTY_SHARD`` (no samples), ``TRUNCATED_SHARD`` (the file ends inside a member; the
+    complete samples before the cut are usable, and a shard that shrank after indexing is one too).
+    Samples: ``NO_IMAGE``, ``NO_LABEL``, ``DUPLICATE_KEY`` (a key seen before in the shard; the
+    first one is used), ``BAD_LABEL`` (not an ASCII int64), ``EMPTY_IMAGE`` (zero bytes),
+    ``UNDECODABLE`` (not an image the decoders read, or corrupt), ``TOO_LARGE`` (over the pixel
+    limit), ``TOO_SMALL`` (smaller than a transform needs).
+    """
+
+    MISSING_SHARD = "missing-shard"
+    UNREADABLE_SHARD = "unreadable-shard"
+    EMPTY_SHARD = "empty-shard"
+    TRUNCATED_SHARD = "truncated-shard"
+    NO_IMAGE = "no-image"
+    NO_LABEL = "no-label"
+    DUPLICATE_KEY = "duplicate-key"
+    BAD_LABEL = "bad-label"
+    EMPTY_IMAGE = "empty-image"
+    UNDECODABLE = "undecodable"
+    TOO_LARGE = "too-large"
+    TOO_SMALL = "too-small"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class DataError(GpupipeError):
+    """Bad input data. Subclasses name the shard and, where known, the sample key.
+
+    Attributes:
+        shard, key: where (``None`` where unknown).
+        kind: what is wrong, a :class:`Damage` (``None`` where not classified).
+    """
+
+    def __init__(
+        self, message: str, *, shard: str | None = None, key: str | None = None, kind: Damage | None = None
+    ) -> None:
         super().__init__(message)
         self.shard = shard
         self.key = key
+        self.kind = kind
 
 
 class ShardError(DataError):
@@ -65,7 +106,15 @@ class SampleError(DataError):
     too small for a transform."""
 
     @classmethod
-    def at(cls, message: str, *, shard: str, key: str, size: tuple[int, int] | None = None) -> SampleError:
+    def at(
+        cls,
+        message: str,
+        *,
+        shard: str,
+        key: str,
+        size: tuple[int, int] | None = None,
+        kind: Damage | None = Damage.TOO_SMALL,
+    ) -> SampleError:
         """``"sample '<key>' in shard '<shard>' (<h>x<w>): <message>"``, the same on every backend."""
         where = f" ({size[0]}x{size[1]})" if size is not None else ""
-        return cls(f"sample {key!r} in shard {shard!r}{where}: {message}", shard=shard, key=key)
+        return cls(f"sample {key!r} in shard {shard!r}{where}: {message}", shard=shard, key=key, kind=kind)

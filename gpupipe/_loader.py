@@ -13,10 +13,10 @@ import numpy as np
 import torch
 
 from . import _dist, backends
-from ._config import LoaderConfig
+from ._config import LoaderConfig, OnError
 from ._errors import ClosedError, ConfigError, DataError, GpupipeError, PipelineError
 from ._pipeline import Pipeline
-from ._plan import PlanSpec, RankPlan, rank_plan
+from ._plan import PlanSpec, RankPlan, mask_digest, rank_plan
 from ._validate import check_int, is_int
 from .sources import Index
 
@@ -57,13 +57,17 @@ class Batch(tuple):
 
 @dataclasses.dataclass(frozen=True)
 class SkippedSample:
-    """A sample a loader left out (``on_error="skip"``): where it is, why, and the first epoch
-    it was skipped in. ``str()`` is the error's message."""
+    """A sample (or a whole shard: ``key`` ``None``) a loader left out: where it is, why, what
+    kind of damage (a :class:`~gpupipe.Damage` value, ``None`` where unclassified), and the first
+    epoch it was skipped in, ``None`` for those left out of every epoch before the loader ran
+    (damage found when indexing, samples listed by ``gpupipe check``). ``str()`` is the error's
+    message."""
 
     key: str | None
     shard: str | None
     reason: str
-    epoch: int
+    epoch: int | None
+    kind: str | None = None
 
     def __str__(self) -> str:
         return self.reason
@@ -146,17 +150,20 @@ class Loader:
         self._current: weakref.ref[Generator[Batch, None, None]] | None = None  # the running iteration
         self._skipped: dict[tuple[str | None, str | None], SkippedSample] = {}  # by (shard, key), first time
         self._skipped_in_epoch = 0  # samples of self.epoch skipped so far (the cap's count)
-        self.index = pipeline.source.index(rank=self.rank, world_size=self.world_size)
-        if len(self.index) == 0:
+        self.index = pipeline.source.index(rank=self.rank, world_size=self.world_size, on_error=config.on_error)
+        self._excluded = self.index.bad
+        self._left_out()
+        if len(self.index) - len(self._excluded) <= 0:
             raise ConfigError(f"Loader: the source has no samples: {pipeline.source!r}")
         self.plan_spec = PlanSpec(
-            num_samples=len(self.index),
+            num_samples=len(self.index) - len(self._excluded),
             world_size=self.world_size,
             batch_size=config.batch_size,
             drop_last=config.drop_last,
             shuffle=config.shuffle,
             shuffle_buffer=config.shuffle_buffer,
             interleave=config.interleave,
+            mask=mask_digest(self._excluded),
         )
         _dist.check_same(
             topo,
@@ -200,8 +207,40 @@ class Loader:
             self._len,
         )
 
+    def _left_out(self) -> None:
+        """Records what is left out of every epoch before it runs: damage the index found (under
+        ``"skip"``; ``"raise"`` raised it already) and samples listed as bad by ``gpupipe check``
+        (under either policy); logs a summary once and applies the cap to the dataset."""
+        found, listed = self.index.problems, self.index.bad_errors()
+        for error in (*found, *listed):
+            where = (error.shard, error.key)
+            if where not in self._skipped:
+                kind = error.kind.value if error.kind is not None else None
+                self._skipped[where] = SkippedSample(error.key, error.shard, str(error), None, kind)
+        if not (found or listed):
+            return
+        log.warning(
+            "gpupipe: leaving out %d damaged shards or samples found when indexing (on_error='skip') and %d "
+            "samples listed as bad by gpupipe check; loader.skipped lists them. First: %s",
+            len(found),
+            len(listed),
+            (found or listed)[0],
+        )
+        if self.config.on_error is OnError.SKIP:
+            known = len(found) + len(listed)
+            limit = self.config.skip_limit(len(self.index) + sum(e.key is not None for e in found))
+            if limit is not None and known > limit:
+                raise DataError(
+                    f"the dataset has {known} damaged shards or samples known before the first epoch, more than "
+                    f"max_skipped={self.config.max_skipped!r} allows ({limit}). First: {(found or listed)[0]}. "
+                    "`python -m gpupipe check` lists them all.",
+                    shard=(found or listed)[0].shard,
+                    key=(found or listed)[0].key,
+                )
+
     @property
     def num_samples(self) -> int:
+        """Samples per epoch over all ranks: the index's, less those known to be bad."""
         return self.plan_spec.num_samples
 
     # The options as attributes, read-only (as in gpupipe 0.1): the config is the one source.
@@ -278,6 +317,7 @@ class Loader:
             seed=self.seed,
             epoch=epoch,
             rank=self.rank,
+            excluded=self._excluded,
         )
 
     def __iter__(self) -> Generator[Batch, None, None]:
@@ -330,7 +370,8 @@ class Loader:
             valid[position] = False
             where = (error.shard, error.key)
             if where not in self._skipped:
-                self._skipped[where] = SkippedSample(error.key, error.shard, str(error), epoch)
+                kind = error.kind.value if error.kind is not None else None
+                self._skipped[where] = SkippedSample(error.key, error.shard, str(error), epoch, kind)
                 log.warning("gpupipe: skipped a sample (on_error='skip'): %s", error)
         if limit is not None and self._skipped_in_epoch > limit:
             first = next(iter(self._skipped.values()))
@@ -382,7 +423,8 @@ class Loader:
         self.epoch, self._yielded = epoch, done
         self._resume_at = (epoch, done)
         records = [SkippedSample(**r) for r in state.get("skipped", ())]
-        self._skipped = {(r.shard, r.key): r for r in records}
+        before = {where: r for where, r in self._skipped.items() if r.epoch is None}  # known when indexing
+        self._skipped = {**before, **{(r.shard, r.key): r for r in records}}
         self._skipped_in_epoch = int(state.get("skipped_in_epoch", 0))
 
 
@@ -399,7 +441,7 @@ def _upgrade_state(state: Any) -> dict[str, Any]:
         return {
             **{k: v for k, v in state.items() if k not in fields},
             "version": STATE_VERSION,
-            "plan": {k: state.get(k) for k in fields},
+            "plan": {k: state[k] for k in fields if k in state},
         }
     if version != STATE_VERSION or not isinstance(state.get("plan"), dict):
         raise ConfigError(f"Loader.load_state_dict: not a gpupipe loader state (version {STATE_VERSION} or 1)")

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["PlanSpec", "RankPlan", "rank_plan", "num_batches", "rank_range", "shard_permutation"]
+__all__ = ["PlanSpec", "RankPlan", "rank_plan", "num_batches", "rank_range", "shard_permutation", "mask_digest"]
 
 
 def _rng(seed: int, epoch: int, *more: int) -> np.random.Generator:
@@ -52,7 +52,12 @@ class PlanSpec:
     """Everything a rank's epoch plan depends on besides ``(seed, epoch, rank)``: the dataset's
     size and the loader's settings. Ranks of one job must agree on it (checked when
     ``torch.distributed`` is initialized), and a saved loader state resumes only under an equal
-    one."""
+    one.
+
+    ``num_samples`` counts the samples the plan draws from: the index's, less those ``excluded``
+    (known bad); ``mask`` is a digest of the excluded sample numbers (``""``: none), so that ranks
+    with different bad-sample lists, or a state saved under another list, are told apart.
+    """
 
     num_samples: int
     world_size: int
@@ -61,6 +66,7 @@ class PlanSpec:
     shuffle: bool
     shuffle_buffer: int
     interleave: int
+    mask: str = ""
 
     @property
     def num_batches(self) -> int:
@@ -74,7 +80,21 @@ class PlanSpec:
 
     def differences(self, other: Mapping[str, Any]) -> list[str]:
         """``"name=<other's> (this loader: <mine>)"`` for each field where ``other`` differs."""
-        return [f"{k}={other.get(k)!r} (this loader: {v!r})" for k, v in self.as_dict().items() if other.get(k) != v]
+        defaults = {f.name: f.default for f in dataclasses.fields(self) if f.default is not dataclasses.MISSING}
+        return [
+            f"{k}={other.get(k, defaults.get(k))!r} (this loader: {v!r})"
+            for k, v in self.as_dict().items()
+            if other.get(k, defaults.get(k)) != v
+        ]
+
+
+def mask_digest(excluded: np.ndarray) -> str:
+    """A short digest of sorted excluded sample numbers; ``""`` for none."""
+    if not len(excluded):
+        return ""
+    import hashlib
+
+    return f"{len(excluded)}:" + hashlib.sha1(np.ascontiguousarray(excluded, dtype="<i8").tobytes()).hexdigest()[:16]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,12 +152,32 @@ def _interleave(pieces: list[np.ndarray], interleave: int, rng: np.random.Genera
 
 
 def rank_plan(
-    shard_sizes: np.ndarray, spec: PlanSpec, *, sequential: bool, seed: int, epoch: int, rank: int
+    shard_sizes: np.ndarray,
+    spec: PlanSpec,
+    *,
+    sequential: bool,
+    seed: int,
+    epoch: int,
+    rank: int,
+    excluded: np.ndarray | None = None,
 ) -> RankPlan:
     """The plan of ``rank`` for ``epoch`` (the contract: README, "Epochs, distributed training and
     resuming"). ``sequential`` sources (tar shards) are shuffled in two levels, shards then a
-    window of samples; others (ImageFolder) get a full permutation."""
+    window of samples; others (ImageFolder) get a full permutation.
+
+    ``excluded`` (sorted global sample numbers, known bad) are left out without renumbering: the
+    plan is drawn over the remaining samples, shard by shard, as if each shard held only those,
+    and its positions are then mapped back to the index's sample numbers."""
     shard_sizes = np.asarray(shard_sizes, dtype=np.int64)
+    if excluded is not None and len(excluded):
+        excluded = np.asarray(excluded, dtype=np.int64)
+        offsets = np.concatenate([[0], np.cumsum(shard_sizes)])
+        per_shard = np.bincount(np.searchsorted(offsets, excluded, side="right") - 1, minlength=len(shard_sizes))
+        plan = rank_plan(shard_sizes - per_shard, spec, sequential=sequential, seed=seed, epoch=epoch, rank=rank)
+        # good sample g is the g-th number not excluded: g + (excluded numbers at or below it)
+        below = excluded - np.arange(len(excluded), dtype=np.int64)
+        samples = plan.samples + np.searchsorted(below, plan.samples, side="right")
+        return dataclasses.replace(plan, samples=samples)
     offsets = np.concatenate([[0], np.cumsum(shard_sizes)]).astype(np.int64)
     total = int(offsets[-1])
     if total != spec.num_samples:

@@ -12,7 +12,7 @@ from gpupipe import transforms as T
 
 def test_top_level_api():
     assert sorted(gp.__all__) == sorted([
-        "Pipeline", "Loader", "LoaderConfig", "DaliOptions", "OnError", "Batch", "SkippedSample", "RankPlan",
+        "Pipeline", "Loader", "LoaderConfig", "DaliOptions", "OnError", "Batch", "SkippedSample", "Damage", "RankPlan",
         "Source", "WebDataset", "ImageFolder",
         "load_pipeline", "register_lowering", "ShardWriter", "transforms", "sources", "GpupipeError", "ConfigError",
         "PipelineError", "UnsupportedTransformError", "BackendUnavailableError", "ClosedError", "DataError",

@@ -105,6 +105,7 @@ class TestStateVersions:
             shuffle=False,
             shuffle_buffer=4096,
             interleave=64,
+            mask="",
         )
 
     def test_version_1_states_still_load(self, shards):

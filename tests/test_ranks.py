@@ -4,6 +4,7 @@ every backend: exact-once evaluation, training epochs, padding, and start-up at 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import pytest
@@ -98,7 +99,7 @@ class _Simulated(Source):
 
         return load
 
-    def index(self, *, rank: int = 0, world_size: int = 1) -> Index:
+    def index(self, *, rank: int = 0, world_size: int = 1, on_error: Any = "raise") -> Index:
         shards = [ShardIndex(self.tar, size=int(n), loader=self._loader(s)) for s, n in enumerate(self.sizes)]
         return Index(shards, reader=TarReader(LocalStorage(), labeled=True), sequential=True, labeled=True)
 

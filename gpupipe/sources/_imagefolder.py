@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from typing import Any
 
 import numpy as np
 
-from .._errors import ConfigError, SampleError, ShardError
+from .._errors import ConfigError, Damage, SampleError, ShardError
 from ._index import Index, RawSample, ShardIndex, Source
 from ._storage import LocalStorage, Storage
 
@@ -45,7 +46,9 @@ class ImageFolder(Source):
     def classes(self) -> list[str]:
         return sorted(e.name for e in os.scandir(self.root) if e.is_dir())
 
-    def index(self, *, rank: int = 0, world_size: int = 1) -> Index:
+    def index(self, *, rank: int = 0, world_size: int = 1, on_error: Any = "raise") -> Index:
+        """Lists the class folders' image files (``on_error`` has nothing to do here: an image
+        file is read, and judged, when its sample is)."""
         classes = self.classes
         if not classes:
             raise ShardError(f"ImageFolder: no class folders in {self.root!r}", shard=self.root)
@@ -75,7 +78,10 @@ class FileReader:
             with self.storage.open(f"{shard.path}/{key}") as f:
                 data = f.read()
         except OSError as e:
-            raise SampleError(f"cannot read sample {key!r} in {shard.path!r}: {e}", shard=shard.path, key=key) from e
+            kind = Damage.NO_IMAGE if isinstance(e, FileNotFoundError) else Damage.UNREADABLE_SHARD
+            raise SampleError(
+                f"cannot read sample {key!r} in {shard.path!r}: {e}", shard=shard.path, key=key, kind=kind
+            ) from e
         return RawSample(key, shard.path, data, int(shard.column("label")[i]))
 
     def close(self) -> None:

@@ -16,11 +16,43 @@ from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
-from .._errors import ShardError
+from .._errors import Damage, DataError, SampleError, ShardError
 
-__all__ = ["RawSample", "ShardIndex", "ShardDetail", "Reader", "Index", "Source", "Located", "NO_LABEL"]
+__all__ = [
+    "RawSample",
+    "ShardIndex",
+    "ShardDetail",
+    "Reader",
+    "Index",
+    "Source",
+    "Located",
+    "NO_LABEL",
+    "Problem",
+    "SHARD_DAMAGE",
+    "problem_error",
+]
 
 NO_LABEL = np.iinfo(np.int64).min  # in a parsed ``label`` column: the label member is not an integer
+
+SHARD_DAMAGE = frozenset({Damage.MISSING_SHARD, Damage.UNREADABLE_SHARD, Damage.EMPTY_SHARD, Damage.TRUNCATED_SHARD})
+
+
+class Problem(NamedTuple):
+    """Damage an index found: a whole shard's (``key`` ``None``) or a sample's that the index
+    leaves out of its numbering (no image, no label, a duplicate key). ``detail`` completes the
+    sentence ``"sample '<key>' in shard '<shard>' ..."`` (or ``"shard '<shard>' ..."``)."""
+
+    kind: Damage
+    key: str | None
+    detail: str
+
+
+def problem_error(shard: str, problem: Problem) -> DataError:
+    """The error of ``problem`` in ``shard``: a ShardError for a shard's damage, else a SampleError."""
+    kind, key, detail = problem
+    where = f"shard {shard!r}" if key is None else f"sample {key!r} in shard {shard!r}"
+    cls = ShardError if kind in SHARD_DAMAGE else SampleError
+    return cls(f"{where} {detail}", shard=shard, key=key, kind=kind)
 
 
 class RawSample(NamedTuple):
@@ -72,6 +104,12 @@ class ShardIndex:
         size: the number of samples, when the details load later.
         loader: returns ``(keys, columns)``, when the details load later.
         dali_index: the shard's cached index file in DALI's format, where there is one.
+        problems: damage found when the shard was indexed (:class:`Problem`); samples listed
+            there are not numbered.
+
+    Attributes:
+        bad: ``(sample number, problem)`` of numbered samples known to be bad (listed by
+            ``gpupipe check`` beside the shard), sorted; loaders leave them out of their plans.
     """
 
     def __init__(
@@ -83,17 +121,24 @@ class ShardIndex:
         size: int | None = None,
         loader: Callable[[], ShardDetail] | None = None,
         dali_index: str | None = None,
+        problems: tuple[Problem, ...] = (),
     ) -> None:
         if keys is None and (loader is None or size is None):
             raise ValueError("ShardIndex needs keys, or a size and a loader")
         self.path = path
         self.dali_index = dali_index
+        self.problems = tuple(problems)
+        self.bad: tuple[tuple[int, Problem], ...] = ()
         self.size = len(keys) if keys is not None else int(size)  # type: ignore[arg-type]
         self._loader = loader
         self._detail: ShardDetail | None = None if keys is None else (keys, dict(columns or {}))
 
     def __len__(self) -> int:
         return self.size
+
+    def errors(self) -> list[DataError]:
+        """The :attr:`problems` as errors naming this shard (and the sample)."""
+        return [problem_error(self.path, p) for p in self.problems]
 
     @property
     def lazy(self) -> bool:
@@ -180,6 +225,24 @@ class Index:
     def __len__(self) -> int:
         return int(self.offsets[-1])
 
+    @property
+    def problems(self) -> list[DataError]:
+        """Damage found when indexing, shard by shard: whole shards refused, in part (truncated)
+        or whole (missing, unreadable, empty), and samples left out of the numbering (no image,
+        no label, duplicate key). ``Source.index(on_error="raise")`` raises the first."""
+        return [e for s in self.shards for e in s.errors()]
+
+    @property
+    def bad(self) -> np.ndarray:
+        """int64 ``[K]``, sorted: the global numbers of the samples listed as bad beside their
+        shards (``ShardIndex.bad``), which loaders leave out of their plans."""
+        parts = [np.array([n for n, _ in s.bad], np.int64) + self.offsets[i] for i, s in enumerate(self.shards)]
+        return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+    def bad_errors(self) -> list[DataError]:
+        """The errors of :attr:`bad`, in order."""
+        return [problem_error(s.path, p) for s in self.shards for _, p in s.bad]
+
     def close(self) -> None:
         """Closes what the reader holds open (it reopens on the next read)."""
         self.reader.close()
@@ -249,6 +312,8 @@ class Source(abc.ABC):
     """
 
     @abc.abstractmethod
-    def index(self, *, rank: int = 0, world_size: int = 1) -> Index:
+    def index(self, *, rank: int = 0, world_size: int = 1, on_error: Any = "raise") -> Index:
         """Indexes the source. ``rank`` and ``world_size`` only spread first-time work (scanning)
-        between ranks; every rank gets the same index."""
+        between ranks; every rank gets the same index. Damage found while indexing raises its
+        :class:`~gpupipe.DataError` under ``on_error="raise"``; under ``"skip"`` it is listed in
+        ``Index.problems`` and the damaged samples are not in the index."""

@@ -12,12 +12,16 @@ Format, as DALI reads it: a line ``v1.2 <samples>``, then one line per sample li
 as ``<ext> <data offset> <size> <name>``. gpupipe lists only the members it uses: the chosen image
 and the label. The labels, parsed once when the shard is scanned, sit beside it in
 ``<name>.labels.npy`` (int64 ``[N]``, ``NO_LABEL`` where a label is not an integer; loaded with
-``allow_pickle=False``), so that no epoch reads a label member again.
+``allow_pickle=False``), so that no epoch reads a label member again. Damage found in the scan
+(``Problem``: a truncated shard, samples without image or label, repeated keys; those samples are
+not in the index) sits in ``<name>.problems.json``, written only for damaged shards and before the
+index file itself, so that a cached index raises (or skips) exactly what a fresh scan would.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import re
@@ -25,12 +29,26 @@ import tempfile
 
 import numpy as np
 
+from .._errors import Damage
+from ._index import Problem
 from ._storage import Stat
 
-__all__ = ["cache_dir", "index_path", "count", "load", "save", "labels_path", "save_labels", "load_labels"]
+__all__ = [
+    "cache_dir",
+    "index_path",
+    "count",
+    "load",
+    "save",
+    "labels_path",
+    "save_labels",
+    "load_labels",
+    "save_problems",
+    "load_problems",
+]
 
 log = logging.getLogger("gpupipe")
 VERSION = "v1.2"
+SCHEMA = 2  # in the file name's hash: 2 records damage (problems.json); indexes of schema 1 are rescanned once
 
 
 def cache_dir() -> str:
@@ -40,7 +58,7 @@ def cache_dir() -> str:
 
 def index_path(canonical: str, stat: Stat, image_exts: tuple[str, ...], label_ext: str | None) -> str:
     """The cache file of the shard ``canonical`` (its storage's canonical URL) at ``stat``."""
-    ident = f"{canonical}|{';'.join(image_exts)}|{label_ext}".encode()
+    ident = f"{canonical}|{';'.join(image_exts)}|{label_ext}|{SCHEMA}".encode()
     digest = hashlib.sha1(ident).hexdigest()[:20]
     name = re.sub(r"[^A-Za-z0-9._-]", "_", canonical.rpartition("/")[2].rpartition(".")[0]) or "shard"
     version = (
@@ -140,3 +158,42 @@ def load_labels(path: str, n: int) -> np.ndarray | None:
     if labels.dtype != np.int64 or labels.shape != (n,):
         return None
     return labels
+
+
+def problems_path(path: str) -> str:
+    return path.removesuffix(".idx") + ".problems.json"
+
+
+def _write_atomic(target: str, text: str) -> bool:
+    try:
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(target), suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, target)
+        return True
+    except OSError as e:
+        log.warning("gpupipe: cannot write the index cache %s: %s", target, e)
+        return False
+
+
+def save_problems(path: str, problems: tuple[Problem, ...]) -> bool:
+    """Records the damage found in the shard of the index ``path`` (nothing for a sound shard);
+    False where it cannot (the index must then not be cached either)."""
+    if not problems:
+        return True
+    rows = [{"kind": p.kind.value, "key": p.key, "detail": p.detail} for p in problems]
+    return _write_atomic(problems_path(path), json.dumps({"problems": rows}, indent=1))
+
+
+def load_problems(path: str) -> tuple[Problem, ...] | None:
+    """The damage recorded for the index ``path``: ``()`` where none is, ``None`` where the record
+    cannot be read (the shard is then scanned again)."""
+    try:
+        with open(problems_path(path)) as f:
+            rows = json.load(f)["problems"]
+        return tuple(Problem(Damage(r["kind"]), r["key"], str(r["detail"])) for r in rows)
+    except FileNotFoundError:
+        return ()
+    except (OSError, ValueError, KeyError, TypeError):
+        return None

@@ -8,10 +8,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .._errors import ConfigError, SampleError, ShardError
+from .._config import OnError
+from .._errors import ConfigError, Damage, DataError, SampleError, ShardError
+from .._validate import check_enum
 from . import _wdsindex
-from ._index import NO_LABEL, Index, RawSample, ShardDetail, ShardIndex, Source
-from ._storage import Storage, expand_urls, storage_for
+from ._index import NO_LABEL, Index, Problem, RawSample, ShardDetail, ShardIndex, Source
+from ._mask import read_mask
+from ._storage import Stat, Storage, expand_urls, storage_for
 
 __all__ = ["WebDataset", "split_key", "parse_label", "scan_tar", "cached_scan", "unreadable", "truncated"]
 
@@ -27,13 +30,18 @@ def split_key(member: str) -> tuple[str, str]:
 
 def unreadable(shard: str, key: str, error: OSError) -> ShardError:
     """The error of a sample's byte range that storage could not read."""
-    return ShardError(f"cannot read shard {shard!r} at sample {key!r}: {error}", shard=shard, key=key)
+    return ShardError(
+        f"cannot read shard {shard!r} at sample {key!r}: {error}", shard=shard, key=key, kind=Damage.UNREADABLE_SHARD
+    )
 
 
 def truncated(shard: str, key: str) -> ShardError:
     """The error of a sample's byte range that came back short: the shard shrank after indexing."""
     return ShardError(
-        f"shard {shard!r} is truncated at sample {key!r} (it changed after it was indexed)", shard=shard, key=key
+        f"shard {shard!r} is truncated at sample {key!r} (it changed after it was indexed)",
+        shard=shard,
+        key=key,
+        kind=Damage.TRUNCATED_SHARD,
     )
 
 
@@ -46,11 +54,17 @@ def parse_label(raw: bytes, *, shard: str, key: str) -> int:
         value = int(raw.decode("ascii").strip())
     except (UnicodeDecodeError, ValueError):
         raise SampleError(
-            f"label of sample {key!r} in shard {shard!r} is not an ASCII integer: {raw[:40]!r}", shard=shard, key=key
+            f"label of sample {key!r} in shard {shard!r} is not an ASCII integer: {raw[:40]!r}",
+            shard=shard,
+            key=key,
+            kind=Damage.BAD_LABEL,
         ) from None
     if not _INT64[0] <= value <= _INT64[1]:
         raise SampleError(
-            f"label of sample {key!r} in shard {shard!r} is out of the int64 range: {raw[:40]!r}", shard=shard, key=key
+            f"label of sample {key!r} in shard {shard!r} is out of the int64 range: {raw[:40]!r}",
+            shard=shard,
+            key=key,
+            kind=Damage.BAD_LABEL,
         )
     return value
 
@@ -98,11 +112,16 @@ class WebDataset(Source):
         """The image extensions, in order of preference, and the label extension (``None``)."""
         return _split_exts(self.image, "image"), (self.label.lstrip(".").lower() if self.label else None)
 
-    def index(self, *, rank: int = 0, world_size: int = 1) -> Index:
+    def index(self, *, rank: int = 0, world_size: int = 1, on_error: OnError | str = OnError.RAISE) -> Index:
         """Indexes the shards. Cached shards cost one header line each (their details load when
         first read); the others are scanned and cached. Rank ``r`` of ``world_size`` starts
         scanning at shard ``r * n // world_size``, so that ranks sharing a cache directory scan a
-        new dataset's shards in parallel rather than all in the same order."""
+        new dataset's shards in parallel rather than all in the same order.
+
+        Damage (a missing, unreadable, empty or truncated shard; a sample without image or label,
+        or with a repeated key) is recorded in the cache with the index. ``on_error="raise"``
+        raises the first (after indexing every shard); ``"skip"`` returns the index without those
+        samples and shards, listed in ``Index.problems``."""
         image_exts, label_ext = self.extensions()
         storage = storage_for(self.urls)
         n = len(self.urls)
@@ -112,7 +131,24 @@ class WebDataset(Source):
             s = (first + i) % n
             shards[s] = cached_scan(storage, self.urls[s], image_exts, label_ext)
         labeled = label_ext is not None
-        return Index(shards, reader=TarReader(storage, labeled=labeled), sequential=True, labeled=labeled)  # type: ignore[arg-type]
+        index = Index(shards, reader=TarReader(storage, labeled=labeled), sequential=True, labeled=labeled)  # type: ignore[arg-type]
+        if check_enum("WebDataset.index", on_error, "on_error", OnError) is OnError.RAISE:
+            raise_first(index.problems)
+        return index
+
+
+def raise_first(problems: list[DataError]) -> None:
+    """Raises the first of ``problems`` (if any), saying how many more there are."""
+    if not problems:
+        return
+    first = problems[0]
+    more = (
+        f" ({len(problems) - 1} more problems in this dataset: `python -m gpupipe check` lists them all; "
+        "Loader(on_error='skip') leaves them out)"
+        if len(problems) > 1
+        else ""
+    )
+    raise type(first)(f"{first}{more}", shard=first.shard, key=first.key, kind=first.kind)
 
 
 class TarReader:
@@ -149,20 +185,36 @@ class TarReader:
 
 def cached_scan(storage: Storage, url: str, image_exts: tuple[str, ...], label_ext: str | None) -> ShardIndex:
     """The index of one shard: from its cache file when there is one (details loaded lazily),
-    else scanned from the tar headers and cached."""
+    else scanned from the tar headers and cached, with the damage found (``problems``)."""
     try:
-        idx_path = _wdsindex.index_path(storage.canonical(url), storage.stat(url), image_exts, label_ext)
+        stat = storage.stat(url)
+    except FileNotFoundError:
+        return _empty_shard(url, Problem(Damage.MISSING_SHARD, None, "does not exist"))
     except OSError as e:
-        raise ShardError(f"cannot read shard {url!r}: {e}", shard=url) from e
-    labeled = label_ext is not None
+        return _empty_shard(url, Problem(Damage.UNREADABLE_SHARD, None, f"cannot be read: {e}"))
+    idx_path = _wdsindex.index_path(storage.canonical(url), stat, image_exts, label_ext)
     size = _wdsindex.count(idx_path)
-    if size is not None:
-        return ShardIndex(
-            url, size=size, loader=_CachedDetail(storage, url, idx_path, image_exts, label_ext), dali_index=idx_path
-        )
-    shard, exts = scan_tar(storage, url, image_exts, label_ext)
+    problems = _wdsindex.load_problems(idx_path) if size is not None else None
+    if size is not None and problems is not None:
+        loader = _CachedDetail(storage, url, idx_path, image_exts, label_ext)
+        shard = ShardIndex(url, size=size, loader=loader, dali_index=idx_path, problems=problems)
+    else:
+        shard = _scan_and_cache(storage, url, idx_path, stat, image_exts, label_ext)
+    shard.bad = read_mask(storage, url, size=stat.size, samples=len(shard), image_exts=image_exts, label_ext=label_ext)
+    return shard
+
+
+def _scan_and_cache(
+    storage: Storage, url: str, idx_path: str, stat: Stat, image_exts: tuple[str, ...], label_ext: str | None
+) -> ShardIndex:
+    labeled = label_ext is not None
+    shard, exts = scan_tar(storage, url, image_exts, label_ext, size=stat.size)
     ranges = shard.column("label_range") if labeled else None
-    if _wdsindex.save(idx_path, shard.keys, exts, shard.column("image_range"), ranges):
+    if any(p.kind is Damage.UNREADABLE_SHARD for p in shard.problems):
+        return shard  # perhaps a passing I/O error: not cached
+    if _wdsindex.save_problems(idx_path, shard.problems) and _wdsindex.save(
+        idx_path, shard.keys, exts, shard.column("image_range"), ranges
+    ):
         shard.dali_index = idx_path
         if labeled:
             _wdsindex.save_labels(idx_path, shard.column("label"))
@@ -183,7 +235,8 @@ class _CachedDetail:
         labeled = self.label_ext is not None
         cached = _wdsindex.load(self.idx_path, labeled=labeled)
         if cached is None:
-            return scan_tar(self.storage, self.url, self.image_exts, self.label_ext)[0].detail()
+            size = self.storage.stat(self.url).size
+            return scan_tar(self.storage, self.url, self.image_exts, self.label_ext, size=size)[0].detail()
         keys, image, label_range = cached
         columns = {"image_range": image, "label_range": label_range}
         if labeled:
@@ -214,51 +267,91 @@ def _read_labels(storage: Storage, url: str, keys: list[str], ranges: np.ndarray
     return labels
 
 
+def _empty_shard(url: str, problem: Problem) -> ShardIndex:
+    none = np.zeros((0, 2), np.int64)
+    columns = {"image_range": none, "label_range": none, "label": np.zeros(0, np.int64)}
+    return ShardIndex(url, [], columns, problems=(problem,))
+
+
 def scan_tar(
-    storage: Storage, url: str, image_exts: tuple[str, ...], label_ext: str | None
+    storage: Storage, url: str, image_exts: tuple[str, ...], label_ext: str | None, *, size: int | None = None
 ) -> tuple[ShardIndex, list[str]]:
     """Reads the headers of one tar shard (not the data) and groups members into samples; returns
-    the shard's index and each sample's chosen image extension."""
+    the shard's index and each sample's chosen image extension.
+
+    Damage does not raise here: it is listed in the index's ``problems`` (the source raises it
+    under ``on_error="raise"``). A sample without an accepted image or without its label, or
+    whose key came earlier in the shard, is left out of the numbering; a shard that ends inside a
+    member (``size``: the file's size, known from its stat) keeps its complete samples before the
+    cut; a shard that is not a tar file, or holds no samples, has none."""
     groups: list[tuple[str, dict[str, tuple[int, int]]]] = []
-    values: dict[int, int] = {}  # sample -> parsed label (label members are read: a few bytes each)
+    values: dict[int, int] = {}  # group -> parsed label (label members are read: a few bytes each)
+    cut: str | None = None  # why the shard ends early
     try:
         with storage.open(url) as f, tarfile.open(fileobj=f, mode="r:") as tar:
-            for m in tar:
-                if not m.isfile():
-                    continue
-                key, ext = split_key(m.name)
-                if not groups or groups[-1][0] != key:
-                    groups.append((key, {}))
-                groups[-1][1][ext] = (m.offset_data, m.size)
-                if ext == label_ext:
-                    member = tar.extractfile(m)
-                    values[len(groups) - 1] = _label_value(member.read() if member else b"")
-    except (OSError, tarfile.TarError) as e:
-        raise ShardError(f"cannot read shard {url!r}: {e}", shard=url) from e
-    n = len(groups)
-    keys, exts = [], []
-    image, label = np.full((n, 2), -1, np.int64), np.full((n, 2), -1, np.int64)
-    for i, (key, members) in enumerate(groups):
+            try:
+                for m in tar:
+                    if not m.isfile():
+                        continue
+                    if size is not None and m.offset_data + m.size > size:
+                        end = m.offset_data + m.size
+                        cut = f"ends inside member {m.name!r} (the file has {size} bytes, the member ends at {end})"
+                        break
+                    key, ext = split_key(m.name)
+                    if not groups or groups[-1][0] != key or ext in groups[-1][1]:
+                        groups.append((key, {}))
+                    groups[-1][1][ext] = (m.offset_data, m.size)
+                    if ext == label_ext:
+                        member = tar.extractfile(m)
+                        values[len(groups) - 1] = _label_value(member.read() if member else b"")
+            except tarfile.TarError as e:  # a header past the first cannot be read: cut short, or damaged
+                cut = f"is damaged after its last readable member ({e})"
+    except tarfile.TarError as e:
+        kind = Damage.EMPTY_SHARD if size == 0 else Damage.UNREADABLE_SHARD
+        detail = "is empty (0 bytes)" if size == 0 else f"is not a tar file: {e}"
+        return _empty_shard(url, Problem(kind, None, detail)), []
+    except OSError as e:
+        return _empty_shard(url, Problem(Damage.UNREADABLE_SHARD, None, f"cannot be read: {e}")), []
+    problems: list[Problem] = []
+    if cut is not None and groups and not _complete(groups[-1][1], image_exts, label_ext):
+        groups.pop()  # the sample the cut went through
+    keys: list[str] = []
+    exts: list[str] = []
+    kept: list[int] = []
+    seen: dict[str, int] = {}
+    for g, (key, members) in enumerate(groups):
         chosen = next((e for e in image_exts if e in members), None)
-        if chosen is None:
-            raise SampleError(
-                f"sample {key!r} in shard {url!r} has no image ({'/'.join(image_exts)}); it has "
-                f"{sorted(members) or 'no members'}",
-                shard=url,
-                key=key,
-            )
-        image[i] = members[chosen]
-        exts.append(chosen)
-        if label_ext is not None:
-            if label_ext not in members:
-                raise SampleError(
-                    f"sample {key!r} in shard {url!r} has no .{label_ext} label; pass label=None for unlabeled data",
-                    shard=url,
-                    key=key,
-                )
-            label[i] = members[label_ext]
-        keys.append(key)
+        if key in seen:
+            detail = f"repeats the key of sample {seen[key]} of the shard; the first is used"
+            problems.append(Problem(Damage.DUPLICATE_KEY, key, detail))
+        elif chosen is None:
+            detail = f"has no image ({'/'.join(image_exts)}); it has {sorted(members) or 'no members'}"
+            problems.append(Problem(Damage.NO_IMAGE, key, detail))
+        elif label_ext is not None and label_ext not in members:
+            detail = f"has no .{label_ext} label; pass label=None for unlabeled data"
+            problems.append(Problem(Damage.NO_LABEL, key, detail))
+        else:
+            seen[key] = len(keys)
+            keys.append(key)
+            exts.append(chosen)
+            kept.append(g)
+    n = len(keys)
+    if cut is not None:
+        detail = f"is truncated: it {cut}; its {n} complete samples before the cut are usable"
+        problems.insert(0, Problem(Damage.TRUNCATED_SHARD, None, detail))
+    elif not groups:
+        problems.append(Problem(Damage.EMPTY_SHARD, None, "holds no samples"))
+    image = np.array([groups[g][1][exts[i]] for i, g in enumerate(kept)], np.int64).reshape(n, 2)
+    label = (
+        np.array([groups[g][1][label_ext] for g in kept], np.int64).reshape(n, 2)
+        if label_ext is not None
+        else np.full((n, 2), -1, np.int64)
+    )
     columns = {"image_range": image, "label_range": label}
     if label_ext is not None:
-        columns["label"] = np.array([values.get(i, NO_LABEL) for i in range(n)], dtype=np.int64)
-    return ShardIndex(url, keys, columns), exts
+        columns["label"] = np.array([values.get(g, NO_LABEL) for g in kept], dtype=np.int64)
+    return ShardIndex(url, keys, columns, problems=tuple(problems)), exts
+
+
+def _complete(members: dict[str, tuple[int, int]], image_exts: tuple[str, ...], label_ext: str | None) -> bool:
+    return any(e in members for e in image_exts) and (label_ext is None or label_ext in members)

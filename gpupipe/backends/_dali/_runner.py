@@ -536,7 +536,7 @@ def explain_failure(error: RuntimeError, candidates: Iterable[RawSample], *, bat
         try:
             decode_rgb(raw.data, shard=raw.shard, key=raw.key)
         except SampleError as bad:
-            return SampleError(f"{bad} (DALI: {detail})", shard=bad.shard, key=bad.key)
+            return SampleError(f"{bad} (DALI: {detail})", shard=bad.shard, key=bad.key, kind=bad.kind)
     return RuntimeError(
         f"DALI failed on batch {batch} (or one of the {ahead} after it), whose samples gpupipe's decoder reads "
         f"fine, so the failure is not known to be bad data: {detail}"

@@ -10,7 +10,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from ..._decode import decode_rgb
-from ..._errors import ClosedError, DataError, SampleError
+from ..._errors import ClosedError, Damage, DataError, SampleError
 from ..._plan import RankPlan
 from ...sources import Index
 from ...transforms import ImageSpec, Transform
@@ -35,9 +35,10 @@ class _Failure:
     message: str
     shard: str | None
     key: str | None
+    damage: Damage | None = None
 
     def error(self) -> DataError:
-        return self.kind(self.message, shard=self.shard, key=self.key)
+        return self.kind(self.message, shard=self.shard, key=self.key, kind=self.damage)
 
 
 class _Samples(Dataset["Sample | _Failure"]):
@@ -51,7 +52,7 @@ class _Samples(Dataset["Sample | _Failure"]):
         try:
             return self._sample(*item)
         except DataError as e:
-            return _Failure(type(e), str(e), e.shard, e.key)
+            return _Failure(type(e), str(e), e.shard, e.key, e.kind)
 
     def _sample(self, sample: int, seed: int, epoch: int) -> Sample:
         raw = self.index.read(sample)
