@@ -17,6 +17,7 @@ Example:
 from typing import Any
 
 from . import sources, transforms
+from ._check import CheckReport, check
 from ._config import DaliOptions, LoaderConfig, OnError
 from ._errors import (
     BackendUnavailableError,
@@ -53,6 +54,8 @@ __all__ = [
     "WebDataset",
     "ImageFolder",
     "load_pipeline",
+    "check",
+    "CheckReport",
     "register_lowering",
     "ShardWriter",
     "transforms",

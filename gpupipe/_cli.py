@@ -1,5 +1,5 @@
 """``python -m gpupipe``: make-shards (write WebDataset shards), index (build the shard index cache),
-bench (images/s of a pipeline) and doctor (check this machine)."""
+check (validate every sample), bench (images/s of a pipeline) and doctor (check this machine)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from ._imageinfo import MAX_IMAGE_PIXELS
 from ._shards import ShardWriter
 from .testing import encode_jpeg, synthetic_image
 
@@ -148,6 +149,24 @@ def index(args: argparse.Namespace) -> int:
     return 0
 
 
+def check(args: argparse.Namespace) -> int:
+    from ._check import check as run_check
+    from .sources import WebDataset
+
+    label = None if args.label == "none" else args.label
+    source = WebDataset(args.shards if len(args.shards) > 1 else args.shards[0], image=args.image, label=label)
+    limit = None if args.max_image_pixels == 0 else args.max_image_pixels
+    report = run_check(
+        source, workers=args.workers, write=not args.no_write, progress=not args.quiet, max_image_pixels=limit
+    )
+    if args.json:
+        json.dump(report.as_dict(), sys.stdout, indent=1)
+        print()
+    else:
+        print(report.summary())
+    return 0 if report.ok else 1
+
+
 def doctor(args: argparse.Namespace) -> int:
     from ._doctor import main as doctor_main
 
@@ -175,6 +194,24 @@ def main(argv: list[str] | None = None) -> int:
     i.add_argument("--label", default="cls", help="label extension, or 'none' for unlabeled data")
     i.add_argument("--workers", type=int, default=None, help="processes (default: all cores)")
     i.set_defaults(fn=index)
+    c = sub.add_parser(
+        "check",
+        help="validate every sample of WebDataset shards; list the bad ones beside their shards",
+        description="Reads every shard's tar structure and every sample's label and image (header, pixel limit, "
+        "full decode), in parallel, prints a summary per kind of damage and writes <shard>.bad.json beside each "
+        "damaged shard: every gpupipe loader then leaves those samples out. Exits 1 when anything is bad.",
+        epilog="example: python -m gpupipe check 'data/train-{000000..001281}.tar' --json > check.json",
+    )
+    c.add_argument("shards", nargs="+", help="shard paths or brace patterns")
+    c.add_argument("--image", default="jpg;jpeg;png", help="image extensions, in order of preference")
+    c.add_argument("--label", default="cls", help="label extension, or 'none' for unlabeled data")
+    c.add_argument("--workers", type=int, default=None, help="processes (default: all cores; 0: this process)")
+    c.add_argument("--max-image-pixels", type=int, default=MAX_IMAGE_PIXELS,
+                   help=f"pixel limit (default {MAX_IMAGE_PIXELS}, as Pillow; 0: none)")  # fmt: skip
+    c.add_argument("--no-write", action="store_true", help="only report: write no bad-sample lists")
+    c.add_argument("--json", action="store_true", help="print the report as JSON (every finding) instead")
+    c.add_argument("--quiet", action="store_true", help="no progress bar")
+    c.set_defaults(fn=check)
     b = sub.add_parser("bench", help="run a pipeline through the Loader and print images/s")
     b.add_argument("pipeline", help="pipeline factory, e.g. pipelines/imagenet.py:train")
     b.add_argument("source", help="shard pattern, e.g. 'data/train-{000000..000007}.tar'")

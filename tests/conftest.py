@@ -35,6 +35,15 @@ def truncated_jpeg(n: int) -> bytes:
     return data[: len(data) // 2]
 
 
+def bomb_jpeg(height: int = 30000, width: int = 30000) -> bytes:
+    """A small real JPEG whose frame header declares ``height`` x ``width``: a decompression bomb
+    (a decoder that trusts it allocates ``height * width * 3`` bytes)."""
+    data = bytearray(encode_jpeg(_small_image(0), quality=90))
+    sof = data.index(b"\xff\xc0")
+    data[sof + 5 : sof + 9] = height.to_bytes(2, "big") + width.to_bytes(2, "big")
+    return bytes(data)
+
+
 def _write_webdataset_shards(root, sizes, *, prefix="train", label=True, image=_small_image, patch=None):
     """Writes shards with webdataset's own TarWriter (independent of gpupipe's writer); sample
     ``n`` is ``image(n)`` as a JPEG, labelled ``label_of(n)``. ``patch`` maps a sample number to

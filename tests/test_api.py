@@ -14,7 +14,8 @@ def test_top_level_api():
     assert sorted(gp.__all__) == sorted([
         "Pipeline", "Loader", "LoaderConfig", "DaliOptions", "OnError", "Batch", "SkippedSample", "Damage", "RankPlan",
         "Source", "WebDataset", "ImageFolder",
-        "load_pipeline", "register_lowering", "ShardWriter", "transforms", "sources", "GpupipeError", "ConfigError",
+        "load_pipeline", "check", "CheckReport",
+        "register_lowering", "ShardWriter", "transforms", "sources", "GpupipeError", "ConfigError",
         "PipelineError", "UnsupportedTransformError", "BackendUnavailableError", "ClosedError", "DataError",
         "ShardError", "SampleError", "__version__",
     ])  # fmt: skip

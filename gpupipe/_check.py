@@ -1,0 +1,202 @@
+"""``gpupipe check``: every sample of a WebDataset validated before training, and the bad ones
+listed beside their shards so that every loader leaves them out.
+
+For each shard (in parallel, one process per shard at a time): the tar structure (as the index
+reads it: missing, empty, unreadable or truncated shards, samples without image or label, repeated
+keys), then every sample: its label (an ASCII int64), its image header against the pixel limit,
+and a full decode with the decoder the torch backend uses (and the DALI backend uses to name a
+sample DALI refused). Numbered samples found bad are written to ``<shard>.bad.json``
+(``sources/_mask.py``); what the index itself refuses is not numbered and stays in the index's
+record (the loaders raise it, or skip it under ``on_error="skip"``).
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import dataclasses
+import logging
+import multiprocessing
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from ._decode import MAX_IMAGE_PIXELS, decode_rgb
+from ._errors import ConfigError, Damage, DataError
+from .sources import WebDataset
+from .sources._index import Problem
+from .sources._mask import mask_url, write_mask
+
+__all__ = ["check", "CheckReport", "Finding"]
+
+log = logging.getLogger("gpupipe")
+
+
+@dataclasses.dataclass(frozen=True)
+class Finding:
+    """One problem: the shard, the sample's key and number in its shard (``None`` for a whole
+    shard's damage or a sample the index does not number), the kind and the message."""
+
+    shard: str
+    key: str | None
+    sample: int | None
+    kind: Damage
+    message: str
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckReport:
+    """What :func:`check` found.
+
+    Attributes:
+        shards: shards checked. ``samples``: samples the index numbers (each decoded).
+        findings: every problem, shard by shard in the order given.
+        written: the bad-sample lists written (``<shard>.bad.json``); ``removed``: stale lists
+            removed from shards now found sound.
+    """
+
+    shards: int
+    samples: int
+    findings: tuple[Finding, ...]
+    written: tuple[str, ...] = ()
+    removed: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        """Nothing is wrong."""
+        return not self.findings
+
+    def counts(self) -> dict[str, int]:
+        """Findings per kind of damage (:class:`~gpupipe.Damage` values), most frequent first."""
+        return dict(collections.Counter(f.kind.value for f in self.findings).most_common())
+
+    def summary(self, first: int = 3) -> str:
+        """A few lines for people: totals, then per kind the count, the first keys and the shards."""
+        bad = sum(f.sample is not None for f in self.findings)
+        lines = [f"checked {self.samples} samples in {self.shards} shards: " + ("all good" if self.ok else
+                 f"{len(self.findings)} problems ({bad} numbered samples listed as bad)")]  # fmt: skip
+        for kind, n in self.counts().items():
+            found = [f for f in self.findings if f.kind.value == kind]
+            shards = sorted({f.shard for f in found})
+            keys = [f.key for f in found if f.key is not None][:first]
+            lines.append(
+                f"  {kind}: {n}"
+                + (f"; first keys {', '.join(repr(k) for k in keys)}" if keys else "")
+                + f"; in {len(shards)} shards: {', '.join(shards[:first])}{' ...' if len(shards) > first else ''}"
+            )
+        if self.findings:
+            lines.append(f"  first: {self.findings[0].message}")
+        lines += [f"wrote {w}" for w in self.written] + [f"removed {r} (its shard is now sound)" for r in self.removed]
+        return "\n".join(lines)
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready: totals, counts per kind, every finding, the files written and removed."""
+        return {
+            "ok": self.ok,
+            "shards": self.shards,
+            "samples": self.samples,
+            "counts": self.counts(),
+            "findings": [{**dataclasses.asdict(f), "kind": f.kind.value} for f in self.findings],
+            "written": list(self.written),
+            "removed": list(self.removed),
+        }
+
+
+_Job = tuple[str, tuple[str, ...], "str | None", "int | None"]
+
+
+def _check_shard(job: _Job) -> tuple[int, int | None, list[Finding]]:
+    """Checks one shard; returns its sample count, its size in bytes (``None`` if it has none)
+    and its findings."""
+    from .sources import storage_for
+    from .sources._webdataset import TarReader, cached_scan
+
+    url, image_exts, label_ext, max_pixels = job
+    findings = []
+    with storage_for([url]) as storage:
+        shard = cached_scan(storage, url, image_exts, label_ext)
+        for error in shard.errors():
+            findings.append(Finding(url, error.key, None, error.kind or Damage.UNREADABLE_SHARD, str(error)))
+        if not len(shard):
+            return 0, None, findings
+        size = storage.stat(url).size
+        reader = TarReader(storage, labeled=label_ext is not None)
+        for i in range(len(shard)):
+            try:
+                raw = reader.read(shard, i)
+                decode_rgb(raw.data, shard=url, key=raw.key, max_pixels=max_pixels)
+            except DataError as e:
+                findings.append(Finding(url, shard.keys[i], i, e.kind or Damage.UNDECODABLE, str(e)))
+    return len(shard), size, findings
+
+
+def check(
+    source: WebDataset | str | Sequence[str],
+    *,
+    workers: int | None = None,
+    write: bool = True,
+    progress: bool = False,
+    max_image_pixels: int | None = MAX_IMAGE_PIXELS,
+) -> CheckReport:
+    """Validates every sample of a WebDataset: tar structure, label, image header and a full
+    decode, in ``workers`` processes (default: all cores), one shard each at a time.
+
+    Args:
+        source: a :class:`~gpupipe.WebDataset` (its image and label extensions are used) or shard
+            URLs / a brace pattern (default extensions).
+        workers: processes; ``0`` checks in this process.
+        write: write each damaged shard's bad-sample list beside it (``<shard>.bad.json``; local
+            shards only), and remove a stale list of a shard now sound. Every loader then leaves
+            those samples out of its plan, under either ``on_error`` policy.
+        progress: show a progress bar (tqdm) on stderr.
+        max_image_pixels: the pixel limit, as the loaders' option of that name.
+
+    Returns:
+        A :class:`CheckReport`; ``report.ok`` is ``True`` when nothing is wrong.
+    """
+    if not isinstance(source, WebDataset):
+        source = WebDataset(source)
+    image_exts, label_ext = source.extensions()
+    jobs: list[_Job] = [(u, image_exts, label_ext, max_image_pixels) for u in source.urls]
+    if write and any("://" in u and not u.startswith("file://") for u in source.urls):
+        raise ConfigError("gpupipe check: bad-sample lists are written beside local shards only; pass write=False")
+    workers = (os.cpu_count() or 1) if workers is None else workers
+    results: dict[str, tuple[int, int | None, list[Finding]]] = {}
+    from tqdm import tqdm
+
+    with tqdm(total=len(jobs), unit="shard", desc="gpupipe check", disable=not progress) as bar:
+        if workers == 0 or len(jobs) == 1:
+            for job in jobs:
+                results[job[0]] = _check_shard(job)
+                bar.update()
+        else:
+            context = multiprocessing.get_context("spawn")  # no inherited threads, DALI or CUDA state
+            with concurrent.futures.ProcessPoolExecutor(min(workers, len(jobs)), mp_context=context) as pool:
+                futures = {pool.submit(_check_shard, job): job[0] for job in jobs}
+                for future in concurrent.futures.as_completed(futures):
+                    results[futures[future]] = future.result()
+                    bar.set_postfix(problems=sum(len(r[2]) for r in results.values()), refresh=False)
+                    bar.update()
+    findings = [f for u in source.urls for f in results[u][2]]
+    written, removed = [], []
+    if write:
+        for url in source.urls:
+            samples, size, found = results[url]
+            path = url.removeprefix("file://")
+            listed = [(f.sample, Problem(f.kind, f.key, f.message)) for f in found if f.sample is not None]
+            if size is None:
+                continue
+            stale = os.path.exists(mask_url(path))
+            target = write_mask(path, url, size=size, samples=samples, image_exts=image_exts, label_ext=label_ext,
+                                bad=listed)  # fmt: skip
+            if target is not None:
+                written.append(target)
+            elif stale:
+                removed.append(mask_url(path))
+    return CheckReport(
+        shards=len(jobs),
+        samples=sum(r[0] for r in results.values()),
+        findings=tuple(findings),
+        written=tuple(written),
+        removed=tuple(removed),
+    )

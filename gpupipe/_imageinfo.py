@@ -1,0 +1,70 @@
+"""An encoded image's size from its header alone, without decoding: JPEG, PNG, GIF and WebP.
+
+Used to refuse images over the pixel limit (``LoaderConfig.max_image_pixels``) before any decoder
+allocates what a header claims (a "decompression bomb": a few KB declaring 60000 x 60000). A
+header that cannot be parsed gives ``None``: the decoder then judges the data.
+"""
+
+from __future__ import annotations
+
+import struct
+
+__all__ = ["image_size", "MAX_IMAGE_PIXELS"]
+
+MAX_IMAGE_PIXELS = 89_478_485  # Pillow's Image.MAX_IMAGE_PIXELS (about 0.25 GB as RGB)
+
+# JPEG start-of-frame markers (baseline, extended, progressive, lossless; arithmetic too), whose
+# segment holds the frame's height and width; not C4 (DHT), C8 (JPG) or CC (DAC).
+_SOF = frozenset((0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF))
+_STANDALONE = frozenset((0x01, *range(0xD0, 0xD8)))  # markers without a length: TEM, RSTn
+
+
+def _jpeg(data: bytes | memoryview) -> tuple[int, int] | None:
+    i, n = 2, len(data)
+    while i + 4 <= n:
+        if data[i] != 0xFF:
+            return None
+        marker = data[i + 1]
+        if marker == 0xFF:  # fill byte
+            i += 1
+            continue
+        if marker in _STANDALONE:
+            i += 2
+            continue
+        if marker in (0xD9, 0xDA):  # end of image, or start of scan before any frame header
+            return None
+        (length,) = struct.unpack_from(">H", data, i + 2)
+        if marker in _SOF:
+            if i + 9 > n:
+                return None
+            height, width = struct.unpack_from(">HH", data, i + 5)
+            return height, width
+        i += 2 + length
+    return None
+
+
+def image_size(data: bytes | memoryview) -> tuple[int, int] | None:
+    """``(height, width)`` from the header of a JPEG, PNG, GIF or WebP image; ``None`` for other
+    formats or a header too short or malformed to tell."""
+    head = bytes(data[:32])
+    if head.startswith(b"\xff\xd8"):
+        return _jpeg(data)
+    if head.startswith(b"\x89PNG\r\n\x1a\n") and head[12:16] == b"IHDR":
+        width, height = struct.unpack_from(">II", head, 16)
+        return height, width
+    if head[:6] in (b"GIF87a", b"GIF89a"):
+        width, height = struct.unpack_from("<HH", head, 6)
+        return height, width
+    if head.startswith(b"RIFF") and head[8:12] == b"WEBP" and len(head) >= 30:
+        chunk = head[12:16]
+        if chunk == b"VP8X":
+            width = 1 + int.from_bytes(head[24:27], "little")
+            height = 1 + int.from_bytes(head[27:30], "little")
+            return height, width
+        if chunk == b"VP8L" and head[20] == 0x2F:
+            bits = int.from_bytes(head[21:25], "little")
+            return 1 + ((bits >> 14) & 0x3FFF), 1 + (bits & 0x3FFF)
+        if chunk == b"VP8 " and head[23:26] == b"\x9d\x01\x2a":
+            width, height = struct.unpack_from("<HH", head, 26)
+            return height & 0x3FFF, width & 0x3FFF
+    return None
