@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from ._errors import ConfigError
+from ._imageinfo import MAX_IMAGE_PIXELS
 from ._validate import check_bool, check_enum, check_int, check_optional_int, check_probability, is_int, is_number
 
 __all__ = ["LoaderConfig", "DaliOptions", "OnError"]
@@ -140,6 +141,16 @@ class LoaderConfig:
             before a :class:`~gpupipe.DataError` stops it: a fraction of the rank's samples
             (a float in ``(0, 1)``) or a count (an int ``>= 0``); ``None``: no limit. Default
             ``0.01``: a dataset rotting beyond 1 % fails loudly.
+        max_image_pixels: the most pixels (height x width) an image's header may declare; a
+            larger image is a :class:`~gpupipe.SampleError` of kind ``"too-large"`` (raised, or
+            skipped under ``on_error="skip"``) before any decoder allocates it. Default
+            89,478,485, Pillow's ``Image.MAX_IMAGE_PIXELS``; ``None``: no limit. Read from the
+            JPEG, PNG, GIF and WebP headers (other formats of an ImageFolder: from Pillow's).
+        apply_exif_orientation: turn images upright by their EXIF orientation tag. Default
+            ``False``: the pixels as stored, as torchvision's and Pillow's decoders give them
+            (DALI's decoders apply the tag by default; gpupipe turns that off). ``True`` applies
+            it on every backend (torchvision's ``apply_exif_orientation``, DALI's
+            ``adjust_orientation``).
 
     Raises:
         ConfigError: an option of the wrong type or out of range; the message names it.
@@ -162,6 +173,8 @@ class LoaderConfig:
     dali: DaliOptions = DaliOptions()
     on_error: OnError | str = OnError.RAISE
     max_skipped: int | float | None = 0.01
+    max_image_pixels: int | None = MAX_IMAGE_PIXELS
+    apply_exif_orientation: bool = False
 
     def __post_init__(self) -> None:
         from . import backends
@@ -190,6 +203,8 @@ class LoaderConfig:
         if not isinstance(self.dali, DaliOptions):
             raise ConfigError(f"{owner}: dali must be a gp.DaliOptions, got {self.dali!r}")
         object.__setattr__(self, "on_error", check_enum(owner, self.on_error, "on_error", OnError))
+        check_optional_int(owner, self.max_image_pixels, "max_image_pixels", minimum=1)
+        check_bool(owner, self.apply_exif_orientation, "apply_exif_orientation")
         cap = self.max_skipped
         if not (cap is None or (is_int(cap) and cap >= 0) or (is_number(cap) and not is_int(cap) and 0 < cap < 1)):
             raise ConfigError(

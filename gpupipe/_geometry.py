@@ -34,6 +34,7 @@ __all__ = [
     "INT",
     "ATTEMPTS",
     "resize_size",
+    "resize_empty",
     "center_crop_anchor",
     "crop_padding",
     "crop_too_large",
@@ -115,6 +116,15 @@ def crop_padding(
         extra = ops.max(crop - padded, 0)
         return before + extra, after + extra, padded + 2 * extra
     return before + size * 0, after + size * 0, padded
+
+
+def resize_empty(size: tuple[int, ...] | None, max_size: int | None, new: tuple[int, int]) -> str:
+    """The error of a Resize whose output would have no rows or columns (a very thin image under
+    ``max_size``), the same on every backend."""
+    return (
+        f"Resize(size={size}, max_size={max_size}) would make this image {new[0]}x{new[1]}: it is too thin to keep "
+        "its aspect ratio within max_size"
+    )
 
 
 def crop_too_large(crop: tuple[int, int], padded: tuple[int, int], *, padding: bool) -> str:

@@ -86,7 +86,8 @@ class Loader:
         **options: keyword-only options, validated together as a :class:`~gpupipe.LoaderConfig`
             (its docstring describes each): ``shuffle``, ``drop_last``, ``seed``, ``backend``,
             ``device``, ``num_workers``, ``prefetch``, ``shuffle_buffer``, ``interleave``,
-            ``rank``, ``world_size``, ``memory_format``, ``dali``, ``on_error``, ``max_skipped``.
+            ``rank``, ``world_size``, ``memory_format``, ``dali``, ``on_error``, ``max_skipped``,
+            ``max_image_pixels``, ``apply_exif_orientation``.
 
     Yields:
         :class:`Batch`: unpacks as ``images, labels`` — ``images`` ``[B, C, H, W]`` of the

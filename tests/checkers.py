@@ -128,7 +128,9 @@ def sample_factors(transforms, n: int, *, seed: int = 0, epoch: int = 0):
     return factors(list(transforms), seed, epoch, list(range(n)))
 
 
-def run_dali(transforms, encoded: list[bytes], *, device: str = "cpu", seed: int = 0, graph=None) -> list[Any]:
+def run_dali(
+    transforms, encoded: list[bytes], *, device: str = "cpu", seed: int = 0, graph=None, exif: bool = False
+) -> list[Any]:
     """Runs gpupipe's DALI lowering of ``transforms`` on encoded images (one batch, samples
     ``0..n-1`` of epoch 0 for the random factors); returns the outputs as CHW tensors on the CPU,
     and for a sample that fails one of the graph's checks the SampleError message the runner would
@@ -150,7 +152,7 @@ def run_dali(transforms, encoded: list[bytes], *, device: str = "cpu", seed: int
     with pipe:
         data = fn.external_source(name="encoded", dtype=types.UINT8, ndim=1)
         decoder_args = gp.DaliOptions().decoder_args(ranks_per_node=None) if gpu else {}  # as the runner does
-        ctx = Ctx(device, seed, decoder_args=decoder_args)
+        ctx = Ctx(device, seed, decoder_args=decoder_args, exif=exif)
         lowered = Lowered(graph(data, ctx), inputs=ctx.inputs) if graph else lower(transforms, data, ctx)
         pipe.set_outputs(*lowered.outputs())
     pipe.build()
@@ -165,7 +167,7 @@ def run_dali(transforms, encoded: list[bytes], *, device: str = "cpu", seed: int
     return results
 
 
-def reference_outputs(transforms, encoded: list[bytes], *, seed: int = 0) -> list[Any]:
+def reference_outputs(transforms, encoded: list[bytes], *, seed: int = 0, exif: bool = False) -> list[Any]:
     """The torch backend's (torchvision's) outputs, with the random factors ``run_dali`` feeds, and
     the SampleError message for a sample it refuses."""
     from gpupipe._decode import decode_rgb
@@ -174,7 +176,7 @@ def reference_outputs(transforms, encoded: list[bytes], *, seed: int = 0) -> lis
     drawn = sample_factors(transforms, len(encoded), seed=seed)
     results: list[Any] = []
     for i, e in enumerate(encoded):
-        image = decode_rgb(e, shard="-", key=str(i))
+        image = decode_rgb(e, shard="-", key=str(i), apply_exif_orientation=exif)
         try:
             results.append(apply_pipeline(transforms, image, [None if f is None else f[i] for f in drawn]))
         except ValueError as error:
@@ -191,6 +193,7 @@ def check_backend_parity(
     unit: float | None = None,
     mean_tol: float = 1.0,
     max_tol: float = 2.5,
+    exif: bool = False,
 ) -> tuple[float, float]:
     """DALI vs torchvision on the same images and transforms, with the same random factors.
 
@@ -198,9 +201,10 @@ def check_backend_parity(
     with the same message. Other outputs must have identical shapes; the mean absolute difference
     per image, in 0–255 units (``unit`` converts the output's scale; default 1 for integer outputs,
     255 for float ones), must be ``<= mean_tol`` on average and ``<= max_tol`` for the worst
-    image. Returns (average, worst) over the images both produced."""
-    ref = reference_outputs(transforms, encoded)
-    got = run_dali(transforms, encoded, device=device)
+    image. ``exif``: both apply EXIF orientation. Returns (average, worst) over the images both
+    produced."""
+    ref = reference_outputs(transforms, encoded, exif=exif)
+    got = run_dali(transforms, encoded, device=device, exif=exif)
     errors = []
     for r, g in zip(ref, got, strict=True):
         if isinstance(r, str) or isinstance(g, str):

@@ -37,7 +37,7 @@ import torch
 
 from ... import transforms as T
 from ..._errors import BackendUnavailableError
-from ..._geometry import ATTEMPTS, center_crop_anchor, crop_padding, crop_too_large, resize_size
+from ..._geometry import ATTEMPTS, center_crop_anchor, crop_padding, crop_too_large, resize_empty, resize_size
 from ..._registry import Registry
 
 __all__ = ["LOWERINGS", "DALI_OPS", "Ctx", "Check", "Lowered", "lower"]
@@ -71,6 +71,8 @@ class Ctx:
         dtype: the dtype of the node being lowered.
         step: the position in the pipeline of the transform being lowered.
         inputs: ``external_source`` name → step, for each step whose factors the graph takes.
+        exif: apply EXIF orientation in the decoders (``adjust_orientation``); default ``False``,
+            as torchvision's decoders (the torch backend).
     """
 
     device: str  # "cpu" or "gpu"
@@ -80,6 +82,7 @@ class Ctx:
     checks: list[Check] = dataclasses.field(default_factory=list)
     step: int = 0
     inputs: dict[str, int] = dataclasses.field(default_factory=dict)
+    exif: bool = False
     _seeds: Any = None
     _nodes: dict[int, Any] = dataclasses.field(default_factory=dict)
 
@@ -103,6 +106,11 @@ class Ctx:
     def next_seed(self) -> int:
         """A distinct seed for each DALI random operator a user lowering adds (see ``seed``)."""
         return (self.seed * 1_000_003 + next(self._seeds) * 7_919) % (2**31 - 1)
+
+    @property
+    def orientation(self) -> dict[str, bool]:
+        """The decoders' (and ``peek_image_shape``'s) EXIF argument."""
+        return {"adjust_orientation": self.exif}
 
     @property
     def decoder_device(self) -> str:
@@ -225,13 +233,9 @@ def lower(transforms: Sequence[T.Transform], encoded: Any, ctx: Ctx, *, channels
     return Lowered(images, tuple(ctx.checks), fn.stack(*parts), ctx.inputs)
 
 
-# EXIF orientation is not applied: torchvision's decoders (the torch backend) do not apply it either.
-_ORIENTATION = {"adjust_orientation": False}
-
-
 def peek_shape(ctx: Ctx, encoded: Any) -> Any:
     """The encoded images' ``[H, W, C]`` (int32, CPU), from their headers, as the decoders see them."""
-    return ctx.fn.peek_image_shape(encoded, dtype=ctx.types.INT32, **_ORIENTATION)
+    return ctx.fn.peek_image_shape(encoded, dtype=ctx.types.INT32, **ctx.orientation)
 
 
 def _lower_images(transforms: Sequence[T.Transform], encoded: Any, ctx: Ctx, *, channels_last: bool) -> Any:
@@ -245,7 +249,7 @@ def _lower_images(transforms: Sequence[T.Transform], encoded: Any, ctx: Ctx, *, 
         img = _resize(ctx, img, float(first.size[0]), float(first.size[1]), first.interpolation, first.antialias)
     else:
         img = fn.decoders.image(
-            encoded, device=ctx.decoder_device, output_type=types.RGB, **_ORIENTATION, **ctx.decoder_args
+            encoded, device=ctx.decoder_device, output_type=types.RGB, **ctx.orientation, **ctx.decoder_args
         )
     tail = _fusable_tail([t for _, t in steps])
     for ctx.step, t in steps[: len(steps) - len(tail)]:
@@ -272,7 +276,7 @@ def decode_random_crop(t: T.RandomResizedCrop, encoded: Any, ctx: Ctx) -> Any:
         start=fn.stack(top, left),
         shape=fn.stack(h, w),
         axis_names="HW",
-        **_ORIENTATION,
+        **ctx.orientation,
         **ctx.decoder_args,
     )
 
@@ -403,6 +407,11 @@ def _resize_lowering(t: T.Resize, img: Any, ctx: Ctx) -> Any:
         return _resize(ctx, img, float(t.size[0]), float(t.size[1]), t.interpolation, t.antialias)
     h, w = _hw(img)
     new_h, new_w = resize_size(h, w, t.size, t.max_size, DALI_OPS)
+    if t.max_size is not None:  # a very thin image may round to no rows or columns: the sample fails
+        ctx.require(
+            (new_h >= 1) & (new_w >= 1), [new_h, new_w], lambda nh, nw: resize_empty(t.size, t.max_size, (nh, nw))
+        )
+        new_h, new_w = DALI_OPS.max(new_h, 1), DALI_OPS.max(new_w, 1)
     return _resize(ctx, img, _to_float(ctx, new_h), _to_float(ctx, new_w), t.interpolation, t.antialias)
 
 

@@ -21,7 +21,9 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
+from ..._decode import check_pixels
 from ..._errors import DataError
+from ..._imageinfo import MAX_IMAGE_PIXELS, image_size
 from ..._plan import RankPlan
 from ..._random import step_factors
 from ...sources import Index, RawSample
@@ -163,14 +165,16 @@ class Reader:
     """Reads the plan's batches ahead of DALI in :data:`READ_THREADS` threads.
 
     A sample that cannot be read (its shard unreadable or truncated there, its label not an
-    integer) raises its ``DataError`` when its batch is due, or with ``skip`` is left out: its
-    place holds a copy of a good sample of the batch (:meth:`substitute`) and the batch lists it.
+    integer, its image's header declaring more than ``max_pixels``) raises its ``DataError`` when
+    its batch is due, or with ``skip`` is left out: its place holds a copy of a good sample of the
+    batch (:meth:`substitute`) and the batch lists it.
     """
 
     def __init__(self, index: Index, plan: RankPlan, inputs: dict[str, int], transforms: tuple[Transform, ...],
                  buffers: Buffers, maps: Maps | None, pool: ThreadPoolExecutor, ahead: int,
-                 skip: bool = False) -> None:  # fmt: skip
+                 skip: bool = False, max_pixels: int | None = MAX_IMAGE_PIXELS) -> None:  # fmt: skip
         self.index, self.plan, self.inputs, self.transforms = index, plan, inputs, transforms
+        self.max_pixels = max_pixels
         self.buffers, self.maps, self.pool, self.ahead, self.skip = buffers, maps, pool, ahead, skip
         self._pending: dict[int, Future[Batch]] = {}
         self._next = 0
@@ -233,6 +237,8 @@ class Reader:
                 if rest:
                     buffer = self._read_ranges(where, rest, shards, views, bad)
             keys, drawn = list(where.keys), samples
+            if self.max_pixels is not None:
+                self._check_pixels(views, keys, shards, bad)
             if bad:
                 labels, drawn = self.substitute(bad, samples, views, labels, keys, shards)
             from nvidia.dali.tensors import TensorCPU  # wrapped here, off the training thread; no copy
@@ -265,6 +271,20 @@ class Reader:
                 labels[i] = label
         return labels, drawn
 
+    def _check_pixels(self, views: list[Any], keys: list[str], shards: list[str], bad: dict[int, DataError]) -> None:
+        """Refuses images whose header declares more than ``max_pixels``, before DALI's decoders
+        allocate them (a few microseconds a sample, in the reading threads)."""
+        limit = self.max_pixels
+        for i, view in enumerate(views):
+            if i in bad:
+                continue
+            size = image_size(memoryview(view))
+            if size is not None and size[0] * size[1] > limit:  # type: ignore[operator]
+                try:
+                    check_pixels(size, limit, shard=shards[i], key=keys[i])
+                except DataError as e:
+                    self._bad(bad, i, e)
+
     def factors(self, samples: np.ndarray) -> dict[str, np.ndarray | None]:
         """The random factors of a batch of ``samples``, by input name."""
         seed, epoch = self.plan.seed, self.plan.epoch
@@ -281,7 +301,7 @@ class Reader:
             for s in self.plan.samples.tolist():
                 try:
                     raw = self.index.read(s)
-                    decode_rgb(raw.data, shard=raw.shard, key=raw.key)
+                    decode_rgb(raw.data, shard=raw.shard, key=raw.key, max_pixels=self.max_pixels)
                 except DataError:
                     continue
                 data = np.frombuffer(raw.data, np.uint8).copy()

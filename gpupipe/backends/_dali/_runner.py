@@ -233,6 +233,7 @@ def define_graph(
     channels_last: bool,
     decoder_args: dict[str, Any],
     graph: Callable[[Any, Ctx], Any] | None = None,
+    exif: bool = False,
 ) -> Defined:
     """The DALI pipeline of ``transforms`` and its lowering, defined but not built. With ``gpu``
     and ``device_id=None`` it is the GPU graph, defined (and serializable) on a machine without a
@@ -250,7 +251,7 @@ def define_graph(
     )
     with pipe:
         encoded = fn.external_source(name="encoded", dtype=types.UINT8, ndim=1, no_copy=True)
-        ctx = Ctx("gpu" if gpu else "cpu", seed, decoder_args=decoder_args if gpu else {})
+        ctx = Ctx("gpu" if gpu else "cpu", seed, decoder_args=decoder_args if gpu else {}, exif=exif)
         if graph is None:
             lowered = lower(transforms, encoded, ctx, channels_last=channels_last)
         else:
@@ -270,6 +271,7 @@ class DaliRunner:
         self.channels_last = spec.config.channels_last
         self.device, self.rank, self.seed = spec.device, spec.rank, spec.seed
         self.skip = spec.skip
+        self.exif, self.max_pixels = spec.config.apply_exif_orientation, spec.config.max_image_pixels
         self.decoder_args = spec.config.dali.decoder_args(ranks_per_node=ranks_per_node())
         self.builds = 0  # pipelines built (one per loader, unless DALI fails)
         self._runs = Runs()
@@ -297,6 +299,7 @@ class DaliRunner:
             channels_last=self.channels_last,
             decoder_args=self.decoder_args,
             graph=self._define,
+            exif=self.exif,
         )
         pipe.build()
         self.builds += 1
@@ -319,7 +322,7 @@ class DaliRunner:
         graph = self._graph
         maps = Maps(self.index.reader.storage) if self.mapped else None  # type: ignore[attr-defined]
         reader = Reader(self.index, plan, graph.lowered.inputs, self.transforms, self._buffers, maps, self._pool,
-                        ahead=self.prefetch + 1, skip=self.skip)  # fmt: skip
+                        ahead=self.prefetch + 1, skip=self.skip, max_pixels=self.max_pixels)  # fmt: skip
         fed, limit, error = start, plan.num_batches, None  # feeding stops at `limit`: an unreadable batch
         failed = False
         ready: dict[int, tuple[Batch, Any]] = {}  # popped ahead of their turn (behind a retried batch)
@@ -426,7 +429,7 @@ class DaliRunner:
             if good is None:
                 images[positions] = 0
             else:
-                images[positions] = images[good]
+                images[positions] = images[good].clone()  # a row of the same tensor: copied first
                 labels = None if labels is None else labels.copy()
                 for i in positions:
                     keys[i] = keys[good]
@@ -455,7 +458,7 @@ class DaliRunner:
         for i, view in enumerate(batch.views):
             if i not in bad:
                 try:
-                    decode_rgb(bytes(view), shard=batch.shards[i], key=batch.keys[i])
+                    decode_rgb(bytes(view), shard=batch.shards[i], key=batch.keys[i], max_pixels=self.max_pixels)
                 except SampleError as e:
                     bad[i] = e
         if len(bad) == len(batch.skipped):

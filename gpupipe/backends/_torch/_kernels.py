@@ -17,7 +17,7 @@ from torchvision.transforms import InterpolationMode as TVInterpolation
 from torchvision.transforms.v2 import functional as F
 
 from ... import transforms as T
-from ..._geometry import center_crop_anchor, resize_size
+from ..._geometry import center_crop_anchor, resize_empty, resize_size
 from ..._registry import Registry
 from ...transforms._color import BlurParams, ColorJitterParams, GrayscaleParams
 from ...transforms._geometry import CropParams, FlipParams, RandomCropParams
@@ -66,6 +66,8 @@ def _random_resized_crop(t: T.RandomResizedCrop, img: torch.Tensor, p: CropParam
 @LOWERINGS.register(T.Resize)
 def _resize(t: T.Resize, img: torch.Tensor, _: None) -> torch.Tensor:
     h, w = resize_size(img.shape[-2], img.shape[-1], t.size, t.max_size)
+    if h < 1 or w < 1:
+        raise ValueError(resize_empty(t.size, t.max_size, (h, w)))
     return F.resize(img, [h, w], interpolation=_interp(t.interpolation), antialias=t.antialias)
 
 
@@ -114,7 +116,25 @@ def _grayscale(t: T.RandomGrayscale, img: torch.Tensor, p: GrayscaleParams) -> t
 
 @LOWERINGS.register(T.GaussianBlur)
 def _gaussian_blur(t: T.GaussianBlur, img: torch.Tensor, p: BlurParams) -> torch.Tensor:
-    return F.gaussian_blur(img, list(t.kernel_size), [p.sigma, p.sigma])
+    kx, ky = t.kernel_size
+    h, w = img.shape[-2:]
+    if h > ky // 2 and w > kx // 2:
+        return F.gaussian_blur(img, [kx, ky], [p.sigma, p.sigma])
+    # Smaller than half the kernel: torch's reflect padding refuses it. Pad by reflection (the
+    # same "101" border, repeated as often as needed, as DALI's blur does), blur, take the middle.
+    py, px = ky // 2, kx // 2
+    padded = img.index_select(-2, _reflect101(h, py)).index_select(-1, _reflect101(w, px))
+    return F.gaussian_blur(padded, [kx, ky], [p.sigma, p.sigma])[..., py : py + h, px : px + w]
+
+
+def _reflect101(n: int, pad: int) -> torch.Tensor:
+    """Indices of ``pad`` reflected positions, ``n`` own, ``pad`` reflected (edge not repeated)."""
+    i = torch.arange(-pad, n + pad)
+    if n == 1:
+        return torch.zeros_like(i)
+    period = 2 * (n - 1)
+    i = i.remainder(period)
+    return torch.where(i < n, i, period - i)
 
 
 @LOWERINGS.register(T.ToDtype)

@@ -42,8 +42,9 @@ class _Failure:
 
 
 class _Samples(Dataset["Sample | _Failure"]):
-    def __init__(self, index: Index, transforms: Sequence[Transform]) -> None:
+    def __init__(self, index: Index, transforms: Sequence[Transform], *, max_pixels: int | None, exif: bool) -> None:
         self.index, self.transforms = index, tuple(transforms)
+        self.max_pixels, self.exif = max_pixels, exif
 
     def __len__(self) -> int:
         return len(self.index)
@@ -56,7 +57,9 @@ class _Samples(Dataset["Sample | _Failure"]):
 
     def _sample(self, sample: int, seed: int, epoch: int) -> Sample:
         raw = self.index.read(sample)
-        image = decode_rgb(raw.data, shard=raw.shard, key=raw.key)
+        image = decode_rgb(
+            raw.data, shard=raw.shard, key=raw.key, max_pixels=self.max_pixels, apply_exif_orientation=self.exif
+        )
         try:
             image = apply_pipeline(self.transforms, image, sample_factors(self.transforms, seed, epoch, sample))
         except ValueError as e:  # e.g. RandomCrop larger than this image
@@ -115,7 +118,12 @@ class TorchRunner:
         self.device = spec.device
         self._batches = _Batches()
         self._loader: DataLoader[Sample | _Failure] | None = DataLoader(
-            _Samples(spec.index, spec.transforms),
+            _Samples(
+                spec.index,
+                spec.transforms,
+                max_pixels=spec.config.max_image_pixels,
+                exif=spec.config.apply_exif_orientation,
+            ),
             batch_sampler=self._batches,
             collate_fn=_Collate(spec.skip, spec.output, spec.index.labeled),
             num_workers=spec.workers,

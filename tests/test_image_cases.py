@@ -1,0 +1,184 @@
+"""Issue 11: images as real datasets hold them, on every backend under both policies — PNG and
+WebP named ``.jpg``, CMYK and grayscale JPEGs (RGB out), progressive JPEGs, EXIF orientation (as
+stored by default, upright on request), 1x1 and very thin images through every transform, and the
+pixel limit (refused from the header, before any decoder allocates)."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import gpupipe as gp
+from gpupipe import backends
+from gpupipe import transforms as T
+from gpupipe._decode import decode_rgb
+from gpupipe.testing import synthetic_image
+
+from .checkers import check_backend_parity
+from .conftest import _write_webdataset_shards, bomb_jpeg
+
+PHOTO = Image.fromarray(synthetic_image(3, size=(40, 56)))
+
+
+def encode(image: Image.Image, fmt: str = "JPEG", **options) -> bytes:
+    out = io.BytesIO()
+    image.save(out, fmt, **options)
+    return out.getvalue()
+
+
+def exif_rotated(image: Image.Image = PHOTO, orientation: int = 6) -> bytes:
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    return encode(image, quality=95, exif=exif)
+
+
+ENCODINGS = {  # each stored as a .jpg member
+    "png": encode(PHOTO, "PNG"),
+    "webp-lossless": encode(PHOTO, "WEBP", lossless=True),
+    "webp": encode(PHOTO, "WEBP", quality=90),
+    "cmyk-jpeg": encode(PHOTO.convert("CMYK"), quality=95),
+    "gray-jpeg": encode(PHOTO.convert("L"), quality=95),
+    "progressive-jpeg": encode(PHOTO, quality=95, progressive=True),
+    "exif-rotated-jpeg": exif_rotated(),
+    "gray-png": encode(PHOTO.convert("L"), "PNG"),
+    "palette-png": encode(PHOTO.convert("P"), "PNG"),
+    "rgba-png": encode(PHOTO.convert("RGBA"), "PNG"),
+}
+TINY = {f"{w}x{h}": encode(PHOTO.resize((w, h)), quality=95) for w, h in [(1, 1), (300, 1), (1, 300), (3, 2)]}
+
+needs_dali = pytest.mark.skipif(not backends.get("dali").available(), reason="needs DALI")
+
+
+class TestFormats:
+    @pytest.mark.parametrize("name", list(ENCODINGS))
+    def test_decoded_rgb_as_stored(self, name):
+        image = decode_rgb(ENCODINGS[name], shard="s", key=name)
+        assert image.dtype == torch.uint8 and tuple(image.shape) == (3, 40, 56)
+
+    @needs_dali
+    @pytest.mark.parametrize("exif", [False, True])
+    @pytest.mark.parametrize("name", list(ENCODINGS))
+    def test_dali_decodes_the_same(self, name, exif):
+        check_backend_parity([T.Resize(20)], [ENCODINGS[name]], exif=exif, mean_tol=0.5, max_tol=0.5)
+
+
+class TestExifOrientation:
+    def test_as_stored_by_default_upright_on_request(self):
+        data = exif_rotated()
+        assert tuple(decode_rgb(data, shard="s", key="k").shape) == (3, 40, 56)
+        upright = decode_rgb(data, shard="s", key="k", apply_exif_orientation=True)
+        assert torch.equal(upright, decode_rgb(data, shard="s", key="k").rot90(-1, dims=(1, 2)))
+
+    @needs_dali
+    @pytest.mark.parametrize("exif", [False, True])
+    def test_dali_crops_the_same_oriented_image(self, exif):
+        images = [exif_rotated(orientation=o) for o in (3, 6, 8)] * 2
+        for t in (T.RandomResizedCrop(16, scale=(0.1, 0.5)), T.CenterCrop((30, 20)), T.RandomCrop(20)):
+            check_backend_parity([t], images, exif=exif)
+
+    @pytest.mark.parametrize("exif", [False, True])
+    def test_the_loader_option_reaches_every_backend(self, backend, tmp_path, exif):
+        half = np.zeros((40, 56, 3), np.uint8)
+        half[:, 28:] = 255  # stored: dark left half; orientation 6 turns the left side to the top
+        urls = _write_webdataset_shards(str(tmp_path), (1,), prefix="exif",
+                                        patch={0: {"jpg": exif_rotated(Image.fromarray(half))}})  # fmt: skip
+        pipeline = gp.Pipeline(urls, [T.Resize((16, 16))])
+        with backend.loader(pipeline, 1, num_workers=0, apply_exif_orientation=exif) as loader:
+            image = next(iter(loader)).images[0].float().cpu()
+        top, left = image[:, :4].mean(), image[:, :, :4].mean()
+        assert (top < 30 and left > 100) if exif else (left < 30 and top > 100)
+
+
+TINY_TRANSFORMS = [
+    T.RandomResizedCrop(8),
+    T.Resize(8),
+    T.Resize((8, 8)),
+    T.Resize(8, max_size=12),  # a 300x1 image would become 0x12: refused on both
+    T.CenterCrop(8),
+    T.RandomCrop(8),  # larger than the image: refused on both
+    T.RandomCrop(8, pad_if_needed=True),
+    T.RandomCrop(8, padding=4, pad_if_needed=True),
+    T.RandomHorizontalFlip(1.0),
+    T.RandomVerticalFlip(1.0),
+    T.RandomGrayscale(1.0),
+    T.GaussianBlur(3),
+    T.GaussianBlur(5, sigma=(0.1, 2.0)),
+]
+
+
+@needs_dali
+class TestTinyImages:
+    @pytest.mark.parametrize("t", TINY_TRANSFORMS, ids=lambda t: type(t).__name__)
+    def test_every_transform_agrees_or_refuses_on_both(self, t):
+        check_backend_parity([t], list(TINY.values()))
+
+    def test_color_jitter_and_normalize(self):
+        check_backend_parity([T.ColorJitter(brightness=0.4, saturation=0.4)], list(TINY.values()))
+        check_backend_parity(
+            [T.ToDtype(torch.float32, scale=True), T.Normalize([0.5] * 3, [0.2] * 3)], list(TINY.values()), unit=51.0
+        )
+
+
+class TestInLoaders:
+    """All of them in one dataset, with a decompression bomb and a thin image a crop refuses."""
+
+    @pytest.fixture
+    def mixed(self, tmp_path) -> list[str]:
+        members = [*ENCODINGS.values(), *TINY.values()]
+        patch = {n: {"jpg": data} for n, data in enumerate(members)}
+        patch[len(members)] = {"jpg": bomb_jpeg()}
+        return _write_webdataset_shards(str(tmp_path), (len(members) + 1,), prefix="mixed", patch=patch)
+
+    @pytest.mark.parametrize("on_error", ["raise", "skip"])
+    def test_every_image_decodes_and_the_bomb_is_refused(self, backend, mixed, on_error):
+        pipeline = gp.Pipeline(mixed, [T.RandomResizedCrop(16), T.RandomHorizontalFlip()])
+        bomb = len(ENCODINGS) + len(TINY)
+        with backend.loader(pipeline, 5, num_workers=0, on_error=on_error, max_skipped=None) as loader:
+            if on_error == "raise":
+                with pytest.raises(gp.SampleError, match="declares 30000x30000 pixels") as info:
+                    list(loader)
+                assert info.value.kind is gp.Damage.TOO_LARGE and info.value.key == f"img/00/{bomb:06d}"
+                return
+            valid = [v for b in loader for v in b.valid.tolist()]
+            assert valid.count(True) == bomb and [s.kind for s in loader.skipped] == ["too-large"]
+
+    @pytest.mark.parametrize("on_error", ["raise", "skip"])
+    def test_a_crop_larger_than_a_thin_image(self, backend, mixed, on_error):
+        thin = gp.Pipeline(mixed, [T.RandomCrop(2), T.Resize((8, 8))])  # not for 1x1, 300x1 and 1x300
+        with backend.loader(thin, 4, num_workers=0, on_error=on_error, max_skipped=None) as loader:
+            if on_error == "raise":
+                with pytest.raises(gp.SampleError, match="RandomCrop: crop size") as info:
+                    list(loader)
+                assert info.value.kind is gp.Damage.TOO_SMALL
+                return
+            list(loader)
+            kinds = {s.key: s.kind for s in loader.skipped}
+        first, bomb = len(ENCODINGS), len(ENCODINGS) + len(TINY)
+        assert kinds == {**{f"img/00/{n:06d}": "too-small" for n in range(first, first + 3)},
+                         f"img/00/{bomb:06d}": "too-large"}  # fmt: skip
+
+    def test_the_pixel_limit_is_an_option(self, backend, mixed):
+        pipeline = gp.Pipeline(mixed, [T.RandomResizedCrop(16)])
+        with (
+            backend.loader(pipeline, 4, num_workers=0, max_image_pixels=1000) as loader,
+            pytest.raises(gp.SampleError, match="40x56 pixels, more than max_image_pixels=1000"),
+        ):
+            list(loader)
+
+
+class TestConfig:
+    @pytest.mark.parametrize("value", [0, -5, 1.5, "big"])
+    def test_bad_pixel_limits(self, value):
+        with pytest.raises(gp.ConfigError, match="max_image_pixels"):
+            gp.LoaderConfig(4, max_image_pixels=value)
+
+    def test_defaults(self):
+        config = gp.LoaderConfig(4)
+        assert config.max_image_pixels == Image.MAX_IMAGE_PIXELS and config.apply_exif_orientation is False
+        assert gp.LoaderConfig(4, max_image_pixels=None).max_image_pixels is None
+        with pytest.raises(gp.ConfigError, match="apply_exif_orientation"):
+            gp.LoaderConfig(4, apply_exif_orientation=1)  # type: ignore[arg-type]
