@@ -11,7 +11,10 @@ prefetch 2, the page cache warm:
 - ``gpupipe``: the DALI backend's runner, as a loader runs it — the epoch plan (shuffled, as for
   training), the index, reader threads that hand each batch over as views of the shards mapped
   under read leases (``pread`` into a reused buffer where no lease can be had), zero-copy
-  feeding, the random-factor draws of the ImageNet train recipe, labels and keys per batch;
+  feeding, the random-factor draws of the ImageNet train recipe, labels and keys per batch, and
+  the pixel-limit check of each image's header (about 2.5-3 us a sample of Python; it touches
+  each sample's first page, a page fault this pass-through bench counts to gpupipe's threads,
+  which in training DALI's decoder takes anyway);
 - ``gpupipe, pread``: the same with the shards read by ``pread`` into a reused buffer, as for a
   GPU pipeline or shards that cannot be leased;
 - ``dali reader``: ``fn.readers.webdataset`` (C++), reading the same shards in file order with
