@@ -214,10 +214,7 @@ class Loader:
         (under either policy); logs a summary once and applies the cap to the dataset."""
         found, listed = self.index.problems, self.index.bad_errors()
         for error in (*found, *listed):
-            where = (error.shard, error.key)
-            if where not in self._skipped:
-                kind = error.kind.value if error.kind is not None else None
-                self._skipped[where] = SkippedSample(error.key, error.shard, str(error), None, kind)
+            self._record(error, None)
         if not (found or listed):
             return
         log.warning(
@@ -369,10 +366,7 @@ class Loader:
             if valid[position]:  # padding repeats a sample: counted once
                 self._skipped_in_epoch += 1
             valid[position] = False
-            where = (error.shard, error.key)
-            if where not in self._skipped:
-                kind = error.kind.value if error.kind is not None else None
-                self._skipped[where] = SkippedSample(error.key, error.shard, str(error), epoch, kind)
+            if self._record(error, epoch):
                 log.warning("gpupipe: skipped a sample (on_error='skip'): %s", error)
         if limit is not None and self._skipped_in_epoch > limit:
             first = next(iter(self._skipped.values()))
@@ -383,6 +377,15 @@ class Loader:
                 shard=first.shard,
                 key=first.key,
             )
+
+    def _record(self, error: DataError, epoch: int | None) -> bool:
+        """Lists ``error``'s sample in :attr:`skipped` unless it is there already; ``True`` if new."""
+        where = (error.shard, error.key)
+        if where in self._skipped:
+            return False
+        kind = error.kind.value if error.kind is not None else None
+        self._skipped[where] = SkippedSample(error.key, error.shard, str(error), epoch, kind)
+        return True
 
     def state_dict(self) -> dict[str, Any]:
         """This rank's position: the epoch and the batches of it yielded so far, with the settings

@@ -225,6 +225,31 @@ def check_backend_parity(
     return avg, worst
 
 
+def check_exact_resume(make, *, epoch: int, at: int = 1):
+    """Runs epoch ``epoch`` of the loader ``make()`` whole, saving its state after each batch; a
+    fresh ``make()`` resumed from the state after batch ``at`` must then yield exactly the rest:
+    the same keys, ``valid`` masks and images. Returns the saved states and the resumed loader
+    (closed)."""
+
+    def host(batch):
+        return batch.keys, batch.valid.cpu().clone(), batch.images.cpu().clone()
+
+    with make() as loader:
+        loader.set_epoch(epoch)
+        states, whole = [], []
+        for batch in loader:
+            states.append(loader.state_dict())
+            whole.append(host(batch))
+    with make() as resumed:
+        resumed.load_state_dict(states[at - 1])
+        resumed.set_epoch(epoch)
+        rest = [host(b) for b in resumed]
+    assert len(rest) == len(whole) - at
+    for (k1, v1, i1), (k2, v2, i2) in zip(rest, whole[at:], strict=True):
+        assert k1 == k2 and torch.equal(v1, v2) and torch.equal(i1, i2)
+    return states, resumed
+
+
 def check_epoch_partition(per_rank, all_keys, *, world_size: int, batch_size: int, drop_last: bool) -> dict:
     """The distributed epoch contract, checked on what every rank yielded in one epoch.
 

@@ -21,6 +21,7 @@ from gpupipe.sources import _webdataset
 from gpupipe.sources._index import Problem
 from gpupipe.sources._mask import write_mask
 
+from .checkers import check_exact_resume
 from .conftest import _write_webdataset_shards
 
 
@@ -165,18 +166,7 @@ class TestCheckedList:
         def make():
             return backend.loader(pipeline(clean), 4, num_workers=0, shuffle=True, seed=1)
 
-        with make() as loader:
-            loader.set_epoch(2)
-            states, whole = [], []
-            for batch in loader:
-                states.append(loader.state_dict())
-                whole.append((batch.keys, batch.images.clone()))
-        with make() as resumed:
-            resumed.load_state_dict(states[0])
-            resumed.set_epoch(2)
-            rest = [(b.keys, b.images.clone()) for b in resumed]
-        assert [k for k, _ in rest] == [k for k, _ in whole[1:]]
-        assert all(torch.equal(a, b) for (_, a), (_, b) in zip(rest, whole[1:], strict=True))
+        states, _ = check_exact_resume(make, epoch=2)
         assert states[0]["plan"]["mask"].startswith("1:")
         listed(clean[0], {2: "corrupt", 3: "corrupt"})
         with make() as changed, pytest.raises(gp.ConfigError, match="mask="):

@@ -20,6 +20,7 @@ from gpupipe import transforms as T
 from gpupipe.sources._mapped import MappedFile
 from gpupipe.testing import synthetic_image
 
+from .checkers import check_exact_resume
 from .conftest import _write_webdataset_shards, label_of, truncated_jpeg
 
 pytest.importorskip("nvidia.dali")
@@ -182,18 +183,7 @@ class TestExactResume:
         def make():
             return backend.loader(small_train(photo_shards), 4, seed=9, shuffle=True, num_workers=1)
 
-        with make() as run:
-            run.set_epoch(2)
-            states, images = [], []
-            for batch in run:
-                states.append(run.state_dict())
-                images.append((batch.keys, batch.images.cpu().clone()))
-        with make() as resumed:
-            resumed.load_state_dict(states[at - 1])
-            resumed.set_epoch(2)
-            rest = [(b.keys, b.images.cpu()) for b in resumed]
-        assert [k for k, _ in rest] == [k for k, _ in images[at:]]
-        assert all(torch.equal(a, b) for (_, a), (_, b) in zip(rest, images[at:], strict=True))
+        check_exact_resume(make, epoch=2, at=at)
 
 
 class TestInputPath:

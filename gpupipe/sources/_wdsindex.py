@@ -21,6 +21,7 @@ index file itself, so that a cached index raises (or skips) exactly what a fresh
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import logging
 import os
@@ -85,16 +86,7 @@ def save(path: str, keys: list[str], image_exts: list[str], image: np.ndarray, l
         if label is not None:
             line += f" cls {label[i, 0]} {label[i, 1]} {key}.cls"
         lines.append(line + "\n")
-    try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            f.writelines(lines)
-        os.replace(tmp, path)
-        return True
-    except OSError as e:
-        log.warning("gpupipe: cannot write the index cache %s: %s", path, e)
-        return False
+    return _write_atomic(path, "".join(lines).encode())
 
 
 def count(path: str) -> int | None:
@@ -139,14 +131,9 @@ def labels_path(path: str) -> str:
 
 def save_labels(path: str, labels: np.ndarray) -> None:
     """Writes the parsed labels of the index ``path`` atomically (a failure is logged)."""
-    target = labels_path(path)
-    try:
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(target), suffix=".tmp")
-        with os.fdopen(fd, "wb") as f:
-            np.save(f, np.asarray(labels, dtype=np.int64), allow_pickle=False)
-        os.replace(tmp, target)
-    except OSError as e:
-        log.warning("gpupipe: cannot write the label cache %s: %s", target, e)
+    out = io.BytesIO()
+    np.save(out, np.asarray(labels, dtype=np.int64), allow_pickle=False)
+    _write_atomic(labels_path(path), out.getvalue())
 
 
 def load_labels(path: str, n: int) -> np.ndarray | None:
@@ -164,12 +151,14 @@ def problems_path(path: str) -> str:
     return path.removesuffix(".idx") + ".problems.json"
 
 
-def _write_atomic(target: str, text: str) -> bool:
+def _write_atomic(target: str, data: bytes) -> bool:
+    """Writes a cache file whole or not at all (a temporary file, then a rename); returns False
+    (and logs why) where it cannot."""
     try:
         os.makedirs(os.path.dirname(target), exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=os.path.dirname(target), suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
         os.replace(tmp, target)
         return True
     except OSError as e:
@@ -183,7 +172,7 @@ def save_problems(path: str, problems: tuple[Problem, ...]) -> bool:
     if not problems:
         return True
     rows = [{"kind": p.kind.value, "key": p.key, "detail": p.detail} for p in problems]
-    return _write_atomic(problems_path(path), json.dumps({"problems": rows}, indent=1))
+    return _write_atomic(problems_path(path), json.dumps({"problems": rows}, indent=1).encode())
 
 
 def load_problems(path: str) -> tuple[Problem, ...] | None:

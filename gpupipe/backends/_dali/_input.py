@@ -274,14 +274,10 @@ class Reader:
     def _check_pixels(self, views: list[Any], keys: list[str], shards: list[str], bad: dict[int, DataError]) -> None:
         """Refuses images whose header declares more than ``max_pixels``, before DALI's decoders
         allocate them (a few microseconds a sample, in the reading threads)."""
-        limit = self.max_pixels
         for i, view in enumerate(views):
-            if i in bad:
-                continue
-            size = image_size(memoryview(view))
-            if size is not None and size[0] * size[1] > limit:  # type: ignore[operator]
+            if i not in bad:
                 try:
-                    check_pixels(size, limit, shard=shards[i], key=keys[i])
+                    check_pixels(image_size(memoryview(view)), self.max_pixels, shard=shards[i], key=keys[i])
                 except DataError as e:
                     self._bad(bad, i, e)
 
