@@ -30,6 +30,7 @@ from ._errors import (
     SampleError,
     ShardError,
     UnsupportedTransformError,
+    WorkerError,
 )
 from ._loader import Batch, Loader, SkippedSample
 from ._pipeline import Pipeline, load_pipeline
@@ -66,6 +67,7 @@ __all__ = [
     "UnsupportedTransformError",
     "BackendUnavailableError",
     "ClosedError",
+    "WorkerError",
     "DataError",
     "ShardError",
     "SampleError",

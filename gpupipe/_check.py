@@ -16,11 +16,11 @@ import collections
 import concurrent.futures
 import dataclasses
 import logging
-import multiprocessing
 import os
 from collections.abc import Sequence
 from typing import Any
 
+from ._children import process_pool
 from ._decode import MAX_IMAGE_PIXELS, decode_rgb
 from ._errors import ConfigError, Damage, DataError
 from .sources import WebDataset
@@ -170,8 +170,8 @@ def check(
                 results[job[0]] = _check_shard(job)
                 bar.update()
         else:
-            context = multiprocessing.get_context("spawn")  # no inherited threads, DALI or CUDA state
-            with concurrent.futures.ProcessPoolExecutor(min(workers, len(jobs)), mp_context=context) as pool:
+            # spawned: no inherited threads, DALI or CUDA state
+            with process_pool(min(workers, len(jobs)), "gpupipe check", spawn=True) as pool:
                 futures = {pool.submit(_check_shard, job): job[0] for job in jobs}
                 for future in concurrent.futures.as_completed(futures):
                     results[futures[future]] = future.result()

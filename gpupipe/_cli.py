@@ -1,10 +1,12 @@
 """``python -m gpupipe``: make-shards (write WebDataset shards), index (build the shard index cache),
-check (validate every sample), bench (images/s of a pipeline) and doctor (check this machine)."""
+check (validate every sample), bench (images/s of a pipeline) and doctor (check this machine).
+
+Exit status: 0 done; 1 ``check`` or ``doctor`` found something wrong; 2 a usage error or a gpupipe
+error (printed on one line); 130 interrupted (Ctrl-C), with every worker process ended."""
 
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import io
 import json
 import os
@@ -15,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from ._children import process_pool
+from ._errors import GpupipeError
 from ._imageinfo import MAX_IMAGE_PIXELS
 from ._shards import ShardWriter
 from .testing import encode_jpeg, synthetic_image
@@ -53,7 +57,7 @@ def make_shards(args: argparse.Namespace) -> int:
         else:
             jobs = [(i, args.seed, args.classes, args.quality) for i in range(args.synthetic)]
             workers = args.workers or os.cpu_count() or 1
-            with concurrent.futures.ProcessPoolExecutor(workers) as pool:
+            with process_pool(workers, "gpupipe make-shards") as pool:
                 writer.write_all(pool.map(_synthetic_sample, jobs, chunksize=16))
     n = len(writer.shards)
     brace = f"{args.prefix}-{{000000..{n - 1:06d}}}.tar" if n > 1 else os.path.basename(writer.shards[0])
@@ -140,7 +144,7 @@ def index(args: argparse.Namespace) -> int:
     source = WebDataset(args.source, image=args.image, label=None if args.label == "none" else args.label)
     jobs = [(u, *source.extensions()) for u in source.urls]
     start = time.perf_counter()
-    with concurrent.futures.ProcessPoolExecutor(args.workers) as pool:
+    with process_pool(args.workers, "gpupipe index") as pool:
         total = sum(pool.map(_index_one, jobs, chunksize=max(1, len(jobs) // 64)))
     print(
         f"{total} samples in {len(jobs)} shards, indexed in {time.perf_counter() - start:.1f} s; "
@@ -236,7 +240,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if getattr(args, "synthetic", None) is not None and args.synthetic <= 0:
         parser.error("--synthetic must be positive")
-    return args.fn(args)
+    try:
+        return args.fn(args)
+    except KeyboardInterrupt:  # Ctrl-C: worker processes are already ended (process_pool)
+        print(f"gpupipe {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except GpupipeError as e:
+        print(f"gpupipe {args.command}: error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":  # pragma: no cover

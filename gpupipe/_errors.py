@@ -20,6 +20,7 @@ __all__ = [
     "UnsupportedTransformError",
     "BackendUnavailableError",
     "ClosedError",
+    "WorkerError",
     "DataError",
     "ShardError",
     "SampleError",
@@ -48,6 +49,23 @@ class BackendUnavailableError(GpupipeError, RuntimeError):
 
 class ClosedError(GpupipeError, RuntimeError):
     """The loader (or its runner) was closed: it cannot be iterated again."""
+
+
+class WorkerError(GpupipeError, RuntimeError):
+    """A process gpupipe started (a torch-backend worker, a ``gpupipe check`` process) ended
+    unexpectedly: killed (often by the kernel's out-of-memory killer: see ``dmesg``) or crashed in
+    native code. Raised instead of waiting for it.
+
+    Attributes:
+        pid: the process id (``None`` where unknown).
+        exitcode: its ``multiprocessing`` exit code: negative for a signal (``-9``: SIGKILL),
+            ``None`` where unknown.
+    """
+
+    def __init__(self, message: str, *, pid: int | None = None, exitcode: int | None = None) -> None:
+        super().__init__(message)
+        self.pid = pid
+        self.exitcode = exitcode
 
 
 class Damage(str, enum.Enum):

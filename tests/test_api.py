@@ -16,8 +16,8 @@ def test_top_level_api():
         "Source", "WebDataset", "ImageFolder",
         "load_pipeline", "check", "CheckReport",
         "register_lowering", "ShardWriter", "transforms", "sources", "GpupipeError", "ConfigError",
-        "PipelineError", "UnsupportedTransformError", "BackendUnavailableError", "ClosedError", "DataError",
-        "ShardError", "SampleError", "__version__",
+        "PipelineError", "UnsupportedTransformError", "BackendUnavailableError", "ClosedError", "WorkerError",
+        "DataError", "ShardError", "SampleError", "__version__",
     ])  # fmt: skip
     assert all(hasattr(gp, name) for name in gp.__all__)
 
@@ -57,7 +57,8 @@ def test_error_hierarchy():
     assert issubclass(gp.UnsupportedTransformError, gp.PipelineError)
     assert issubclass(gp.SampleError, gp.DataError) and issubclass(gp.ShardError, gp.DataError)
     assert issubclass(gp.BackendUnavailableError, RuntimeError) and issubclass(gp.ClosedError, RuntimeError)
-    for cls in (gp.ConfigError, gp.DataError, gp.BackendUnavailableError, gp.ClosedError):
+    assert issubclass(gp.WorkerError, RuntimeError)
+    for cls in (gp.ConfigError, gp.DataError, gp.BackendUnavailableError, gp.ClosedError, gp.WorkerError):
         assert issubclass(cls, gp.GpupipeError)
     err = gp.SampleError("msg", shard="s.tar", key="k")  # one positional message: survives worker re-raise
     assert (str(err), err.shard, err.key) == ("msg", "s.tar", "k")

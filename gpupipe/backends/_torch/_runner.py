@@ -9,8 +9,9 @@ from collections.abc import Generator, Iterator, Sequence
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from ..._children import exit_status, exit_with_parent
 from ..._decode import decode_rgb
-from ..._errors import ClosedError, Damage, DataError, SampleError
+from ..._errors import ClosedError, Damage, DataError, SampleError, WorkerError
 from ..._plan import RankPlan
 from ...sources import Index
 from ...transforms import ImageSpec, Transform
@@ -130,6 +131,7 @@ class TorchRunner:
             prefetch_factor=spec.config.prefetch if spec.workers else None,
             persistent_workers=spec.workers > 0,
             pin_memory=self.device.type == "cuda",
+            worker_init_fn=exit_with_parent,
         )
         self._runs = Runs()
         self._closed = False
@@ -144,8 +146,20 @@ class TorchRunner:
         self._batches.batches = [
             [(int(s), plan.seed, plan.epoch) for s in plan.batch(b)[0]] for b in range(start, plan.num_batches)
         ]
+        batches = iter(loader)
+        done = start
         try:
-            for batch in loader:
+            while True:
+                try:
+                    batch = next(batches)
+                except StopIteration:
+                    return
+                except RuntimeError as e:  # a worker died? PyTorch names its pid, not how it died
+                    died = self._worker_died(loader, plan, done)
+                    if died is None:
+                        raise
+                    raise died from e
+                done += 1
                 if self._closed:  # closed from another thread while this epoch runs
                     raise ClosedError("the torch runner was closed during an epoch")
                 if isinstance(batch, _Failure):
@@ -162,6 +176,25 @@ class TorchRunner:
             if self._closed:
                 self._shutdown()
 
+    def _worker_died(self, loader: DataLoader, plan: RankPlan, batch: int) -> WorkerError | None:
+        """The error for a worker found dead (``None`` when none is); the workers are ended, and
+        the next epoch starts new ones."""
+        iterator = getattr(loader, "_iterator", None)
+        workers = list(getattr(iterator, "_workers", ()))
+        dead = [(i, w) for i, w in enumerate(workers) if not w.is_alive()]  # reaps it: its exit code is known
+        if not dead:
+            return None
+        self._end_workers(loader)
+        i, worker = dead[0]
+        return WorkerError(
+            f"torch backend: worker process {i} (pid {worker.pid}) died with {exit_status(worker.exitcode)} "
+            f"during epoch {plan.epoch}, batch {batch}. A killed worker is often the kernel's "
+            "out-of-memory killer (see `dmesg`); fewer workers or a smaller prefetch use less memory. A crash in "
+            "native code shows its traceback with num_workers=0. The next epoch starts new workers.",
+            pid=worker.pid,
+            exitcode=worker.exitcode,
+        )
+
     def close(self) -> None:
         """Stops an unfinished epoch and ends the worker processes (and the pin-memory thread); a
         run executing in another thread stops at its next batch and ends them itself."""
@@ -171,7 +204,12 @@ class TorchRunner:
 
     def _shutdown(self) -> None:
         loader, self._loader = self._loader, None
+        if loader is not None:
+            self._end_workers(loader)
+
+    @staticmethod
+    def _end_workers(loader: DataLoader) -> None:
         iterator = getattr(loader, "_iterator", None)  # the persistent workers' iterator
         if iterator is not None:
             iterator._shutdown_workers()
-            loader._iterator = None  # type: ignore[union-attr]
+            loader._iterator = None

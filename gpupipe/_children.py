@@ -1,0 +1,114 @@
+"""The processes gpupipe starts — the torch backend's DataLoader workers, ``gpupipe check``'s
+pool — never outlive the process that started them, and one that dies is named.
+
+A worker normally ends when its parent tells it to (``close()``, the end of ``with``, interpreter
+exit, Ctrl-C). When the parent is killed (``kill -9``, the out-of-memory killer, a scheduler's
+timeout) nothing tells it. PyTorch's own DataLoader worker notices only between two samples, every
+5 s, and a worker stuck in native code (a hung read, a deadlocked library) never does.
+:func:`exit_with_parent`, run first in every such child, starts a daemon thread that ends the child
+(``os._exit``) within :data:`POLL_S` of its parent's death, whatever the child's main thread is
+doing.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import multiprocessing
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures.process import BrokenProcessPool
+
+from ._errors import WorkerError
+
+__all__ = ["POLL_S", "exit_with_parent", "exit_status", "process_pool"]
+
+POLL_S = 0.25  # how often a child checks that its parent is alive
+
+
+def exit_with_parent(*_: object) -> None:
+    """Called first in a child process (a ``worker_init_fn`` or a pool ``initializer``; arguments
+    ignored): ends this process soon after its parent dies.
+
+    The parent is the process that started this one (``os.getppid()`` now; under the
+    ``forkserver`` start method that is the fork server, which itself ends with the main process).
+    A child whose parent is already gone ends at once.
+    """
+    parent = os.getppid()
+    if parent == 1:
+        os._exit(1)
+    threading.Thread(target=_watch, args=(parent,), name="gpupipe-parent-watch", daemon=True).start()
+
+
+def _watch(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(POLL_S)
+    os._exit(1)  # the parent is gone: nobody will read what this process makes
+
+
+def exit_status(code: int | None) -> str:
+    """``multiprocessing``'s ``exitcode`` in words: ``"exit code 3"``,
+    ``"exit code -9 (killed by SIGKILL)"``."""
+    if code is None:
+        return "an unknown status"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"exit code {code} (killed by {name})"
+    return f"exit code {code}"
+
+
+@contextlib.contextmanager
+def process_pool(workers: int | None, what: str, *, spawn: bool = False) -> Iterator[concurrent.futures.Executor]:
+    """A ``ProcessPoolExecutor`` whose processes never outlive this one.
+
+    - Each process runs :func:`exit_with_parent` first.
+    - An exception in the ``with`` body (Ctrl-C included) cancels what has not started and
+      terminates the processes at once, instead of waiting for their current tasks.
+    - A process that died (killed, crashed) is raised as :class:`~gpupipe.WorkerError` naming
+      ``what`` the pool was doing and the process's exit code, not as ``BrokenProcessPool``.
+
+    Args:
+        workers: processes (``None``: every core).
+        what: what the pool does, for messages (``"gpupipe check"``).
+        spawn: start processes with ``spawn`` (no inherited threads, DALI or CUDA state) rather
+            than the platform's default.
+    """
+    context = multiprocessing.get_context("spawn") if spawn else None
+    pool = concurrent.futures.ProcessPoolExecutor(workers, mp_context=context, initializer=exit_with_parent)
+    # CPython's map of the pool's processes, filled in place as they start (empty elsewhere):
+    # kept to name a dead one and to terminate them.
+    found = getattr(pool, "_processes", None)
+    processes: dict[int, multiprocessing.process.BaseProcess] = {} if found is None else found
+    try:
+        yield pool
+    except BrokenProcessPool as e:
+        _terminate(pool, list(processes.values()))
+        dead = [p for p in processes.values() if p.exitcode not in (None, 0)]
+        pid, code = (dead[0].pid, dead[0].exitcode) if dead else (None, None)
+        which = "" if pid is None else f" (pid {pid})"
+        raise WorkerError(
+            f"{what}: a worker process{which} died with {exit_status(code)}. A killed process is often the "
+            "kernel's out-of-memory killer (see `dmesg`); fewer workers use less memory. A crash in native code "
+            "shows its traceback when run in this process (workers=0).",
+            pid=pid,
+            exitcode=code,
+        ) from e
+    except BaseException:
+        _terminate(pool, list(processes.values()))
+        raise
+    pool.shutdown(wait=True)
+
+
+def _terminate(pool: concurrent.futures.Executor, processes: list[multiprocessing.process.BaseProcess]) -> None:
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in processes:
+        if process.is_alive():
+            process.terminate()
+    for process in processes:
+        process.join(timeout=5.0)

@@ -1,0 +1,174 @@
+"""Processes: no worker gpupipe starts can hang the run or outlive it. A worker that dies is
+raised with its exit code; Ctrl-C stops an epoch (or ``gpupipe check``) within seconds and leaves
+no process behind; a parent killed outright (``kill -9``, the out-of-memory killer) leaves no
+orphan. The signal tests run the loader in a subprocess of its own session and look for every
+process of that session afterwards."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+import gpupipe as gp
+from gpupipe import transforms as T
+from gpupipe._children import POLL_S, exit_status, process_pool
+from gpupipe.testing import encode_jpeg, synthetic_image
+
+ROOT = os.path.join(os.path.dirname(__file__), "..")
+PROMPT_S = 10.0  # "within a few seconds", with room for a loaded CI machine
+
+
+@dataclasses.dataclass(frozen=True)
+class _KillWorker(T.ArrayFunction):
+    """Kills the process it runs in (SIGKILL, as the out-of-memory killer does) unless that is
+    ``parent``: every torch-backend worker dies on its first sample."""
+
+    parent: int = 0
+
+    def apply(self, x, xp):
+        if os.getpid() != self.parent:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return x
+
+
+class TestDeadWorkers:
+    def test_a_torch_worker_is_reported_with_its_exit_code(self, shards):
+        pipe = gp.Pipeline(shards, [T.Resize(24), T.CenterCrop(16), _KillWorker(parent=os.getpid())])
+        loader = gp.Loader(pipe, 4, backend="torch", device="cpu", num_workers=2)
+        started = time.monotonic()
+        with pytest.raises(gp.WorkerError, match=r"died with exit code -9 \(killed by SIGKILL\).*epoch 0, batch 0"):
+            list(loader)
+        assert time.monotonic() - started < PROMPT_S
+        with pytest.raises(gp.WorkerError) as info:  # the next epoch starts new workers (which die too)
+            list(loader)
+        assert info.value.exitcode == -9 and info.value.pid is not None and isinstance(info.value, RuntimeError)
+        loader.close()
+        assert not multiprocessing.active_children()
+
+    def test_a_pool_process_is_reported_with_its_exit_code(self):
+        died = r"gpupipe test: a worker process \(pid \d+\) died with exit code 3"
+        with pytest.raises(gp.WorkerError, match=died), process_pool(2, "gpupipe test") as pool:
+            list(pool.map(os._exit, [3, 3]))
+        assert not multiprocessing.active_children()
+
+    def test_exit_status_in_words(self):
+        assert exit_status(3) == "exit code 3"
+        assert exit_status(-9) == "exit code -9 (killed by SIGKILL)"
+        assert exit_status(None) == "an unknown status"
+
+
+def _session(sid: int) -> list[int]:
+    """Live processes of session ``sid`` (zombies excluded: already ended)."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z" and int(fields[3]) == sid:
+            found.append(int(pid))
+    return found
+
+
+def _interrupt(argv: list[str], sig: signal.Signals, *, group: bool, ready) -> tuple[int, float, list[int]]:
+    """Starts ``argv`` in a session of its own, waits until ``ready(proc)``, sends ``sig`` (to the
+    whole process group, as a terminal's Ctrl-C does, or to the parent alone, as ``kill -9`` or
+    the OOM killer does) and returns the exit status, the seconds until every process of the
+    session was gone, and those still alive after ``PROMPT_S``."""
+    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            start_new_session=True)  # fmt: skip
+    try:
+        ready(proc)
+        sent = time.monotonic()
+        (os.killpg if group else os.kill)(proc.pid, sig)
+        code = proc.wait(timeout=60)
+        left = _session(proc.pid)
+        while left and time.monotonic() - sent < PROMPT_S:
+            time.sleep(0.05)
+            left = _session(proc.pid)
+        return code, time.monotonic() - sent, left
+    finally:
+        for pid in [proc.pid, *_session(proc.pid)]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+EPOCHS = textwrap.dedent("""
+    import sys, torch, gpupipe as gp
+    from gpupipe import transforms as T
+    backend, workers, shards = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+    pipe = gp.Pipeline(shards, [T.RandomResizedCrop(32), T.ToDtype(torch.float32, scale=True)])
+    loader = gp.Loader(pipe, 2, backend=backend, device="cpu", num_workers=workers, shuffle=True)
+    for epoch in range(10**6):
+        loader.set_epoch(epoch)
+        for n, batch in enumerate(loader):
+            if epoch == 1 and n == 0:
+                print("running", flush=True)
+""")
+
+
+def _printed_running(proc: subprocess.Popen) -> None:
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "running"
+
+
+class TestSignals:
+    @pytest.mark.parametrize(("backend", "workers"), [("torch", 2), ("dali", 2)])
+    def test_ctrl_c_during_an_epoch_ends_everything_within_seconds(self, shards, backend, workers):
+        if backend == "dali":
+            pytest.importorskip("nvidia.dali")
+        argv = [sys.executable, "-c", EPOCHS, backend, str(workers), *shards]
+        code, took, left = _interrupt(argv, signal.SIGINT, group=True, ready=_printed_running)
+        assert code in (-signal.SIGINT, 1) and not left  # KeyboardInterrupt's traceback: status 1 or -2
+        assert took < PROMPT_S
+
+    def test_a_killed_parent_leaves_no_torch_worker(self, shards):
+        argv = [sys.executable, "-c", EPOCHS, "torch", "2", *shards]
+        code, took, left = _interrupt(argv, signal.SIGKILL, group=False, ready=_printed_running)
+        assert code == -signal.SIGKILL and not left
+        assert took < 2 + 4 * POLL_S  # gpupipe's watch; PyTorch's own notices only every 5 s
+
+
+@pytest.fixture(scope="module")
+def slow_shards(tmp_path_factory) -> list[str]:
+    """4 shards of 60 copies of one 1600x1600 JPEG: ``gpupipe check`` takes seconds over them."""
+    big = encode_jpeg(synthetic_image(0, size=(1600, 1600)), quality=90)
+    with gp.ShardWriter(str(tmp_path_factory.mktemp("slow") / "slow-%d.tar"), max_count=60) as w:
+        for n in range(240):
+            w.write(f"s{n:04d}", {"jpg": big, "cls": n % 3})
+    return w.shards
+
+
+def _checking(proc: subprocess.Popen) -> None:
+    """Returns once the check's 2 worker processes are busy."""
+    deadline = time.monotonic() + 60
+    while len(_session(proc.pid)) < 3:  # the CLI, its 2 workers (and spawn's resource tracker)
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    time.sleep(0.5)
+
+
+class TestCheckSignals:
+    def test_ctrl_c_ends_the_check_and_its_workers(self, slow_shards):
+        argv = [sys.executable, "-m", "gpupipe", "check", "--no-write", "--quiet", "--workers", "2", *slow_shards]
+        code, took, left = _interrupt(argv, signal.SIGINT, group=True, ready=_checking)
+        assert code == 130 and not left and took < PROMPT_S
+
+    def test_a_killed_check_leaves_no_worker(self, slow_shards):
+        argv = [sys.executable, "-m", "gpupipe", "check", "--no-write", "--quiet", "--workers", "2", *slow_shards]
+        code, took, left = _interrupt(argv, signal.SIGKILL, group=False, ready=_checking)
+        assert code == -signal.SIGKILL and not left and took < PROMPT_S
