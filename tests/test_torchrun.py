@@ -6,14 +6,25 @@ import json
 import os
 import subprocess
 import sys
+import tarfile
 
 import pytest
 
 import gpupipe as gp
 
 from .checkers import all_keys, check_epoch_partition
-from .conftest import DIST_ENV, UNEVEN_SIZES
+from .conftest import DIST_ENV, UNEVEN_SIZES, _write_webdataset_shards, truncated_jpeg
 from .dist_worker import BACKENDS
+
+
+def torchrun(worker: str, out, shards: list[str]) -> None:
+    """Runs ``tests/<worker>`` as a 2-rank ``torchrun`` job (gloo, CPU)."""
+    env = {k: v for k, v in os.environ.items() if k not in DIST_ENV}
+    env.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="error::DeprecationWarning:gpupipe")
+    path = os.path.join(os.path.dirname(__file__), worker)
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", path, str(out)]
+    proc = subprocess.run([*argv, *shards], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
 
 class TestTorchrun:
@@ -21,26 +32,7 @@ class TestTorchrun:
 
     def test_two_ranks(self, uneven_shards, tmp_path):
         pytest.importorskip("nvidia.dali")
-        env = {k: v for k, v in os.environ.items() if k not in DIST_ENV}
-        env.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="error::DeprecationWarning:gpupipe")
-        worker = os.path.join(os.path.dirname(__file__), "dist_worker.py")
-        proc = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
-                "--standalone",
-                "--nproc_per_node=2",
-                worker,
-                str(tmp_path),
-                *uneven_shards,
-            ],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        torchrun("dist_worker.py", tmp_path, uneven_shards)
         ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
         keys = all_keys(gp.WebDataset(uneven_shards).index())
         assert len(keys) == sum(UNEVEN_SIZES) == 17
@@ -57,3 +49,49 @@ class TestTorchrun:
                 assert not train_keys[0] & train_keys[1]
                 shards = [set(r["train"][epoch]["shards"]) for r in res]
                 assert len(shards[0] & shards[1]) <= 1  # at most the boundary shard, split by byte range
+
+    def test_a_damaged_corpus_under_skip(self, tmp_path):
+        """Issue 11: under ``on_error="skip"``, every good sample of a damaged corpus is yielded
+        exactly once per epoch across 2 ranks, on every backend, and resume still holds."""
+        pytest.importorskip("nvidia.dali")
+        runtime = {1: {"jpg": truncated_jpeg(1)}, 9: {"jpg": b"not an image"}, 12: {"cls": b"seven"}}
+        indexed = {4: {"cls": None}, 15: {"jpg": None}}  # found when indexing
+        starts = [sum(UNEVEN_SIZES[:s]) for s in range(len(UNEVEN_SIZES))]
+
+        def key(n: int) -> str:
+            return f"img/{max(s for s, start in enumerate(starts) if start <= n):02d}/{n:06d}"
+
+        urls = _write_webdataset_shards(str(tmp_path), UNEVEN_SIZES, prefix="dmg", patch={**runtime, **indexed})
+        with tarfile.open(urls[-1]) as tar:
+            cut = tar.getmember(f"{key(16)}.jpg").offset_data + 100
+        os.truncate(urls[-1], cut)  # an interrupted copy: the file ends inside the last sample
+        shards = [*urls, str(tmp_path / "dmg-missing.tar")]
+        index = gp.WebDataset(shards).index(on_error="skip")
+        good = sorted(set(all_keys(index)) - {key(n) for n in runtime})
+        assert len(good) == 17 - 3 - 2 - 1  # the cut sample (16) is lost with the tail of its shard
+        torchrun("dist_damaged_worker.py", tmp_path, shards)
+        ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+        for backend in BACKENDS:
+            res = [r[backend] for r in ranks]
+            for per_rank in (
+                [r["eval"] for r in res],
+                [r["train"][0] for r in res],
+                [r["train"][1] for r in res],
+            ):
+                assert len(per_rank[0]) == len(per_rank[1])
+                valid = [k for batches in per_rank for keys, v in batches for k, ok in zip(keys, v, strict=True) if ok]
+                assert sorted(valid) == good, (backend, valid)
+            for r in res:  # resumed after one batch: exactly the rest of the uninterrupted epoch
+                assert [r["resumed_first"], *r["resumed_rest"]] == r["train"][1]
+            for r in res:  # what indexing found: listed on every rank, with its shard
+                before = {(k, os.path.basename(shard), kind) for k, shard, kind, epoch in r["skipped"] if epoch is None}
+                assert before == {
+                    (key(4), "dmg-000000.tar", "no-label"),
+                    (key(15), "dmg-000003.tar", "no-image"),
+                    (None, "dmg-000003.tar", "truncated-shard"),
+                    (None, "dmg-missing.tar", "missing-shard"),
+                }
+            found = {k: kind for r in res for k, _, kind, epoch in r["skipped"] if epoch is not None}
+            assert found == {key(1): "undecodable", key(9): "undecodable", key(12): "bad-label"}
+            for r in res:
+                assert {tuple(s) for s in r["resumed_skipped"]} >= {tuple(s) for s in r["skipped"] if s[3] is None}
