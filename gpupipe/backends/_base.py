@@ -6,8 +6,8 @@ from __future__ import annotations
 import abc
 import dataclasses
 import weakref
-from collections.abc import Generator, Iterator, Sequence
-from typing import ClassVar, NamedTuple, Protocol
+from collections.abc import Container, Generator, Iterable, Iterator, Sequence
+from typing import Any, ClassVar, NamedTuple, Protocol
 
 import torch
 
@@ -18,7 +18,7 @@ from .._registry import Registry
 from ..sources import Index
 from ..transforms import ImageSpec, Transform
 
-__all__ = ["Backend", "Runner", "RunSpec", "RawBatch", "Runs", "to_device"]
+__all__ = ["Backend", "Runner", "RunSpec", "RawBatch", "Runs", "to_device", "donor", "fill"]
 
 
 def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -42,6 +42,25 @@ class RawBatch(NamedTuple):
     labels: torch.Tensor | None  # [B] int64 on the loader's device; None for unlabeled sources
     keys: list[str]
     skipped: tuple[tuple[int, DataError], ...] = ()
+
+
+def donor(size: int, bad: Container[int]) -> int | None:
+    """Under ``on_error="skip"``, the position in a batch of ``size`` whose sample takes the
+    places of the ``bad`` ones (its image, label and key, copied): the first good one; ``None``
+    when every sample is bad (each backend then has its fallback). One rule for every backend."""
+    return next((i for i in range(size) if i not in bad), None)
+
+
+def fill(positions: Iterable[int], columns: Sequence[Any], values: Sequence[Any]) -> None:
+    """``column[i] = value`` for each position ``i`` and each column (a list, NumPy array or
+    tensor, changed in place; ``None`` columns are left out) with its value: the places of bad
+    samples given the donor's. A tensor value that is a row of its own column must be cloned by
+    the caller."""
+    positions = list(positions)
+    for column, value in zip(columns, values, strict=True):
+        if column is not None:
+            for i in positions:
+                column[i] = value
 
 
 @dataclasses.dataclass(frozen=True)

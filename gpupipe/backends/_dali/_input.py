@@ -31,6 +31,7 @@ from ...sources._index import NO_LABEL, Located
 from ...sources._mapped import MappedFile
 from ...sources._webdataset import truncated, unreadable
 from ...transforms import Transform
+from .._base import donor, fill
 
 __all__ = ["READ_THREADS", "Batch", "Buffers", "Maps", "Reader"]
 
@@ -257,18 +258,16 @@ class Reader:
         ``bad`` position — or of a spare good sample of the epoch if none is good. Returns the
         labels (a new array) and the sample numbers to draw the augmentation from: the donor's in
         the bad positions, so that they come out as copies of it (as the torch backend's do)."""
-        good = next((i for i in range(len(views)) if i not in bad), None)
-        if good is not None:
-            label = None if labels is None else int(labels[good])
-            view, key, shard, number = views[good], keys[good], shards[good], int(samples[good])
-        else:
+        good = donor(len(views), bad)
+        label: int | None
+        if good is None:
             view, label, key, shard, number = self.spare()
+        else:
+            view, key, shard, number = views[good], keys[good], shards[good], int(samples[good])
+            label = None if labels is None else int(labels[good])
         labels = None if labels is None else labels.copy()
         drawn = samples.copy()
-        for i in bad:
-            views[i], keys[i], shards[i], drawn[i] = view, key, shard, number
-            if labels is not None:
-                labels[i] = label
+        fill(bad, (views, keys, shards, drawn, labels), (view, key, shard, number, label))
         return labels, drawn
 
     def _check_pixels(self, views: list[Any], keys: list[str], shards: list[str], bad: dict[int, DataError]) -> None:

@@ -70,7 +70,7 @@ from ..._errors import ClosedError, SampleError
 from ..._plan import RankPlan
 from ...sources import RawSample
 from ...transforms import Transform
-from .._base import RawBatch, Runs, RunSpec, to_device
+from .._base import RawBatch, Runs, RunSpec, donor, fill, to_device
 from ._compiler import Ctx, Lowered, lower
 from ._input import READ_THREADS, Batch, Buffers, Maps, Reader
 
@@ -424,17 +424,13 @@ class DaliRunner:
         if new:
             skipped.update(new)
             positions = sorted(new)
-            good = next((i for i in range(len(keys)) if i not in skipped), None)
-            keys = list(keys)
+            good = donor(len(keys), skipped)
             if good is None:
                 images[positions] = 0
             else:
-                images[positions] = images[good].clone()  # a row of the same tensor: copied first
-                labels = None if labels is None else labels.copy()
-                for i in positions:
-                    keys[i] = keys[good]
-                    if labels is not None:
-                        labels[i] = labels[good]
+                keys, labels = list(keys), None if labels is None else labels.copy()
+                label = None if labels is None else labels[good]
+                fill(positions, (images, keys, labels), (images[good].clone(), keys[good], label))
         label_tensor = None if labels is None else to_device(torch.from_numpy(labels), self.device)
         return RawBatch(images, label_tensor, keys, tuple(sorted(skipped.items())))
 

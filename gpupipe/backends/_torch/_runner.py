@@ -15,7 +15,7 @@ from ..._errors import ClosedError, Damage, DataError, SampleError, WorkerError
 from ..._plan import RankPlan
 from ...sources import Index
 from ...transforms import ImageSpec, Transform
-from .._base import RawBatch, Runs, RunSpec
+from .._base import RawBatch, Runs, RunSpec, donor, fill
 from ._kernels import apply_pipeline, sample_factors
 
 __all__ = ["TorchRunner"]
@@ -81,9 +81,10 @@ class _Collate:
         failed = [(i, item) for i, item in enumerate(items) if isinstance(item, _Failure)]
         if failed and not self.skip:
             return failed[0][1]
-        good = [item for item in items if not isinstance(item, _Failure)]
-        donor = good[0] if good else self._blank(failed[0][1])
-        samples = [donor if isinstance(item, _Failure) else item for item in items]
+        samples: list = list(items)
+        if failed:
+            good = donor(len(items), dict(failed))
+            fill(dict(failed), (samples,), (self._blank(failed[0][1]) if good is None else items[good],))
         images = torch.stack([s[0] for s in samples])
         labels = None if samples[0][1] is None else torch.tensor([s[1] for s in samples], dtype=torch.int64)
         return RawBatch(images, labels, [s[2] for s in samples], tuple(failed))  # type: ignore[arg-type]
