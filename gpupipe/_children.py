@@ -88,8 +88,8 @@ def process_pool(workers: int | None, what: str, *, spawn: bool = False) -> Iter
     try:
         yield pool
     except BrokenProcessPool as e:
-        _terminate(pool, list(processes.values()))
-        dead = [p for p in processes.values() if p.exitcode not in (None, 0)]
+        pool.shutdown(wait=True)  # the pool's own thread has ended and reaped every process
+        dead = [p for p in processes.values() if p.exitcode not in (None, 0, -signal.SIGTERM)]
         pid, code = (dead[0].pid, dead[0].exitcode) if dead else (None, None)
         which = "" if pid is None else f" (pid {pid})"
         raise WorkerError(
@@ -106,9 +106,11 @@ def process_pool(workers: int | None, what: str, *, spawn: bool = False) -> Iter
 
 
 def _terminate(pool: concurrent.futures.Executor, processes: list[multiprocessing.process.BaseProcess]) -> None:
+    """Cancels what has not started and kills the processes; the pool's own thread then reaps
+    them (only it waits for them: two threads waiting for one child race, and one loses its exit
+    status)."""
     pool.shutdown(wait=False, cancel_futures=True)
     for process in processes:
-        if process.is_alive():
+        with contextlib.suppress(OSError, ValueError):
             process.terminate()
-    for process in processes:
-        process.join(timeout=5.0)
+    pool.shutdown(wait=True)

@@ -11,8 +11,10 @@ re-raised across DataLoader worker processes.
 from __future__ import annotations
 
 import enum
+import re
 
 __all__ = [
+    "redact",
     "Damage",
     "GpupipeError",
     "ConfigError",
@@ -25,6 +27,17 @@ __all__ = [
     "ShardError",
     "SampleError",
 ]
+
+
+_CREDENTIALS = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://)[^/\s@'\"]+@")
+_QUERY = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://[^\s?#'\"]*)\?[^\s#'\"]*")
+
+
+def redact(text: str) -> str:
+    """``text`` with the secrets a URL can carry masked: ``user:password@`` and the whole query
+    string (presigned URLs sign there: ``X-Amz-Signature=``, ``sig=``, tokens). Every message
+    and every shard name gpupipe reports about remote data goes through it."""
+    return _QUERY.sub(r"\1?<redacted>", _CREDENTIALS.sub(r"\1<redacted>@", text))
 
 
 class GpupipeError(Exception):
@@ -109,8 +122,8 @@ class DataError(GpupipeError):
     def __init__(
         self, message: str, *, shard: str | None = None, key: str | None = None, kind: Damage | None = None
     ) -> None:
-        super().__init__(message)
-        self.shard = shard
+        super().__init__(redact(message))
+        self.shard = None if shard is None else redact(shard)
         self.key = key
         self.kind = kind
 

@@ -107,7 +107,7 @@ class TestWebDataset:
             gp.WebDataset(str(tmp_path / "bad.tar")).index()
 
     @pytest.mark.parametrize(
-        "url, match", [("pipe:curl http://x | cat", "never runs a shell"), ("s3://bucket/a.tar", "local paths")]
+        "url, match", [("pipe:curl http://x | cat", "never runs a shell"), ("nosuch://bucket/a.tar", "local paths")]
     )
     def test_refused_urls(self, url, match):
         with pytest.raises(gp.ConfigError, match=match):

@@ -115,10 +115,20 @@ class TestSchemes:
         assert _storage.scheme_of("HTTPS://x/a.tar") == "https"
         assert _storage.scheme_of("/data/a.tar") == "" == _storage.scheme_of("a:b.tar")
 
-    @pytest.mark.parametrize("url", ["s3://bucket/a.tar", "https://host/a-{0..1}.tar", "gs://b/x.tar"])
+    @pytest.mark.parametrize("url", ["nosuch://bucket/a.tar", "other://host/a-{0..1}.tar"])
     def test_unserved_schemes_are_refused_when_the_source_is_made(self, url):
-        with pytest.raises(gp.ConfigError, match=r"WebDataset: no storage serves \w+:// URLs.*local paths"):
+        with pytest.raises(gp.ConfigError, match=r"WebDataset: no storage serves [\w-]+:// URLs.*local paths.*fsspec"):
             gp.WebDataset(url)
+
+    def test_a_missing_fsspec_driver_is_named_when_the_source_is_made(self, monkeypatch):
+        import fsspec
+
+        def missing(protocol):
+            raise ImportError("Install s3fs to access S3")
+
+        monkeypatch.setattr(fsspec, "get_filesystem_class", missing)
+        with pytest.raises(gp.ConfigError, match=r"s3:// URLs need a package fsspec uses for them: Install s3fs"):
+            gp.WebDataset("s3://bucket/a-{0..1}.tar")
 
     def test_one_source_one_scheme(self, monkeypatch):
         monkeypatch.setitem(_storage._SCHEMES, "mem", MemoryStorage)

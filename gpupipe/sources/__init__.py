@@ -2,8 +2,10 @@
 
 Layers, bottom up:
 
-- :class:`Storage` — byte access by URL (:class:`LocalStorage` for paths and ``file://``; more
-  schemes through :func:`register_storage`): ``stat``, ``read`` a byte range, ``open`` a stream.
+- :class:`Storage` — byte access by URL (:class:`LocalStorage` for paths and ``file://``; any
+  fsspec protocol — ``https``, ``s3``, ``gs``, ... — through the node-local shard cache of
+  ``_remote``; more schemes through :func:`register_storage`): ``stat``, ``read`` a byte range,
+  ``open`` a stream.
 - :class:`Index` — a source's samples numbered ``0..N-1``, shard by shard (:class:`ShardIndex`),
   with no I/O of its own: a :class:`Reader` given by the source reads samples through a storage.
 - Sources — cheap, picklable descriptions whose ``index()`` builds an :class:`Index`:

@@ -19,10 +19,10 @@ import dataclasses
 import os
 import threading
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Any
 
-from .._errors import ConfigError
+from .._errors import ConfigError, redact
 from ._mapped import MappedFile
 
 __all__ = [
@@ -74,6 +74,11 @@ class Storage(abc.ABC):
     @abc.abstractmethod
     def open(self, url: str) -> IO[bytes]:
         """A seekable binary stream over ``url``; the caller closes it. Raises OSError."""
+
+    def open_shard(self, url: str) -> IO[bytes]:
+        """A seekable binary stream over the shard ``url``, for scanning its tar headers: by
+        default :meth:`open`; a remote storage opens its cached copy instead."""
+        return self.open(url)
 
     def read_into(self, url: str, offset: int, out: memoryview) -> int:
         """Reads ``len(out)`` bytes at ``offset`` into ``out``; returns how many were read (fewer
@@ -249,22 +254,45 @@ def scheme_of(url: str) -> str:
     return head.lower() if sep and head.isidentifier() else ""
 
 
-def storage_for(urls: Sequence[str]) -> Storage:
-    """A new storage for ``urls``, which must share one scheme."""
+def storage_for(
+    urls: Sequence[str], *, storage_options: Mapping[str, Any] | None = None, cache_dir: str | None = None
+) -> Storage:
+    """A new storage for ``urls``, which must share one scheme: a registered one (local paths,
+    ``file://``), else any fsspec protocol (``https``, ``s3``, ``gs``, ``memory``, ...) read
+    through the node-local shard cache (``sources._remote``) with fsspec's ``storage_options``."""
     schemes = sorted({scheme_of(u) for u in urls})
     if len(schemes) > 1:
         raise ConfigError(f"one source cannot mix URL schemes, got {schemes}")
     scheme = schemes[0] if schemes else ""
-    if scheme not in _SCHEMES:
+    if scheme in _SCHEMES:
+        if storage_options:
+            raise ConfigError(f"storage_options apply to remote URLs only, not to {scheme or 'local'} paths")
+        return _SCHEMES[scheme]()
+    from ._remote import RemoteStorage, fsspec_protocol
+
+    if not fsspec_protocol(scheme):
         raise ConfigError(_unserved(scheme))
-    return _SCHEMES[scheme]()
+    return RemoteStorage(scheme, storage_options=storage_options, cache_dir=cache_dir)
+
+
+def _served(scheme: str) -> bool:
+    """Whether a storage serves ``scheme``; a ConfigError naming the package to install where
+    fsspec knows the protocol but its driver is missing (``s3fs`` for ``s3://``)."""
+    from ._remote import check_driver, fsspec_protocol
+
+    if scheme in _SCHEMES:
+        return True
+    if not fsspec_protocol(scheme):
+        return False
+    check_driver(scheme)
+    return True
 
 
 def _unserved(scheme: str) -> str:
     served = ", ".join(f"{s}://" for s in _SCHEMES if s)
     return (
-        f"no storage serves {scheme}:// URLs (served: local paths, {served}); only local paths (or file://) are "
-        "supported for now"
+        f"no storage serves {scheme}:// URLs (served: local paths, {served}, and the protocols fsspec knows: "
+        "https://, s3:// with s3fs, gs:// with gcsfs, ...)"
     )
 
 
@@ -280,10 +308,11 @@ def expand_urls(urls: str | os.PathLike[str] | Sequence[str], *, owner: str = "W
         u = os.fspath(u)
         if u.startswith("pipe:"):
             raise ConfigError(
-                f"{owner}: 'pipe:' URLs are not supported: gpupipe never runs a shell command from a URL ({u!r})"
+                f"{owner}: 'pipe:' URLs are not supported: gpupipe never runs a shell command from a URL "
+                f"({redact(repr(u))})"
             )
-        if scheme_of(u) not in _SCHEMES:
-            raise ConfigError(f"{owner}: {_unserved(scheme_of(u))}: {u!r}")
+        if not _served(scheme_of(u)):
+            raise ConfigError(f"{owner}: {_unserved(scheme_of(u))}: {redact(repr(u))}")
         out.extend(p.removeprefix("file://") for p in braceexpand.braceexpand(u))
     if not out:
         raise ConfigError(f"{owner}: no shard given")

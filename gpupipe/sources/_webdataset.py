@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import tarfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -84,12 +85,19 @@ class WebDataset(Source):
     """WebDataset tar shards.
 
     Args:
-        urls: a path pattern with brace ranges (``"data/train-{000000..000127}.tar"``; several
-            braces allowed) or a list of paths/patterns.
+        urls: a path or URL pattern with brace ranges (``"data/train-{000000..000127}.tar"``,
+            ``"https://host/data/train-{000000..000127}.tar"``, ``"s3://bucket/train-{0..9}.tar"``;
+            several braces allowed) or a list of them. Remote URLs: any protocol fsspec knows,
+            read through the node-local shard cache.
         image: accepted image extensions, in order of preference, separated by ``;``.
             Default ``"jpg;jpeg;png"``.
         label: the extension of the label member, an ASCII integer (``"cls"``), or ``None`` for
             unlabeled data (the loader then yields images only).
+        storage_options: remote URLs only: keyword arguments of the fsspec filesystem
+            (``{"endpoint_url": ...}`` for s3fs, headers for https); default: the driver's own
+            configuration and environment (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ...).
+        cache_dir: remote URLs only: where whole shards are cached on this node (default
+            ``$GPUPIPE_CACHE_DIR/shards``, ``~/.cache/gpupipe/shards``).
 
     A sample is a run of consecutive members sharing a key: the member path up to the first dot of
     its file name (``img/00/000123.jpg`` → ``img/00/000123``). Members of other extensions are
@@ -101,12 +109,18 @@ class WebDataset(Source):
     _: dataclasses.KW_ONLY
     image: str = "jpg;jpeg;png"
     label: str | None = "cls"
+    storage_options: Mapping[str, Any] | None = dataclasses.field(default=None, hash=False)
+    cache_dir: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "urls", tuple(expand_urls(self.urls)))
         _split_exts(self.image, "image")
         if self.label is not None:
             _split_exts(self.label, "label")
+
+    def storage(self) -> Storage:
+        """A new storage for the shards (the caller closes it)."""
+        return storage_for(self.urls, storage_options=self.storage_options, cache_dir=self.cache_dir)
 
     def extensions(self) -> tuple[tuple[str, ...], str | None]:
         """The image extensions, in order of preference, and the label extension (``None``)."""
@@ -123,7 +137,7 @@ class WebDataset(Source):
         raises the first (after indexing every shard); ``"skip"`` returns the index without those
         samples and shards, listed in ``Index.problems``."""
         image_exts, label_ext = self.extensions()
-        storage = storage_for(self.urls)
+        storage = self.storage()
         n = len(self.urls)
         first = rank * n // max(1, world_size)
         shards: list[ShardIndex | None] = [None] * n
@@ -288,7 +302,7 @@ def scan_tar(
     values: dict[int, int] = {}  # group -> parsed label (label members are read: a few bytes each)
     cut: str | None = None  # why the shard ends early
     try:
-        with storage.open(url) as f, tarfile.open(fileobj=f, mode="r:") as tar:
+        with storage.open_shard(url) as f, tarfile.open(fileobj=f, mode="r:") as tar:
             try:
                 for m in tar:
                     if not m.isfile():

@@ -1,0 +1,259 @@
+"""Remote shards through fsspec and the node-local shard cache: fsspec's memory filesystem and a
+real HTTP server on the loopback address (range requests on and off, connections dropped
+mid-shard, errors), on every backend; what is cached, and what never appears in messages."""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import os
+import threading
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+import gpupipe as gp
+from gpupipe.sources._remote import RemoteStorage, ShardCache, canonical_url
+from gpupipe.sources._storage import Stat
+
+from .checkers import val
+from .conftest import SHARD_SIZES
+
+pytest.importorskip("aiohttp")
+
+
+class _Handler(http.server.SimpleHTTPRequestHandler):
+    """Serves a folder. The server's ``ranges`` turns range requests on (Python's handler has
+    none); ``drops[name]`` counts requests for ``name`` to cut off after half their body;
+    ``status[name]`` answers with that status instead; every GET is counted in ``gets``."""
+
+    server: _Server
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        name = self.path.split("?", 1)[0].rsplit("/", 1)[-1]
+        self.server.gets[name] = self.server.gets.get(name, 0) + 1
+        if name in self.server.status:
+            self.send_error(self.server.status[name])
+            return
+        path = self.translate_path(self.path.split("?", 1)[0])
+        if not os.path.isfile(path):
+            self.send_error(404)
+            return
+        with open(path, "rb") as f:
+            data = f.read()
+        start, end, code = 0, len(data), 200
+        header = self.headers.get("Range")
+        if self.server.ranges and header and header.startswith("bytes="):
+            first, _, last = header[6:].partition("-")
+            start, end, code = int(first or 0), min(len(data), int(last) + 1 if last else len(data)), 206
+        self.send_response(code)
+        self.send_header("Content-Length", str(end - start))
+        self.send_header("Last-Modified", self.date_time_string(int(os.stat(path).st_mtime)))
+        self.send_header("ETag", f'"{os.stat(path).st_mtime_ns}"')
+        if self.server.ranges:
+            self.send_header("Accept-Ranges", "bytes")
+            if code == 206:
+                self.send_header("Content-Range", f"bytes {start}-{end - 1}/{len(data)}")
+        self.end_headers()
+        if self.server.drops.get(name, 0) > 0:
+            self.server.drops[name] -= 1
+            self.wfile.write(data[start : start + (end - start) // 2])
+            self.wfile.flush()
+            self.close_connection = True
+            return
+        self.wfile.write(data[start:end])
+
+    def do_HEAD(self) -> None:
+        name = self.path.split("?", 1)[0].rsplit("/", 1)[-1]
+        if name in self.server.status:
+            self.send_error(self.server.status[name])
+            return
+        path = self.translate_path(self.path.split("?", 1)[0])
+        if not os.path.isfile(path):
+            self.send_error(404)
+            return
+        st = os.stat(path)
+        self.send_response(200)
+        self.send_header("Content-Length", str(st.st_size))
+        self.send_header("ETag", f'"{st.st_mtime_ns}"')
+        if self.server.ranges:
+            self.send_header("Accept-Ranges", "bytes")
+        self.end_headers()
+
+
+class _Server(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+    ranges = True
+
+    def __init__(self, root: str) -> None:
+        super().__init__(("127.0.0.1", 0), functools.partial(_Handler, directory=root))
+        self.gets: dict[str, int] = {}
+        self.drops: dict[str, int] = {}
+        self.status: dict[str, int] = {}
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+@pytest.fixture(params=[True, False], ids=["ranges", "no-ranges"])
+def server(request, shards) -> Iterator[_Server]:
+    srv = _Server(os.path.dirname(shards[0]))
+    srv.ranges = request.param
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    yield srv
+    srv.shutdown()
+    srv.server_close()
+
+
+@pytest.fixture
+def cache(tmp_path) -> str:
+    return str(tmp_path / "shard-cache")
+
+
+def names(shards: list[str]) -> list[str]:
+    return [os.path.basename(s) for s in shards]
+
+
+def shard_gets(server: _Server) -> dict[str, int]:
+    """GET requests per shard (``.bad.json`` lists looked for beside them left out)."""
+    return {n: c for n, c in server.gets.items() if n.endswith(".tar")}
+
+
+def epoch(loader: gp.Loader) -> list[tuple[list[str], torch.Tensor]]:
+    return [(b.keys, b.images.cpu().clone()) for b in loader]
+
+
+def same_epochs(a: list, b: list) -> None:
+    assert len(a) == len(b)
+    for (k1, i1), (k2, i2) in zip(a, b, strict=True):
+        assert k1 == k2 and torch.equal(i1, i2)
+
+
+class TestHttp:
+    def test_every_backend_reads_what_local_disk_gives(self, backend, shards, server, cache):
+        urls = [f"{server.url}/{n}" for n in names(shards)]
+        remote = gp.WebDataset(urls, cache_dir=cache)
+        with backend.loader(val(remote), 4, num_workers=1) as loader:
+            got = epoch(loader)
+        with backend.loader(val(shards), 4, num_workers=1) as loader:
+            same_epochs(got, epoch(loader))
+        assert shard_gets(server) == dict.fromkeys(names(shards), 1)  # each downloaded once, then read locally
+        assert len([f for f in os.listdir(cache) if f.endswith(".tar")]) == len(shards)
+
+    def test_a_second_loader_reads_the_cache(self, shards, server, cache):
+        urls = [f"{server.url}/{n}" for n in names(shards)]
+        for _ in range(2):
+            with gp.Loader(val(gp.WebDataset(urls, cache_dir=cache)), 4, backend="torch", device="cpu") as loader:
+                assert sum(len(b.keys) for b in loader) == sum(SHARD_SIZES)
+        assert shard_gets(server) == dict.fromkeys(names(shards), 1)
+
+    def test_a_dropped_connection_is_retried_and_never_read(self, shards, server, cache, monkeypatch):
+        monkeypatch.setattr(RemoteStorage, "__init__", _fast_retries(RemoteStorage.__init__))
+        name = names(shards)[0]
+        server.drops[name] = 2
+        storage = RemoteStorage("http", cache_dir=cache)
+        path = storage.local_path(f"{server.url}/{name}")
+        with open(path, "rb") as f, open(shards[0], "rb") as g:
+            assert f.read() == g.read()
+        assert server.gets[name] == 3
+        assert not [f for f in os.listdir(cache) if ".part-" in f]
+
+    def test_after_the_last_try_the_error_names_the_url_and_status(self, shards, server, cache, monkeypatch):
+        monkeypatch.setattr(RemoteStorage, "__init__", _fast_retries(RemoteStorage.__init__))
+        name = names(shards)[1]
+        server.status[name] = 503
+        url = f"{server.url}/{name}"
+        with pytest.raises(gp.ShardError, match=r"cannot be read.*failed after 3 tries \(HTTP 503\)") as info:
+            gp.WebDataset([f"{server.url}/{names(shards)[0]}", url], cache_dir=cache).index()
+        assert info.value.shard == url and info.value.kind is gp.Damage.UNREADABLE_SHARD
+        index = gp.WebDataset([f"{server.url}/{names(shards)[0]}", url], cache_dir=cache).index(on_error="skip")
+        assert len(index) == SHARD_SIZES[0] and [p.kind for p in index.problems] == [gp.Damage.UNREADABLE_SHARD]
+
+    def test_a_missing_shard(self, shards, server, cache):
+        index = gp.WebDataset([f"{server.url}/{names(shards)[0]}", f"{server.url}/gone.tar"], cache_dir=cache)
+        with pytest.raises(gp.ShardError, match=r"gone\.tar") as info:
+            index.index()
+        assert info.value.kind is gp.Damage.MISSING_SHARD
+
+    def test_a_shard_changed_remotely_is_fetched_again(self, tmp_path, shards, server, cache):
+        name = names(shards)[2]
+        url = f"{server.url}/{name}"
+        storage = RemoteStorage("http", cache_dir=cache)
+        first = storage.local_path(url)
+        path = os.path.join(os.path.dirname(shards[0]), name)
+        st = os.stat(path)
+        try:
+            os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # a new version (ETag)
+            again = RemoteStorage("http", cache_dir=cache).local_path(url)
+            assert again != first and server.gets[name] == 2
+        finally:
+            os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+    def test_concurrent_readers_download_once(self, shards, server, cache):
+        url = f"{server.url}/{names(shards)[0]}"
+        paths: list[str] = []
+        threads = [
+            threading.Thread(target=lambda: paths.append(RemoteStorage("http", cache_dir=cache).local_path(url)))
+            for _ in range(4)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(set(paths)) == 1 and server.gets[names(shards)[0]] == 1
+
+
+def _fast_retries(init):
+    def fast(self, *args, **kwargs):
+        kwargs.update(retries=2, backoff=0.01)
+        init(self, *args, **kwargs)
+
+    return fast
+
+
+class TestMemory:
+    def test_fsspec_memory_filesystem(self, backend, shards, cache):
+        fsspec = pytest.importorskip("fsspec")
+        fs = fsspec.filesystem("memory")
+        for path in shards:
+            with open(path, "rb") as f:
+                fs.pipe(f"/gpupipe-test/{os.path.basename(path)}", f.read())
+        pattern = "memory://gpupipe-test/train-{000000..000002}.tar"
+        with backend.loader(val(gp.WebDataset(pattern, cache_dir=cache)), 4) as loader:
+            got = epoch(loader)
+        with backend.loader(val(shards), 4) as loader:
+            same_epochs(got, epoch(loader))
+
+
+class TestSecrets:
+    def test_credentials_and_signatures_never_appear_in_errors(self, shards, server, cache):
+        host = server.url.removeprefix("http://")
+        url = f"http://alice:hunter2@{host}/gone.tar?X-Amz-Signature=deadbeef&X-Amz-Credential=AKIA"
+        with pytest.raises(gp.ShardError) as info:
+            gp.WebDataset(url, cache_dir=cache).index()
+        for text in (str(info.value), str(info.value.shard)):
+            assert "hunter2" not in text and "deadbeef" not in text and "AKIA" not in text
+            assert "gone.tar" in text
+
+    def test_the_cache_key_ignores_credentials_and_signatures(self, tmp_path):
+        a = canonical_url("https://u:p@Host/b/train-1.tar?X-Amz-Signature=1&X-Amz-Expires=60")
+        b = canonical_url("https://Host/b/train-1.tar?X-Amz-Signature=2")
+        assert a == b == "https://Host/b/train-1.tar"
+        cache = ShardCache(str(tmp_path))
+        for url in ("https://h/../../etc/passwd", "https://h/a/..", "s3://b/x\x00y.tar", "https://h/"):
+            path = cache.path(canonical_url(url), Stat(1, "v"))
+            assert os.path.dirname(path) == cache.root and ".." not in os.path.basename(path).split("-", 1)[0]
+
+    def test_pipe_urls_stay_refused(self):
+        with pytest.raises(gp.ConfigError, match="never runs a shell"):
+            gp.WebDataset("pipe:curl -s https://host/a.tar")
+
+    def test_storage_options_are_for_remote_urls(self, shards):
+        with pytest.raises(gp.ConfigError, match="storage_options apply to remote URLs"):
+            gp.WebDataset(shards, storage_options={"anon": True}).index()
