@@ -19,6 +19,7 @@ from ._pipeline import Pipeline
 from ._plan import PlanSpec, RankPlan, mask_digest, rank_plan
 from ._validate import check_int, is_int
 from .sources import Index
+from .sources._prefetch import prefetcher, prepare_remote
 
 __all__ = ["Loader", "Batch", "SkippedSample"]
 
@@ -154,6 +155,12 @@ class Loader:
         self.index = pipeline.source.index(rank=self.rank, world_size=self.world_size, on_error=config.on_error)
         self._excluded = self.index.bad
         self._left_out()
+        prepare_remote(
+            self.index,
+            at_once=config.interleave if config.shuffle else 1,
+            ahead=self._shards_ahead(),
+            local_ranks=_dist.ranks_per_node() or 1,
+        )
         if len(self.index) - len(self._excluded) <= 0:
             raise ConfigError(f"Loader: the source has no samples: {pipeline.source!r}")
         self.plan_spec = PlanSpec(
@@ -346,16 +353,31 @@ class Loader:
         plan = self.plan(epoch)
         device = torch.device(self.device)
         limit = self.config.skip_limit(int(plan.valid.sum()))
-        for b, (images, labels, keys, skipped) in enumerate(self._runner.run(plan, start), start):
-            valid = plan.batch(b)[1].copy()
-            if skipped:
-                self._skip(skipped, valid, epoch, limit)
-            self._yielded = b + 1
-            yield Batch(images, labels, keys, backends.to_device(torch.from_numpy(valid), device))
+        size = self.config.batch_size
+        fetch = prefetcher(self.index, plan.samples[start * size :], size, self._shards_ahead())
+        try:
+            if fetch is not None:
+                fetch.advance(0)
+            for b, (images, labels, keys, skipped) in enumerate(self._runner.run(plan, start), start):
+                if fetch is not None:
+                    fetch.advance(b - start + 1)
+                valid = plan.batch(b)[1].copy()
+                if skipped:
+                    self._skip(skipped, valid, epoch, limit)
+                self._yielded = b + 1
+                yield Batch(images, labels, keys, backends.to_device(torch.from_numpy(valid), device))
+        finally:
+            if fetch is not None:
+                fetch.close()
         if self.closed and self._yielded < plan.num_batches:
             raise ClosedError(
                 f"this gp.Loader was closed during an epoch, after {self._yielded} of its {plan.num_batches} batches"
             )
+
+    def _shards_ahead(self) -> int:
+        """Remote shards downloaded ahead of those the epoch has needed: a whole next interleave
+        group when shuffling (a rank reads ``interleave`` shards at once), else a few."""
+        return self.config.interleave if self.config.shuffle else 4
 
     def _skip(
         self, skipped: tuple[tuple[int, DataError], ...], valid: np.ndarray, epoch: int, limit: int | None

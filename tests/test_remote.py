@@ -7,18 +7,21 @@ from __future__ import annotations
 import functools
 import http.server
 import os
+import shutil
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
 import torch
 
 import gpupipe as gp
-from gpupipe.sources._remote import RemoteStorage, ShardCache, canonical_url
+from gpupipe.sources._cache import ShardCache
+from gpupipe.sources._remote import RemoteStorage, canonical_url
 from gpupipe.sources._storage import Stat
 
 from .checkers import val
-from .conftest import SHARD_SIZES
+from .conftest import SHARD_SIZES, _write_webdataset_shards
 
 pytest.importorskip("aiohttp")
 
@@ -100,15 +103,33 @@ class _Server(http.server.ThreadingHTTPServer):
         return f"http://127.0.0.1:{self.server_address[1]}"
 
 
-@pytest.fixture(params=[True, False], ids=["ranges", "no-ranges"])
-def server(request, shards) -> Iterator[_Server]:
-    srv = _Server(os.path.dirname(shards[0]))
-    srv.ranges = request.param
+def _serve(root: str, ranges: bool = True) -> Iterator[_Server]:
+    srv = _Server(root)
+    srv.ranges = ranges
     thread = threading.Thread(target=srv.serve_forever, daemon=True)
     thread.start()
     yield srv
     srv.shutdown()
     srv.server_close()
+
+
+@pytest.fixture(params=[True, False], ids=["ranges", "no-ranges"])
+def server(request, shards) -> Iterator[_Server]:
+    yield from _serve(os.path.dirname(shards[0]), request.param)
+
+
+MANY = (4,) * 12
+
+
+@pytest.fixture(scope="module")
+def many_shards(tmp_path_factory) -> list[str]:
+    """12 shards of 4 samples."""
+    return _write_webdataset_shards(str(tmp_path_factory.mktemp("many")), MANY, prefix="many")
+
+
+@pytest.fixture
+def many_server(many_shards) -> Iterator[_Server]:
+    yield from _serve(os.path.dirname(many_shards[0]))
 
 
 @pytest.fixture
@@ -215,6 +236,55 @@ def _fast_retries(init):
         init(self, *args, **kwargs)
 
     return fast
+
+
+def cached(cache: str) -> list[str]:
+    return [f for f in os.listdir(cache) if f.endswith(".tar")] if os.path.isdir(cache) else []
+
+
+class TestBoundedCache:
+    def test_a_cache_smaller_than_the_dataset_loses_nothing(self, backend, many_shards, many_server, cache, caplog):
+        """Eviction while training: every sample exactly once per epoch, two epochs, the cache
+        within its bound (plus the shards in use) and a warning that it is too small."""
+        urls = [f"{many_server.url}/{n}" for n in names(many_shards)]
+        shard_bytes = os.path.getsize(many_shards[0])
+        source = gp.WebDataset(urls, cache_dir=cache, cache_size=3 * shard_bytes)
+        with backend.loader(val(source), 4, num_workers=1) as loader:
+            for epoch in range(2):
+                loader.set_epoch(epoch)
+                keys = [k for b in loader for k, v in zip(b.keys, b.valid.tolist(), strict=True) if v]
+                assert sorted(keys) == sorted(set(keys)) and len(keys) == sum(MANY)
+        assert "smaller than what 1 rank(s) of this node keep at hand" in caplog.text
+        assert 3 <= len(cached(cache)) < len(many_shards)  # evicted while training
+        assert sum(shard_gets(many_server).values()) > len(many_shards)  # the second epoch fetched again
+
+    def test_shards_are_downloaded_ahead_of_the_plan(self, many_shards, many_server, cache):
+        urls = [f"{many_server.url}/{n}" for n in names(many_shards)]
+        gp.WebDataset(urls, cache_dir=cache).index().close()  # the first index reads every shard...
+        shutil.rmtree(cache)  # ...later ones only ask for sizes and versions (the index is cached)
+        with gp.Loader(val(gp.WebDataset(urls, cache_dir=cache)), 4, backend="torch", device="cpu",
+                       num_workers=0) as loader:  # fmt: skip
+            assert not cached(cache)
+            batches = iter(loader)
+            next(batches)  # batch 0 read shard 0; batch 1 needs shard 1: shards 2-5 are fetched ahead
+            deadline = time.monotonic() + 30
+            while len(cached(cache)) < 6 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            time.sleep(0.2)
+            assert sorted(f[-8:-4] for f in cached(cache)) == ["0000", "0001", "0002", "0003", "0004", "0005"]
+            del batches
+
+    def test_pinned_shards_are_never_evicted(self, many_shards, many_server, cache):
+        urls = [f"{many_server.url}/{n}" for n in names(many_shards)]
+        holder = RemoteStorage("http", cache_dir=cache, cache_size=1)
+        first = holder.local_path(urls[0])
+        other = RemoteStorage("http", cache_dir=cache, cache_size=1)
+        for url in urls[1:4]:
+            other.local_path(url)
+        assert os.path.exists(first)  # pinned by holder: kept over the bound
+        other.close()
+        holder.close()
+        assert ShardCache(cache, 1).evict() == 4 and not cached(cache)
 
 
 class TestMemory:

@@ -110,6 +110,7 @@ class ShardIndex:
     Attributes:
         bad: ``(sample number, problem)`` of numbered samples known to be bad (listed by
             ``gpupipe check`` beside the shard), sorted; loaders leave them out of their plans.
+        nbytes: the shard file's size in bytes, where the source knows it (``None`` elsewhere).
     """
 
     def __init__(
@@ -129,6 +130,7 @@ class ShardIndex:
         self.dali_index = dali_index
         self.problems = tuple(problems)
         self.bad: tuple[tuple[int, Problem], ...] = ()
+        self.nbytes: int | None = None  # the shard file's size, where the source knows it
         self.size = len(keys) if keys is not None else int(size)  # type: ignore[arg-type]
         self._loader = loader
         self._detail: ShardDetail | None = None if keys is None else (keys, dict(columns or {}))

@@ -1,14 +1,11 @@
 """Remote shards: any URL an fsspec protocol serves (``https://``, ``s3://`` through s3fs, ``gs://``
 through gcsfs, ``memory://``, ...), read through a node-local cache of whole shards.
 
-A remote shard is downloaded once into the cache (:class:`ShardCache`) and every read — the index
-scan, the torch workers, DALI's reader threads (``mmap``) — is then a local read of that file, as
-fast as local data. Downloads are written to a temporary name and renamed when complete and of the
-expected size, so a partial download is never read; a file lock beside each cache entry makes the
-processes of a node (one per GPU) download a shard once between them. An entry's name holds a hash
-of the shard's canonical URL (without credentials or query string: a rotated presigned signature
-keeps the cache) and its version (ETag, else modification time), so a shard changed remotely is
-fetched again, and no URL or member name can choose a path outside the cache.
+A remote shard is downloaded once into the node-local cache (``_cache.ShardCache``: atomic,
+locked, bounded, shared by the node's processes) and every read — the index scan, the torch
+workers, DALI's reader threads (``mmap``) — is then a local read of that file, as fast as local
+data. Each process keeps the shards it reads pinned (never evicted); the loader has the shards of
+its plan downloaded ahead (``_prefetch``). Requests are retried with backoff and jitter.
 
 Options follow fsspec's conventions: ``storage_options`` are the filesystem's keyword arguments,
 and the drivers read their usual environment (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ...).
@@ -16,12 +13,11 @@ and the drivers read their usual environment (``AWS_ENDPOINT_URL``, ``AWS_ACCESS
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
+import collections
+import concurrent.futures
 import logging
 import os
 import random
-import re
 import shutil
 import threading
 import time
@@ -29,10 +25,11 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Any, TypeVar
 
 from .._errors import ConfigError, redact
+from ._cache import Entry, ShardCache
 from ._mapped import MappedFile
 from ._storage import LocalStorage, Stat, Storage
 
-__all__ = ["RemoteStorage", "ShardCache", "canonical_url", "check_driver", "fsspec_protocol", "shard_cache_dir"]
+__all__ = ["RemoteStorage", "canonical_url", "check_driver", "fsspec_protocol", "filesystem_for"]
 
 log = logging.getLogger("gpupipe")
 T = TypeVar("T")
@@ -40,6 +37,8 @@ T = TypeVar("T")
 _VERSION_FIELDS = ("ETag", "etag", "Content-MD5", "md5Hash", "generation", "Last-Modified", "LastModified", "mtime",
                    "updated", "created")  # fmt: skip
 CHUNK = 8 << 20  # bytes per read while downloading
+KEEP = 16  # shards a process keeps pinned by default (a loader sets its interleave + shards ahead + 1)
+PREFETCH_THREADS = 4  # concurrent background downloads per process
 
 
 def fsspec_protocol(scheme: str) -> bool:
@@ -72,60 +71,6 @@ def canonical_url(url: str) -> str:
     return f"{head.lower()}://{host.rpartition('@')[2]}{slash}{path}"
 
 
-def shard_cache_dir() -> str:
-    """The default cache of remote shards: ``$GPUPIPE_CACHE_DIR/shards`` (default
-    ``~/.cache/gpupipe/shards``)."""
-    root = os.environ.get("GPUPIPE_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "gpupipe")
-    return os.path.join(root, "shards")
-
-
-class ShardCache:
-    """Whole shards on local disk, one file per (canonical URL, version), shared by the processes
-    of a node (see the module docstring)."""
-
-    def __init__(self, root: str | None = None) -> None:
-        self.root = os.path.abspath(root or shard_cache_dir())
-
-    def path(self, canonical: str, stat: Stat) -> str:
-        digest = hashlib.sha256(f"{canonical}|{stat.size}|{stat.version}".encode()).hexdigest()[:32]
-        base = re.sub(r"[^A-Za-z0-9._-]", "_", canonical.rpartition("/")[2])[-80:].lstrip(".") or "shard"
-        return os.path.join(self.root, f"{digest}-{base}")
-
-    def fetch(self, canonical: str, stat: Stat, download: Callable[[IO[bytes]], None]) -> str:
-        """The cached file of the shard ``canonical`` at ``stat``, downloaded first (by ``download``,
-        which writes the shard to the file it is given) unless present. Concurrent callers, in any
-        process of the node, wait for one download."""
-        path = self.path(canonical, stat)
-        if os.path.exists(path):
-            _touch(path)
-            return path
-        import fcntl
-
-        os.makedirs(self.root, exist_ok=True)
-        with open(path + ".lock", "a+b") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # released when closed, or when this process dies
-            if os.path.exists(path):  # another process downloaded it meanwhile
-                _touch(path)
-                return path
-            part = f"{path}.part-{os.getpid()}-{threading.get_ident()}"
-            try:
-                with open(part, "wb") as f:
-                    download(f)
-                got = os.path.getsize(part)
-                if got != stat.size:
-                    raise OSError(f"downloaded {got} bytes of {canonical}, expected {stat.size}")
-                os.replace(part, path)  # complete: only now visible
-            finally:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(part)
-        return path
-
-
-def _touch(path: str) -> None:
-    with contextlib.suppress(OSError):
-        os.utime(path)  # the entry's last use, for eviction
-
-
 class RemoteStorage(Storage):
     """The URLs of one fsspec protocol, read through a :class:`ShardCache`.
 
@@ -133,10 +78,13 @@ class RemoteStorage(Storage):
         protocol: fsspec's protocol name (``"https"``, ``"s3"``, ...).
         storage_options: keyword arguments of the fsspec filesystem (``None``: its defaults and
             the driver's environment).
-        cache_dir: the shard cache (default :func:`shard_cache_dir`).
+        cache_dir: the shard cache (default ``$GPUPIPE_CACHE_DIR/shards``).
+        cache_size: its bound in bytes (default: see :class:`ShardCache`).
         retries: further tries of a failed request or download, with exponential backoff and
             jitter (``backoff`` seconds, doubling, at most 30 s).
     """
+
+    remote = True
 
     def __init__(
         self,
@@ -144,12 +92,14 @@ class RemoteStorage(Storage):
         *,
         storage_options: Mapping[str, Any] | None = None,
         cache_dir: str | None = None,
+        cache_size: int | None = None,
         retries: int = 5,
         backoff: float = 0.5,
     ) -> None:
         self.protocol = protocol
         self.storage_options = dict(storage_options or {})
-        self.cache = ShardCache(cache_dir)
+        self.cache = ShardCache(cache_dir, cache_size)
+        self.keep = KEEP
         self.retries, self.backoff = retries, backoff
         self._init_process_state()
 
@@ -157,11 +107,13 @@ class RemoteStorage(Storage):
         self._pid = os.getpid()
         self._fs: Any = None
         self._local = LocalStorage()
-        self._paths: dict[str, str] = {}  # url -> its cached file, in this process
+        self._pins: collections.OrderedDict[str, Entry] = collections.OrderedDict()  # url -> entry, LRU last
         self._lock = threading.Lock()
+        self._prefetch: concurrent.futures.ThreadPoolExecutor | None = None
+        self._queued: list[concurrent.futures.Future[Any]] = []
 
     def __getstate__(self) -> dict[str, Any]:
-        keep = ("protocol", "storage_options", "cache", "retries", "backoff")
+        keep = ("protocol", "storage_options", "cache", "keep", "retries", "backoff")
         return {k: self.__dict__[k] for k in keep}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -191,7 +143,19 @@ class RemoteStorage(Storage):
         return self._retry(url, "open", lambda: self.fs().open(url, "rb"))
 
     def open_shard(self, url: str) -> IO[bytes]:
-        return open(self.local_path(url), "rb")
+        """The cached copy, opened (downloaded first if needed) and not kept pinned: indexing a
+        dataset larger than the cache goes through it shard by shard (the open file stays
+        readable if the entry is evicted meanwhile)."""
+        if self._pid != os.getpid():
+            self._init_process_state()
+        entry = self._pins.get(url)
+        if entry is not None:
+            return open(entry.path, "rb")
+        entry = self.cache.fetch(self.canonical(url), self.stat(url), lambda f: self._download(url, f))
+        try:
+            return open(entry.path, "rb")
+        finally:
+            ShardCache.release(entry)
 
     def read(self, url: str, offset: int, size: int) -> bytes:
         return self._local.read(self.local_path(url), offset, size)
@@ -206,16 +170,53 @@ class RemoteStorage(Storage):
         return self._local.map(self.local_path(url))
 
     def local_path(self, url: str) -> str:
-        """The shard's file in the cache, downloaded first if needed."""
+        """The shard's file in the cache, downloaded first if needed, and pinned in this process
+        (its :attr:`keep` most recently used shards are)."""
         if self._pid != os.getpid():
             self._init_process_state()
-        path = self._paths.get(url)
-        if path is None or not os.path.exists(path):
-            stat = self.stat(url)
-            path = self.cache.fetch(self.canonical(url), stat, lambda f: self._download(url, f))
-            with self._lock:
-                self._paths[url] = path
-        return path
+        entry = self._pins.get(url)
+        if entry is not None:
+            return entry.path  # pinned: still there
+        entry = self.cache.fetch(self.canonical(url), self.stat(url), lambda f: self._download(url, f))
+        released = []
+        with self._lock:
+            if url in self._pins:  # another thread of this process pinned it meanwhile
+                released.append(entry)
+                entry = self._pins[url]
+            else:
+                self._pins[url] = entry
+            while len(self._pins) > self.keep:
+                released.append(self._pins.popitem(last=False)[1])
+        for old in released:
+            ShardCache.release(old)
+        return entry.path
+
+    def prefetch(self, urls: Sequence[str], *, keep: int | None = None) -> None:
+        """Queues ``urls`` for download into the cache in the background, in order
+        (``PREFETCH_THREADS`` at a time), pinned; ``keep``: pin at least that many shards. A failed
+        prefetch is left to the read that needs the shard (which retries and reports)."""
+        if self._pid != os.getpid():
+            self._init_process_state()
+        with self._lock:
+            if keep is not None:
+                self.keep = max(self.keep, keep)
+            if self._prefetch is None:
+                self._prefetch = concurrent.futures.ThreadPoolExecutor(PREFETCH_THREADS, "gpupipe-prefetch")
+            self._queued = [f for f in self._queued if not f.done()]
+            self._queued += [self._prefetch.submit(self._prefetch_one, url) for url in urls]
+
+    def stop_prefetch(self) -> None:
+        """Drops the queued downloads not started (those running finish)."""
+        with self._lock:
+            for future in self._queued:
+                future.cancel()
+            self._queued = []
+
+    def _prefetch_one(self, url: str) -> None:
+        try:
+            self.local_path(url)
+        except Exception as e:  # the read that needs it retries and reports
+            log.info("gpupipe: prefetching %s failed: %s", redact(url), redact(str(e)))
 
     def _download(self, url: str, out: IO[bytes]) -> None:
         def whole() -> None:
@@ -251,6 +252,19 @@ class RemoteStorage(Storage):
         raise AssertionError("unreachable")
 
     def close(self) -> None:
+        """Stops prefetching, unpins every shard and closes the cached files this process opened."""
+        if self._pid != os.getpid():
+            return
+        with self._lock:
+            pool, self._prefetch = self._prefetch, None
+            for future in self._queued:
+                future.cancel()
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+        with self._lock:
+            pins, self._pins = list(self._pins.values()), collections.OrderedDict()
+        for entry in pins:
+            ShardCache.release(entry)
         self._local.close()
 
 

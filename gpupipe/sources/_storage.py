@@ -97,6 +97,15 @@ class Storage(abc.ABC):
                 return i
         return len(ranges)
 
+    remote: bool = False  # whether reads go over a network (then prefetch() is worth calling)
+
+    def prefetch(self, urls: Sequence[str], *, keep: int | None = None) -> None:  # noqa: B027 - a hint
+        """A hint: ``urls`` are read next, in this order. A remote storage downloads them ahead
+        (keeping at least ``keep`` shards at hand); local storages ignore it."""
+
+    def stop_prefetch(self) -> None:  # noqa: B027 - a hint
+        """Drops the queued :meth:`prefetch` work not started."""
+
     def map(self, url: str) -> MappedFile | None:
         """``url`` memory-mapped under a read lease (:class:`~gpupipe.sources._mapped.MappedFile`),
         or ``None`` where it cannot be (the default: read it with :meth:`read_ranges_into`)."""
@@ -255,7 +264,11 @@ def scheme_of(url: str) -> str:
 
 
 def storage_for(
-    urls: Sequence[str], *, storage_options: Mapping[str, Any] | None = None, cache_dir: str | None = None
+    urls: Sequence[str],
+    *,
+    storage_options: Mapping[str, Any] | None = None,
+    cache_dir: str | None = None,
+    cache_size: int | None = None,
 ) -> Storage:
     """A new storage for ``urls``, which must share one scheme: a registered one (local paths,
     ``file://``), else any fsspec protocol (``https``, ``s3``, ``gs``, ``memory``, ...) read
@@ -272,7 +285,7 @@ def storage_for(
 
     if not fsspec_protocol(scheme):
         raise ConfigError(_unserved(scheme))
-    return RemoteStorage(scheme, storage_options=storage_options, cache_dir=cache_dir)
+    return RemoteStorage(scheme, storage_options=storage_options, cache_dir=cache_dir, cache_size=cache_size)
 
 
 def _served(scheme: str) -> bool:

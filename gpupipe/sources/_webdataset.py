@@ -11,7 +11,7 @@ import numpy as np
 
 from .._config import OnError
 from .._errors import ConfigError, Damage, DataError, SampleError, ShardError
-from .._validate import check_enum
+from .._validate import check_enum, check_optional_int
 from . import _wdsindex
 from ._index import NO_LABEL, Index, Problem, RawSample, ShardDetail, ShardIndex, Source
 from ._mask import read_mask
@@ -98,6 +98,9 @@ class WebDataset(Source):
             configuration and environment (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ...).
         cache_dir: remote URLs only: where whole shards are cached on this node (default
             ``$GPUPIPE_CACHE_DIR/shards``, ``~/.cache/gpupipe/shards``).
+        cache_size: remote URLs only: the cache's bound in bytes; least recently used shards no
+            process of the node reads are deleted to stay within it. Default: 80% of what the
+            cache could use when first asked (its shards plus the free space of its disk).
 
     A sample is a run of consecutive members sharing a key: the member path up to the first dot of
     its file name (``img/00/000123.jpg`` → ``img/00/000123``). Members of other extensions are
@@ -111,8 +114,10 @@ class WebDataset(Source):
     label: str | None = "cls"
     storage_options: Mapping[str, Any] | None = dataclasses.field(default=None, hash=False)
     cache_dir: str | None = None
+    cache_size: int | None = None
 
     def __post_init__(self) -> None:
+        check_optional_int("WebDataset", self.cache_size, "cache_size", minimum=1)
         object.__setattr__(self, "urls", tuple(expand_urls(self.urls)))
         _split_exts(self.image, "image")
         if self.label is not None:
@@ -120,7 +125,9 @@ class WebDataset(Source):
 
     def storage(self) -> Storage:
         """A new storage for the shards (the caller closes it)."""
-        return storage_for(self.urls, storage_options=self.storage_options, cache_dir=self.cache_dir)
+        return storage_for(
+            self.urls, storage_options=self.storage_options, cache_dir=self.cache_dir, cache_size=self.cache_size
+        )
 
     def extensions(self) -> tuple[tuple[str, ...], str | None]:
         """The image extensions, in order of preference, and the label extension (``None``)."""
@@ -214,6 +221,7 @@ def cached_scan(storage: Storage, url: str, image_exts: tuple[str, ...], label_e
         shard = ShardIndex(url, size=size, loader=loader, dali_index=idx_path, problems=problems)
     else:
         shard = _scan_and_cache(storage, url, idx_path, stat, image_exts, label_ext)
+    shard.nbytes = stat.size
     shard.bad = read_mask(storage, url, size=stat.size, samples=len(shard), image_exts=image_exts, label_ext=label_ext)
     return shard
 

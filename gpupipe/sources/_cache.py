@@ -1,0 +1,188 @@
+"""The node-local cache of remote shards: whole shards on local disk, shared by the processes of
+a node, within a size bound.
+
+A download is written to a temporary name and renamed when complete and of the expected size, so
+a partial download is never read; a download lock beside each entry makes the processes of a node
+(one per GPU) download a shard once between them. An entry's name holds a hash of the shard's
+canonical URL (without credentials or query string: a rotated presigned signature keeps the cache)
+and its version (ETag, else modification time), so a shard changed remotely is fetched again, and
+no URL or member name can choose a path outside the cache.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import re
+import threading
+from collections.abc import Callable
+from typing import IO, NamedTuple
+
+from .._errors import redact
+from ._storage import Stat
+
+__all__ = ["ShardCache", "Entry", "shard_cache_dir", "human_bytes"]
+
+log = logging.getLogger("gpupipe")
+
+
+def shard_cache_dir() -> str:
+    """The default cache of remote shards: ``$GPUPIPE_CACHE_DIR/shards`` (default
+    ``~/.cache/gpupipe/shards``)."""
+    root = os.environ.get("GPUPIPE_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "gpupipe")
+    return os.path.join(root, "shards")
+
+
+class Entry(NamedTuple):
+    """A cached shard held by this process: its file, and the descriptor of its lock file on
+    which this process holds a shared lock (no process evicts it meanwhile)."""
+
+    path: str
+    fd: int
+
+
+class ShardCache:
+    """Whole shards on local disk, one file per (canonical URL, version), shared by the processes
+    of a node (see the module docstring), within ``max_bytes``.
+
+    Every shard a process uses is *pinned*: a shared ``flock`` on its lock file, held until the
+    process lets it go (:meth:`release`). After each download the least recently used entries
+    that no process pins are deleted until the cache fits ``max_bytes`` (pinned ones are never
+    deleted: the bound is exceeded, with a warning, rather than a shard read from disappearing).
+
+    Args:
+        root: the folder (default :func:`shard_cache_dir`).
+        max_bytes: the bound (default: 80% of what the cache could use when first asked, its
+            entries plus the free space of its filesystem).
+    """
+
+    def __init__(self, root: str | None = None, max_bytes: int | None = None) -> None:
+        self.root = os.path.abspath(root or shard_cache_dir())
+        self.max_bytes = max_bytes
+        self._warned = False
+
+    def bound(self) -> int:
+        """``max_bytes``, or the default computed now (once)."""
+        if self.max_bytes is None:
+            os.makedirs(self.root, exist_ok=True)
+            st = os.statvfs(self.root)
+            self.max_bytes = int(0.8 * (st.f_bavail * st.f_frsize + sum(size for _, size, _ in self._entries())))
+        return self.max_bytes
+
+    def path(self, canonical: str, stat: Stat) -> str:
+        digest = hashlib.sha256(f"{canonical}|{stat.size}|{stat.version}".encode()).hexdigest()[:32]
+        base = re.sub(r"[^A-Za-z0-9._-]", "_", canonical.rpartition("/")[2])[-80:].lstrip(".") or "shard"
+        return os.path.join(self.root, f"{digest}-{base}")
+
+    def fetch(self, canonical: str, stat: Stat, download: Callable[[IO[bytes]], None]) -> Entry:
+        """The cached file of the shard ``canonical`` at ``stat``, pinned; downloaded first (by
+        ``download``, which writes the shard to the file it is given) unless present. Concurrent
+        callers, in any process of the node, wait for one download. The caller releases the
+        entry (:meth:`release`)."""
+        import fcntl
+
+        path = self.path(canonical, stat)
+        os.makedirs(self.root, exist_ok=True)
+        pin = os.open(path + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            # Pinned first, even before it exists: an evictor (the only one to lock it exclusively,
+            # never waiting) cannot then delete it between the download and its use.
+            fcntl.flock(pin, fcntl.LOCK_SH)  # released when closed, or when this process dies
+            if not os.path.exists(path):
+                mutex = os.open(path + ".dl", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+                try:
+                    fcntl.flock(mutex, fcntl.LOCK_EX)  # one downloader; the others wait for it here
+                    if not os.path.exists(path):  # nobody downloaded it meanwhile
+                        self._download(path, canonical, stat, download)
+                        self.evict(keep=path)
+                finally:
+                    os.close(mutex)
+            _touch(path)
+            return Entry(path, pin)
+        except BaseException:
+            os.close(pin)
+            raise
+
+    @staticmethod
+    def release(entry: Entry) -> None:
+        """Unpins an entry (it may be evicted from now on)."""
+        with contextlib.suppress(OSError):
+            os.close(entry.fd)
+
+    def _download(self, path: str, canonical: str, stat: Stat, download: Callable[[IO[bytes]], None]) -> None:
+        part = f"{path}.part-{os.getpid()}-{threading.get_ident()}"
+        try:
+            with open(part, "wb") as f:
+                download(f)
+            got = os.path.getsize(part)
+            if got != stat.size:
+                raise OSError(f"downloaded {got} bytes of {redact(canonical)}, expected {stat.size}")
+            os.replace(part, path)  # complete: only now visible
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(part)
+
+    def _entries(self) -> list[tuple[float, int, str]]:
+        """``(last use, size, path)`` of every complete entry."""
+        found = []
+        with contextlib.suppress(FileNotFoundError), os.scandir(self.root) as it:
+            for e in it:
+                if e.name.endswith((".lock", ".dl")) or ".part-" in e.name:
+                    continue
+                with contextlib.suppress(FileNotFoundError):
+                    st = e.stat()
+                    found.append((st.st_mtime, st.st_size, e.path))
+        return found
+
+    def usage(self) -> int:
+        """Bytes of the complete entries."""
+        return sum(size for _, size, _ in self._entries())
+
+    def evict(self, *, keep: str | None = None) -> int:
+        """Deletes least recently used entries that no process pins until the cache fits its
+        bound; returns how many. ``keep`` is never deleted."""
+        import fcntl
+
+        entries = sorted(self._entries())
+        total, bound, evicted = sum(size for _, size, _ in entries), self.bound(), 0
+        for _, size, path in entries:
+            if total <= bound:
+                break
+            if path == keep:
+                continue
+            fd = os.open(path + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:  # pinned by some process
+                os.close(fd)
+                continue
+            try:
+                os.unlink(path)
+                total, evicted = total - size, evicted + 1
+            except FileNotFoundError:
+                pass
+            finally:
+                os.close(fd)
+        if total > bound and not self._warned:
+            self._warned = True
+            log.warning(
+                "gpupipe: the shard cache %s holds %s of shards in use, over its bound of %s: "
+                "give it more room (cache_size=) or read fewer shards at once (interleave=, fewer ranks per node)",
+                self.root, human_bytes(total), human_bytes(bound),
+            )  # fmt: skip
+        return evicted
+
+
+def human_bytes(n: float) -> str:
+    """``1.5 GB``, ``340 MB``, ``12 kB``: decimal units, as disks are sold."""
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{int(n)} B"
+
+
+def _touch(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.utime(path)  # the entry's last use, for eviction

@@ -1,0 +1,97 @@
+"""Remote shards downloaded ahead of the plan, so that training does not wait on the network in
+steady state, and a cache too small for what a node reads at once reported when a loader starts.
+
+The loader knows each epoch's plan; :class:`ShardPrefetch` turns it into the order in which the
+rank first needs its shards and, per batch, how many of them it has needed so far. Before each
+batch the loader calls :meth:`~ShardPrefetch.advance` (constant time, no I/O): the storage is asked
+for the shards up to ``ahead`` beyond those, and downloads them in background threads into the
+node-local cache (``_remote``). With ``shuffle=True`` a rank reads ``interleave`` shards at once and
+moves to the next group when they run out: the default ``ahead`` is therefore ``interleave``, so the
+next group is in the cache before it is needed.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from ._index import Index
+    from ._storage import Storage
+
+__all__ = ["ShardPrefetch", "prefetcher", "prepare_remote"]
+
+log = logging.getLogger("gpupipe")
+
+
+class ShardPrefetch:
+    """One epoch's prefetching (see the module docstring).
+
+    Args:
+        storage: the remote storage.
+        urls: the shards in the order the epoch first needs them.
+        needed: int ``[num_batches]``, how many of ``urls`` batches ``0..b`` need.
+        ahead: shards asked for beyond those.
+    """
+
+    def __init__(self, storage: Storage, urls: list[str], needed: np.ndarray, ahead: int) -> None:
+        self.storage, self.urls, self.needed, self.ahead = storage, urls, needed, ahead
+        self.sent = 0
+
+    def advance(self, batch: int) -> None:
+        """Batch ``batch`` (counted from the epoch's first yielded batch) is next."""
+        if not len(self.needed):
+            return
+        target = min(len(self.urls), int(self.needed[min(batch, len(self.needed) - 1)]) + self.ahead)
+        if target > self.sent:
+            self.storage.prefetch(self.urls[self.sent : target])
+            self.sent = target
+
+    def close(self) -> None:
+        """The epoch ended (or stopped): queued downloads not started are dropped."""
+        self.storage.stop_prefetch()
+
+
+def prefetcher(index: Index, samples: np.ndarray, batch_size: int, ahead: int) -> ShardPrefetch | None:
+    """A :class:`ShardPrefetch` for reading ``samples`` (global numbers, in order) in batches of
+    ``batch_size``; ``None`` where the index's storage is local."""
+    storage = getattr(index.reader, "storage", None)
+    if storage is None or not storage.remote or not len(samples):
+        return None
+    shard_of = np.searchsorted(index.offsets, samples, side="right") - 1
+    shards, first = np.unique(shard_of, return_index=True)
+    order = np.argsort(first, kind="stable")
+    urls = [index.shards[int(s)].path for s in shards[order]]
+    num_batches = -(-len(samples) // batch_size)
+    needed = np.searchsorted(first[order], np.arange(1, num_batches + 1) * batch_size, side="left")
+    return ShardPrefetch(storage, urls, needed, ahead)
+
+
+def prepare_remote(index: Index, *, at_once: int, ahead: int, local_ranks: int) -> None:
+    """For a remote index: every process of the loader keeps ``at_once + ahead + 1`` shards pinned
+    in the cache (set before the runner starts its workers, which inherit it), and a warning is
+    logged when the cache cannot hold what the ranks of the node keep at hand:
+    ``local_ranks * (at_once + ahead)`` shards of the dataset's mean size."""
+    storage = getattr(index.reader, "storage", None)
+    cache = getattr(storage, "cache", None)
+    if storage is None or not storage.remote or cache is None:
+        return
+    storage.keep = at_once + ahead + 1
+    sizes = [s.nbytes for s in index.shards if s.nbytes]
+    if not sizes:
+        return
+    shards = local_ranks * (min(at_once, len(sizes)) + ahead)
+    need = int(shards * (sum(sizes) / len(sizes)))
+    bound = cache.bound()
+    if need > bound:
+        from ._cache import human_bytes
+
+        log.warning(
+            "gpupipe: the shard cache %s (%s) is smaller than what %d rank(s) of this node keep at hand: "
+            "%d shards of %s (%d read at once and %d ahead, per rank) = %s. Shards will be downloaded again, "
+            "or the cache will exceed its bound: give it cache_size >= %s, or lower interleave",
+            cache.root, human_bytes(bound), local_ranks, shards, human_bytes(need / shards), at_once, ahead,
+            human_bytes(need), human_bytes(need),
+        )  # fmt: skip
