@@ -127,13 +127,21 @@ def bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def _index_one(job: tuple[str, tuple[str, ...], str | None]) -> int:
+def _index_one(job: tuple[str, tuple[str, ...], str | None, bool]) -> tuple[int, int]:
+    """Indexes one shard; with ``beside``, writes its index file next to it. Returns the samples
+    and the index files written (0 or 1)."""
     from .sources import storage_for
+    from .sources._summary import write_summary
     from .sources._webdataset import cached_scan
 
-    url, image_exts, label_ext = job
+    url, image_exts, label_ext, beside = job
     with storage_for([url]) as storage:
-        return len(cached_scan(storage, url, image_exts, label_ext))
+        shard = cached_scan(storage, url, image_exts, label_ext)
+        if not beside or shard.nbytes is None:  # nbytes None: missing or unreadable, nothing to describe
+            return len(shard), 0
+        write_summary(storage, url, size=shard.nbytes, samples=len(shard), image_exts=image_exts,
+                      label_ext=label_ext, problems=shard.problems)  # fmt: skip
+        return len(shard), 1
 
 
 def index(args: argparse.Namespace) -> int:
@@ -142,13 +150,15 @@ def index(args: argparse.Namespace) -> int:
     from .sources import WebDataset, _wdsindex
 
     source = WebDataset(args.source, image=args.image, label=None if args.label == "none" else args.label)
-    jobs = [(u, *source.extensions()) for u in source.urls]
+    jobs = [(u, *source.extensions(), args.beside) for u in source.urls]
     start = time.perf_counter()
     with process_pool(args.workers, "gpupipe index") as pool:
-        total = sum(pool.map(_index_one, jobs, chunksize=max(1, len(jobs) // 64)))
+        done = list(pool.map(_index_one, jobs, chunksize=max(1, len(jobs) // 64)))
+    total, written = sum(n for n, _ in done), sum(w for _, w in done)
     print(
         f"{total} samples in {len(jobs)} shards, indexed in {time.perf_counter() - start:.1f} s; "
         f"cache: {_wdsindex.cache_dir()}"
+        + (f"; {written} index files written beside the shards" if args.beside else "")
     )
     return 0
 
@@ -193,10 +203,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", type=int, default=None, help="encoding processes (default: all cores)")
     p.set_defaults(fn=make_shards)
     i = sub.add_parser("index", help="build the index cache of a dataset's shards (in parallel)")
-    i.add_argument("source", help="shard pattern, e.g. 'data/train-{000000..001281}.tar'")
+    i.add_argument("source", nargs="+", help="shard paths, URLs or patterns, e.g. 'data/train-{000000..001281}.tar'")
     i.add_argument("--image", default="jpg;jpeg;png", help="image extensions, in order of preference")
     i.add_argument("--label", default="cls", help="label extension, or 'none' for unlabeled data")
     i.add_argument("--workers", type=int, default=None, help="processes (default: all cores)")
+    i.add_argument("--beside", action="store_true", help="also write <shard>.gpupipe.json beside each shard "
+                   "(local or remote): nodes then start on a remote dataset without downloading it")  # fmt: skip
     i.set_defaults(fn=index)
     c = sub.add_parser(
         "check",

@@ -16,11 +16,14 @@ import pytest
 import torch
 
 import gpupipe as gp
+from gpupipe._cli import main
+from gpupipe.sources import LocalStorage, _webdataset
 from gpupipe.sources._cache import ShardCache
 from gpupipe.sources._remote import RemoteStorage, canonical_url
 from gpupipe.sources._storage import Stat
+from gpupipe.sources._summary import write_summary
 
-from .checkers import val
+from .checkers import all_keys, val
 from .conftest import SHARD_SIZES, _write_webdataset_shards
 
 pytest.importorskip("aiohttp")
@@ -285,6 +288,77 @@ class TestBoundedCache:
         other.close()
         holder.close()
         assert ShardCache(cache, 1).evict() == 4 and not cached(cache)
+
+
+@pytest.fixture
+def served_copy(many_shards, tmp_path) -> Iterator[tuple[_Server, list[str]]]:
+    """A copy of ``many_shards`` that a test may write beside, served over HTTP."""
+    root = tmp_path / "served"
+    root.mkdir()
+    for path in many_shards:
+        shutil.copy(path, root)
+    for srv in _serve(str(root)):
+        yield srv, [str(root / n) for n in names(many_shards)]
+
+
+def new_node(monkeypatch, tmp_path, name: str) -> str:
+    """A node that has never seen the dataset: its own index cache; returns its shard cache."""
+    monkeypatch.setenv("GPUPIPE_CACHE_DIR", str(tmp_path / name))
+    return str(tmp_path / name / "shards")
+
+
+class TestIndexFiles:
+    def test_a_new_node_starts_without_downloading(self, backend, served_copy, monkeypatch, tmp_path, capsys):
+        srv, local = served_copy
+        assert main(["index", *local, "--beside", "--workers", "2"]) == 0
+        assert "12 index files written beside the shards" in capsys.readouterr().out
+        assert all(os.path.exists(p + ".gpupipe.json") for p in local)
+        urls = [f"{srv.url}/{n}" for n in names(local)]
+        cache = new_node(monkeypatch, tmp_path, "node")
+        index = gp.WebDataset(urls, cache_dir=cache).index()
+        assert len(index) == sum(MANY) and not shard_gets(srv) and not cached(cache)  # sizes and index files only
+        index.close()
+        with backend.loader(val(gp.WebDataset(urls, cache_dir=cache)), 4, num_workers=1, shuffle=True) as loader:
+            keys = [k for b in loader for k, v in zip(b.keys, b.valid.tolist(), strict=True) if v]
+        assert sorted(keys) == sorted(all_keys(gp.WebDataset(local).index()))
+        assert shard_gets(srv) == dict.fromkeys(names(local), 1)  # each downloaded once, for the plan
+
+    def test_without_them_the_cost_is_said(self, served_copy, monkeypatch, tmp_path, caplog):
+        srv, local = served_copy
+        urls = [f"{srv.url}/{n}" for n in names(local)]
+        monkeypatch.setattr(_webdataset, "_told", False)
+        gp.WebDataset(urls, cache_dir=new_node(monkeypatch, tmp_path, "node")).index().close()
+        assert caplog.text.count("without index files beside them") == 1 and "--beside" in caplog.text
+        assert shard_gets(srv) == dict.fromkeys(names(local), 1)
+
+    def test_one_for_another_version_of_the_shard_is_ignored(self, served_copy, monkeypatch, tmp_path):
+        srv, local = served_copy
+        write_summary(LocalStorage(), local[0], size=1, samples=99, image_exts=("jpg",), label_ext="cls", problems=())
+        urls = [f"{srv.url}/{n}" for n in names(local)]
+        index = gp.WebDataset(urls, image="jpg", cache_dir=new_node(monkeypatch, tmp_path, "node")).index()
+        assert len(index) == sum(MANY) and shard_gets(srv) == dict.fromkeys(names(local), 1)
+
+    def test_a_wrong_count_is_an_error_naming_the_shard(self, served_copy, monkeypatch, tmp_path):
+        srv, local = served_copy
+        size = os.path.getsize(local[0])
+        write_summary(LocalStorage(), local[0], size=size, samples=5, image_exts=("jpg",), label_ext="cls",
+                      problems=())  # fmt: skip
+        urls = [f"{srv.url}/{n}" for n in names(local)]
+        source = gp.WebDataset(urls, image="jpg", cache_dir=new_node(monkeypatch, tmp_path, "node"))
+        wrong = r"many-000000\.tar' has 4 samples, its index file .* says 5"
+        loader = gp.Loader(val(source), 4, backend="torch", device="cpu", num_workers=0)
+        with pytest.raises(gp.ShardError, match=wrong), loader:
+            list(loader)
+
+    def test_written_beside_remote_shards_too(self, shards, cache):
+        fsspec = pytest.importorskip("fsspec")
+        fs = fsspec.filesystem("memory")
+        with open(shards[0], "rb") as f:
+            fs.pipe("/beside/a.tar", f.read())
+        storage = RemoteStorage("memory", cache_dir=cache)
+        where = write_summary(storage, "memory://beside/a.tar", size=10, samples=7, image_exts=("jpg",),
+                              label_ext="cls", problems=())  # fmt: skip
+        assert where == "memory://beside/a.tar.gpupipe.json" and b'"samples": 7' in fs.cat("/beside/a.tar.gpupipe.json")
 
 
 class TestMemory:

@@ -142,6 +142,10 @@ class RemoteStorage(Storage):
         """The object itself, streamed (small files beside the shards: bad-sample lists)."""
         return self._retry(url, "open", lambda: self.fs().open(url, "rb"))
 
+    def put(self, url: str, data: bytes) -> None:
+        """Uploads a small file (one request: whole or not at all on object stores)."""
+        self._retry(url, "upload", lambda: self.fs().pipe_file(url, data))
+
     def open_shard(self, url: str) -> IO[bytes]:
         """The cached copy, opened (downloaded first if needed) and not kept pinned: indexing a
         dataset larger than the cache goes through it shard by shard (the open file stays

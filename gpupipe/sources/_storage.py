@@ -99,6 +99,11 @@ class Storage(abc.ABC):
 
     remote: bool = False  # whether reads go over a network (then prefetch() is worth calling)
 
+    def put(self, url: str, data: bytes) -> None:
+        """Writes a small file (an index file beside a shard) whole or not at all; raises OSError
+        where the storage takes no writes."""
+        raise OSError(f"{type(self).__name__} cannot write {url}")
+
     def prefetch(self, urls: Sequence[str], *, keep: int | None = None) -> None:  # noqa: B027 - a hint
         """A hint: ``urls`` are read next, in this order. A remote storage downloads them ahead
         (keeping at least ``keep`` shards at hand); local storages ignore it."""
@@ -205,6 +210,21 @@ class LocalStorage(Storage):
                 if preadv(fd, [out[start : start + size]], offset) != size:
                     return i
         return len(ranges)
+
+    def put(self, url: str, data: bytes) -> None:
+        """Writes ``data`` to a temporary file beside ``url``, then renames it."""
+        import tempfile
+
+        path = self.path(url)
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
 
     def map(self, url: str) -> MappedFile | None:
         """The file mapped under a read lease where Linux grants one (see ``_mapped``)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import tarfile
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -10,12 +11,15 @@ from typing import Any
 import numpy as np
 
 from .._config import OnError
-from .._errors import ConfigError, Damage, DataError, SampleError, ShardError
+from .._errors import ConfigError, Damage, DataError, SampleError, ShardError, redact
 from .._validate import check_enum, check_optional_int
 from . import _wdsindex
 from ._index import NO_LABEL, Index, Problem, RawSample, ShardDetail, ShardIndex, Source
 from ._mask import read_mask
 from ._storage import Stat, Storage, expand_urls, storage_for
+from ._summary import read_summary, summary_url
+
+log = logging.getLogger("gpupipe")
 
 __all__ = ["WebDataset", "split_key", "parse_label", "scan_tar", "cached_scan", "unreadable", "truncated"]
 
@@ -216,10 +220,17 @@ def cached_scan(storage: Storage, url: str, image_exts: tuple[str, ...], label_e
     idx_path = _wdsindex.index_path(storage.canonical(url), stat, image_exts, label_ext)
     size = _wdsindex.count(idx_path)
     problems = _wdsindex.load_problems(idx_path) if size is not None else None
+    summary = None
     if size is not None and problems is not None:
         loader = _CachedDetail(storage, url, idx_path, image_exts, label_ext)
         shard = ShardIndex(url, size=size, loader=loader, dali_index=idx_path, problems=problems)
+    elif storage.remote and (summary := read_summary(storage, url, size=stat.size, image_exts=image_exts,
+                                                     label_ext=label_ext)) is not None:  # fmt: skip
+        scan = _ScanWhenRead(storage, url, idx_path, stat, image_exts, label_ext, summary.samples)
+        shard = ShardIndex(url, size=summary.samples, loader=scan, problems=summary.problems)
     else:
+        if storage.remote:
+            _say_what_indexing_costs(url)
         shard = _scan_and_cache(storage, url, idx_path, stat, image_exts, label_ext)
     shard.nbytes = stat.size
     shard.bad = read_mask(storage, url, size=stat.size, samples=len(shard), image_exts=image_exts, label_ext=label_ext)
@@ -241,6 +252,44 @@ def _scan_and_cache(
         if labeled:
             _wdsindex.save_labels(idx_path, shard.column("label"))
     return shard
+
+
+_told = False
+
+
+def _say_what_indexing_costs(url: str) -> None:
+    global _told
+    if not _told:
+        _told = True
+        log.warning(
+            "gpupipe: remote shards without index files beside them (%s and others): each is downloaded once, "
+            "through the shard cache, to count its samples. `python -m gpupipe index 'URLS' --beside` writes the "
+            "index files once, so that nodes start without downloading.",
+            redact(summary_url(url)),
+        )
+
+
+class _ScanWhenRead:
+    """A remote shard known from its index file: scanned (from the cache, where the plan has it
+    downloaded anyway) when first read, and checked against the file's sample count."""
+
+    def __init__(
+        self, storage: Storage, url: str, idx_path: str, stat: Stat, image_exts: tuple[str, ...],
+        label_ext: str | None, samples: int,
+    ) -> None:  # fmt: skip
+        self.storage, self.url, self.idx_path, self.stat = storage, url, idx_path, stat
+        self.image_exts, self.label_ext, self.samples = image_exts, label_ext, samples
+
+    def __call__(self) -> ShardDetail:
+        shard = _scan_and_cache(self.storage, self.url, self.idx_path, self.stat, self.image_exts, self.label_ext)
+        if len(shard) != self.samples:
+            raise ShardError(
+                f"shard {self.url!r} has {len(shard)} samples, its index file {summary_url(self.url)!r} says "
+                f"{self.samples}: write the index files again (python -m gpupipe index --beside)",
+                shard=self.url,
+                kind=Damage.UNREADABLE_SHARD,
+            )
+        return shard.detail()
 
 
 class _CachedDetail:
