@@ -5,6 +5,7 @@ mid-shard, errors), on every backend; what is cached, and what never appears in 
 from __future__ import annotations
 
 import functools
+import gzip
 import http.server
 import os
 import shutil
@@ -359,6 +360,49 @@ class TestIndexFiles:
         where = write_summary(storage, "memory://beside/a.tar", size=10, samples=7, image_exts=("jpg",),
                               label_ext="cls", problems=())  # fmt: skip
         assert where == "memory://beside/a.tar.gpupipe.json" and b'"samples": 7' in fs.cat("/beside/a.tar.gpupipe.json")
+
+
+@pytest.fixture
+def gz_shards(shards, tmp_path) -> list[str]:
+    """``shards`` gzip-compressed, as ``.tar.gz`` and ``.tgz``."""
+    out = []
+    for i, path in enumerate(shards):
+        target = tmp_path / "gz" / (names(shards)[i].removesuffix(".tar") + (".tgz" if i == 1 else ".tar.gz"))
+        target.parent.mkdir(exist_ok=True)
+        with open(path, "rb") as f:
+            target.write_bytes(gzip.compress(f.read()))
+        out.append(str(target))
+    return out
+
+
+class TestCompressedShards:
+    def test_local_tar_gz_on_every_backend(self, backend, shards, gz_shards, cache):
+        with backend.loader(val(gp.WebDataset(gz_shards, cache_dir=cache)), 4, num_workers=1) as loader:
+            got = epoch(loader)
+        with backend.loader(val(shards), 4, num_workers=1) as loader:
+            same_epochs(got, epoch(loader))
+        entries = [f for f in os.listdir(cache) if not f.endswith((".lock", ".dl"))]
+        assert len(entries) == 3  # each decompressed once
+        for entry in entries:
+            with open(os.path.join(cache, entry), "rb") as f:
+                assert f.read(512)[257:262] == b"ustar"  # a tar, stored decompressed
+
+    def test_over_http(self, shards, gz_shards, cache):
+        for srv in _serve(os.path.dirname(gz_shards[0])):
+            urls = [f"{srv.url}/{os.path.basename(p)}" for p in gz_shards]
+            with gp.Loader(val(gp.WebDataset(urls, cache_dir=cache)), 4, backend="torch", device="cpu") as loader:
+                got = epoch(loader)
+        with gp.Loader(val(shards), 4, backend="torch", device="cpu") as loader:
+            same_epochs(got, epoch(loader))
+
+    def test_a_corrupt_gzip_is_named_at_once(self, gz_shards, cache):
+        with open(gz_shards[0], "r+b") as f:
+            f.seek(40)
+            f.write(b"\x00" * 64)  # inside the deflate stream
+        started = time.monotonic()
+        with pytest.raises(gp.ShardError, match=r"train-000000\.tar\.gz' cannot be read") as info:
+            gp.WebDataset(gz_shards, cache_dir=cache).index()
+        assert info.value.kind is gp.Damage.UNREADABLE_SHARD and time.monotonic() - started < 5  # not retried
 
 
 class TestMemory:

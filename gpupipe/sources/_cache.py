@@ -20,7 +20,6 @@ import threading
 from collections.abc import Callable
 from typing import IO, NamedTuple
 
-from .._errors import redact
 from ._storage import Stat
 
 __all__ = ["ShardCache", "Entry", "shard_cache_dir", "human_bytes"]
@@ -78,7 +77,8 @@ class ShardCache:
 
     def fetch(self, canonical: str, stat: Stat, download: Callable[[IO[bytes]], None]) -> Entry:
         """The cached file of the shard ``canonical`` at ``stat``, pinned; downloaded first (by
-        ``download``, which writes the shard to the file it is given) unless present. Concurrent
+        ``download``, which writes the whole shard to the file it is given, or raises) unless
+        present. Concurrent
         callers, in any process of the node, wait for one download. The caller releases the
         entry (:meth:`release`)."""
         import fcntl
@@ -115,10 +115,7 @@ class ShardCache:
         part = f"{path}.part-{os.getpid()}-{threading.get_ident()}"
         try:
             with open(part, "wb") as f:
-                download(f)
-            got = os.path.getsize(part)
-            if got != stat.size:
-                raise OSError(f"downloaded {got} bytes of {redact(canonical)}, expected {stat.size}")
+                download(f)  # raises unless the shard is complete
             os.replace(part, path)  # complete: only now visible
         finally:
             with contextlib.suppress(FileNotFoundError):

@@ -15,19 +15,21 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import gzip
 import logging
 import os
 import random
 import shutil
 import threading
 import time
+import zlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Any, TypeVar
 
 from .._errors import ConfigError, redact
 from ._cache import Entry, ShardCache
 from ._mapped import MappedFile
-from ._storage import LocalStorage, Stat, Storage
+from ._storage import LocalStorage, Stat, Storage, compressed
 
 __all__ = ["RemoteStorage", "canonical_url", "check_driver", "fsspec_protocol", "filesystem_for"]
 
@@ -129,7 +131,7 @@ class RemoteStorage(Storage):
         return self._fs
 
     def canonical(self, url: str) -> str:
-        return canonical_url(url)
+        return canonical_url(url) if "://" in url else os.path.abspath(url)
 
     def stat(self, url: str) -> Stat:
         info = self._retry(url, "stat", lambda: self.fs().info(url))
@@ -155,7 +157,8 @@ class RemoteStorage(Storage):
         entry = self._pins.get(url)
         if entry is not None:
             return open(entry.path, "rb")
-        entry = self.cache.fetch(self.canonical(url), self.stat(url), lambda f: self._download(url, f))
+        stat = self.stat(url)
+        entry = self.cache.fetch(self.canonical(url), stat, lambda f: self._download(url, f, stat.size))
         try:
             return open(entry.path, "rb")
         finally:
@@ -181,7 +184,8 @@ class RemoteStorage(Storage):
         entry = self._pins.get(url)
         if entry is not None:
             return entry.path  # pinned: still there
-        entry = self.cache.fetch(self.canonical(url), self.stat(url), lambda f: self._download(url, f))
+        stat = self.stat(url)
+        entry = self.cache.fetch(self.canonical(url), stat, lambda f: self._download(url, f, stat.size))
         released = []
         with self._lock:
             if url in self._pins:  # another thread of this process pinned it meanwhile
@@ -222,7 +226,10 @@ class RemoteStorage(Storage):
         except Exception as e:  # the read that needs it retries and reports
             log.info("gpupipe: prefetching %s failed: %s", redact(url), redact(str(e)))
 
-    def _download(self, url: str, out: IO[bytes]) -> None:
+    def _download(self, url: str, out: IO[bytes], size: int) -> None:
+        """Writes the shard (decompressed where it is compressed) to ``out``, whole: a transfer
+        cut short (fewer than ``size`` bytes, a gzip stream without its end) is tried again."""
+
         def whole() -> None:
             out.seek(0)
             out.truncate()
@@ -230,7 +237,13 @@ class RemoteStorage(Storage):
             # http(s): one streaming GET (no range requests: servers without them work too)
             options = {"block_size": 0} if self.protocol in ("http", "https") else {"block_size": CHUNK}
             with self.fs().open(url, "rb", **options) as src:
-                shutil.copyfileobj(src, out, CHUNK)
+                if compressed(url):  # stored decompressed: tar members need random access
+                    with gzip.GzipFile(fileobj=src, mode="rb") as tar:
+                        shutil.copyfileobj(tar, out, CHUNK)  # a cut stream raises EOFError: tried again
+                else:
+                    shutil.copyfileobj(src, out, CHUNK)
+                    if out.tell() != size:
+                        raise OSError(f"the transfer ended after {out.tell()} of {size} bytes")
             out.flush()
             log.debug("gpupipe: downloaded %s in %.2f s", redact(url), time.perf_counter() - started)
 
@@ -242,6 +255,8 @@ class RemoteStorage(Storage):
                 return call()
             except (PermissionError, ConfigError):
                 raise
+            except (gzip.BadGzipFile, zlib.error) as e:  # tried again, no different
+                raise OSError(f"{what} {redact(url)}: a damaged gzip stream ({e})") from e
             except Exception as e:  # network errors come as many types (aiohttp, botocore, OSError)
                 if isinstance(e, FileNotFoundError) and _status(e) in (None, 404, 410) and not _unreachable(e):
                     raise

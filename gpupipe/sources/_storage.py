@@ -33,6 +33,7 @@ __all__ = [
     "scheme_of",
     "storage_for",
     "expand_urls",
+    "compressed",
 ]
 
 
@@ -297,6 +298,11 @@ def storage_for(
     if len(schemes) > 1:
         raise ConfigError(f"one source cannot mix URL schemes, got {schemes}")
     scheme = schemes[0] if schemes else ""
+    if scheme in ("", "file") and any(compressed(u) for u in urls):
+        from ._remote import RemoteStorage
+
+        # compressed local shards: decompressed once into the shard cache, read from there
+        return RemoteStorage("file", cache_dir=cache_dir, cache_size=cache_size)
     if scheme in _SCHEMES:
         if storage_options:
             raise ConfigError(f"storage_options apply to remote URLs only, not to {scheme or 'local'} paths")
@@ -306,6 +312,15 @@ def storage_for(
     if not fsspec_protocol(scheme):
         raise ConfigError(_unserved(scheme))
     return RemoteStorage(scheme, storage_options=storage_options, cache_dir=cache_dir, cache_size=cache_size)
+
+
+COMPRESSED = (".tar.gz", ".tgz")
+
+
+def compressed(url: str) -> bool:
+    """Whether ``url`` names a gzip-compressed tar shard (``.tar.gz``, ``.tgz``; a query string
+    after the name is ignored)."""
+    return url.split("?", 1)[0].lower().endswith(COMPRESSED)
 
 
 def _served(scheme: str) -> bool:

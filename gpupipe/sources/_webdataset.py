@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import tarfile
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -16,7 +17,7 @@ from .._validate import check_enum, check_optional_int
 from . import _wdsindex
 from ._index import NO_LABEL, Index, Problem, RawSample, ShardDetail, ShardIndex, Source
 from ._mask import read_mask
-from ._storage import Stat, Storage, expand_urls, storage_for
+from ._storage import Stat, Storage, compressed, expand_urls, storage_for
 from ._summary import read_summary, summary_url
 
 log = logging.getLogger("gpupipe")
@@ -229,7 +230,7 @@ def cached_scan(storage: Storage, url: str, image_exts: tuple[str, ...], label_e
         scan = _ScanWhenRead(storage, url, idx_path, stat, image_exts, label_ext, summary.samples)
         shard = ShardIndex(url, size=summary.samples, loader=scan, problems=summary.problems)
     else:
-        if storage.remote:
+        if storage.remote and "://" in url:  # (local compressed shards are decompressed, not downloaded)
             _say_what_indexing_costs(url)
         shard = _scan_and_cache(storage, url, idx_path, stat, image_exts, label_ext)
     shard.nbytes = stat.size
@@ -359,24 +360,28 @@ def scan_tar(
     values: dict[int, int] = {}  # group -> parsed label (label members are read: a few bytes each)
     cut: str | None = None  # why the shard ends early
     try:
-        with storage.open_shard(url) as f, tarfile.open(fileobj=f, mode="r:") as tar:
-            try:
-                for m in tar:
-                    if not m.isfile():
-                        continue
-                    if size is not None and m.offset_data + m.size > size:
-                        end = m.offset_data + m.size
-                        cut = f"ends inside member {m.name!r} (the file has {size} bytes, the member ends at {end})"
-                        break
-                    key, ext = split_key(m.name)
-                    if not groups or groups[-1][0] != key or ext in groups[-1][1]:
-                        groups.append((key, {}))
-                    groups[-1][1][ext] = (m.offset_data, m.size)
-                    if ext == label_ext:
-                        member = tar.extractfile(m)
-                        values[len(groups) - 1] = _label_value(member.read() if member else b"")
-            except tarfile.TarError as e:  # a header past the first cannot be read: cut short, or damaged
-                cut = f"is damaged after its last readable member ({e})"
+        with storage.open_shard(url) as f:
+            if compressed(url):  # the cache holds it decompressed: the tar's own size counts
+                size = f.seek(0, os.SEEK_END)
+                f.seek(0)
+            with tarfile.open(fileobj=f, mode="r:") as tar:
+                try:
+                    for m in tar:
+                        if not m.isfile():
+                            continue
+                        if size is not None and m.offset_data + m.size > size:
+                            end = m.offset_data + m.size
+                            cut = f"ends inside member {m.name!r} (the file has {size} bytes, the member ends at {end})"
+                            break
+                        key, ext = split_key(m.name)
+                        if not groups or groups[-1][0] != key or ext in groups[-1][1]:
+                            groups.append((key, {}))
+                        groups[-1][1][ext] = (m.offset_data, m.size)
+                        if ext == label_ext:
+                            member = tar.extractfile(m)
+                            values[len(groups) - 1] = _label_value(member.read() if member else b"")
+                except tarfile.TarError as e:  # a header past the first cannot be read: cut short, or damaged
+                    cut = f"is damaged after its last readable member ({e})"
     except tarfile.TarError as e:
         kind = Damage.EMPTY_SHARD if size == 0 else Damage.UNREADABLE_SHARD
         detail = "is empty (0 bytes)" if size == 0 else f"is not a tar file: {e}"
