@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import gc
 import os
 import weakref
 from collections.abc import Callable, Generator, Iterable, Iterator
@@ -81,25 +82,47 @@ _LIVE: weakref.WeakSet[DaliRunner] = weakref.WeakSet()
 _PINNED: list[Any] = []  # in a forked child: the parent's runners and pipelines, never released here
 
 
+_GC_WAS_ENABLED = [False]
+
+
+def _hold_gc() -> None:
+    """Before a fork: no garbage collection until the child has pinned the parent's pipelines.
+    Python's own after-fork hooks (threading's, registered before this module's) run first in the
+    child and allocate; a collection there that finds a leaked DALI pipeline in a reference cycle
+    would destroy it in the child, and wait forever (seen: a torch worker forked after a failed
+    DALI loader whose traceback was not yet collected)."""
+    _GC_WAS_ENABLED[0] = gc.isenabled()
+    gc.disable()
+
+
+def _release_gc() -> None:
+    if _GC_WAS_ENABLED[0]:
+        gc.enable()
+
+
 def _pin_in_child() -> None:
     """After a fork, in the child: keep every runner and every DALI pipeline of the parent alive
     for good. A DALI pipeline destroyed in a forked child waits forever in its executor's
     destructor for the parent's threads — and one can be referenced from anywhere (a traceback's
-    frames, say), so all of them are pinned, not only the runners'."""
+    frames, say), so all of them are pinned, not only the runners'. The garbage collector, held
+    since before the fork, runs again once they are."""
     import sys
 
-    _PINNED.extend(_LIVE)
-    dali = sys.modules.get("nvidia.dali.pipeline")
-    refs = getattr(getattr(dali, "Pipeline", None), "_pipes", None)  # DALI's set of weak references to them
-    for ref in list(refs or ()):
-        pipe = ref() if callable(ref) else None
-        backend = getattr(pipe, "_pipe", None)
-        if backend is not None:  # the C++ pipeline: pinned, and detached so that no shutdown reaches it
-            _PINNED.append(backend)
-            pipe._pipe = None  # type: ignore[union-attr]
+    try:
+        _PINNED.extend(_LIVE)
+        dali = sys.modules.get("nvidia.dali.pipeline")
+        refs = getattr(getattr(dali, "Pipeline", None), "_pipes", None)  # DALI's set of weak references to them
+        for ref in list(refs or ()):
+            pipe = ref() if callable(ref) else None
+            backend = getattr(pipe, "_pipe", None)
+            if backend is not None:  # the C++ pipeline: pinned, and detached so that no shutdown reaches it
+                _PINNED.append(backend)
+                pipe._pipe = None  # type: ignore[union-attr]
+    finally:
+        _release_gc()
 
 
-os.register_at_fork(after_in_child=_pin_in_child)
+os.register_at_fork(before=_hold_gc, after_in_parent=_release_gc, after_in_child=_pin_in_child)
 
 
 class _Graph:
