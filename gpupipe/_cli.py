@@ -152,8 +152,11 @@ def index(args: argparse.Namespace) -> int:
     source = WebDataset(args.source, image=args.image, label=None if args.label == "none" else args.label)
     jobs = [(u, *source.extensions(), args.beside) for u in source.urls]
     start = time.perf_counter()
-    with process_pool(args.workers, "gpupipe index") as pool:
-        done = list(pool.map(_index_one, jobs, chunksize=max(1, len(jobs) // 64)))
+    if args.workers == 0:
+        done = [_index_one(job) for job in jobs]
+    else:
+        with process_pool(args.workers, "gpupipe index") as pool:
+            done = list(pool.map(_index_one, jobs, chunksize=max(1, len(jobs) // 64)))
     total, written = sum(n for n, _ in done), sum(w for _, w in done)
     print(
         f"{total} samples in {len(jobs)} shards, indexed in {time.perf_counter() - start:.1f} s; "
@@ -206,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     i.add_argument("source", nargs="+", help="shard paths, URLs or patterns, e.g. 'data/train-{000000..001281}.tar'")
     i.add_argument("--image", default="jpg;jpeg;png", help="image extensions, in order of preference")
     i.add_argument("--label", default="cls", help="label extension, or 'none' for unlabeled data")
-    i.add_argument("--workers", type=int, default=None, help="processes (default: all cores)")
+    i.add_argument("--workers", type=int, default=None, help="processes (default: all cores; 0: this process)")
     i.add_argument("--beside", action="store_true", help="also write <shard>.gpupipe.json beside each shard "
                    "(local or remote): nodes then start on a remote dataset without downloading it")  # fmt: skip
     i.set_defaults(fn=index)

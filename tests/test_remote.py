@@ -200,6 +200,28 @@ class TestHttp:
         index = gp.WebDataset([f"{server.url}/{names(shards)[0]}", url], cache_dir=cache).index(on_error="skip")
         assert len(index) == SHARD_SIZES[0] and [p.kind for p in index.problems] == [gp.Damage.UNREADABLE_SHARD]
 
+    def test_a_shard_unreachable_while_training_is_skipped_once(self, backend, many_shards, many_server, cache,
+                                                                monkeypatch, caplog):  # fmt: skip
+        """Under skip, its samples are left out and reported, the batches stay equal, and the
+        shard costs one round of tries, not one per sample."""
+        monkeypatch.setattr(RemoteStorage, "__init__", _fast_retries(RemoteStorage.__init__))
+        urls = [f"{many_server.url}/{n}" for n in names(many_shards)]
+        gp.WebDataset(urls, cache_dir=cache).index().close()
+        shutil.rmtree(cache)
+        down = names(many_shards)[3]
+        many_server.gets.clear()
+        with backend.loader(val(gp.WebDataset(urls, cache_dir=cache)), 4, num_workers=0, on_error="skip",
+                            max_skipped=None) as loader:  # fmt: skip
+            many_server.status[down] = 503  # indexed; gone when read
+            batches = [(b.keys, b.valid.tolist()) for b in loader]
+            skipped = loader.skipped
+        assert len(batches) == len(loader) == sum(MANY) // 4 and all(len(k) == 4 for k, _ in batches)
+        valid = [k for keys, v in batches for k, ok in zip(keys, v, strict=True) if ok]
+        assert len(valid) == sum(MANY) - 4 and not any(k.startswith("img/03/") for k in valid)
+        assert {s.key for s in skipped} == {f"img/03/{n:06d}" for n in range(12, 16)}
+        assert all("HTTP 503" in s.reason and down in str(s.shard) for s in skipped)
+        assert many_server.gets[down] <= 3 * 2  # one round of 3 tries (twice at most: prefetch and read)
+
     def test_a_missing_shard(self, shards, server, cache):
         index = gp.WebDataset([f"{server.url}/{names(shards)[0]}", f"{server.url}/gone.tar"], cache_dir=cache)
         with pytest.raises(gp.ShardError, match=r"gone\.tar") as info:

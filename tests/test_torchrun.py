@@ -17,10 +17,10 @@ from .conftest import DIST_ENV, UNEVEN_SIZES, _write_webdataset_shards, truncate
 from .dist_worker import BACKENDS
 
 
-def torchrun(worker: str, out, shards: list[str]) -> None:
+def torchrun(worker: str, out, shards: list[str], **extra_env: str) -> None:
     """Runs ``tests/<worker>`` as a 2-rank ``torchrun`` job (gloo, CPU)."""
     env = {k: v for k, v in os.environ.items() if k not in DIST_ENV}
-    env.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="error::DeprecationWarning:gpupipe")
+    env.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="error::DeprecationWarning:gpupipe", **extra_env)
     path = os.path.join(os.path.dirname(__file__), worker)
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", path, str(out)]
     proc = subprocess.run([*argv, *shards], env=env, capture_output=True, text=True, timeout=300)
@@ -95,3 +95,26 @@ class TestTorchrun:
             assert found == {key(1): "undecodable", key(9): "undecodable", key(12): "bad-label"}
             for r in res:
                 assert {tuple(s) for s in r["resumed_skipped"]} >= {tuple(s) for s in r["skipped"] if s[3] is None}
+
+    def test_two_ranks_share_one_shard_cache(self, tmp_path):
+        """Issue 12: two ranks of a node read remote shards through one cache: each shard is
+        downloaded once for both (the first index included), and every sample is yielded exactly
+        once per epoch across the ranks, on every backend."""
+        pytest.importorskip("nvidia.dali")
+        pytest.importorskip("aiohttp")
+        from .test_remote import _serve, shard_gets
+
+        (tmp_path / "data").mkdir()
+        local = _write_webdataset_shards(str(tmp_path / "data"), (5, 4, 6, 3, 5, 4), prefix="remote")
+        for server in _serve(str(tmp_path / "data")):
+            urls = [f"{server.url}/{os.path.basename(p)}" for p in local]
+            torchrun("dist_remote_worker.py", tmp_path, urls, GPUPIPE_TEST_CACHE=str(tmp_path / "shard-cache"),
+                     GPUPIPE_CACHE_DIR=str(tmp_path / "index-cache"))  # fmt: skip
+            gets = shard_gets(server)
+        assert gets == {os.path.basename(p): 1 for p in local}  # one download each, for both ranks
+        ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+        keys = all_keys(gp.WebDataset(local).index())
+        for backend in BACKENDS:
+            for epoch in range(2):
+                per_rank = [r[backend][epoch] for r in ranks]
+                check_epoch_partition(per_rank, keys, world_size=2, batch_size=3, drop_last=False)

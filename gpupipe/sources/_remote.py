@@ -41,6 +41,7 @@ _VERSION_FIELDS = ("ETag", "etag", "Content-MD5", "md5Hash", "generation", "Last
 CHUNK = 8 << 20  # bytes per read while downloading
 KEEP = 16  # shards a process keeps pinned by default (a loader sets its interleave + shards ahead + 1)
 PREFETCH_THREADS = 4  # concurrent background downloads per process
+FAILED_FOR_S = 60.0  # a shard whose fetch failed (after every try) is not tried again for this long
 
 
 def fsspec_protocol(scheme: str) -> bool:
@@ -113,6 +114,8 @@ class RemoteStorage(Storage):
         self._lock = threading.Lock()
         self._prefetch: concurrent.futures.ThreadPoolExecutor | None = None
         self._queued: list[concurrent.futures.Future[Any]] = []
+        self._fetching: dict[str, threading.Lock] = {}  # url -> the lock of its fetch, in this process
+        self._failed: dict[str, tuple[float, str]] = {}  # url -> when and why its last fetch failed
 
     def __getstate__(self) -> dict[str, Any]:
         keep = ("protocol", "storage_options", "cache", "keep", "retries", "backoff")
@@ -184,20 +187,30 @@ class RemoteStorage(Storage):
         entry = self._pins.get(url)
         if entry is not None:
             return entry.path  # pinned: still there
-        stat = self.stat(url)
-        entry = self.cache.fetch(self.canonical(url), stat, lambda f: self._download(url, f, stat.size))
-        released = []
         with self._lock:
-            if url in self._pins:  # another thread of this process pinned it meanwhile
-                released.append(entry)
-                entry = self._pins[url]
-            else:
+            fetching = self._fetching.setdefault(url, threading.Lock())
+        with fetching:  # one thread of this process fetches a shard; the others wait for it
+            entry = self._pins.get(url)
+            if entry is not None:
+                return entry.path
+            failed = self._failed.get(url)
+            if failed is not None and time.monotonic() - failed[0] < FAILED_FOR_S:
+                raise OSError(f"{failed[1]} (failed {time.monotonic() - failed[0]:.0f} s ago; not tried again yet)")
+            try:
+                stat = self.stat(url)
+                entry = self.cache.fetch(self.canonical(url), stat, lambda f: self._download(url, f, stat.size))
+            except OSError as e:  # after every try: every sample of the shard fails fast for a while
+                self._failed[url] = (time.monotonic(), str(e))
+                raise
+            self._failed.pop(url, None)
+            released = []
+            with self._lock:
                 self._pins[url] = entry
-            while len(self._pins) > self.keep:
-                released.append(self._pins.popitem(last=False)[1])
-        for old in released:
-            ShardCache.release(old)
-        return entry.path
+                while len(self._pins) > self.keep:
+                    released.append(self._pins.popitem(last=False)[1])
+            for old in released:
+                ShardCache.release(old)
+            return entry.path
 
     def prefetch(self, urls: Sequence[str], *, keep: int | None = None) -> None:
         """Queues ``urls`` for download into the cache in the background, in order

