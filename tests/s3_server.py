@@ -51,6 +51,7 @@ def seaweedfs(root: str) -> Iterator[str]:
         "-master.volumeSizeLimitMB=32", "-volume.max=16",
     ]  # fmt: skip
     endpoint = f"http://127.0.0.1:{ports['s3']}"
+    os.makedirs(root, exist_ok=True)
     with open(os.path.join(root, "weed.log"), "wb") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
