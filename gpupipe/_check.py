@@ -22,7 +22,7 @@ from typing import Any
 
 from ._children import process_pool
 from ._decode import MAX_IMAGE_PIXELS, decode_rgb
-from ._errors import ConfigError, Damage, DataError
+from ._errors import ConfigError, Damage, DataError, redact
 from .sources import WebDataset
 from .sources._index import Problem
 from .sources._mask import mask_url, write_mask
@@ -102,7 +102,7 @@ class CheckReport:
         }
 
 
-_Job = tuple[str, tuple[str, ...], "str | None", "int | None"]
+_Job = tuple[str, tuple[str, ...], "str | None", "int | None", "WebDataset"]
 
 
 def _check_shard(job: _Job) -> tuple[int, int | None, list[Finding]]:
@@ -111,12 +111,13 @@ def _check_shard(job: _Job) -> tuple[int, int | None, list[Finding]]:
     from .sources import storage_for
     from .sources._webdataset import TarReader, cached_scan
 
-    url, image_exts, label_ext, max_pixels = job
+    url, image_exts, label_ext, max_pixels, source = job
     findings = []
-    with storage_for([url]) as storage:
+    where = redact(url)  # what reports show: no credentials or signatures
+    with storage_for([url], storage_options=source.storage_options, cache_dir=source.cache_dir) as storage:
         shard = cached_scan(storage, url, image_exts, label_ext)
         for error in shard.errors():
-            findings.append(Finding(url, error.key, None, error.kind or Damage.UNREADABLE_SHARD, str(error)))
+            findings.append(Finding(where, error.key, None, error.kind or Damage.UNREADABLE_SHARD, str(error)))
         if not len(shard):
             return 0, None, findings
         size = storage.stat(url).size
@@ -126,7 +127,7 @@ def _check_shard(job: _Job) -> tuple[int, int | None, list[Finding]]:
                 raw = reader.read(shard, i)
                 decode_rgb(raw.data, shard=url, key=raw.key, max_pixels=max_pixels)
             except DataError as e:
-                findings.append(Finding(url, shard.keys[i], i, e.kind or Damage.UNDECODABLE, str(e)))
+                findings.append(Finding(where, shard.keys[i], i, e.kind or Damage.UNDECODABLE, str(e)))
     return len(shard), size, findings
 
 
@@ -157,7 +158,7 @@ def check(
     if not isinstance(source, WebDataset):
         source = WebDataset(source)
     image_exts, label_ext = source.extensions()
-    jobs: list[_Job] = [(u, image_exts, label_ext, max_image_pixels) for u in source.urls]
+    jobs: list[_Job] = [(u, image_exts, label_ext, max_image_pixels, source) for u in source.urls]
     if write and any("://" in u and not u.startswith("file://") for u in source.urls):
         raise ConfigError("gpupipe check: bad-sample lists are written beside local shards only; pass write=False")
     workers = (os.cpu_count() or 1) if workers is None else workers

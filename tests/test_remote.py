@@ -451,6 +451,13 @@ class TestSecrets:
             assert "hunter2" not in text and "deadbeef" not in text and "AKIA" not in text
             assert "gone.tar" in text
 
+    def test_nor_in_gpupipe_checks_report(self, shards, server, cache):
+        host = server.url.removeprefix("http://")
+        url = f"http://alice:hunter2@{host}/gone.tar?sig=deadbeef"
+        report = gp.check(gp.WebDataset(url, cache_dir=cache), workers=0, write=False, progress=False)
+        text = report.summary() + repr(report.as_dict())
+        assert not report.ok and "gone.tar" in text and "hunter2" not in text and "deadbeef" not in text
+
     def test_the_cache_key_ignores_credentials_and_signatures(self, tmp_path):
         a = canonical_url("https://u:p@Host/b/train-1.tar?X-Amz-Signature=1&X-Amz-Expires=60")
         b = canonical_url("https://Host/b/train-1.tar?X-Amz-Signature=2")
