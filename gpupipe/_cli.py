@@ -127,15 +127,31 @@ def bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def _index_one(job: tuple[str, tuple[str, ...], str | None, bool]) -> tuple[int, int]:
+def _storage_options(text: str | None) -> dict[str, Any] | None:
+    """``--storage-options``: a JSON object (parsed as data, never evaluated)."""
+    if text is None:
+        return None
+    from ._errors import ConfigError
+
+    try:
+        options = json.loads(text)
+    except ValueError as e:
+        example = '{"endpoint_url": "http://host:8333"}'
+        raise ConfigError(f"--storage-options must be a JSON object, e.g. '{example}': {e}") from e
+    if not isinstance(options, dict):
+        raise ConfigError(f"--storage-options must be a JSON object, got {type(options).__name__}")
+    return options
+
+
+def _index_one(job: tuple[str, tuple[str, ...], str | None, bool, dict[str, Any] | None]) -> tuple[int, int]:
     """Indexes one shard; with ``beside``, writes its index file next to it. Returns the samples
     and the index files written (0 or 1)."""
     from .sources import storage_for
     from .sources._summary import write_summary
     from .sources._webdataset import cached_scan
 
-    url, image_exts, label_ext, beside = job
-    with storage_for([url]) as storage:
+    url, image_exts, label_ext, beside, options = job
+    with storage_for([url], storage_options=options) as storage:
         shard = cached_scan(storage, url, image_exts, label_ext)
         if not beside or shard.nbytes is None:  # nbytes None: missing or unreadable, nothing to describe
             return len(shard), 0
@@ -149,8 +165,10 @@ def index(args: argparse.Namespace) -> int:
     starts from the cache on every rank (point ``GPUPIPE_CACHE_DIR`` at storage all nodes see)."""
     from .sources import WebDataset, _wdsindex
 
-    source = WebDataset(args.source, image=args.image, label=None if args.label == "none" else args.label)
-    jobs = [(u, *source.extensions(), args.beside) for u in source.urls]
+    options = _storage_options(args.storage_options)
+    label = None if args.label == "none" else args.label
+    source = WebDataset(args.source, image=args.image, label=label, storage_options=options)
+    jobs = [(u, *source.extensions(), args.beside, options) for u in source.urls]
     start = time.perf_counter()
     if args.workers == 0:
         done = [_index_one(job) for job in jobs]
@@ -171,7 +189,8 @@ def check(args: argparse.Namespace) -> int:
     from .sources import WebDataset
 
     label = None if args.label == "none" else args.label
-    source = WebDataset(args.shards if len(args.shards) > 1 else args.shards[0], image=args.image, label=label)
+    options = _storage_options(args.storage_options)
+    source = WebDataset(args.shards, image=args.image, label=label, storage_options=options)
     limit = None if args.max_image_pixels == 0 else args.max_image_pixels
     report = run_check(
         source, workers=args.workers, write=not args.no_write, progress=not args.quiet, max_image_pixels=limit
@@ -210,6 +229,8 @@ def main(argv: list[str] | None = None) -> int:
     i.add_argument("--image", default="jpg;jpeg;png", help="image extensions, in order of preference")
     i.add_argument("--label", default="cls", help="label extension, or 'none' for unlabeled data")
     i.add_argument("--workers", type=int, default=None, help="processes (default: all cores; 0: this process)")
+    i.add_argument("--storage-options", metavar="JSON", help="remote shards: the fsspec filesystem's options, "
+                   "e.g. '{\"endpoint_url\": \"http://host:8333\"}' (default: the driver's environment)")  # fmt: skip
     i.add_argument("--beside", action="store_true", help="also write <shard>.gpupipe.json beside each shard "
                    "(local or remote): nodes then start on a remote dataset without downloading it")  # fmt: skip
     i.set_defaults(fn=index)
@@ -227,6 +248,8 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--workers", type=int, default=None, help="processes (default: all cores; 0: this process)")
     c.add_argument("--max-image-pixels", type=int, default=MAX_IMAGE_PIXELS,
                    help=f"pixel limit (default {MAX_IMAGE_PIXELS}, as Pillow; 0: none)")  # fmt: skip
+    c.add_argument("--storage-options", metavar="JSON", help="remote shards: the fsspec filesystem's options "
+                   "(JSON; default: the driver's environment)")  # fmt: skip
     c.add_argument("--no-write", action="store_true", help="only report: write no bad-sample lists")
     c.add_argument("--json", action="store_true", help="print the report as JSON (every finding) instead")
     c.add_argument("--quiet", action="store_true", help="no progress bar")

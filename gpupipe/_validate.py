@@ -120,3 +120,25 @@ def check_enum(owner: str, value: Any, name: str, kind: type[E]) -> E:
     except ValueError:
         names = ", ".join(m.name for m in kind)
         raise invalid(owner, name, f"a {kind.__name__} ({names}) or its value", value) from None
+
+
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}  # fmt: skip
+
+
+def check_bytes(owner: str, value: Any, name: str) -> int | None:
+    """A size in bytes: an int, or a string with a unit (``"500GB"``, ``"1.5 TB"``, ``"800MiB"``;
+    decimal units as disks are sold, binary ones with ``i``); ``None`` passes."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        import re
+
+        match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?)\s*([A-Za-z]*)\s*", value)
+        unit = match.group(2).lower() if match else None
+        if match is None or unit not in _UNITS:
+            raise ConfigError(
+                f"{owner}: {name} must be bytes as an int or a string like '500GB', '1.5TB' or '800MiB', got {value!r}"
+            )
+        value = int(float(match.group(1)) * _UNITS[unit])
+    return check_int(owner, value, name, minimum=1)

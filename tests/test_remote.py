@@ -300,6 +300,16 @@ class TestBoundedCache:
             assert sorted(f[-8:-4] for f in cached(cache)) == ["0000", "0001", "0002", "0003", "0004", "0005"]
             del batches
 
+    @pytest.mark.parametrize(("size", "expected"), [("500GB", 5 * 10**11), ("1.5 TB", 15 * 10**11),
+                                                   ("800MiB", 800 * 2**20), (4096, 4096)])  # fmt: skip
+    def test_cache_size_in_units(self, size, expected):
+        assert gp.WebDataset("https://host/a.tar", cache_size=size).cache_size == expected
+
+    @pytest.mark.parametrize("size", ["lots", "5 XB", 0, -1, 2.5])
+    def test_bad_cache_sizes(self, size):
+        with pytest.raises(gp.ConfigError, match="cache_size"):
+            gp.WebDataset("https://host/a.tar", cache_size=size)
+
     def test_pinned_shards_are_never_evicted(self, many_shards, many_server, cache):
         urls = [f"{many_server.url}/{n}" for n in names(many_shards)]
         holder = RemoteStorage("http", cache_dir=cache, cache_size=1)

@@ -4,6 +4,7 @@ written beside the objects; a re-uploaded object is fetched again."""
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 
@@ -41,7 +42,7 @@ def objects(endpoint, shards) -> list[str]:
     return urls
 
 
-def options(endpoint: str) -> dict:
+def options_of(endpoint: str) -> dict:
     return {"endpoint_url": endpoint, "key": "gpupipe", "secret": "gpupipe"}
 
 
@@ -56,7 +57,7 @@ def epoch(loader: gp.Loader) -> list[tuple[list[str], torch.Tensor]]:
 
 class TestS3:
     def test_every_backend_reads_what_local_disk_gives(self, backend, endpoint, objects, shards, cache):
-        source = gp.WebDataset(objects, storage_options=options(endpoint), cache_dir=cache)
+        source = gp.WebDataset(objects, storage_options=options_of(endpoint), cache_dir=cache)
         with backend.loader(val(source), 4, num_workers=1, shuffle=True, seed=3) as loader:
             got = epoch(loader)
         with backend.loader(val(shards), 4, num_workers=1, shuffle=True, seed=3) as loader:
@@ -88,11 +89,19 @@ class TestS3:
         assert len(index) == sum(SHARD_SIZES) and not os.path.exists(cache)  # nothing downloaded
         index.close()
 
+    def test_the_commands_take_storage_options(self, endpoint, objects, capsys):
+        options = json.dumps(options_of(endpoint))
+        assert main(["check", *objects, "--storage-options", options, "--no-write", "--quiet", "--workers", "0"]) == 0
+        assert "checked 16 samples in 3 shards: all good" in capsys.readouterr().out
+        assert main(["index", *objects, "--storage-options", options, "--workers", "0"]) == 0
+        assert main(["index", *objects, "--storage-options", "[1]"]) == 2
+        assert "--storage-options must be a JSON object" in capsys.readouterr().err
+
     def test_a_reuploaded_object_is_fetched_again(self, endpoint, shards, cache):
         fs = s3(endpoint)
         url = f"s3://{BUCKET}/changing.tar"
         fs.put_file(shards[0], url)
-        first = RemoteStorage("s3", storage_options=options(endpoint), cache_dir=cache).local_path(url)
+        first = RemoteStorage("s3", storage_options=options_of(endpoint), cache_dir=cache).local_path(url)
         fs.put_file(shards[1], url)
-        again = RemoteStorage("s3", storage_options=options(endpoint), cache_dir=cache).local_path(url)
+        again = RemoteStorage("s3", storage_options=options_of(endpoint), cache_dir=cache).local_path(url)
         assert first != again and os.path.getsize(again) == os.path.getsize(shards[1])

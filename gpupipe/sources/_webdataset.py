@@ -13,7 +13,7 @@ import numpy as np
 
 from .._config import OnError
 from .._errors import ConfigError, Damage, DataError, SampleError, ShardError, redact
-from .._validate import check_enum, check_optional_int
+from .._validate import check_bytes, check_enum
 from . import _wdsindex
 from ._index import NO_LABEL, Index, Problem, RawSample, ShardDetail, ShardIndex, Source
 from ._mask import read_mask
@@ -103,7 +103,8 @@ class WebDataset(Source):
             configuration and environment (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ...).
         cache_dir: remote URLs only: where whole shards are cached on this node (default
             ``$GPUPIPE_CACHE_DIR/shards``, ``~/.cache/gpupipe/shards``).
-        cache_size: remote URLs only: the cache's bound in bytes; least recently used shards no
+        cache_size: remote URLs only: the cache's bound, in bytes or as ``"500GB"``, ``"1.5TB"``,
+            ``"800MiB"``; least recently used shards no
             process of the node reads are deleted to stay within it. Default: 80% of what the
             cache could use when first asked (its shards plus the free space of its disk).
 
@@ -119,10 +120,10 @@ class WebDataset(Source):
     label: str | None = "cls"
     storage_options: Mapping[str, Any] | None = dataclasses.field(default=None, hash=False)
     cache_dir: str | None = None
-    cache_size: int | None = None
+    cache_size: int | str | None = None
 
     def __post_init__(self) -> None:
-        check_optional_int("WebDataset", self.cache_size, "cache_size", minimum=1)
+        object.__setattr__(self, "cache_size", check_bytes("WebDataset", self.cache_size, "cache_size"))
         object.__setattr__(self, "urls", tuple(expand_urls(self.urls)))
         _split_exts(self.image, "image")
         if self.label is not None:
@@ -131,7 +132,10 @@ class WebDataset(Source):
     def storage(self) -> Storage:
         """A new storage for the shards (the caller closes it)."""
         return storage_for(
-            self.urls, storage_options=self.storage_options, cache_dir=self.cache_dir, cache_size=self.cache_size
+            self.urls,
+            storage_options=self.storage_options,
+            cache_dir=self.cache_dir,
+            cache_size=self.cache_size,  # type: ignore[arg-type]  # an int after __post_init__
         )
 
     def extensions(self) -> tuple[tuple[str, ...], str | None]:
