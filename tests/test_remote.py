@@ -300,6 +300,26 @@ class TestBoundedCache:
             assert sorted(f[-8:-4] for f in cached(cache)) == ["0000", "0001", "0002", "0003", "0004", "0005"]
             del batches
 
+    def test_a_forked_child_does_not_keep_the_parents_pins(self, many_shards, many_server, cache):
+        """A torch worker forked while the loader pins shards must not hold those pins after the
+        loader lets them go (a flock is shared by the fd copies a fork makes)."""
+        url = f"{many_server.url}/{names(many_shards)[0]}"
+        storage = RemoteStorage("http", cache_dir=cache, cache_size=1)
+        storage.local_path(url)
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # a worker that lives on
+            os.close(write)
+            os.read(read, 1)
+            os._exit(0)
+        os.close(read)
+        try:
+            storage.close()  # the parent lets its pin go
+            assert ShardCache(cache, 1).evict() == 1 and not cached(cache)
+        finally:
+            os.close(write)
+            os.waitpid(pid, 0)
+
     @pytest.mark.parametrize(("size", "expected"), [("500GB", 5 * 10**11), ("1.5 TB", 15 * 10**11),
                                                    ("800MiB", 800 * 2**20), (4096, 4096)])  # fmt: skip
     def test_cache_size_in_units(self, size, expected):

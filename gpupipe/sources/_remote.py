@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import contextlib
 import gzip
 import logging
 import os
@@ -22,6 +23,7 @@ import random
 import shutil
 import threading
 import time
+import weakref
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Any, TypeVar
@@ -74,6 +76,24 @@ def canonical_url(url: str) -> str:
     return f"{head.lower()}://{host.rpartition('@')[2]}{slash}{path}"
 
 
+_LIVE: weakref.WeakSet[RemoteStorage] = weakref.WeakSet()
+
+
+def _drop_inherited_pins() -> None:
+    """In a forked child (a torch-backend worker): close the parent's pin descriptors. A ``flock``
+    belongs to the open file description, which the child's copies share: kept open, they would
+    hold the parent's pins for as long as the child lives, after the parent released them, and
+    those shards could never be evicted. Closing the copies leaves the parent's own pins intact."""
+    for storage in list(_LIVE):
+        for entry in list(getattr(storage, "_pins", {}).values()):
+            with contextlib.suppress(OSError):
+                os.close(entry.fd)
+        storage._init_process_state()
+
+
+os.register_at_fork(after_in_child=_drop_inherited_pins)
+
+
 class RemoteStorage(Storage):
     """The URLs of one fsspec protocol, read through a :class:`ShardCache`.
 
@@ -107,6 +127,7 @@ class RemoteStorage(Storage):
         self._init_process_state()
 
     def _init_process_state(self) -> None:
+        _LIVE.add(self)
         self._pid = os.getpid()
         self._fs: Any = None
         self._local = LocalStorage()
