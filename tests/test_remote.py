@@ -4,6 +4,7 @@ mid-shard, errors), on every backend; what is cached, and what never appears in 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gzip
 import http.server
@@ -268,6 +269,29 @@ def cached(cache: str) -> list[str]:
     return [f for f in os.listdir(cache) if f.endswith(".tar")] if os.path.isdir(cache) else []
 
 
+@contextlib.contextmanager
+def _forked_child() -> Iterator[None]:
+    """A forked child that lives while the block runs, as a torch worker would; the block starts
+    once the child's after-fork hooks have run."""
+    ready_r, ready_w = os.pipe()
+    stop_r, stop_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(stop_w)  # (else its own copy keeps the pipe open: no end of file)
+        os.write(ready_w, b"x")
+        os.read(stop_r, 1)
+        os._exit(0)
+    os.close(ready_w)
+    os.close(stop_r)
+    try:
+        assert os.read(ready_r, 1) == b"x"
+        yield
+    finally:
+        os.close(stop_w)
+        os.close(ready_r)
+        os.waitpid(pid, 0)
+
+
 class TestBoundedCache:
     def test_a_cache_smaller_than_the_dataset_loses_nothing(self, backend, many_shards, many_server, cache, caplog):
         """Eviction while training: every sample exactly once per epoch, two epochs, the cache
@@ -306,19 +330,40 @@ class TestBoundedCache:
         url = f"{many_server.url}/{names(many_shards)[0]}"
         storage = RemoteStorage("http", cache_dir=cache, cache_size=1)
         storage.local_path(url)
-        read, write = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # a worker that lives on
-            os.close(write)
-            os.read(read, 1)
-            os._exit(0)
-        os.close(read)
-        try:
+        with _forked_child():  # a worker that lives on
             storage.close()  # the parent lets its pin go
             assert ShardCache(cache, 1).evict() == 1 and not cached(cache)
-        finally:
-            os.close(write)
-            os.waitpid(pid, 0)
+
+    def test_a_forked_child_does_not_keep_a_download_lock(self, cache):
+        """The same for a download in flight when a worker is forked: once the parent's download
+        ends, the lock is free, not held by the child's copy for its whole life."""
+        import fcntl
+
+        from gpupipe.sources import _cache
+
+        shard_cache = ShardCache(cache)
+        fd = shard_cache._open_lock(os.path.join(shard_cache.root, "x-a.tar"), "dl")
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        with _forked_child():
+            _cache._close(fd)  # the parent's download ended
+            again = shard_cache._open_lock(os.path.join(shard_cache.root, "x-a.tar"), "dl")
+            fcntl.flock(again, fcntl.LOCK_EX | fcntl.LOCK_NB)  # free: raises BlockingIOError otherwise
+            _cache._close(again)
+
+    def test_a_failed_prefetch_does_not_block_the_read(self, many_shards, many_server, cache, monkeypatch):
+        monkeypatch.setattr(RemoteStorage, "__init__", _fast_retries(RemoteStorage.__init__))
+        url = f"{many_server.url}/{names(many_shards)[5]}"
+        storage = RemoteStorage("http", cache_dir=cache)
+        many_server.status[names(many_shards)[5]] = 503
+        storage.prefetch([url])
+        deadline = time.monotonic() + 30
+        while many_server.gets.get(names(many_shards)[5], 0) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.2)
+        del many_server.status[names(many_shards)[5]]  # the server is back
+        assert os.path.exists(storage.local_path(url))  # tried again, not refused for 60 s
+        storage.close()
+        assert not [t for t in threading.enumerate() if t.name == "gpupipe-prefetch"]
 
     @pytest.mark.parametrize(("size", "expected"), [("500GB", 5 * 10**11), ("1.5 TB", 15 * 10**11),
                                                    ("800MiB", 800 * 2**20), (4096, 4096)])  # fmt: skip
@@ -433,7 +478,7 @@ class TestCompressedShards:
             got = epoch(loader)
         with backend.loader(val(shards), 4, num_workers=1) as loader:
             same_epochs(got, epoch(loader))
-        entries = [f for f in os.listdir(cache) if not f.endswith((".lock", ".dl"))]
+        entries = [f for f in os.listdir(cache) if not f.startswith(".")]
         assert len(entries) == 3  # each decompressed once
         for entry in entries:
             with open(os.path.join(cache, entry), "rb") as f:
@@ -480,6 +525,22 @@ class TestSecrets:
         for text in (str(info.value), str(info.value.shard)):
             assert "hunter2" not in text and "deadbeef" not in text and "AKIA" not in text
             assert "gone.tar" in text
+
+    def test_files_beside_a_shard_keep_its_query(self):
+        from gpupipe.sources._mask import mask_url
+        from gpupipe.sources._summary import summary_url
+
+        assert summary_url("https://h/a.tar?sig=1") == "https://h/a.tar.gpupipe.json?sig=1"
+        assert mask_url("https://h/a.tar?sig=1") == "https://h/a.tar.bad.json?sig=1"
+        assert summary_url("/data/a?.tar") == "/data/a?.tar.gpupipe.json"
+
+    def test_a_refusal_is_not_asked_again(self, shards, server, cache):
+        name = names(shards)[0]
+        server.status[name] = 403
+        started = time.monotonic()
+        with pytest.raises(OSError, match=r"refused \(HTTP 403\)"):
+            RemoteStorage("http", cache_dir=cache).local_path(f"{server.url}/{name}")
+        assert time.monotonic() - started < 2  # no backoff rounds
 
     def test_nor_in_gpupipe_checks_report(self, shards, server, cache):
         host = server.url.removeprefix("http://")

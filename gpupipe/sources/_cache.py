@@ -22,7 +22,7 @@ from typing import IO, NamedTuple
 
 from ._storage import Stat
 
-__all__ = ["ShardCache", "Entry", "shard_cache_dir", "human_bytes"]
+__all__ = ["ShardCache", "Entry", "shard_cache_dir", "human_bytes", "drop_inherited"]
 
 log = logging.getLogger("gpupipe")
 
@@ -70,6 +70,18 @@ class ShardCache:
             self.max_bytes = int(0.8 * (st.f_bavail * st.f_frsize + sum(size for _, size, _ in self._entries())))
         return self.max_bytes
 
+    def _lock_path(self, path: str, kind: str) -> str:
+        """The pin (``"pin"``) or download (``"dl"``) lock file of entry ``path``, kept apart from
+        the entries (so that no shard name can pass for one)."""
+        return os.path.join(self.root, ".locks", f"{os.path.basename(path)}.{kind}")
+
+    def _open_lock(self, path: str, kind: str) -> int:
+        where = self._lock_path(path, kind)
+        os.makedirs(os.path.dirname(where), exist_ok=True)
+        fd = os.open(where, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        _HELD.add(fd)
+        return fd
+
     def path(self, canonical: str, stat: Stat) -> str:
         digest = hashlib.sha256(f"{canonical}|{stat.size}|{stat.version}".encode()).hexdigest()[:32]
         base = re.sub(r"[^A-Za-z0-9._-]", "_", canonical.rpartition("/")[2])[-80:].lstrip(".") or "shard"
@@ -85,34 +97,35 @@ class ShardCache:
 
         path = self.path(canonical, stat)
         os.makedirs(self.root, exist_ok=True)
-        pin = os.open(path + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        pin = self._open_lock(path, "pin")
         try:
             # Pinned first, even before it exists: an evictor (the only one to lock it exclusively,
             # never waiting) cannot then delete it between the download and its use.
             fcntl.flock(pin, fcntl.LOCK_SH)  # released when closed, or when this process dies
             if not os.path.exists(path):
-                mutex = os.open(path + ".dl", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+                mutex = self._open_lock(path, "dl")
                 try:
                     fcntl.flock(mutex, fcntl.LOCK_EX)  # one downloader; the others wait for it here
                     if not os.path.exists(path):  # nobody downloaded it meanwhile
-                        self._download(path, canonical, stat, download)
+                        self._download(path, download)
                         self.evict(keep=path)
                 finally:
-                    os.close(mutex)
+                    _close(mutex)
             _touch(path)
             return Entry(path, pin)
         except BaseException:
-            os.close(pin)
+            _close(pin)
             raise
 
     @staticmethod
     def release(entry: Entry) -> None:
         """Unpins an entry (it may be evicted from now on)."""
-        with contextlib.suppress(OSError):
-            os.close(entry.fd)
+        _close(entry.fd)
 
-    def _download(self, path: str, canonical: str, stat: Stat, download: Callable[[IO[bytes]], None]) -> None:
-        part = f"{path}.part-{os.getpid()}-{threading.get_ident()}"
+    def _download(self, path: str, download: Callable[[IO[bytes]], None]) -> None:
+        partial = os.path.join(self.root, ".partial")
+        os.makedirs(partial, exist_ok=True)
+        part = os.path.join(partial, f"{os.path.basename(path)}.{os.getpid()}.{threading.get_ident()}")
         try:
             with open(part, "wb") as f:
                 download(f)  # raises unless the shard is complete
@@ -121,12 +134,21 @@ class ShardCache:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(part)
 
+    def _clean_partial(self) -> None:
+        """Deletes the partial downloads of processes that died (killed mid-download)."""
+        with contextlib.suppress(FileNotFoundError), os.scandir(os.path.join(self.root, ".partial")) as it:
+            for e in it:
+                pid = e.name.rsplit(".", 2)[-2] if e.name.count(".") >= 2 else ""
+                if pid.isdigit() and not _alive(int(pid)):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(e.path)
+
     def _entries(self) -> list[tuple[float, int, str]]:
         """``(last use, size, path)`` of every complete entry."""
         found = []
         with contextlib.suppress(FileNotFoundError), os.scandir(self.root) as it:
             for e in it:
-                if e.name.endswith((".lock", ".dl")) or ".part-" in e.name:
+                if e.name.startswith("."):  # .locks/, .partial/: no entry's name starts with a dot
                     continue
                 with contextlib.suppress(FileNotFoundError):
                     st = e.stat()
@@ -142,6 +164,7 @@ class ShardCache:
         bound; returns how many. ``keep`` is never deleted."""
         import fcntl
 
+        self._clean_partial()
         entries = sorted(self._entries())
         total, bound, evicted = sum(size for _, size, _ in entries), self.bound(), 0
         for _, size, path in entries:
@@ -149,11 +172,11 @@ class ShardCache:
                 break
             if path == keep:
                 continue
-            fd = os.open(path + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            fd = self._open_lock(path, "pin")
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:  # pinned by some process
-                os.close(fd)
+                _close(fd)
                 continue
             try:
                 os.unlink(path)
@@ -161,7 +184,7 @@ class ShardCache:
             except FileNotFoundError:
                 pass
             finally:
-                os.close(fd)
+                _close(fd)
         if total > bound and not self._warned:
             self._warned = True
             log.warning(
@@ -178,6 +201,34 @@ def human_bytes(n: float) -> str:
         if n >= scale:
             return f"{n / scale:.3g} {unit}"
     return f"{int(n)} B"
+
+
+_HELD: set[int] = set()  # lock descriptors this process holds (pins, a download's mutex)
+
+
+def _close(fd: int) -> None:
+    _HELD.discard(fd)
+    with contextlib.suppress(OSError):
+        os.close(fd)
+
+
+def drop_inherited() -> None:
+    """In a forked child: closes the copies of the parent's lock descriptors. A ``flock`` belongs to
+    the open file description, which the copies share: kept open, they would hold the parent's
+    pins and download locks for the child's whole life (a shard never evictable; a download the
+    child itself would wait for forever). The parent's own locks stay."""
+    for fd in list(_HELD):
+        _close(fd)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _touch(path: str) -> None:

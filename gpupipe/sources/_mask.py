@@ -24,9 +24,9 @@ import os
 import tempfile
 from typing import Any
 
-from .._errors import Damage
+from .._errors import Damage, redact
 from ._index import Problem
-from ._storage import Storage
+from ._storage import Storage, beside
 
 __all__ = ["mask_url", "read_mask", "write_mask", "FORMAT", "SUFFIX"]
 
@@ -36,7 +36,7 @@ FORMAT, VERSION, SUFFIX = "gpupipe-bad-samples", 1, ".bad.json"
 
 def mask_url(url: str) -> str:
     """Where the bad-sample list of shard ``url`` is: beside it."""
-    return url + SUFFIX
+    return beside(url, SUFFIX)
 
 
 def _exts(image_exts: tuple[str, ...], label_ext: str | None) -> tuple[str, str | None]:
@@ -48,14 +48,14 @@ def read_mask(
 ) -> tuple[tuple[int, Problem], ...]:
     """The bad samples listed for shard ``url`` (``(sample number, problem)``, sorted), or ``()``
     where there is no list, or it was written for another version of the shard (a warning)."""
-    where = mask_url(url)
+    where = redact(mask_url(url))  # for messages
     try:
-        with storage.open(where) as f:
+        with storage.open(mask_url(url)) as f:
             raw = f.read(16 << 20)
     except FileNotFoundError:
         return ()
-    except OSError as e:
-        log.warning("gpupipe: cannot read the bad-sample list %s (%s); it is ignored", where, e)
+    except Exception as e:  # OSError, or a network library's own error while reading
+        log.warning("gpupipe: cannot read the bad-sample list %s (%s); it is ignored", where, redact(str(e)))
         return ()
     try:
         doc: Any = json.loads(raw)

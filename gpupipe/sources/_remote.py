@@ -14,13 +14,12 @@ and the drivers read their usual environment (``AWS_ENDPOINT_URL``, ``AWS_ACCESS
 from __future__ import annotations
 
 import collections
-import concurrent.futures
 import contextlib
 import gzip
 import logging
 import os
+import queue
 import random
-import shutil
 import threading
 import time
 import weakref
@@ -29,7 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Any, TypeVar
 
 from .._errors import ConfigError, redact
-from ._cache import Entry, ShardCache
+from ._cache import Entry, ShardCache, drop_inherited
 from ._mapped import MappedFile
 from ._storage import LocalStorage, Stat, Storage, compressed
 
@@ -76,6 +75,10 @@ def canonical_url(url: str) -> str:
     return f"{head.lower()}://{host.rpartition('@')[2]}{slash}{path}"
 
 
+class _Closed(Exception):
+    """A download stopped by :meth:`RemoteStorage.close`."""
+
+
 _LIVE: weakref.WeakSet[RemoteStorage] = weakref.WeakSet()
 
 
@@ -84,10 +87,8 @@ def _drop_inherited_pins() -> None:
     belongs to the open file description, which the child's copies share: kept open, they would
     hold the parent's pins for as long as the child lives, after the parent released them, and
     those shards could never be evicted. Closing the copies leaves the parent's own pins intact."""
+    drop_inherited()  # every lock descriptor of the cache: pins, and downloads in flight
     for storage in list(_LIVE):
-        for entry in list(getattr(storage, "_pins", {}).values()):
-            with contextlib.suppress(OSError):
-                os.close(entry.fd)
         storage._init_process_state()
 
 
@@ -133,8 +134,9 @@ class RemoteStorage(Storage):
         self._local = LocalStorage()
         self._pins: collections.OrderedDict[str, Entry] = collections.OrderedDict()  # url -> entry, LRU last
         self._lock = threading.Lock()
-        self._prefetch: concurrent.futures.ThreadPoolExecutor | None = None
-        self._queued: list[concurrent.futures.Future[Any]] = []
+        self._threads: list[threading.Thread] = []  # prefetch threads of this process
+        self._queue: queue.SimpleQueue[str | None] = queue.SimpleQueue()
+        self._stopping = threading.Event()  # close(): prefetch threads and downloads stop
         self._fetching: dict[str, threading.Lock] = {}  # url -> the lock of its fetch, in this process
         self._failed: dict[str, tuple[float, str]] = {}  # url -> when and why its last fetch failed
 
@@ -200,13 +202,18 @@ class RemoteStorage(Storage):
     def map(self, url: str) -> MappedFile | None:
         return self._local.map(self.local_path(url))
 
-    def local_path(self, url: str) -> str:
+    def local_path(self, url: str, *, remember_failure: bool = True) -> str:
         """The shard's file in the cache, downloaded first if needed, and pinned in this process
-        (its :attr:`keep` most recently used shards are)."""
+        (its :attr:`keep` most recently used shards are). A fetch that fails after every try is
+        remembered for ``FAILED_FOR_S`` (reads of that shard then fail at once), unless
+        ``remember_failure`` is false (a prefetch: the read that needs the shard tries itself)."""
         if self._pid != os.getpid():
             self._init_process_state()
         entry = self._pins.get(url)
         if entry is not None:
+            with self._lock:
+                if url in self._pins:
+                    self._pins.move_to_end(url)  # recently used: unpinned last
             return entry.path  # pinned: still there
         with self._lock:
             fetching = self._fetching.setdefault(url, threading.Lock())
@@ -221,7 +228,8 @@ class RemoteStorage(Storage):
                 stat = self.stat(url)
                 entry = self.cache.fetch(self.canonical(url), stat, lambda f: self._download(url, f, stat.size))
             except OSError as e:  # after every try: every sample of the shard fails fast for a while
-                self._failed[url] = (time.monotonic(), str(e))
+                if remember_failure:
+                    self._failed[url] = (time.monotonic(), redact(str(e)))
                 raise
             self._failed.pop(url, None)
             released = []
@@ -230,35 +238,51 @@ class RemoteStorage(Storage):
                 while len(self._pins) > self.keep:
                     released.append(self._pins.popitem(last=False)[1])
             for old in released:
-                ShardCache.release(old)
+                self._unpin(old)
             return entry.path
 
+    def _unpin(self, entry: Entry) -> None:
+        """Lets an entry go: its pin, and this process's descriptors of it (an evicted file kept
+        open would hold its disk space)."""
+        ShardCache.release(entry)
+        self._local.forget(entry.path)
+
     def prefetch(self, urls: Sequence[str], *, keep: int | None = None) -> None:
-        """Queues ``urls`` for download into the cache in the background, in order
-        (``PREFETCH_THREADS`` at a time), pinned; ``keep``: pin at least that many shards. A failed
-        prefetch is left to the read that needs the shard (which retries and reports)."""
+        """Queues ``urls`` for download into the cache in the background, in order, by
+        ``PREFETCH_THREADS`` daemon threads (ended by :meth:`close`, or with the process), pinned;
+        ``keep``: pin at least that many shards. A failed prefetch is left to the read that needs
+        the shard (which tries again and reports)."""
         if self._pid != os.getpid():
             self._init_process_state()
         with self._lock:
             if keep is not None:
                 self.keep = max(self.keep, keep)
-            if self._prefetch is None:
-                self._prefetch = concurrent.futures.ThreadPoolExecutor(PREFETCH_THREADS, "gpupipe-prefetch")
-            self._queued = [f for f in self._queued if not f.done()]
-            self._queued += [self._prefetch.submit(self._prefetch_one, url) for url in urls]
+            if not self._threads:
+                self._stopping.clear()
+                self._threads = [
+                    threading.Thread(target=self._prefetch_loop, name="gpupipe-prefetch", daemon=True)
+                    for _ in range(PREFETCH_THREADS)
+                ]
+                for thread in self._threads:
+                    thread.start()
+        for url in urls:
+            self._queue.put(url)
 
     def stop_prefetch(self) -> None:
         """Drops the queued downloads not started (those running finish)."""
-        with self._lock:
-            for future in self._queued:
-                future.cancel()
-            self._queued = []
+        with contextlib.suppress(queue.Empty):
+            while True:
+                self._queue.get_nowait()
 
-    def _prefetch_one(self, url: str) -> None:
-        try:
-            self.local_path(url)
-        except Exception as e:  # the read that needs it retries and reports
-            log.info("gpupipe: prefetching %s failed: %s", redact(url), redact(str(e)))
+    def _prefetch_loop(self) -> None:
+        while not self._stopping.is_set():
+            url = self._queue.get()
+            if url is None or self._stopping.is_set():
+                return
+            try:
+                self.local_path(url, remember_failure=False)
+            except Exception as e:  # the read that needs it tries again and reports
+                log.info("gpupipe: prefetching %s failed: %s", redact(url), redact(str(e)))
 
     def _download(self, url: str, out: IO[bytes], size: int) -> None:
         """Writes the shard (decompressed where it is compressed) to ``out``, whole: a transfer
@@ -273,9 +297,9 @@ class RemoteStorage(Storage):
             with self.fs().open(url, "rb", **options) as src:
                 if compressed(url):  # stored decompressed: tar members need random access
                     with gzip.GzipFile(fileobj=src, mode="rb") as tar:
-                        shutil.copyfileobj(tar, out, CHUNK)  # a cut stream raises EOFError: tried again
+                        self._copy(tar, out)  # a cut stream raises EOFError: tried again
                 else:
-                    shutil.copyfileobj(src, out, CHUNK)
+                    self._copy(src, out)
                     if out.tell() != size:
                         raise OSError(f"the transfer ended after {out.tell()} of {size} bytes")
             out.flush()
@@ -283,37 +307,52 @@ class RemoteStorage(Storage):
 
         self._retry(url, "download", whole)
 
+    def _copy(self, src: Any, out: IO[bytes]) -> None:
+        while chunk := src.read(CHUNK):
+            if self._stopping.is_set():
+                raise _Closed
+            out.write(chunk)
+
     def _retry(self, url: str, what: str, call: Callable[[], T]) -> T:
         for attempt in range(self.retries + 1):
             try:
                 return call()
             except (PermissionError, ConfigError):
                 raise
+            except _Closed:
+                raise OSError(f"{what} {redact(url)}: the storage was closed") from None
             except (gzip.BadGzipFile, zlib.error) as e:  # tried again, no different
                 raise OSError(f"{what} {redact(url)}: a damaged gzip stream ({e})") from e
             except Exception as e:  # network errors come as many types (aiohttp, botocore, OSError)
-                if isinstance(e, FileNotFoundError) and _status(e) in (None, 404, 410) and not _unreachable(e):
-                    raise
+                status = _status(e)
+                if isinstance(e, FileNotFoundError) and status in (None, 404, 410) and not _unreachable(e):
+                    raise FileNotFoundError(f"{redact(url)} does not exist") from None
+                if status in (401, 403):  # refused: asking again changes nothing
+                    raise OSError(f"{what} {redact(url)} was refused (HTTP {status}): {redact(str(e))}") from None
+                if self._stopping.is_set():
+                    raise OSError(f"{what} {redact(url)}: the storage was closed") from None
                 if attempt == self.retries:
-                    status = _status(e)
                     http = f" (HTTP {status})" if status is not None else ""
                     cause = redact(str(e)) or type(e).__name__
                     raise OSError(f"{what} {redact(url)} failed after {attempt + 1} tries{http}: {cause}") from e
                 delay = min(30.0, self.backoff * 2**attempt) * random.uniform(0.5, 1.5)
                 log.info("gpupipe: %s %s failed (%s); retrying in %.1f s", what, redact(url), redact(str(e)), delay)
-                time.sleep(delay)
+                if self._stopping.wait(delay):
+                    raise OSError(f"{what} {redact(url)}: the storage was closed") from None
         raise AssertionError("unreachable")
 
     def close(self) -> None:
         """Stops prefetching, unpins every shard and closes the cached files this process opened."""
         if self._pid != os.getpid():
             return
+        self._stopping.set()  # a download in flight stops at its next chunk, a retry's wait at once
+        self.stop_prefetch()
         with self._lock:
-            pool, self._prefetch = self._prefetch, None
-            for future in self._queued:
-                future.cancel()
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
+            threads, self._threads = self._threads, []
+        for _ in threads:
+            self._queue.put(None)
+        for thread in threads:
+            thread.join(timeout=30.0)
         with self._lock:
             pins, self._pins = list(self._pins.values()), collections.OrderedDict()
         for entry in pins:

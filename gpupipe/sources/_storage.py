@@ -34,6 +34,7 @@ __all__ = [
     "storage_for",
     "expand_urls",
     "compressed",
+    "beside",
 ]
 
 
@@ -252,6 +253,18 @@ class LocalStorage(Storage):
                 self._holders.add(files)
         return files
 
+    def forget(self, url: str) -> None:
+        """Closes this process's descriptors of ``url`` (every thread's; a read in flight first
+        completes): a file deleted meanwhile frees its disk space."""
+        path = self.path(url)
+        with self._lock:
+            holders = list(self._holders)
+        for files in holders:
+            with files.lock:
+                fd = files.fds.pop(path, None)
+                if fd is not None:
+                    os.close(fd)
+
     def open_descriptors(self) -> int:
         """How many descriptors this process holds open, all threads together."""
         with self._lock:
@@ -321,6 +334,13 @@ def compressed(url: str) -> bool:
     """Whether ``url`` names a gzip-compressed tar shard (``.tar.gz``, ``.tgz``; a query string
     after the name is ignored)."""
     return url.split("?", 1)[0].lower().endswith(COMPRESSED)
+
+
+def beside(url: str, suffix: str) -> str:
+    """The URL of a small file beside shard ``url``: ``suffix`` appended to its name, before a
+    query string (``.../a.tar?X=1`` → ``.../a.tar<suffix>?X=1``)."""
+    head, sep, query = url.partition("?") if "://" in url else (url, "", "")
+    return head + suffix + sep + query
 
 
 def _served(scheme: str) -> bool:

@@ -22,9 +22,9 @@ import json
 import logging
 from typing import Any
 
-from .._errors import Damage
+from .._errors import Damage, redact
 from ._index import Problem
-from ._storage import Storage
+from ._storage import Storage, beside
 
 __all__ = ["Summary", "summary_url", "read_summary", "write_summary"]
 
@@ -40,7 +40,7 @@ class Summary:
 
 
 def summary_url(url: str) -> str:
-    return url + ".gpupipe.json"
+    return beside(url, ".gpupipe.json")
 
 
 def _exts(image_exts: tuple[str, ...], label_ext: str | None) -> tuple[str, str | None]:
@@ -68,11 +68,11 @@ def read_summary(
 ) -> Summary | None:
     """The summary beside shard ``url`` if there is one for this version (``size``) and these
     extensions; ``None`` otherwise (logged when one is there but does not apply)."""
-    where = summary_url(url)
+    where = redact(summary_url(url))  # for messages
     try:
-        with storage.open(where) as f:
+        with storage.open(summary_url(url)) as f:
             raw = f.read(MAX_BYTES)
-    except OSError:  # none (or unreadable): the shard is scanned
+    except Exception:  # none, unreadable, or a network library's own error: the shard is scanned
         return None
     try:
         doc: Any = json.loads(raw)
