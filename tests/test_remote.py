@@ -41,16 +41,26 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
     def log_message(self, *args: object) -> None:
         pass
 
-    def do_GET(self) -> None:
+    def _target(self) -> tuple[str, str] | None:
+        """The requested file's name and path, or ``None`` once an error (the configured status,
+        or 404) is sent."""
         name = self.path.split("?", 1)[0].rsplit("/", 1)[-1]
-        self.server.gets[name] = self.server.gets.get(name, 0) + 1
         if name in self.server.status:
             self.send_error(self.server.status[name])
-            return
+            return None
         path = self.translate_path(self.path.split("?", 1)[0])
         if not os.path.isfile(path):
             self.send_error(404)
+            return None
+        return name, path
+
+    def do_GET(self) -> None:
+        name = self.path.split("?", 1)[0].rsplit("/", 1)[-1]
+        self.server.gets[name] = self.server.gets.get(name, 0) + 1
+        target = self._target()
+        if target is None:
             return
+        name, path = target
         with open(path, "rb") as f:
             data = f.read()
         start, end, code = 0, len(data), 200
@@ -76,15 +86,10 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
         self.wfile.write(data[start:end])
 
     def do_HEAD(self) -> None:
-        name = self.path.split("?", 1)[0].rsplit("/", 1)[-1]
-        if name in self.server.status:
-            self.send_error(self.server.status[name])
+        target = self._target()
+        if target is None:
             return
-        path = self.translate_path(self.path.split("?", 1)[0])
-        if not os.path.isfile(path):
-            self.send_error(404)
-            return
-        st = os.stat(path)
+        st = os.stat(target[1])
         self.send_response(200)
         self.send_header("Content-Length", str(st.st_size))
         self.send_header("ETag", f'"{st.st_mtime_ns}"')

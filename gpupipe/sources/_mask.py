@@ -21,12 +21,11 @@ import contextlib
 import json
 import logging
 import os
-import tempfile
 from typing import Any
 
 from .._errors import Damage, redact
 from ._index import Problem
-from ._storage import Storage, beside
+from ._storage import Storage, beside, write_atomic
 
 __all__ = ["mask_url", "read_mask", "write_mask", "FORMAT", "SUFFIX"]
 
@@ -110,12 +109,5 @@ def write_mask(
         "label": label,
         "bad": [{"sample": n, "key": p.key, "kind": p.kind.value, "detail": p.detail} for n, p in sorted(bad)],
     }
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(target)), suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(doc, f, indent=1)
-        os.replace(tmp, target)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    write_atomic(target, json.dumps(doc, indent=1).encode())
     return target

@@ -183,8 +183,7 @@ class RemoteStorage(Storage):
         entry = self._pins.get(url)
         if entry is not None:
             return open(entry.path, "rb")
-        stat = self.stat(url)
-        entry = self.cache.fetch(self.canonical(url), stat, lambda f: self._download(url, f, stat.size))
+        entry = self._fetch(url)
         try:
             return open(entry.path, "rb")
         finally:
@@ -225,8 +224,7 @@ class RemoteStorage(Storage):
             if failed is not None and time.monotonic() - failed[0] < FAILED_FOR_S:
                 raise OSError(f"{failed[1]} (failed {time.monotonic() - failed[0]:.0f} s ago; not tried again yet)")
             try:
-                stat = self.stat(url)
-                entry = self.cache.fetch(self.canonical(url), stat, lambda f: self._download(url, f, stat.size))
+                entry = self._fetch(url)
             except OSError as e:  # after every try: every sample of the shard fails fast for a while
                 if remember_failure:
                     self._failed[url] = (time.monotonic(), redact(str(e)))
@@ -240,6 +238,11 @@ class RemoteStorage(Storage):
             for old in released:
                 self._unpin(old)
             return entry.path
+
+    def _fetch(self, url: str) -> Entry:
+        """The shard's cache entry at its current version, pinned; downloaded first if needed."""
+        stat = self.stat(url)
+        return self.cache.fetch(self.canonical(url), stat, lambda f: self._download(url, f, stat.size))
 
     def _unpin(self, entry: Entry) -> None:
         """Lets an entry go: its pin, and this process's descriptors of it (an evicted file kept

@@ -35,6 +35,7 @@ __all__ = [
     "expand_urls",
     "compressed",
     "beside",
+    "write_atomic",
 ]
 
 
@@ -215,18 +216,7 @@ class LocalStorage(Storage):
 
     def put(self, url: str, data: bytes) -> None:
         """Writes ``data`` to a temporary file beside ``url``, then renames it."""
-        import tempfile
-
-        path = self.path(url)
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            raise
+        write_atomic(self.path(url), data)
 
     def map(self, url: str) -> MappedFile | None:
         """The file mapped under a read lease where Linux grants one (see ``_mapped``)."""
@@ -325,6 +315,22 @@ def storage_for(
     if not fsspec_protocol(scheme):
         raise ConfigError(_unserved(scheme))
     return RemoteStorage(scheme, storage_options=storage_options, cache_dir=cache_dir, cache_size=cache_size)
+
+
+def write_atomic(path: str, data: bytes) -> None:
+    """Writes a local file whole or not at all: a temporary file beside it, then a rename (the
+    temporary file is removed if anything fails). Raises OSError."""
+    import tempfile
+
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
 
 
 COMPRESSED = (".tar.gz", ".tgz")

@@ -26,13 +26,12 @@ import json
 import logging
 import os
 import re
-import tempfile
 
 import numpy as np
 
 from .._errors import Damage
 from ._index import Problem
-from ._storage import Stat
+from ._storage import Stat, write_atomic
 
 __all__ = [
     "cache_dir",
@@ -156,10 +155,7 @@ def _write_atomic(target: str, data: bytes) -> bool:
     (and logs why) where it cannot."""
     try:
         os.makedirs(os.path.dirname(target), exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(target), suffix=".tmp")
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, target)
+        write_atomic(target, data)
         return True
     except OSError as e:
         log.warning("gpupipe: cannot write the index cache %s: %s", target, e)
