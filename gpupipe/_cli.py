@@ -148,14 +148,16 @@ def _index_one(job: tuple[str, tuple[str, ...], str | None, bool, dict[str, Any]
     and the index files written (0 or 1)."""
     from .sources import storage_for
     from .sources._summary import write_summary
-    from .sources._webdataset import cached_scan
+    from .sources._webdataset import cached_scan, shard_samples
 
     url, image_exts, label_ext, beside, options = job
     with storage_for([url], storage_options=options) as storage:
-        shard = cached_scan(storage, url, image_exts, label_ext)
-        if not beside or shard.nbytes is None:  # nbytes None: missing or unreadable, nothing to describe
+        if not beside:
+            return len(cached_scan(storage, url, image_exts, label_ext)), 0
+        shard, samples = shard_samples(storage, url, image_exts, label_ext)
+        if samples is None or shard.nbytes is None:  # missing or unreadable: nothing to describe
             return len(shard), 0
-        write_summary(storage, url, size=shard.nbytes, samples=len(shard), image_exts=image_exts,
+        write_summary(storage, url, size=shard.nbytes, detail=samples, image_exts=image_exts,
                       label_ext=label_ext, problems=shard.problems)  # fmt: skip
         return len(shard), 1
 

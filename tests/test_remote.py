@@ -8,12 +8,14 @@ import contextlib
 import functools
 import gzip
 import http.server
+import json
 import os
 import shutil
 import threading
 import time
 from collections.abc import Iterator
 
+import numpy as np
 import pytest
 import torch
 
@@ -23,7 +25,8 @@ from gpupipe.sources import LocalStorage, _webdataset
 from gpupipe.sources._cache import ShardCache
 from gpupipe.sources._remote import RemoteStorage, canonical_url
 from gpupipe.sources._storage import Stat
-from gpupipe.sources._summary import write_summary
+from gpupipe.sources._summary import Samples, write_summary
+from gpupipe.sources._webdataset import shard_samples
 
 from .checkers import all_keys, val
 from .conftest import SHARD_SIZES, _write_webdataset_shards
@@ -434,18 +437,67 @@ class TestIndexFiles:
         assert caplog.text.count("without index files beside them") == 1 and "--beside" in caplog.text
         assert shard_gets(srv) == dict.fromkeys(names(local), 1)
 
+    def test_they_hold_every_samples_place_and_label(self, served_copy, monkeypatch, tmp_path):
+        srv, local = served_copy
+        assert main(["index", *local, "--beside", "--workers", "0"]) == 0
+        doc = _read_json(local[0] + ".gpupipe.json")
+        assert doc["version"] == 2 and doc["samples"] == MANY[0] == len(doc["keys"]) == len(doc["labels"])
+        urls = [f"{srv.url}/{n}" for n in names(local)]
+        index = gp.WebDataset(urls, cache_dir=new_node(monkeypatch, tmp_path, "node")).index()
+        expected = gp.WebDataset(local).index()
+        located = index.locate_batch(np.arange(len(index)))
+        truth = expected.locate_batch(np.arange(len(expected)))
+        assert located.keys == truth.keys
+        np.testing.assert_array_equal(located.labels, truth.labels)
+        np.testing.assert_array_equal(located.ranges, truth.ranges)
+        assert not shard_gets(srv)  # all of it from the index files: no shard read
+        assert index.shards[0].dali_index is not None  # kept in the index cache, in DALI's format
+        index.close()
+
+    def test_a_version_1_file_still_gives_the_count(self, served_copy, monkeypatch, tmp_path):
+        srv, local = served_copy
+        for path, n in zip(local, MANY, strict=True):
+            _write_v1(path, n)
+        urls = [f"{srv.url}/{n}" for n in names(local)]
+        index = gp.WebDataset(urls, image="jpg", cache_dir=new_node(monkeypatch, tmp_path, "node")).index()
+        assert len(index) == sum(MANY) and not shard_gets(srv) and index.shards[0].detail_needs_data
+        assert index.key(0) == all_keys(gp.WebDataset(local).index())[0]  # scanned once downloaded
+        assert shard_gets(srv) == {names(local)[0]: 1}
+        index.close()
+
+    @pytest.mark.parametrize(
+        "damage",
+        [
+            {"image_range": [0, 1]},  # not one range per sample
+            {"keys": None},
+            {"labels": ["x"] * MANY[0]},
+            {"image_range": [1 << 40, 10] * MANY[0]},  # outside the shard
+        ],
+        ids=["ranges", "keys", "labels", "outside"],
+    )
+    def test_a_damaged_one_is_ignored_with_a_warning(self, served_copy, monkeypatch, tmp_path, caplog, damage):
+        srv, local = served_copy
+        assert main(["index", local[0], "--beside", "--workers", "0"]) == 0
+        doc = _read_json(local[0] + ".gpupipe.json")
+        doc.update(damage)
+        with open(local[0] + ".gpupipe.json", "w") as f:
+            json.dump(doc, f)
+        index = gp.WebDataset(f"{srv.url}/{names(local)[0]}", cache_dir=new_node(monkeypatch, tmp_path, "n")).index()
+        assert "cannot use the index file" in caplog.text and len(index) == MANY[0]
+        assert shard_gets(srv) == {names(local)[0]: 1}  # scanned instead
+        index.close()
+
     def test_one_for_another_version_of_the_shard_is_ignored(self, served_copy, monkeypatch, tmp_path):
         srv, local = served_copy
-        write_summary(LocalStorage(), local[0], size=1, samples=99, image_exts=("jpg",), label_ext="cls", problems=())
+        write_summary(LocalStorage(), local[0], size=1, detail=samples_of(local[1]), image_exts=("jpg",),
+                      label_ext="cls", problems=())  # fmt: skip
         urls = [f"{srv.url}/{n}" for n in names(local)]
         index = gp.WebDataset(urls, image="jpg", cache_dir=new_node(monkeypatch, tmp_path, "node")).index()
         assert len(index) == sum(MANY) and shard_gets(srv) == dict.fromkeys(names(local), 1)
 
     def test_a_wrong_count_is_an_error_naming_the_shard(self, served_copy, monkeypatch, tmp_path):
         srv, local = served_copy
-        size = os.path.getsize(local[0])
-        write_summary(LocalStorage(), local[0], size=size, samples=5, image_exts=("jpg",), label_ext="cls",
-                      problems=())  # fmt: skip
+        _write_v1(local[0], 5)
         urls = [f"{srv.url}/{n}" for n in names(local)]
         source = gp.WebDataset(urls, image="jpg", cache_dir=new_node(monkeypatch, tmp_path, "node"))
         wrong = r"many-000000\.tar' has 4 samples, its index file .* says 5"
@@ -459,9 +511,29 @@ class TestIndexFiles:
         with open(shards[0], "rb") as f:
             fs.pipe("/beside/a.tar", f.read())
         storage = RemoteStorage("memory", cache_dir=cache)
-        where = write_summary(storage, "memory://beside/a.tar", size=10, samples=7, image_exts=("jpg",),
-                              label_ext="cls", problems=())  # fmt: skip
-        assert where == "memory://beside/a.tar.gpupipe.json" and b'"samples": 7' in fs.cat("/beside/a.tar.gpupipe.json")
+        where = write_summary(storage, "memory://beside/a.tar", size=10, detail=samples_of(shards[0]),
+                              image_exts=("jpg",), label_ext="cls", problems=())  # fmt: skip
+        written = json.loads(fs.cat("/beside/a.tar.gpupipe.json"))
+        assert where == "memory://beside/a.tar.gpupipe.json" and written["samples"] == SHARD_SIZES[0]
+
+
+def samples_of(path: str) -> Samples:
+    samples = shard_samples(LocalStorage(), path, ("jpg",), "cls")[1]
+    assert samples is not None
+    return samples
+
+
+def _read_json(path: str) -> dict:
+    with open(path) as f:
+        return json.load(f)
+
+
+def _write_v1(path: str, samples: int) -> None:
+    """An index file as gpupipe wrote them before version 2: the count alone."""
+    doc = {"format": "gpupipe-shard-summary", "version": 1, "size": os.path.getsize(path), "samples": samples,
+           "image": "jpg", "label": "cls", "problems": []}  # fmt: skip
+    with open(path + ".gpupipe.json", "w") as f:
+        json.dump(doc, f)
 
 
 @pytest.fixture

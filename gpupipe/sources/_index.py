@@ -111,6 +111,8 @@ class ShardIndex:
         bad: ``(sample number, problem)`` of numbered samples known to be bad (listed by
             ``gpupipe check`` beside the shard), sorted; loaders leave them out of their plans.
         nbytes: the shard file's size in bytes, where the source knows it (``None`` elsewhere).
+        detail_needs_data: whether loading the details reads the shard's data (a remote shard
+            known from its sample count alone: it is downloaded whole to be scanned).
     """
 
     def __init__(
@@ -131,6 +133,7 @@ class ShardIndex:
         self.problems = tuple(problems)
         self.bad: tuple[tuple[int, Problem], ...] = ()
         self.nbytes: int | None = None  # the shard file's size, where the source knows it
+        self.detail_needs_data = False
         self.size = len(keys) if keys is not None else int(size)  # type: ignore[arg-type]
         self._loader = loader
         self._detail: ShardDetail | None = None if keys is None else (keys, dict(columns or {}))

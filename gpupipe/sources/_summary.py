@@ -1,18 +1,23 @@
 """Index files beside the shards, ``<shard>.gpupipe.json``: what a loader needs of a shard before
-it reads any (the sample count, and the damage found in its tar structure), so that a new node
-starts on a remote dataset without downloading it.
+it reads any — the sample count, the damage found in its tar structure, and where each sample's
+members are — so that a new node starts on a remote dataset without downloading it, and a rank
+that reads only part of a shard downloads only that part (a byte range).
 
 Every rank needs every shard's sample count to draw the plan. Without these files a remote
 shard is downloaded (into the node-local cache) and scanned the first time a node indexes it;
 ``python -m gpupipe index SHARDS --beside`` writes them once for a dataset, local or remote (where
-the storage takes writes). A loader reads one (a few hundred bytes) per shard when its index cache
-has none, and scans the shard itself only when it first reads it — after downloading it for the
-plan anyway. A file written for another version of the shard (another size), or for other
-extensions, is ignored: the shard is then scanned as without one.
+the storage takes writes). A loader reads one per shard when its index cache has none (about
+60 bytes per sample) and keeps it in that cache, in DALI's index format like a scanned shard's.
+A file written for another version of the shard (another size), or for other extensions, is
+ignored: the shard is then scanned as without one.
 
-Format (JSON): ``{"format": "gpupipe-shard-summary", "version": 1, "size": <shard bytes>,
+Format (JSON): ``{"format": "gpupipe-shard-summary", "version": 2, "size": <shard bytes>,
 "samples": <n>, "image": "jpg;jpeg;png", "label": "cls" | null, "problems": [{"kind", "key",
-"detail"}, ...]}``.
+"detail"}, ...], "keys": [<n keys>], "exts": [<n chosen image extensions>], "image_range":
+[offset, size, offset, size, ...], "label_range": [...] | null, "labels": [<n integers>] | null}``
+(ranges of member data, labels parsed, ``NO_LABEL`` where not an integer). Version 1 (written by
+gpupipe before 2026-11-23) has no per-sample fields: its shards are scanned once downloaded, and
+always downloaded whole.
 """
 
 from __future__ import annotations
@@ -20,23 +25,39 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-from typing import Any
+from typing import Any, NamedTuple
+
+import numpy as np
 
 from .._errors import Damage, redact
 from ._index import Problem
 from ._storage import Storage, beside
 
-__all__ = ["Summary", "summary_url", "read_summary", "write_summary"]
+__all__ = ["Summary", "Samples", "summary_url", "read_summary", "write_summary"]
 
 log = logging.getLogger("gpupipe")
-FORMAT, VERSION = "gpupipe-shard-summary", 1
-MAX_BYTES = 4 << 20
+FORMAT, VERSION = "gpupipe-shard-summary", 2
+READS = (1, 2)  # versions read
+MAX_BYTES = 256 << 20  # about 4 million samples
+
+
+class Samples(NamedTuple):
+    """A shard's samples as its index file lists them: keys, each one's chosen image extension,
+    int64 ``[N, 2]`` image and label ranges (offset and size of the member data; the label's
+    ``None`` for unlabeled data), int64 ``[N]`` parsed labels (``None`` for unlabeled data)."""
+
+    keys: list[str]
+    exts: list[str]
+    image: np.ndarray
+    label: np.ndarray | None
+    labels: np.ndarray | None
 
 
 @dataclasses.dataclass(frozen=True)
 class Summary:
     samples: int
     problems: tuple[Problem, ...]
+    detail: Samples | None = None  # None in version-1 files
 
 
 def summary_url(url: str) -> str:
@@ -47,20 +68,48 @@ def _exts(image_exts: tuple[str, ...], label_ext: str | None) -> tuple[str, str 
     return ";".join(image_exts), label_ext
 
 
+def _flat(ranges: np.ndarray | None) -> list[int] | None:
+    return None if ranges is None else np.asarray(ranges, np.int64).reshape(-1).tolist()
+
+
 def encode(
-    size: int, samples: int, image_exts: tuple[str, ...], label_ext: str | None, problems: tuple[Problem, ...]
+    size: int, detail: Samples, image_exts: tuple[str, ...], label_ext: str | None, problems: tuple[Problem, ...]
 ) -> bytes:
     image, label = _exts(image_exts, label_ext)
     doc = {
         "format": FORMAT,
         "version": VERSION,
         "size": size,
-        "samples": samples,
+        "samples": len(detail.keys),
         "image": image,
         "label": label,
         "problems": [{"kind": p.kind.value, "key": p.key, "detail": p.detail} for p in problems],
+        "keys": detail.keys,
+        "exts": detail.exts,
+        "image_range": _flat(detail.image),
+        "label_range": _flat(detail.label),
+        "labels": None if detail.labels is None else np.asarray(detail.labels, np.int64).tolist(),
     }
-    return json.dumps(doc, indent=1).encode()
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
+def _ranges(doc: Any, name: str, n: int, size: int) -> np.ndarray:
+    ranges = np.array(doc[name], dtype=np.int64).reshape(n, 2)  # ValueError unless 2n integers
+    if len(ranges) and (ranges.min() < 0 or (ranges[:, 0] + ranges[:, 1]).max() > size):
+        raise ValueError(f"{name} reaches outside the shard")
+    return ranges
+
+
+def _samples(doc: Any, size: int, labeled: bool) -> Samples:
+    n = int(doc["samples"])
+    keys, exts = doc["keys"], doc["exts"]
+    if not (isinstance(keys, list) and isinstance(exts, list) and len(keys) == len(exts) == n):
+        raise ValueError(f"keys and exts must list the {n} samples")
+    if not all(isinstance(k, str) and k for k in keys) or not all(isinstance(e, str) and e for e in exts):
+        raise ValueError("keys and exts must be strings")
+    label = _ranges(doc, "label_range", n, size) if labeled else None
+    labels = np.array(doc["labels"], dtype=np.int64).reshape(n) if labeled else None
+    return Samples(keys, exts, _ranges(doc, "image_range", n, size), label, labels)
 
 
 def read_summary(
@@ -76,14 +125,15 @@ def read_summary(
         return None
     try:
         doc: Any = json.loads(raw)
-        if doc.get("format") != FORMAT or doc.get("version") != VERSION:
-            raise ValueError(f"not a {FORMAT} file of version {VERSION}")
+        if doc.get("format") != FORMAT or doc.get("version") not in READS:
+            raise ValueError(f"not a {FORMAT} file of version {' or '.join(map(str, READS))}")
         if (doc["size"], doc["image"], doc["label"]) != (size, *_exts(image_exts, label_ext)):
             log.info("gpupipe: %s was written for another version of its shard or other extensions; ignored", where)
             return None
         problems = tuple(Problem(Damage(p["kind"]), p["key"], str(p["detail"])) for p in doc["problems"])
-        return Summary(int(doc["samples"]), problems)
-    except (ValueError, KeyError, TypeError) as e:
+        detail = _samples(doc, size, label_ext is not None) if doc["version"] >= 2 else None
+        return Summary(int(doc["samples"]), problems, detail)
+    except (ValueError, KeyError, TypeError, OverflowError) as e:
         log.warning("gpupipe: cannot use the index file %s (%s); the shard is scanned instead", where, e)
         return None
 
@@ -93,13 +143,13 @@ def write_summary(
     url: str,
     *,
     size: int,
-    samples: int,
+    detail: Samples,
     image_exts: tuple[str, ...],
     label_ext: str | None,
     problems: tuple[Problem, ...],
 ) -> str:
-    """Writes the summary beside shard ``url`` through ``storage`` (whole or not at all); returns
-    its URL."""
+    """Writes the summary of shard ``url`` (``size`` bytes, its samples ``detail``) beside it
+    through ``storage`` (whole or not at all); returns its URL."""
     where = summary_url(url)
-    storage.put(where, encode(size, samples, image_exts, label_ext, problems))
+    storage.put(where, encode(size, detail, image_exts, label_ext, problems))
     return where

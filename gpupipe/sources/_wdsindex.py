@@ -100,8 +100,9 @@ def count(path: str) -> int | None:
     return int(header[1])
 
 
-def load(path: str, labeled: bool) -> tuple[list[str], np.ndarray, np.ndarray] | None:
-    """Reads an index written by :func:`save`; ``None`` if absent or unreadable."""
+def load(path: str, labeled: bool) -> tuple[list[str], list[str], np.ndarray, np.ndarray] | None:
+    """Reads an index written by :func:`save`: keys, image extensions, image and label ranges
+    (``[N, 2]``); ``None`` if absent or unreadable."""
     try:
         with open(path) as f:
             header = f.readline().split()
@@ -115,13 +116,14 @@ def load(path: str, labeled: bool) -> tuple[list[str], np.ndarray, np.ndarray] |
     if len(rows) != n or any(len(r) != width for r in rows):
         return None
     keys = [r[3][: -len(r[0]) - 1] for r in rows]
+    exts = [r[0] for r in rows]
     image = np.array([[int(r[1]), int(r[2])] for r in rows], dtype=np.int64).reshape(n, 2)
     label = (
         np.array([[int(r[5]), int(r[6])] for r in rows], dtype=np.int64).reshape(n, 2)
         if labeled
         else np.full((n, 2), -1, np.int64)
     )
-    return keys, image, label
+    return keys, exts, image, label
 
 
 def labels_path(path: str) -> str:

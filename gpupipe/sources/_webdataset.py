@@ -18,11 +18,20 @@ from . import _wdsindex
 from ._index import NO_LABEL, Index, Problem, RawSample, ShardDetail, ShardIndex, Source
 from ._mask import read_mask
 from ._storage import Stat, Storage, compressed, expand_urls, storage_for
-from ._summary import read_summary, summary_url
+from ._summary import Samples, read_summary, summary_url
 
 log = logging.getLogger("gpupipe")
 
-__all__ = ["WebDataset", "split_key", "parse_label", "scan_tar", "cached_scan", "unreadable", "truncated"]
+__all__ = [
+    "WebDataset",
+    "split_key",
+    "parse_label",
+    "scan_tar",
+    "cached_scan",
+    "shard_samples",
+    "unreadable",
+    "truncated",
+]
 
 
 def split_key(member: str) -> tuple[str, str]:
@@ -231,8 +240,12 @@ def cached_scan(storage: Storage, url: str, image_exts: tuple[str, ...], label_e
         shard = ShardIndex(url, size=size, loader=loader, dali_index=idx_path, problems=problems)
     elif storage.remote and (summary := read_summary(storage, url, size=stat.size, image_exts=image_exts,
                                                      label_ext=label_ext)) is not None:  # fmt: skip
-        scan = _ScanWhenRead(storage, url, idx_path, stat, image_exts, label_ext, summary.samples)
-        shard = ShardIndex(url, size=summary.samples, loader=scan, problems=summary.problems)
+        if summary.detail is not None:
+            shard = _from_summary(storage, url, idx_path, summary.detail, summary.problems, image_exts, label_ext)
+        else:  # a version-1 file: the count alone
+            scan = _ScanWhenRead(storage, url, idx_path, stat, image_exts, label_ext, summary.samples)
+            shard = ShardIndex(url, size=summary.samples, loader=scan, problems=summary.problems)
+            shard.detail_needs_data = True
     else:
         if storage.remote and "://" in url:  # (local compressed shards are decompressed, not downloaded)
             _say_what_indexing_costs(url)
@@ -257,6 +270,50 @@ def _scan_and_cache(
         if labeled:
             _wdsindex.save_labels(idx_path, shard.column("label"))
     return shard
+
+
+def _from_summary(
+    storage: Storage, url: str, idx_path: str, detail: Samples, problems: tuple[Problem, ...],
+    image_exts: tuple[str, ...], label_ext: str | None,
+) -> ShardIndex:  # fmt: skip
+    """A shard known from its index file, kept in the index cache like a scanned shard's."""
+    n = len(detail.keys)
+    label_range = detail.label if detail.label is not None else np.full((n, 2), -1, np.int64)
+    if _wdsindex.save_problems(idx_path, problems) and _wdsindex.save(
+        idx_path, detail.keys, detail.exts, detail.image, detail.label
+    ):
+        if detail.labels is not None:
+            _wdsindex.save_labels(idx_path, detail.labels)
+        loader = _CachedDetail(storage, url, idx_path, image_exts, label_ext)
+        return ShardIndex(url, size=n, loader=loader, dali_index=idx_path, problems=problems)
+    columns = {"image_range": detail.image, "label_range": label_range}
+    if detail.labels is not None:
+        columns["label"] = detail.labels
+    return ShardIndex(url, detail.keys, columns, problems=problems)
+
+
+def shard_samples(
+    storage: Storage, url: str, image_exts: tuple[str, ...], label_ext: str | None
+) -> tuple[ShardIndex, Samples | None]:
+    """The index of one shard (:func:`cached_scan`) and its samples as an index file lists them
+    (``None`` for a shard that is missing or cannot be read)."""
+    shard = cached_scan(storage, url, image_exts, label_ext)
+    if shard.nbytes is None:
+        return shard, None
+    cached = _wdsindex.load(shard.dali_index, labeled=label_ext is not None) if shard.dali_index else None
+    if cached is not None and cached[0] == shard.keys:
+        exts = cached[1]
+    else:  # not cached (keys with whitespace, say): scanned again for each sample's extension
+        exts = scan_tar(storage, url, image_exts, label_ext, size=shard.nbytes)[1]
+    labeled = label_ext is not None
+    samples = Samples(
+        shard.keys,
+        exts,
+        shard.column("image_range"),
+        shard.column("label_range") if labeled else None,
+        shard.column("label") if labeled else None,
+    )
+    return shard, samples
 
 
 _told = False
@@ -313,7 +370,7 @@ class _CachedDetail:
         if cached is None:
             size = self.storage.stat(self.url).size
             return scan_tar(self.storage, self.url, self.image_exts, self.label_ext, size=size)[0].detail()
-        keys, image, label_range = cached
+        keys, _, image, label_range = cached
         columns = {"image_range": image, "label_range": label_range}
         if labeled:
             labels = _wdsindex.load_labels(self.idx_path, len(keys))
