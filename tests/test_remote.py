@@ -9,6 +9,7 @@ import functools
 import gzip
 import http.server
 import json
+import logging
 import os
 import shutil
 import threading
@@ -23,6 +24,7 @@ import gpupipe as gp
 from gpupipe._cli import main
 from gpupipe.sources import LocalStorage, _webdataset
 from gpupipe.sources._cache import ShardCache
+from gpupipe.sources._prefetch import parts
 from gpupipe.sources._remote import RemoteStorage, canonical_url
 from gpupipe.sources._storage import Stat
 from gpupipe.sources._summary import Samples, write_summary
@@ -37,7 +39,8 @@ pytest.importorskip("aiohttp")
 class _Handler(http.server.SimpleHTTPRequestHandler):
     """Serves a folder. The server's ``ranges`` turns range requests on (Python's handler has
     none); ``drops[name]`` counts requests for ``name`` to cut off after half their body;
-    ``status[name]`` answers with that status instead; every GET is counted in ``gets``."""
+    ``status[name]`` answers with that status instead; every GET is counted in ``gets``, the bytes
+    of the bodies sent in ``sent``."""
 
     server: _Server
 
@@ -87,6 +90,7 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
             self.close_connection = True
             return
         self.wfile.write(data[start:end])
+        self.server.sent[name] = self.server.sent.get(name, 0) + end - start
 
     def do_HEAD(self) -> None:
         target = self._target()
@@ -108,6 +112,7 @@ class _Server(http.server.ThreadingHTTPServer):
     def __init__(self, root: str) -> None:
         super().__init__(("127.0.0.1", 0), functools.partial(_Handler, directory=root))
         self.gets: dict[str, int] = {}
+        self.sent: dict[str, int] = {}  # bytes of bodies sent whole, per file
         self.drops: dict[str, int] = {}
         self.status: dict[str, int] = {}
 
@@ -350,12 +355,11 @@ class TestBoundedCache:
         from gpupipe.sources import _cache
 
         shard_cache = ShardCache(cache)
-        fd = shard_cache._open_lock(os.path.join(shard_cache.root, "x-a.tar"), "dl")
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        fd = shard_cache._lock(os.path.join(shard_cache.root, "x-a.tar"), "dl", fcntl.LOCK_EX)
         with _forked_child():
             _cache._close(fd)  # the parent's download ended
-            again = shard_cache._open_lock(os.path.join(shard_cache.root, "x-a.tar"), "dl")
-            fcntl.flock(again, fcntl.LOCK_EX | fcntl.LOCK_NB)  # free: raises BlockingIOError otherwise
+            # free: raises BlockingIOError otherwise
+            again = shard_cache._lock(os.path.join(shard_cache.root, "x-a.tar"), "dl", fcntl.LOCK_EX | fcntl.LOCK_NB)
             _cache._close(again)
 
     def test_a_failed_prefetch_does_not_block_the_read(self, many_shards, many_server, cache, monkeypatch):
@@ -534,6 +538,140 @@ def _write_v1(path: str, samples: int) -> None:
            "image": "jpg", "label": "cls", "problems": []}  # fmt: skip
     with open(path + ".gpupipe.json", "w") as f:
         json.dump(doc, f)
+
+
+def _split(loader_of, world: int) -> list[list[str]]:
+    """The valid keys each of ``world`` ranks yields in one epoch (``loader_of(rank)``)."""
+    out = []
+    for rank in range(world):
+        with loader_of(rank) as loader:
+            out.append([k for b in loader for k, v in zip(b.keys, b.valid.tolist(), strict=True) if v])
+    return out
+
+
+class TestParts:
+    """A shard split between ranks: each downloads only its byte range of it."""
+
+    WORLD = 5  # 48 samples of 4 per shard: ranks of 10, 10, 10, 9, 9 split 4 shards
+
+    @pytest.fixture
+    def indexed(self, served_copy) -> tuple[_Server, list[str], list[str]]:
+        srv, local = served_copy
+        assert main(["index", *local, "--beside", "--workers", "0"]) == 0
+        return srv, local, [f"{srv.url}/{n}" for n in names(local)]
+
+    def test_each_rank_downloads_only_its_part(self, backend, indexed, monkeypatch, tmp_path):
+        srv, local, urls = indexed
+        got = _split(
+            lambda r: backend.loader(
+                val(gp.WebDataset(urls, cache_dir=new_node(monkeypatch, tmp_path, f"node{r}"))),
+                4, rank=r, world_size=self.WORLD, num_workers=0,
+            ),
+            self.WORLD,
+        )  # fmt: skip
+        assert got == _split(lambda r: backend.loader(val(gp.WebDataset(local)), 4, rank=r, world_size=self.WORLD,
+                                                      num_workers=0), self.WORLD)  # fmt: skip
+        size = {n: os.path.getsize(p) for n, p in zip(names(local), local, strict=True)}
+        sent = {n: srv.sent.get(n, 0) for n in names(local)}
+        # Each rank is its own node. The ranks' parts start at samples 10, 20, 30 and 39: shards 2
+        # and 7 are split 2 + 2 samples (each rank downloads its half), shard 9 3 + 1 (rank 3 reads
+        # 3/4 of it: downloaded whole; rank 4 its sample), shard 5 is not split.
+        halves = [names(local)[i] for i in (2, 7)]
+        assert all(sent[n] < size[n] for n in halves)
+        assert size["many-000009.tar"] < sent["many-000009.tar"] < 1.5 * size["many-000009.tar"]
+        assert all(sent[n] == size[n] for n in names(local) if n not in (*halves, "many-000009.tar"))
+        parts = [e for r in range(self.WORLD) for e in cached(str(tmp_path / f"node{r}" / "shards")) if "+" in e]
+        assert len(parts) == 5
+
+    def test_a_server_without_ranges_sends_the_whole_shard(self, indexed, monkeypatch, tmp_path, caplog):
+        srv, local, urls = indexed
+        srv.ranges = False
+        caplog.set_level(logging.INFO, logger="gpupipe")
+        got = _split(lambda r: gp.Loader(val(gp.WebDataset(urls, cache_dir=new_node(monkeypatch, tmp_path, "n"))), 4,
+                                         backend="torch", device="cpu", rank=r, world_size=self.WORLD,
+                                         num_workers=0), 2)  # fmt: skip
+        expected = _split(lambda r: gp.Loader(val(gp.WebDataset(local)), 4, backend="torch", device="cpu", rank=r,
+                                              world_size=self.WORLD, num_workers=0), 2)  # fmt: skip
+        assert got == expected and "ignores range requests" in caplog.text
+
+    def test_worker_processes_find_the_part_in_the_cache(self, indexed, monkeypatch, tmp_path):
+        srv, local, urls = indexed
+        cache = new_node(monkeypatch, tmp_path, "node")
+        storage = RemoteStorage("http", cache_dir=cache)
+        index = gp.WebDataset(urls, cache_dir=cache).index()
+        rank_1 = np.arange(10, 20)  # rank 1's samples; shard 2 holds 8..11
+        part = parts(index, rank_1, np.searchsorted(index.offsets, rank_1, side="right") - 1, np.array([2]))
+        storage.expect_parts(part)  # another process of the node (the loader's) has it downloaded
+        storage.prefetch([urls[2]])
+        deadline = time.monotonic() + 10
+        while not any("+" in e for e in cached(cache)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        loader = gp.Loader(val(gp.WebDataset(urls, cache_dir=cache)), 4, backend="torch", device="cpu", rank=1,
+                           world_size=self.WORLD, num_workers=2)  # fmt: skip
+        with loader:
+            keys = [k for b in loader for k, v in zip(b.keys, b.valid.tolist(), strict=True) if v]
+        assert keys[:1] == [index.key(10)]
+        assert srv.sent[names(local)[2]] == part[urls[2]][1] - part[urls[2]][0]  # that part, once
+        storage.close()
+        index.close()
+
+    def test_a_read_outside_the_part_fetches_the_whole_shard(self, indexed, monkeypatch, tmp_path):
+        srv, local, urls = indexed
+        storage = RemoteStorage("http", cache_dir=new_node(monkeypatch, tmp_path, "node"))
+        index = gp.WebDataset(local).index()
+        first, last = index.shards[0].column("image_range")[[0, 3]]
+        storage.expect_parts({urls[0]: (int(last[0]), int(last.sum()))})
+        with open(local[0], "rb") as f:
+            data = f.read()
+        assert storage.read(urls[0], int(last[0]), int(last[1])) == data[last[0] : last.sum()]
+        assert storage.map(urls[0]) is None  # a part is read, never mapped
+        assert srv.sent[names(local)[0]] == last[1]
+        assert storage.read(urls[0], int(first[0]), int(first[1])) == data[first[0] : first.sum()]
+        assert srv.sent[names(local)[0]] == last[1] + len(data)
+        storage.close()
+
+
+class TestCacheFiles:
+    def test_lock_files_go_with_their_entries(self, many_shards, many_server, cache):
+        storage = RemoteStorage("http", cache_dir=cache, cache_size=1)
+        storage.keep = 1
+        for n in names(many_shards):
+            storage.read(f"{many_server.url}/{n}", 0, 10)
+        storage.close()
+        ShardCache(cache, 1).evict()
+        assert os.listdir(os.path.join(cache, ".locks")) == [] and not cached(cache)
+
+    def test_stale_lock_files_are_removed_unless_held(self, cache):
+        import fcntl
+
+        shard_cache = ShardCache(cache)
+        held = shard_cache._lock(os.path.join(shard_cache.root, "x-a.tar"), "pin", fcntl.LOCK_SH)
+        os.makedirs(os.path.join(cache, ".locks"), exist_ok=True)
+        for name in ("y-b.tar.pin", "y-b.tar.dl"):
+            open(os.path.join(cache, ".locks", name), "w").close()
+        shard_cache.evict()
+        assert os.listdir(os.path.join(cache, ".locks")) == ["x-a.tar.pin"]
+        from gpupipe.sources import _cache
+
+        _cache._close(held)
+
+    def test_a_part_serves_reads_inside_it(self, cache):
+        shard_cache = ShardCache(cache)
+        stat = Stat(100, "v1")
+        calls = []
+
+        def download(f, span):
+            calls.append(span)
+            f.write(bytes(range(100))[span[0] : span[1]] if span else bytes(range(100)))
+
+        part = shard_cache.fetch("http://h/a.tar", stat, download, need=(10, 20), span=(5, 50))
+        again = shard_cache.fetch("http://h/a.tar", stat, download, need=(30, 40))
+        assert (part.span, again.span, again.path, calls) == ((5, 50), (5, 50), part.path, [(5, 50)])
+        whole = shard_cache.fetch("http://h/a.tar", stat, download, need=(60, 70))
+        assert whole.span is None and calls == [(5, 50), None]
+        assert shard_cache.fetch("http://h/a.tar", stat, download, need=(10, 20), span=(5, 50)).span is None
+        for entry in (part, again, whole):
+            ShardCache.release(entry)
 
 
 @pytest.fixture

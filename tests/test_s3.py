@@ -105,3 +105,21 @@ class TestS3:
         fs.put_file(shards[1], url)
         again = RemoteStorage("s3", storage_options=options_of(endpoint), cache_dir=cache).local_path(url)
         assert first != again and os.path.getsize(again) == os.path.getsize(shards[1])
+
+    def test_a_rank_downloads_only_its_parts_of_split_shards(self, backend, endpoint, objects, shards, monkeypatch,
+                                                             tmp_path):  # fmt: skip
+        options = options_of(endpoint)
+        assert main(["index", *objects, "--beside", "--storage-options", json.dumps(options), "--workers", "0"]) == 0
+        monkeypatch.setenv("GPUPIPE_CACHE_DIR", str(tmp_path / "node"))  # a node that never saw them
+        cache = str(tmp_path / "node" / "shards")
+        source = gp.WebDataset(objects, storage_options=options, cache_dir=cache)
+        with backend.loader(val(source), 2, rank=1, world_size=4, num_workers=0) as loader:
+            got = epoch(loader)
+        with backend.loader(val(shards), 2, rank=1, world_size=4, num_workers=0) as loader:
+            want = epoch(loader)
+        for (k1, i1), (k2, i2) in zip(got, want, strict=True):
+            assert k1 == k2 and torch.equal(i1, i2)
+        # rank 1 reads samples 4..7: 3 of shard 0's 7, 1 of shard 1's 5: a byte range of each
+        entries = sorted(e.name for e in os.scandir(cache) if e.is_file())
+        assert len(entries) == 2 and all("+" in e for e in entries)
+        assert sum(os.path.getsize(os.path.join(cache, e)) for e in entries) < os.path.getsize(shards[0]) / 2

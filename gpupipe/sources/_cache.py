@@ -22,9 +22,10 @@ from typing import IO, NamedTuple
 
 from ._storage import Stat
 
-__all__ = ["ShardCache", "Entry", "shard_cache_dir", "human_bytes", "drop_inherited"]
+__all__ = ["ShardCache", "Entry", "Span", "covers", "shard_cache_dir", "human_bytes", "drop_inherited"]
 
 log = logging.getLogger("gpupipe")
+_PART = re.compile(r"(?P<digest>[0-9a-f]{32})\+(?P<start>[0-9]+)-(?P<stop>[0-9]+)-(?P<base>.+)")
 
 
 def shard_cache_dir() -> str:
@@ -34,12 +35,31 @@ def shard_cache_dir() -> str:
     return os.path.join(root, "shards")
 
 
+Span = tuple[int, int]  # [start, stop) bytes of a shard
+
+
 class Entry(NamedTuple):
-    """A cached shard held by this process: its file, and the descriptor of its lock file on
-    which this process holds a shared lock (no process evicts it meanwhile)."""
+    """A cached shard held by this process: its file, the descriptor of its lock file on which
+    this process holds a shared lock (no process evicts it meanwhile), and, for a part of the
+    shard, the bytes ``[start, stop)`` of the shard the file holds (byte ``start`` of the shard
+    is byte 0 of the file); ``None`` for the whole shard."""
 
     path: str
     fd: int
+    span: Span | None = None
+
+    @property
+    def start(self) -> int:
+        """Where the file starts in the shard."""
+        return 0 if self.span is None else self.span[0]
+
+
+def covers(span: Span | None, need: Span | None) -> bool:
+    """Whether a file holding ``span`` (``None``: the whole shard) holds ``need`` (``None``: the
+    whole shard)."""
+    if span is None:
+        return True
+    return need is not None and span[0] <= need[0] and need[1] <= span[1]
 
 
 class ShardCache:
@@ -75,47 +95,115 @@ class ShardCache:
         the entries (so that no shard name can pass for one)."""
         return os.path.join(self.root, ".locks", f"{os.path.basename(path)}.{kind}")
 
-    def _open_lock(self, path: str, kind: str) -> int:
-        where = self._lock_path(path, kind)
-        os.makedirs(os.path.dirname(where), exist_ok=True)
-        fd = os.open(where, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        _HELD.add(fd)
-        return fd
+    def _lock(self, path: str, kind: str, how: int) -> int:
+        """Opens the ``kind`` lock file of entry ``path`` and locks it (``flock`` ``how``; a
+        non-blocking one may raise ``BlockingIOError``); returns its descriptor.
 
-    def path(self, canonical: str, stat: Stat) -> str:
+        Lock files are deleted by whoever holds them exclusively (an evictor with the entry, a
+        downloader when done): a lock taken on a file deleted meanwhile is on a name nobody else
+        uses, so it is dropped and the lock taken again on the file now there."""
+        import fcntl
+
+        where = self._lock_path(path, kind)
+        while True:
+            os.makedirs(os.path.dirname(where), exist_ok=True)
+            fd = os.open(where, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            _HELD.add(fd)
+            try:
+                fcntl.flock(fd, how)
+                if os.stat(where).st_ino == os.fstat(fd).st_ino:
+                    return fd
+            except FileNotFoundError:
+                pass
+            except BaseException:
+                _close(fd)
+                raise
+            _close(fd)
+
+    def _unlock_and_delete(self, fd: int, path: str, kind: str) -> None:
+        """Deletes a lock file this process holds exclusively, then lets it go."""
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self._lock_path(path, kind))
+        _close(fd)
+
+    def path(self, canonical: str, stat: Stat, span: Span | None = None) -> str:
+        """The entry of the shard ``canonical`` at ``stat``: ``<digest>-<name>``, or for the part
+        ``span`` of it, ``<digest>+<start>-<stop>-<name>``."""
         digest = hashlib.sha256(f"{canonical}|{stat.size}|{stat.version}".encode()).hexdigest()[:32]
         base = re.sub(r"[^A-Za-z0-9._-]", "_", canonical.rpartition("/")[2])[-80:].lstrip(".") or "shard"
-        return os.path.join(self.root, f"{digest}-{base}")
+        part = "-" if span is None else f"+{span[0]}-{span[1]}-"
+        return os.path.join(self.root, f"{digest}{part}{base}")
 
-    def fetch(self, canonical: str, stat: Stat, download: Callable[[IO[bytes]], None]) -> Entry:
-        """The cached file of the shard ``canonical`` at ``stat``, pinned; downloaded first (by
-        ``download``, which writes the whole shard to the file it is given, or raises) unless
-        present. Concurrent
-        callers, in any process of the node, wait for one download. The caller releases the
+    def fetch(
+        self,
+        canonical: str,
+        stat: Stat,
+        download: Callable[[IO[bytes], Span | None], None],
+        *,
+        need: Span | None = None,
+        span: Span | None = None,
+    ) -> Entry:
+        """A cached file holding the bytes ``need`` (``None``: all) of the shard ``canonical`` at
+        ``stat``, pinned: the whole shard, or a part of it that holds ``need``, when one is there;
+        else downloaded first, by ``download(file, span)``, which writes the part ``span`` of the
+        shard (``None``: the whole shard) to ``file``, whole, or raises. Concurrent callers, in any
+        process of the node, wait for one download of a shard at a time. The caller releases the
         entry (:meth:`release`)."""
         import fcntl
 
-        path = self.path(canonical, stat)
+        if span is not None and not covers(span, need):
+            raise ValueError(f"ShardCache.fetch: the part {span} does not hold the bytes {need}")
+        whole = self.path(canonical, stat)
         os.makedirs(self.root, exist_ok=True)
-        pin = self._open_lock(path, "pin")
+        found = self._present(whole, need)
+        if found is not None:
+            return found
+        path = whole if span is None else self.path(canonical, stat, span)
+        # Pinned first, even before it exists: an evictor (the only one to lock it exclusively,
+        # never waiting) cannot then delete it between the download and its use.
+        pin = self._lock(path, "pin", fcntl.LOCK_SH)  # released when closed, or when this process dies
         try:
-            # Pinned first, even before it exists: an evictor (the only one to lock it exclusively,
-            # never waiting) cannot then delete it between the download and its use.
-            fcntl.flock(pin, fcntl.LOCK_SH)  # released when closed, or when this process dies
-            if not os.path.exists(path):
-                mutex = self._open_lock(path, "dl")
-                try:
-                    fcntl.flock(mutex, fcntl.LOCK_EX)  # one downloader; the others wait for it here
-                    if not os.path.exists(path):  # nobody downloaded it meanwhile
-                        self._download(path, download)
-                        self.evict(keep=path)
-                finally:
-                    _close(mutex)
+            mutex = self._lock(whole, "dl", fcntl.LOCK_EX)  # one download per shard; the others wait here
+            try:
+                found = self._present(whole, need)  # downloaded meanwhile, by another process
+                if found is not None:
+                    _close(pin)
+                    return found
+                if not os.path.exists(path):
+                    self._download(path, lambda f: download(f, span))
+                    self.evict(keep=path)
+            finally:
+                self._unlock_and_delete(mutex, whole, "dl")
             _touch(path)
-            return Entry(path, pin)
+            return Entry(path, pin, span)
         except BaseException:
             _close(pin)
             raise
+
+    def _present(self, whole: str, need: Span | None) -> Entry | None:
+        """The entry of the whole shard, else (for ``need``) a part that holds it, pinned, where
+        one is there; ``None`` otherwise."""
+        import fcntl
+
+        candidates: list[tuple[str, Span | None]] = [(whole, None)]
+        if need is not None and not os.path.exists(whole):
+            digest, _, base = os.path.basename(whole).partition("-")
+            with contextlib.suppress(FileNotFoundError), os.scandir(self.root) as it:
+                for e in it:
+                    m = _PART.fullmatch(e.name)
+                    if m and m["digest"] == digest and m["base"] == base:
+                        span = (int(m["start"]), int(m["stop"]))
+                        if covers(span, need):
+                            candidates.append((e.path, span))
+        for path, part in candidates:
+            if not os.path.exists(path):
+                continue
+            pin = self._lock(path, "pin", fcntl.LOCK_SH)
+            if os.path.exists(path):  # not evicted before the pin
+                _touch(path)
+                return Entry(path, pin, part)
+            _close(pin)
+        return None
 
     @staticmethod
     def release(entry: Entry) -> None:
@@ -143,6 +231,27 @@ class ShardCache:
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(e.path)
 
+    def _clean_locks(self, entries: set[str]) -> None:
+        """Deletes the lock files of entries that are gone (evicted by an older gpupipe, deleted by
+        hand, a download that failed), where nobody holds them."""
+        import fcntl
+
+        with contextlib.suppress(FileNotFoundError), os.scandir(os.path.join(self.root, ".locks")) as it:
+            names = [e.name for e in it]
+        for name in names:
+            entry, dot, kind = name.rpartition(".")
+            if not dot or kind not in ("pin", "dl") or entry in entries:
+                continue
+            path = os.path.join(self.root, entry)
+            try:
+                fd = self._lock(path, kind, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:  # in use: a download, or a pin taken before its download
+                continue
+            if os.path.exists(path):  # downloaded meanwhile: its pin lock stays
+                _close(fd)
+            else:
+                self._unlock_and_delete(fd, path, kind)
+
     def _entries(self) -> list[tuple[float, int, str]]:
         """``(last use, size, path)`` of every complete entry."""
         found = []
@@ -166,17 +275,16 @@ class ShardCache:
 
         self._clean_partial()
         entries = sorted(self._entries())
+        self._clean_locks({os.path.basename(path) for _, _, path in entries})
         total, bound, evicted = sum(size for _, size, _ in entries), self.bound(), 0
         for _, size, path in entries:
             if total <= bound:
                 break
             if path == keep:
                 continue
-            fd = self._open_lock(path, "pin")
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fd = self._lock(path, "pin", fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:  # pinned by some process
-                _close(fd)
                 continue
             try:
                 os.unlink(path)
@@ -184,7 +292,7 @@ class ShardCache:
             except FileNotFoundError:
                 pass
             finally:
-                _close(fd)
+                self._unlock_and_delete(fd, path, "pin")
         if total > bound and not self._warned:
             self._warned = True
             log.warning(

@@ -8,6 +8,11 @@ for the shards up to ``ahead`` beyond those, and downloads them in background th
 node-local cache (``_remote``). With ``shuffle=True`` a rank reads ``interleave`` shards at once and
 moves to the next group when they run out: the default ``ahead`` is therefore ``interleave``, so the
 next group is in the cache before it is needed.
+
+A shard the plan splits between ranks (at most the two at the ends of a rank's part of the shard
+order) is read partly by each: where the shard's index is known without reading it (cached, or
+from the index files beside the shards) and the rank's part is at most half of the shard, the
+storage is told (``Storage.expect_parts``) and downloads only that byte range.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ if TYPE_CHECKING:
     from ._index import Index
     from ._storage import Storage
 
-__all__ = ["ShardPrefetch", "prefetcher", "prepare_remote"]
+__all__ = ["ShardPrefetch", "prefetcher", "prepare_remote", "parts"]
 
 log = logging.getLogger("gpupipe")
 
@@ -61,12 +66,40 @@ def prefetcher(index: Index, samples: np.ndarray, batch_size: int, ahead: int) -
     if storage is None or not storage.remote or not len(samples):
         return None
     shard_of = np.searchsorted(index.offsets, samples, side="right") - 1
-    shards, first = np.unique(shard_of, return_index=True)
+    shards, first, counts = np.unique(shard_of, return_index=True, return_counts=True)
     order = np.argsort(first, kind="stable")
     urls = [index.shards[int(s)].path for s in shards[order]]
+    storage.expect_parts(parts(index, samples, shard_of, shards[counts < index.shard_sizes[shards]]))
     num_batches = -(-len(samples) // batch_size)
     needed = np.searchsorted(first[order], np.arange(1, num_batches + 1) * batch_size, side="left")
     return ShardPrefetch(storage, urls, needed, ahead)
+
+
+PART_AT_MOST = 0.5  # a shard is downloaded whole unless the part a rank reads is at most this fraction of it
+
+
+def parts(index: Index, samples: np.ndarray, shard_of: np.ndarray, partly: np.ndarray) -> dict[str, tuple[int, int]]:
+    """``{url: (start, stop)}``: the bytes of each shard of ``partly`` (shard numbers) that
+    ``samples`` (global numbers; ``shard_of``, their shards) need — their image and label
+    members — where that is at most ``PART_AT_MOST`` of the shard and its index is known without
+    reading it. An epoch's plan splits at most the shards at both ends of a rank's part of the
+    shard order between ranks (and shards with samples left out as bad, read nearly whole)."""
+    found: dict[str, tuple[int, int]] = {}
+    for s in partly.tolist():
+        shard = index.shards[s]
+        if shard.detail_needs_data or not shard.nbytes:
+            continue
+        detail = index.shard(s).detail()[1]
+        rows = samples[shard_of == s] - index.offsets[s]
+        ranges = [detail["image_range"][rows]]
+        if "label_range" in detail:
+            ranges.append(detail["label_range"][rows])
+        members = np.concatenate(ranges)
+        members = members[members[:, 1] >= 0]  # (unlabeled samples have no label range: -1)
+        start, stop = int(members[:, 0].min()), int((members[:, 0] + members[:, 1]).max())
+        if stop - start <= PART_AT_MOST * shard.nbytes:
+            found[shard.path] = (start, stop)
+    return found
 
 
 def prepare_remote(index: Index, *, at_once: int, ahead: int, local_ranks: int) -> None:

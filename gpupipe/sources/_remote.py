@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Any, TypeVar
 
 from .._errors import ConfigError, redact
-from ._cache import Entry, ShardCache, drop_inherited
+from ._cache import Entry, ShardCache, Span, covers, drop_inherited
 from ._mapped import MappedFile
 from ._storage import LocalStorage, Stat, Storage, compressed
 
@@ -77,6 +77,10 @@ def canonical_url(url: str) -> str:
 
 class _Closed(Exception):
     """A download stopped by :meth:`RemoteStorage.close`."""
+
+
+class _NoRanges(Exception):
+    """The server answers range requests with the whole object."""
 
 
 _LIVE: weakref.WeakSet[RemoteStorage] = weakref.WeakSet()
@@ -139,6 +143,8 @@ class RemoteStorage(Storage):
         self._stopping = threading.Event()  # close(): prefetch threads and downloads stop
         self._fetching: dict[str, threading.Lock] = {}  # url -> the lock of its fetch, in this process
         self._failed: dict[str, tuple[float, str]] = {}  # url -> when and why its last fetch failed
+        self._parts: dict[str, Span] = {}  # url -> the bytes this process reads of it (expect_parts)
+        self._whole_only = False  # the server refused a range request: parts are fetched whole
 
     def __getstate__(self) -> dict[str, Any]:
         keep = ("protocol", "storage_options", "cache", "keep", "retries", "backoff")
@@ -181,7 +187,7 @@ class RemoteStorage(Storage):
         if self._pid != os.getpid():
             self._init_process_state()
         entry = self._pins.get(url)
-        if entry is not None:
+        if entry is not None and entry.span is None:
             return open(entry.path, "rb")
         entry = self._fetch(url)
         try:
@@ -190,41 +196,82 @@ class RemoteStorage(Storage):
             ShardCache.release(entry)
 
     def read(self, url: str, offset: int, size: int) -> bytes:
-        return self._local.read(self.local_path(url), offset, size)
+        return self._cached(url, (offset, offset + size), lambda path, at: self._local.read(path, offset - at, size))
 
     def read_into(self, url: str, offset: int, out: memoryview) -> int:
-        return self._local.read_into(self.local_path(url), offset, out)
+        need = (offset, offset + len(out))
+        return self._cached(url, need, lambda path, at: self._local.read_into(path, offset - at, out))
 
     def read_ranges_into(self, url: str, ranges: Sequence[tuple[int, int]], out: memoryview, at: Sequence[int]) -> int:
-        return self._local.read_ranges_into(self.local_path(url), ranges, out, at)
+        if not len(ranges):
+            return 0
+        need = (min(o for o, _ in ranges), max(o + n for o, n in ranges))
+
+        def read(path: str, start: int) -> int:
+            shifted = [(o - start, n) for o, n in ranges] if start else ranges
+            return self._local.read_ranges_into(path, shifted, out, at)
+
+        return self._cached(url, need, read)
 
     def map(self, url: str) -> MappedFile | None:
+        """The cached shard mapped; ``None`` (read it) where this process reads a part of it."""
+        entry = self._pins.get(url)
+        if (entry is None or entry.span is not None) and url in self._parts:
+            return None
         return self._local.map(self.local_path(url))
 
+    def expect_parts(self, parts: Mapping[str, tuple[int, int]]) -> None:
+        checked = {url: (int(start), int(stop)) for url, (start, stop) in parts.items()}
+        wrong = [(url, part) for url, part in checked.items() if not 0 <= part[0] < part[1]]
+        if wrong:
+            raise ValueError(f"expect_parts: {redact(wrong[0][0])}: {wrong[0][1]} is not [start, stop) bytes")
+        self._parts = checked
+
     def local_path(self, url: str, *, remember_failure: bool = True) -> str:
-        """The shard's file in the cache, downloaded first if needed, and pinned in this process
-        (its :attr:`keep` most recently used shards are). A fetch that fails after every try is
-        remembered for ``FAILED_FOR_S`` (reads of that shard then fail at once), unless
-        ``remember_failure`` is false (a prefetch: the read that needs the shard tries itself)."""
+        """The whole shard's file in the cache, downloaded first if needed, and pinned in this
+        process (see :meth:`_entry`)."""
+        return self._entry(url, None, remember_failure=remember_failure).path
+
+    def _cached(self, url: str, need: Span, read: Callable[[str, int], T]) -> T:
+        """``read(path, start)`` of a cached file holding the bytes ``need`` of the shard, which
+        starts at byte ``start`` of the shard; again (fetched again) if the file went away."""
+        entry = self._entry(url, need)
+        try:
+            return read(entry.path, entry.start)
+        except FileNotFoundError:  # evicted between another thread's unpinning and this read
+            self._drop_pin(url, entry)
+            entry = self._entry(url, need)
+            return read(entry.path, entry.start)
+
+    def _entry(self, url: str, need: Span | None, *, remember_failure: bool = True) -> Entry:
+        """A cached file holding the bytes ``need`` (``None``: all) of the shard, downloaded first
+        if needed — only the part :meth:`expect_parts` announced, where it holds ``need`` — and
+        pinned in this process (its :attr:`keep` most recently used shards are). A fetch that
+        fails after every try is remembered for ``FAILED_FOR_S`` (reads of that shard then fail at
+        once), unless ``remember_failure`` is false (a prefetch: the read that needs the shard
+        tries itself)."""
         if self._pid != os.getpid():
             self._init_process_state()
         entry = self._pins.get(url)
-        if entry is not None:
+        if entry is not None and covers(entry.span, need):
             with self._lock:
                 if url in self._pins:
                     self._pins.move_to_end(url)  # recently used: unpinned last
-            return entry.path  # pinned: still there
+            return entry  # pinned: still there
         with self._lock:
             fetching = self._fetching.setdefault(url, threading.Lock())
         with fetching:  # one thread of this process fetches a shard; the others wait for it
             entry = self._pins.get(url)
-            if entry is not None:
-                return entry.path
+            if entry is not None and covers(entry.span, need):
+                return entry
             failed = self._failed.get(url)
             if failed is not None and time.monotonic() - failed[0] < FAILED_FOR_S:
                 raise OSError(f"{failed[1]} (failed {time.monotonic() - failed[0]:.0f} s ago; not tried again yet)")
+            part = self._parts.get(url)
+            if part is None or not covers(part, need) or self._whole_only or compressed(url):
+                part = None
             try:
-                entry = self._fetch(url)
+                entry = self._fetch(url, need=need, span=part)
             except OSError as e:  # after every try: every sample of the shard fails fast for a while
                 if remember_failure:
                     self._failed[url] = (time.monotonic(), redact(str(e)))
@@ -232,17 +279,38 @@ class RemoteStorage(Storage):
             self._failed.pop(url, None)
             released = []
             with self._lock:
+                old = self._pins.pop(url, None)  # a part that does not hold `need`
+                if old is not None:
+                    released.append(old)
                 self._pins[url] = entry
                 while len(self._pins) > self.keep:
                     released.append(self._pins.popitem(last=False)[1])
             for old in released:
                 self._unpin(old)
-            return entry.path
+            return entry
 
-    def _fetch(self, url: str) -> Entry:
-        """The shard's cache entry at its current version, pinned; downloaded first if needed."""
+    def _drop_pin(self, url: str, entry: Entry) -> None:
+        with self._lock:
+            if self._pins.get(url) == entry:
+                del self._pins[url]
+            else:
+                return
+        self._unpin(entry)
+
+    def _fetch(self, url: str, *, need: Span | None = None, span: Span | None = None) -> Entry:
+        """A cache entry of the shard at its current version holding ``need`` (``None``: all),
+        pinned; downloaded first if needed: the part ``span`` (``None``: the whole shard)."""
         stat = self.stat(url)
-        return self.cache.fetch(self.canonical(url), stat, lambda f: self._download(url, f, stat.size))
+
+        def download(f: IO[bytes], part: Span | None) -> None:
+            self._download(url, f, stat.size, part)
+
+        try:
+            return self.cache.fetch(self.canonical(url), stat, download, need=need, span=span)
+        except _NoRanges:
+            log.info("gpupipe: %s ignores range requests: shards are downloaded whole", redact(url))
+            self._whole_only = True
+            return self.cache.fetch(self.canonical(url), stat, download, need=need)
 
     def _unpin(self, entry: Entry) -> None:
         """Lets an entry go: its pin, and this process's descriptors of it (an evicted file kept
@@ -283,13 +351,17 @@ class RemoteStorage(Storage):
             if url is None or self._stopping.is_set():
                 return
             try:
-                self.local_path(url, remember_failure=False)
+                self._entry(url, self._parts.get(url), remember_failure=False)
             except Exception as e:  # the read that needs it tries again and reports
                 log.info("gpupipe: prefetching %s failed: %s", redact(url), redact(str(e)))
 
-    def _download(self, url: str, out: IO[bytes], size: int) -> None:
-        """Writes the shard (decompressed where it is compressed) to ``out``, whole: a transfer
-        cut short (fewer than ``size`` bytes, a gzip stream without its end) is tried again."""
+    def _download(self, url: str, out: IO[bytes], size: int, span: Span | None = None) -> None:
+        """Writes the shard (decompressed where it is compressed) to ``out``, whole, or the bytes
+        ``span`` of it (range requests): a transfer cut short (fewer than ``size`` bytes, a gzip
+        stream without its end) is tried again."""
+        if span is not None:
+            self._retry(url, "download", lambda: self._download_part(url, out, span))
+            return
 
         def whole() -> None:
             out.seek(0)
@@ -310,6 +382,26 @@ class RemoteStorage(Storage):
 
         self._retry(url, "download", whole)
 
+    def _download_part(self, url: str, out: IO[bytes], span: Span) -> None:
+        out.seek(0)
+        out.truncate()
+        start, stop = span
+        try:
+            # cache_type "none": each read asks for exactly its bytes (no read-ahead past `stop`)
+            with self.fs().open(url, "rb", block_size=CHUNK, cache_type="none") as src:
+                src.seek(start)
+                while out.tell() < stop - start and (chunk := src.read(min(CHUNK, stop - start - out.tell()))):
+                    if self._stopping.is_set():
+                        raise _Closed
+                    out.write(chunk)
+        except ValueError as e:
+            if "range" in str(e).lower():  # fsspec's http file, where the server sends the whole object
+                raise _NoRanges from e
+            raise
+        if out.tell() != stop - start:
+            raise OSError(f"the transfer of bytes {start}-{stop} ended after {out.tell()} bytes")
+        out.flush()
+
     def _copy(self, src: Any, out: IO[bytes]) -> None:
         while chunk := src.read(CHUNK):
             if self._stopping.is_set():
@@ -320,7 +412,7 @@ class RemoteStorage(Storage):
         for attempt in range(self.retries + 1):
             try:
                 return call()
-            except (PermissionError, ConfigError):
+            except (PermissionError, ConfigError, _NoRanges):
                 raise
             except _Closed:
                 raise OSError(f"{what} {redact(url)}: the storage was closed") from None

@@ -111,6 +111,11 @@ class Storage(abc.ABC):
         """A hint: ``urls`` are read next, in this order. A remote storage downloads them ahead
         (keeping at least ``keep`` shards at hand); local storages ignore it."""
 
+    def expect_parts(self, parts: Mapping[str, tuple[int, int]]) -> None:  # noqa: B027 - a hint
+        """A hint, until the next call: of each shard in ``parts``, this process reads only the
+        bytes ``[start, stop)``. A remote storage that can download part of a shard then fetches
+        only those (a byte range); local storages ignore it."""
+
     def stop_prefetch(self) -> None:  # noqa: B027 - a hint
         """Drops the queued :meth:`prefetch` work not started."""
 
