@@ -122,6 +122,10 @@ class LoaderConfig:
             this many samples. Default 4096.
         interleave: with ``shuffle=True`` on tar shards, each rank reads this many shards at once,
             evenly interleaved, before the buffer mixes them. Default 64.
+        shards_ahead: remote shards only: how many shards beyond those the epoch has reached are
+            downloaded ahead into the node's shard cache (each process keeps ``interleave +
+            shards_ahead + 1`` at hand). ``None`` (default): ``interleave`` with ``shuffle=True``
+            (the whole next group of shards read at once), else 4; ``0``: none ahead.
         rank, world_size: this process's place among the data-parallel ranks; ``None`` (default)
             takes them from ``torch.distributed``, else ``RANK``/``WORLD_SIZE``, else
             ``SLURM_PROCID``/``SLURM_NTASKS``, else rank 0 of 1. Pass both or neither.
@@ -167,6 +171,7 @@ class LoaderConfig:
     prefetch: int = 2
     shuffle_buffer: int = 4096
     interleave: int = 64
+    shards_ahead: int | None = None
     rank: int | None = None
     world_size: int | None = None
     memory_format: torch.memory_format = torch.contiguous_format
@@ -193,6 +198,7 @@ class LoaderConfig:
         check_int(owner, self.prefetch, "prefetch", minimum=1)
         check_int(owner, self.shuffle_buffer, "shuffle_buffer", minimum=1)
         check_int(owner, self.interleave, "interleave", minimum=1)
+        check_optional_int(owner, self.shards_ahead, "shards_ahead", minimum=0)
         check_optional_int(owner, self.rank, "rank")
         check_optional_int(owner, self.world_size, "world_size")
         if self.memory_format not in _MEMORY_FORMATS:

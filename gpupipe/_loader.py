@@ -87,8 +87,8 @@ class Loader:
         **options: keyword-only options, validated together as a :class:`~gpupipe.LoaderConfig`
             (its docstring describes each): ``shuffle``, ``drop_last``, ``seed``, ``backend``,
             ``device``, ``num_workers``, ``prefetch``, ``shuffle_buffer``, ``interleave``,
-            ``rank``, ``world_size``, ``memory_format``, ``dali``, ``on_error``, ``max_skipped``,
-            ``max_image_pixels``, ``apply_exif_orientation``.
+            ``shards_ahead``, ``rank``, ``world_size``, ``memory_format``, ``dali``, ``on_error``,
+            ``max_skipped``, ``max_image_pixels``, ``apply_exif_orientation``.
 
     Yields:
         :class:`Batch`: unpacks as ``images, labels`` — ``images`` ``[B, C, H, W]`` of the
@@ -375,8 +375,11 @@ class Loader:
             )
 
     def _shards_ahead(self) -> int:
-        """Remote shards downloaded ahead of those the epoch has needed: a whole next interleave
-        group when shuffling (a rank reads ``interleave`` shards at once), else a few."""
+        """Remote shards downloaded ahead of those the epoch has needed: ``shards_ahead``, by
+        default a whole next interleave group when shuffling (a rank reads ``interleave`` shards
+        at once), else a few."""
+        if self.config.shards_ahead is not None:
+            return self.config.shards_ahead
         return self.config.interleave if self.config.shuffle else 4
 
     def _skip(

@@ -33,6 +33,7 @@ class TestLoaderConfig:
             (dict(batch_size=2, prefetch=0), "prefetch must be a positive int"),
             (dict(batch_size=2, shuffle_buffer=0), "shuffle_buffer"),
             (dict(batch_size=2, interleave=True), "interleave"),
+            (dict(batch_size=2, shards_ahead=-1), "shards_ahead must be None or an int >= 0"),
             (dict(batch_size=2, rank=True, world_size=2), "rank"),
             (dict(batch_size=2, memory_format=torch.preserve_format), "memory_format"),
         ],

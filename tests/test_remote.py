@@ -282,6 +282,12 @@ def cached(cache: str) -> list[str]:
     return [f for f in os.listdir(cache) if f.endswith(".tar")] if os.path.isdir(cache) else []
 
 
+def _mapped_deleted(root: str) -> int:
+    """Files under ``root`` this process still maps though they were deleted."""
+    with open("/proc/self/maps") as f:
+        return len({line.split(None, 5)[-1] for line in f if root in line and line.rstrip().endswith("(deleted)")})
+
+
 @contextlib.contextmanager
 def _forked_child() -> Iterator[None]:
     """A forked child that lives while the block runs, as a torch worker would; the block starts
@@ -321,20 +327,36 @@ class TestBoundedCache:
         assert 3 <= len(cached(cache)) < len(many_shards)  # evicted while training
         assert sum(shard_gets(many_server).values()) > len(many_shards)  # the second epoch fetched again
 
-    def test_shards_are_downloaded_ahead_of_the_plan(self, many_shards, many_server, cache):
+    def test_evicted_shards_are_not_kept_mapped(self, many_shards, many_server, cache):
+        """DALI's CPU reader maps the cached shards: once a shard is let go and evicted, its map
+        goes too (with the batches that used it), so that its disk space is freed while training."""
+        if not gp.backends.get("dali").available():
+            pytest.skip("needs DALI")
+        urls = [f"{many_server.url}/{n}" for n in names(many_shards)]
+        source = gp.WebDataset(urls, cache_dir=cache, cache_size=3 * os.path.getsize(many_shards[0]))
+        deleted = []
+        with gp.Loader(val(source), 4, backend="dali", device="cpu") as loader:
+            for _ in loader:
+                deleted.append(_mapped_deleted(cache))
+        assert len(cached(cache)) < len(many_shards)  # evicted while training
+        assert max(deleted) <= 2, deleted  # at most the maps of batches still in flight
+
+    @pytest.mark.parametrize("ahead", [None, 0, 2])
+    def test_shards_are_downloaded_ahead_of_the_plan(self, many_shards, many_server, cache, ahead):
         urls = [f"{many_server.url}/{n}" for n in names(many_shards)]
         gp.WebDataset(urls, cache_dir=cache).index().close()  # the first index reads every shard...
         shutil.rmtree(cache)  # ...later ones only ask for sizes and versions (the index is cached)
         with gp.Loader(val(gp.WebDataset(urls, cache_dir=cache)), 4, backend="torch", device="cpu",
-                       num_workers=0) as loader:  # fmt: skip
+                       num_workers=0, shards_ahead=ahead) as loader:  # fmt: skip
             assert not cached(cache)
             batches = iter(loader)
-            next(batches)  # batch 0 read shard 0; batch 1 needs shard 1: shards 2-5 are fetched ahead
+            next(batches)  # batch 0 read shard 0; batch 1 needs shard 1: by default shards 2-5 ahead
+            expected = 2 + (4 if ahead is None else ahead)
             deadline = time.monotonic() + 30
-            while len(cached(cache)) < 6 and time.monotonic() < deadline:
+            while len(cached(cache)) < expected and time.monotonic() < deadline:
                 time.sleep(0.05)
             time.sleep(0.2)
-            assert sorted(f[-8:-4] for f in cached(cache)) == ["0000", "0001", "0002", "0003", "0004", "0005"]
+            assert sorted(f[-8:-4] for f in cached(cache)) == [f"{i:04d}" for i in range(expected)]
             del batches
 
     def test_a_forked_child_does_not_keep_the_parents_pins(self, many_shards, many_server, cache):

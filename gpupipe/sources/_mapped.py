@@ -55,6 +55,9 @@ def _signal_is_free() -> bool:
     return sigurg is not None and signal.getsignal(sigurg) in (signal.SIG_DFL, signal.SIG_IGN)
 
 
+_NOTHING = np.zeros(0, np.uint8)
+
+
 class MappedFile:
     """A whole file mapped read-only under a read lease (see the module's docstring).
 
@@ -130,6 +133,11 @@ class MappedFile:
             self._retire()
 
     @property
+    def retired(self) -> bool:
+        """Whether no new use will be granted (retired, or its lease broke)."""
+        return self._retired
+
+    @property
     def leased(self) -> bool:
         """Whether the lease is still held (for tests and diagnostics)."""
         return self._fd is not None
@@ -158,8 +166,10 @@ class MappedFile:
             else:  # a forked child: closing its copy leaves the parent's lease alone
                 os.close(self._fd)
         self._fd = None
-        # The mapping itself is unmapped when the last view of `array` is collected; nothing reads
-        # it any more, and a truncated file's pages are never touched again.
+        # The mapping itself is unmapped when the last view of `array` is collected (this object's
+        # own reference goes now): nothing reads it any more, a truncated file's pages are never
+        # touched again, and a deleted file's disk space is freed.
+        self.array = _NOTHING
 
     def __del__(self) -> None:
         with contextlib.suppress(Exception):  # interpreter shutdown

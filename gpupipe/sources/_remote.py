@@ -144,6 +144,7 @@ class RemoteStorage(Storage):
         self._fetching: dict[str, threading.Lock] = {}  # url -> the lock of its fetch, in this process
         self._failed: dict[str, tuple[float, str]] = {}  # url -> when and why its last fetch failed
         self._parts: dict[str, Span] = {}  # url -> the bytes this process reads of it (expect_parts)
+        self._maps: dict[str, weakref.WeakSet[MappedFile]] = {}  # cached file -> its maps, retired when let go
         self._whole_only = False  # the server refused a range request: parts are fetched whole
 
     def __getstate__(self) -> dict[str, Any]:
@@ -218,7 +219,12 @@ class RemoteStorage(Storage):
         entry = self._pins.get(url)
         if (entry is None or entry.span is not None) and url in self._parts:
             return None
-        return self._local.map(self.local_path(url))
+        path = self.local_path(url)
+        mapped = self._local.map(path)
+        if mapped is not None:
+            with self._lock:
+                self._maps.setdefault(path, weakref.WeakSet()).add(mapped)
+        return mapped
 
     def expect_parts(self, parts: Mapping[str, tuple[int, int]]) -> None:
         checked = {url: (int(start), int(stop)) for url, (start, stop) in parts.items()}
@@ -317,6 +323,10 @@ class RemoteStorage(Storage):
         open would hold its disk space)."""
         ShardCache.release(entry)
         self._local.forget(entry.path)
+        with self._lock:
+            maps = list(self._maps.pop(entry.path, ()))
+        for mapped in maps:
+            mapped.retire()  # its lease goes once the batches using it are done
 
     def prefetch(self, urls: Sequence[str], *, keep: int | None = None) -> None:
         """Queues ``urls`` for download into the cache in the background, in order, by

@@ -16,7 +16,7 @@ Format (JSON): ``{"format": "gpupipe-shard-summary", "version": 2, "size": <shar
 "detail"}, ...], "keys": [<n keys>], "exts": [<n chosen image extensions>], "image_range":
 [offset, size, offset, size, ...], "label_range": [...] | null, "labels": [<n integers>] | null}``
 (ranges of member data, labels parsed, ``NO_LABEL`` where not an integer). Version 1 (written by
-gpupipe before 2026-11-23) has no per-sample fields: its shards are scanned once downloaded, and
+earlier gpupipe versions) has no per-sample fields: its shards are scanned once downloaded, and
 always downloaded whole.
 """
 
