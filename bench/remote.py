@@ -140,9 +140,9 @@ def split(args: argparse.Namespace, local: list[str], work: str) -> None:
         f"({os.cpu_count()} cores, no GPU). One shuffled epoch (seed 0) of the ImageNet training pipeline, "
         f"batch {args.batch}, over {len(local)} shards of {SHARD_SIZE} synthetic 500x375 JPEGs in a SeaweedFS "
         "S3 store on 127.0.0.1, read through s3fs by every rank of a job in turn, each rank with its own empty "
-        "shard cache (as if each were on its own node), the index cache filled beforehand. The bytes the ranks downloaded together, with the shards "
-        "the plan splits between ranks downloaded whole (as before byte ranges) and in parts (byte ranges, the "
-        "default). 1.00x: every byte of the dataset once."
+        "shard cache (as if each were on its own node), the index cache filled beforehand. The bytes the "
+        "ranks downloaded together, with the shards the plan splits between ranks downloaded whole (as before "
+        "byte ranges) and in parts (byte ranges, the default). 1.00x: every byte of the dataset once."
     )
     publish(args.out, "remote-split", "Bytes downloaded by ranks that split shards", intro,
             ["ranks", "dataset (MB)", "downloaded, whole shards (MB)", "downloaded, parts (MB)"], rows)  # fmt: skip

@@ -123,8 +123,8 @@ class LoaderConfig:
         interleave: with ``shuffle=True`` on tar shards, each rank reads this many shards at once,
             evenly interleaved, before the buffer mixes them. Default 64.
         shards_ahead: remote shards only: how many shards beyond those the epoch has reached are
-            downloaded ahead into the node's shard cache (each process keeps ``interleave +
-            shards_ahead + 1`` at hand). ``None`` (default): ``interleave`` with ``shuffle=True``
+            downloaded ahead into the node's shard cache (each process keeps the shards it
+            reads at once, plus these, plus one, at hand). ``None`` (default): ``interleave`` with ``shuffle=True``
             (the whole next group of shards read at once), else 4; ``0``: none ahead.
         rank, world_size: this process's place among the data-parallel ranks; ``None`` (default)
             takes them from ``torch.distributed``, else ``RANK``/``WORLD_SIZE``, else

@@ -24,6 +24,7 @@ import gpupipe as gp
 from gpupipe._cli import main
 from gpupipe.sources import LocalStorage, _webdataset
 from gpupipe.sources._cache import ShardCache
+from gpupipe.sources._index import Index, ShardIndex
 from gpupipe.sources._prefetch import parts
 from gpupipe.sources._remote import RemoteStorage, canonical_url
 from gpupipe.sources._storage import Stat
@@ -78,6 +79,8 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
         self.send_header("Content-Length", str(end - start))
         self.send_header("Last-Modified", self.date_time_string(int(os.stat(path).st_mtime)))
         self.send_header("ETag", f'"{os.stat(path).st_mtime_ns}"')
+        if self.server.says_no_ranges:
+            self.send_header("Accept-Ranges", "none")
         if self.server.ranges:
             self.send_header("Accept-Ranges", "bytes")
             if code == 206:
@@ -100,6 +103,8 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
         self.send_response(200)
         self.send_header("Content-Length", str(st.st_size))
         self.send_header("ETag", f'"{st.st_mtime_ns}"')
+        if self.server.says_no_ranges:
+            self.send_header("Accept-Ranges", "none")
         if self.server.ranges:
             self.send_header("Accept-Ranges", "bytes")
         self.end_headers()
@@ -108,6 +113,7 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
 class _Server(http.server.ThreadingHTTPServer):
     daemon_threads = True
     ranges = True
+    says_no_ranges = False  # "Accept-Ranges: none" (with ranges off)
 
     def __init__(self, root: str) -> None:
         super().__init__(("127.0.0.1", 0), functools.partial(_Handler, directory=root))
@@ -384,6 +390,35 @@ class TestBoundedCache:
             again = shard_cache._lock(os.path.join(shard_cache.root, "x-a.tar"), "dl", fcntl.LOCK_EX | fcntl.LOCK_NB)
             _cache._close(again)
 
+    def test_a_lock_file_opened_during_a_fork_is_not_kept_by_the_child(self, cache, monkeypatch):
+        """A fork while another thread is inside ``os.open`` of a lock file (which releases the
+        GIL): the child must not keep that lock (it did, and a worker waited forever)."""
+        import fcntl
+
+        from gpupipe.sources import _cache
+
+        shard_cache, where = ShardCache(cache), os.path.join(cache, "x-a.tar")
+        real_open, opening = os.open, threading.Event()
+
+        def slow_open(path, *args, **kwargs):
+            fd = real_open(path, *args, **kwargs)
+            if str(path).endswith(".dl"):
+                opening.set()
+                time.sleep(0.3)  # the GIL is free: the main thread forks now
+            return fd
+
+        monkeypatch.setattr(_cache.os, "open", slow_open)
+        held: list[int] = []
+        thread = threading.Thread(target=lambda: held.append(shard_cache._lock(where, "dl", fcntl.LOCK_EX)))
+        thread.start()
+        opening.wait()
+        with _forked_child():
+            thread.join()
+            monkeypatch.undo()
+            _cache._close(held[0])  # the parent's download ended
+            # free: raises BlockingIOError if the child kept a copy
+            _cache._close(shard_cache._lock(where, "dl", fcntl.LOCK_EX | fcntl.LOCK_NB))
+
     def test_a_failed_prefetch_does_not_block_the_read(self, many_shards, many_server, cache, monkeypatch):
         monkeypatch.setattr(RemoteStorage, "__init__", _fast_retries(RemoteStorage.__init__))
         url = f"{many_server.url}/{names(many_shards)[5]}"
@@ -498,8 +533,13 @@ class TestIndexFiles:
             {"keys": None},
             {"labels": ["x"] * MANY[0]},
             {"image_range": [1 << 40, 10] * MANY[0]},  # outside the shard
+            {"image_range": [(1 << 62) + (1 << 61), 1 << 62] * MANY[0]},  # wraps around in int64
+            {"image_range": [0.5, 10.7] * MANY[0]},  # not integers
+            {"labels": [True] * MANY[0]},
+            {"exts": ["gif"] * MANY[0]},  # not an extension asked for
+            {"exts": ["j pg"] * MANY[0]},
         ],
-        ids=["ranges", "keys", "labels", "outside"],
+        ids=["ranges", "keys", "labels", "outside", "wraps", "floats", "booleans", "exts", "whitespace"],
     )
     def test_a_damaged_one_is_ignored_with_a_warning(self, served_copy, monkeypatch, tmp_path, caplog, damage):
         srv, local = served_copy
@@ -512,6 +552,32 @@ class TestIndexFiles:
         assert "cannot use the index file" in caplog.text and len(index) == MANY[0]
         assert shard_gets(srv) == {names(local)[0]: 1}  # scanned instead
         index.close()
+
+    @pytest.mark.parametrize("doc", ["[]", "null", "{"])
+    def test_one_that_is_not_an_object_is_ignored(self, served_copy, monkeypatch, tmp_path, caplog, doc):
+        srv, local = served_copy
+        with open(local[0] + ".gpupipe.json", "w") as f:
+            f.write(doc)
+        index = gp.WebDataset(f"{srv.url}/{names(local)[0]}", cache_dir=new_node(monkeypatch, tmp_path, "n")).index()
+        assert "cannot use the index file" in caplog.text and len(index) == MANY[0]
+        index.close()
+
+    def test_writing_them_again_scans_the_shards(self, shards, cache, monkeypatch, tmp_path):
+        """A stale index file (its shard rewritten at the same size) is replaced by what the shard
+        holds, not copied from itself."""
+        fsspec = pytest.importorskip("fsspec")
+        fs = fsspec.filesystem("memory")
+        with open(shards[0], "rb") as f:
+            fs.pipe("/stale/a.tar", f.read())
+        stale = samples_of(shards[0])._replace(labels=np.full(SHARD_SIZES[0], 99, np.int64))
+        storage = RemoteStorage("memory", cache_dir=cache)
+        write_summary(storage, "memory://stale/a.tar", size=os.path.getsize(shards[0]), detail=stale,
+                      image_exts=("jpg",), label_ext="cls", problems=())  # fmt: skip
+        monkeypatch.setenv("GPUPIPE_CACHE_DIR", str(tmp_path / "node"))
+        assert main(["index", "memory://stale/a.tar", "--image", "jpg", "--beside", "--workers", "0"]) == 0
+        truth = samples_of(shards[0]).labels
+        assert truth is not None and json.loads(fs.cat("/stale/a.tar.gpupipe.json"))["labels"] == truth.tolist()
+        storage.close()
 
     def test_one_for_another_version_of_the_shard_is_ignored(self, served_copy, monkeypatch, tmp_path):
         srv, local = served_copy
@@ -604,9 +670,10 @@ class TestParts:
         parts = [e for r in range(self.WORLD) for e in cached(str(tmp_path / f"node{r}" / "shards")) if "+" in e]
         assert len(parts) == 6
 
-    def test_a_server_without_ranges_sends_the_whole_shard(self, indexed, monkeypatch, tmp_path, caplog):
+    @pytest.mark.parametrize("says_so", [False, True], ids=["ignores-ranges", "accept-ranges-none"])
+    def test_a_server_without_ranges_sends_the_whole_shard(self, indexed, monkeypatch, tmp_path, caplog, says_so):
         srv, local, urls = indexed
-        srv.ranges = False
+        srv.ranges, srv.says_no_ranges = False, says_so
         caplog.set_level(logging.INFO, logger="gpupipe")
         got = _split(lambda r: gp.Loader(val(gp.WebDataset(urls, cache_dir=new_node(monkeypatch, tmp_path, "n"))), 4,
                                          backend="torch", device="cpu", rank=r, world_size=self.WORLD,
@@ -614,6 +681,22 @@ class TestParts:
         expected = _split(lambda r: gp.Loader(val(gp.WebDataset(local)), 4, backend="torch", device="cpu", rank=r,
                                               world_size=self.WORLD, num_workers=0), 2)  # fmt: skip
         assert got == expected and "ignores range requests" in caplog.text
+
+    def test_worker_processes_download_the_part_their_loader_announced(self, indexed, monkeypatch, tmp_path):
+        srv, local, urls = indexed
+        loader = gp.Loader(val(gp.WebDataset(urls, cache_dir=new_node(monkeypatch, tmp_path, "node"))), 4,
+                           backend="torch", device="cpu", rank=1, world_size=self.WORLD, num_workers=2)  # fmt: skip
+        with loader:
+            keys = [k for b in loader for k, v in zip(b.keys, b.valid.tolist(), strict=True) if v]
+        assert len(keys) == 10 and srv.sent[names(local)[2]] < os.path.getsize(local[2]) / 2
+
+    def test_parts_of_empty_members_are_not_fetched(self):
+        none = np.zeros((2, 2), np.int64)
+        image = np.array([[512, 0], [1536, 0]], np.int64)  # two 0-byte images
+        shard = ShardIndex("http://h/a.tar", ["a", "b"], {"image_range": image, "label_range": none - 1})
+        shard.nbytes = 4096
+        index = Index([shard], reader=None, sequential=True, labeled=False)  # type: ignore[arg-type]
+        assert parts(index, np.array([1]), np.array([0]), np.array([0])) == {}
 
     def test_worker_processes_find_the_part_in_the_cache(self, indexed, monkeypatch, tmp_path):
         srv, local, urls = indexed

@@ -1,5 +1,5 @@
-"""The node-local cache of remote shards: whole shards on local disk, shared by the processes of
-a node, within a size bound.
+"""The node-local cache of remote shards: shards (whole, or the byte range of a shard a rank
+reads) on local disk, shared by the processes of a node, within a size bound.
 
 A download is written to a temporary name and renamed when complete and of the expected size, so
 a partial download is never read; a download lock beside each entry makes the processes of a node
@@ -7,6 +7,10 @@ a partial download is never read; a download lock beside each entry makes the pr
 canonical URL (without credentials or query string: a rotated presigned signature keeps the cache)
 and its version (ETag, else modification time), so a shard changed remotely is fetched again, and
 no URL or member name can choose a path outside the cache.
+
+Parts of shards (``<digest>+<start>-<stop>-<name>``) hold the bytes ``[start, stop)`` of the shard;
+a process that reads only part of a shard announces it (``.parts/``), so that its worker
+processes, which read the samples, download that part and not the whole shard.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import logging
 import os
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import IO, NamedTuple
 
 from ._storage import Stat
@@ -25,6 +29,7 @@ from ._storage import Stat
 __all__ = ["ShardCache", "Entry", "Span", "covers", "shard_cache_dir", "human_bytes", "drop_inherited"]
 
 log = logging.getLogger("gpupipe")
+_ANNOUNCED = re.compile(r"(?P<digest>[0-9a-f]{32})\+(?P<start>[0-9]+)-(?P<stop>[0-9]+)\.(?P<pid>[0-9]+)")
 _PART = re.compile(r"(?P<digest>[0-9a-f]{32})\+(?P<start>[0-9]+)-(?P<stop>[0-9]+)-(?P<base>.+)")
 
 
@@ -63,8 +68,8 @@ def covers(span: Span | None, need: Span | None) -> bool:
 
 
 class ShardCache:
-    """Whole shards on local disk, one file per (canonical URL, version), shared by the processes
-    of a node (see the module docstring), within ``max_bytes``.
+    """Shards on local disk, one file per (canonical URL, version) — or per part of one — shared
+    by the processes of a node (see the module docstring), within ``max_bytes``.
 
     Every shard a process uses is *pinned*: a shared ``flock`` on its lock file, held until the
     process lets it go (:meth:`release`). After each download the least recently used entries
@@ -107,8 +112,7 @@ class ShardCache:
         where = self._lock_path(path, kind)
         while True:
             os.makedirs(os.path.dirname(where), exist_ok=True)
-            fd = os.open(where, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-            _HELD.add(fd)
+            fd = _open_held(where)
             try:
                 fcntl.flock(fd, how)
                 if os.stat(where).st_ino == os.fstat(fd).st_ino:
@@ -223,13 +227,47 @@ class ShardCache:
                 os.unlink(part)
 
     def _clean_partial(self) -> None:
-        """Deletes the partial downloads of processes that died (killed mid-download)."""
+        """Deletes the partial downloads and the announced parts of processes that died."""
         with contextlib.suppress(FileNotFoundError), os.scandir(os.path.join(self.root, ".partial")) as it:
             for e in it:
                 pid = e.name.rsplit(".", 2)[-2] if e.name.count(".") >= 2 else ""
                 if pid.isdigit() and not _alive(int(pid)):
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(e.path)
+        with contextlib.suppress(FileNotFoundError), os.scandir(os.path.join(self.root, ".parts")) as it:
+            for e in it:
+                m = _ANNOUNCED.fullmatch(e.name)
+                if m is None or not _alive(int(m["pid"])):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(e.path)
+
+    def announce(self, parts: Mapping[str, Span]) -> None:
+        """Records that this process reads only ``parts`` (``{canonical URL: span}``) of those
+        shards, replacing what it announced before; its child processes (:meth:`announced`) then
+        download those parts rather than whole shards. Gone with the process (evict cleans up)."""
+        where = os.path.join(self.root, ".parts")
+        os.makedirs(where, exist_ok=True)
+        mine = f".{os.getpid()}"
+        with os.scandir(where) as it:
+            old = [e.path for e in it if e.name.endswith(mine)]
+        for path in old:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+        for canonical, (start, stop) in parts.items():
+            open(os.path.join(where, f"{_url_digest(canonical)}+{start}-{stop}{mine}"), "w").close()
+
+    def announced(self, canonical: str, need: Span, *, by: int) -> Span | None:
+        """The smallest part of the shard ``canonical`` that process ``by`` announced and that holds
+        ``need``; ``None`` if none."""
+        digest, best = _url_digest(canonical), None
+        with contextlib.suppress(FileNotFoundError), os.scandir(os.path.join(self.root, ".parts")) as it:
+            for e in it:
+                m = _ANNOUNCED.fullmatch(e.name)
+                if m and m["digest"] == digest and int(m["pid"]) == by:
+                    span = (int(m["start"]), int(m["stop"]))
+                    if covers(span, need) and (best is None or span[1] - span[0] < best[1] - best[0]):
+                        best = span
+        return best
 
     def _clean_locks(self, entries: set[str]) -> None:
         """Deletes the lock files of entries that are gone (evicted by an older gpupipe, deleted by
@@ -303,6 +341,10 @@ class ShardCache:
         return evicted
 
 
+def _url_digest(canonical: str) -> str:
+    return hashlib.sha256(canonical.encode()).hexdigest()[:32]
+
+
 def human_bytes(n: float) -> str:
     """``1.5 GB``, ``340 MB``, ``12 kB``: decimal units, as disks are sold."""
     for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
@@ -312,6 +354,21 @@ def human_bytes(n: float) -> str:
 
 
 _HELD: set[int] = set()  # lock descriptors this process holds (pins, a download's mutex)
+_OPENING = threading.Lock()  # held from a lock file's open to its entry in _HELD: a fork waits for it
+
+
+def _open_held(where: str) -> int:
+    """Opens a lock file and records its descriptor in ``_HELD`` as one step for ``fork``: a thread
+    that forks while another is inside ``os.open`` (which releases the GIL) would otherwise give
+    the child a copy that ``drop_inherited`` does not know of — and the child would hold that lock
+    for its whole life."""
+    with _OPENING:
+        fd = os.open(where, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        _HELD.add(fd)
+    return fd
+
+
+os.register_at_fork(before=_OPENING.acquire, after_in_parent=_OPENING.release, after_in_child=_OPENING.release)
 
 
 def _close(fd: int) -> None:

@@ -72,6 +72,7 @@ class MappedFile:
         self._pid = os.getpid()  # a forked child shares the lease: only this process releases it
         self._uses = 0
         self._retired = False
+        self.dropped = False  # retired by its owner (drop): readers forget it
         self._lock = threading.Lock()
 
     @classmethod
@@ -132,10 +133,12 @@ class MappedFile:
         with self._lock:
             self._retire()
 
-    @property
-    def retired(self) -> bool:
-        """Whether no new use will be granted (retired, or its lease broke)."""
-        return self._retired
+    def drop(self) -> None:
+        """Retires the mapping for good, its owner (the storage) having let the file go: readers
+        forget it (:attr:`dropped`) and map the file again if they read it again."""
+        with self._lock:
+            self.dropped = True
+            self._retire()
 
     @property
     def leased(self) -> bool:

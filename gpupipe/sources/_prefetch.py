@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ._storage import compressed
+
 if TYPE_CHECKING:
     from ._index import Index
     from ._storage import Storage
@@ -88,7 +90,7 @@ def parts(index: Index, samples: np.ndarray, shard_of: np.ndarray, partly: np.nd
     found: dict[str, tuple[int, int]] = {}
     for s in partly.tolist():
         shard = index.shards[s]
-        if shard.detail_needs_data or not shard.nbytes:
+        if shard.detail_needs_data or not shard.nbytes or compressed(shard.path):
             continue
         detail = index.shard(s).detail()[1]
         rows = samples[shard_of == s] - index.offsets[s]
@@ -98,7 +100,7 @@ def parts(index: Index, samples: np.ndarray, shard_of: np.ndarray, partly: np.nd
         members = np.concatenate(ranges)
         members = members[members[:, 1] >= 0]  # (unlabeled samples have no label range: -1)
         start, stop = int(members[:, 0].min()), int((members[:, 0] + members[:, 1]).max())
-        if stop - start <= PART_AT_MOST * shard.nbytes:
+        if 0 < stop - start <= PART_AT_MOST * shard.nbytes:  # (0: empty members only, nothing to fetch)
             found[shard.path] = (start, stop)
     return found
 

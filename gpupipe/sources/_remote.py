@@ -15,15 +15,12 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import gzip
 import logging
 import os
 import queue
-import random
 import threading
 import time
 import weakref
-import zlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Any, TypeVar
 
@@ -31,6 +28,7 @@ from .._errors import ConfigError, redact
 from ._cache import Entry, ShardCache, Span, covers, drop_inherited
 from ._mapped import MappedFile
 from ._storage import LocalStorage, Stat, Storage, compressed
+from ._transfer import NoRanges, download, host, retry
 
 __all__ = ["RemoteStorage", "canonical_url", "check_driver", "fsspec_protocol", "filesystem_for"]
 
@@ -39,7 +37,6 @@ T = TypeVar("T")
 
 _VERSION_FIELDS = ("ETag", "etag", "Content-MD5", "md5Hash", "generation", "Last-Modified", "LastModified", "mtime",
                    "updated", "created")  # fmt: skip
-CHUNK = 8 << 20  # bytes per read while downloading
 KEEP = 16  # shards a process keeps pinned by default (a loader sets its interleave + shards ahead + 1)
 PREFETCH_THREADS = 4  # concurrent background downloads per process
 FAILED_FOR_S = 60.0  # a shard whose fetch failed (after every try) is not tried again for this long
@@ -73,14 +70,6 @@ def canonical_url(url: str) -> str:
     rest = rest.split("#", 1)[0].split("?", 1)[0]
     host, slash, path = rest.partition("/")
     return f"{head.lower()}://{host.rpartition('@')[2]}{slash}{path}"
-
-
-class _Closed(Exception):
-    """A download stopped by :meth:`RemoteStorage.close`."""
-
-
-class _NoRanges(Exception):
-    """The server answers range requests with the whole object."""
 
 
 _LIVE: weakref.WeakSet[RemoteStorage] = weakref.WeakSet()
@@ -145,7 +134,8 @@ class RemoteStorage(Storage):
         self._failed: dict[str, tuple[float, str]] = {}  # url -> when and why its last fetch failed
         self._parts: dict[str, Span] = {}  # url -> the bytes this process reads of it (expect_parts)
         self._maps: dict[str, weakref.WeakSet[MappedFile]] = {}  # cached file -> its maps, retired when let go
-        self._whole_only = False  # the server refused a range request: parts are fetched whole
+        self._whole_only: set[str] = set()  # hosts that ignore range requests: their parts are fetched whole
+        self._announced = False  # whether this process announced parts (expect_parts): it reads, its workers too
 
     def __getstate__(self) -> dict[str, Any]:
         keep = ("protocol", "storage_options", "cache", "keep", "retries", "backoff")
@@ -200,7 +190,7 @@ class RemoteStorage(Storage):
         return self._cached(url, (offset, offset + size), lambda path, at: self._local.read(path, offset - at, size))
 
     def read_into(self, url: str, offset: int, out: memoryview) -> int:
-        need = (offset, offset + len(out))
+        need = (offset, offset + out.nbytes)
         return self._cached(url, need, lambda path, at: self._local.read_into(path, offset - at, out))
 
     def read_ranges_into(self, url: str, ranges: Sequence[tuple[int, int]], out: memoryview, at: Sequence[int]) -> int:
@@ -223,15 +213,32 @@ class RemoteStorage(Storage):
         mapped = self._local.map(path)
         if mapped is not None:
             with self._lock:
-                self._maps.setdefault(path, weakref.WeakSet()).add(mapped)
+                pinned = any(e.path == path for e in self._pins.values())
+                if pinned:
+                    self._maps.setdefault(path, weakref.WeakSet()).add(mapped)
+            if not pinned:  # let go meanwhile (by another thread): not to be read through a map
+                mapped.drop()
+                return None
         return mapped
 
+    def touch(self, url: str) -> None:
+        with self._lock:
+            if url in self._pins:
+                self._pins.move_to_end(url)  # recently used: unpinned last
+
     def expect_parts(self, parts: Mapping[str, tuple[int, int]]) -> None:
-        checked = {url: (int(start), int(stop)) for url, (start, stop) in parts.items()}
+        checked = {url: (int(start), int(stop)) for url, (start, stop) in parts.items() if not compressed(url)}
         wrong = [(url, part) for url, part in checked.items() if not 0 <= part[0] < part[1]]
         if wrong:
             raise ValueError(f"expect_parts: {redact(wrong[0][0])}: {wrong[0][1]} is not [start, stop) bytes")
+        if self._pid != os.getpid():
+            self._init_process_state()
         self._parts = checked
+        self._announced = True
+        try:  # for this process's workers (torch backend), which read the samples
+            self.cache.announce({self.canonical(url): part for url, part in checked.items()})
+        except OSError as e:
+            log.debug("gpupipe: cannot announce the parts of shards read (%s): workers download them whole", e)
 
     def local_path(self, url: str, *, remember_failure: bool = True) -> str:
         """The whole shard's file in the cache, downloaded first if needed, and pinned in this
@@ -274,7 +281,9 @@ class RemoteStorage(Storage):
             if failed is not None and time.monotonic() - failed[0] < FAILED_FOR_S:
                 raise OSError(f"{failed[1]} (failed {time.monotonic() - failed[0]:.0f} s ago; not tried again yet)")
             part = self._parts.get(url)
-            if part is None or not covers(part, need) or self._whole_only or compressed(url):
+            if part is None and need is not None and not self._announced:  # a worker: its parent's parts
+                part = self.cache.announced(self.canonical(url), need, by=os.getppid())
+            if part is None or not covers(part, need) or host(url) in self._whole_only or compressed(url):
                 part = None
             try:
                 entry = self._fetch(url, need=need, span=part)
@@ -297,7 +306,7 @@ class RemoteStorage(Storage):
 
     def _drop_pin(self, url: str, entry: Entry) -> None:
         with self._lock:
-            if self._pins.get(url) == entry:
+            if self._pins.get(url) is entry:
                 del self._pins[url]
             else:
                 return
@@ -313,9 +322,9 @@ class RemoteStorage(Storage):
 
         try:
             return self.cache.fetch(self.canonical(url), stat, download, need=need, span=span)
-        except _NoRanges:
+        except NoRanges:
             log.info("gpupipe: %s ignores range requests: shards are downloaded whole", redact(url))
-            self._whole_only = True
+            self._whole_only.add(host(url))
             return self.cache.fetch(self.canonical(url), stat, download, need=need)
 
     def _unpin(self, entry: Entry) -> None:
@@ -326,7 +335,7 @@ class RemoteStorage(Storage):
         with self._lock:
             maps = list(self._maps.pop(entry.path, ()))
         for mapped in maps:
-            mapped.retire()  # its lease goes once the batches using it are done
+            mapped.drop()  # its lease goes once the batches using it are done
 
     def prefetch(self, urls: Sequence[str], *, keep: int | None = None) -> None:
         """Queues ``urls`` for download into the cache in the background, in order, by
@@ -367,84 +376,13 @@ class RemoteStorage(Storage):
 
     def _download(self, url: str, out: IO[bytes], size: int, span: Span | None = None) -> None:
         """Writes the shard (decompressed where it is compressed) to ``out``, whole, or the bytes
-        ``span`` of it (range requests): a transfer cut short (fewer than ``size`` bytes, a gzip
-        stream without its end) is tried again."""
-        if span is not None:
-            self._retry(url, "download", lambda: self._download_part(url, out, span))
-            return
-
-        def whole() -> None:
-            out.seek(0)
-            out.truncate()
-            started = time.perf_counter()
-            # http(s): one streaming GET (no range requests: servers without them work too)
-            options = {"block_size": 0} if self.protocol in ("http", "https") else {"block_size": CHUNK}
-            with self.fs().open(url, "rb", **options) as src:
-                if compressed(url):  # stored decompressed: tar members need random access
-                    with gzip.GzipFile(fileobj=src, mode="rb") as tar:
-                        self._copy(tar, out)  # a cut stream raises EOFError: tried again
-                else:
-                    self._copy(src, out)
-                    if out.tell() != size:
-                        raise OSError(f"the transfer ended after {out.tell()} of {size} bytes")
-            out.flush()
-            log.debug("gpupipe: downloaded %s in %.2f s", redact(url), time.perf_counter() - started)
-
-        self._retry(url, "download", whole)
-
-    def _download_part(self, url: str, out: IO[bytes], span: Span) -> None:
-        out.seek(0)
-        out.truncate()
-        start, stop = span
-        try:
-            # cache_type "none": each read asks for exactly its bytes (no read-ahead past `stop`)
-            with self.fs().open(url, "rb", block_size=CHUNK, cache_type="none") as src:
-                src.seek(start)
-                while out.tell() < stop - start and (chunk := src.read(min(CHUNK, stop - start - out.tell()))):
-                    if self._stopping.is_set():
-                        raise _Closed
-                    out.write(chunk)
-        except ValueError as e:
-            if "range" in str(e).lower():  # fsspec's http file, where the server sends the whole object
-                raise _NoRanges from e
-            raise
-        if out.tell() != stop - start:
-            raise OSError(f"the transfer of bytes {start}-{stop} ended after {out.tell()} bytes")
-        out.flush()
-
-    def _copy(self, src: Any, out: IO[bytes]) -> None:
-        while chunk := src.read(CHUNK):
-            if self._stopping.is_set():
-                raise _Closed
-            out.write(chunk)
+        ``span`` of it (range requests), tried again until complete (:func:`_transfer.download`)."""
+        stream = self.protocol in ("http", "https")
+        self._retry(url, "download", lambda: download(self.fs(), url, out, size=size, span=span, stream=stream,
+                                                       stopping=self._stopping))  # fmt: skip
 
     def _retry(self, url: str, what: str, call: Callable[[], T]) -> T:
-        for attempt in range(self.retries + 1):
-            try:
-                return call()
-            except (PermissionError, ConfigError, _NoRanges):
-                raise
-            except _Closed:
-                raise OSError(f"{what} {redact(url)}: the storage was closed") from None
-            except (gzip.BadGzipFile, zlib.error) as e:  # tried again, no different
-                raise OSError(f"{what} {redact(url)}: a damaged gzip stream ({e})") from e
-            except Exception as e:  # network errors come as many types (aiohttp, botocore, OSError)
-                status = _status(e)
-                if isinstance(e, FileNotFoundError) and status in (None, 404, 410) and not _unreachable(e):
-                    raise FileNotFoundError(f"{redact(url)} does not exist") from None
-                if status in (401, 403):  # refused: asking again changes nothing
-                    raise OSError(f"{what} {redact(url)} was refused (HTTP {status}): {redact(str(e))}") from None
-                if self._stopping.is_set():
-                    raise OSError(f"{what} {redact(url)}: the storage was closed") from None
-                if attempt == self.retries:
-                    http = f" (HTTP {status})" if status is not None else ""
-                    cause = redact(str(e)) or type(e).__name__
-                    raise OSError(f"{what} {redact(url)} failed after {attempt + 1} tries{http}: {cause}") from e
-                delay = min(30.0, self.backoff * 2**attempt) * random.uniform(0.5, 1.5)
-                log.info("gpupipe: %s %s failed (%s); retrying in %.1f s", what, redact(url), redact(str(e)), delay)
-                if self._stopping.wait(delay):
-                    raise OSError(f"{what} {redact(url)}: the storage was closed") from None
-        raise AssertionError("unreachable")
+        return retry(url, what, call, retries=self.retries, backoff=self.backoff, stopping=self._stopping)
 
     def close(self) -> None:
         """Stops prefetching, unpins every shard and closes the cached files this process opened."""
@@ -460,32 +398,16 @@ class RemoteStorage(Storage):
             thread.join(timeout=30.0)
         with self._lock:
             pins, self._pins = list(self._pins.values()), collections.OrderedDict()
+            maps, self._maps = [m for ms in self._maps.values() for m in ms], {}
         for entry in pins:
             ShardCache.release(entry)
+        for mapped in maps:
+            mapped.drop()
         self._local.close()
-
-
-def _causes(e: BaseException) -> list[BaseException]:
-    chain: list[BaseException] = []
-    while e is not None and len(chain) < 8:
-        chain.append(e)
-        e = e.__cause__ or e.__context__  # type: ignore[assignment]
-    return chain
-
-
-def _status(e: BaseException) -> int | None:
-    """The HTTP status behind an error, where one is known (fsspec's http filesystem reports a
-    failed request as ``FileNotFoundError`` caused by the response's error)."""
-    for cause in _causes(e):
-        status = getattr(cause, "status", None) or getattr(cause, "code", None)
-        if isinstance(status, int) and 100 <= status < 600:
-            return status
-    return None
-
-
-def _unreachable(e: BaseException) -> bool:
-    """Whether the error behind ``e`` is a connection that failed (not an answer)."""
-    return any(isinstance(c, ConnectionError) or "Connect" in type(c).__name__ for c in _causes(e)[1:])
+        if self._announced:
+            self._announced = False
+            with contextlib.suppress(OSError):
+                self.cache.announce({})
 
 
 def filesystem_for(protocol: str, storage_options: Mapping[str, Any]) -> Any:

@@ -116,6 +116,10 @@ class Storage(abc.ABC):
         bytes ``[start, stop)``. A remote storage that can download part of a shard then fetches
         only those (a byte range); local storages ignore it."""
 
+    def touch(self, url: str) -> None:  # noqa: B027 - a hint
+        """A hint: ``url`` is being read (through its :meth:`map`). A remote storage keeps the
+        shards it holds at hand by their last use; local storages ignore it."""
+
     def stop_prefetch(self) -> None:  # noqa: B027 - a hint
         """Drops the queued :meth:`prefetch` work not started."""
 

@@ -93,22 +93,37 @@ def encode(
     return json.dumps(doc, separators=(",", ":")).encode()
 
 
+def _integers(doc: Any, name: str, count: int) -> np.ndarray:
+    """``doc[name]``: a list of ``count`` integers within int64 (not floats, not booleans)."""
+    values = doc[name]
+    if not isinstance(values, list) or len(values) != count:
+        raise ValueError(f"{name} must list {count} integers")
+    if not all(type(v) is int and -(1 << 63) <= v < (1 << 63) for v in values):
+        raise ValueError(f"{name} must hold int64 integers only")
+    return np.array(values, dtype=np.int64)
+
+
 def _ranges(doc: Any, name: str, n: int, size: int) -> np.ndarray:
-    ranges = np.array(doc[name], dtype=np.int64).reshape(n, 2)  # ValueError unless 2n integers
-    if len(ranges) and (ranges.min() < 0 or (ranges[:, 0] + ranges[:, 1]).max() > size):
+    ranges = _integers(doc, name, 2 * n).reshape(n, 2)
+    offset, length = ranges[:, 0], ranges[:, 1]
+    if len(ranges) and not ((offset >= 0) & (length >= 0) & (offset <= size) & (length <= size - offset)).all():
         raise ValueError(f"{name} reaches outside the shard")
     return ranges
 
 
-def _samples(doc: Any, size: int, labeled: bool) -> Samples:
-    n = int(doc["samples"])
+def _samples(doc: Any, size: int, image_exts: tuple[str, ...], labeled: bool) -> Samples:
+    n = doc["samples"]
+    if type(n) is not int or n < 0:
+        raise ValueError("samples must be a count")
     keys, exts = doc["keys"], doc["exts"]
     if not (isinstance(keys, list) and isinstance(exts, list) and len(keys) == len(exts) == n):
         raise ValueError(f"keys and exts must list the {n} samples")
-    if not all(isinstance(k, str) and k for k in keys) or not all(isinstance(e, str) and e for e in exts):
-        raise ValueError("keys and exts must be strings")
+    if not all(isinstance(k, str) and k for k in keys):
+        raise ValueError("keys must be strings")
+    if not all(e in image_exts for e in exts):
+        raise ValueError(f"exts must be image extensions asked for ({'/'.join(image_exts)})")
     label = _ranges(doc, "label_range", n, size) if labeled else None
-    labels = np.array(doc["labels"], dtype=np.int64).reshape(n) if labeled else None
+    labels = _integers(doc, "labels", n) if labeled else None
     return Samples(keys, exts, _ranges(doc, "image_range", n, size), label, labels)
 
 
@@ -125,13 +140,15 @@ def read_summary(
         return None
     try:
         doc: Any = json.loads(raw)
+        if not isinstance(doc, dict):
+            raise ValueError("not a JSON object")
         if doc.get("format") != FORMAT or doc.get("version") not in READS:
             raise ValueError(f"not a {FORMAT} file of version {' or '.join(map(str, READS))}")
         if (doc["size"], doc["image"], doc["label"]) != (size, *_exts(image_exts, label_ext)):
             log.info("gpupipe: %s was written for another version of its shard or other extensions; ignored", where)
             return None
         problems = tuple(Problem(Damage(p["kind"]), p["key"], str(p["detail"])) for p in doc["problems"])
-        detail = _samples(doc, size, label_ext is not None) if doc["version"] >= 2 else None
+        detail = _samples(doc, size, image_exts, label_ext is not None) if doc["version"] >= 2 else None
         return Summary(int(doc["samples"]), problems, detail)
     except (ValueError, KeyError, TypeError, OverflowError) as e:
         log.warning("gpupipe: cannot use the index file %s (%s); the shard is scanned instead", where, e)

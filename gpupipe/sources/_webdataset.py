@@ -222,9 +222,12 @@ class TarReader:
         self.storage.close()
 
 
-def cached_scan(storage: Storage, url: str, image_exts: tuple[str, ...], label_ext: str | None) -> ShardIndex:
+def cached_scan(
+    storage: Storage, url: str, image_exts: tuple[str, ...], label_ext: str | None, *, summaries: bool = True
+) -> ShardIndex:
     """The index of one shard: from its cache file when there is one (details loaded lazily),
-    else scanned from the tar headers and cached, with the damage found (``problems``)."""
+    else (remote shards, ``summaries``) from its index file beside it, else scanned from the tar
+    headers and cached, with the damage found (``problems``)."""
     try:
         stat = storage.stat(url)
     except FileNotFoundError:
@@ -238,7 +241,7 @@ def cached_scan(storage: Storage, url: str, image_exts: tuple[str, ...], label_e
     if size is not None and problems is not None:
         loader = _CachedDetail(storage, url, idx_path, image_exts, label_ext)
         shard = ShardIndex(url, size=size, loader=loader, dali_index=idx_path, problems=problems)
-    elif storage.remote and (summary := read_summary(storage, url, size=stat.size, image_exts=image_exts,
+    elif summaries and storage.remote and (summary := read_summary(storage, url, size=stat.size, image_exts=image_exts,
                                                      label_ext=label_ext)) is not None:  # fmt: skip
         if summary.detail is not None:
             shard = _from_summary(storage, url, idx_path, summary.detail, summary.problems, image_exts, label_ext)
@@ -279,11 +282,11 @@ def _from_summary(
     """A shard known from its index file, kept in the index cache like a scanned shard's."""
     n = len(detail.keys)
     label_range = detail.label if detail.label is not None else np.full((n, 2), -1, np.int64)
+    if detail.labels is not None:  # before the index: a reader that finds it finds the labels
+        _wdsindex.save_labels(idx_path, detail.labels)
     if _wdsindex.save_problems(idx_path, problems) and _wdsindex.save(
         idx_path, detail.keys, detail.exts, detail.image, detail.label
     ):
-        if detail.labels is not None:
-            _wdsindex.save_labels(idx_path, detail.labels)
         loader = _CachedDetail(storage, url, idx_path, image_exts, label_ext)
         return ShardIndex(url, size=n, loader=loader, dali_index=idx_path, problems=problems)
     columns = {"image_range": detail.image, "label_range": label_range}
@@ -295,9 +298,10 @@ def _from_summary(
 def shard_samples(
     storage: Storage, url: str, image_exts: tuple[str, ...], label_ext: str | None
 ) -> tuple[ShardIndex, Samples | None]:
-    """The index of one shard (:func:`cached_scan`) and its samples as an index file lists them
-    (``None`` for a shard that is missing or cannot be read)."""
-    shard = cached_scan(storage, url, image_exts, label_ext)
+    """The index of one shard, from the node's index cache or scanned — never from an index file
+    beside it, which may be stale (:func:`cached_scan`) — and its samples as an index file lists
+    them (``None`` for a shard that is missing or cannot be read)."""
+    shard = cached_scan(storage, url, image_exts, label_ext, summaries=False)
     if shard.nbytes is None:
         return shard, None
     cached = _wdsindex.load(shard.dali_index, labeled=label_ext is not None) if shard.dali_index else None

@@ -133,6 +133,7 @@ class Maps:
         with self._lock:
             if shard in self._maps:
                 self._maps.move_to_end(shard)
+                self.storage.touch(shard)  # read through its map: still in use
             else:
                 try:
                     self._maps[shard] = self.storage.map(shard)
@@ -147,15 +148,15 @@ class Maps:
 
     def sweep(self) -> None:
         """Retires the maps whose lease is breaking (a writer waits): the unused ones' leases go
-        now; and forgets retired maps (the storage retires those of the shards it lets go: a
-        cached shard evicted meanwhile frees its disk space once the batches using it are done).
-        A shard whose map was forgotten is mapped again if read again. Called once per batch read."""
+        now; and forgets the maps the storage dropped (those of shards it let go: a cached shard
+        evicted meanwhile frees its disk space once the batches using it are done; read again, it
+        is mapped again). Called once per batch read."""
         with self._lock:
             maps = [m for m in self._maps.values() if m is not None]
         for mapped in maps:
             mapped.valid()
         with self._lock:
-            for shard in [s for s, m in self._maps.items() if m is not None and m.retired]:
+            for shard in [s for s, m in self._maps.items() if m is not None and m.dropped]:
                 del self._maps[shard]
 
     def close(self) -> None:

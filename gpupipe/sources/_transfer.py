@@ -1,0 +1,154 @@
+"""Transfers from remote storage: requests tried again with backoff and jitter, and downloads of
+whole shards (decompressed where compressed) or of byte ranges of them, each complete or raising.
+
+Network libraries raise many types (aiohttp's, botocore's, ``OSError``); :func:`retry` sorts them
+into what is worth another try (a dropped connection, a 5xx) and what is not (404, 401/403, a
+damaged gzip stream), and words the last error with the URL (redacted) and the HTTP status.
+"""
+
+from __future__ import annotations
+
+import gzip
+import logging
+import random
+import threading
+import time
+import zlib
+from collections.abc import Callable
+from typing import IO, Any, TypeVar
+
+from .._errors import ConfigError, redact
+from ._storage import compressed
+
+__all__ = ["CHUNK", "Closed", "NoRanges", "retry", "download", "host"]
+
+log = logging.getLogger("gpupipe")
+T = TypeVar("T")
+CHUNK = 8 << 20  # bytes per read while downloading
+
+
+class Closed(Exception):
+    """A download stopped by its storage's ``close()``."""
+
+
+class NoRanges(Exception):
+    """The server answers range requests with the whole object (or cannot seek at all)."""
+
+
+def host(url: str) -> str:
+    """``url``'s host (without credentials)."""
+    return url.partition("://")[2].split("/", 1)[0].rpartition("@")[2]
+
+
+def retry(url: str, what: str, call: Callable[[], T], *, retries: int, backoff: float, stopping: threading.Event) -> T:
+    """``call()``, tried again ``retries`` more times after errors worth it, waiting ``backoff``
+    seconds doubling (at most 30 s) with jitter; ``stopping`` ends the waits at once. Raises
+    ``FileNotFoundError`` for a missing object, else ``OSError`` naming the URL and HTTP status;
+    ``NoRanges`` goes through."""
+    for attempt in range(retries + 1):
+        try:
+            return call()
+        except (PermissionError, ConfigError, NoRanges):
+            raise
+        except Closed:
+            raise OSError(f"{what} {redact(url)}: the storage was closed") from None
+        except (gzip.BadGzipFile, zlib.error) as e:  # tried again, no different
+            raise OSError(f"{what} {redact(url)}: a damaged gzip stream ({e})") from e
+        except Exception as e:  # network errors come as many types (aiohttp, botocore, OSError)
+            status = _status(e)
+            if isinstance(e, FileNotFoundError) and status in (None, 404, 410) and not _unreachable(e):
+                raise FileNotFoundError(f"{redact(url)} does not exist") from None
+            if status in (401, 403):  # refused: asking again changes nothing
+                raise OSError(f"{what} {redact(url)} was refused (HTTP {status}): {redact(str(e))}") from None
+            if stopping.is_set():
+                raise OSError(f"{what} {redact(url)}: the storage was closed") from None
+            if attempt == retries:
+                http = f" (HTTP {status})" if status is not None else ""
+                cause = redact(str(e)) or type(e).__name__
+                raise OSError(f"{what} {redact(url)} failed after {attempt + 1} tries{http}: {cause}") from e
+            delay = min(30.0, backoff * 2**attempt) * random.uniform(0.5, 1.5)
+            log.info("gpupipe: %s %s failed (%s); retrying in %.1f s", what, redact(url), redact(str(e)), delay)
+            if stopping.wait(delay):
+                raise OSError(f"{what} {redact(url)}: the storage was closed") from None
+    raise AssertionError("unreachable")
+
+
+def download(
+    fs: Any, url: str, out: IO[bytes], *, size: int, span: tuple[int, int] | None, stream: bool,
+    stopping: threading.Event,
+) -> None:  # fmt: skip
+    """One try at writing the shard ``url`` of ``size`` bytes to ``out`` (from its start): whole
+    (decompressed where compressed; ``stream``: one streaming request, for http(s) servers with
+    or without ranges), or the bytes ``span`` of it by range requests. Raises unless complete:
+    ``NoRanges`` where the server sends more than a range, ``Closed`` once ``stopping`` is set."""
+    out.seek(0)
+    out.truncate()
+    started = time.perf_counter()
+    if span is not None:
+        _part(fs, url, out, span, stopping)
+    else:
+        with fs.open(url, "rb", block_size=0 if stream else CHUNK) as src:
+            if compressed(url):  # stored decompressed: tar members need random access
+                with gzip.GzipFile(fileobj=src, mode="rb") as tar:
+                    _copy(tar, out, stopping)  # a cut stream raises EOFError: tried again
+            else:
+                _copy(src, out, stopping)
+                if out.tell() != size:
+                    raise OSError(f"the transfer ended after {out.tell()} of {size} bytes")
+    out.flush()
+    log.debug("gpupipe: downloaded %s%s in %.2f s", redact(url), f" {span}" if span else "",
+              time.perf_counter() - started)  # fmt: skip
+
+
+def _part(fs: Any, url: str, out: IO[bytes], span: tuple[int, int], stopping: threading.Event) -> None:
+    start, stop = span
+    # cache_type "none": each read asks for exactly its bytes (no read-ahead past `stop`)
+    with fs.open(url, "rb", block_size=CHUNK, cache_type="none") as src:
+        try:
+            if not src.seekable():  # fsspec's http file of a server without ranges (Accept-Ranges: none)
+                raise NoRanges
+            src.seek(start)
+            while out.tell() < stop - start:
+                want = min(CHUNK, stop - start - out.tell())
+                chunk = src.read(want)
+                if not chunk:
+                    break
+                if len(chunk) > want:  # the whole object (or more than asked): no ranges here
+                    raise NoRanges
+                if stopping.is_set():
+                    raise Closed
+                out.write(chunk)
+        except ValueError as e:  # fsspec's http file: "doesn't appear to support range requests", ...
+            raise NoRanges from e
+    if out.tell() != stop - start:
+        raise OSError(f"the transfer of bytes {start}-{stop} ended after {out.tell()} bytes")
+
+
+def _copy(src: Any, out: IO[bytes], stopping: threading.Event) -> None:
+    while chunk := src.read(CHUNK):
+        if stopping.is_set():
+            raise Closed
+        out.write(chunk)
+
+
+def _causes(e: BaseException) -> list[BaseException]:
+    chain: list[BaseException] = []
+    while e is not None and len(chain) < 8:
+        chain.append(e)
+        e = e.__cause__ or e.__context__  # type: ignore[assignment]
+    return chain
+
+
+def _status(e: BaseException) -> int | None:
+    """The HTTP status behind an error, where one is known (fsspec's http filesystem reports a
+    failed request as ``FileNotFoundError`` caused by the response's error)."""
+    for cause in _causes(e):
+        status = getattr(cause, "status", None) or getattr(cause, "code", None)
+        if isinstance(status, int) and 100 <= status < 600:
+            return status
+    return None
+
+
+def _unreachable(e: BaseException) -> bool:
+    """Whether the error behind ``e`` is a connection that failed (not an answer)."""
+    return any(isinstance(c, ConnectionError) or "Connect" in type(c).__name__ for c in _causes(e)[1:])
