@@ -358,7 +358,16 @@ class Loader:
         try:
             if fetch is not None:
                 fetch.advance(0)
-            for b, (images, labels, keys, skipped) in enumerate(self._runner.run(plan, start), start):
+            run = enumerate(self._runner.run(plan, start), start)
+            while True:
+                try:
+                    b, (images, labels, keys, skipped) = next(run)
+                except StopIteration:
+                    break
+                except ValueError as e:  # close() in another thread is ending the run right now
+                    if self.closed and "already executing" in str(e):
+                        break  # (ClosedError below)
+                    raise
                 if fetch is not None:
                     fetch.advance(b - start + 1)
                 valid = plan.batch(b)[1].copy()

@@ -193,6 +193,32 @@ def test_close_from_another_thread_stops_the_epoch(shards, backend):
     assert after["children"] == 0
 
 
+def test_close_while_the_run_ends_in_another_thread(shards, monkeypatch):
+    """close() ends the run from another thread while the training thread asks for the next batch:
+    that thread gets ClosedError, not Python's "generator already executing"."""
+    loader = gp.Loader(val(shards), 1, backend="torch", device="cpu", num_workers=0)
+
+    def slow_to_close(plan, start):
+        def run():
+            try:
+                for _ in range(start, plan.num_batches):
+                    yield torch.zeros(1, 3, 16, 16), torch.zeros(1, dtype=torch.int64), ["k"], ()
+            finally:
+                time.sleep(0.5)  # the closing thread is inside the run's close meanwhile
+
+        return loader._runner._runs.track(run())
+
+    monkeypatch.setattr(loader._runner, "run", slow_to_close)
+    batches = iter(loader)
+    next(batches)
+    closer = threading.Thread(target=loader.close)
+    closer.start()
+    time.sleep(0.1)
+    with pytest.raises(gp.ClosedError, match="closed during an epoch"):
+        next(batches)
+    closer.join(10)
+
+
 def test_an_unclosed_loader_is_released_at_exit(shards, backend):
     """A script that never closes its loader (workers running, an epoch unfinished) exits promptly."""
     code = textwrap.dedent(f"""
