@@ -206,7 +206,7 @@ def test_close_while_the_run_ends_in_another_thread(shards, monkeypatch):
             finally:
                 time.sleep(0.5)  # the closing thread is inside the run's close meanwhile
 
-        return loader._runner._runs.track(run())
+        return loader._runner._runs.track(run())  # type: ignore[attr-defined]
 
     monkeypatch.setattr(loader._runner, "run", slow_to_close)
     batches = iter(loader)
