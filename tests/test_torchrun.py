@@ -24,7 +24,8 @@ def torchrun(worker: str, out, shards: list[str], **extra_env: str) -> None:
     path = os.path.join(os.path.dirname(__file__), worker)
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", path, str(out)]
     proc = subprocess.run([*argv, *shards], env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    first = [line for line in proc.stderr.splitlines() if "[rank0]" in line][-40:]  # the first to fail, often
+    assert proc.returncode == 0, "\n".join(first) + "\n" + proc.stdout[-2000:] + proc.stderr[-3000:]
 
 
 class TestTorchrun:

@@ -26,6 +26,7 @@ import json
 import logging
 import os
 import re
+import threading
 
 import numpy as np
 
@@ -126,6 +127,13 @@ def load(path: str, labeled: bool) -> tuple[list[str], list[str], np.ndarray, np
     return keys, exts, image, label
 
 
+# np.load parses a .npy header with ast.literal_eval, and CPython before 3.11.8 / 3.12.1 can raise
+# a spurious "SystemError: AST constructor recursion depth mismatch" when threads parse at once
+# (CPython gh-106905; seen here in a 2-rank DALI run on a busy 2-core machine, whose reader threads
+# load shard details in parallel). One header at a time, and once more if it happens anyway.
+_NPY_HEADER = threading.Lock()
+
+
 def labels_path(path: str) -> str:
     return path.removesuffix(".idx") + ".labels.npy"
 
@@ -140,7 +148,11 @@ def save_labels(path: str, labels: np.ndarray) -> None:
 def load_labels(path: str, n: int) -> np.ndarray | None:
     """The parsed labels of the index ``path``; ``None`` if absent or not ``n`` int64 values."""
     try:
-        labels = np.load(labels_path(path), allow_pickle=False)
+        with _NPY_HEADER:
+            try:
+                labels = np.load(labels_path(path), allow_pickle=False)
+            except SystemError:  # gh-106905 (another thread of the process parsing Python meanwhile)
+                labels = np.load(labels_path(path), allow_pickle=False)
     except (OSError, ValueError, EOFError):
         return None
     if labels.dtype != np.int64 or labels.shape != (n,):
