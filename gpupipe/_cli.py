@@ -1,8 +1,11 @@
-"""``python -m gpupipe``: make-shards (write WebDataset shards), index (build the shard index cache),
-check (validate every sample), bench (images/s of a pipeline) and doctor (check this machine).
+"""python -m gpupipe: make-shards (write WebDataset shards), index (build the shard index cache),
+check (validate every sample), bench (images/s of a pipeline), inspect (see what a pipeline does)
+and doctor (check this machine).
 
-Exit status: 0 done; 1 ``check`` or ``doctor`` found something wrong; 2 a usage error or a gpupipe
-error (printed on one line); 130 interrupted (Ctrl-C), with every worker process ended."""
+Exit status: 0 done; 1 check or doctor found something wrong; 2 a usage error or a gpupipe error
+(printed on one line); 130 interrupted (Ctrl-C), with every worker process ended.
+
+Long commands show a progress bar on stderr; --quiet turns it off."""
 
 from __future__ import annotations
 
@@ -12,8 +15,8 @@ import json
 import os
 import sys
 import time
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterable, Iterator
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -24,6 +27,7 @@ from ._shards import ShardWriter
 from .testing import encode_jpeg, synthetic_image
 
 __all__ = ["main"]
+T = TypeVar("T")
 
 
 def _synthetic_sample(args: tuple[int, int, int, int]) -> tuple[str, dict]:
@@ -49,16 +53,33 @@ def _imagefolder_samples(root: str, quality: int) -> Iterator[tuple[str, dict[st
         yield f"{n:08d}", {"jpg" if ext == "jpeg" else ext: data, "cls": raw.label}
 
 
+def _progress(args: argparse.Namespace, total: int | None, unit: str, desc: str) -> Any:
+    """A tqdm progress bar on stderr (none with ``--quiet``)."""
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit=unit, desc=desc, disable=bool(getattr(args, "quiet", False)), file=sys.stderr)
+
+
+def _counted(items: Iterable[T], bar: Any) -> Iterator[T]:
+    for item in items:
+        yield item
+        bar.update(1)
+
+
 def make_shards(args: argparse.Namespace) -> int:
     pattern = os.path.join(args.out, f"{args.prefix}-%06d.tar")
     with ShardWriter(pattern, max_count=args.shard_size) as writer:
         if args.from_imagefolder:
-            writer.write_all(_imagefolder_samples(args.from_imagefolder, args.quality))
+            with _progress(args, None, "img", "gpupipe make-shards") as bar:
+                writer.write_all(_counted(_imagefolder_samples(args.from_imagefolder, args.quality), bar))
         else:
             jobs = [(i, args.seed, args.classes, args.quality) for i in range(args.synthetic)]
             workers = args.workers or os.cpu_count() or 1
-            with process_pool(workers, "gpupipe make-shards") as pool:
-                writer.write_all(pool.map(_synthetic_sample, jobs, chunksize=16))
+            with (
+                process_pool(workers, "gpupipe make-shards") as pool,
+                _progress(args, len(jobs), "img", "gpupipe make-shards") as bar,
+            ):
+                writer.write_all(_counted(pool.map(_synthetic_sample, jobs, chunksize=16), bar))
     n = len(writer.shards)
     brace = f"{args.prefix}-{{000000..{n - 1:06d}}}.tar" if n > 1 else os.path.basename(writer.shards[0])
     print(f"wrote {writer.samples} samples in {n} shards: {os.path.join(args.out, brace)}")
@@ -93,10 +114,12 @@ def bench(args: argparse.Namespace) -> int:
         for epoch in range(args.epochs):
             loader.set_epoch(epoch)
             n, start = 0, time.perf_counter()
-            for images, *_ in loader:
-                if images.is_cuda:
-                    torch.cuda.synchronize(images.device)
-                n += images.shape[0]
+            with _progress(args, len(loader), "batch", f"epoch {epoch}") as bar:
+                for images, *_ in loader:
+                    if images.is_cuda:
+                        torch.cuda.synchronize(images.device)
+                    n += images.shape[0]
+                    bar.update(1)
             seconds = time.perf_counter() - start
             results.append(
                 {
@@ -172,11 +195,12 @@ def index(args: argparse.Namespace) -> int:
     source = WebDataset(args.source, image=args.image, label=label, storage_options=options)
     jobs = [(u, *source.extensions(), args.beside, options) for u in source.urls]
     start = time.perf_counter()
-    if args.workers == 0:
-        done = [_index_one(job) for job in jobs]
-    else:
-        with process_pool(args.workers, "gpupipe index") as pool:
-            done = list(pool.map(_index_one, jobs, chunksize=max(1, len(jobs) // 64)))
+    with _progress(args, len(jobs), "shard", "gpupipe index") as bar:
+        if args.workers == 0:
+            done = list(_counted(map(_index_one, jobs), bar))
+        else:
+            with process_pool(args.workers, "gpupipe index") as pool:
+                done = list(_counted(pool.map(_index_one, jobs, chunksize=max(1, len(jobs) // 64)), bar))
     total, written = sum(n for n, _ in done), sum(w for _, w in done)
     print(
         f"{total} samples in {len(jobs)} shards, indexed in {time.perf_counter() - start:.1f} s; "
@@ -205,16 +229,58 @@ def check(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+def inspect(args: argparse.Namespace) -> int:
+    from . import backends
+    from ._errors import ConfigError
+    from ._inspect import inspect as run_inspect
+    from ._pipeline import load_pipeline
+    from .sources import ImageFolder
+
+    source: Any = ImageFolder(args.data) if os.path.isdir(args.data) else args.data
+    pipeline = load_pipeline(args.pipeline)(source)
+    if args.compare:
+        names = [n for n in backends.names() if backends.get(n).available()]
+        if len(names) < 2:
+            raise ConfigError(f"--compare needs two backends; only {names} is installed (pip install gpupipe[cuda12])")
+    else:
+        names = [args.backend]
+    lines = run_inspect(pipeline, args.out, samples=args.samples, draws=args.draws, backends=names, seed=args.seed,
+                        cell=args.cell)  # fmt: skip
+    print("\n".join(lines))
+    return 0
+
+
 def doctor(args: argparse.Namespace) -> int:
     from ._doctor import main as doctor_main
 
     return doctor_main(run=args.run, images=args.images)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gpupipe", description=__doc__)
+def _command(sub: Any, name: str, summary: str, description: str, example: str) -> argparse.ArgumentParser:
+    """A subcommand whose help is plain text, with an example."""
+    return sub.add_parser(
+        name,
+        help=summary,
+        description=description,
+        epilog="example:\n  " + example.replace("\n", "\n  "),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m gpupipe", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="example:\n  python -m gpupipe make-shards data --synthetic 2048 --shard-size 256\n"
+        "  python -m gpupipe bench pipelines/imagenet.py:train 'data/train-{000000..000007}.tar'",
+    )  # fmt: skip
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("make-shards", help="write WebDataset shards of real JPEGs")
+    p = _command(
+        sub, "make-shards", "write WebDataset shards of real JPEGs",
+        "Writes WebDataset tar shards (key.jpg + key.cls) of generated photograph-like images, or converts an "
+        "ImageFolder tree (PNG and JPEG kept, other formats re-encoded as JPEG).",
+        "python -m gpupipe make-shards data --synthetic 2048 --shard-size 256\n"
+        "python -m gpupipe make-shards shards/ --from-imagefolder /data/imagenet/train --shard-size 1000",
+    )  # fmt: skip
     p.add_argument("out", help="output folder")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--synthetic", type=int, metavar="N", help="N generated photograph-like images")
@@ -225,25 +291,34 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quality", type=int, default=90, help="JPEG quality (default 90)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workers", type=int, default=None, help="encoding processes (default: all cores)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(fn=make_shards)
-    i = sub.add_parser("index", help="build the index cache of a dataset's shards (in parallel)")
+    i = _command(
+        sub, "index", "build the index cache of a dataset's shards (in parallel)",
+        "Reads the tar headers of every shard, in parallel, into the index cache ($GPUPIPE_CACHE_DIR, default "
+        "~/.cache/gpupipe): a loader then starts from the cache on every rank. With --beside, also writes "
+        "<shard>.gpupipe.json beside each shard (local or remote), so that nodes start on a remote dataset "
+        "without downloading it and ranks download only their part of shards they split.",
+        "python -m gpupipe index 'data/train-{000000..001281}.tar'\n"
+        "python -m gpupipe index 's3://bucket/train-{000000..001281}.tar' --beside "
+        "--storage-options '{\"endpoint_url\": \"http://host:8333\"}'",
+    )  # fmt: skip
     i.add_argument("source", nargs="+", help="shard paths, URLs or patterns, e.g. 'data/train-{000000..001281}.tar'")
     i.add_argument("--image", default="jpg;jpeg;png", help="image extensions, in order of preference")
     i.add_argument("--label", default="cls", help="label extension, or 'none' for unlabeled data")
     i.add_argument("--workers", type=int, default=None, help="processes (default: all cores; 0: this process)")
     i.add_argument("--storage-options", metavar="JSON", help="remote shards: the fsspec filesystem's options, "
                    "e.g. '{\"endpoint_url\": \"http://host:8333\"}' (default: the driver's environment)")  # fmt: skip
-    i.add_argument("--beside", action="store_true", help="also write <shard>.gpupipe.json beside each shard "
-                   "(local or remote): nodes then start on a remote dataset without downloading it")  # fmt: skip
+    i.add_argument("--beside", action="store_true", help="also write <shard>.gpupipe.json beside each shard")
+    i.add_argument("--quiet", action="store_true", help="no progress bar")
     i.set_defaults(fn=index)
-    c = sub.add_parser(
-        "check",
-        help="validate every sample of WebDataset shards; list the bad ones beside their shards",
-        description="Reads every shard's tar structure and every sample's label and image (header, pixel limit, "
-        "full decode), in parallel, prints a summary per kind of damage and writes <shard>.bad.json beside each "
+    c = _command(
+        sub, "check", "validate every sample of WebDataset shards; list the bad ones beside their shards",
+        "Reads every shard's tar structure and every sample's label and image (header, pixel limit, full "
+        "decode), in parallel, prints a summary per kind of damage and writes <shard>.bad.json beside each "
         "damaged shard: every gpupipe loader then leaves those samples out. Exits 1 when anything is bad.",
-        epilog="example: python -m gpupipe check 'data/train-{000000..001281}.tar' --json > check.json",
-    )
+        "python -m gpupipe check 'data/train-{000000..001281}.tar' --json > check.json",
+    )  # fmt: skip
     c.add_argument("shards", nargs="+", help="shard paths or brace patterns")
     c.add_argument("--image", default="jpg;jpeg;png", help="image extensions, in order of preference")
     c.add_argument("--label", default="cls", help="label extension, or 'none' for unlabeled data")
@@ -256,7 +331,12 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--json", action="store_true", help="print the report as JSON (every finding) instead")
     c.add_argument("--quiet", action="store_true", help="no progress bar")
     c.set_defaults(fn=check)
-    b = sub.add_parser("bench", help="run a pipeline through the Loader and print images/s")
+    b = _command(
+        sub, "bench", "run a pipeline through the Loader and print images/s",
+        "Runs a pipeline's epochs through gp.Loader (shuffled, drop_last) and prints images/s per epoch; the "
+        "first epoch includes start-up.",
+        "python -m gpupipe bench pipelines/imagenet.py:train 'data/train-{000000..000007}.tar' --backend dali",
+    )  # fmt: skip
     b.add_argument("pipeline", help="pipeline factory, e.g. pipelines/imagenet.py:train")
     b.add_argument("source", help="shard pattern, e.g. 'data/train-{000000..000007}.tar'")
     b.add_argument("--batch-size", type=int, default=64)
@@ -265,18 +345,43 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--workers", type=int, default=None)
     b.add_argument("--epochs", type=int, default=2)
     b.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    b.add_argument("--quiet", action="store_true", help="no progress bar")
     b.set_defaults(fn=bench)
-    d = sub.add_parser(
-        "doctor",
-        help="check this machine for gpupipe: versions, CUDA builds, GPUs, what backend='auto' picks, fixes",
-        description="Prints Python, torch, torchvision, DALI and CuPy with their CUDA builds, the driver's CUDA "
-        "version, the GPUs and whether each has a hardware JPEG decoder, what backend='auto' picks and why, and "
-        "every mismatch with the command that fixes it. Exits 1 when something is broken.",
-    )
+    n = _command(
+        sub, "inspect", "draw what a pipeline does to images: a PNG grid of samples x augmentation draws",
+        "Runs a pipeline on the first samples of a dataset several times (the augmentation draws of epochs "
+        "0, 1, ...) and writes a PNG grid: one row per sample, with its key and label, one column per draw. "
+        "A trailing Normalize is undone for display. With --compare, each draw of every installed backend is "
+        "shown side by side (they make the same random draws) and their largest difference is printed.",
+        "python -m gpupipe inspect pipelines/imagenet.py:train 'data/train-{000000..000007}.tar' --out grid.png\n"
+        "python -m gpupipe inspect pipelines/imagenet.py:train /data/imagenet/val --samples 4 --compare",
+    )  # fmt: skip
+    n.add_argument("pipeline", help="pipeline factory, e.g. pipelines/imagenet.py:train")
+    n.add_argument("data", help="shard pattern, or an ImageFolder directory")
+    n.add_argument("--samples", type=int, default=8, help="rows: the first samples of the dataset (default 8)")
+    n.add_argument("--draws", type=int, default=4, help="columns: augmentation draws per sample (default 4)")
+    n.add_argument("--compare", action="store_true", help="every installed backend side by side")
+    n.add_argument("--backend", default="auto", help="without --compare: the backend (default auto)")
+    n.add_argument("--seed", type=int, default=0)
+    n.add_argument("--cell", type=int, default=None, help="scale each image to this many pixels (longer side)")
+    n.add_argument("--out", default="inspect.png", help="the PNG to write (default inspect.png)")
+    n.set_defaults(fn=inspect)
+    d = _command(
+        sub, "doctor", "check this machine for gpupipe: versions, CUDA builds, GPUs, what backend='auto' picks, fixes",
+        "Prints Python, torch, torchvision, DALI and CuPy with their CUDA builds, the driver's CUDA version, the "
+        "GPUs and whether each has a hardware JPEG decoder, what backend='auto' picks and why, and every "
+        "mismatch with the command that fixes it. Exits 1 when something is broken.",
+        "python -m gpupipe doctor --run",
+    )  # fmt: skip
     d.add_argument("--run", action="store_true", help="also push generated images through each backend and "
                    "device present: images/s and the difference from the torch backend")  # fmt: skip
     d.add_argument("--images", type=int, default=64, help="images for --run (default 64)")
     d.set_defaults(fn=doctor)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
     args = parser.parse_args(argv)
     if getattr(args, "synthetic", None) is not None and args.synthetic <= 0:
         parser.error("--synthetic must be positive")

@@ -105,11 +105,6 @@ class TestCommand:
         assert "checked 6 samples in 2 shards: all good" in captured.out and "gpupipe check" in captured.err
         assert not any(os.path.exists(u + ".bad.json") for u in urls)
 
-    def test_help_has_an_example(self, capsys):
-        with pytest.raises(SystemExit):
-            main(["check", "--help"])
-        assert "example: python -m gpupipe check" in capsys.readouterr().out
-
 
 def test_a_tar_member_named_jpg_that_is_a_tar(tmp_path):
     """Non-image bytes that start like nothing known: undecodable, named."""

@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 import gpupipe as gp
 from gpupipe._cli import main
 from gpupipe.testing import synthetic_image
@@ -84,3 +86,39 @@ def test_index_builds_the_cache(tmp_path, capsys, monkeypatch):
     index = gp.WebDataset(pattern).index()
     assert all(not s.loaded for s in index.shards)  # served from the cache: sizes only, details lazily
     assert index.key(5) == "00000005"
+
+
+COMMANDS = ("make-shards", "index", "check", "bench", "inspect", "doctor")
+
+
+class TestHelp:
+    @pytest.mark.parametrize("command", (None, *COMMANDS))
+    def test_plain_text_with_an_example(self, command, capsys):
+        with pytest.raises(SystemExit) as done:
+            main(["--help"] if command is None else [command, "--help"])
+        assert done.value.code == 0
+        text = capsys.readouterr().out
+        assert "example:\n  python -m gpupipe " in text
+        for markup in ("``", ":class:", ":func:", ":meth:", ".. "):  # no reStructuredText
+            assert markup not in text, (command, markup)
+
+    def test_every_command_is_listed(self, capsys):
+        with pytest.raises(SystemExit):
+            main(["--help"])
+        text = capsys.readouterr().out
+        assert all(c in text for c in COMMANDS)
+
+
+class TestProgress:
+    """Long commands show a tqdm bar on stderr; --quiet turns it off."""
+
+    def test_make_shards_and_index(self, tmp_path, capsys, monkeypatch):
+        monkeypatch.setenv("GPUPIPE_CACHE_DIR", str(tmp_path / "cache"))
+        assert main(["make-shards", str(tmp_path), "--synthetic", "6", "--shard-size", "4", "--workers", "1"]) == 0
+        assert "gpupipe make-shards: 100%" in capsys.readouterr().err
+        shards = str(tmp_path / "train-{000000..000001}.tar")
+        assert main(["index", shards, "--workers", "0"]) == 0
+        err = capsys.readouterr().err
+        assert "gpupipe index: 100%" in err and "2/2" in err
+        assert main(["index", shards, "--workers", "0", "--quiet"]) == 0
+        assert capsys.readouterr().err == ""

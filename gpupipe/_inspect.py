@@ -1,0 +1,131 @@
+"""``gpupipe inspect``: a PNG grid of what a pipeline does to images — N samples (rows) x K
+augmentation draws (columns), with each sample's key and label — and, with ``compare``, the same
+draws on each backend side by side with their largest difference, so that a user sees the recipe
+and that the backends agree.
+
+The draws are epochs ``0..K-1`` of an unshuffled loader: the same samples, augmented as each epoch
+would be (the draws depend on the seed, the epoch and the sample only, so every backend makes the
+same ones). Outputs are shown as images: a trailing ``Normalize`` is undone, floats in ``[0, 1]``
+are scaled to 0..255 (clipped), one channel is shown grey. Drawing needs Pillow (torchvision's
+dependency; the ``inspect`` extra).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from ._errors import ConfigError
+from ._loader import Loader
+from ._pipeline import Pipeline
+from .transforms import Normalize
+
+__all__ = ["Draws", "draw", "grid", "to_uint8"]
+
+MARGIN = 4  # pixels between cells
+LABEL_WIDTH = 150  # the left column: key and label
+HEADER = 16  # the top row: column titles
+
+
+@dataclasses.dataclass
+class Draws:
+    """One backend's draws: ``images`` uint8 ``[K, N, H, W, C]`` (K draws of N samples, for
+    display), and the samples' ``keys`` and ``labels`` (``None`` for unlabeled data)."""
+
+    backend: str
+    images: np.ndarray
+    raw: np.ndarray  # the pipeline's outputs as they are, [K, N, C, H, W] float64: for differences
+    keys: list[str]
+    labels: list[int] | None
+
+
+def to_uint8(images: torch.Tensor, pipeline: Pipeline) -> np.ndarray:
+    """``[N, C, H, W]`` pipeline outputs as uint8 ``[N, H, W, 3]`` for display (see the module)."""
+    x = images.detach().to("cpu", torch.float64)
+    last = pipeline.transforms[-1] if pipeline.transforms else None
+    if isinstance(last, Normalize):
+        mean = torch.tensor(last.mean, dtype=torch.float64).view(1, -1, 1, 1)
+        std = torch.tensor(last.std, dtype=torch.float64).view(1, -1, 1, 1)
+        x = x * std + mean
+    if images.dtype.is_floating_point:
+        x = x * 255.0
+    x = x.clamp(0, 255).round().to(torch.uint8)
+    if x.shape[1] == 1:
+        x = x.expand(-1, 3, -1, -1)
+    return x[:, :3].permute(0, 2, 3, 1).contiguous().numpy()
+
+
+def draw(pipeline: Pipeline, *, samples: int, draws: int, backend: str, seed: int) -> Draws:
+    """The first ``samples`` samples of ``pipeline``'s source, ``draws`` times, on ``backend``."""
+    shown, raw = [], []
+    keys: list[str] = []
+    labels: list[int] | None = None
+    with Loader(pipeline, samples, backend=backend, device="cpu", seed=seed, num_workers=0 if backend == "torch"
+                else None) as loader:  # fmt: skip
+        name = loader.backend
+        for k in range(draws):
+            loader.set_epoch(k)
+            batch = next(iter(loader))
+            n = int(batch.valid.sum())  # fewer samples than asked: padding left out
+            shown.append(to_uint8(batch.images[:n], pipeline))
+            raw.append(batch.images[:n].detach().to("cpu", torch.float64).numpy())
+            keys = batch.keys[:n]
+            labels = None if batch.labels is None else batch.labels[:n].tolist()
+    return Draws(name, np.stack(shown), np.stack(raw), keys, labels)
+
+
+def grid(all_draws: Sequence[Draws], *, cell: int | None = None) -> tuple[object, list[str]]:
+    """The PNG grid (a Pillow image) of one or more backends' draws, and the report's lines
+    (with several backends: the largest difference of each from the first)."""
+    try:
+        from PIL import Image, ImageDraw
+    except ImportError as e:  # pragma: no cover - torchvision brings Pillow
+        raise ConfigError("gpupipe inspect draws with Pillow: pip install gpupipe[inspect]") from e
+    first = all_draws[0]
+    k, n, h, w, _ = first.images.shape
+    scale = 1.0 if cell is None else cell / max(h, w)
+    ch, cw = max(1, round(h * scale)), max(1, round(w * scale))
+    columns = [(d, j) for j in range(k) for d in all_draws]  # draw j of every backend side by side
+    width = LABEL_WIDTH + len(columns) * (cw + MARGIN) + MARGIN
+    height = HEADER + n * (ch + MARGIN) + MARGIN
+    canvas = Image.new("RGB", (width, height), (255, 255, 255))
+    pen = ImageDraw.Draw(canvas)
+    for c, (d, j) in enumerate(columns):
+        x = LABEL_WIDTH + MARGIN + c * (cw + MARGIN)
+        pen.text((x, 2), f"{d.backend} #{j}" if len(all_draws) > 1 else f"draw {j}", fill=(0, 0, 0))
+        for i in range(n):
+            tile = Image.fromarray(d.images[j, i])
+            if (ch, cw) != (h, w):
+                tile = tile.resize((cw, ch), Image.Resampling.BILINEAR)
+            canvas.paste(tile, (x, HEADER + MARGIN + i * (ch + MARGIN)))
+    for i, key in enumerate(first.keys):
+        y = HEADER + MARGIN + i * (ch + MARGIN)
+        pen.text((MARGIN, y), key[-22:], fill=(0, 0, 0))
+        if first.labels is not None:
+            pen.text((MARGIN, y + 14), f"label {first.labels[i]}", fill=(80, 80, 80))
+    lines = [f"{n} samples x {k} draws, output [{first.raw.shape[2]}, {h}, {w}], backends: "
+             + ", ".join(d.backend for d in all_draws)]  # fmt: skip
+    for d in all_draws[1:]:
+        diff = float(np.abs(d.raw - first.raw).max()) if d.raw.shape == first.raw.shape else float("inf")
+        mean = float(np.abs(d.raw - first.raw).mean()) if d.raw.shape == first.raw.shape else float("inf")
+        lines.append(f"{d.backend} vs {first.backend}: largest difference {diff:.4g}, mean {mean:.4g} "
+                     "(in the pipeline's output units)")  # fmt: skip
+    return canvas, lines
+
+
+def inspect(
+    pipeline: Pipeline, out: str, *, samples: int = 8, draws: int = 4, backends: Sequence[str] = ("auto",),
+    seed: int = 0, cell: int | None = None,
+) -> list[str]:  # fmt: skip
+    """Writes the grid to ``out`` (PNG); returns the report's lines."""
+    if samples < 1 or draws < 1:
+        raise ConfigError("inspect: samples and draws must be positive")
+    found = [draw(pipeline, samples=samples, draws=draws, backend=b, seed=seed) for b in backends]
+    canvas, lines = grid(found, cell=cell)
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    canvas.save(out)  # type: ignore[attr-defined]
+    return [f"wrote {out}: " + lines[0], *lines[1:]]

@@ -1,0 +1,68 @@
+"""python -m gpupipe inspect: the grid shows the pipeline's outputs, and backends side by side."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from PIL import Image
+
+import gpupipe as gp
+from gpupipe import backends
+from gpupipe._cli import main
+from gpupipe._inspect import HEADER, LABEL_WIDTH, MARGIN, to_uint8
+
+PIPELINE = "pipelines/imagenet.py:train"
+
+
+def read_png(path) -> Image.Image:
+    with Image.open(path) as png:
+        return png.convert("RGB")
+
+
+def cell(png: Image.Image, row: int, column: int, size: int) -> np.ndarray:
+    x = LABEL_WIDTH + MARGIN + column * (size + MARGIN)
+    y = HEADER + MARGIN + row * (size + MARGIN)
+    return np.asarray(png)[y : y + size, x : x + size]
+
+
+class TestInspect:
+    def test_the_grid_shows_each_draw_of_each_sample(self, shards, tmp_path, capsys):
+        out = tmp_path / "grid.png"
+        code = main(["inspect", PIPELINE, shards[0], "--samples", "3", "--draws", "2", "--backend", "torch",
+                     "--out", str(out)])  # fmt: skip
+        assert code == 0 and "3 samples x 2 draws, output [3, 224, 224]" in capsys.readouterr().out
+        png = read_png(out)
+        assert png.size == (LABEL_WIDTH + 2 * (224 + MARGIN) + MARGIN, HEADER + 3 * (224 + MARGIN) + MARGIN)
+        pipeline = gp.load_pipeline(PIPELINE)(shards[0])
+        with gp.Loader(pipeline, 3, backend="torch", device="cpu", num_workers=0, seed=0) as loader:
+            for draw in range(2):
+                loader.set_epoch(draw)
+                images = to_uint8(next(iter(loader)).images, pipeline)
+                for row in range(3):
+                    np.testing.assert_array_equal(cell(png, row, draw, 224), images[row])
+        assert not np.array_equal(cell(png, 0, 0, 224), cell(png, 0, 1, 224))  # two different draws
+
+    def test_an_image_folder_scaled_cells(self, image_folder, tmp_path):
+        out = tmp_path / "grid.png"
+        assert main(["inspect", PIPELINE, image_folder, "--samples", "2", "--draws", "1", "--backend", "torch",
+                     "--cell", "64", "--out", str(out)]) == 0  # fmt: skip
+        assert read_png(out).size == (LABEL_WIDTH + 64 + 2 * MARGIN, HEADER + 2 * (64 + MARGIN) + MARGIN)
+
+    def test_compare_puts_the_backends_side_by_side(self, shards, tmp_path, capsys):
+        if not backends.get("dali").available():
+            pytest.skip("needs DALI")
+        out = tmp_path / "grid.png"
+        assert main(["inspect", PIPELINE, shards[0], "--samples", "2", "--draws", "2", "--compare",
+                     "--out", str(out)]) == 0  # fmt: skip
+        report = capsys.readouterr().out
+        assert "backends: dali, torch" in report and "torch vs dali: largest difference" in report
+        largest = float(report.split("largest difference ")[1].split(",")[0])
+        assert largest < 0.5  # normalized units: the same crops, resampled slightly differently
+        png = read_png(out)
+        assert png.size[0] == LABEL_WIDTH + 4 * (224 + MARGIN) + MARGIN
+        dali, torch_ = cell(png, 0, 0, 224).astype(int), cell(png, 0, 1, 224).astype(int)
+        assert np.abs(dali - torch_).mean() < 3  # side by side, the same draw
+
+    def test_a_wrong_pipeline_is_one_line(self, shards, capsys):
+        assert main(["inspect", "pipelines/imagenet.py:nope", shards[0]]) == 2
+        assert "has no function 'nope'" in capsys.readouterr().err
