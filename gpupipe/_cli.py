@@ -15,7 +15,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 import numpy as np
@@ -86,10 +86,21 @@ def make_shards(args: argparse.Namespace) -> int:
     return 0
 
 
-def bench(args: argparse.Namespace) -> int:
-    import torch
+def _list(text: str, what: str, convert: Callable[[str], T]) -> list[T]:
+    from ._errors import ConfigError
 
-    from ._loader import Loader
+    try:
+        return [convert(part.strip()) for part in str(text).split(",") if part.strip()]
+    except ValueError:
+        raise ConfigError(f"{what} must be a value or values separated by commas, got {text!r}") from None
+
+
+def _workers(text: str) -> int | None:
+    return None if text == "auto" else int(text)
+
+
+def bench(args: argparse.Namespace) -> int:
+    from ._bench import BASELINE, plot, run_baseline, run_loader, table
     from ._pipeline import load_pipeline
 
     logging_level = os.environ.get("GPUPIPE_LOG")
@@ -98,56 +109,62 @@ def bench(args: argparse.Namespace) -> int:
 
         logging.basicConfig(level=logging_level.upper())
     pipeline = load_pipeline(args.pipeline)(args.source)
-    with Loader(
-        pipeline,
-        args.batch_size,
-        shuffle=True,
-        drop_last=True,
-        seed=0,
-        backend=args.backend,
-        device=args.device,
-        num_workers=args.workers,
-    ) as loader:
-        print(f"pipeline {args.pipeline}: {len(loader.index)} samples, output {pipeline.output_spec}")
-        print(f"backend={loader.backend} device={loader.device} workers={loader.num_workers} batch={args.batch_size}")
-        results = []
-        for epoch in range(args.epochs):
-            loader.set_epoch(epoch)
-            n, start = 0, time.perf_counter()
-            with _progress(args, len(loader), "batch", f"epoch {epoch}") as bar:
-                for images, *_ in loader:
-                    if images.is_cuda:
-                        torch.cuda.synchronize(images.device)
-                    n += images.shape[0]
-                    bar.update(1)
-            seconds = time.perf_counter() - start
-            results.append(
-                {
-                    "epoch": epoch,
-                    "images": n,
-                    "seconds": round(seconds, 3),
-                    "images_per_s": round(n / seconds, 1) if seconds else None,
-                }
-            )
-            print(
-                f"epoch {epoch}: {n} images in {seconds:.2f} s = {n / seconds:.0f} images/s"
-                + (" (includes start-up)" if epoch == 0 else "")
-            )
+    backends = _list(args.backend, "--backend", str)
+    sizes = _list(args.batch_size, "--batch-size", int)
+    workers = _list(args.workers, "--workers", _workers)
+    print(f"pipeline {args.pipeline}: output {pipeline.output_spec}")
+
+    def progress(name: str) -> Callable[[int, int], Any]:
+        return lambda epoch, total: _progress(args, total, "batch", f"{name} epoch {epoch}")
+
+    runs = []
+    for backend in backends:
+        for size in sizes:
+            for w in workers:
+                run = run_loader(pipeline, backend=backend, device=args.device, batch_size=size, workers=w,
+                                 epochs=args.epochs, progress=progress(backend))  # fmt: skip
+                _say(run)
+                runs.append(run)
+    if args.baseline:
+        for size in sizes:
+            for w in workers:
+                count = w if w is not None else min(8, os.cpu_count() or 1)
+                run = run_baseline(pipeline, batch_size=size, workers=count, epochs=args.epochs,
+                                   progress=progress(BASELINE))  # fmt: skip
+                _say(run)
+                runs.append(run)
+    if len(runs) > 1:
+        print(table(runs))
+    if args.plot:
+        title = f"{args.pipeline} on {args.source} ({os.cpu_count()} cores)"
+        plot(runs, args.plot, title=title)
+        print(f"plot: {args.plot}")
     if args.json:
+        first = runs[0]
         with open(args.json, "w") as f:
             json.dump(
                 {
                     "pipeline": args.pipeline,
-                    "backend": loader.backend,
-                    "device": loader.device,
-                    "batch_size": args.batch_size,
-                    "workers": loader.num_workers,
-                    "epochs": results,
+                    "backend": first.backend,
+                    "device": first.device,
+                    "batch_size": first.batch_size,
+                    "workers": first.workers,
+                    "epochs": first.epochs,
+                    "runs": [r.as_dict() for r in runs],
                 },
                 f,
                 indent=2,
             )
     return 0
+
+
+def _say(run: Any) -> None:
+    print(f"backend={run.backend} device={run.device} workers={run.workers} batch={run.batch_size}")
+    for e in run.epochs:
+        print(
+            f"epoch {e['epoch']}: {e['images']} images in {e['seconds']:.2f} s = {e['images_per_s']:.0f} images/s"
+            + (" (includes start-up)" if e["epoch"] == 0 else "")
+        )
 
 
 def _storage_options(text: str | None) -> dict[str, Any] | None:
@@ -334,16 +351,23 @@ def _parser() -> argparse.ArgumentParser:
     b = _command(
         sub, "bench", "run a pipeline through the Loader and print images/s",
         "Runs a pipeline's epochs through gp.Loader (shuffled, drop_last) and prints images/s per epoch; the "
-        "first epoch includes start-up.",
-        "python -m gpupipe bench pipelines/imagenet.py:train 'data/train-{000000..000007}.tar' --backend dali",
+        "first epoch includes start-up. --backend, --batch-size and --workers take lists (commas): every "
+        "combination runs, one after another, and a table compares them. --baseline also runs the usual way "
+        "(webdataset + torchvision's transforms of the same names in a torch DataLoader); --plot draws images/s "
+        "per backend and against batch size and workers (matplotlib: the plot extra).",
+        "python -m gpupipe bench pipelines/imagenet.py:train 'data/train-{000000..000007}.tar' --backend dali\n"
+        "python -m gpupipe bench pipelines/imagenet.py:train 'data/train-{000000..000007}.tar' "
+        "--backend torch,dali --batch-size 32,64,128 --workers 1,2 --baseline --plot bench.png",
     )  # fmt: skip
     b.add_argument("pipeline", help="pipeline factory, e.g. pipelines/imagenet.py:train")
     b.add_argument("source", help="shard pattern, e.g. 'data/train-{000000..000007}.tar'")
-    b.add_argument("--batch-size", type=int, default=64)
-    b.add_argument("--backend", default="auto")
+    b.add_argument("--batch-size", default="64", help="one or more, e.g. 32,64 (default 64)")
+    b.add_argument("--backend", default="auto", help="one or more, e.g. torch,dali (default auto)")
     b.add_argument("--device", default=None)
-    b.add_argument("--workers", type=int, default=None)
+    b.add_argument("--workers", default="auto", help="one or more, e.g. 1,2 (default auto: the Loader's)")
     b.add_argument("--epochs", type=int, default=2)
+    b.add_argument("--baseline", action="store_true", help="also run webdataset + torchvision in a DataLoader")
+    b.add_argument("--plot", metavar="PNG", help="draw the results (matplotlib)")
     b.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     b.add_argument("--quiet", action="store_true", help="no progress bar")
     b.set_defaults(fn=bench)

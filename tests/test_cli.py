@@ -122,3 +122,40 @@ class TestProgress:
         assert "gpupipe index: 100%" in err and "2/2" in err
         assert main(["index", shards, "--workers", "0", "--quiet"]) == 0
         assert capsys.readouterr().err == ""
+
+
+class TestBenchGrid:
+    def test_backends_batch_sizes_and_the_baseline_plotted(self, tmp_path, capsys):
+        pytest.importorskip("matplotlib")
+        pytest.importorskip("webdataset")
+        main(["make-shards", str(tmp_path), "--synthetic", "16", "--shard-size", "8", "--workers", "1", "--quiet"])
+        out, png = tmp_path / "bench.json", tmp_path / "bench.png"
+        argv = ["bench", "pipelines/imagenet.py:train", str(tmp_path / "train-{000000..000001}.tar"), "--backend",
+                "torch", "--batch-size", "4,8", "--workers", "1", "--epochs", "2", "--baseline", "--plot", str(png),
+                "--json", str(out), "--quiet"]  # fmt: skip
+        assert main(argv) == 0
+        text = capsys.readouterr().out
+        assert "vs dataloader" in text and f"plot: {png}" in text
+        runs = json.loads(out.read_text())["runs"]
+        assert [(r["backend"], r["batch_size"]) for r in runs] == [("torch", 4), ("torch", 8), ("dataloader", 4),
+                                                                    ("dataloader", 8)]  # fmt: skip
+        assert all(r["images_per_s"] > 0 and [e["images"] for e in r["epochs"]] == [16, 16] for r in runs)
+        from PIL import Image
+
+        with Image.open(png) as image:
+            assert image.size == (1300, 400)
+
+    def test_the_baseline_uses_torchvisions_transforms_of_the_same_names(self):
+        from torchvision.transforms import v2
+
+        from gpupipe import transforms as T
+        from gpupipe._bench import torchvision_equivalent
+
+        steps = torchvision_equivalent([T.RandomResizedCrop(32, scale=(0.5, 1.0), interpolation="bicubic"),
+                                        T.Normalize(mean=[0.5] * 3, std=[0.2] * 3)]).transforms  # fmt: skip
+        assert isinstance(steps[0], v2.RandomResizedCrop) and steps[0].scale == (0.5, 1.0)
+        assert steps[0].interpolation == v2.InterpolationMode.BICUBIC and isinstance(steps[1], v2.Normalize)
+
+    def test_a_bad_list_is_one_line(self, capsys, shards):
+        assert main(["bench", "pipelines/imagenet.py:train", shards[0], "--batch-size", "4,x"]) == 2
+        assert "--batch-size must be a value or values separated by commas" in capsys.readouterr().err

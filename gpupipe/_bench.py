@@ -1,0 +1,188 @@
+"""``gpupipe bench``: images/s of a pipeline through the Loader over a grid of backends, batch sizes
+and worker counts, beside the usual baseline — webdataset + torchvision transforms in a torch
+DataLoader, the same recipe (gpupipe's transforms have torchvision's names and arguments, so the
+baseline is built from the pipeline itself) — as a table, JSON and a plot.
+
+Every configuration runs ``epochs`` shuffled epochs; its rate is the best epoch after the first
+(which includes start-up), or the first when there is one. Configurations run one after another
+in the order given; on a noisy machine run more epochs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import torch
+
+from ._errors import ConfigError
+from ._pipeline import Pipeline
+
+__all__ = ["Run", "run_loader", "run_baseline", "torchvision_equivalent", "plot"]
+
+BASELINE = "dataloader"  # the baseline's name in tables and plots
+
+
+@dataclasses.dataclass
+class Run:
+    """One configuration's result. ``backend`` is the Loader's (or ``"dataloader"``); ``workers``
+    as run (the Loader's default resolved)."""
+
+    backend: str
+    device: str
+    batch_size: int
+    workers: int
+    epochs: list[dict[str, Any]]
+
+    @property
+    def images_per_s(self) -> float:
+        rates = [e["images_per_s"] for e in self.epochs if e["images_per_s"]]
+        later = rates[1:] or rates
+        return max(later) if later else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "images_per_s": round(self.images_per_s, 1)}
+
+
+def _epochs(
+    batches: Callable[[int], Iterable[Any]], count: Callable[[Any], int], epochs: int, progress: Callable[[int], Any]
+) -> list[dict[str, Any]]:
+    results = []
+    for epoch in range(epochs):
+        n, start = 0, time.perf_counter()
+        with progress(epoch) as bar:
+            for batch in batches(epoch):
+                n += count(batch)
+                bar.update(1)
+        seconds = time.perf_counter() - start
+        results.append({"epoch": epoch, "images": n, "seconds": round(seconds, 3),
+                        "images_per_s": round(n / seconds, 1) if seconds else None})  # fmt: skip
+    return results
+
+
+def run_loader(
+    pipeline: Pipeline, *, backend: str, device: str | None, batch_size: int, workers: int | None, epochs: int,
+    progress: Callable[[int, int], Any],
+) -> Run:  # fmt: skip
+    """``epochs`` shuffled epochs of ``pipeline`` through :class:`~gpupipe.Loader`.
+    ``progress(epoch, batches)`` returns a progress bar (a context manager with ``update``)."""
+    from ._loader import Loader
+
+    with Loader(pipeline, batch_size, shuffle=True, drop_last=True, seed=0, backend=backend, device=device,
+                num_workers=workers) as loader:  # fmt: skip
+
+        def batches(epoch: int) -> Iterable[Any]:
+            loader.set_epoch(epoch)
+            for images, *_ in loader:
+                if images.is_cuda:
+                    torch.cuda.synchronize(images.device)
+                yield images
+
+        results = _epochs(batches, len, epochs, lambda e: progress(e, len(loader)))
+        return Run(loader.backend, loader.device, batch_size, loader.num_workers, results)
+
+
+def torchvision_equivalent(transforms: Sequence[Any]) -> Any:
+    """The torchvision ``transforms.v2`` pipeline of gpupipe transforms: the class of the same name
+    with the same arguments (gpupipe's enums by value). ConfigError for one torchvision lacks."""
+    from torchvision.transforms import v2
+
+    steps = []
+    for t in transforms:
+        cls = getattr(v2, type(t).__name__, None)
+        if cls is None:
+            raise ConfigError(f"{type(t).__name__} has no torchvision equivalent: no baseline for this pipeline")
+        kwargs = {}
+        for field in dataclasses.fields(t):
+            if not field.init:
+                continue
+            value = getattr(t, field.name)
+            if isinstance(value, enum.Enum) and field.name == "interpolation":
+                value = v2.InterpolationMode(value.value)
+            kwargs[field.name] = value
+        steps.append(cls(**kwargs))
+    return v2.Compose(steps)
+
+
+def run_baseline(
+    pipeline: Pipeline, *, batch_size: int, workers: int, epochs: int,
+    progress: Callable[[int, int], Any],
+) -> Run:  # fmt: skip
+    """The usual way: webdataset reads the shards (shuffled shards, a 1,000-sample buffer) and
+    decodes with Pillow, torchvision applies the pipeline's transforms, a torch DataLoader batches
+    in ``workers`` processes."""
+    try:
+        import webdataset as wds
+    except ImportError as e:
+        raise ConfigError("the DataLoader baseline reads shards with webdataset: pip install webdataset") from e
+    from torch.utils.data import DataLoader
+    from torchvision.transforms import v2
+
+    from .sources import WebDataset
+
+    source = pipeline.source
+    if not isinstance(source, WebDataset):
+        raise ConfigError("the DataLoader baseline reads WebDataset shards")
+    image_exts, label_ext = source.extensions()
+    transform = v2.Compose([v2.ToImage(), torchvision_equivalent(pipeline.transforms)])  # PIL -> uint8 [3, H, W]
+    total = len(source.index())
+    steps = total // batch_size
+    dataset = (
+        wds.WebDataset(list(source.urls), shardshuffle=100, empty_check=False, seed=0)
+        .shuffle(1000)
+        .decode("pilrgb")  # Pillow (libjpeg-turbo), as most DataLoader pipelines decode
+        .to_tuple(";".join(image_exts), label_ext or "cls")
+        .map_tuple(transform, int)
+        .batched(batch_size, partial=False)
+    )
+    loader = DataLoader(dataset, batch_size=None, num_workers=workers, persistent_workers=workers > 0)
+    results = _epochs(lambda e: loader, lambda b: len(b[0]), epochs, lambda e: progress(e, steps))
+    return Run(BASELINE, "cpu", batch_size, workers, results)
+
+
+def table(runs: Sequence[Run]) -> str:
+    """The results, one line per configuration, with the ratio to the baseline where it ran."""
+    base = {(r.batch_size, r.workers): r.images_per_s for r in runs if r.backend == BASELINE}
+    lines = [f"{'backend':<11} {'device':<7} {'batch':>5} {'workers':>7} {'images/s':>9}  vs dataloader"]
+    for r in runs:
+        ratio = base.get((r.batch_size, r.workers))
+        versus = f"{r.images_per_s / ratio:.2f}x" if ratio and r.backend != BASELINE else ""
+        lines.append(f"{r.backend:<11} {r.device:<7} {r.batch_size:>5} {r.workers:>7} {r.images_per_s:>9.0f}  {versus}")
+    return "\n".join(lines)
+
+
+def plot(runs: Sequence[Run], out: str, *, title: str) -> None:
+    """A PNG: the best images/s of each backend and the baseline (bars), and images/s against batch
+    size and against workers (a line per backend; the other setting at its best)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        raise ConfigError("--plot draws with matplotlib: pip install gpupipe[plot]") from e
+    names = list(dict.fromkeys(r.backend for r in runs))
+    fig, axes = plt.subplots(1, 3, figsize=(13, 4), constrained_layout=True)
+    best = [max(r.images_per_s for r in runs if r.backend == n) for n in names]
+    bars = axes[0].bar(names, best, color=[f"C{i}" for i in range(len(names))])
+    axes[0].bar_label(bars, fmt="%.0f")
+    axes[0].set(title="best images/s", ylabel="images/s")
+    for ax, key, label in ((axes[1], "batch_size", "batch size"), (axes[2], "workers", "workers")):
+        for i, n in enumerate(names):
+            points: dict[int, float] = {}
+            for r in runs:
+                if r.backend == n:
+                    x = getattr(r, key)
+                    points[x] = max(points.get(x, 0.0), r.images_per_s)
+            xs = sorted(points)
+            ax.plot(xs, [points[x] for x in xs], marker="o", color=f"C{i}", label=n)
+        ax.set_xticks(sorted({getattr(r, key) for r in runs}))
+        ax.set(title=f"images/s against {label}", xlabel=label, ylabel="images/s")
+        ax.set_ylim(bottom=0)
+        ax.legend()
+    fig.suptitle(title, fontsize=9)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)

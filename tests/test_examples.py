@@ -1,0 +1,112 @@
+"""The examples, run as users run them: ``examples/train_imagenet.py`` under torchrun with 2
+processes (gloo, CPU) for both loaders, and ``examples/train.py``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from gpupipe.testing import encode_jpeg, synthetic_image
+
+from .conftest import DIST_ENV, _write_webdataset_shards, label_of
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CLASSES = 5  # label_of(n) = 7n mod 5; the image's hue follows its label: a signal a small model learns
+
+
+def _val_image(n: int):
+    return synthetic_image(10_000 + n, label=label_of(n), size=(64, 80))
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("imagenet")
+    for name in ("train", "val"):
+        os.makedirs(root / name)
+    train = _write_webdataset_shards(str(root / "train"), (64,) * 4, prefix="train")
+    val = _write_webdataset_shards(str(root / "val"), (31, 30), prefix="val", image=_val_image)
+    folder = root / "val-folder"  # the same 61 validation images as an ImageFolder tree
+    for n in range(61):
+        os.makedirs(folder / f"class{label_of(n)}", exist_ok=True)
+        (folder / f"class{label_of(n)}" / f"{n:04d}.jpg").write_bytes(encode_jpeg(_val_image(n)))
+    train_folder = root / "train-folder"
+    for n in range(128):
+        os.makedirs(train_folder / f"class{label_of(n)}", exist_ok=True)
+        image = synthetic_image(n, label=label_of(n), size=(64, 80))
+        (train_folder / f"class{label_of(n)}" / f"{n:04d}.jpg").write_bytes(encode_jpeg(image))
+    return {
+        "train": os.path.join(os.path.dirname(train[0]), "train-{000000..000003}.tar"),
+        "val": os.path.join(os.path.dirname(val[0]), "val-{000000..000001}.tar"),
+        "train_folder": str(train_folder),
+        "val_folder": str(folder),
+    }
+
+
+def train_imagenet(tmp_path, *args: str, processes: int = 2) -> dict:
+    """Runs examples/train_imagenet.py under torchrun; returns rank 0's JSON log."""
+    env = {k: v for k, v in os.environ.items() if k not in DIST_ENV}
+    env.update(OMP_NUM_THREADS="1")
+    log = str(tmp_path / "log.json")
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}",
+            os.path.join(ROOT, "examples", "train_imagenet.py"), "--arch", "tiny", "--image-size", "32",
+            "--num-classes", str(CLASSES), "--batch-size", "16", "--lr", "0.2", "--workers", "1",
+            "--log-json", log, *args]  # fmt: skip
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    if not os.path.exists(log):
+        return {"stderr": proc.stderr}
+    with open(log) as f:
+        result = json.load(f)
+    result["stderr"] = proc.stderr
+    return result
+
+
+class TestTrainImagenet:
+    def test_gpupipe_two_ranks_learn_and_count_each_sample_once(self, data, tmp_path):
+        log = train_imagenet(tmp_path, "--train", data["train"], "--val", data["val"], "--epochs", "3")
+        epochs = log["epochs"]
+        assert log["world_size"] == 2 and len(epochs) == 3
+        assert epochs[-1]["loss"] < epochs[0]["loss"]  # it learns
+        assert all(e["val_counted"] == e["val_size"] == 61 for e in epochs)  # 61 over 2 ranks: each once
+        assert all(e["train_samples"] == 256 for e in epochs)  # 8 steps x 16 x 2 ranks
+        assert all(0 <= e["data_wait_pct"] <= 100 and e["images_per_s"] > 0 for e in epochs)
+        assert "(each once)" in log["stderr"]
+
+    def test_dataloader_over_shards(self, data, tmp_path):
+        log = train_imagenet(tmp_path, "--train", data["train"], "--val", data["val"], "--epochs", "3",
+                             "--loader", "dataloader")  # fmt: skip
+        epochs = log["epochs"]
+        assert epochs[-1]["loss"] < epochs[0]["loss"]
+        assert all(e["train_samples"] == 256 for e in epochs)  # equal steps on both ranks
+
+    def test_dataloader_over_an_image_folder_reports_its_padding(self, data, tmp_path):
+        log = train_imagenet(tmp_path, "--train", data["train_folder"], "--val", data["val_folder"], "--epochs",
+                             "2", "--loader", "dataloader")  # fmt: skip
+        # DistributedSampler pads 61 samples to 2 x 31: one sample counted twice, and said so
+        assert all(e["val_counted"] == 62 and e["val_size"] == 61 for e in log["epochs"])
+        assert "+1 against the 61 of the set" in log["stderr"]
+
+    def test_gpupipe_resumes_mid_epoch_from_the_checkpoint(self, data, tmp_path):
+        ckpt = str(tmp_path / "ckpt.pt")
+        common = ("--train", data["train"], "--val", data["val"], "--epochs", "2", "--checkpoint", ckpt)
+        stopped = train_imagenet(tmp_path, *common, "--stop-after", "3")
+        assert "stopped after step 3 (epoch 0)" in stopped["stderr"] and os.path.exists(ckpt)
+        log = train_imagenet(tmp_path, *common, "--resume")
+        assert "resumed at epoch 0, step 3" in log["stderr"]
+        first, second = log["epochs"]
+        assert first["train_samples"] == (8 - 3) * 32  # the rest of epoch 0, each rank from its position
+        assert second["train_samples"] == 256 and second["val_counted"] == 61
+
+
+def test_train_example_runs(shards, tmp_path):
+    """examples/train.py: one process, one epoch."""
+    env = {k: v for k, v in os.environ.items() if k not in DIST_ENV}
+    argv = [sys.executable, os.path.join(ROOT, "examples", "train.py"), shards[0], "--size", "32", "--batch-size",
+            "4", "--classes", "5", "--backend", "torch"]  # fmt: skip
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "each counted once" in proc.stderr
