@@ -2,6 +2,7 @@
 
     python bench/backends.py                       # makes shards in .bench-data/ on first use
     python bench/backends.py --images 4096 --batch-size 128
+    python bench/backends.py --plot                # also <date>-<machine>.png: images/s per backend
 
 Every backend present runs on the same shards with the same batch size; the first epoch of each
 is a warm-up (worker start, DALI build, index cache) and is not counted. Results go to
@@ -21,6 +22,7 @@ import sys
 import time
 
 import torch
+from tqdm import tqdm
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -51,7 +53,8 @@ def measure(pipeline, backend: str, device: str, batch_size: int, epochs: int, w
         for epoch in range(epochs + 1):
             loader.set_epoch(epoch)
             n, start = 0, time.perf_counter()
-            for images, _ in loader:
+            desc = f"{backend}-{device} epoch {epoch}" + (" (warm-up)" if not epoch else "")
+            for images, _ in tqdm(loader, total=len(loader), unit="batch", desc=desc, leave=False):
                 n += images.shape[0]
             if images.is_cuda:
                 torch.cuda.synchronize()
@@ -74,6 +77,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--workers", type=int, default=None)
     parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
+    parser.add_argument("--plot", action="store_true", help="also draw the results (matplotlib)")
     args = parser.parse_args()
     shards = sorted(glob.glob(os.path.join(args.data, "train-*.tar")))
     if not shards:
@@ -140,6 +144,32 @@ def main() -> None:
                 f"| {r['images_per_s'] / base[r['pipeline']]:.2f}× |\n"
             )
     print(f"wrote {stem}.md")
+    if args.plot:
+        plot(rows, stem + ".png", title=f"{machine}, {meta['images']} images, batch {args.batch_size}")
+        print(f"wrote {stem}.png")
+
+
+def plot(rows: list[dict], out: str, *, title: str) -> None:
+    """Images/s per backend and device, one group of bars per pipeline (matplotlib)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pipelines = list(dict.fromkeys(r["pipeline"] for r in rows))
+    configs = list(dict.fromkeys(f"{r['backend']}-{r['device']}" for r in rows))
+    fig, ax = plt.subplots(figsize=(2.2 + 1.6 * len(configs), 3.8), constrained_layout=True)
+    width = 0.8 / len(configs)
+    for i, config in enumerate(configs):
+        values = [next((r["images_per_s"] for r in rows if r["pipeline"] == p and
+                        f"{r['backend']}-{r['device']}" == config), 0.0) for p in pipelines]  # fmt: skip
+        bars = ax.bar([j + i * width for j in range(len(pipelines))], values, width, label=config)
+        ax.bar_label(bars, fmt="%.0f", fontsize=8)
+    ax.set_xticks([j + width * (len(configs) - 1) / 2 for j in range(len(pipelines))], pipelines)
+    ax.set(ylabel="images/s", title=f"Backends side by side: {title}")
+    ax.legend()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

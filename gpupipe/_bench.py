@@ -21,7 +21,7 @@ import torch
 from ._errors import ConfigError
 from ._pipeline import Pipeline
 
-__all__ = ["Run", "run_loader", "run_baseline", "torchvision_equivalent", "plot"]
+__all__ = ["Run", "run_loader", "run_baseline", "baseline_loader", "torchvision_equivalent", "plot"]
 
 BASELINE = "dataloader"  # the baseline's name in tables and plots
 
@@ -111,9 +111,16 @@ def run_baseline(
     pipeline: Pipeline, *, batch_size: int, workers: int, epochs: int,
     progress: Callable[[int, int], Any],
 ) -> Run:  # fmt: skip
-    """The usual way: webdataset reads the shards (shuffled shards, a 1,000-sample buffer) and
-    decodes with Pillow, torchvision applies the pipeline's transforms, a torch DataLoader batches
-    in ``workers`` processes."""
+    """:func:`baseline_loader`'s epochs."""
+    loader, steps = baseline_loader(pipeline, batch_size=batch_size, workers=workers)
+    results = _epochs(lambda e: loader, lambda b: len(b[0]), epochs, lambda e: progress(e, steps))
+    return Run(BASELINE, "cpu", batch_size, workers, results)
+
+
+def baseline_loader(pipeline: Pipeline, *, batch_size: int, workers: int) -> tuple[Any, int]:
+    """The usual way, and its batches per epoch: webdataset reads the shards (shuffled shards, a
+    1,000-sample buffer) and decodes with Pillow, torchvision applies the pipeline's transforms, a
+    torch DataLoader batches ``(images, labels)`` (CPU tensors) in ``workers`` processes."""
     try:
         import webdataset as wds
     except ImportError as e:
@@ -139,8 +146,7 @@ def run_baseline(
         .batched(batch_size, partial=False)
     )
     loader = DataLoader(dataset, batch_size=None, num_workers=workers, persistent_workers=workers > 0)
-    results = _epochs(lambda e: loader, lambda b: len(b[0]), epochs, lambda e: progress(e, steps))
-    return Run(BASELINE, "cpu", batch_size, workers, results)
+    return loader, steps
 
 
 def table(runs: Sequence[Run]) -> str:

@@ -159,3 +159,14 @@ class TestBenchGrid:
     def test_a_bad_list_is_one_line(self, capsys, shards):
         assert main(["bench", "pipelines/imagenet.py:train", shards[0], "--batch-size", "4,x"]) == 2
         assert "--batch-size must be a value or values separated by commas" in capsys.readouterr().err
+
+
+def test_the_data_stall_benchmark_runs(tmp_path):
+    """bench/data_stall.py, tiny: every feeder present gets a row (performance is never asserted)."""
+    argv = [sys.executable, os.path.join(ROOT, "bench", "data_stall.py"), "--data", str(tmp_path / "data"),
+            "--images", "32", "--steps", "2", "--warmup", "1", "--batch-size", "8", "--image-size", "32",
+            "--workers", "1", "--out", str(tmp_path)]  # fmt: skip
+    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = next(tmp_path.glob("*-data-stall-*.md")).read_text()
+    assert "| synthetic (on the device) |" in report and "| gpupipe torch" in report and "| dataloader" in report
