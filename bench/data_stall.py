@@ -145,7 +145,7 @@ def main() -> None:
         with gp.Loader(pipeline, args.batch_size, shuffle=True, drop_last=True, seed=0, **options) as loader:
             fed = timed(endless(loader, device, memory_format), step, args, device)
             rows.append((f"gpupipe {loader.backend} ({loader.device})", *fed))
-    baseline, _ = baseline_loader(pipeline, batch_size=args.batch_size, workers=workers)
+    baseline, _ = baseline_loader(pipeline, batch_size=args.batch_size, workers=workers, pin_memory=gpu)
     rows.append((f"dataloader ({workers} workers)", *timed(endless(baseline, device, memory_format), step, args,
                                                           device)))  # fmt: skip
     ceiling = rows[0][1]

@@ -99,6 +99,7 @@ class Loaders:
         self.train: Any
         self.val: Any
         self.samplers: list[Any] = []
+        self._train_loader: Any = None  # webdataset: a new loader per epoch
         resize = args.val_resize or args.image_size * 8 // 7
         if args.loader == "gpupipe":
             train = gp.load_pipeline(os.path.join(ROOT, "pipelines/imagenet.py:train"))(
@@ -141,26 +142,41 @@ class Loaders:
         else:
             import webdataset as wds  # the dev extra; pip install webdataset
 
-            size = len(gp.WebDataset(args.train).index())  # (gpupipe's index cache: the sample count)
+            train_source = gp.WebDataset(args.train)
+            size = len(train_source.index())  # (gpupipe's index cache: the sample count)
             self.steps = size // (self.world * args.batch_size)
+            if len(train_source.urls) < self.world * max(1, workers):  # a rank (or worker) without shards
+                raise SystemExit(f"--loader dataloader splits shards between ranks and workers: {self.world} x "
+                                 f"{max(1, workers)} need at least as many shards; {args.train} has "
+                                 f"{len(train_source.urls)}")  # fmt: skip
+            pin = self.device.type == "cuda"
 
-            def shards(urls: str, tf: Any, train: bool) -> Any:
+            def shards(urls: str, tf: Any, train: bool, seed: int) -> Any:
                 ds = wds.WebDataset(urls, nodesplitter=wds.split_by_node, shardshuffle=100 if train else False,
-                                    empty_check=False, seed=args.seed)  # fmt: skip
+                                    empty_check=False, seed=seed)  # fmt: skip
                 if train:
                     ds = ds.shuffle(1000)
                 ds = ds.decode("pil").to_tuple("jpg;jpeg;png", "cls").map_tuple(tf, int)
                 return ds.batched(args.batch_size, partial=not train)
 
-            # every rank takes the same number of steps (DDP), its shards repeated if it has fewer samples
-            self.train = wds.WebLoader(shards(args.train, train_tf, True), batch_size=None, num_workers=workers)
-            self.train = self.train.repeat(2).with_epoch(self.steps)
-            self.val = wds.WebLoader(shards(args.val, val_tf, False), batch_size=None, num_workers=workers)
+            def train_loader(epoch: int) -> Any:
+                # a new shard order each epoch; every rank takes the same number of steps (DDP): its
+                # shards are read again (with_epoch) if it has fewer samples than the others
+                ds = shards(args.train, train_tf, True, args.seed + epoch)
+                loader = wds.WebLoader(ds, batch_size=None, num_workers=workers, pin_memory=pin)
+                return loader.with_epoch(self.steps)
+
+            self._train_loader = train_loader
+            self.train = train_loader(0)
+            self.val = wds.WebLoader(shards(args.val, val_tf, False, args.seed), batch_size=None,
+                                     num_workers=workers, pin_memory=pin)  # fmt: skip
             self.val_size = len(gp.WebDataset(args.val).index())
 
     def set_epoch(self, epoch: int) -> None:
         if isinstance(self.train, gp.Loader):
             self.train.set_epoch(epoch)
+        elif self._train_loader is not None:
+            self.train = self._train_loader(epoch)
         for sampler in self.samplers:
             sampler.set_epoch(epoch)
 
@@ -200,6 +216,17 @@ def main(argv: list[str] | None = None) -> None:
     device = torch.device(f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(args.seed)
     loaders = Loaders(args, device, rank, world)
+    try:
+        train(args, loaders, device, rank, world, distributed)
+    finally:  # an error too: the loaders' workers end, and the process group
+        loaders.close()
+        if distributed:
+            dist.destroy_process_group()
+
+
+def train(args: argparse.Namespace, loaders: Loaders, device: torch.device, rank: int, world: int,
+          distributed: bool) -> None:  # fmt: skip
+    """The epochs: train, evaluate, log, checkpoint."""
     model = tiny(args.num_classes) if args.arch == "tiny" else torchvision.models.get_model(
         args.arch, num_classes=args.num_classes)  # fmt: skip
     model = model.to(device).to(memory_format=loaders.memory_format)
@@ -223,6 +250,11 @@ def main(argv: list[str] | None = None) -> None:
         start_epoch, step, results = ckpt["epoch"], ckpt["step"], ckpt["results"]
         if ckpt["loaders"][rank] is not None:  # gpupipe: this rank's position, mid-epoch
             loaders.train.load_state_dict(ckpt["loaders"][rank])
+        else:  # the DataLoader restarts the interrupted epoch: so does the schedule
+            step = start_epoch * loaders.steps
+            schedule.last_epoch = step
+            for group, base in zip(opt.param_groups, schedule.base_lrs, strict=True):
+                group["lr"] = base * factor(step)
         if rank == 0:
             log.info("resumed at epoch %d, step %d", start_epoch, step)
 
@@ -254,10 +286,8 @@ def main(argv: list[str] | None = None) -> None:
                 save(args.checkpoint, model, opt, schedule, loaders, epoch, step, results, distributed, rank)
             if stopping:
                 if rank == 0:
-                    log.info("stopped after step %d (epoch %d), checkpoint saved", step, epoch)
-                loaders.close()
-                if distributed:
-                    dist.destroy_process_group()
+                    saved = ", checkpoint saved" if args.checkpoint else ""
+                    log.info("stopped after step %d (epoch %d)%s", step, epoch, saved)
                 return
         if device.type == "cuda":
             torch.cuda.synchronize(device)
@@ -270,17 +300,18 @@ def main(argv: list[str] | None = None) -> None:
             "loss": sums[0].item() / max(1.0, sums[1].item()),
             "train_samples": int(sums[1].item()),
             "images_per_s": sums[1].item() / seconds,
-            "data_wait_pct": 100.0 * wait / seconds,
+            "data_wait_pct": 100.0 * wait / seconds,  # rank 0's
             **top,
             "val_size": loaders.val_size,
         }
         results.append(result)
         if rank == 0:
             duplicates = top["val_counted"] - loaders.val_size
+            top5 = f" top-5 {100 * top['top5']:.2f}%" if top["top5"] is not None else ""
             log.info(
-                "epoch %d: loss %.4f, %.0f images/s, data wait %.1f%% of step time; top-1 %.2f%% top-5 %.2f%% on "
-                "%d samples (%s)", epoch, result["loss"], result["images_per_s"], result["data_wait_pct"],
-                100 * top["top1"], 100 * top["top5"], top["val_counted"],
+                "epoch %d: loss %.4f, %.0f images/s, data wait %.1f%% of step time; top-1 %.2f%%%s on %d samples "
+                "(%s)", epoch, result["loss"], result["images_per_s"], result["data_wait_pct"], 100 * top["top1"],
+                top5, top["val_counted"],
                 "each once" if duplicates == 0 else f"{duplicates:+d} against the {loaders.val_size} of the set",
             )  # fmt: skip
         if args.checkpoint:
@@ -288,9 +319,6 @@ def main(argv: list[str] | None = None) -> None:
     if rank == 0 and args.log_json:
         with open(args.log_json, "w") as f:
             json.dump({"loader": args.loader, "world_size": world, "epochs": results}, f, indent=1)
-    loaders.close()
-    if distributed:
-        dist.destroy_process_group()
 
 
 def evaluate(model: torch.nn.Module, loaders: Loaders, device: torch.device, amp: bool, distributed: bool) -> dict:
@@ -308,7 +336,8 @@ def evaluate(model: torch.nn.Module, loaders: Loaders, device: torch.device, amp
     if distributed:
         dist.all_reduce(counts)
     n = max(1, int(counts[2].item()))
-    return {"top1": counts[0].item() / n, "top5": counts[1].item() / n, "val_counted": int(counts[2].item())}
+    top5 = counts[1].item() / n if loaders.args.num_classes > 5 else None  # (with 5 classes or fewer: always hit)
+    return {"top1": counts[0].item() / n, "top5": top5, "val_counted": int(counts[2].item())}
 
 
 def save(path: str, model: torch.nn.Module, opt: Any, schedule: Any, loaders: Loaders, epoch: int, step: int,

@@ -21,7 +21,7 @@ import torch
 from ._errors import ConfigError
 from ._pipeline import Pipeline
 
-__all__ = ["Run", "run_loader", "run_baseline", "baseline_loader", "torchvision_equivalent", "plot"]
+__all__ = ["Run", "run_loader", "run_baseline", "baseline_loader", "check_baseline", "torchvision_equivalent", "plot"]
 
 BASELINE = "dataloader"  # the baseline's name in tables and plots
 
@@ -117,10 +117,24 @@ def run_baseline(
     return Run(BASELINE, "cpu", batch_size, workers, results)
 
 
-def baseline_loader(pipeline: Pipeline, *, batch_size: int, workers: int) -> tuple[Any, int]:
+def check_baseline(pipeline: Pipeline) -> None:
+    """ConfigError unless the baseline can run this pipeline (before anything else runs)."""
+    from .sources import WebDataset
+
+    try:
+        import webdataset  # noqa: F401
+    except ImportError as e:
+        raise ConfigError("the DataLoader baseline reads shards with webdataset: pip install webdataset") from e
+    if not isinstance(pipeline.source, WebDataset) or pipeline.source.label is None:
+        raise ConfigError("the DataLoader baseline reads labeled WebDataset shards")
+    torchvision_equivalent(pipeline.transforms)
+
+
+def baseline_loader(pipeline: Pipeline, *, batch_size: int, workers: int, pin_memory: bool = False) -> tuple[Any, int]:
     """The usual way, and its batches per epoch: webdataset reads the shards (shuffled shards, a
     1,000-sample buffer) and decodes with Pillow, torchvision applies the pipeline's transforms, a
-    torch DataLoader batches ``(images, labels)`` (CPU tensors) in ``workers`` processes."""
+    torch DataLoader batches ``(images, labels)`` (CPU tensors; pinned with ``pin_memory``, for
+    copies to a GPU) in ``workers`` processes."""
     try:
         import webdataset as wds
     except ImportError as e:
@@ -145,7 +159,8 @@ def baseline_loader(pipeline: Pipeline, *, batch_size: int, workers: int) -> tup
         .map_tuple(transform, int)
         .batched(batch_size, partial=False)
     )
-    loader = DataLoader(dataset, batch_size=None, num_workers=workers, persistent_workers=workers > 0)
+    loader = DataLoader(dataset, batch_size=None, num_workers=workers, persistent_workers=workers > 0,
+                        pin_memory=pin_memory)  # fmt: skip
     return loader, steps
 
 

@@ -100,7 +100,8 @@ def _workers(text: str) -> int | None:
 
 
 def bench(args: argparse.Namespace) -> int:
-    from ._bench import BASELINE, plot, run_baseline, run_loader, table
+    from ._bench import BASELINE, check_baseline, plot, run_baseline, run_loader, table
+    from ._loader import _cpu_count
     from ._pipeline import load_pipeline
 
     logging_level = os.environ.get("GPUPIPE_LOG")
@@ -112,6 +113,8 @@ def bench(args: argparse.Namespace) -> int:
     backends = _list(args.backend, "--backend", str)
     sizes = _list(args.batch_size, "--batch-size", int)
     workers = _list(args.workers, "--workers", _workers)
+    if args.baseline:
+        check_baseline(pipeline)
     print(f"pipeline {args.pipeline}: output {pipeline.output_spec}")
 
     def progress(name: str) -> Callable[[int, int], Any]:
@@ -128,7 +131,7 @@ def bench(args: argparse.Namespace) -> int:
     if args.baseline:
         for size in sizes:
             for w in workers:
-                count = w if w is not None else min(8, os.cpu_count() or 1)
+                count = w if w is not None else min(8, _cpu_count())  # the Loader's default
                 run = run_baseline(pipeline, batch_size=size, workers=count, epochs=args.epochs,
                                    progress=progress(BASELINE))  # fmt: skip
                 _say(run)
@@ -262,7 +265,7 @@ def inspect(args: argparse.Namespace) -> int:
     else:
         names = [args.backend]
     lines = run_inspect(pipeline, args.out, samples=args.samples, draws=args.draws, backends=names, seed=args.seed,
-                        cell=args.cell)  # fmt: skip
+                        cell=args.cell, device=args.device)  # fmt: skip
     print("\n".join(lines))
     return 0
 
@@ -375,7 +378,7 @@ def _parser() -> argparse.ArgumentParser:
         sub, "inspect", "draw what a pipeline does to images: a PNG grid of samples x augmentation draws",
         "Runs a pipeline on the first samples of a dataset several times (the augmentation draws of epochs "
         "0, 1, ...) and writes a PNG grid: one row per sample, with its key and label, one column per draw. "
-        "A trailing Normalize is undone for display. With --compare, each draw of every installed backend is "
+        "A Normalize is undone for display. With --compare, each draw of every installed backend is "
         "shown side by side (they make the same random draws) and their largest difference is printed.",
         "python -m gpupipe inspect pipelines/imagenet.py:train 'data/train-{000000..000007}.tar' --out grid.png\n"
         "python -m gpupipe inspect pipelines/imagenet.py:train /data/imagenet/val --samples 4 --compare",
@@ -386,6 +389,7 @@ def _parser() -> argparse.ArgumentParser:
     n.add_argument("--draws", type=int, default=4, help="columns: augmentation draws per sample (default 4)")
     n.add_argument("--compare", action="store_true", help="every installed backend side by side")
     n.add_argument("--backend", default="auto", help="without --compare: the backend (default auto)")
+    n.add_argument("--device", default="cpu", help="where the loaders deliver: cpu (default) or cuda (the GPU path)")
     n.add_argument("--seed", type=int, default=0)
     n.add_argument("--cell", type=int, default=None, help="scale each image to this many pixels (longer side)")
     n.add_argument("--out", default="inspect.png", help="the PNG to write (default inspect.png)")

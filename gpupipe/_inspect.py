@@ -5,14 +5,15 @@ and that the backends agree.
 
 The draws are epochs ``0..K-1`` of an unshuffled loader: the same samples, augmented as each epoch
 would be (the draws depend on the seed, the epoch and the sample only, so every backend makes the
-same ones). Outputs are shown as images: a trailing ``Normalize`` is undone, floats in ``[0, 1]``
-are scaled to 0..255 (clipped), one channel is shown grey. Drawing needs Pillow (torchvision's
-dependency; the ``inspect`` extra).
+same ones). Outputs are shown as images: the last ``Normalize`` is undone (where only geometric
+steps follow it), floats from ``ToDtype(scale=True)`` are scaled to 0..255 (clipped), one channel
+is shown grey. Drawing needs Pillow (torchvision's dependency; the ``inspect`` extra).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 from collections.abc import Sequence
 
@@ -22,7 +23,18 @@ import torch
 from ._errors import ConfigError
 from ._loader import Loader
 from ._pipeline import Pipeline
-from .transforms import Normalize
+from .transforms import (
+    CenterCrop,
+    Normalize,
+    RandomCrop,
+    RandomHorizontalFlip,
+    RandomResizedCrop,
+    RandomVerticalFlip,
+    Resize,
+    ToDtype,
+)
+
+log = logging.getLogger("gpupipe")
 
 __all__ = ["Draws", "draw", "grid", "to_uint8"]
 
@@ -43,38 +55,55 @@ class Draws:
     labels: list[int] | None
 
 
+# steps that move pixels without changing their values: a Normalize before them can be undone
+_GEOMETRIC = (RandomHorizontalFlip, RandomVerticalFlip, CenterCrop, RandomCrop, Resize, RandomResizedCrop)
+
+
 def to_uint8(images: torch.Tensor, pipeline: Pipeline) -> np.ndarray:
-    """``[N, C, H, W]`` pipeline outputs as uint8 ``[N, H, W, 3]`` for display (see the module)."""
+    """``[N, C, H, W]`` pipeline outputs as uint8 ``[N, H, W, 3]`` for display: the last
+    ``Normalize`` undone where only geometric steps follow it, floats from ``ToDtype(scale=True)``
+    scaled by 255; any other float output is stretched to its own range (logged)."""
     x = images.detach().to("cpu", torch.float64)
-    last = pipeline.transforms[-1] if pipeline.transforms else None
-    if isinstance(last, Normalize):
-        mean = torch.tensor(last.mean, dtype=torch.float64).view(1, -1, 1, 1)
-        std = torch.tensor(last.std, dtype=torch.float64).view(1, -1, 1, 1)
-        x = x * std + mean
+    steps = pipeline.transforms
+    last = max((i for i, t in enumerate(steps) if isinstance(t, Normalize)), default=None)
+    undone = last is not None and all(isinstance(t, _GEOMETRIC) for t in steps[last + 1 :])
+    if undone:
+        norm = steps[last]  # type: ignore[index]
+        assert isinstance(norm, Normalize)
+        x = x * torch.tensor(norm.std, dtype=torch.float64).view(1, -1, 1, 1)
+        x = x + torch.tensor(norm.mean, dtype=torch.float64).view(1, -1, 1, 1)
     if images.dtype.is_floating_point:
-        x = x * 255.0
+        scaled = any(isinstance(t, ToDtype) and t.scale for t in steps)
+        if last is not None and not undone:
+            log.info("gpupipe inspect: a Normalize followed by non-geometric steps: images stretched to their range")
+            low, high = x.amin(dim=(1, 2, 3), keepdim=True), x.amax(dim=(1, 2, 3), keepdim=True)
+            x = (x - low) / (high - low).clamp(min=1e-12) * 255.0
+        elif scaled:
+            x = x * 255.0
     x = x.clamp(0, 255).round().to(torch.uint8)
     if x.shape[1] == 1:
         x = x.expand(-1, 3, -1, -1)
     return x[:, :3].permute(0, 2, 3, 1).contiguous().numpy()
 
 
-def draw(pipeline: Pipeline, *, samples: int, draws: int, backend: str, seed: int) -> Draws:
-    """The first ``samples`` samples of ``pipeline``'s source, ``draws`` times, on ``backend``."""
+def draw(pipeline: Pipeline, *, samples: int, draws: int, backend: str, seed: int, device: str = "cpu") -> Draws:
+    """The first ``samples`` samples of ``pipeline``'s source, ``draws`` times, on ``backend``
+    delivering to ``device``."""
     shown, raw = [], []
     keys: list[str] = []
     labels: list[int] | None = None
-    with Loader(pipeline, samples, backend=backend, device="cpu", seed=seed, num_workers=0 if backend == "torch"
+    with Loader(pipeline, samples, backend=backend, device=device, seed=seed, num_workers=0 if backend == "torch"
                 else None) as loader:  # fmt: skip
-        name = loader.backend
+        name = f"{loader.backend}" if loader.device == "cpu" else f"{loader.backend}-{loader.device}"
         for k in range(draws):
             loader.set_epoch(k)
             batch = next(iter(loader))
-            n = int(batch.valid.sum())  # fewer samples than asked: padding left out
-            shown.append(to_uint8(batch.images[:n], pipeline))
-            raw.append(batch.images[:n].detach().to("cpu", torch.float64).numpy())
-            keys = batch.keys[:n]
-            labels = None if batch.labels is None else batch.labels[:n].tolist()
+            keep = batch.valid.cpu()  # padding (fewer samples than asked) and skipped samples left out
+            images = batch.images.cpu()[keep]
+            shown.append(to_uint8(images, pipeline))
+            raw.append(images.to(torch.float64).numpy())
+            keys = [k for k, v in zip(batch.keys, keep.tolist(), strict=True) if v]
+            labels = None if batch.labels is None else batch.labels.cpu()[keep].tolist()
     return Draws(name, np.stack(shown), np.stack(raw), keys, labels)
 
 
@@ -119,12 +148,12 @@ def grid(all_draws: Sequence[Draws], *, cell: int | None = None) -> tuple[object
 
 def inspect(
     pipeline: Pipeline, out: str, *, samples: int = 8, draws: int = 4, backends: Sequence[str] = ("auto",),
-    seed: int = 0, cell: int | None = None,
+    seed: int = 0, cell: int | None = None, device: str = "cpu",
 ) -> list[str]:  # fmt: skip
     """Writes the grid to ``out`` (PNG); returns the report's lines."""
     if samples < 1 or draws < 1:
         raise ConfigError("inspect: samples and draws must be positive")
-    found = [draw(pipeline, samples=samples, draws=draws, backend=b, seed=seed) for b in backends]
+    found = [draw(pipeline, samples=samples, draws=draws, backend=b, seed=seed, device=device) for b in backends]
     canvas, lines = grid(found, cell=cell)
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     canvas.save(out)  # type: ignore[attr-defined]

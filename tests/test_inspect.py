@@ -66,3 +66,31 @@ class TestInspect:
     def test_a_wrong_pipeline_is_one_line(self, shards, capsys):
         assert main(["inspect", "pipelines/imagenet.py:nope", shards[0]]) == 2
         assert "has no function 'nope'" in capsys.readouterr().err
+
+
+class TestDisplay:
+    """What the grid shows of outputs that are not the ImageNet recipe's."""
+
+    def test_a_normalize_followed_by_a_flip_is_undone(self, shards):
+        import torch
+
+        from gpupipe import transforms as T
+
+        steps = [T.CenterCrop(16), T.ToDtype(torch.float32, scale=True), T.Normalize([0.5] * 3, [0.25] * 3)]
+        plain = gp.Pipeline(shards[0], steps[:2])
+        flipped = gp.Pipeline(shards[0], [*steps, T.RandomHorizontalFlip(p=1.0)])
+        with gp.Loader(plain, 2, backend="torch", device="cpu", num_workers=0) as a:
+            want = to_uint8(next(iter(a)).images, plain)
+        with gp.Loader(flipped, 2, backend="torch", device="cpu", num_workers=0) as b:
+            got = to_uint8(next(iter(b)).images, flipped)
+        assert np.abs(got[:, :, ::-1].astype(int) - want.astype(int)).max() <= 1
+
+    def test_floats_without_scale_are_not_multiplied(self, shards):
+        import torch
+
+        from gpupipe import transforms as T
+
+        pipe = gp.Pipeline(shards[0], [T.CenterCrop(16), T.ToDtype(torch.float32)])  # values 0..255
+        with gp.Loader(pipe, 2, backend="torch", device="cpu", num_workers=0) as loader:
+            images = next(iter(loader)).images
+        np.testing.assert_array_equal(to_uint8(images, pipe), images.permute(0, 2, 3, 1).to(torch.uint8).numpy())
