@@ -13,11 +13,9 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import glob
 import json
 import os
 import platform
-import subprocess
 import sys
 import time
 
@@ -26,6 +24,8 @@ from tqdm import tqdm
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+
+from _data import synthetic_shards
 
 import gpupipe as gp
 
@@ -79,24 +79,7 @@ def main() -> None:
     parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
     parser.add_argument("--plot", action="store_true", help="also draw the results (matplotlib)")
     args = parser.parse_args()
-    shards = sorted(glob.glob(os.path.join(args.data, "train-*.tar")))
-    if not shards:
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "gpupipe",
-                "make-shards",
-                args.data,
-                "--synthetic",
-                str(args.images),
-                "--shard-size",
-                "256",
-            ],
-            check=True,
-            cwd=ROOT,
-        )
-        shards = sorted(glob.glob(os.path.join(args.data, "train-*.tar")))
+    shards = synthetic_shards(args.data, args.images)
     recipes = (
         gp.load_pipeline(os.path.join(ROOT, "pipelines", "imagenet.py:train")),
         gp.load_pipeline(os.path.join(ROOT, "pipelines", "imagenet.py:val")),

@@ -18,10 +18,8 @@ step (0% = the step never waits for data).
 from __future__ import annotations
 
 import argparse
-import glob
 import os
 import platform
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -33,21 +31,11 @@ import torchvision
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from _data import synthetic_shards
 from _report import publish
 
 import gpupipe as gp
 from gpupipe._bench import baseline_loader
-
-
-def shards(data: str, images: int) -> str:
-    """The shard pattern under ``data``, made once (``gpupipe make-shards``)."""
-    found = sorted(glob.glob(os.path.join(data, "train-*.tar")))
-    if not found:
-        argv = [sys.executable, "-m", "gpupipe", "make-shards", data, "--synthetic", str(images), "--shard-size",
-                "256", "--quiet"]  # fmt: skip
-        subprocess.run(argv, check=True, cwd=ROOT)
-        found = sorted(glob.glob(os.path.join(data, "train-*.tar")))
-    return os.path.join(data, f"train-{{000000..{len(found) - 1:06d}}}.tar")
 
 
 def step_fn(args: argparse.Namespace, device: torch.device) -> Any:
@@ -125,7 +113,7 @@ def main() -> None:
     args.batch_size = args.batch_size or (128 if gpu else 32)
     args.steps = args.steps or (40 if gpu else 20)
     workers = args.workers if args.workers is not None else min(8, os.cpu_count() or 1)
-    pattern = shards(args.data, args.images)
+    pattern = synthetic_shards(args.data, args.images)
     pipeline = gp.load_pipeline(os.path.join(ROOT, "pipelines/imagenet.py:train"))(pattern, size=args.image_size)
     memory_format = torch.channels_last if gpu else torch.contiguous_format
     step = step_fn(args, device)

