@@ -114,8 +114,7 @@ class Gpupipe:
         self.index = gp.WebDataset(urls).index()
         config = gp.LoaderConfig(BATCH, backend="dali", device="cpu", num_workers=THREADS, prefetch=PREFETCH)
         train = gp.load_pipeline(os.path.join(ROOT, "pipelines", "imagenet.py:train"))
-        transforms = tuple(train(urls).transforms)
-        spec = RunSpec(self.index, transforms, config, torch.device("cpu"), THREADS, 0, 0)
+        spec = RunSpec(self.index, train(urls).views, config, torch.device("cpu"), THREADS, 0, 0)
         self.runner = DaliRunner(spec, graph=lambda encoded, ctx: pass_through(encoded, ctx, factors=True))
         self.runner.mapped = mapped
         self.name = "gpupipe" if mapped else "gpupipe, pread"
@@ -131,7 +130,7 @@ class Gpupipe:
         plan = self.plan(self.epoch)
         for batch in self.runner.run(plan, 0):
             n += len(batch.keys)
-            nbytes += int(batch.images[:, 0].sum())
+            nbytes += int(batch.images[0][:, 0].sum())
         return n, nbytes
 
     def close(self) -> None:

@@ -76,7 +76,8 @@ def run_loader(
 
         def batches(epoch: int) -> Iterable[Any]:
             loader.set_epoch(epoch)
-            for images, *_ in loader:
+            for batch in loader:
+                images = batch.views[0]
                 if images.is_cuda:
                     torch.cuda.synchronize(images.device)
                 yield images
@@ -102,6 +103,8 @@ def torchvision_equivalent(transforms: Sequence[Any]) -> Any:
             value = getattr(t, field.name)
             if isinstance(value, enum.Enum) and field.name == "interpolation":
                 value = v2.InterpolationMode(value.value)
+            elif field.name == "transforms" and isinstance(value, tuple):  # RandomApply's inner transforms
+                value = list(torchvision_equivalent(value).transforms)
             kwargs[field.name] = value
         steps.append(cls(**kwargs))
     return v2.Compose(steps)
@@ -113,7 +116,7 @@ def run_baseline(
 ) -> Run:  # fmt: skip
     """:func:`baseline_loader`'s epochs."""
     loader, steps = baseline_loader(pipeline, batch_size=batch_size, workers=workers)
-    results = _epochs(lambda e: loader, lambda b: len(b[0]), epochs, lambda e: progress(e, steps))
+    results = _epochs(lambda e: loader, lambda b: len(b[1]), epochs, lambda e: progress(e, steps))
     return Run(BASELINE, "cpu", batch_size, workers, results)
 
 
@@ -127,13 +130,34 @@ def check_baseline(pipeline: Pipeline) -> None:
         raise ConfigError("the DataLoader baseline reads shards with webdataset: pip install webdataset") from e
     if not isinstance(pipeline.source, WebDataset) or pipeline.source.label is None:
         raise ConfigError("the DataLoader baseline reads labeled WebDataset shards")
-    torchvision_equivalent(pipeline.transforms)
+    for steps in pipeline.views:
+        torchvision_equivalent(steps)
+
+
+class _Views:
+    """A pipeline of views in torchvision: each view's transforms on the same image, as a tuple
+    (what multi-crop recipes write by hand)."""
+
+    def __init__(self, views: Sequence[Any]) -> None:
+        self.views = tuple(views)
+
+    def __call__(self, image: Any) -> tuple[Any, ...]:
+        return tuple(view(image) for view in self.views)
+
+
+def _collate(samples: list[tuple[Any, int]]) -> tuple[Any, torch.Tensor]:
+    """``(images, labels)`` of a batch: images stacked, per view for a pipeline of views."""
+    images, labels = zip(*samples, strict=True)
+    if isinstance(images[0], tuple):
+        return tuple(torch.stack(view) for view in zip(*images, strict=True)), torch.tensor(labels)
+    return torch.stack(images), torch.tensor(labels)
 
 
 def baseline_loader(pipeline: Pipeline, *, batch_size: int, workers: int, pin_memory: bool = False) -> tuple[Any, int]:
     """The usual way, and its batches per epoch: webdataset reads the shards (shuffled shards, a
     1,000-sample buffer) and decodes with Pillow, torchvision applies the pipeline's transforms, a
-    torch DataLoader batches ``(images, labels)`` (CPU tensors; pinned with ``pin_memory``, for
+    torch DataLoader batches ``(images, labels)`` (CPU tensors; ``images`` a tuple per view for a
+    pipeline of views; pinned with ``pin_memory``, for
     copies to a GPU) in ``workers`` processes."""
     try:
         import webdataset as wds
@@ -148,7 +172,8 @@ def baseline_loader(pipeline: Pipeline, *, batch_size: int, workers: int, pin_me
     if not isinstance(source, WebDataset):
         raise ConfigError("the DataLoader baseline reads WebDataset shards")
     image_exts, label_ext = source.extensions()
-    transform = v2.Compose([v2.ToImage(), torchvision_equivalent(pipeline.transforms)])  # PIL -> uint8 [3, H, W]
+    views = [v2.Compose([v2.ToImage(), torchvision_equivalent(steps)]) for steps in pipeline.views]  # PIL -> uint8
+    transform = _Views(views) if pipeline.has_views else views[0]
     total = len(source.index())
     steps = total // batch_size
     dataset = (
@@ -157,7 +182,7 @@ def baseline_loader(pipeline: Pipeline, *, batch_size: int, workers: int, pin_me
         .decode("pilrgb")  # Pillow (libjpeg-turbo), as most DataLoader pipelines decode
         .to_tuple(";".join(image_exts), label_ext or "cls")
         .map_tuple(transform, int)
-        .batched(batch_size, partial=False)
+        .batched(batch_size, partial=False, collation_fn=_collate)
     )
     loader = DataLoader(dataset, batch_size=None, num_workers=workers, persistent_workers=workers > 0,
                         pin_memory=pin_memory)  # fmt: skip

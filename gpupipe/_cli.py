@@ -115,7 +115,7 @@ def bench(args: argparse.Namespace) -> int:
     workers = _list(args.workers, "--workers", _workers)
     if args.baseline:
         check_baseline(pipeline)
-    print(f"pipeline {args.pipeline}: output {pipeline.output_spec}")
+    print(f"pipeline {args.pipeline}: output {', '.join(map(str, pipeline.output_specs))}")
 
     def progress(name: str) -> Callable[[int, int], Any]:
         return lambda epoch, total: _progress(args, total, "batch", f"{name} epoch {epoch}")

@@ -1,5 +1,6 @@
 """``gpupipe inspect``: a PNG grid of what a pipeline does to images — N samples (rows) x K
-augmentation draws (columns), with each sample's key and label — and, with ``compare``, the same
+augmentation draws (columns; for a pipeline of views, every view of each draw, each at its own
+size), with each sample's key and label — and, with ``compare``, the same
 draws on each backend side by side with their largest difference, so that a user sees the recipe
 and that the backends agree.
 
@@ -45,12 +46,12 @@ HEADER = 16  # the top row: column titles
 
 @dataclasses.dataclass
 class Draws:
-    """One backend's draws: ``images`` uint8 ``[K, N, H, W, C]`` (K draws of N samples, for
-    display), and the samples' ``keys`` and ``labels`` (``None`` for unlabeled data)."""
+    """One backend's draws: ``images``, per view, uint8 ``[K, N, H, W, C]`` (K draws of N samples,
+    for display), and the samples' ``keys`` and ``labels`` (``None`` for unlabeled data)."""
 
     backend: str
-    images: np.ndarray
-    raw: np.ndarray  # the pipeline's outputs as they are, [K, N, C, H, W] float64: for differences
+    images: tuple[np.ndarray, ...]  # one per view
+    raw: tuple[np.ndarray, ...]  # per view, the outputs as they are, [K, N, C, H, W] float64: for differences
     keys: list[str]
     labels: list[int] | None
 
@@ -59,12 +60,13 @@ class Draws:
 _GEOMETRIC = (RandomHorizontalFlip, RandomVerticalFlip, CenterCrop, RandomCrop, Resize, RandomResizedCrop)
 
 
-def to_uint8(images: torch.Tensor, pipeline: Pipeline) -> np.ndarray:
-    """``[N, C, H, W]`` pipeline outputs as uint8 ``[N, H, W, 3]`` for display: the last
-    ``Normalize`` undone where only geometric steps follow it, floats from ``ToDtype(scale=True)``
-    scaled by 255; any other float output is stretched to its own range (logged)."""
+def to_uint8(images: torch.Tensor, pipeline: Pipeline, view: int = 0) -> np.ndarray:
+    """``[N, C, H, W]`` outputs of the pipeline (of its view ``view``) as uint8 ``[N, H, W, 3]``
+    for display: the last ``Normalize`` undone where only geometric steps follow it, floats from
+    ``ToDtype(scale=True)`` scaled by 255; any other float output is stretched to its own range
+    (logged)."""
     x = images.detach().to("cpu", torch.float64)
-    steps = pipeline.transforms
+    steps = pipeline.views[view]
     last = max((i for i, t in enumerate(steps) if isinstance(t, Normalize)), default=None)
     undone = last is not None and all(isinstance(t, _GEOMETRIC) for t in steps[last + 1 :])
     if undone:
@@ -89,7 +91,9 @@ def to_uint8(images: torch.Tensor, pipeline: Pipeline) -> np.ndarray:
 def draw(pipeline: Pipeline, *, samples: int, draws: int, backend: str, seed: int, device: str = "cpu") -> Draws:
     """The first ``samples`` samples of ``pipeline``'s source, ``draws`` times, on ``backend``
     delivering to ``device``."""
-    shown, raw = [], []
+    views = len(pipeline.views)
+    shown: list[list[np.ndarray]] = [[] for _ in range(views)]
+    raw: list[list[np.ndarray]] = [[] for _ in range(views)]
     keys: list[str] = []
     labels: list[int] | None = None
     with Loader(pipeline, samples, backend=backend, device=device, seed=seed, num_workers=0 if backend == "torch"
@@ -99,12 +103,13 @@ def draw(pipeline: Pipeline, *, samples: int, draws: int, backend: str, seed: in
             loader.set_epoch(k)
             batch = next(iter(loader))
             keep = batch.valid.cpu()  # padding (fewer samples than asked) and skipped samples left out
-            images = batch.images.cpu()[keep]
-            shown.append(to_uint8(images, pipeline))
-            raw.append(images.to(torch.float64).numpy())
+            for v, output in enumerate(batch.views):
+                images = output.cpu()[keep]
+                shown[v].append(to_uint8(images, pipeline, v))
+                raw[v].append(images.to(torch.float64).numpy())
             keys = [k for k, v in zip(batch.keys, keep.tolist(), strict=True) if v]
             labels = None if batch.labels is None else batch.labels.cpu()[keep].tolist()
-    return Draws(name, np.stack(shown), np.stack(raw), keys, labels)
+    return Draws(name, tuple(map(np.stack, shown)), tuple(map(np.stack, raw)), keys, labels)
 
 
 def grid(all_draws: Sequence[Draws], *, cell: int | None = None) -> tuple[object, list[str]]:
@@ -115,32 +120,41 @@ def grid(all_draws: Sequence[Draws], *, cell: int | None = None) -> tuple[object
     except ImportError as e:  # pragma: no cover - torchvision brings Pillow
         raise ConfigError("gpupipe inspect draws with Pillow: pip install gpupipe[inspect]") from e
     first = all_draws[0]
-    k, n, h, w, _ = first.images.shape
-    scale = 1.0 if cell is None else cell / max(h, w)
-    ch, cw = max(1, round(h * scale)), max(1, round(w * scale))
-    columns = [(d, j) for j in range(k) for d in all_draws]  # draw j of every backend side by side
-    width = LABEL_WIDTH + len(columns) * (cw + MARGIN) + MARGIN
+    views = len(first.images)
+    k, n = first.images[0].shape[:2]
+    sizes = [view.shape[2:4] for view in first.images]  # (h, w) of each view
+    scale = 1.0 if cell is None else cell / max(max(h, w) for h, w in sizes)
+    scaled = [(max(1, round(h * scale)), max(1, round(w * scale))) for h, w in sizes]
+    ch = max(h for h, _ in scaled)  # a row's height: the largest view's
+    # draw j's views, each of every backend side by side
+    columns = [(d, j, v) for j in range(k) for v in range(views) for d in all_draws]
+    width = LABEL_WIDTH + sum(scaled[v][1] + MARGIN for _, _, v in columns) + MARGIN
     height = HEADER + n * (ch + MARGIN) + MARGIN
     canvas = Image.new("RGB", (width, height), (255, 255, 255))
     pen = ImageDraw.Draw(canvas)
-    for c, (d, j) in enumerate(columns):
-        x = LABEL_WIDTH + MARGIN + c * (cw + MARGIN)
-        pen.text((x, 2), f"{d.backend} #{j}" if len(all_draws) > 1 else f"draw {j}", fill=(0, 0, 0))
+    x = LABEL_WIDTH + MARGIN
+    for d, j, v in columns:
+        title = f"{d.backend} #{j}" if len(all_draws) > 1 else f"draw {j}"
+        pen.text((x, 2), title if views == 1 else f"{title} v{v}", fill=(0, 0, 0))
         for i in range(n):
-            tile = Image.fromarray(d.images[j, i])
-            if (ch, cw) != (h, w):
-                tile = tile.resize((cw, ch), Image.Resampling.BILINEAR)
+            tile = Image.fromarray(d.images[v][j, i])
+            if scaled[v] != tuple(sizes[v]):
+                tile = tile.resize((scaled[v][1], scaled[v][0]), Image.Resampling.BILINEAR)
             canvas.paste(tile, (x, HEADER + MARGIN + i * (ch + MARGIN)))
+        x += scaled[v][1] + MARGIN
     for i, key in enumerate(first.keys):
         y = HEADER + MARGIN + i * (ch + MARGIN)
         pen.text((MARGIN, y), key[-22:], fill=(0, 0, 0))
         if first.labels is not None:
             pen.text((MARGIN, y + 14), f"label {first.labels[i]}", fill=(80, 80, 80))
-    lines = [f"{n} samples x {k} draws, output [{first.raw.shape[2]}, {h}, {w}], backends: "
+    outputs = ", ".join(f"[{raw.shape[2]}, {raw.shape[3]}, {raw.shape[4]}]" for raw in first.raw)
+    lines = [f"{n} samples x {k} draws, output{'s' if views > 1 else ''} {outputs}, backends: "
              + ", ".join(d.backend for d in all_draws)]  # fmt: skip
     for d in all_draws[1:]:
-        diff = float(np.abs(d.raw - first.raw).max()) if d.raw.shape == first.raw.shape else float("inf")
-        mean = float(np.abs(d.raw - first.raw).mean()) if d.raw.shape == first.raw.shape else float("inf")
+        same = [a.shape == b.shape for a, b in zip(d.raw, first.raw, strict=True)]
+        diffs = [np.abs(a - b) for a, b in zip(d.raw, first.raw, strict=True)] if all(same) else []
+        diff = max(float(e.max()) for e in diffs) if diffs else float("inf")
+        mean = float(np.mean([e.mean() for e in diffs])) if diffs else float("inf")
         lines.append(f"{d.backend} vs {first.backend}: largest difference {diff:.4g}, mean {mean:.4g} "
                      "(in the pipeline's output units)")  # fmt: skip
     return canvas, lines

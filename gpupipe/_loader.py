@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from . import _dist, backends
+from ._batch import Batch, SkippedSample
 from ._config import LoaderConfig, OnError
 from ._errors import ClosedError, ConfigError, DataError, GpupipeError, PipelineError
 from ._pipeline import Pipeline
@@ -21,57 +22,9 @@ from ._validate import check_int, is_int
 from .sources import Index
 from .sources._prefetch import prefetcher, prepare_remote
 
-__all__ = ["Loader", "Batch", "SkippedSample"]
+__all__ = ["Loader", "Batch", "SkippedSample"]  # Batch and SkippedSample: from ._batch
 
 log = logging.getLogger("gpupipe")
-
-
-class Batch(tuple):
-    """One batch: unpacks as ``images, labels`` and carries the sample keys and a validity mask.
-
-    Attributes:
-        images: ``[B, C, H, W]`` tensor on the loader's device.
-        labels: ``[B]`` int64 tensor on the loader's device; ``None`` for unlabeled sources.
-        keys: the ``B`` sample keys (list of str), in batch order.
-        valid: ``[B]`` bool tensor on the loader's device, ``False`` for padding: the repeated
-            sample that evens out the ranks' lengths when ``drop_last=False`` (see
-            :class:`Loader`). Mask it out of metrics: ``correct[batch.valid].sum()``.
-    """
-
-    keys: list[str]
-    valid: torch.Tensor
-
-    def __new__(cls, images: torch.Tensor, labels: torch.Tensor | None, keys: list[str], valid: torch.Tensor) -> Batch:
-        self = super().__new__(cls, (images, labels))
-        self.keys = keys
-        self.valid = valid
-        return self
-
-    @property
-    def images(self) -> torch.Tensor:
-        return self[0]
-
-    @property
-    def labels(self) -> torch.Tensor | None:
-        return self[1]
-
-
-@dataclasses.dataclass(frozen=True)
-class SkippedSample:
-    """A sample (or a whole shard: ``key`` ``None``) a loader left out: where it is, why, what
-    kind of damage (a :class:`~gpupipe.Damage` value, ``None`` where unclassified), and the first
-    epoch it was skipped in, ``None`` for those left out of every epoch before the loader ran
-    (damage found when indexing, samples listed by ``gpupipe check``). ``str()`` is the error's
-    message."""
-
-    key: str | None
-    shard: str | None
-    reason: str
-    epoch: int | None
-    kind: str | None = None
-
-    def __str__(self) -> str:
-        return self.reason
 
 
 STATE_VERSION = 2  # 1: the plan's settings at the top level (gpupipe 0.1.0); still loaded
@@ -93,7 +46,9 @@ class Loader:
     Yields:
         :class:`Batch`: unpacks as ``images, labels`` — ``images`` ``[B, C, H, W]`` of the
         pipeline's output dtype and ``labels`` ``[B]`` int64, both on ``device`` (``labels`` is
-        ``None`` for ``WebDataset(..., label=None)``) — and carries ``keys`` and ``valid``.
+        ``None`` for ``WebDataset(..., label=None)``) — and carries ``keys`` and ``valid``. For a
+        pipeline of views, ``images`` is a tuple with one ``[B, C, H, W]`` tensor per view:
+        ``for (global1, global2, *local), labels in loader``.
 
     Epochs: call :meth:`set_epoch` before each. Every rank computes its own part of each epoch
     from ``(seed, epoch, rank, world_size)`` without communication, and every rank yields
@@ -131,18 +86,14 @@ class Loader:
     def _init(self, pipeline: Pipeline, config: LoaderConfig) -> None:
         if not isinstance(pipeline, Pipeline):
             raise ConfigError(f"Loader: pipeline must be a gp.Pipeline, got {type(pipeline).__name__}")
-        output = pipeline.output_spec
-        if not output.fixed_size:
-            raise PipelineError(
-                f"the pipeline's output size varies ({output}); batching needs a fixed size: end it "
-                "with CenterCrop, RandomCrop, RandomResizedCrop or Resize((h, w))"
-            )
+        _check_fixed_size(pipeline)
         self.config = config
         topo = _dist.topology(config.rank, config.world_size)
         self.pipeline = pipeline
         self.rank, self.world_size = topo.rank, topo.world_size
         backend, device = backends.resolve(config.backend, config.device)
-        backend.check(pipeline.transforms)
+        for steps in pipeline.views:
+            backend.check(steps)
         self.seed = _dist.shared_seed(config.seed, topo, shuffle=config.shuffle, device=device)
         self.backend, self.device = backend.name, str(device)
         self.num_workers = min(_cpu_count(), 8) if config.num_workers is None else config.num_workers
@@ -186,23 +137,14 @@ class Loader:
                 f"and world_size={self.world_size}: every epoch is empty",
                 stacklevel=3,
             )
-        spec = backends.RunSpec(
-            index=self.index,
-            transforms=pipeline.transforms,
-            config=config,
-            device=device,
-            workers=self.num_workers,
-            rank=self.rank,
-            seed=self.seed,
-            output=pipeline.output_spec,
-        )
+        self._next_pipeline: Pipeline | None = None  # set_pipeline's, run from the next iteration
         try:
-            self._runner = backend.runner(spec)
+            self._runners = [backend.runner(self._run_spec(pipeline))]  # one; replaced by set_pipeline
         except BaseException:
             self.index.close()
             raise
         # Releases the runner and the index when the loader is closed, collected, or at exit.
-        self._finalizer = weakref.finalize(self, _release, self._runner, self.index)
+        self._finalizer = weakref.finalize(self, _release, self._runners, self.index)
         log.info(
             "gpupipe loader: rank %d/%d (%s), %d samples in %d shards, backend=%s, device=%s, %d batches/epoch",
             self.rank,
@@ -214,6 +156,71 @@ class Loader:
             self.device,
             self._len,
         )
+
+    def _run_spec(self, pipeline: Pipeline) -> backends.RunSpec:
+        return backends.RunSpec(
+            index=self.index,
+            views=pipeline.views,
+            config=self.config,
+            device=torch.device(self.device),
+            workers=self.num_workers,
+            rank=self.rank,
+            seed=self.seed,
+            outputs=pipeline.output_specs,
+        )
+
+    @property
+    def _runner(self) -> backends.Runner:
+        return self._runners[0]
+
+    def set_pipeline(self, pipeline: Pipeline) -> None:
+        """Runs ``pipeline`` from the next iteration (the next epoch) on, over the same source: a
+        new output size per epoch (progressive resizing, ``pipelines/lowres.py``), another
+        augmentation strength. The loader keeps its index, plan, position, ``state_dict`` and
+        skipped list; only the backend's runner is replaced, when the next iteration starts (a new
+        DALI graph is built, ~0.1-1 s; the torch backend starts new worker processes). A pipeline
+        with the same transform lists as the running one changes nothing.
+
+        To resume mid-epoch, set the pipeline of that epoch before iterating, as the schedule does:
+        ``loader.set_pipeline(make(epoch)); loader.load_state_dict(state); loader.set_epoch(epoch)``.
+
+        Raises:
+            ConfigError: ``pipeline`` reads another source (build a new loader for that).
+            PipelineError: an output's size varies.
+            UnsupportedTransformError: a transform the loader's backend cannot run.
+        """
+        if not isinstance(pipeline, Pipeline):
+            raise ConfigError(f"Loader.set_pipeline: pipeline must be a gp.Pipeline, got {type(pipeline).__name__}")
+        if pipeline.source != self.pipeline.source:
+            raise ConfigError(
+                f"Loader.set_pipeline: the pipeline reads {pipeline.source!r}, not this loader's source "
+                f"{self.pipeline.source!r}; a loader's index and plan belong to its source: build a new gp.Loader"
+            )
+        _check_fixed_size(pipeline)
+        backend = backends.get(self.backend)
+        for steps in pipeline.views:
+            backend.check(steps)
+        if self.closed:
+            raise ClosedError("this gp.Loader is closed")
+        self._next_pipeline = pipeline
+
+    def _switch_pipeline(self) -> None:
+        """Replaces the runner with one for the pipeline set by :meth:`set_pipeline` (between
+        iterations: the previous one has ended)."""
+        pipeline, self._next_pipeline = self._next_pipeline, None
+        if pipeline is None:
+            return
+        if (pipeline.views, pipeline.has_views) == (self.pipeline.views, self.pipeline.has_views):
+            self.pipeline = pipeline
+            return
+        self._runners[0].close()
+        try:
+            self._runners[0] = backends.get(self.backend).runner(self._run_spec(pipeline))
+        except BaseException:
+            self._next_pipeline = pipeline  # the next iteration tries again
+            raise
+        self.pipeline = pipeline
+        log.info("gpupipe loader: rank %d runs a new pipeline from epoch %d: %s", self.rank, self.epoch, pipeline)
 
     def _left_out(self) -> None:
         """Records what is left out of every epoch before it runs: damage the index found (under
@@ -338,6 +345,7 @@ class Loader:
                 raise GpupipeError(
                     "this gp.Loader is being iterated in another thread: a loader runs one epoch at a time"
                 ) from None
+        self._switch_pipeline()
         iteration = self._iterate()
         self._current = weakref.ref(iteration)
         return iteration
@@ -361,7 +369,7 @@ class Loader:
             run = enumerate(self._runner.run(plan, start), start)
             while True:
                 try:
-                    b, (images, labels, keys, skipped) = next(run)
+                    b, (views, labels, keys, skipped) = next(run)
                 except StopIteration:
                     break
                 except ValueError as e:  # close() in another thread is ending the run right now
@@ -374,6 +382,7 @@ class Loader:
                 if skipped:
                     self._skip(skipped, valid, epoch, limit)
                 self._yielded = b + 1
+                images = views if self.pipeline.has_views else views[0]
                 yield Batch(images, labels, keys, backends.to_device(torch.from_numpy(valid), device))
         finally:
             if fetch is not None:
@@ -466,8 +475,19 @@ class Loader:
         self._skipped_in_epoch = int(state.get("skipped_in_epoch", 0))
 
 
-def _release(runner: backends.Runner, index: Index) -> None:
-    runner.close()
+def _check_fixed_size(pipeline: Pipeline) -> None:
+    for i, output in enumerate(pipeline.output_specs):
+        if not output.fixed_size:
+            which = f"view {i}'s output size" if pipeline.has_views else "the pipeline's output size"
+            raise PipelineError(
+                f"{which} varies ({output}); batching needs a fixed size: end it "
+                "with CenterCrop, RandomCrop, RandomResizedCrop or Resize((h, w))"
+            )
+
+
+def _release(runners: list[backends.Runner], index: Index) -> None:
+    for runner in runners:
+        runner.close()
     index.close()
 
 

@@ -15,17 +15,29 @@ __all__ = ["Pipeline", "load_pipeline"]
 
 
 class Pipeline:
-    """A data source and the transforms applied to each decoded image.
+    """A data source and the transforms applied to each decoded image: one transform list, or
+    several views of the same image.
 
     Args:
         source: a :class:`~gpupipe.WebDataset` or :class:`~gpupipe.ImageFolder`; a shard pattern or
             a list of shard paths is taken as ``WebDataset(source)``.
         transforms: transform definitions from :mod:`gpupipe.transforms`, applied in order to
-            uint8 RGB ``[3, H, W]`` images.
+            uint8 RGB ``[3, H, W]`` images. The loader yields ``images, labels``.
+        views: keyword-only, instead of ``transforms``: several transform lists, each applied to
+            the same decoded image (multi-crop recipes: DINO's 2 global + N local crops, SimCLR's
+            two views). Each view has its own random draws, keyed by ``(seed, epoch, sample,
+            view, step)``, even where two views' lists are the same; view 0 draws as a pipeline
+            of its list alone. The loader then yields ``views, labels``, ``views`` a tuple of
+            ``[B, C, H, W]`` tensors, one per view (their sizes may differ). Default: ``None``.
 
     The pipeline is checked when constructed: every step must accept what the step before gives
-    (``Normalize`` needs a float image, saturation needs 3 channels, …). :attr:`output_spec`
-    then says the shape and dtype of each output image.
+    (``Normalize`` needs a float image, saturation needs 3 channels, …). :attr:`output_specs`
+    then says the shape and dtype of each view's output image (:attr:`output_spec`: the one
+    output of a single transform list).
+
+    Backends: the DALI backend decodes each image once and branches into the views (with several
+    views, a leading ``RandomResizedCrop`` is not fused into a region-of-interest decode); the
+    torch backend decodes once per sample and applies each view's list in turn.
 
     Example:
         >>> import torch, gpupipe as gp
@@ -34,9 +46,20 @@ class Pipeline:
         ...                    [T.Resize(256), T.CenterCrop(224), T.ToDtype(torch.float32, scale=True)])
         >>> str(pipe.output_spec)  # doctest: +SKIP
         '[3, 224, 224] float32'
+        >>> two = gp.Pipeline("data/train-{000000..000007}.tar", views=[  # doctest: +SKIP
+        ...     [T.RandomResizedCrop(224), T.ToDtype(torch.float32, scale=True)],
+        ...     [T.RandomResizedCrop(96, scale=(0.05, 0.4)), T.ToDtype(torch.float32, scale=True)]])
+        >>> [str(s) for s in two.output_specs]  # doctest: +SKIP
+        ['[3, 224, 224] float32', '[3, 96, 96] float32']
     """
 
-    def __init__(self, source: Source | str | Sequence[str], transforms: Sequence[Transform] = ()) -> None:
+    def __init__(
+        self,
+        source: Source | str | Sequence[str],
+        transforms: Sequence[Transform] = (),
+        *,
+        views: Sequence[Sequence[Transform]] | None = None,
+    ) -> None:
         if isinstance(source, (str, os.PathLike)) and os.path.isdir(source):
             raise ConfigError(
                 f"Pipeline: {os.fspath(source)!r} is a directory; use gp.ImageFolder(root) for an "
@@ -49,37 +72,78 @@ class Pipeline:
                 f"Pipeline: source must be a gp.WebDataset, a gp.ImageFolder, a shard pattern or a "
                 f"list of shard paths, got {type(source).__name__}"
             )
-        if isinstance(transforms, Transform) or not isinstance(transforms, Sequence):
-            raise ConfigError("Pipeline: transforms must be a list of transforms")
-        for i, t in enumerate(transforms):
-            if not isinstance(t, Transform):
-                hint = (
-                    " (torchvision transforms are not accepted: use gpupipe.transforms)"
-                    if type(t).__module__.startswith("torchvision")
-                    else ""
-                )
-                raise ConfigError(f"Pipeline: step {i} is a {type(t).__name__}, not a gpupipe transform{hint}")
         self.source = source
-        self.transforms: tuple[Transform, ...] = tuple(transforms)
-        self.specs: tuple[ImageSpec, ...] = self._check()
+        if views is None:
+            self.views: tuple[tuple[Transform, ...], ...] = (_transform_list(transforms, "transforms"),)
+        else:
+            if transforms:
+                raise ConfigError("Pipeline: give transforms or views=[...], not both")
+            if isinstance(views, (Transform, str)) or not isinstance(views, Sequence) or not views:
+                raise ConfigError("Pipeline: views must be a non-empty list of transform lists")
+            self.views = tuple(_transform_list(v, f"views[{i}]") for i, v in enumerate(views))
+        self.has_views = views is not None
+        self.view_specs: tuple[tuple[ImageSpec, ...], ...] = tuple(
+            self._check(steps, f"views[{i}] " if self.has_views else "") for i, steps in enumerate(self.views)
+        )
 
-    def _check(self) -> tuple[ImageSpec, ...]:
+    @staticmethod
+    def _check(transforms: tuple[Transform, ...], where: str) -> tuple[ImageSpec, ...]:
         specs = [ImageSpec()]
-        for i, t in enumerate(self.transforms):
+        for i, t in enumerate(transforms):
             try:
                 specs.append(t.output_spec(specs[-1]))
             except PipelineError as e:
-                raise PipelineError(f"step {i}: {e} (input {specs[-1]})") from None
+                raise PipelineError(f"{where}step {i}: {e} (input {specs[-1]})") from None
         return tuple(specs)
 
     @property
+    def transforms(self) -> tuple[Transform, ...]:
+        """The transform list of a single-output pipeline (a pipeline of views has one per view:
+        :attr:`views`)."""
+        return self.views[self._single("transform lists are pipeline.views")]
+
+    @property
+    def specs(self) -> tuple[ImageSpec, ...]:
+        """The image spec before and after each step of :attr:`transforms`."""
+        return self.view_specs[self._single("specs are pipeline.view_specs")]
+
+    def _single(self, where: str) -> int:
+        if self.has_views:
+            raise PipelineError(f"this pipeline has views=[...]: its {where}")
+        return 0
+
+    @property
+    def output_specs(self) -> tuple[ImageSpec, ...]:
+        """Shape and dtype of each view's output image (one for a single transform list);
+        ``height``/``width`` are None where they vary."""
+        return tuple(specs[-1] for specs in self.view_specs)
+
+    @property
     def output_spec(self) -> ImageSpec:
-        """Shape and dtype of one output image (``height``/``width`` are None where they vary)."""
-        return self.specs[-1]
+        """Shape and dtype of the one output image (``height``/``width`` are None where they vary)."""
+        return self.view_specs[self._single("outputs are pipeline.output_specs")][-1]
 
     def __repr__(self) -> str:
-        steps = ",\n  ".join(repr(t) for t in self.transforms)
-        return f"Pipeline({self.source!r}, [\n  {steps}]) -> {self.output_spec}"
+        if not self.has_views:
+            steps = ",\n  ".join(repr(t) for t in self.transforms)
+            return f"Pipeline({self.source!r}, [\n  {steps}]) -> {self.output_spec}"
+        lists = ",\n  ".join("[" + ", ".join(repr(t) for t in v) + "]" for v in self.views)
+        outputs = ", ".join(str(s) for s in self.output_specs)
+        return f"Pipeline({self.source!r}, views=[\n  {lists}]) -> ({outputs})"
+
+
+def _transform_list(transforms: Any, name: str) -> tuple[Transform, ...]:
+    if isinstance(transforms, Transform) or not isinstance(transforms, Sequence) or isinstance(transforms, str):
+        raise ConfigError(f"Pipeline: {name} must be a list of transforms")
+    for i, t in enumerate(transforms):
+        if not isinstance(t, Transform):
+            hint = (
+                " (torchvision transforms are not accepted: use gpupipe.transforms)"
+                if type(t).__module__.startswith("torchvision")
+                else ""
+            )
+            raise ConfigError(f"Pipeline: {name} step {i} is a {type(t).__name__}, not a gpupipe transform{hint}")
+    return tuple(transforms)
 
 
 def load_pipeline(spec: str) -> Callable[..., Any]:

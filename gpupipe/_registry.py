@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 
 from ._errors import ConfigError, UnsupportedTransformError
 
-__all__ = ["Registry", "Lowering"]
+__all__ = ["Registry", "Lowering", "inner_unsupported"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -81,3 +81,17 @@ class Registry:
                 raise UnsupportedTransformError(
                     f"the {self.backend} backend cannot run {t!r} (pipeline step {i}): {reason}"
                 )
+
+
+def inner_unsupported(registry: Registry, transforms: Sequence[Any]) -> str | None:
+    """Why ``registry``'s backend cannot run one of a composite transform's inner ``transforms``
+    (``None`` where it can run them all): the ``unsupported`` of a lowering such as RandomApply's."""
+    for i, t in enumerate(transforms):
+        try:
+            entry = registry._entry(t, None)
+        except UnsupportedTransformError as e:
+            return f"transforms[{i}]: {e}"
+        reason = entry.unsupported(t) if entry.unsupported else None
+        if reason:
+            return f"transforms[{i}] {t!r}: {reason}"
+    return None

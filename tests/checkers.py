@@ -153,11 +153,11 @@ def run_dali(
         data = fn.external_source(name="encoded", dtype=types.UINT8, ndim=1)
         decoder_args = gp.DaliOptions().decoder_args(ranks_per_node=None) if gpu else {}  # as the runner does
         ctx = Ctx(device, seed, decoder_args=decoder_args, exif=exif)
-        lowered = Lowered(graph(data, ctx), inputs=ctx.inputs) if graph else lower(transforms, data, ctx)
+        lowered = Lowered((graph(data, ctx),), inputs=ctx.inputs) if graph else lower([transforms], data, ctx)
         pipe.set_outputs(*lowered.outputs())
     pipe.build()
     drawn = sample_factors(transforms, len(encoded), seed=seed)
-    inputs = {name: drawn[step] for name, step in lowered.inputs.items()}
+    inputs = {name: drawn[step] for name, (_, step) in lowered.inputs.items()}
     out, *checks = pipe.run(encoded=[np.frombuffer(e, dtype=np.uint8) for e in encoded], **inputs)
     if gpu:
         out = out.as_cpu()
@@ -232,7 +232,7 @@ def check_exact_resume(make, *, epoch: int, at: int = 1):
     (closed)."""
 
     def host(batch):
-        return batch.keys, batch.valid.cpu().clone(), batch.images.cpu().clone()
+        return batch.keys, batch.valid.cpu().clone(), torch.cat([v.cpu().flatten(1) for v in batch.views], 1)
 
     with make() as loader:
         loader.set_epoch(epoch)

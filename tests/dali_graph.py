@@ -134,10 +134,10 @@ def parse(serialized: bytes | str) -> tuple[list[Op], list[Port]]:
 METADATA_OPS = {"_Shape", "Shapes"}  # read a GPU tensor's shape, not its data
 
 
-def check_gpu_placement(ops: list[Op], outputs: list[Port]) -> Op:
+def check_gpu_placement(ops: list[Op], outputs: list[Port], *, views: int = 1) -> Op:
     """The GPU graph's placement: one ``mixed`` decoder; everything the image flows through after
-    it on the GPU; no CPU operator reads GPU data (shapes are metadata); the images come out on
-    the GPU and the per-sample checks on the CPU. Returns the decoder."""
+    it on the GPU; no CPU operator reads GPU data (shapes are metadata); the images (one output
+    per view) come out on the GPU and the per-sample checks on the CPU. Returns the decoder."""
     decoders = [op for op in ops if op.schema.startswith("decoders__")]
     assert len(decoders) == 1 and decoders[0].device == "mixed", [(op.schema, op.device) for op in decoders]
     producer = {port.name: op for op in ops for port in op.outputs}
@@ -151,8 +151,8 @@ def check_gpu_placement(ops: list[Op], outputs: list[Port]) -> Op:
         if any(p.name in on_gpu for p in data_inputs) and op.schema not in METADATA_OPS:
             assert op.device == "gpu", f"{op.schema} runs on {op.device} after the decoder"
             on_gpu |= {p.name for p in op.outputs}
-    images, *checks = outputs
-    assert images.device == "gpu" and images.name in on_gpu, images
+    images, checks = outputs[:views], outputs[views:]
+    assert all(i.device == "gpu" and i.name in on_gpu for i in images), images
     assert all(c.device == "cpu" for c in checks), checks
     assert producer  # every output has a producer
     return decoders[0]

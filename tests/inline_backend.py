@@ -21,18 +21,22 @@ class InlineRunner:
         self.closed = False
 
     def run(self, plan: RankPlan, start: int) -> Iterator[RawBatch]:
-        index, transforms = self.spec.index, self.spec.transforms
+        index, views = self.spec.index, self.spec.views
         for b in range(start, plan.num_batches):
-            images, labels, keys = [], [], []
+            images: list[list[torch.Tensor]] = [[] for _ in views]
+            labels, keys = [], []
             samples = plan.batch(b)[0]
-            drawn = factors(transforms, plan.seed, plan.epoch, samples)  # the whole batch's draws at once
+            # the whole batch's draws at once, view by view
+            drawn = [factors(steps, plan.seed, plan.epoch, samples, view) for view, steps in enumerate(views)]
             for i, s in enumerate(map(int, samples)):
                 raw = index.read(s)
                 image = decode_rgb(raw.data, shard=raw.shard, key=raw.key)
-                images.append(apply_pipeline(transforms, image, [None if f is None else f[i] for f in drawn]))
+                for view, steps in enumerate(views):
+                    row = [None if f is None else f[i] for f in drawn[view]]
+                    images[view].append(apply_pipeline(steps, image, row))
                 labels.append(raw.label)
                 keys.append(raw.key)
-            batch = torch.stack(images).to(self.spec.device)
+            batch = tuple(torch.stack(view).to(self.spec.device) for view in images)
             label_tensor = None if labels[0] is None else torch.tensor(labels, dtype=torch.int64)
             yield RawBatch(batch, label_tensor, keys)
 

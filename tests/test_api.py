@@ -25,8 +25,8 @@ def test_top_level_api():
 def test_transforms_api():
     assert sorted(T.__all__) == sorted([
         "Transform", "ImageSpec", "InterpolationMode", "RandomResizedCrop", "Resize", "CenterCrop", "RandomCrop",
-        "RandomHorizontalFlip", "RandomVerticalFlip", "ColorJitter", "RandomGrayscale", "GaussianBlur", "ToDtype",
-        "Normalize", "Arithmetic", "ArrayFunction",
+        "RandomHorizontalFlip", "RandomVerticalFlip", "ColorJitter", "RandomGrayscale", "GaussianBlur",
+        "RandomSolarize", "RandomApply", "ToDtype", "Normalize", "Arithmetic", "ArrayFunction",
     ])  # fmt: skip
     assert all(hasattr(T, name) for name in T.__all__)
 

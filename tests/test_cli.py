@@ -155,6 +155,10 @@ class TestBenchGrid:
                                         T.Normalize(mean=[0.5] * 3, std=[0.2] * 3)]).transforms  # fmt: skip
         assert isinstance(steps[0], v2.RandomResizedCrop) and steps[0].scale == (0.5, 1.0)
         assert steps[0].interpolation == v2.InterpolationMode.BICUBIC and isinstance(steps[1], v2.Normalize)
+        inner = [T.GaussianBlur(3), T.RandomSolarize(128, p=1.0)]
+        (apply,) = torchvision_equivalent([T.RandomApply(inner, 0.8)]).transforms  # the inner ones mapped too
+        assert isinstance(apply, v2.RandomApply) and apply.p == 0.8 and isinstance(apply.transforms[0], v2.GaussianBlur)
+        assert isinstance(apply.transforms[1], v2.RandomSolarize) and apply.transforms[1].threshold == 128
 
     def test_a_bad_list_is_one_line(self, capsys, shards):
         assert main(["bench", "pipelines/imagenet.py:train", shards[0], "--batch-size", "4,x"]) == 2

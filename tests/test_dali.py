@@ -145,6 +145,32 @@ class TestParity:
     def test_grayscale(self, device, photos):
         check_backend_parity([T.RandomGrayscale(p=1.0)], photos, device=device)
 
+    @pytest.mark.parametrize(
+        "steps",
+        [
+            [T.RandomSolarize(128, p=1.0)],
+            [T.RandomSolarize(100)],  # the same per-sample decisions
+            [T.ToDtype(torch.float32, scale=True), T.RandomSolarize(0.5)],
+        ],
+    )
+    def test_solarize_is_exact(self, device, photos, steps):
+        decode = 0.0 if device == "cpu" else 2.5
+        check_backend_parity(steps, photos, device=device, mean_tol=decode / 2.5, max_tol=decode)
+
+    @pytest.mark.parametrize(
+        "steps",
+        [
+            [T.RandomApply([T.ColorJitter(brightness=0.4)], p=0.8)],  # within ColorJitter's own tolerance
+            [T.RandomApply([T.GaussianBlur(5)], p=0.5)],
+            [T.ToDtype(torch.float32, scale=True), T.RandomApply([T.GaussianBlur((3, 9))], p=0.5)],
+            [T.RandomApply([T.RandomGrayscale(p=1.0), T.RandomSolarize(128, p=1.0)], p=0.5)],
+            [T.RandomApply([T.RandomApply([T.RandomSolarize(128, p=1.0)], p=0.5), T.GaussianBlur(3)], p=0.7)],
+        ],
+    )
+    def test_random_apply(self, device, photos, steps):
+        """The same decisions and inner draws (nested ones included) as the torch backend."""
+        check_backend_parity(steps, photos, device=device)
+
 
 def _sample_stats(windows, h, w):
     area = np.array([wh * ww / (h * w) for wh, ww in windows])
@@ -226,6 +252,21 @@ class TestRandomSampling:
         outs = run_dali([T.RandomGrayscale(p=0.3)], [png(image)] * 400)
         gray = [int((o.max(0).values.int() - o.min(0).values.int()).max()) <= 1 for o in outs]  # HSV rounding
         assert abs(np.mean(gray) - 0.3) < 0.07
+
+    def test_random_apply_selects_per_sample(self):
+        """Each sample is exactly the inner transform's output (with the factors it has at p=1) or
+        exactly the input, as the decision says: whatever the inner kernel's own differences to
+        torchvision (ColorJitter's contrast and hue here)."""
+        jitter = T.ColorJitter(0.4, 0.4, 0.2, 0.1)
+        images = [png(synthetic_image(i, size=(24, 32))) for i in range(40)]
+        chosen = run_dali([T.RandomApply([jitter], p=0.8)], images)
+        always = run_dali([T.RandomApply([jitter], p=1.0)], images)  # the same uniforms: the same inner draws
+        inputs = run_dali([], images)
+        decisions = sample_factors([T.RandomApply([jitter], p=0.8)], len(images))[0][:, 0]
+        assert set(decisions) == {0.0, 1.0}
+        for out, applied, kept, decision in zip(chosen, always, inputs, decisions, strict=True):
+            assert torch.equal(out, applied if decision else kept)
+        assert sum(not torch.equal(a, k) for a, k in zip(always, inputs, strict=True)) > 30
 
     def test_color_jitter_ranges(self):
         image = np.full((8, 8, 3), 100, np.uint8)

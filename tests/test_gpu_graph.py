@@ -52,6 +52,18 @@ MATRIX: dict[str, list[list[T.Transform]]] = {
     ],
     "RandomGrayscale": [[T.RandomGrayscale()], [T.RandomGrayscale(p=1.0)]],
     "GaussianBlur": [[T.GaussianBlur(5)], [T.GaussianBlur((3, 9), sigma=1.5)], [FLOAT, T.GaussianBlur(3)]],
+    "RandomSolarize": [
+        [T.RandomSolarize(128)],
+        [FLOAT, T.RandomSolarize(0.5, p=1.0)],
+        [T.ToDtype(torch.float16, scale=True), T.RandomSolarize(0.5)],  # float16: float32 arithmetic
+    ],
+    "RandomApply": [
+        [T.RandomApply([T.ColorJitter(0.4, 0.4, 0.2, 0.1)], p=0.8)],
+        [T.RandomApply([T.GaussianBlur(23)], p=0.5)],
+        [FLOAT, T.RandomApply([T.RandomApply([T.RandomSolarize(0.5)], p=0.2), T.GaussianBlur(3), AddMult(0.1)])],
+        [T.ToDtype(torch.float16, scale=True), T.RandomApply([T.GaussianBlur(3)])],
+        [T.CenterCrop(64), T.RandomApply([T.RandomGrayscale(p=1.0)]), FLOAT],  # before the fused tail
+    ],
     "ToDtype": [
         [FLOAT],
         [T.ToDtype(torch.float16, scale=True)],
@@ -83,14 +95,17 @@ def cases():
         yield pytest.param(steps, id=f"imagenet-{('train', 'val')[i]}")
 
 
-def define(steps, *, gpu=True, channels_last=False, dali=None, ranks_per_node=None):
-    """The DALI pipeline the runner defines for ``steps`` (not built: no GPU needed)."""
+def define(steps, *, gpu=True, channels_last=False, dali=None, ranks_per_node=None, views=None):
+    """The DALI pipeline the runner defines for ``steps`` (or for several ``views``; not built: no
+    GPU needed)."""
     from gpupipe import backends
     from gpupipe.backends._dali._runner import define_graph
 
-    backends.get("dali").check(steps)  # as the Loader does first
+    views = [steps] if views is None else views
+    for view in views:
+        backends.get("dali").check(view)  # as the Loader does first
     decoder_args = (dali or gp.DaliOptions()).decoder_args(ranks_per_node=ranks_per_node)
-    return define_graph(steps, gpu=gpu, device_id=None, batch_size=4, num_threads=2, prefetch=2, seed=1,
+    return define_graph(views, gpu=gpu, device_id=None, batch_size=4, num_threads=2, prefetch=2, seed=1,
                         channels_last=channels_last, decoder_args=decoder_args)  # fmt: skip
 
 
@@ -117,7 +132,7 @@ def test_gpu_graph(steps, channels_last):
     assert decoder.args["adjust_orientation"] is False  # as torchvision's decoders (the torch backend)
     if type(steps[0]) is T.RandomResizedCrop:
         assert decoder.schema == "decoders__ImageSlice"  # the fed window, decoded alone
-    random_steps = {f"factors{i}": i for i, t in enumerate(steps) if t.random}
+    random_steps = {f"factors{i}": (0, i) for i, t in enumerate(steps) if t.random}
     assert graph.lowered.inputs == random_steps  # every draw is fed: no DALI random operator
     assert not [op.schema for op in ops if op.schema.startswith("random__")]
 

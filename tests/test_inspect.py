@@ -94,3 +94,37 @@ class TestDisplay:
         with gp.Loader(pipe, 2, backend="torch", device="cpu", num_workers=0) as loader:
             images = next(iter(loader)).images
         np.testing.assert_array_equal(to_uint8(images, pipe), images.permute(0, 2, 3, 1).to(torch.uint8).numpy())
+
+
+VIEWS = """
+import torch
+import gpupipe as gp
+from gpupipe import transforms as T
+
+
+def two(source):
+    return gp.Pipeline(source, views=[[T.RandomResizedCrop(32), T.ToDtype(torch.float32, scale=True)],
+                                      [T.RandomResizedCrop(16), T.RandomGrayscale(p=1.0)]])
+"""
+
+
+class TestInspectViews:
+    def test_every_view_of_each_draw_is_shown_at_its_size(self, shards, tmp_path, capsys):
+        (tmp_path / "views.py").write_text(VIEWS)
+        spec, out = f"{tmp_path / 'views.py'}:two", tmp_path / "grid.png"
+        assert main(["inspect", spec, shards[0], "--samples", "2", "--draws", "2", "--backend", "torch",
+                     "--out", str(out)]) == 0  # fmt: skip
+        assert "2 samples x 2 draws, outputs [3, 32, 32], [3, 16, 16]" in capsys.readouterr().out
+        png = np.asarray(read_png(out))
+        assert png.shape[1] == LABEL_WIDTH + 2 * (32 + MARGIN + 16 + MARGIN) + MARGIN
+        pipeline = gp.load_pipeline(spec)(shards[0])
+        with gp.Loader(pipeline, 2, backend="torch", device="cpu", num_workers=0, seed=0) as loader:
+            loader.set_epoch(1)
+            views = next(iter(loader)).views
+        x = LABEL_WIDTH + MARGIN + (32 + MARGIN + 16 + MARGIN)  # draw 1, view 0
+        for row in range(2):
+            y = HEADER + MARGIN + row * (32 + MARGIN)
+            np.testing.assert_array_equal(png[y : y + 32, x : x + 32], to_uint8(views[0], pipeline, 0)[row])
+            small = png[y : y + 16, x + 32 + MARGIN : x + 32 + MARGIN + 16]
+            np.testing.assert_array_equal(small, to_uint8(views[1], pipeline, 1)[row])
+            assert (small[..., 0] == small[..., 1]).all()  # view 1 is grey

@@ -249,10 +249,9 @@ def test_a_dropped_dali_runner_frees_its_pipelines(shards, gc_off):
     from gpupipe._plan import PlanSpec, rank_plan
 
     index = gp.WebDataset(shards).index()
-    transforms = val(shards).transforms
     spec = backends.RunSpec(
         index=index,
-        transforms=transforms,
+        views=val(shards).views,
         config=gp.LoaderConfig(4, prefetch=2),
         device=torch.device("cpu"),
         workers=1,

@@ -176,7 +176,7 @@ class TestDevicePerRank:
             def build(self):
                 pass
 
-        def define(transforms, **kw):
+        def define(views, **kw):
             built.append((kw["gpu"], kw["device_id"], kw["decoder_args"]["affine"]))
             return _runner.Defined(FakePipe(), None)  # type: ignore[arg-type]
 

@@ -320,6 +320,195 @@ class TestGaussianBlur:
         assert 0.1 <= min(s) < 0.15 and 1.95 < max(s) <= 2.0
 
 
+class TestRandomSolarize:
+    @pytest.mark.parametrize(
+        "kwargs, name",
+        [
+            (dict(threshold=-1), "threshold"),
+            (dict(threshold="128"), "threshold"),
+            (dict(threshold=None), "threshold"),
+            (dict(threshold=True), "threshold"),
+            (dict(threshold=math.nan), "threshold"),
+            (dict(threshold=128, p=1.5), "p"),
+            (dict(threshold=128, p="0.5"), "p"),
+        ],
+    )
+    def test_invalid_arguments(self, kwargs, name):
+        check_invalid(lambda: T.RandomSolarize(**kwargs), name)
+
+    def test_signature_is_torchvision(self):
+        import inspect
+
+        ours, theirs = inspect.signature(T.RandomSolarize), inspect.signature(v2.RandomSolarize)
+        assert [(p.name, p.kind, p.default) for p in ours.parameters.values()] == [
+            (p.name, p.kind, p.default) for p in theirs.parameters.values()
+        ]
+        assert T.RandomSolarize(128, 0.3) == T.RandomSolarize(threshold=128.0, p=0.3)
+
+    @pytest.mark.parametrize("as_float_image, threshold", [(False, 128), (False, 0), (False, 200.5), (True, 0.5)])
+    def test_matches_torchvision(self, photo, as_float_image, threshold):
+        image = as_float(photo) if as_float_image else photo
+        tv = v2.RandomSolarize(threshold, p=1.0)
+        results = check_transform(
+            T.RandomSolarize(threshold), image, lambda img, p: tv(img) if p.apply else img, seeds=range(10)
+        )
+        assert {p.apply for p, _ in results} == {True, False}
+        assert any(not torch.equal(out, image) for p, out in results if p.apply)
+
+    def test_rate(self):
+        applied = [p.apply for p in drawn_params(T.RandomSolarize(128, p=0.2), 1, 1, 4000)]
+        assert abs(np.mean(applied) - 0.2) < 0.03
+
+    def test_threshold_above_the_dtype_is_a_build_error(self, shards):
+        assert T.RandomSolarize(255).output_spec(T.ImageSpec()) == T.ImageSpec()
+        with pytest.raises(gp.PipelineError, match=r"RandomSolarize: threshold 128 is above .* \(1\)"):
+            T.RandomSolarize(128).output_spec(T.ImageSpec(dtype=torch.float32))
+        with pytest.raises(gp.PipelineError, match="step 1: RandomSolarize: threshold 256"):
+            gp.Pipeline(shards, [T.CenterCrop(8), T.RandomSolarize(256)])
+
+
+class TestRandomApply:
+    JITTER = T.ColorJitter(0.4, 0.4, 0.2, 0.1)
+
+    @pytest.mark.parametrize(
+        "kwargs, name",
+        [
+            (dict(transforms=[]), "transforms"),
+            (dict(transforms=T.ColorJitter(0.4)), "transforms"),  # a transform, not a list of them
+            (dict(transforms="ColorJitter"), "transforms"),
+            (dict(transforms=[T.GaussianBlur(3), "blur"]), r"transforms\[1\] is a str"),
+            (dict(transforms=[v2.ColorJitter(0.4)]), r"transforms\[0\] is a ColorJitter.*use gpupipe\.transforms"),
+            (dict(transforms=[T.GaussianBlur(3)], p=-0.1), "p"),
+            (dict(transforms=[T.GaussianBlur(3)], p=None), "p"),
+        ],
+    )
+    def test_invalid_arguments(self, kwargs, name):
+        check_invalid(lambda: T.RandomApply(**kwargs), name)
+
+    def test_signature_is_torchvision(self):
+        import inspect
+
+        ours, theirs = inspect.signature(T.RandomApply), inspect.signature(v2.RandomApply)
+        assert [(p.name, p.kind, p.default) for p in ours.parameters.values()] == [
+            (p.name, p.kind, p.default) for p in theirs.parameters.values()
+        ]
+
+    def test_stored_as_a_tuple_frozen_and_hashable(self):
+        import dataclasses
+
+        t = T.RandomApply([self.JITTER, T.GaussianBlur(3)], 0.8)
+        assert t.transforms == (self.JITTER, T.GaussianBlur(3)) and t.p == 0.8
+        assert t == T.RandomApply((self.JITTER, T.GaussianBlur(3)), p=0.8) and hash(t) == hash(T.RandomApply(
+            (self.JITTER, T.GaussianBlur(3)), p=0.8))  # fmt: skip
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            t.p = 0.5  # type: ignore[misc]
+        assert "factor_slices" not in repr(t)
+
+    def test_draws_are_the_decision_and_the_inner_draws(self):
+        from gpupipe._random import step_factors
+
+        inner = [self.JITTER, Posterize(bits=3), T.GaussianBlur(3), T.RandomApply([T.RandomSolarize(128)], p=0.3)]
+        t = T.RandomApply(inner, p=0.8)
+        assert t.random and t.draws == 1 + 8 + 0 + 1 + 2 and T.RandomApply.draws == 1
+        assert t.factor_slices == ((1, 9), (9, 9), (9, 10), (10, 12))
+        u = np.random.default_rng(0).random((50, t.draws))
+        f = t.sample(u)
+        np.testing.assert_array_equal(f[:, 0], u[:, 0] < 0.8)
+        np.testing.assert_array_equal(f[:, 1:9], self.JITTER.sample(u[:, 1:9]))
+        np.testing.assert_array_equal(f[:, 9:10], inner[2].sample(u[:, 9:10]))
+        np.testing.assert_array_equal(f[:, 10:12], inner[3].sample(u[:, 10:12]))
+        drawn = step_factors(t, seed=1, epoch=0, samples=range(4), step=2)  # what every backend draws
+        assert drawn is not None and drawn.shape == (4, 12)
+        p = t.make_params(120, 160, f[0])
+        assert p.apply == bool(u[0, 0] < 0.8) and p.params[1] is None
+        assert p.params[0] == self.JITTER.make_params(120, 160, f[0, 1:9])
+        assert p.params[3] == inner[3].make_params(120, 160, f[0, 10:12])
+
+    @pytest.mark.parametrize("p", [0.0, 1.0, 0.5])
+    def test_matches_the_inner_transform_applied_or_not(self, photo, p):
+        jitter = _jitter_reference(v2.ColorJitter(0.4, 0.4, 0.2, 0.1))
+        results = check_transform(
+            T.RandomApply([self.JITTER], p=p),
+            photo,
+            lambda img, prm: jitter(img, prm.params[0]) if prm.apply else img,
+            seeds=range(20),
+        )
+        applied = {prm.apply for prm, _ in results}
+        assert applied == ({False} if p == 0.0 else {True} if p == 1.0 else {True, False})
+        assert all(torch.equal(out, photo) for prm, out in results if not prm.apply)
+
+    def test_nested(self, photo):
+        solarize, blur = v2.RandomSolarize(128, p=1.0), v2.GaussianBlur(3)
+        t = T.RandomApply([T.RandomApply([T.RandomSolarize(128, p=1.0)], p=0.5), T.GaussianBlur(3)], p=0.7)
+
+        def reference(img, prm):
+            if not prm.apply:
+                return img
+            if prm.params[0].apply:
+                img = solarize(img)
+            return blur.transform(img, dict(sigma=[prm.params[1].sigma] * 2))
+
+        results = check_transform(t, photo, reference, seeds=range(30))
+        assert {(prm.apply, prm.params[0].apply) for prm, _ in results} == {
+            (False, False), (False, True), (True, False), (True, True)
+        }  # fmt: skip
+
+    @pytest.mark.parametrize(
+        "inner, changes",
+        [
+            (T.Resize(256), "the size"),
+            (T.CenterCrop(24), "the size"),
+            (T.RandomCrop(24), "the size"),
+            (T.RandomResizedCrop(24), "the size"),
+            (EveryOtherColumn(), "the size"),
+            (T.ToDtype(torch.float32, scale=True), "the dtype"),
+        ],
+    )
+    def test_needs_size_and_dtype_preserving_transforms(self, shards, inner, changes):
+        with pytest.raises(gp.PipelineError, match=f"RandomApply: needs transforms that keep .*{changes}"):
+            T.RandomApply([self.JITTER, inner]).output_spec(T.ImageSpec())
+        with pytest.raises(gp.PipelineError, match="step 1: RandomApply: needs transforms that keep"):
+            gp.Pipeline(shards, [T.RandomResizedCrop(32), T.RandomApply([inner])])
+
+    def test_keeping_a_known_size_is_allowed(self, shards):
+        spec = T.ImageSpec(3, 24, 24)
+        assert T.RandomApply([T.CenterCrop(24), T.RandomSolarize(100)]).output_spec(spec) == spec
+        float_spec = T.ImageSpec(dtype=torch.float32)
+        assert T.RandomApply([T.Normalize([0.5], [0.5]), AddMult(add=1.0)]).output_spec(float_spec) == float_spec
+        pipe = gp.Pipeline(shards, [T.RandomResizedCrop(32), T.RandomApply([self.JITTER], p=0.8), T.RandomGrayscale()])
+        assert str(pipe.output_spec) == "[3, 32, 32] uint8"
+
+    def test_inner_errors_are_the_inner_transforms(self):
+        with pytest.raises(gp.PipelineError, match="Normalize: needs a float image"):
+            T.RandomApply([T.Normalize([0.5], [0.5])]).output_spec(T.ImageSpec())
+        with pytest.raises(gp.PipelineError, match="RandomSolarize: threshold 128"):
+            T.RandomApply([T.RandomSolarize(128)]).output_spec(T.ImageSpec(dtype=torch.float32))
+
+    def test_a_deterministic_inner_transform(self, photo):
+        t = T.RandomApply([Posterize(bits=3)], p=0.5)
+        assert t.draws == 1 and t.factor_slices == ((1, 1),)
+        results = check_transform(t, photo, lambda img, prm: img & 0xE0 if prm.apply else img, seeds=range(10))
+        assert {prm.params for prm, _ in results} == {(None,)} and len({prm.apply for prm, _ in results}) == 2
+
+    def test_an_inner_transform_a_backend_cannot_run_is_reported(self):
+        import dataclasses
+
+        from gpupipe import backends
+
+        @dataclasses.dataclass(frozen=True)
+        class NoLowering(T.Transform):
+            pass
+
+        steps = [T.CenterCrop(16), T.RandomApply([self.JITTER, NoLowering()])]
+        for name in ("torch", "dali"):
+            with pytest.raises(gp.UnsupportedTransformError, match=r"RandomApply.*step 1.*transforms\[1\].*NoLowering"):
+                backends.get(name).check(steps)
+        reflect = T.RandomApply([T.RandomApply([T.RandomCrop(16, padding=2, padding_mode="reflect")])])
+        backends.get("torch").check([T.CenterCrop(16), reflect])
+        with pytest.raises(gp.UnsupportedTransformError, match=r"RandomApply.*step 1.*padding_mode='reflect'"):
+            backends.get("dali").check([T.CenterCrop(16), reflect])
+
+
 class TestToDtype:
     def test_invalid_arguments(self):
         check_invalid(lambda: T.ToDtype(torch.int32), "dtype")

@@ -31,14 +31,15 @@ def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 
 class RawBatch(NamedTuple):
-    """What a runner yields per batch; the loader adds the validity mask.
+    """What a runner yields per batch; the loader adds the validity mask. ``images`` holds one
+    tensor per view of the pipeline (one for a single transform list).
 
     With ``on_error="skip"``, ``skipped`` lists the batch positions of the samples that could not
     be used, with their errors; each such position holds a copy of another sample (its image,
     label and key), which the loader marks invalid.
     """
 
-    images: torch.Tensor  # [B, C, H, W] on the loader's device (channels-last storage if asked)
+    images: tuple[torch.Tensor, ...]  # one [B, C, H, W] per view, on the loader's device (channels-last if asked)
     labels: torch.Tensor | None  # [B] int64 on the loader's device; None for unlabeled sources
     keys: list[str]
     skipped: tuple[tuple[int, DataError], ...] = ()
@@ -65,17 +66,17 @@ def fill(positions: Iterable[int], columns: Sequence[Any], values: Sequence[Any]
 
 @dataclasses.dataclass(frozen=True)
 class RunSpec:
-    """Everything a runner is built from: the data, the transforms, the loader's options, and
-    what the loader resolved from them (device, workers, rank, seed)."""
+    """Everything a runner is built from: the data, the transform lists (one per view), the
+    loader's options, and what the loader resolved from them (device, workers, rank, seed)."""
 
     index: Index
-    transforms: tuple[Transform, ...]
+    views: tuple[tuple[Transform, ...], ...]  # one transform list per output; one for most pipelines
     config: LoaderConfig  # batch_size, prefetch, memory_format, dali, ...
     device: torch.device
     workers: int  # worker processes (torch) or CPU threads (DALI)
     rank: int
     seed: int  # the loader's seed when built; each plan carries the seed it was drawn for
-    output: ImageSpec | None = None  # one output image (fixed size); None where the caller has no pipeline
+    outputs: tuple[ImageSpec, ...] | None = None  # each view's output image (fixed size); None: no pipeline
 
     @property
     def skip(self) -> bool:

@@ -12,8 +12,9 @@ Example:
     ...          T.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])]
 """
 
+from ._apply import RandomApply
 from ._base import ImageSpec, InterpolationMode, Transform
-from ._color import ColorJitter, GaussianBlur, Normalize, RandomGrayscale, ToDtype
+from ._color import ColorJitter, GaussianBlur, Normalize, RandomGrayscale, RandomSolarize, ToDtype
 from ._custom import Arithmetic, ArrayFunction
 from ._geometry import (
     CenterCrop,
@@ -37,6 +38,8 @@ __all__ = [
     "ColorJitter",
     "RandomGrayscale",
     "GaussianBlur",
+    "RandomSolarize",
+    "RandomApply",
     "ToDtype",
     "Normalize",
     "Arithmetic",

@@ -64,8 +64,9 @@ class Transform:
     """Base class of all transforms.
 
     Subclasses are frozen dataclasses. A random transform sets ``draws``, the number of uniforms
-    in ``[0, 1)`` it consumes per sample (``random`` is then true), and defines its parameters in
-    two pure steps, so that every backend computes the same ones:
+    in ``[0, 1)`` it consumes per sample (``random`` is then true; a composite transform such as
+    ``RandomApply`` sets its instances' own ``draws``, so read it from the instance), and defines
+    its parameters in two pure steps, so that every backend computes the same ones:
 
     1. :meth:`sample`: uniforms ``[..., draws]`` → the transform's random factors ``[..., F]``,
        vectorized (what does not depend on the image: a flip decision, a blur sigma, the crop

@@ -1,4 +1,5 @@
-"""Photometric and type transforms: ColorJitter, RandomGrayscale, GaussianBlur, ToDtype, Normalize."""
+"""Photometric and type transforms: ColorJitter, RandomGrayscale, GaussianBlur, RandomSolarize, ToDtype,
+Normalize."""
 
 from __future__ import annotations
 
@@ -18,11 +19,13 @@ __all__ = [
     "ColorJitter",
     "RandomGrayscale",
     "GaussianBlur",
+    "RandomSolarize",
     "ToDtype",
     "Normalize",
     "ColorJitterParams",
     "GrayscaleParams",
     "BlurParams",
+    "SolarizeParams",
 ]
 
 
@@ -43,6 +46,10 @@ class GrayscaleParams(NamedTuple):
 
 class BlurParams(NamedTuple):
     sigma: float
+
+
+class SolarizeParams(NamedTuple):
+    apply: bool
 
 
 def _jitter_range(
@@ -183,6 +190,55 @@ class GaussianBlur(Transform):
 
     def make_params(self, height: int, width: int, factors: np.ndarray) -> BlurParams:
         return BlurParams(float(factors[0]))
+
+
+def max_value(dtype: torch.dtype) -> float:
+    """The largest value of an image of ``dtype``: 255 for uint8, 1.0 for a float image."""
+    return 255.0 if dtype == torch.uint8 else 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class RandomSolarize(Transform):
+    """Solarizes the image with probability ``p``: every pixel value ``>= threshold`` is inverted
+    (``v -> 255 - v`` for uint8, ``v -> 1.0 - v`` for a float image).
+
+    Args:
+        threshold: a non-negative number, in the image's units (``[0, 255]`` for uint8, ``[0, 1]``
+            for float images; a threshold above the image's largest value is an error when the
+            pipeline is built, where torchvision raises when it runs).
+        p: probability of solarizing the image. Default 0.5.
+
+    Shapes and dtype unchanged. Every backend computes torchvision's values exactly (on DALI:
+    arithmetic on the image, the per-sample decision selecting the result).
+    """
+
+    threshold: float
+    p: float = 0.5
+
+    random = True
+    draws = 1
+
+    def __post_init__(self) -> None:
+        name = type(self).__name__
+        if not (is_number(self.threshold) and self.threshold >= 0):
+            raise ConfigError(f"{name}: threshold must be a non-negative number, got {self.threshold!r}")
+        self._set("threshold", float(self.threshold))
+        self._set("p", check_probability(name, self.p))
+
+    def output_spec(self, spec: ImageSpec) -> ImageSpec:
+        if self.threshold > max_value(spec.dtype):
+            raise self._fail(
+                f"threshold {self.threshold:g} is above the largest value of an image {spec} "
+                f"({max_value(spec.dtype):g}); float images are in [0, 1]"
+            )
+        return spec
+
+    def sample(self, u: np.ndarray) -> np.ndarray:
+        """``[..., 1]``: 1.0 where the image is solarized (``u < p``)."""
+        return (u < self.p).astype(np.float64)
+
+    def make_params(self, height: int, width: int, factors: np.ndarray) -> SolarizeParams:
+        return SolarizeParams(bool(factors[0]))
 
 
 _DTYPES = (torch.uint8, torch.float16, torch.bfloat16, torch.float32, torch.float64)

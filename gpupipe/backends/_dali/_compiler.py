@@ -10,6 +10,10 @@ operators) or the GPU (``device="gpu"``, after nvJPEG's ``mixed`` decoder). Comp
    ``Normalize`` becomes one ``crop_mirror_normalize``, which also writes CHW.
 3. Every other transform goes through :data:`LOWERINGS` (transform type → lowering function).
 
+A pipeline of several views decodes each image once and lowers each view's list on that decoded
+node (steps 2 and 3 per view; no region-of-interest decode): the graph has one image output per
+view.
+
 Randomness: no DALI random operator. Each random step's factors (``Transform.sample`` of the
 uniforms ``gpupipe._random`` draws from ``(seed, epoch, sample)``) enter the graph through an
 ``external_source`` named ``factors<step>`` (float64 ``[F]`` per sample, fed by the runner for
@@ -27,9 +31,10 @@ error as the torch backend, naming the sample. DALI is imported only when a grap
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -38,7 +43,7 @@ import torch
 from ... import transforms as T
 from ..._errors import BackendUnavailableError
 from ..._geometry import ATTEMPTS, center_crop_anchor, crop_padding, crop_too_large, resize_empty, resize_size
-from ..._registry import Registry
+from ..._registry import Registry, inner_unsupported
 
 __all__ = ["LOWERINGS", "DALI_OPS", "Ctx", "Check", "Lowered", "lower"]
 
@@ -69,8 +74,11 @@ class Ctx:
             sample or on resume, and differ from the torch backend's draws. Use :meth:`random`.
         decoder_args: extra arguments of the ``mixed`` decoders (GPU only).
         dtype: the dtype of the node being lowered.
-        step: the position in the pipeline of the transform being lowered.
-        inputs: ``external_source`` name → step, for each step whose factors the graph takes.
+        step: the position in its view's transform list of the transform being lowered.
+        view: the view being lowered (0 for a pipeline of one transform list); each view's steps
+            have their own factors, drawn from ``(seed, epoch, sample, view, step)``.
+        inputs: ``external_source`` name → ``(view, step)``, for each step whose factors the
+            graph takes.
         exif: apply EXIF orientation in the decoders (``adjust_orientation``); default ``False``,
             as torchvision's decoders (the torch backend).
     """
@@ -81,10 +89,12 @@ class Ctx:
     dtype: torch.dtype = torch.uint8  # dtype of the node being lowered
     checks: list[Check] = dataclasses.field(default_factory=list)
     step: int = 0
-    inputs: dict[str, int] = dataclasses.field(default_factory=dict)
+    view: int = 0
+    inputs: dict[str, tuple[int, int]] = dataclasses.field(default_factory=dict)
     exif: bool = False
     _seeds: Any = None
-    _nodes: dict[int, Any] = dataclasses.field(default_factory=dict)
+    _nodes: dict[tuple[int, int], Any] = dataclasses.field(default_factory=dict)
+    _scoped: Any = None
 
     def __post_init__(self) -> None:
         self._seeds = itertools.count(1)
@@ -96,12 +106,25 @@ class Ctx:
     def random(self, step: int | None = None) -> Any:
         """The random factors of ``step`` (default: the step being lowered): a CPU node, float64
         ``[F]`` per sample — one row of ``Transform.sample``'s output, fed for each batch."""
-        step = self.step if step is None else step
-        if step not in self._nodes:
-            name = f"factors{step}"
-            self._nodes[step] = self.fn.external_source(name=name, dtype=self.types.FLOAT64, ndim=1, device="cpu")
-            self.inputs[name] = step
-        return self._nodes[step]
+        if step is None and self._scoped is not None:
+            return self._scoped
+        key = (self.view, self.step if step is None else step)
+        if key not in self._nodes:
+            name = f"factors{key[1]}" if key[0] == 0 else f"factors{key[1]}_view{key[0]}"
+            self._nodes[key] = self.fn.external_source(name=name, dtype=self.types.FLOAT64, ndim=1, device="cpu")
+            self.inputs[name] = key
+        return self._nodes[key]
+
+    @contextlib.contextmanager
+    def scoped_factors(self, factors: Any) -> Iterator[None]:
+        """Within the block, :meth:`random` (without ``step``) returns ``factors``: a composite
+        transform gives each inner transform's lowering its own slice of the step's factors
+        (``with ctx.scoped_factors(ctx.random()[1:3]): node = lowering(inner, node, ctx)``)."""
+        saved, self._scoped = self._scoped, factors
+        try:
+            yield
+        finally:
+            self._scoped = saved
 
     def next_seed(self) -> int:
         """A distinct seed for each DALI random operator a user lowering adds (see ``seed``)."""
@@ -192,17 +215,17 @@ DALI_OPS = _DaliOps()
 
 @dataclasses.dataclass(frozen=True)
 class Lowered:
-    """A compiled graph's outputs: the images and, where a lowering required conditions, one int32
-    vector per sample — the encoded image's ``(height, width)``, then each check's ``ok`` and
-    values."""
+    """A compiled graph's outputs: the images of each view and, where a lowering required
+    conditions, one int32 vector per sample — the encoded image's ``(height, width)``, then each
+    check's ``ok`` and values."""
 
-    images: Any
+    images: tuple[Any, ...]  # one node per view
     checks: tuple[Check, ...] = ()
     check_output: Any = None
-    inputs: dict[str, int] = dataclasses.field(default_factory=dict)  # factors to feed: name -> step
+    inputs: dict[str, tuple[int, int]] = dataclasses.field(default_factory=dict)  # name -> (view, step)
 
     def outputs(self) -> list[Any]:
-        return [self.images] if self.check_output is None else [self.images, self.check_output]
+        return [*self.images] if self.check_output is None else [*self.images, self.check_output]
 
     def failures(self, rows: np.ndarray) -> list[tuple[int, tuple[int, int], str]]:
         """``(sample, (height, width), message)`` for each sample of the batch that failed a
@@ -219,10 +242,19 @@ class Lowered:
         return failed
 
 
-def lower(transforms: Sequence[T.Transform], encoded: Any, ctx: Ctx, *, channels_last: bool = False) -> Lowered:
-    """Builds the graph for ``transforms`` on ``encoded`` images: ``[C, H, W]`` (or HWC where
-    ``channels_last``) images, and the per-sample checks the lowerings required."""
-    images = _lower_images(transforms, encoded, ctx, channels_last=channels_last)
+def lower(views: Sequence[Sequence[T.Transform]], encoded: Any, ctx: Ctx, *, channels_last: bool = False) -> Lowered:
+    """Builds the graph of each view's transform list on ``encoded`` images: ``[C, H, W]`` (or HWC
+    where ``channels_last``) images, one node per view, and the per-sample checks the lowerings
+    required. One view may fuse a leading ``RandomResizedCrop`` into the decoder; several views
+    share one full decode."""
+    if len(views) == 1:
+        images: tuple[Any, ...] = (_lower_images(views[0], encoded, ctx, channels_last=channels_last),)
+    else:
+        decoded = _decode(encoded, ctx)
+        images = tuple(
+            _lower_images(steps, encoded, ctx, channels_last=channels_last, view=view, decoded=decoded)
+            for view, steps in enumerate(views)
+        )
     if not ctx.checks:
         return Lowered(images, inputs=ctx.inputs)
     fn, types = ctx.fn, ctx.types
@@ -238,25 +270,42 @@ def peek_shape(ctx: Ctx, encoded: Any) -> Any:
     return ctx.fn.peek_image_shape(encoded, dtype=ctx.types.INT32, **ctx.orientation)
 
 
-def _lower_images(transforms: Sequence[T.Transform], encoded: Any, ctx: Ctx, *, channels_last: bool) -> Any:
-    fn, types = ctx.fn, ctx.types
+def _decode(encoded: Any, ctx: Ctx) -> Any:
+    return ctx.fn.decoders.image(
+        encoded, device=ctx.decoder_device, output_type=ctx.types.RGB, **ctx.orientation, **ctx.decoder_args
+    )
+
+
+def _lower_images(
+    transforms: Sequence[T.Transform],
+    encoded: Any,
+    ctx: Ctx,
+    *,
+    channels_last: bool,
+    view: int = 0,
+    decoded: Any = None,
+) -> Any:
+    """One view's output node: from ``decoded`` images where given (several views), else decoding
+    ``encoded`` itself, fusing a leading ``RandomResizedCrop`` into the decoder."""
+    ctx.view, ctx.dtype = view, torch.uint8
     steps = list(enumerate(transforms))
     first = steps[0][1] if steps else None
-    if isinstance(first, T.RandomResizedCrop) and _builtin(first):
+    if decoded is not None:
+        img = decoded
+    elif isinstance(first, T.RandomResizedCrop) and _builtin(first):
         steps.pop(0)
         ctx.step = 0
         img = decode_random_crop(first, encoded, ctx)
         img = _resize(ctx, img, float(first.size[0]), float(first.size[1]), first.interpolation, first.antialias)
     else:
-        img = fn.decoders.image(
-            encoded, device=ctx.decoder_device, output_type=types.RGB, **ctx.orientation, **ctx.decoder_args
-        )
+        img = _decode(encoded, ctx)
     tail = _fusable_tail([t for _, t in steps])
     for ctx.step, t in steps[: len(steps) - len(tail)]:
         img = LOWERINGS.lookup(t)(t, img, ctx)
         ctx.dtype = t.output_spec(T.ImageSpec(dtype=ctx.dtype)).dtype
     if tail:
         return _crop_mirror_normalize(steps[len(steps) - len(tail) :], img, ctx, channels_last=channels_last)
+    fn = ctx.fn
     return img if channels_last else fn.transpose(img, device=ctx.device, perm=[2, 0, 1], output_layout="CHW")
 
 
@@ -514,6 +563,46 @@ def _grayscale(t: T.RandomGrayscale, img: Any, ctx: Ctx) -> Any:
 def _gaussian_blur(t: T.GaussianBlur, img: Any, ctx: Ctx) -> Any:
     kx, ky = t.kernel_size
     return ctx.fn.gaussian_blur(img, device=ctx.device, window_size=[ky, kx], sigma=_factor(ctx, ctx.random(), 0))
+
+
+def _select(ctx: Ctx, decision: Any, a: Any, b: Any) -> Any:
+    """Per sample ``a if decision else b`` (``decision``: int32 0/1 per sample; ``a`` and ``b``
+    HWC images of the same shape): ``b`` and ``a`` (cast like ``b``) stacked, and the sample's one
+    sliced out — exact for every dtype, and three copies where arithmetic blending takes more
+    passes (DALI 2.4 has no per-sample select outside its conditionals)."""
+    fn, types = ctx.fn, ctx.types
+    both = fn.stack(b, fn.cast_like(a, b, device=ctx.device), device=ctx.device)
+    one = fn.slice(both, fn.stack(decision), fn.constant(idata=[1], dtype=types.INT32), axes=[0], device=ctx.device)
+    return fn.reshape(fn.squeeze(one, axes=[0], device=ctx.device), layout="HWC", device=ctx.device)
+
+
+@LOWERINGS.register(T.RandomSolarize)
+def _solarize(t: T.RandomSolarize, img: Any, ctx: Ctx) -> Any:
+    """torchvision's solarize (``v >= threshold`` → ``bound - v``): a lookup table on uint8
+    images, arithmetic on float ones (float16 in float32: DALI's arithmetic has no float16); the
+    sample's decision then selects it or the input."""
+    fn, types = ctx.fn, ctx.types
+    if ctx.dtype == torch.uint8:
+        threshold = float(np.float32(t.threshold))  # torch compares uint8 with a float32 threshold
+        values = [float(255 - v if v >= threshold else v) for v in range(256)]
+        solarized = fn.lookup_table(img, device=ctx.device, keys=list(range(256)), values=values, dtype=types.UINT8)
+    else:
+        x = _to_float(ctx, img) if ctx.dtype == torch.float16 else img
+        solarized = _where(x >= t.threshold, 1.0 - x, x)
+    return _select(ctx, _decision(ctx, ctx.random()), solarized, img)
+
+
+@LOWERINGS.register(T.RandomApply, unsupported=lambda t: inner_unsupported(LOWERINGS, t.transforms))
+def _random_apply(t: T.RandomApply, img: Any, ctx: Ctx) -> Any:
+    """The inner transforms run on every sample, each with its slice of the step's factors; the
+    decision (factor 0) then selects, per sample, their output or the input (both of the image's
+    shape and dtype: ``RandomApply.output_spec``)."""
+    factors = ctx.random()
+    out = img
+    for inner, (start, stop) in zip(t.transforms, t.factor_slices, strict=True):
+        with ctx.scoped_factors(factors[start:stop]):
+            out = LOWERINGS.lookup(inner)(inner, out, ctx)
+    return _select(ctx, _decision(ctx, factors), out, img)
 
 
 def _to_dtype_unsupported(t: T.ToDtype) -> str | None:

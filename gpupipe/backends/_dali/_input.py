@@ -177,10 +177,11 @@ class Reader:
     batch (:meth:`substitute`) and the batch lists it.
     """
 
-    def __init__(self, index: Index, plan: RankPlan, inputs: dict[str, int], transforms: tuple[Transform, ...],
+    def __init__(self, index: Index, plan: RankPlan, inputs: dict[str, tuple[int, int]],
+                 views: tuple[tuple[Transform, ...], ...],
                  buffers: Buffers, maps: Maps | None, pool: ThreadPoolExecutor, ahead: int,
                  skip: bool = False, max_pixels: int | None = MAX_IMAGE_PIXELS) -> None:  # fmt: skip
-        self.index, self.plan, self.inputs, self.transforms = index, plan, inputs, transforms
+        self.index, self.plan, self.inputs, self.views = index, plan, inputs, views
         self.max_pixels = max_pixels
         self.buffers, self.maps, self.pool, self.ahead, self.skip = buffers, maps, pool, ahead, skip
         self._pending: dict[int, Future[Batch]] = {}
@@ -290,7 +291,8 @@ class Reader:
         """The random factors of a batch of ``samples``, by input name."""
         seed, epoch = self.plan.seed, self.plan.epoch
         return {
-            name: step_factors(self.transforms[step], seed, epoch, samples, step) for name, step in self.inputs.items()
+            name: step_factors(self.views[view][step], seed, epoch, samples, step, view)
+            for name, (view, step) in self.inputs.items()
         }
 
     def spare(self) -> tuple[np.ndarray, int, str, str, int]:

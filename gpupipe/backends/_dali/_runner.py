@@ -59,7 +59,7 @@ import contextlib
 import gc
 import os
 import weakref
-from collections.abc import Callable, Generator, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
 
@@ -245,7 +245,7 @@ class Defined(NamedTuple):
 
 
 def define_graph(
-    transforms: tuple[Transform, ...] | list[Transform],
+    views: Sequence[Sequence[Transform]],
     *,
     gpu: bool,
     device_id: int | None,
@@ -258,7 +258,8 @@ def define_graph(
     graph: Callable[[Any, Ctx], Any] | None = None,
     exif: bool = False,
 ) -> Defined:
-    """The DALI pipeline of ``transforms`` and its lowering, defined but not built. With ``gpu``
+    """The DALI pipeline of ``views`` (one transform list per output) and its lowering, defined but
+    not built. With ``gpu``
     and ``device_id=None`` it is the GPU graph, defined (and serializable) on a machine without a
     GPU: the tests check its operators and their placement that way. ``graph(encoded, ctx)``
     replaces the lowering (``bench/input_path.py`` times the input path with a pass-through)."""
@@ -276,9 +277,9 @@ def define_graph(
         encoded = fn.external_source(name="encoded", dtype=types.UINT8, ndim=1, no_copy=True)
         ctx = Ctx("gpu" if gpu else "cpu", seed, decoder_args=decoder_args if gpu else {}, exif=exif)
         if graph is None:
-            lowered = lower(transforms, encoded, ctx, channels_last=channels_last)
+            lowered = lower(views, encoded, ctx, channels_last=channels_last)
         else:
-            lowered = Lowered(graph(encoded, ctx), inputs=ctx.inputs)
+            lowered = Lowered((graph(encoded, ctx),), inputs=ctx.inputs)
         pipe.set_outputs(*lowered.outputs())
     return Defined(pipe, lowered)
 
@@ -289,7 +290,7 @@ class DaliRunner:
     def __init__(self, spec: RunSpec, *, graph: Callable[[Any, Ctx], Any] | None = None) -> None:
         self._define = graph
         self._pid = os.getpid()
-        self.index, self.transforms = spec.index, spec.transforms
+        self.index, self.views = spec.index, spec.views
         self.num_threads, self.prefetch = max(1, spec.workers), spec.config.prefetch
         self.channels_last = spec.config.channels_last
         self.device, self.rank, self.seed = spec.device, spec.rank, spec.seed
@@ -312,7 +313,7 @@ class DaliRunner:
     def _build(self, batch_size: int) -> _Graph:
         gpu = self.device.type == "cuda"
         pipe, lowered = define_graph(
-            self.transforms,
+            self.views,
             gpu=gpu,
             device_id=(self.device.index or 0) if gpu else None,
             batch_size=batch_size,
@@ -344,7 +345,7 @@ class DaliRunner:
             self._graph = self._build(max(plan.batch_size, self.max_batch))
         graph = self._graph
         maps = Maps(self.index.reader.storage) if self.mapped else None  # type: ignore[attr-defined]
-        reader = Reader(self.index, plan, graph.lowered.inputs, self.transforms, self._buffers, maps, self._pool,
+        reader = Reader(self.index, plan, graph.lowered.inputs, self.views, self._buffers, maps, self._pool,
                         ahead=self.prefetch + 1, skip=self.skip, max_pixels=self.max_pixels)  # fmt: skip
         fed, limit, error = start, plan.num_batches, None  # feeding stops at `limit`: an unreadable batch
         failed = False
@@ -382,8 +383,9 @@ class DaliRunner:
                     if not repeat:
                         ready[popped.b] = (popped, outputs)
                 batch, outputs = ready.pop(b)
-                images, *checks = outputs
-                yield self._deliver(graph.lowered, batch, self._to_torch(images), checks[0] if checks else None)
+                views = len(graph.lowered.images)
+                images = tuple(self._to_torch(view) for view in outputs[:views])
+                yield self._deliver(graph.lowered, batch, images, outputs[views] if len(outputs) > views else None)
         finally:
             reader.close()
             if failed or graph.broken or not self._drain(graph):
@@ -431,10 +433,10 @@ class DaliRunner:
         self._graph = None
         self._pool.shutdown(wait=True, cancel_futures=True)
 
-    def _deliver(self, lowered: Lowered, batch: Batch, images: torch.Tensor, checks: Any) -> RawBatch:
+    def _deliver(self, lowered: Lowered, batch: Batch, images: tuple[torch.Tensor, ...], checks: Any) -> RawBatch:
         """The batch as yielded. A sample that failed a check the graph computed (too small for a
-        transform) raises its error, or with ``skip`` is left out: its image, label and key are
-        replaced by those of the batch's first good sample (zeros if none is)."""
+        transform) raises its error, or with ``skip`` is left out: its images (every view), label
+        and key are replaced by those of the batch's first good sample (zeros if none is)."""
         skipped, labels, keys = dict(batch.skipped), batch.labels, batch.keys
         failures = lowered.failures(np.asarray(checks.as_tensor())) if checks is not None else []
         new = {}
@@ -449,11 +451,13 @@ class DaliRunner:
             positions = sorted(new)
             good = donor(len(keys), skipped)
             if good is None:
-                images[positions] = 0
+                for view in images:
+                    view[positions] = 0
             else:
                 keys, labels = list(keys), None if labels is None else labels.copy()
                 label = None if labels is None else labels[good]
-                fill(positions, (images, keys, labels), (images[good].clone(), keys[good], label))
+                columns, values = (*images, keys, labels), (*(view[good].clone() for view in images), keys[good], label)
+                fill(positions, columns, values)
         label_tensor = None if labels is None else to_device(torch.from_numpy(labels), self.device)
         return RawBatch(images, label_tensor, keys, tuple(sorted(skipped.items())))
 

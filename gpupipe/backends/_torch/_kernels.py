@@ -18,8 +18,9 @@ from torchvision.transforms.v2 import functional as F
 
 from ... import transforms as T
 from ..._geometry import center_crop_anchor, resize_empty, resize_size
-from ..._registry import Registry
-from ...transforms._color import BlurParams, ColorJitterParams, GrayscaleParams
+from ..._registry import Registry, inner_unsupported
+from ...transforms._apply import RandomApplyParams
+from ...transforms._color import BlurParams, ColorJitterParams, GrayscaleParams, SolarizeParams
 from ...transforms._geometry import CropParams, FlipParams, RandomCropParams
 
 __all__ = ["LOWERINGS", "apply_pipeline"]
@@ -42,11 +43,14 @@ def apply_pipeline(
     return image
 
 
-def sample_factors(transforms: Sequence[T.Transform], seed: int, epoch: int, sample: int) -> list[np.ndarray | None]:
-    """One sample's random factors, step by step (what the DALI runner feeds its graph per batch)."""
+def sample_factors(
+    transforms: Sequence[T.Transform], seed: int, epoch: int, sample: int, view: int = 0
+) -> list[np.ndarray | None]:
+    """One sample's random factors for view ``view``'s ``transforms``, step by step (what the DALI
+    runner feeds its graph per batch)."""
     from ..._random import factors
 
-    return [None if f is None else f[0] for f in factors(transforms, seed, epoch, [sample])]
+    return [None if f is None else f[0] for f in factors(transforms, seed, epoch, [sample], view)]
 
 
 @LOWERINGS.register(T.RandomResizedCrop)
@@ -135,6 +139,19 @@ def _reflect101(n: int, pad: int) -> torch.Tensor:
     period = 2 * (n - 1)
     i = i.remainder(period)
     return torch.where(i < n, i, period - i)
+
+
+@LOWERINGS.register(T.RandomSolarize)
+def _solarize(t: T.RandomSolarize, img: torch.Tensor, p: SolarizeParams) -> torch.Tensor:
+    return F.solarize(img, t.threshold) if p.apply else img
+
+
+@LOWERINGS.register(T.RandomApply, unsupported=lambda t: inner_unsupported(LOWERINGS, t.transforms))
+def _random_apply(t: T.RandomApply, img: torch.Tensor, p: RandomApplyParams) -> torch.Tensor:
+    if p.apply:
+        for inner, params in zip(t.transforms, p.params, strict=True):
+            img = LOWERINGS.lookup(inner)(inner, img, params)
+    return img
 
 
 @LOWERINGS.register(T.ToDtype)

@@ -23,7 +23,7 @@ __all__ = ["TorchRunner"]
 Item = tuple[int, int, int]  # (sample, seed, epoch)
 
 
-Sample = tuple[torch.Tensor, "int | None", str]
+Sample = tuple[tuple[torch.Tensor, ...], "int | None", str]  # (one image per view, label, key)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,8 +43,10 @@ class _Failure:
 
 
 class _Samples(Dataset["Sample | _Failure"]):
-    def __init__(self, index: Index, transforms: Sequence[Transform], *, max_pixels: int | None, exif: bool) -> None:
-        self.index, self.transforms = index, tuple(transforms)
+    def __init__(
+        self, index: Index, views: Sequence[Sequence[Transform]], *, max_pixels: int | None, exif: bool
+    ) -> None:
+        self.index, self.views = index, tuple(tuple(v) for v in views)
         self.max_pixels, self.exif = max_pixels, exif
 
     def __len__(self) -> int:
@@ -61,21 +63,24 @@ class _Samples(Dataset["Sample | _Failure"]):
         image = decode_rgb(
             raw.data, shard=raw.shard, key=raw.key, max_pixels=self.max_pixels, apply_exif_orientation=self.exif
         )
-        try:
-            image = apply_pipeline(self.transforms, image, sample_factors(self.transforms, seed, epoch, sample))
+        try:  # each view from the same decoded image, with its own draws
+            outputs = tuple(
+                apply_pipeline(steps, image, sample_factors(steps, seed, epoch, sample, view))
+                for view, steps in enumerate(self.views)
+            )
         except ValueError as e:  # e.g. RandomCrop larger than this image
             size = (int(image.shape[-2]), int(image.shape[-1]))
             raise SampleError.at(str(e), shard=raw.shard, key=raw.key, size=size) from e
-        return image, raw.label, raw.key
+        return outputs, raw.label, raw.key
 
 
 class _Collate:
-    """Stacks a batch's samples. A sample that failed raises (its ``_Failure`` is the batch), or,
-    with ``skip``, is replaced by a copy of the first good sample of the batch (zeros of the
-    output's shape, label 0, if none is good) and listed by position."""
+    """Stacks a batch's samples, view by view. A sample that failed raises (its ``_Failure`` is
+    the batch), or, with ``skip``, is replaced by a copy of the first good sample of the batch
+    (zeros of the outputs' shapes, label 0, if none is good) and listed by position."""
 
-    def __init__(self, skip: bool, output: ImageSpec | None, labeled: bool) -> None:
-        self.skip, self.output, self.labeled = skip, output, labeled
+    def __init__(self, skip: bool, outputs: tuple[ImageSpec, ...] | None, labeled: bool) -> None:
+        self.skip, self.outputs, self.labeled = skip, outputs, labeled
 
     def __call__(self, items: list[Sample | _Failure]) -> RawBatch | _Failure:
         failed = [(i, item) for i, item in enumerate(items) if isinstance(item, _Failure)]
@@ -85,16 +90,18 @@ class _Collate:
         if failed:
             good = donor(len(items), dict(failed))
             fill(dict(failed), (samples,), (self._blank(failed[0][1]) if good is None else items[good],))
-        images = torch.stack([s[0] for s in samples])
+        images = tuple(torch.stack(view) for view in zip(*(s[0] for s in samples), strict=True))
         labels = None if samples[0][1] is None else torch.tensor([s[1] for s in samples], dtype=torch.int64)
         return RawBatch(images, labels, [s[2] for s in samples], tuple(failed))  # type: ignore[arg-type]
 
     def _blank(self, failure: _Failure) -> Sample:
-        spec = self.output
-        if spec is None or not spec.fixed_size:
+        if self.outputs is None or not all(spec.fixed_size for spec in self.outputs):
             raise failure.error()
-        image = torch.zeros(spec.channels, spec.height, spec.width, dtype=spec.dtype)  # type: ignore[arg-type]
-        return image, 0 if self.labeled else None, failure.key or ""
+        images = tuple(
+            torch.zeros(spec.channels, spec.height, spec.width, dtype=spec.dtype)  # type: ignore[arg-type]
+            for spec in self.outputs
+        )
+        return images, 0 if self.labeled else None, failure.key or ""
 
 
 class _Batches:
@@ -122,12 +129,12 @@ class TorchRunner:
         self._loader: DataLoader[Sample | _Failure] | None = DataLoader(
             _Samples(
                 spec.index,
-                spec.transforms,
+                spec.views,
                 max_pixels=spec.config.max_image_pixels,
                 exif=spec.config.apply_exif_orientation,
             ),
             batch_sampler=self._batches,
-            collate_fn=_Collate(spec.skip, spec.output, spec.index.labeled),
+            collate_fn=_Collate(spec.skip, spec.outputs, spec.index.labeled),
             num_workers=spec.workers,
             prefetch_factor=spec.config.prefetch if spec.workers else None,
             persistent_workers=spec.workers > 0,
@@ -168,10 +175,10 @@ class TorchRunner:
                 images, labels, keys, failed = batch
                 skipped = tuple((i, f.error()) for i, f in failed)
                 if self.device.type != "cpu":
-                    images = images.to(self.device, non_blocking=True)
+                    images = tuple(view.to(self.device, non_blocking=True) for view in images)
                     labels = None if labels is None else labels.to(self.device, non_blocking=True)
                 if self.channels_last:
-                    images = images.contiguous(memory_format=torch.channels_last)
+                    images = tuple(view.contiguous(memory_format=torch.channels_last) for view in images)
                 yield RawBatch(images, labels, keys, skipped)
         finally:
             if self._closed:

@@ -1,0 +1,124 @@
+"""RandomApply: a list of transforms applied together, with a probability."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from .._errors import ConfigError, PipelineError
+from .._validate import check_probability
+from ._base import ImageSpec, Transform
+
+__all__ = ["RandomApply", "RandomApplyParams"]
+
+
+class RandomApplyParams(NamedTuple):
+    """``params``: each inner transform's parameters (``None`` for a deterministic one), drawn
+    whether or not the transforms are applied."""
+
+    apply: bool
+    params: tuple[Any, ...]
+
+
+# Two image sizes the inner transforms must keep where the pipeline's size is not known at build
+# time; no resize or crop maps both onto themselves (their shorter sides differ).
+_PROBE_SIZES = ((97, 131), (389, 263))
+
+
+@dataclasses.dataclass(frozen=True)
+class RandomApply(Transform):
+    """Applies ``transforms`` in order with probability ``p``; otherwise the image passes unchanged.
+
+    Args:
+        transforms: a non-empty sequence of gpupipe transforms (stored as a tuple) that keep the
+            image's size and dtype, such as ``ColorJitter``, ``GaussianBlur``, ``RandomGrayscale``,
+            ``RandomSolarize``: checked when the pipeline is built, so that the DALI backend can
+            select per sample between the transformed image and the input. ``RandomApply`` itself
+            qualifies, so it nests.
+        p: probability of applying them. Default 0.5.
+
+    Shapes and dtype unchanged. Randomness: one decision (``u < p``) and then each inner
+    transform's own draws, so ``draws`` depends on the instance: ``1 + sum(t.draws for t in
+    transforms)`` (an instance attribute; the class attribute is the minimum, 1). The inner
+    transforms' parameters are drawn for every sample, applied or not. On DALI the inner
+    transforms run on every sample and the decision selects the output (the cost of the inner
+    transforms is paid for every sample, where the torch backend skips them).
+    """
+
+    transforms: Sequence[Transform]  # stored as a tuple
+    p: float = 0.5
+    factor_slices: tuple[tuple[int, int], ...] = dataclasses.field(init=False, repr=False, compare=False)
+    """``(start, stop)`` of each inner transform: its columns of :meth:`sample`'s output (empty
+    for a deterministic one)."""
+
+    random = True
+    draws = 1  # the instance's count is set in __post_init__
+
+    def __post_init__(self) -> None:
+        name = type(self).__name__
+        steps = self.transforms
+        if isinstance(steps, (Transform, str)) or not isinstance(steps, Sequence) or not steps:
+            raise ConfigError(f"{name}: transforms must be a non-empty sequence of gpupipe transforms, got {steps!r}")
+        for i, t in enumerate(steps):
+            if not isinstance(t, Transform):
+                hint = " (use gpupipe.transforms)" if type(t).__module__.startswith("torchvision") else ""
+                raise ConfigError(f"{name}: transforms[{i}] is a {type(t).__name__}, not a gpupipe transform{hint}")
+        self._set("transforms", tuple(steps))
+        self._set("p", check_probability(name, self.p))
+        self._set("draws", 1 + sum(t.draws for t in self.transforms))
+        bounds, start = [], 1
+        for t in self.transforms:  # each inner transform's columns of the factors
+            width = t.sample(np.full((1, t.draws), 0.5)).shape[-1] if t.draws else 0
+            bounds.append((start, start + width))
+            start += width
+        self._set("factor_slices", tuple(bounds))
+
+    def output_spec(self, spec: ImageSpec) -> ImageSpec:
+        self._check_keeps(spec, probe=False)
+        if not spec.fixed_size:  # the size is known per sample only: the transforms must keep any size
+            for h, w in _PROBE_SIZES:
+                self._check_keeps(dataclasses.replace(spec, height=h, width=w), probe=True)
+        return spec
+
+    def _check_keeps(self, spec: ImageSpec, *, probe: bool) -> None:
+        current = spec
+        for t in self.transforms:
+            try:
+                out = t.output_spec(current)
+            except PipelineError:
+                if not probe:
+                    raise
+                out = None  # refuses some sizes: depends on the size
+            if out != current:
+                raise self._fail(
+                    f"needs transforms that keep the image's size and dtype (such as ColorJitter, GaussianBlur, "
+                    f"RandomGrayscale, RandomSolarize), so that a backend can choose per sample between the "
+                    f"transformed image and the input; {t!r} changes {_change(current, out)}"
+                )
+            current = out
+
+    def sample(self, u: np.ndarray) -> np.ndarray:
+        """``[..., 1 + F1 + F2 + ...]``: 1.0 where the transforms apply (``u < p``), then each inner
+        transform's factors from its own slice of the uniforms (see :attr:`factor_slices`)."""
+        parts, start = [(u[..., :1] < self.p).astype(np.float64)], 1
+        for t in self.transforms:
+            if t.draws:
+                parts.append(np.asarray(t.sample(u[..., start : start + t.draws]), dtype=np.float64))
+                start += t.draws
+        return np.concatenate(parts, axis=-1)
+
+    def make_params(self, height: int, width: int, factors: np.ndarray) -> RandomApplyParams:
+        params = tuple(
+            t.make_params(height, width, factors[a:b]) if t.draws else None
+            for t, (a, b) in zip(self.transforms, self.factor_slices, strict=True)
+        )
+        return RandomApplyParams(bool(factors[0]), params)
+
+
+def _change(before: ImageSpec, after: ImageSpec | None) -> str:
+    if after is None or (after.height, after.width) != (before.height, before.width):
+        return "the size"
+    return "the dtype" if after.dtype != before.dtype else "the number of channels"
