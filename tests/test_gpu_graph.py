@@ -230,11 +230,26 @@ class TestDaliOptions:
     @pytest.mark.parametrize("kwargs, name", [
         (dict(hw_decoder_load=1.5), "hw_decoder_load"), (dict(device_memory_padding=-1), "device_memory_padding"),
         (dict(jpeg_fancy_upsampling=1), "jpeg_fancy_upsampling"), (dict(affine="yes"), "affine"),
-        (dict(preallocate_width_hint=2.5), "preallocate_width_hint"),
+        (dict(preallocate_width_hint=2.5), "preallocate_width_hint"), (dict(color_twist=None), "color_twist"),
     ])  # fmt: skip
     def test_invalid(self, kwargs, name):
         with pytest.raises(gp.ConfigError, match=f"DaliOptions: {name}"):
             gp.DaliOptions(**kwargs)
+
+    @pytest.mark.parametrize("color_twist", [False, True])
+    def test_color_twist_chooses_the_jitter_kernel(self, color_twist):
+        from gpupipe.backends._dali._runner import define_graph
+
+        steps = [T.ColorJitter(0.4, 0.4, 0.4, 0.1)]
+        graph = define_graph([steps], gpu=True, device_id=None, batch_size=4, num_threads=2, prefetch=2, seed=1,
+                             channels_last=False, decoder_args={}, color_twist=color_twist)  # fmt: skip
+        ops, outputs = parse(graph.pipe.serialize())
+        check_gpu_placement(ops, outputs)
+        schemas = {op.schema for op in ops}
+        assert ("ColorTwist" in schemas) is color_twist
+        on_gpu = {op.schema for op in ops if op.device == "gpu"}
+        assert ("_ArithmeticGenericOp" in on_gpu) is not color_twist  # torchvision's kernels, in arithmetic
+        assert "color_twist" not in gp.DaliOptions(color_twist=True).decoder_args(ranks_per_node=None)
 
     def test_in_the_loader_config(self):
         with pytest.raises(gp.ConfigError, match=r"dali must be a gp\.DaliOptions"):

@@ -5,6 +5,7 @@ torch through DLPack. DALI itself is imported only when a graph is built."""
 from __future__ import annotations
 
 from .._base import Backend, Runner, RunSpec
+from . import _color  # noqa: F401 - registers the photometric lowerings
 from ._compiler import LOWERINGS
 
 __all__ = ["BACKEND", "DaliBackend"]

@@ -43,7 +43,7 @@ import torch
 from ... import transforms as T
 from ..._errors import BackendUnavailableError
 from ..._geometry import ATTEMPTS, center_crop_anchor, crop_padding, crop_too_large, resize_empty, resize_size
-from ..._registry import Registry, inner_unsupported
+from ..._registry import Registry
 
 __all__ = ["LOWERINGS", "DALI_OPS", "Ctx", "Check", "Lowered", "lower"]
 
@@ -74,6 +74,7 @@ class Ctx:
             sample or on resume, and differ from the torch backend's draws. Use :meth:`random`.
         decoder_args: extra arguments of the ``mixed`` decoders (GPU only).
         dtype: the dtype of the node being lowered.
+        channels: the channels of the node being lowered.
         step: the position in its view's transform list of the transform being lowered.
         view: the view being lowered (0 for a pipeline of one transform list); each view's steps
             have their own factors, drawn from ``(seed, epoch, sample, view, step)``.
@@ -81,17 +82,20 @@ class Ctx:
             graph takes.
         exif: apply EXIF orientation in the decoders (``adjust_orientation``); default ``False``,
             as torchvision's decoders (the torch backend).
+        color_twist: lower ColorJitter to DALI's ``color_twist`` (``DaliOptions.color_twist``).
     """
 
     device: str  # "cpu" or "gpu"
     seed: int = 0
     decoder_args: dict[str, Any] = dataclasses.field(default_factory=dict)  # for the mixed decoders
     dtype: torch.dtype = torch.uint8  # dtype of the node being lowered
+    channels: int = 3  # channels of the node being lowered
     checks: list[Check] = dataclasses.field(default_factory=list)
     step: int = 0
     view: int = 0
     inputs: dict[str, tuple[int, int]] = dataclasses.field(default_factory=dict)
     exif: bool = False
+    color_twist: bool = False
     _seeds: Any = None
     _nodes: dict[tuple[int, int], Any] = dataclasses.field(default_factory=dict)
     _scoped: Any = None
@@ -287,7 +291,7 @@ def _lower_images(
 ) -> Any:
     """One view's output node: from ``decoded`` images where given (several views), else decoding
     ``encoded`` itself, fusing a leading ``RandomResizedCrop`` into the decoder."""
-    ctx.view, ctx.dtype = view, torch.uint8
+    ctx.view, ctx.dtype, ctx.channels = view, torch.uint8, 3
     steps = list(enumerate(transforms))
     first = steps[0][1] if steps else None
     if decoded is not None:
@@ -302,7 +306,8 @@ def _lower_images(
     tail = _fusable_tail([t for _, t in steps])
     for ctx.step, t in steps[: len(steps) - len(tail)]:
         img = LOWERINGS.lookup(t)(t, img, ctx)
-        ctx.dtype = t.output_spec(T.ImageSpec(dtype=ctx.dtype)).dtype
+        spec = t.output_spec(T.ImageSpec(channels=ctx.channels, dtype=ctx.dtype))
+        ctx.dtype, ctx.channels = spec.dtype, spec.channels
     if tail:
         return _crop_mirror_normalize(steps[len(steps) - len(tail) :], img, ctx, channels_last=channels_last)
     fn = ctx.fn
@@ -530,79 +535,6 @@ def _hflip(t: T.RandomHorizontalFlip, img: Any, ctx: Ctx) -> Any:
 @LOWERINGS.register(T.RandomVerticalFlip)
 def _vflip(t: T.RandomVerticalFlip, img: Any, ctx: Ctx) -> Any:
     return ctx.fn.flip(img, device=ctx.device, horizontal=0, vertical=_decision(ctx, ctx.random()))
-
-
-@LOWERINGS.register(T.ColorJitter)
-def _color_jitter(t: T.ColorJitter, img: Any, ctx: Ctx) -> Any:
-    """The drawn factors, applied by one ``color_twist`` in its fixed order (the drawn order is
-    not followed: a documented kernel difference); DALI's hue is in degrees."""
-    factors = ctx.random()
-
-    def factor(i: int, r: tuple[float, float] | None, neutral: float, scale: float = 1.0) -> Any:
-        if r is None:
-            return neutral
-        return _factor(ctx, factors, 4 + i) * scale if scale != 1.0 else _factor(ctx, factors, 4 + i)
-
-    return ctx.fn.color_twist(
-        img,
-        device=ctx.device,
-        brightness=factor(0, t.brightness, 1.0),
-        contrast=factor(1, t.contrast, 1.0),
-        saturation=factor(2, t.saturation, 1.0),
-        hue=factor(3, t.hue, 0.0, 360.0),
-    )
-
-
-@LOWERINGS.register(T.RandomGrayscale)
-def _grayscale(t: T.RandomGrayscale, img: Any, ctx: Ctx) -> Any:
-    keep = 1.0 - _factor(ctx, ctx.random(), 0)
-    return ctx.fn.hsv(img, device=ctx.device, saturation=keep)
-
-
-@LOWERINGS.register(T.GaussianBlur)
-def _gaussian_blur(t: T.GaussianBlur, img: Any, ctx: Ctx) -> Any:
-    kx, ky = t.kernel_size
-    return ctx.fn.gaussian_blur(img, device=ctx.device, window_size=[ky, kx], sigma=_factor(ctx, ctx.random(), 0))
-
-
-def _select(ctx: Ctx, decision: Any, a: Any, b: Any) -> Any:
-    """Per sample ``a if decision else b`` (``decision``: int32 0/1 per sample; ``a`` and ``b``
-    HWC images of the same shape): ``b`` and ``a`` (cast like ``b``) stacked, and the sample's one
-    sliced out — exact for every dtype, and three copies where arithmetic blending takes more
-    passes (DALI 2.4 has no per-sample select outside its conditionals)."""
-    fn, types = ctx.fn, ctx.types
-    both = fn.stack(b, fn.cast_like(a, b, device=ctx.device), device=ctx.device)
-    one = fn.slice(both, fn.stack(decision), fn.constant(idata=[1], dtype=types.INT32), axes=[0], device=ctx.device)
-    return fn.reshape(fn.squeeze(one, axes=[0], device=ctx.device), layout="HWC", device=ctx.device)
-
-
-@LOWERINGS.register(T.RandomSolarize)
-def _solarize(t: T.RandomSolarize, img: Any, ctx: Ctx) -> Any:
-    """torchvision's solarize (``v >= threshold`` → ``bound - v``): a lookup table on uint8
-    images, arithmetic on float ones (float16 in float32: DALI's arithmetic has no float16); the
-    sample's decision then selects it or the input."""
-    fn, types = ctx.fn, ctx.types
-    if ctx.dtype == torch.uint8:
-        threshold = float(np.float32(t.threshold))  # torch compares uint8 with a float32 threshold
-        values = [float(255 - v if v >= threshold else v) for v in range(256)]
-        solarized = fn.lookup_table(img, device=ctx.device, keys=list(range(256)), values=values, dtype=types.UINT8)
-    else:
-        x = _to_float(ctx, img) if ctx.dtype == torch.float16 else img
-        solarized = _where(x >= t.threshold, 1.0 - x, x)
-    return _select(ctx, _decision(ctx, ctx.random()), solarized, img)
-
-
-@LOWERINGS.register(T.RandomApply, unsupported=lambda t: inner_unsupported(LOWERINGS, t.transforms))
-def _random_apply(t: T.RandomApply, img: Any, ctx: Ctx) -> Any:
-    """The inner transforms run on every sample, each with its slice of the step's factors; the
-    decision (factor 0) then selects, per sample, their output or the input (both of the image's
-    shape and dtype: ``RandomApply.output_spec``)."""
-    factors = ctx.random()
-    out = img
-    for inner, (start, stop) in zip(t.transforms, t.factor_slices, strict=True):
-        with ctx.scoped_factors(factors[start:stop]):
-            out = LOWERINGS.lookup(inner)(inner, out, ctx)
-    return _select(ctx, _decision(ctx, factors), out, img)
 
 
 def _to_dtype_unsupported(t: T.ToDtype) -> str | None:

@@ -257,6 +257,7 @@ def define_graph(
     decoder_args: dict[str, Any],
     graph: Callable[[Any, Ctx], Any] | None = None,
     exif: bool = False,
+    color_twist: bool = False,
 ) -> Defined:
     """The DALI pipeline of ``views`` (one transform list per output) and its lowering, defined but
     not built. With ``gpu``
@@ -275,7 +276,8 @@ def define_graph(
     )
     with pipe:
         encoded = fn.external_source(name="encoded", dtype=types.UINT8, ndim=1, no_copy=True)
-        ctx = Ctx("gpu" if gpu else "cpu", seed, decoder_args=decoder_args if gpu else {}, exif=exif)
+        ctx = Ctx("gpu" if gpu else "cpu", seed, decoder_args=decoder_args if gpu else {}, exif=exif,
+                  color_twist=color_twist)  # fmt: skip
         if graph is None:
             lowered = lower(views, encoded, ctx, channels_last=channels_last)
         else:
@@ -297,6 +299,7 @@ class DaliRunner:
         self.skip = spec.skip
         self.exif, self.max_pixels = spec.config.apply_exif_orientation, spec.config.max_image_pixels
         self.decoder_args = spec.config.dali.decoder_args(ranks_per_node=ranks_per_node())
+        self.color_twist = spec.config.dali.color_twist
         self.builds = 0  # pipelines built (one per loader, unless DALI fails)
         self._runs = Runs()
         self._closed = False
@@ -324,6 +327,7 @@ class DaliRunner:
             decoder_args=self.decoder_args,
             graph=self._define,
             exif=self.exif,
+            color_twist=self.color_twist,
         )
         pipe.build()
         self.builds += 1
