@@ -377,11 +377,13 @@ def _parser() -> argparse.ArgumentParser:
     n = _command(
         sub, "inspect", "draw what a pipeline does to images: a PNG grid of samples x augmentation draws",
         "Runs a pipeline on the first samples of a dataset several times (the augmentation draws of epochs "
-        "0, 1, ...) and writes a PNG grid: one row per sample, with its key and label, one column per draw. "
-        "A Normalize is undone for display. With --compare, each draw of every installed backend is "
+        "0, 1, ...) and writes a PNG grid: one row per sample, with its key and label, one column per draw "
+        "(for a pipeline of views, one per view of each draw, at its size). A Normalize is undone for "
+        "display. With --compare, each draw of every installed backend is "
         "shown side by side (they make the same random draws) and their largest difference is printed.",
         "python -m gpupipe inspect pipelines/imagenet.py:train 'data/train-{000000..000007}.tar' --out grid.png\n"
-        "python -m gpupipe inspect pipelines/imagenet.py:train /data/imagenet/val --samples 4 --compare",
+        "python -m gpupipe inspect pipelines/imagenet.py:train /data/imagenet/val --samples 4 --compare\n"
+        "python -m gpupipe inspect pipelines/ssl.py:dino 'data/train-{000000..000007}.tar' --draws 1 --cell 96",
     )  # fmt: skip
     n.add_argument("pipeline", help="pipeline factory, e.g. pipelines/imagenet.py:train")
     n.add_argument("data", help="shard pattern, or an ImageFolder directory")
