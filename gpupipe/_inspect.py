@@ -41,7 +41,7 @@ __all__ = ["Draws", "draw", "grid", "to_uint8"]
 
 MARGIN = 4  # pixels between cells
 LABEL_WIDTH = 150  # the left column: key and label
-HEADER = 16  # the top row: column titles
+HEADER = 16  # the top row: column titles (two rows for a pipeline of views: the view below)
 
 
 @dataclasses.dataclass
@@ -129,21 +129,24 @@ def grid(all_draws: Sequence[Draws], *, cell: int | None = None) -> tuple[object
     # draw j's views, each of every backend side by side
     columns = [(d, j, v) for j in range(k) for v in range(views) for d in all_draws]
     width = LABEL_WIDTH + sum(scaled[v][1] + MARGIN for _, _, v in columns) + MARGIN
-    height = HEADER + n * (ch + MARGIN) + MARGIN
+    top = HEADER if views == 1 else 2 * HEADER
+    height = top + n * (ch + MARGIN) + MARGIN
     canvas = Image.new("RGB", (width, height), (255, 255, 255))
     pen = ImageDraw.Draw(canvas)
     x = LABEL_WIDTH + MARGIN
     for d, j, v in columns:
         title = f"{d.backend} #{j}" if len(all_draws) > 1 else f"draw {j}"
-        pen.text((x, 2), title if views == 1 else f"{title} v{v}", fill=(0, 0, 0))
+        pen.text((x, 2), title, fill=(0, 0, 0))
+        if views > 1:
+            pen.text((x, HEADER + 2), f"view {v}", fill=(80, 80, 80))
         for i in range(n):
             tile = Image.fromarray(d.images[v][j, i])
             if scaled[v] != tuple(sizes[v]):
                 tile = tile.resize((scaled[v][1], scaled[v][0]), Image.Resampling.BILINEAR)
-            canvas.paste(tile, (x, HEADER + MARGIN + i * (ch + MARGIN)))
+            canvas.paste(tile, (x, top + MARGIN + i * (ch + MARGIN)))
         x += scaled[v][1] + MARGIN
     for i, key in enumerate(first.keys):
-        y = HEADER + MARGIN + i * (ch + MARGIN)
+        y = top + MARGIN + i * (ch + MARGIN)
         pen.text((MARGIN, y), key[-22:], fill=(0, 0, 0))
         if first.labels is not None:
             pen.text((MARGIN, y + 14), f"label {first.labels[i]}", fill=(80, 80, 80))

@@ -110,3 +110,17 @@ def test_train_example_runs(shards, tmp_path):
     proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "each counted once" in proc.stderr
+
+
+@pytest.mark.parametrize("pipeline", ["pipelines/ssl.py:simclr", "pipelines/ssl.py:dino"])
+def test_ssl_example_runs(shards, tmp_path, pipeline):
+    """examples/train_ssl.py: one process, one epoch of SimCLR's loss over a pipeline of views."""
+    env = {k: v for k, v in os.environ.items() if k not in DIST_ENV}
+    argv = [sys.executable, os.path.join(ROOT, "examples", "train_ssl.py"), shards[0], "--pipeline", pipeline,
+            "--size", "32", "--batch-size", "4", "--epochs", "2", "--backend", "torch"]  # fmt: skip
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    losses = [
+        float(line.split("mean loss ")[1].split(",")[0]) for line in proc.stderr.splitlines() if "mean loss" in line
+    ]
+    assert len(losses) == 2 and all(0 < loss < 10 for loss in losses)

@@ -117,13 +117,14 @@ class TestInspectViews:
         assert "2 samples x 2 draws, outputs [3, 32, 32], [3, 16, 16]" in capsys.readouterr().out
         png = np.asarray(read_png(out))
         assert png.shape[1] == LABEL_WIDTH + 2 * (32 + MARGIN + 16 + MARGIN) + MARGIN
+        assert png.shape[0] == 2 * HEADER + 2 * (32 + MARGIN) + MARGIN
         pipeline = gp.load_pipeline(spec)(shards[0])
         with gp.Loader(pipeline, 2, backend="torch", device="cpu", num_workers=0, seed=0) as loader:
             loader.set_epoch(1)
             views = next(iter(loader)).views
         x = LABEL_WIDTH + MARGIN + (32 + MARGIN + 16 + MARGIN)  # draw 1, view 0
         for row in range(2):
-            y = HEADER + MARGIN + row * (32 + MARGIN)
+            y = 2 * HEADER + MARGIN + row * (32 + MARGIN)  # two title rows: draw, view
             np.testing.assert_array_equal(png[y : y + 32, x : x + 32], to_uint8(views[0], pipeline, 0)[row])
             small = png[y : y + 16, x + 32 + MARGIN : x + 32 + MARGIN + 16]
             np.testing.assert_array_equal(small, to_uint8(views[1], pipeline, 1)[row])
