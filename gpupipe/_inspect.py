@@ -157,7 +157,7 @@ def grid(all_draws: Sequence[Draws], *, cell: int | None = None) -> tuple[object
         same = [a.shape == b.shape for a, b in zip(d.raw, first.raw, strict=True)]
         diffs = [np.abs(a - b) for a, b in zip(d.raw, first.raw, strict=True)] if all(same) else []
         diff = max(float(e.max()) for e in diffs) if diffs else float("inf")
-        mean = float(np.mean([e.mean() for e in diffs])) if diffs else float("inf")
+        mean = sum(float(e.sum()) for e in diffs) / sum(e.size for e in diffs) if diffs else float("inf")
         lines.append(f"{d.backend} vs {first.backend}: largest difference {diff:.4g}, mean {mean:.4g} "
                      "(in the pipeline's output units)")  # fmt: skip
     return canvas, lines

@@ -139,7 +139,8 @@ class Loader:
             )
         self._next_pipeline: Pipeline | None = None  # set_pipeline's, run from the next iteration
         try:
-            self._runners = [backend.runner(self._run_spec(pipeline))]  # one; replaced by set_pipeline
+            # the running one, then the one set_pipeline built for the next iteration, if any
+            self._runners = [backend.runner(self._run_spec(pipeline))]
         except BaseException:
             self.index.close()
             raise
@@ -177,9 +178,14 @@ class Loader:
         """Runs ``pipeline`` from the next iteration (the next epoch) on, over the same source: a
         new output size per epoch (progressive resizing, ``pipelines/lowres.py``), another
         augmentation strength. The loader keeps its index, plan, position, ``state_dict`` and
-        skipped list; only the backend's runner is replaced, when the next iteration starts (a new
-        DALI graph is built, ~0.1-1 s; the torch backend starts new worker processes). A pipeline
-        with the same transform lists as the running one changes nothing.
+        skipped list; only the backend's runner is replaced.
+
+        The new runner is built now, so that a pipeline the backend cannot run fails here (a DALI
+        graph is built, ~0.1-1 s, and held beside the running one until the next iteration
+        starts; the torch backend's new worker processes start with that iteration), and takes
+        over when the next iteration starts, the old one being closed then. A pipeline with the
+        same transform lists as the running one builds nothing. Until then, another
+        ``set_pipeline`` replaces this one.
 
         To resume mid-epoch, set the pipeline of that epoch before iterating, as the schedule does:
         ``loader.set_pipeline(make(epoch)); loader.load_state_dict(state); loader.set_epoch(epoch)``.
@@ -202,25 +208,24 @@ class Loader:
             backend.check(steps)
         if self.closed:
             raise ClosedError("this gp.Loader is closed")
+        same = (pipeline.views, pipeline.has_views) == (self.pipeline.views, self.pipeline.has_views)
+        runner = None if same else backend.runner(self._run_spec(pipeline))  # fails here, if it fails
+        while len(self._runners) > 1:  # an earlier set_pipeline's, never run
+            self._runners.pop().close()
+        if runner is not None:
+            self._runners.append(runner)  # closed with the loader, if it never runs
         self._next_pipeline = pipeline
 
     def _switch_pipeline(self) -> None:
-        """Replaces the runner with one for the pipeline set by :meth:`set_pipeline` (between
-        iterations: the previous one has ended)."""
+        """Hands over to the runner :meth:`set_pipeline` built (between iterations: the previous
+        one has ended) and closes the old one."""
         pipeline, self._next_pipeline = self._next_pipeline, None
         if pipeline is None:
             return
-        if (pipeline.views, pipeline.has_views) == (self.pipeline.views, self.pipeline.has_views):
-            self.pipeline = pipeline
-            return
-        self._runners[0].close()
-        try:
-            self._runners[0] = backends.get(self.backend).runner(self._run_spec(pipeline))
-        except BaseException:
-            self._next_pipeline = pipeline  # the next iteration tries again
-            raise
+        if len(self._runners) > 1:
+            self._runners.pop(0).close()
+            log.info("gpupipe loader: rank %d runs a new pipeline from epoch %d: %s", self.rank, self.epoch, pipeline)
         self.pipeline = pipeline
-        log.info("gpupipe loader: rank %d runs a new pipeline from epoch %d: %s", self.rank, self.epoch, pipeline)
 
     def _left_out(self) -> None:
         """Records what is left out of every epoch before it runs: damage the index found (under

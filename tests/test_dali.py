@@ -157,6 +157,17 @@ class TestParity:
             error = float((got["torch"] - got["dali"]).abs().mean())
             assert low <= error <= high, (jitter, error)
 
+    @pytest.mark.parametrize(
+        "before",
+        [[T.ToDtype(torch.float32, scale=True), T.Normalize(**IMAGENET)], [T.ToDtype(torch.float32)]],
+        ids=["normalized", "unscaled"],
+    )
+    def test_hue_of_float_images_outside_0_1_is_torchvisions(self, device, photos, before):
+        """torchvision's saturation (range / max) and its clamping of p, q, t to [0, 1], as they
+        are: exact on values outside [0, 1] too."""
+        check_backend_parity([*before, T.ColorJitter(hue=0.2)], photos, device=device, unit=1.0, mean_tol=1e-4,
+                             max_tol=1e-3)  # fmt: skip
+
     @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
     def test_color_jitter_on_float_images(self, device, photos, dtype):
         steps = [T.ToDtype(dtype, scale=True), T.ColorJitter(brightness=0.3, hue=0.05)]

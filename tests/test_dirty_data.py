@@ -76,6 +76,18 @@ class TestSkip:
                 j = keys.index(keys[i])
                 assert bool(valid[j]) and torch.equal(images[i], images[j]) and labels[i] == labels[j]
 
+    def test_a_donor_that_fails_a_check_is_not_copied(self, backend, tmp_path):
+        """Sample 3 cannot be decoded and takes a copy of the first decodable sample, which is too
+        small for the crop: every left-out place then holds the first sample that passes both."""
+        urls = _write_webdataset_shards(str(tmp_path), (6,), prefix="donor", patch={3: {"jpg": truncated_jpeg(3)}})
+        with backend.loader(gp.Pipeline(urls, [T.RandomCrop(80)]), 6, num_workers=0, on_error="skip",
+                            max_skipped=None) as loader:  # fmt: skip
+            (keys, valid, images, labels), *_ = run(loader)
+        assert not valid[3] and valid.sum() >= 1
+        good = int(valid.nonzero()[0])
+        for i in (~valid).nonzero().flatten().tolist():
+            assert keys[i] == keys[good] and labels[i] == labels[good] and torch.equal(images[i], images[good])
+
     def test_a_bad_sample_is_logged_once(self, backend, damaged, caplog):
         with (
             backend.loader(pipeline(damaged), 4, num_workers=0, on_error="skip", max_skipped=None) as loader,

@@ -58,6 +58,37 @@ class TestSetPipeline:
             assert {tuple(b.images.shape) for b in loader} == {(4, 3, 8, 8)}
             assert old._closed and old._graph is None  # type: ignore[attr-defined]
 
+    def test_a_runner_that_cannot_be_built_fails_at_once_and_changes_nothing(self, shards, monkeypatch):
+        from gpupipe import backends
+
+        train = recipe("train")
+        with gp.Loader(train(shards, size=32), 4, backend="torch", device="cpu", num_workers=0) as loader:
+            runner = loader._runner
+
+            def broken(spec):
+                raise gp.PipelineError("cannot build this one")
+
+            monkeypatch.setattr(backends.get("torch"), "runner", broken)
+            with pytest.raises(gp.PipelineError, match="cannot build"):
+                loader.set_pipeline(train(shards, size=48))
+            monkeypatch.undo()
+            assert {tuple(b.images.shape[-2:]) for b in loader} == {(32, 32)}  # the old pipeline runs on
+            assert loader._runner is runner and not runner._closed  # type: ignore[attr-defined]
+
+    def test_a_pipeline_set_and_replaced_before_running_is_closed(self, shards):
+        train = recipe("train")
+        with gp.Loader(train(shards, size=32), 4, backend="torch", device="cpu", num_workers=0) as loader:
+            loader.set_pipeline(train(shards, size=48))
+            never = loader._runners[1]
+            loader.set_pipeline(train(shards, size=24))
+            assert never._closed  # type: ignore[attr-defined]
+            loader.set_pipeline(train(shards, size=32))  # back to the running one: nothing pending
+            assert len(loader._runners) == 1
+            pending = None
+            loader.set_pipeline(train(shards, size=40))
+            pending = loader._runners[1]
+        assert pending._closed  # type: ignore[attr-defined]  # closed with the loader, never run
+
     def test_a_resumed_epoch_runs_the_pipeline_set_before_it(self, backend, shards):
         train = recipe("train")
 

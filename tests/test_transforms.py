@@ -370,6 +370,12 @@ class TestRandomSolarize:
 class TestRandomApply:
     JITTER = T.ColorJitter(0.4, 0.4, 0.2, 0.1)
 
+    def test_a_crop_that_keeps_a_known_size_runs_on_every_backend(self, backend, shards):
+        """Accepted by the pipeline (the image is 32 x 32 there), so every backend runs it."""
+        pipe = gp.Pipeline(shards, [T.CenterCrop(32), T.RandomApply([T.RandomCrop(32, padding=4)], p=0.5)])
+        with backend.loader(pipe, 4, num_workers=0) as loader:
+            assert {tuple(b.images.shape) for b in loader} == {(4, 3, 32, 32)}
+
     @pytest.mark.parametrize(
         "kwargs, name",
         [

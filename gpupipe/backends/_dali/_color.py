@@ -64,7 +64,10 @@ def _hue(ctx: Ctx, x: Any, shift: Any) -> Any:
     closed form: with ``v``/``m`` the channels' max/min, ``6h`` is ``_rgb_to_hsv``'s sector
     formula, shifted by ``6 * shift`` modulo 6, and ``_hsv_to_rgb``'s table is
     ``v - (v - m) * clamp(min(k, 4 - k), 0, 1)`` with ``k = (6h + n) mod 6`` for n = 5, 3, 1 (R, G,
-    B; ``v * s = v - m``). DALI runs one operator per arithmetic node: fewer nodes, faster."""
+    B; ``v * s = v - m``). DALI runs one operator per arithmetic node: fewer nodes, faster. A
+    float image may hold values outside [0, 1] (after ``Normalize``): there torchvision's ``s =
+    (v - m) / v`` and its clamping of ``p``, ``q``, ``t`` to [0, 1] (``v`` itself unclamped) are
+    followed exactly, at the cost of more nodes."""
     from nvidia.dali import math as dmath
 
     if ctx.dtype == torch.uint8:
@@ -79,11 +82,17 @@ def _hue(ctx: Ctx, x: Any, shift: Any) -> Any:
     h6 = ((g - b) * is_r + (b - r) * is_g + (r - g) * is_b) * inv + is_g * 2.0 + is_b * 4.0
     h6 = h6 + (shift * 6.0 + 6.0)  # torchvision: fmod(h + 1, 1), then (h + shift) mod 1
     h6 = h6 - dmath.floor(h6 * (1.0 / 6.0)) * 6.0
+    saturation = None if ctx.dtype == torch.uint8 else span / _where(span == 0.0, 1.0, v)
     channels = []
     for n in (5.0, 3.0, 1.0):
         k = h6 + n
         k = k - (k >= 6.0) * 6.0
-        channels.append(v - span * dmath.clamp(dmath.min(k, 4.0 - k), 0.0, 1.0))
+        share = dmath.clamp(dmath.min(k, 4.0 - k), 0.0, 1.0)  # 0: v, 1: p, else q or t
+        if saturation is None:  # uint8: every value in range
+            channels.append(v - span * share)
+        else:
+            clamped = dmath.clamp(v * (1.0 - saturation * share), 0.0, 1.0)
+            channels.append(clamped + (share == 0.0) * (v - clamped))
     out = ctx.fn.stack(*channels, axis=2, axis_name="C")
     if ctx.dtype == torch.uint8:  # to_dtype(float -> uint8, scale=True): floor(x * (256 - 1e-3)), clamped
         return dmath.clamp(dmath.floor(out * (255.0 + 1.0 - 1e-3)), 0.0, 255.0)

@@ -292,6 +292,7 @@ def _lower_images(
     """One view's output node: from ``decoded`` images where given (several views), else decoding
     ``encoded`` itself, fusing a leading ``RandomResizedCrop`` into the decoder."""
     ctx.view, ctx.dtype, ctx.channels = view, torch.uint8, 3
+    spec = T.ImageSpec()  # as Pipeline checks it: each step sees its input's full spec
     steps = list(enumerate(transforms))
     first = steps[0][1] if steps else None
     if decoded is not None:
@@ -299,6 +300,7 @@ def _lower_images(
     elif isinstance(first, T.RandomResizedCrop) and _builtin(first):
         steps.pop(0)
         ctx.step = 0
+        spec = first.output_spec(spec)
         img = decode_random_crop(first, encoded, ctx)
         img = _resize(ctx, img, float(first.size[0]), float(first.size[1]), first.interpolation, first.antialias)
     else:
@@ -306,7 +308,7 @@ def _lower_images(
     tail = _fusable_tail([t for _, t in steps])
     for ctx.step, t in steps[: len(steps) - len(tail)]:
         img = LOWERINGS.lookup(t)(t, img, ctx)
-        spec = t.output_spec(T.ImageSpec(channels=ctx.channels, dtype=ctx.dtype))
+        spec = t.output_spec(spec)
         ctx.dtype, ctx.channels = spec.dtype, spec.channels
     if tail:
         return _crop_mirror_normalize(steps[len(steps) - len(tail) :], img, ctx, channels_last=channels_last)

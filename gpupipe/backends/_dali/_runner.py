@@ -440,7 +440,8 @@ class DaliRunner:
     def _deliver(self, lowered: Lowered, batch: Batch, images: tuple[torch.Tensor, ...], checks: Any) -> RawBatch:
         """The batch as yielded. A sample that failed a check the graph computed (too small for a
         transform) raises its error, or with ``skip`` is left out: its images (every view), label
-        and key are replaced by those of the batch's first good sample (zeros if none is)."""
+        and key are replaced by those of the batch's first good sample (zeros if none is), as are
+        those of the samples left out before (their donor may be the one that failed)."""
         skipped, labels, keys = dict(batch.skipped), batch.labels, batch.keys
         failures = lowered.failures(np.asarray(checks.as_tensor())) if checks is not None else []
         new = {}
@@ -451,8 +452,10 @@ class DaliRunner:
             if b not in skipped:
                 new[b] = error
         if new:
+            # Every bad position, the earlier ones too: their copies may be of a donor that has
+            # just failed a check. The first sample that passes both is the donor of them all.
             skipped.update(new)
-            positions = sorted(new)
+            positions = sorted(skipped)
             good = donor(len(keys), skipped)
             if good is None:
                 for view in images:
