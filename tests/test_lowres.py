@@ -84,7 +84,6 @@ class TestSetPipeline:
             assert never._closed  # type: ignore[attr-defined]
             loader.set_pipeline(train(shards, size=32))  # back to the running one: nothing pending
             assert len(loader._runners) == 1
-            pending = None
             loader.set_pipeline(train(shards, size=40))
             pending = loader._runners[1]
         assert pending._closed  # type: ignore[attr-defined]  # closed with the loader, never run
