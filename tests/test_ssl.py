@@ -121,3 +121,22 @@ def test_inspect_shows_every_view(shards, tmp_path, capsys):
     assert main(argv) == 0
     report = capsys.readouterr().out
     assert "outputs [3, 224, 224], [3, 224, 224], [3, 96, 96]" in report and out.stat().st_size > 0
+
+
+@pytest.mark.parametrize("name", ["dino", "simclr"])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_the_gpu_graph_of_each_recipe(name, channels_last):
+    """The recipes' GPU graphs, defined and serialized without a GPU: one nvJPEG decoder, every
+    view's operators on the GPU, one GPU output per view, no DALI random operator."""
+    pytest.importorskip("nvidia.dali")
+    from .dali_graph import check_gpu_placement, parse
+    from .test_gpu_graph import define
+
+    pipe = recipe(name)(["unused.tar"])
+    graph = define(None, views=list(pipe.views), channels_last=channels_last)
+    ops, outputs = parse(graph.pipe.serialize())
+    decoder = check_gpu_placement(ops, outputs, views=len(pipe.views))
+    assert decoder.device == "mixed" and len(graph.lowered.images) == len(pipe.views)
+    assert not [op.schema for op in ops if op.schema.startswith("random__")]
+    drawn = {(v, s) for v, steps in enumerate(pipe.views) for s, t in enumerate(steps) if t.random}
+    assert set(graph.lowered.inputs.values()) == drawn  # every view's every draw is fed
