@@ -5,6 +5,9 @@
         --train 'imagenet/train-{000000..001281}.tar' --val 'imagenet/val-{000000..000049}.tar'
     # the same recipe fed the usual way (torchvision ImageFolder + DistributedSampler + DataLoader):
     torchrun --nproc_per_node=8 examples/train_imagenet.py --train /data/train --val /data/val --loader dataloader
+    # progressive resizing (FFCV): train at 160 up to epoch 65, 192 from epoch 76, validate at 224:
+    torchrun --nproc_per_node=8 examples/train_imagenet.py --train ... --val ... --epochs 88 \
+        --min-res 160 --max-res 192 --ramp 65 76
     # one CPU process, a small model, a few steps:
     python examples/train_imagenet.py --train 'data/train-{000000..000007}.tar' --val 'data/train-000000.tar' \\
         --arch tiny --image-size 64 --epochs 2 --num-classes 10
@@ -24,7 +27,10 @@ Loaders (``--loader``):
               DistributedSampler pads validation with repeated samples: they are counted, and reported.
               A resumed job restarts the interrupted epoch from its start.
 
-Each epoch rank 0 logs the mean loss, images/s over all ranks, the data wait (the share of the
+Progressive resizing (``--min-res``, gpupipe only): the train pipeline's output size follows
+``pipelines/lowres.py:resolution`` per epoch, set with ``loader.set_pipeline`` on the same loader.
+
+Each epoch rank 0 logs the train size, the mean loss, images/s over all ranks, the data wait (the share of the
 step time spent waiting for the next batch, measured on the host), and top-1/top-5 with the
 number of samples they count. ``--log-json`` writes the same per epoch.
 """
@@ -69,7 +75,13 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--weight-decay", type=float, default=1e-4)
     p.add_argument("--label-smoothing", type=float, default=0.1)
-    p.add_argument("--image-size", type=int, default=224)
+    p.add_argument("--image-size", type=int, default=224, help="train and val size (val only with --min-res)")
+    p.add_argument("--min-res", type=int, default=None, help="progressive resizing: the first train size")
+    p.add_argument("--max-res", type=int, default=None, help="progressive resizing: the last (default --image-size)")
+    p.add_argument("--ramp", type=int, nargs=2, default=None, metavar=("START", "END"),
+                   help="progressive resizing: the epochs the size rises between (default 74%% and 86%% of --epochs, "
+                        "FFCV's 65 and 76 of 88)")  # fmt: skip
+    p.add_argument("--res-step", type=int, default=32, help="progressive resizing: sizes are multiples of this")
     p.add_argument("--val-resize", type=int, default=None, help="default image size x 8/7 (256 for 224)")
     p.add_argument("--workers", type=int, default=None, help="decode workers per rank")
     p.add_argument("--seed", type=int, default=0)
@@ -101,10 +113,12 @@ class Loaders:
         self.samplers: list[Any] = []
         self._train_loader: Any = None  # webdataset: a new loader per epoch
         resize = args.val_resize or args.image_size * 8 // 7
+        if args.min_res is not None and args.loader != "gpupipe":
+            raise SystemExit("--min-res (progressive resizing) needs --loader gpupipe")
         if args.loader == "gpupipe":
-            train = gp.load_pipeline(os.path.join(ROOT, "pipelines/imagenet.py:train"))(
-                _source(args.train), size=args.image_size
-            )
+            self._make_train = gp.load_pipeline(os.path.join(ROOT, "pipelines/lowres.py:train"))
+            self._resolution = gp.load_pipeline(os.path.join(ROOT, "pipelines/lowres.py:resolution"))
+            train = self._make_train(_source(args.train), size=self.train_size(0))
             val = gp.load_pipeline(os.path.join(ROOT, "pipelines/imagenet.py:val"))(
                 _source(args.val), size=args.image_size, resize=resize
             )
@@ -172,8 +186,20 @@ class Loaders:
                                      num_workers=workers, pin_memory=pin)  # fmt: skip
             self.val_size = len(gp.WebDataset(args.val).index())
 
+    def train_size(self, epoch: int) -> int:
+        """The train pipeline's output size in ``epoch``: ``--image-size``, or with ``--min-res``
+        ``pipelines/lowres.py:resolution``'s schedule."""
+        args = self.args
+        if args.min_res is None:
+            return args.image_size
+        start, end = args.ramp or (round(0.74 * args.epochs), round(0.86 * args.epochs))
+        return self._resolution(epoch, min_res=args.min_res, max_res=args.max_res or args.image_size,
+                                start_ramp=start, end_ramp=end, step=args.res_step)  # fmt: skip
+
     def set_epoch(self, epoch: int) -> None:
         if isinstance(self.train, gp.Loader):
+            if self.args.min_res is not None:  # the same loader; a new runner only when the size changes
+                self.train.set_pipeline(self._make_train(_source(self.args.train), size=self.train_size(epoch)))
             self.train.set_epoch(epoch)
         elif self._train_loader is not None:
             self.train = self._train_loader(epoch)
@@ -297,6 +323,7 @@ def train(args: argparse.Namespace, loaders: Loaders, device: torch.device, rank
         top = evaluate(model, loaders, device, amp, distributed)
         result = {
             "epoch": epoch,
+            "train_size": loaders.train_size(epoch) if args.loader == "gpupipe" else args.image_size,
             "loss": sums[0].item() / max(1.0, sums[1].item()),
             "train_samples": int(sums[1].item()),
             "images_per_s": sums[1].item() / seconds,
@@ -309,9 +336,9 @@ def train(args: argparse.Namespace, loaders: Loaders, device: torch.device, rank
             duplicates = top["val_counted"] - loaders.val_size
             top5 = f" top-5 {100 * top['top5']:.2f}%" if top["top5"] is not None else ""
             log.info(
-                "epoch %d: loss %.4f, %.0f images/s, data wait %.1f%% of step time; top-1 %.2f%%%s on %d samples "
-                "(%s)", epoch, result["loss"], result["images_per_s"], result["data_wait_pct"], 100 * top["top1"],
-                top5, top["val_counted"],
+                "epoch %d (train at %d): loss %.4f, %.0f images/s, data wait %.1f%% of step time; top-1 %.2f%%%s "
+                "on %d samples (%s)", epoch, result["train_size"], result["loss"], result["images_per_s"],
+                result["data_wait_pct"], 100 * top["top1"], top5, top["val_counted"],
                 "each once" if duplicates == 0 else f"{duplicates:+d} against the {loaders.val_size} of the set",
             )  # fmt: skip
         if args.checkpoint:

@@ -90,6 +90,13 @@ class TestTrainImagenet:
         assert all(e["val_counted"] == 62 and e["val_size"] == 61 for e in log["epochs"])
         assert "+1 against the 61 of the set" in log["stderr"]
 
+    def test_progressive_resizing_changes_the_train_size_per_epoch(self, data, tmp_path):
+        log = train_imagenet(tmp_path, "--train", data["train"], "--val", data["val"], "--epochs", "3",
+                             "--min-res", "16", "--ramp", "0", "2", "--res-step", "8", processes=1)  # fmt: skip
+        assert [e["train_size"] for e in log["epochs"]] == [16, 24, 32]
+        assert all(e["train_samples"] == 256 and e["val_counted"] == 61 for e in log["epochs"])
+        assert "epoch 2 (train at 32)" in log["stderr"]
+
     def test_gpupipe_resumes_mid_epoch_from_the_checkpoint(self, data, tmp_path):
         ckpt = str(tmp_path / "ckpt.pt")
         common = ("--train", data["train"], "--val", data["val"], "--epochs", "2", "--checkpoint", ckpt)
