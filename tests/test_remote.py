@@ -40,8 +40,9 @@ pytest.importorskip("aiohttp")
 class _Handler(http.server.SimpleHTTPRequestHandler):
     """Serves a folder. The server's ``ranges`` turns range requests on (Python's handler has
     none); ``drops[name]`` counts requests for ``name`` to cut off after half their body;
-    ``status[name]`` answers with that status instead; every GET is counted in ``gets``, the bytes
-    of the bodies sent in ``sent``."""
+    ``status[name]`` answers with that status instead; ``rewrites[name]`` counts GETs of ``name``
+    after which the file is rewritten (same size, new content and ETag); every GET is counted in
+    ``gets``, the bytes of the bodies sent in ``sent``."""
 
     server: _Server
 
@@ -94,6 +95,12 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
             return
         self.wfile.write(data[start:end])
         self.server.sent[name] = self.server.sent.get(name, 0) + end - start
+        if self.server.rewrites.get(name, 0) > 0:
+            self.server.rewrites[name] -= 1
+            st = os.stat(path)
+            with open(path, "r+b") as f:
+                f.write(bytes([data[0] ^ 0xFF]))  # a new version: one byte changed
+            os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))  # and its ETag (mtime)
 
     def do_HEAD(self) -> None:
         target = self._target()
@@ -121,6 +128,7 @@ class _Server(http.server.ThreadingHTTPServer):
         self.sent: dict[str, int] = {}  # bytes of bodies sent whole, per file
         self.drops: dict[str, int] = {}
         self.status: dict[str, int] = {}
+        self.rewrites: dict[str, int] = {}
 
     @property
     def url(self) -> str:
@@ -208,6 +216,36 @@ class TestHttp:
             assert f.read() == g.read()
         assert server.gets[name] == 3
         assert not [f for f in os.listdir(cache) if ".part-" in f]
+
+    @pytest.mark.parametrize("part", [False, True], ids=["whole", "part"])
+    def test_a_shard_rewritten_during_its_download_is_downloaded_again(self, tmp_path, cache, caplog, part):
+        """No cache entry mixes two versions: the version is asked again after each download."""
+        root = tmp_path / "served"
+        root.mkdir()
+        (root / "a.tar").write_bytes(bytes(range(256)) * 64)
+        srv = _Server(str(root))
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        try:
+            url = f"{srv.url}/a.tar"
+            storage = RemoteStorage("http", cache_dir=cache)
+            if part:
+                storage.expect_parts({url: (1000, 9000)})
+            srv.rewrites["a.tar"] = 1
+            caplog.set_level(logging.WARNING, logger="gpupipe")
+            assert storage.read(url, 4000, 16) == (root / "a.tar").read_bytes()[4000:4016]
+            assert "changed during its download" in caplog.text and srv.gets["a.tar"] == 2
+            assert srv.rewrites["a.tar"] == 0
+            srv.rewrites["a.tar"] = 99  # rewritten after every download: refused, not mixed
+            other = RemoteStorage("http", cache_dir=str(tmp_path / "other"))
+            if part:
+                other.expect_parts({url: (1000, 9000)})
+            with pytest.raises(OSError, match="changed during each of 3 downloads"):
+                other.read(url, 4000, 16)
+            storage.close()
+            other.close()
+        finally:
+            srv.shutdown()
+            srv.server_close()
 
     def test_after_the_last_try_the_error_names_the_url_and_status(self, shards, server, cache, monkeypatch):
         monkeypatch.setattr(RemoteStorage, "__init__", _fast_retries(RemoteStorage.__init__))

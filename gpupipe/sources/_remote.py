@@ -39,6 +39,11 @@ _VERSION_FIELDS = ("ETag", "etag", "Content-MD5", "md5Hash", "generation", "Last
                    "updated", "created")  # fmt: skip
 KEEP = 16  # shards a process keeps pinned by default (a loader sets its interleave + shards ahead + 1)
 PREFETCH_THREADS = 4  # concurrent background downloads per process
+CHANGES = 3  # downloads of a shard that changes under each of them, before giving up
+
+
+class _Changed(Exception):
+    """The shard's version changed while it was being downloaded."""
 FAILED_FOR_S = 60.0  # a shard whose fetch failed (after every try) is not tried again for this long
 
 
@@ -156,7 +161,12 @@ class RemoteStorage(Storage):
     def canonical(self, url: str) -> str:
         return canonical_url(url) if "://" in url else os.path.abspath(url)
 
-    def stat(self, url: str) -> Stat:
+    def stat(self, url: str, *, fresh: bool = False) -> Stat:
+        """The object's size and version (``fresh``: asked of the server, not a listing fsspec
+        cached)."""
+        if fresh:
+            with contextlib.suppress(Exception):
+                self.fs().invalidate_cache(url)
         info = self._retry(url, "stat", lambda: self.fs().info(url))
         if info.get("size") is None:
             raise OSError(f"{redact(url)}: the server does not tell the size")
@@ -314,18 +324,31 @@ class RemoteStorage(Storage):
 
     def _fetch(self, url: str, *, need: Span | None = None, span: Span | None = None) -> Entry:
         """A cache entry of the shard at its current version holding ``need`` (``None``: all),
-        pinned; downloaded first if needed: the part ``span`` (``None``: the whole shard)."""
-        stat = self.stat(url)
+        pinned; downloaded first if needed: the part ``span`` (``None``: the whole shard).
 
-        def download(f: IO[bytes], part: Span | None) -> None:
-            self._download(url, f, stat.size, part)
+        The shard's size and version are asked again once a download is complete: a shard
+        replaced meanwhile is downloaded again, at its new version (at most :data:`CHANGES`
+        times), so that no cache entry mixes the bytes of two versions (a part's range requests,
+        or a whole download that the version behind the size changed under)."""
+        for _ in range(CHANGES):
+            stat = self.stat(url)
 
-        try:
-            return self.cache.fetch(self.canonical(url), stat, download, need=need, span=span)
-        except NoRanges:
-            log.info("gpupipe: %s ignores range requests: shards are downloaded whole", redact(url))
-            self._whole_only.add(host(url))
-            return self.cache.fetch(self.canonical(url), stat, download, need=need)
+            def download(f: IO[bytes], part: Span | None, stat: Stat = stat) -> None:
+                self._download(url, f, stat.size, part)
+                now = self.stat(url, fresh=True)
+                if now != stat:
+                    raise _Changed(f"{redact(url)} changed during its download ({stat} -> {now})")
+
+            try:
+                try:
+                    return self.cache.fetch(self.canonical(url), stat, download, need=need, span=span)
+                except NoRanges:
+                    log.info("gpupipe: %s ignores range requests: shards are downloaded whole", redact(url))
+                    self._whole_only.add(host(url))
+                    return self.cache.fetch(self.canonical(url), stat, download, need=need)
+            except _Changed as e:
+                log.warning("gpupipe: %s; downloading it again", e)
+        raise OSError(f"{redact(url)} changed during each of {CHANGES} downloads: it is being rewritten")
 
     def _unpin(self, entry: Entry) -> None:
         """Lets an entry go: its pin, and this process's descriptors of it (an evicted file kept
