@@ -44,6 +44,8 @@ CHANGES = 3  # downloads of a shard that changes under each of them, before givi
 
 class _Changed(Exception):
     """The shard's version changed while it was being downloaded."""
+
+
 FAILED_FOR_S = 60.0  # a shard whose fetch failed (after every try) is not tried again for this long
 
 
