@@ -86,14 +86,12 @@ class Loader:
     def _init(self, pipeline: Pipeline, config: LoaderConfig) -> None:
         if not isinstance(pipeline, Pipeline):
             raise ConfigError(f"Loader: pipeline must be a gp.Pipeline, got {type(pipeline).__name__}")
-        _check_fixed_size(pipeline)
         self.config = config
         topo = _dist.topology(config.rank, config.world_size)
         self.pipeline = pipeline
         self.rank, self.world_size = topo.rank, topo.world_size
         backend, device = backends.resolve(config.backend, config.device)
-        for steps in pipeline.views:
-            backend.check(steps)
+        _check_runnable(pipeline, backend)
         self.seed = _dist.shared_seed(config.seed, topo, shuffle=config.shuffle, device=device)
         self.backend, self.device = backend.name, str(device)
         self.num_workers = min(_cpu_count(), 8) if config.num_workers is None else config.num_workers
@@ -202,10 +200,8 @@ class Loader:
                 f"Loader.set_pipeline: the pipeline reads {pipeline.source!r}, not this loader's source "
                 f"{self.pipeline.source!r}; a loader's index and plan belong to its source: build a new gp.Loader"
             )
-        _check_fixed_size(pipeline)
         backend = backends.get(self.backend)
-        for steps in pipeline.views:
-            backend.check(steps)
+        _check_runnable(pipeline, backend)
         if self.closed:
             raise ClosedError("this gp.Loader is closed")
         same = (pipeline.views, pipeline.has_views) == (self.pipeline.views, self.pipeline.has_views)
@@ -480,7 +476,9 @@ class Loader:
         self._skipped_in_epoch = int(state.get("skipped_in_epoch", 0))
 
 
-def _check_fixed_size(pipeline: Pipeline) -> None:
+def _check_runnable(pipeline: Pipeline, backend: backends.Backend) -> None:
+    """Raises unless every output of ``pipeline`` has a fixed size (batching needs one) and
+    ``backend`` can run every step of every view: before anything is built or read."""
     for i, output in enumerate(pipeline.output_specs):
         if not output.fixed_size:
             which = f"view {i}'s output size" if pipeline.has_views else "the pipeline's output size"
@@ -488,6 +486,8 @@ def _check_fixed_size(pipeline: Pipeline) -> None:
                 f"{which} varies ({output}); batching needs a fixed size: end it "
                 "with CenterCrop, RandomCrop, RandomResizedCrop or Resize((h, w))"
             )
+    for steps in pipeline.views:
+        backend.check(steps)
 
 
 def _release(runners: list[backends.Runner], index: Index) -> None:

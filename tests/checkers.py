@@ -106,6 +106,17 @@ def check_transform(t: T.Transform, image: torch.Tensor, reference, *, seeds=ran
     return results
 
 
+def check_torchvision_signature(ours: type, theirs: type) -> None:
+    """``ours`` takes the arguments of torchvision's ``theirs``: the same names, kinds (positional or
+    keyword-only) and defaults, in the same order."""
+    import inspect
+
+    def parameters(cls: type) -> list:
+        return [(p.name, p.kind, p.default) for p in inspect.signature(cls).parameters.values()]
+
+    assert parameters(ours) == parameters(theirs)
+
+
 def check_invalid(factory, match: str, exc=ValueError):
     """The factory must raise ``exc`` whose message names ``match`` (an argument name)."""
     import pytest

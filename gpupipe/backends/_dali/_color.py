@@ -27,7 +27,7 @@ import torch
 
 from ... import transforms as T
 from ..._registry import inner_unsupported
-from ._compiler import LOWERINGS, Ctx, _decision, _factor, _to_float, _where
+from ._compiler import LOWERINGS, Ctx, _decision, _factor, _to_float, _where, dali_type, scaled_to_uint8
 
 __all__: list[str] = []
 
@@ -94,9 +94,7 @@ def _hue(ctx: Ctx, x: Any, shift: Any) -> Any:
             clamped = dmath.clamp(v * (1.0 - saturation * share), 0.0, 1.0)
             channels.append(clamped + (share == 0.0) * (v - clamped))
     out = ctx.fn.stack(*channels, axis=2, axis_name="C")
-    if ctx.dtype == torch.uint8:  # to_dtype(float -> uint8, scale=True): floor(x * (256 - 1e-3)), clamped
-        return dmath.clamp(dmath.floor(out * (255.0 + 1.0 - 1e-3)), 0.0, 255.0)
-    return out
+    return scaled_to_uint8(out) if ctx.dtype == torch.uint8 else out  # torchvision's to_dtype back
 
 
 @LOWERINGS.register(T.ColorJitter)
@@ -104,7 +102,7 @@ def _color_jitter(t: T.ColorJitter, img: Any, ctx: Ctx) -> Any:
     """torchvision's four adjustments with the drawn factors, in the fixed order brightness,
     contrast, saturation, hue (module docstring); float32 arithmetic on the whole HWC image,
     channel by channel only for hue."""
-    fn, types = ctx.fn, ctx.types
+    fn = ctx.fn
     factors = ctx.random()
     if ctx.color_twist:
         return _color_twist(t, img, ctx, factors)
@@ -118,8 +116,7 @@ def _color_jitter(t: T.ColorJitter, img: Any, ctx: Ctx) -> Any:
         x = _blend(ctx, x, gray, _factor(ctx, factors, 6))
     if t.hue is not None and ctx.channels == 3:
         x = _hue(ctx, x, _factor(ctx, factors, 7))
-    dtype = {torch.uint8: types.UINT8, torch.float16: types.FLOAT16, torch.float64: types.FLOAT64}
-    return fn.cast(x, device=ctx.device, dtype=dtype.get(ctx.dtype, types.FLOAT))
+    return fn.cast(x, device=ctx.device, dtype=dali_type(ctx, ctx.dtype))
 
 
 def _color_twist(t: T.ColorJitter, img: Any, ctx: Ctx, factors: Any) -> Any:

@@ -191,6 +191,22 @@ def _to_float(ctx: Ctx, value: Any) -> Any:
     return ctx.fn.cast(value, dtype=ctx.types.FLOAT)
 
 
+def dali_type(ctx: Ctx, dtype: torch.dtype) -> Any:
+    """DALI's type for an image dtype gpupipe has (no bfloat16: ``ToDtype`` refuses it)."""
+    types = ctx.types
+    return {torch.uint8: types.UINT8, torch.float16: types.FLOAT16, torch.float64: types.FLOAT64}.get(
+        dtype, types.FLOAT
+    )
+
+
+def scaled_to_uint8(x: Any) -> Any:
+    """torchvision's ``to_dtype(float image, uint8, scale=True)``: ``floor(x * (256 - 1e-3))``,
+    saturated to 0..255 (a float node; cast it)."""
+    from nvidia.dali import math as dmath
+
+    return dmath.clamp(dmath.floor(x * (255.0 + 1.0 - 1e-3)), 0.0, 255.0)
+
+
 def _where(cond: Any, a: Any, b: Any) -> Any:
     """Per-sample ``a if cond else b`` in DALI arithmetic (``cond`` a boolean node)."""
     return cond * a + (1 - cond) * b
@@ -291,8 +307,8 @@ def _lower_images(
 ) -> Any:
     """One view's output node: from ``decoded`` images where given (several views), else decoding
     ``encoded`` itself, fusing a leading ``RandomResizedCrop`` into the decoder."""
-    ctx.view, ctx.dtype, ctx.channels = view, torch.uint8, 3
     spec = T.ImageSpec()  # as Pipeline checks it: each step sees its input's full spec
+    ctx.view, ctx.dtype, ctx.channels = view, spec.dtype, spec.channels
     steps = list(enumerate(transforms))
     first = steps[0][1] if steps else None
     if decoded is not None:
@@ -547,21 +563,12 @@ def _to_dtype_unsupported(t: T.ToDtype) -> str | None:
 
 @LOWERINGS.register(T.ToDtype, unsupported=_to_dtype_unsupported)
 def _to_dtype(t: T.ToDtype, img: Any, ctx: Ctx) -> Any:
-    from nvidia.dali import math as dmath
-
-    fn, types = ctx.fn, ctx.types
-    target = {
-        torch.uint8: types.UINT8,
-        torch.float16: types.FLOAT16,
-        torch.float32: types.FLOAT,
-        torch.float64: types.FLOAT64,
-    }[t.dtype]
     src_int, dst_int = ctx.dtype == torch.uint8, t.dtype == torch.uint8
     if t.scale and src_int and not dst_int:
         img = _to_float(ctx, img) * (1.0 / 255.0)
-    elif t.scale and dst_int and not src_int:  # torchvision: floor(x * (256 - 1e-3)), saturated
-        img = dmath.clamp(dmath.floor(img * (255.0 + 1.0 - 1e-3)), 0.0, 255.0)
-    return fn.cast(img, device=ctx.device, dtype=target)
+    elif t.scale and dst_int and not src_int:
+        img = scaled_to_uint8(img)
+    return ctx.fn.cast(img, device=ctx.device, dtype=dali_type(ctx, t.dtype))
 
 
 @LOWERINGS.register(T.Normalize)
@@ -574,8 +581,7 @@ def _normalize(t: T.Normalize, img: Any, ctx: Ctx) -> Any:
 
 @LOWERINGS.register(T.Arithmetic)
 def _arithmetic(t: T.Arithmetic, img: Any, ctx: Ctx) -> Any:
-    dtype = {torch.float16: ctx.types.FLOAT16, torch.float64: ctx.types.FLOAT64}.get(ctx.dtype, ctx.types.FLOAT)
-    return ctx.fn.cast(t.apply(img), device=ctx.device, dtype=dtype)
+    return ctx.fn.cast(t.apply(img), device=ctx.device, dtype=dali_type(ctx, ctx.dtype))  # a float input
 
 
 # The lowerings fusion stands in for (see _builtin).
