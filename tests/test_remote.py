@@ -93,14 +93,14 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
             self.wfile.flush()
             self.close_connection = True
             return
-        self.wfile.write(data[start:end])
-        self.server.sent[name] = self.server.sent.get(name, 0) + end - start
-        if self.server.rewrites.get(name, 0) > 0:
+        if self.server.rewrites.get(name, 0) > 0:  # before the body: the client's next HEAD sees it
             self.server.rewrites[name] -= 1
             st = os.stat(path)
             with open(path, "r+b") as f:
                 f.write(bytes([data[0] ^ 0xFF]))  # a new version: one byte changed
             os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))  # and its ETag (mtime)
+        self.wfile.write(data[start:end])
+        self.server.sent[name] = self.server.sent.get(name, 0) + end - start
 
     def do_HEAD(self) -> None:
         target = self._target()
