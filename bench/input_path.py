@@ -139,9 +139,15 @@ class Gpupipe:
 
 def pass_through(encoded, ctx, *, factors: bool = False):
     """The graph of the timed runs: the encoded bytes' shapes (decode left out). With ``factors``,
-    the train recipe's random factors enter the graph too (fed per batch, as in training)."""
+    the train recipe's crop windows enter the graph too: computed per batch from the images'
+    headers and the random factors, and fed, as in training."""
+    from gpupipe.backends._dali._lowerings import crop_window
+
     shapes = encoded.shape(dtype=ctx.types.INT64)
-    return ctx.fn.cat(shapes, ctx.random(0).shape(dtype=ctx.types.INT64)) if factors else shapes
+    if not factors:
+        return shapes
+    window = ctx.arg_vector(crop_window(ctx, *ctx.encoded_shape(encoded)), "int32")
+    return ctx.fn.cat(shapes, ctx.fn.cast(window, dtype=ctx.types.INT64))
 
 
 class DaliReader:

@@ -16,9 +16,13 @@ Example:
 
 from typing import Any
 
+from . import _nvjpeg
+
+_nvjpeg.preload()  # first: before anything imports torchvision, which brings an older nvJPEG (see _nvjpeg)
+
 from . import sources, transforms
 from ._check import CheckReport, check
-from ._config import DaliOptions, LoaderConfig, OnError
+from ._config import DaliOptions, DecodeMode, LoaderConfig, OnError
 from ._errors import (
     BackendUnavailableError,
     ClosedError,
@@ -46,6 +50,7 @@ __all__ = [
     "Loader",
     "LoaderConfig",
     "DaliOptions",
+    "DecodeMode",
     "OnError",
     "Batch",
     "SkippedSample",

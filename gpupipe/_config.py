@@ -12,7 +12,7 @@ from ._errors import ConfigError
 from ._imageinfo import MAX_IMAGE_PIXELS
 from ._validate import check_bool, check_enum, check_int, check_optional_int, check_probability, is_int, is_number
 
-__all__ = ["LoaderConfig", "DaliOptions", "OnError"]
+__all__ = ["LoaderConfig", "DaliOptions", "OnError", "DecodeMode"]
 
 
 class OnError(str, enum.Enum):
@@ -25,6 +25,25 @@ class OnError(str, enum.Enum):
 
     RAISE = "raise"
     SKIP = "skip"
+
+
+class DecodeMode(str, enum.Enum):
+    """How the DALI backend decodes on the GPU an image whose pipeline starts with a
+    ``RandomResizedCrop`` (``DaliOptions(decode=...)``).
+
+    ``ROI`` (``"roi"``): region-of-interest decoding — nvJPEG decodes only the crop window
+    (``decoders.image_slice``), the fastest where the GPU decoders can do it. ``FULL``
+    (``"full"``): the whole image is decoded on the GPU and the window cut there (``decoders.image``
+    then ``slice``). ``AUTO`` (``"auto"``, the default): ``ROI`` where the installed nvJPEG decodes
+    a region on the GPU with the requested chroma upsampling, else ``FULL`` — a region nvJPEG
+    declines is decoded by libjpeg-turbo on the CPU, several times slower (``gpupipe doctor``
+    says which applies, and why). The pixels are the same either way; DALI's CPU graph always
+    decodes the region (libjpeg-turbo).
+    """
+
+    AUTO = "auto"
+    ROI = "roi"
+    FULL = "full"
 
 
 _MEMORY_FORMATS = (torch.contiguous_format, torch.channels_last)
@@ -65,6 +84,8 @@ class DaliOptions:
             rather than the image's mean, hue rotates in YIQ space rather than HSV (about 10 grey
             levels apart at hue 0.1), and it rounds where torchvision truncates. Default
             ``False``: the same kernels as the torch backend.
+        decode: how a pipeline's leading ``RandomResizedCrop`` is decoded on the GPU, a
+            :class:`DecodeMode`: ``"auto"`` (default), ``"roi"`` or ``"full"``.
     """
 
     _: dataclasses.KW_ONLY
@@ -76,9 +97,11 @@ class DaliOptions:
     preallocate_height_hint: int = 0
     affine: bool | None = None
     color_twist: bool = False
+    decode: DecodeMode | str = DecodeMode.AUTO  # stored as a DecodeMode
 
     def __post_init__(self) -> None:
         owner = "DaliOptions"
+        object.__setattr__(self, "decode", check_enum(owner, self.decode, "decode", DecodeMode))
         check_bool(owner, self.jpeg_fancy_upsampling, "jpeg_fancy_upsampling")
         object.__setattr__(self, "hw_decoder_load", check_probability(owner, self.hw_decoder_load, "hw_decoder_load"))
         for name in (
@@ -96,7 +119,7 @@ class DaliOptions:
         """The arguments of DALI's ``mixed`` decoders, for a job with ``ranks_per_node`` local
         ranks (``None``: unknown, taken as one)."""
         args = dataclasses.asdict(self)
-        del args["color_twist"]  # a lowering's option, not the decoders'
+        del args["color_twist"], args["decode"]  # the compiler's options, not the decoders'
         if self.affine is None:
             args["affine"] = (ranks_per_node or 1) == 1
         return args

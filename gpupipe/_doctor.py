@@ -18,7 +18,22 @@ import platform
 import sys
 from typing import Any
 
-__all__ = ["Gpu", "Environment", "Finding", "Level", "probe", "diagnose", "auto_choice", "report", "hw_jpeg"]
+from ._config import DaliOptions, DecodeMode
+from ._nvjpeg import Nvjpeg, in_process
+from .backends._dali._strategy import ROI_FANCY_NVJPEG, Strategy, choose
+
+__all__ = [
+    "Gpu",
+    "Environment",
+    "Finding",
+    "Level",
+    "probe",
+    "diagnose",
+    "auto_choice",
+    "decode_strategy",
+    "report",
+    "hw_jpeg",
+]
 
 TORCH_CUDA12_INDEX = "https://download.pytorch.org/whl/cu126"  # torch for a CUDA 12 driver (also in the Makefile)
 
@@ -51,6 +66,7 @@ class Environment:
     driver_cuda: tuple[int, int] | None  # the newest CUDA the driver supports
     gpus: tuple[Gpu, ...]
     torch_sees_cuda: bool  # torch.cuda.is_available()
+    nvjpeg: Nvjpeg | None = None  # the nvJPEG DALI's GPU decoders use in this process
 
 
 class Level(str, enum.Enum):
@@ -168,6 +184,7 @@ def probe(driver: CudaDriver | None = None) -> Environment:
         driver_cuda=driver.version(),
         gpus=driver.gpus(),
         torch_sees_cuda=torch.cuda.is_available(),
+        nvjpeg=in_process(dali_cuda) if dali_cuda else None,
     )
 
 
@@ -237,6 +254,7 @@ def diagnose(env: Environment) -> list[Finding]:
                 Level.ERROR, f"CuPy {env.cupy} is built for CUDA {env.cupy_cuda}: ArrayFunction steps fail on the GPU",
                 f"pip uninstall -y cupy-cuda{env.cupy_cuda}x && pip install cupy-cuda{driver[0]}x",
             ))  # fmt: skip
+        found += _decode_findings(env)
         without = [g.name for g in env.gpus if hw_jpeg(g.name).startswith("no")]
         if without:
             names = ", ".join(sorted(set(without)))
@@ -248,6 +266,57 @@ def diagnose(env: Environment) -> list[Finding]:
                                  "nvJPEG uses is not known here: nvJPEG uses it if present, else CUDA"))  # fmt: skip
     order = [Level.ERROR, Level.WARNING, Level.NOTE, Level.OK]
     return sorted(found, key=lambda f: order.index(f.level))
+
+
+def decode_strategy(env: Environment) -> Strategy:
+    """How a pipeline starting with ``RandomResizedCrop`` is decoded on this machine's GPUs with
+    the default ``DaliOptions``."""
+    return choose(DaliOptions(), nvjpeg=env.nvjpeg.version if env.nvjpeg else None)
+
+
+def _nvjpeg_line(found: Nvjpeg | None) -> str:
+    if found is None:
+        return "not found (DALI's GPU decoders need it: pip install 'gpupipe[cuda13]')"
+    line = f"{found} ({found.path})"
+    if found.pip is not None:
+        line += f"; nvidia-nvjpeg {'.'.join(map(str, found.pip_version or ()))} ({found.pip}) is shadowed by it"
+    return line
+
+
+def _strategy_line(env: Environment) -> str:
+    strategy = decode_strategy(env)
+    return (f"pipelines starting with RandomResizedCrop: {strategy.mode.value} ({strategy.reason}); "
+            "others decode whole images")  # fmt: skip
+
+
+def _decode_findings(env: Environment) -> list[Finding]:
+    """Why a train recipe would not decode regions on the GPU, and the fix."""
+    if not env.dali or decode_strategy(env).mode == DecodeMode.ROI:
+        return []
+    found = env.nvjpeg
+    if found is not None and found.pip_version is not None and found.pip_version[:2] >= ROI_FANCY_NVJPEG:
+        return [Finding(
+            Level.WARNING,
+            f"DALI gets nvJPEG {found} ({found.path}), loaded before gpupipe could load nvidia-nvjpeg "
+            f"{'.'.join(map(str, found.pip_version))}: pipelines starting with RandomResizedCrop decode whole images "
+            "(a little slower than regions). Import gpupipe before torchvision (torchvision's CUDA wheels bring their "
+            "own nvJPEG), or preload it",
+            f"LD_PRELOAD={found.pip} python ...",
+        )]  # fmt: skip
+    if env.dali_cuda is not None and env.dali_cuda >= 13:
+        return [Finding(
+            Level.WARNING,
+            f"nvJPEG {found or 'not found'} cannot decode a region with fancy upsampling (13.2 or newer can): "
+            "pipelines starting with RandomResizedCrop decode whole images on the GPU",
+            "pip install 'nvidia-nvjpeg>=13.2'",
+        )]  # fmt: skip
+    driver = env.driver_cuda
+    return [Finding(
+        Level.NOTE,
+        f"DALI for CUDA {env.dali_cuda} comes with nvJPEG {found or '12.x'}, which cannot decode a region with fancy "
+        "upsampling (13.2 or newer can): pipelines starting with RandomResizedCrop decode whole images on the GPU",
+        "pip uninstall -y nvidia-dali-cuda120 && pip install 'gpupipe[cuda13]'" if driver and driver[0] >= 13 else None,
+    )]  # fmt: skip
 
 
 def report(env: Environment, findings: list[Finding]) -> str:
@@ -264,6 +333,9 @@ def report(env: Environment, findings: list[Finding]) -> str:
     for g in env.gpus:
         lines.append(f"GPU {g.index}        {g.name}, compute {g.capability[0]}.{g.capability[1]}, {g.memory_gib} GiB; "
                      f"hardware JPEG decoder: {hw_jpeg(g.name)}")  # fmt: skip
+    if env.dali:
+        lines.append(f"nvJPEG       {_nvjpeg_line(env.nvjpeg)}")
+        lines.append(f"GPU decode   {_strategy_line(env)}")
     lines.append(f"auto         backend={backend!r} device={device!r}: {why}")
     for f in findings:
         lines.append(f"{f.level.value.upper():12} {f.message}" + (f"\n             fix: {f.fix}" if f.fix else ""))

@@ -29,6 +29,8 @@ import math
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+import numpy as np
+
 __all__ = [
     "Ops",
     "INT",
@@ -39,6 +41,8 @@ __all__ = [
     "crop_padding",
     "crop_too_large",
     "resized_crop_window",
+    "resized_crop_windows",
+    "crop_start",
 ]
 
 ATTEMPTS = 10  # RandomResizedCrop's tries before its central-crop fallback (torchvision's number)
@@ -164,3 +168,34 @@ def resized_crop_window(
     h = min(height, math.floor(width / ratio[0] + 0.5))
     w = min(width, math.floor(height * ratio[1] + 0.5))
     return (height - h) // 2, (width - w) // 2, h, w
+
+
+def resized_crop_windows(height: Any, width: Any, factors: np.ndarray) -> np.ndarray:
+    """:func:`resized_crop_window` for a batch: int64 ``[B, 4]`` rows ``(top, left, h, w)`` from
+    ``height``/``width`` (``[B]``) and each sample's factors (``[B, F]``, the ratio in columns
+    ``2 * ATTEMPTS + 2`` and ``+ 3``, as ``RandomResizedCrop.sample`` gives them). The same
+    float64 operations in the same order, so the same windows (tested against it)."""
+    n = ATTEMPTS
+    factors = np.asarray(factors, dtype=np.float64)
+    batch = len(factors)
+    h = np.broadcast_to(np.asarray(height, dtype=np.int64), (batch,))
+    w = np.broadcast_to(np.asarray(width, dtype=np.int64), (batch,))
+    sqa = np.sqrt((h * w).astype(np.float64))[:, None]
+    ws = np.floor(sqa * factors[:, :n] + 0.5)
+    hs = np.floor(sqa * factors[:, n : 2 * n] + 0.5)
+    fits = (ws >= 1.0) & (ws <= w[:, None]) & (hs >= 1.0) & (hs <= h[:, None])
+    found = fits.any(axis=1)
+    rows, first = np.arange(batch), fits.argmax(axis=1)
+    ch = np.where(found, hs[rows, first], np.minimum(h, np.floor(w / factors[:, 2 * n + 2] + 0.5))).astype(np.int64)
+    cw = np.where(found, ws[rows, first], np.minimum(w, np.floor(h * factors[:, 2 * n + 3] + 0.5))).astype(np.int64)
+    top = np.where(found, np.floor(factors[:, 2 * n] * (h - ch + 1).astype(np.float64)), (h - ch) // 2)
+    left = np.where(found, np.floor(factors[:, 2 * n + 1] * (w - cw + 1).astype(np.float64)), (w - cw) // 2)
+    return np.stack([top.astype(np.int64), left.astype(np.int64), ch, cw], axis=1)
+
+
+def crop_start(u: Any, room: Any) -> Any:
+    """``RandomCrop``'s window start on one axis: uniform in ``[0, room)`` from ``u`` in ``[0, 1)``,
+    ``min(floor(u * room), room - 1)`` in float64 (``room``: the padded size minus the crop, plus
+    one). Ints in, an int out; arrays in, an int64 array out."""
+    start = np.minimum(np.floor(np.asarray(u, dtype=np.float64) * np.asarray(room, dtype=np.float64)), room - 1)
+    return start.astype(np.int64) if isinstance(start, np.ndarray) and start.ndim else int(start)

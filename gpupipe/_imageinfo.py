@@ -1,4 +1,5 @@
-"""An encoded image's size from its header alone, without decoding: JPEG, PNG, GIF and WebP.
+"""An encoded image's size from its header alone, without decoding: JPEG, PNG, GIF and WebP
+(:func:`image_size`), and any other format Pillow identifies (:func:`header_size`).
 
 Used to refuse images over the pixel limit (``LoaderConfig.max_image_pixels``) before any decoder
 allocates what a header claims (a "decompression bomb": a few KB declaring 60000 x 60000). A
@@ -7,9 +8,11 @@ header that cannot be parsed gives ``None``: the decoder then judges the data.
 
 from __future__ import annotations
 
+import io
 import struct
+import warnings
 
-__all__ = ["image_size", "MAX_IMAGE_PIXELS"]
+__all__ = ["image_size", "header_size", "MAX_IMAGE_PIXELS"]
 
 MAX_IMAGE_PIXELS = 89_478_485  # Pillow's Image.MAX_IMAGE_PIXELS (about 0.25 GB as RGB)
 
@@ -68,3 +71,21 @@ def image_size(data: bytes | memoryview) -> tuple[int, int] | None:
             width, height = struct.unpack_from("<HH", head, 26)
             return height & 0x3FFF, width & 0x3FFF
     return None
+
+
+def header_size(data: bytes | memoryview) -> tuple[int, int] | None:
+    """``(height, width)`` from an image's header: :func:`image_size`'s formats parsed here (a few
+    microseconds), others (BMP, TIFF, PPM, JPEG 2000 of an ImageFolder tree) by Pillow, which
+    reads the header only; ``None`` where neither can tell."""
+    size = image_size(data)
+    if size is not None or bytes(data[:2]) == b"\xff\xd8":
+        return size
+    from PIL import Image
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # DecompressionBombWarning: the caller applies its own limit
+            with Image.open(io.BytesIO(bytes(data))) as im:
+                return im.height, im.width
+    except Exception:  # not an image Pillow identifies, or a corrupt header
+        return None

@@ -145,7 +145,7 @@ class Loader:
         # Releases the runner and the index when the loader is closed, collected, or at exit.
         self._finalizer = weakref.finalize(self, _release, self._runners, self.index)
         log.info(
-            "gpupipe loader: rank %d/%d (%s), %d samples in %d shards, backend=%s, device=%s, %d batches/epoch",
+            "gpupipe loader: rank %d/%d (%s), %d samples in %d shards, backend=%s, device=%s, %d batches/epoch, %s",
             self.rank,
             self.world_size,
             topo.origin,
@@ -154,6 +154,7 @@ class Loader:
             self.backend,
             self.device,
             self._len,
+            ", ".join(f"{k}={v}" for k, v in self._runner.describe().items()),
         )
 
     def _run_spec(self, pipeline: Pipeline) -> backends.RunSpec:
@@ -284,6 +285,15 @@ class Loader:
     @property
     def channels_last(self) -> bool:
         return self.config.channels_last
+
+    def __repr__(self) -> str:
+        """The backend and device the loader runs on and what its runner chose (workers or
+        threads; on DALI the decode strategy and the graph's operators)."""
+        parts = [f"backend={self.backend!r}", f"device={self.device!r}", f"batch_size={self.batch_size}"]
+        if not self.closed:
+            parts += [f"{name}={value!r}" for name, value in self._runner.describe().items()]
+        parts += [f"rank={self.rank}/{self.world_size}", f"batches={len(self)}", f"epoch={self.epoch}"]
+        return f"<gpupipe.Loader {' '.join(parts)}{' closed' if self.closed else ''}>"
 
     def close(self) -> None:
         """Ends the loader's worker processes, threads and DALI pipeline, stops an unfinished

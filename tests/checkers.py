@@ -140,16 +140,27 @@ def sample_factors(transforms, n: int, *, seed: int = 0, epoch: int = 0):
 
 
 def run_dali(
-    transforms, encoded: list[bytes], *, device: str = "cpu", seed: int = 0, graph=None, exif: bool = False
+    transforms,
+    encoded: list[bytes],
+    *,
+    device: str = "cpu",
+    seed: int = 0,
+    graph=None,
+    exif: bool = False,
+    host_geometry: bool = True,
+    decode: gp.DecodeMode = gp.DecodeMode.ROI,
 ) -> list[Any]:
     """Runs gpupipe's DALI lowering of ``transforms`` on encoded images (one batch, samples
     ``0..n-1`` of epoch 0 for the random factors); returns the outputs as CHW tensors on the CPU,
     and for a sample that fails one of the graph's checks the SampleError message the runner would
-    raise. ``graph(encoded_node, ctx)`` replaces the lowering."""
+    raise. ``graph(encoded_node, ctx)`` replaces the lowering; ``host_geometry=False`` computes the
+    geometry in the graph (as with EXIF orientation), ``decode`` a GPU graph's decode strategy."""
     import numpy as np
     from nvidia.dali import Pipeline, fn, types
 
+    from gpupipe._imageinfo import header_size
     from gpupipe.backends._dali._compiler import Ctx, Lowered, lower
+    from gpupipe.backends._dali._host import HostEnv, evaluate, failures
 
     gpu = device == "gpu"
     pipe = Pipeline(
@@ -163,18 +174,26 @@ def run_dali(
     with pipe:
         data = fn.external_source(name="encoded", dtype=types.UINT8, ndim=1)
         decoder_args = gp.DaliOptions().decoder_args(ranks_per_node=None) if gpu else {}  # as the runner does
-        ctx = Ctx(device, seed, decoder_args=decoder_args, exif=exif)
-        lowered = Lowered((graph(data, ctx),), inputs=ctx.inputs) if graph else lower([transforms], data, ctx)
+        ctx = Ctx(device, seed, decoder_args=decoder_args, exif=exif, host_geometry=host_geometry, decode=decode)
+        if graph:
+            lowered = Lowered((graph(data, ctx),), feeds=ctx.feeds, draws=frozenset(ctx.draws))
+        else:
+            lowered = lower([transforms], data, ctx)
         pipe.set_outputs(*lowered.outputs())
     pipe.build()
     drawn = sample_factors(transforms, len(encoded), seed=seed)
-    inputs = {name: drawn[step] for name, (_, step) in lowered.inputs.items()}
+    sizes = np.array([header_size(e) or (0, 0) for e in encoded], dtype=np.int64)
+    env = HostEnv(sizes, lambda view, step: drawn[step])
+    refused = failures(lowered.host_checks, env, len(encoded))  # as the runner's reader: before feeding
+    inputs = evaluate(lowered.feeds, env, len(encoded))
     out, *checks = pipe.run(encoded=[np.frombuffer(e, dtype=np.uint8) for e in encoded], **inputs)
     if gpu:
         out = out.as_cpu()
     results: list[Any] = [torch.from_numpy(np.array(out[i])) for i in range(len(encoded))]
     for i, size, message in lowered.failures(np.asarray(checks[0].as_tensor())) if checks else []:
         results[i] = str(gp.SampleError.at(message, shard="-", key=str(i), size=size))
+    for i, message in refused.items():
+        results[i] = str(gp.SampleError.at(message, shard="-", key=str(i), size=(int(sizes[i, 0]), int(sizes[i, 1]))))
     return results
 
 

@@ -11,37 +11,8 @@ import struct
 from collections.abc import Iterator
 from typing import Any
 
-
-def _varint(buf: bytes, i: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        byte = buf[i]
-        i += 1
-        value |= (byte & 0x7F) << shift
-        shift += 7
-        if not byte & 0x80:
-            return value, i
-
-
-def _fields(buf: bytes) -> Iterator[tuple[int, int, Any]]:
-    """(field number, wire type, raw value) of each field of one message."""
-    i = 0
-    while i < len(buf):
-        key, i = _varint(buf, i)
-        field, wire = key >> 3, key & 7
-        value: Any
-        if wire == 0:
-            value, i = _varint(buf, i)
-        elif wire == 1:
-            value, i = buf[i : i + 8], i + 8
-        elif wire == 2:
-            n, i = _varint(buf, i)
-            value, i = buf[i : i + n], i + n
-        elif wire == 5:
-            value, i = buf[i : i + 4], i + 4
-        else:  # pragma: no cover - groups are not used by dali.proto
-            raise ValueError(f"wire type {wire}")
-        yield field, wire, value
+from gpupipe.backends._dali._proto import fields as _fields
+from gpupipe.backends._dali._proto import varint as _varint
 
 
 def _signed(v: int) -> int:

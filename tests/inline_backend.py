@@ -40,6 +40,9 @@ class InlineRunner:
             label_tensor = None if labels[0] is None else torch.tensor(labels, dtype=torch.int64)
             yield RawBatch(batch, label_tensor, keys)
 
+    def describe(self) -> dict[str, object]:
+        return {"inline": True}
+
     def close(self) -> None:
         self.closed = True
 

@@ -12,7 +12,8 @@ from gpupipe import transforms as T
 
 def test_top_level_api():
     assert sorted(gp.__all__) == sorted([
-        "Pipeline", "Loader", "LoaderConfig", "DaliOptions", "OnError", "Batch", "SkippedSample", "Damage", "RankPlan",
+        "Pipeline", "Loader", "LoaderConfig", "DaliOptions", "DecodeMode", "OnError", "Batch", "SkippedSample",
+        "Damage", "RankPlan",
         "Source", "WebDataset", "ImageFolder",
         "load_pipeline", "check", "CheckReport",
         "register_lowering", "ShardWriter", "transforms", "sources", "GpupipeError", "ConfigError",
@@ -81,4 +82,4 @@ def test_backends_api():
         "to_device", "DaliContext",
     ])  # fmt: skip
     ctx = backends.DaliContext("cpu")
-    assert ctx.device == "cpu" and ctx.decoder_device == "cpu" and ctx.inputs == {}
+    assert ctx.device == "cpu" and ctx.decoder_device == "cpu" and ctx.feeds == {}

@@ -244,11 +244,12 @@ class TestRandomSampling:
         "scale, ratio", [((0.08, 1.0), (3 / 4, 4 / 3)), ((0.9, 1.0), (2.0, 3.0)), ((0.5, 2.0), (0.1, 0.2))]
     )
     def test_windows_are_the_reference_windows(self, scale, ratio):
-        """The graph's float64 arithmetic gives exactly ``resized_crop_window``'s windows, fallback
-        (no attempt fits) included, on every image shape."""
+        """The graph's float64 arithmetic (where only the graph knows the size: EXIF orientation)
+        gives exactly ``resized_crop_window``'s windows, fallback (no attempt fits) included, on
+        every image shape."""
         from gpupipe._geometry import resized_crop_window
-        from gpupipe.backends._dali._compiler import peek_shape
-        from gpupipe.backends._dali._compiler import resized_crop_window as in_graph
+        from gpupipe.backends._dali._context import peek_shape
+        from gpupipe.backends._dali._lowerings import _graph_crop_window as in_graph
 
         rng = np.random.default_rng(3)
         sizes: list[tuple[int, int]] = [

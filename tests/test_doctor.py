@@ -13,13 +13,15 @@ import torch
 
 from gpupipe import _doctor as doctor
 from gpupipe._doctor import Environment, Gpu, Level
+from gpupipe._nvjpeg import Nvjpeg
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 
 H100 = Gpu(0, "NVIDIA H100 80GB HBM3", (9, 0), 79.1)
+PIP_NVJPEG = "/venv/site-packages/nvidia/cu13/lib/libnvjpeg.so.13"
 HEALTHY = Environment(python="3.12.3", torch="2.14.1+cu130", torch_cuda=(13, 0), torchvision="0.29.1", dali="2.4.0",
                       dali_cuda=13, cupy="14.2.0", cupy_cuda=13, driver_cuda=(13, 0), gpus=(H100,) * 8,
-                      torch_sees_cuda=True)  # fmt: skip
+                      torch_sees_cuda=True, nvjpeg=Nvjpeg("libnvjpeg.so.13", PIP_NVJPEG, (13, 3, 2)))  # fmt: skip
 CPU_ONLY = dataclasses.replace(HEALTHY, torch_cuda=(13, 0), dali_cuda=12, cupy=None, cupy_cuda=None, driver_cuda=None,
                                gpus=(), torch_sees_cuda=False)  # fmt: skip
 
@@ -111,6 +113,52 @@ class TestDiagnosis:
         text = doctor.report(env, findings)
         assert "ERROR" in text and "fix: pip install --force-reinstall torch==2.14.1" in text
         assert "GPU 0        NVIDIA GeForce RTX 4090, compute 8.9, 23.6 GiB; hardware JPEG decoder: no" in text
+
+
+class TestGpuDecode:
+    """Whether pipelines starting with RandomResizedCrop decode regions on the GPU, from the nvJPEG
+    DALI gets in the process, and what to do where they cannot."""
+
+    def test_a_new_enough_nvjpeg(self):
+        assert doctor.decode_strategy(HEALTHY).mode == "roi"
+        text = doctor.report(HEALTHY, doctor.diagnose(HEALTHY))
+        assert f"nvJPEG       13.3.2 ({PIP_NVJPEG})" in text
+        assert "GPU decode   pipelines starting with RandomResizedCrop: roi (nvJPEG 13.3.2 decodes regions" in text
+
+    def test_torchvisions_nvjpeg_loaded_first(self):
+        shadow = Nvjpeg("libnvjpeg.so.13", "/venv/site-packages/torchvision.libs/libnvjpeg.36e11081.so.13", (13, 0, 1),
+                        PIP_NVJPEG, (13, 3, 2))  # fmt: skip
+        env = dataclasses.replace(HEALTHY, nvjpeg=shadow)
+        (finding,) = doctor.diagnose(env)
+        assert finding.level == Level.WARNING and "Import gpupipe before torchvision" in finding.message
+        assert finding.fix == f"LD_PRELOAD={PIP_NVJPEG} python ..."
+        assert doctor.decode_strategy(env).mode == "full"
+        assert "nvidia-nvjpeg 13.3.2 (" in doctor.report(env, [finding])
+
+    @pytest.mark.parametrize("nvjpeg", [Nvjpeg("libnvjpeg.so.13", PIP_NVJPEG, (13, 1, 0)), None])
+    def test_an_old_nvjpeg_on_cuda_13(self, nvjpeg):
+        (finding,) = doctor.diagnose(dataclasses.replace(HEALTHY, nvjpeg=nvjpeg))
+        assert finding.level == Level.WARNING and "cannot decode a region with fancy upsampling" in finding.message
+        assert finding.fix == "pip install 'nvidia-nvjpeg>=13.2'"
+
+    @pytest.mark.parametrize("driver, fix", [((13, 0), True), ((12, 8), False)])
+    def test_dali_for_cuda_12(self, driver, fix):
+        env = dataclasses.replace(
+            HEALTHY,
+            torch="2.9.0+cu126",
+            torch_cuda=(12, 6),
+            dali_cuda=12,
+            cupy=None,
+            driver_cuda=driver,
+            nvjpeg=Nvjpeg("libnvjpeg.so.12", "/x/libnvjpeg.so.12", (12, 4, 0)),
+        )
+        (finding,) = doctor.diagnose(env)
+        assert finding.level == Level.NOTE and "DALI for CUDA 12 comes with nvJPEG 12.4.0" in finding.message
+        assert finding.fix == ("pip uninstall -y nvidia-dali-cuda120 && pip install 'gpupipe[cuda13]'" if fix else None)
+
+    def test_no_dali_no_decode_line(self):
+        env = dataclasses.replace(HEALTHY, dali=None, dali_cuda=None, nvjpeg=None)
+        assert "GPU decode" not in doctor.report(env, doctor.diagnose(env))
 
 
 class FakeDriver(doctor.CudaDriver):

@@ -1,6 +1,6 @@
 """Geometry defined once (gpupipe._geometry): torchvision's rules on ints, the same functions on
-DALI graph nodes giving the same numbers, and one decision for an image too small for its crop on
-every backend."""
+the DALI backend's host values (NumPy over a batch) and on DALI graph nodes giving the same
+numbers, and one decision for an image too small for its crop on every backend."""
 
 from __future__ import annotations
 
@@ -14,7 +14,15 @@ from torchvision.transforms.v2.functional import _geometry as tvg
 
 import gpupipe as gp
 from gpupipe import transforms as T
-from gpupipe._geometry import center_crop_anchor, crop_padding, crop_too_large, resize_size
+from gpupipe._geometry import (
+    center_crop_anchor,
+    crop_padding,
+    crop_start,
+    crop_too_large,
+    resize_size,
+    resized_crop_window,
+    resized_crop_windows,
+)
 from gpupipe.testing import encode_jpeg, synthetic_image
 
 from .checkers import check_backend_parity
@@ -58,6 +66,49 @@ class TestIntRules:
             assert params["padding"] == [l_before, t_before, l_after, t_after]
 
 
+def host_eval(fn_of_values, rows: np.ndarray) -> np.ndarray:
+    """Evaluates ``fn_of_values(*column_values)`` on host values, one sample per row of ``rows``,
+    as the DALI runner's reader does per batch; returns ``[len(rows), k]``."""
+    from gpupipe.backends._dali._host import HostEnv, HostValue
+
+    columns = [HostValue(lambda i=i: rows[:, i]) for i in range(rows.shape[1])]
+    env = HostEnv(np.zeros((len(rows), 2), np.int64), lambda view, step: np.zeros((len(rows), 0)))
+    outs = [np.broadcast_to(np.asarray(env.value(o)), (len(rows),)) for o in fn_of_values(*columns)]
+    return np.stack(outs, axis=1)
+
+
+class TestHostValues:
+    """What only the host values have: no truth value, and the vectorized functions."""
+
+    def test_a_host_value_has_no_truth_value(self):
+        from gpupipe.backends._dali._host import HostValue
+
+        with pytest.raises(TypeError, match="no truth value"):
+            bool(HostValue(lambda: np.ones(2)) > 0)
+
+    @pytest.mark.parametrize(
+        "scale, ratio", [((0.08, 1.0), (3 / 4, 4 / 3)), ((0.9, 1.0), (2.0, 3.0)), ((0.5, 2.0), (0.1, 0.2))]
+    )
+    def test_resized_crop_windows_are_the_per_sample_windows(self, scale, ratio):
+        """The vectorized window (the DALI runner's, per batch) is the torch backend's per-sample
+        window for every size and draw, the fallback (no attempt fits) and 1-pixel images included."""
+        rng = np.random.default_rng(5)
+        t = T.RandomResizedCrop(8, scale=scale, ratio=ratio)
+        sizes = np.array([*itertools.product([1, 2, 7, 300, 375, 500, 4097], repeat=2)] * 20)
+        sizes = np.concatenate([sizes, rng.integers(1, 3000, size=(3000, 2))])
+        factors = t.sample(rng.random((len(sizes), t.draws)))
+        got = resized_crop_windows(sizes[:, 0], sizes[:, 1], factors)
+        rows = zip(sizes.tolist(), factors, strict=True)
+        expected = [resized_crop_window(h, w, list(f), t.ratio) for (h, w), f in rows]
+        assert got.tolist() == [list(e) for e in expected]
+
+    def test_crop_start(self):
+        rng = np.random.default_rng(6)
+        u, room = rng.random(5000), rng.integers(1, 5000, size=5000)
+        assert crop_start(u, room).tolist() == [crop_start(float(a), int(r)) for a, r in zip(u, room, strict=True)]
+        assert crop_start(0.999999999, 3) == 2 and crop_start(0.0, 1) == 0
+
+
 def dali_eval(fn_of_nodes, rows: np.ndarray) -> np.ndarray:
     """Evaluates ``fn_of_nodes(*column_nodes)`` (tuple of int nodes) in a DALI graph, one sample per
     row of ``rows``; returns ``[len(rows), k]``."""
@@ -75,36 +126,43 @@ def dali_eval(fn_of_nodes, rows: np.ndarray) -> np.ndarray:
     return np.asarray(out.as_tensor())
 
 
-class TestOnDaliNodes:
-    """The same functions on DALI nodes (the DALI lowering's input) give the ints' numbers."""
+class TestOnBatches:
+    """The same functions on the DALI backend's host values (NumPy over a batch: how the runner
+    computes the graph's geometry from the images' headers) and on DALI graph nodes (where only
+    the graph knows the size) give the ints' numbers."""
 
-    @pytest.fixture(autouse=True)
-    def _dali(self):
+    @pytest.fixture(params=["host", "graph"])
+    def on(self, request):
+        """``(evaluate, ops)``: an evaluator of a function of per-sample columns, and its ops."""
+        if request.param == "host":
+            from gpupipe.backends._dali._host import HOST_OPS
+
+            return host_eval, HOST_OPS
         pytest.importorskip("nvidia.dali")
+        from gpupipe.backends._dali._compiler import DALI_OPS
+
+        return dali_eval, DALI_OPS
 
     @pytest.mark.parametrize("size, max_size", RESIZES)
-    def test_resize_size(self, size, max_size):
-        from gpupipe.backends._dali._compiler import DALI_OPS
-
+    def test_resize_size(self, on, size, max_size):
+        evaluate, ops = on
         rows = np.array(list(itertools.product(SIDES, SIDES)))
-        got = dali_eval(lambda h, w: resize_size(h, w, size, max_size, DALI_OPS), rows)
+        got = evaluate(lambda h, w: resize_size(h, w, size, max_size, ops), rows)
         assert got.tolist() == [list(resize_size(h, w, size, max_size)) for h, w in rows.tolist()]
 
-    def test_center_crop_anchor(self):
-        from gpupipe.backends._dali._compiler import DALI_OPS
-
+    def test_center_crop_anchor(self, on):
+        evaluate, ops = on
         rows = np.array([[s] for s in SIDES])
         for crop in SIDES:
-            got = dali_eval(lambda size, crop=crop: (center_crop_anchor(crop, size, DALI_OPS),), rows)
+            got = evaluate(lambda size, crop=crop: (center_crop_anchor(crop, size, ops),), rows)
             assert got[:, 0].tolist() == [center_crop_anchor(crop, s) for (s,) in rows.tolist()], crop
 
     @pytest.mark.parametrize("pad_if_needed", [False, True])
-    def test_crop_padding(self, pad_if_needed):
-        from gpupipe.backends._dali._compiler import DALI_OPS
-
+    def test_crop_padding(self, on, pad_if_needed):
+        evaluate, ops = on
         rows = np.array([[s] for s in SIDES])
         for crop in (1, 100, 300):
-            got = dali_eval(lambda size, crop=crop: crop_padding(size, 3, 1, crop, pad_if_needed, DALI_OPS), rows)
+            got = evaluate(lambda size, crop=crop: crop_padding(size, 3, 1, crop, pad_if_needed, ops), rows)
             assert got.tolist() == [list(crop_padding(s, 3, 1, crop, pad_if_needed)) for (s,) in rows.tolist()]
 
 

@@ -284,6 +284,7 @@ class TestInputPath:
         from concurrent.futures import ThreadPoolExecutor
 
         from gpupipe._plan import RankPlan
+        from gpupipe.backends._dali._context import Lowered
         from gpupipe.backends._dali._input import Buffers, Maps, Reader
         from gpupipe.sources import LocalStorage
 
@@ -291,7 +292,7 @@ class TestInputPath:
         index = gp.WebDataset(paths).index()
         plan = RankPlan(np.arange(8), np.ones(8, bool), batch_size=4, num_batches=2)
         with ThreadPoolExecutor(1) as pool:
-            reader = Reader(index, plan, {}, (), Buffers(pinned=False), Maps(LocalStorage()), pool, ahead=0)
+            reader = Reader(index, plan, Lowered(()), (), Buffers(pinned=False), Maps(LocalStorage()), pool, ahead=0)
             batch = reader.read(0)
             if not batch.maps:
                 pytest.skip("no read leases here")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -9,6 +11,8 @@ import gpupipe as gp
 from gpupipe import _dist
 
 from .checkers import val
+
+ROOT = os.path.join(os.path.dirname(__file__), "..")
 
 
 class TestTopology:
@@ -169,16 +173,13 @@ class TestDevicePerRank:
         pipeline is built for its loader's device, whatever the current device."""
         pytest.importorskip("nvidia.dali")
         from gpupipe.backends._dali import _runner
+        from gpupipe.backends._dali._context import Lowered
 
         built = []
 
-        class FakePipe:
-            def build(self):
-                pass
-
         def define(views, **kw):
             built.append((kw["gpu"], kw["device_id"], kw["decoder_args"]["affine"]))
-            return _runner.Defined(FakePipe(), None)  # type: ignore[arg-type]
+            return _runner.Defined(FakePipe(), Lowered(()))
 
         monkeypatch.setattr(_runner, "define_graph", define)
         clean_env.setenv("LOCAL_RANK", "1")
@@ -188,6 +189,50 @@ class TestDevicePerRank:
         assert (train.device, evaluation.device) == ("cuda:1", "cuda:3")
         assert built == [(True, 1, False), (True, 3, False)]  # 4 ranks per node: threads not pinned
         assert fake_cuda.current == 0
+
+
+class FakePipe:
+    """A DALI pipeline that is never built on a device (no GPU here)."""
+
+    def build(self) -> None:
+        pass
+
+    def serialize(self) -> bytes:
+        return b""
+
+
+@pytest.mark.parametrize(
+    "nvjpeg, options, decode",
+    [
+        ((13, 3, 2), gp.DaliOptions(), "roi"),
+        ((13, 0, 1), gp.DaliOptions(), "full"),  # torchvision's, or an old CUDA 13: regions would go to the CPU
+        ((12, 4, 0), gp.DaliOptions(), "full"),
+        (None, gp.DaliOptions(), "full"),
+        ((12, 4, 0), gp.DaliOptions(jpeg_fancy_upsampling=False), "roi"),
+        ((12, 4, 0), gp.DaliOptions(decode="roi"), "roi"),
+        ((13, 3, 2), gp.DaliOptions(decode="full"), "full"),
+    ],
+)
+def test_the_gpu_graph_decodes_as_the_nvjpeg_in_the_process_allows(monkeypatch, fake_cuda, shards, nvjpeg, options,
+                                                                    decode):  # fmt: skip
+    """The GPU runner picks the decode strategy from the nvJPEG DALI will use (faked here), and says
+    which in the loader's repr; the CPU runner always decodes the region."""
+    pytest.importorskip("nvidia.dali")
+    from gpupipe.backends._dali import _runner
+    from gpupipe.backends._dali._context import Lowered
+
+    asked = []
+
+    def define(views, **kw):
+        asked.append(kw["decode"])
+        return _runner.Defined(FakePipe(), Lowered((), decode=kw["decode"]))
+
+    monkeypatch.setattr(_runner, "define_graph", define)
+    monkeypatch.setattr(_runner, "nvjpeg_version", lambda: nvjpeg)
+    train = gp.load_pipeline(os.path.join(ROOT, "pipelines", "imagenet.py:train"))(shards)
+    with gp.Loader(train, 2, backend="dali", device="cuda", dali=options) as loader:
+        assert asked == [decode] and f"'decode': '{decode} (" in str(loader._runner.describe()).replace('"', "'")
+        assert f"decode='{decode} (" in repr(loader)
 
 
 def test_batches_are_handed_over_on_the_consumers_stream(monkeypatch, fake_cuda):

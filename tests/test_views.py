@@ -150,8 +150,7 @@ class TestDaliGraph:
         decoder = check_gpu_placement(ops, outputs, views=5)
         assert decoder.schema == "decoders__Image"  # one whole decode, no region of interest per view
         assert len(outputs) == 5 and len(graph.lowered.images) == 5
-        expected = {f"factors{s}" if v == 0 else f"factors{s}_view{v}": (v, s) for v in range(5) for s in (0, 1)}
-        assert graph.lowered.inputs == expected
+        assert graph.lowered.draws == {(v, s) for v in range(5) for s in (0, 1)}
 
     def test_one_view_keeps_the_fused_decode(self):
         pytest.importorskip("nvidia.dali")

@@ -19,7 +19,7 @@ import torch
 
 from .._errors import BackendUnavailableError, ConfigError
 from ._base import Backend, RawBatch, Runner, RunSpec, to_device
-from ._dali._compiler import Ctx as DaliContext  # the DALI lowering context (DALI itself loads lazily)
+from ._dali._context import Ctx as DaliContext  # the DALI lowering context (DALI itself loads lazily)
 
 __all__ = [
     "TABLE",

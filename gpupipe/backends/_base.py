@@ -97,6 +97,11 @@ class Runner(Protocol):
         """Ends every process, thread and pipeline the runner started; idempotent."""
         ...
 
+    def describe(self) -> dict[str, Any]:
+        """What the runner chose, by name (worker processes or threads, a decode strategy, the
+        graph's size, ...): shown in the loader's repr and log."""
+        ...
+
 
 class Runs:
     """A runner's unfinished ``run`` iterations, so that ``close()`` can stop them (each ends its

@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .._errors import ConfigError
-from .._geometry import ATTEMPTS, crop_padding, crop_too_large, resize_size, resized_crop_window
+from .._geometry import ATTEMPTS, crop_padding, crop_start, crop_too_large, resize_size, resized_crop_window
 from .._validate import check_bool, check_probability, check_range, check_size, is_int, is_number
 from ._base import ImageSpec, InterpolationMode, Transform, check_interpolation
 
@@ -259,10 +259,7 @@ class RandomCrop(Transform):
         if ph < ch or pw < cw:  # torchvision raises too; the DALI backend reports the same error
             raise ValueError(crop_too_large((ch, cw), (ph, pw), padding=self.padding is not None))
         # the window starts uniformly in [0, padded - crop]: floor(u * (padded - crop + 1))
-        y, x = (
-            min(math.floor(float(u) * room), room - 1)
-            for u, room in zip(factors, (ph - ch + 1, pw - cw + 1), strict=True)
-        )
+        y, x = (crop_start(float(u), room) for u, room in zip(factors, (ph - ch + 1, pw - cw + 1), strict=True))
         return RandomCropParams((left, top, right, bottom), y, x, ch, cw)
 
 

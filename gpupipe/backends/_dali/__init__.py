@@ -5,8 +5,8 @@ torch through DLPack. DALI itself is imported only when a graph is built."""
 from __future__ import annotations
 
 from .._base import Backend, Runner, RunSpec
-from . import _color  # noqa: F401 - registers the photometric lowerings
-from ._compiler import LOWERINGS
+from . import _color, _lowerings  # noqa: F401 - register the lowerings
+from ._context import LOWERINGS
 
 __all__ = ["BACKEND", "DaliBackend"]
 

@@ -27,7 +27,7 @@ import torch
 
 from ... import transforms as T
 from ..._registry import inner_unsupported
-from ._compiler import LOWERINGS, Ctx, _decision, _factor, _to_float, _where, dali_type, scaled_to_uint8
+from ._context import LOWERINGS, Ctx, dali_type, scaled_to_uint8, to_float, where
 
 __all__: list[str] = []
 
@@ -82,7 +82,7 @@ def _hue(ctx: Ctx, x: Any, shift: Any) -> Any:
     h6 = ((g - b) * is_r + (b - r) * is_g + (r - g) * is_b) * inv + is_g * 2.0 + is_b * 4.0
     h6 = h6 + (shift * 6.0 + 6.0)  # torchvision: fmod(h + 1, 1), then (h + shift) mod 1
     h6 = h6 - dmath.floor(h6 * (1.0 / 6.0)) * 6.0
-    saturation = None if ctx.dtype == torch.uint8 else span / _where(span == 0.0, 1.0, v)
+    saturation = None if ctx.dtype == torch.uint8 else span / where(span == 0.0, 1.0, v)
     channels = []
     for n in (5.0, 3.0, 1.0):
         k = h6 + n
@@ -103,28 +103,27 @@ def _color_jitter(t: T.ColorJitter, img: Any, ctx: Ctx) -> Any:
     contrast, saturation, hue (module docstring); float32 arithmetic on the whole HWC image,
     channel by channel only for hue."""
     fn = ctx.fn
-    factors = ctx.random()
     if ctx.color_twist:
-        return _color_twist(t, img, ctx, factors)
-    x = _to_float(ctx, img)
+        return _color_twist(t, img, ctx)
+    x = to_float(ctx, img)
     if t.brightness is not None:
-        x = _blend(ctx, x, None, _factor(ctx, factors, 4))
+        x = _blend(ctx, x, None, ctx.factor(4))
     if t.contrast is not None:
-        x = _blend(ctx, x, fn.reductions.mean(_luma(ctx, x)), _factor(ctx, factors, 5))
+        x = _blend(ctx, x, fn.reductions.mean(_luma(ctx, x)), ctx.factor(5))
     if t.saturation is not None and ctx.channels == 3:
         gray = fn.expand_dims(_luma(ctx, x), axes=[2], new_axis_names="C")
-        x = _blend(ctx, x, gray, _factor(ctx, factors, 6))
+        x = _blend(ctx, x, gray, ctx.factor(6))
     if t.hue is not None and ctx.channels == 3:
-        x = _hue(ctx, x, _factor(ctx, factors, 7))
+        x = _hue(ctx, x, ctx.factor(7))
     return fn.cast(x, device=ctx.device, dtype=dali_type(ctx, ctx.dtype))
 
 
-def _color_twist(t: T.ColorJitter, img: Any, ctx: Ctx, factors: Any) -> Any:
+def _color_twist(t: T.ColorJitter, img: Any, ctx: Ctx) -> Any:
     """``DaliOptions(color_twist=True)``: the drawn factors applied by one ``color_twist`` (hue in
     degrees); faster, not torchvision's kernels (module docstring)."""
 
     def factor(i: int, r: tuple[float, float] | None, neutral: float, scale: float = 1.0) -> Any:
-        return neutral if r is None else _factor(ctx, factors, 4 + i) * scale
+        return neutral if r is None else ctx.arg(ctx.host_random()[4 + i] * scale, np.float32)
 
     return ctx.fn.color_twist(
         img,
@@ -141,14 +140,14 @@ def _color_twist(t: T.ColorJitter, img: Any, ctx: Ctx, factors: Any) -> Any:
 
 @LOWERINGS.register(T.RandomGrayscale)
 def _grayscale(t: T.RandomGrayscale, img: Any, ctx: Ctx) -> Any:
-    keep = 1.0 - _factor(ctx, ctx.random(), 0)
+    keep = ctx.arg(1.0 - ctx.host_random()[0], np.float32)
     return ctx.fn.hsv(img, device=ctx.device, saturation=keep)
 
 
 @LOWERINGS.register(T.GaussianBlur)
 def _gaussian_blur(t: T.GaussianBlur, img: Any, ctx: Ctx) -> Any:
     kx, ky = t.kernel_size
-    return ctx.fn.gaussian_blur(img, device=ctx.device, window_size=[ky, kx], sigma=_factor(ctx, ctx.random(), 0))
+    return ctx.fn.gaussian_blur(img, device=ctx.device, window_size=[ky, kx], sigma=ctx.factor(0))
 
 
 def _select(ctx: Ctx, decision: Any, a: Any, b: Any) -> Any:
@@ -173,9 +172,9 @@ def _solarize(t: T.RandomSolarize, img: Any, ctx: Ctx) -> Any:
         values = [float(255 - v if v >= threshold else v) for v in range(256)]
         solarized = fn.lookup_table(img, device=ctx.device, keys=list(range(256)), values=values, dtype=types.UINT8)
     else:
-        x = _to_float(ctx, img) if ctx.dtype == torch.float16 else img
-        solarized = _where(x >= t.threshold, 1.0 - x, x)
-    return _select(ctx, _decision(ctx, ctx.random()), solarized, img)
+        x = to_float(ctx, img) if ctx.dtype == torch.float16 else img
+        solarized = where(x >= t.threshold, 1.0 - x, x)
+    return _select(ctx, ctx.decision(), solarized, img)
 
 
 @LOWERINGS.register(T.RandomApply, unsupported=lambda t: inner_unsupported(LOWERINGS, t.transforms))
@@ -183,9 +182,8 @@ def _random_apply(t: T.RandomApply, img: Any, ctx: Ctx) -> Any:
     """The inner transforms run on every sample, each with its slice of the step's factors; the
     decision (factor 0) then selects, per sample, their output or the input (both of the image's
     shape and dtype: ``RandomApply.output_spec``)."""
-    factors = ctx.random()
     out = img
     for inner, (start, stop) in zip(t.transforms, t.factor_slices, strict=True):
-        with ctx.scoped_factors(factors[start:stop]):
+        with ctx.scoped_factors(start, stop):
             out = LOWERINGS.lookup(inner)(inner, out, ctx)
-    return _select(ctx, _decision(ctx, factors), out, img)
+    return _select(ctx, ctx.decision(), out, img)

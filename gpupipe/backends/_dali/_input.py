@@ -22,8 +22,8 @@ import numpy as np
 import torch
 
 from ..._decode import check_pixels
-from ..._errors import DataError
-from ..._imageinfo import MAX_IMAGE_PIXELS, image_size
+from ..._errors import Damage, DataError, SampleError
+from ..._imageinfo import MAX_IMAGE_PIXELS, header_size
 from ..._plan import RankPlan
 from ..._random import step_factors
 from ...sources import Index, RawSample
@@ -32,6 +32,8 @@ from ...sources._mapped import MappedFile
 from ...sources._webdataset import truncated, unreadable
 from ...transforms import Transform
 from .._base import donor, fill
+from ._context import Lowered
+from ._host import HostEnv, evaluate, failures
 
 __all__ = ["READ_THREADS", "Batch", "Buffers", "Maps", "Reader"]
 
@@ -96,8 +98,9 @@ class Batch(NamedTuple):
     encoded: list[Any]  # DALI TensorCPU views of buffer and maps
     buffer: np.ndarray | None  # the samples read with pread
     maps: tuple[MappedFile, ...]  # the mapped shards the other samples are views of, one use each
-    factors: dict[str, np.ndarray | None]  # by input name; None only for a step that is not random
+    feeds: dict[str, np.ndarray]  # the graph's other inputs, by name: random factors, host-computed arguments
     views: list[Any]  # the encoded samples as numpy views (what encoded wraps)
+    sizes: np.ndarray  # int64 [B, 2]: each image's (height, width), from its header
     skipped: tuple[tuple[int, Any], ...]  # (position, DataError) of samples left out (skip), sorted
     token: object  # the batch's identity for use counting: a retried copy (decode failure, skip) shares it
 
@@ -171,22 +174,25 @@ class Maps:
 class Reader:
     """Reads the plan's batches ahead of DALI in :data:`READ_THREADS` threads.
 
-    A sample that cannot be read (its shard unreadable or truncated there, its label not an
-    integer, its image's header declaring more than ``max_pixels``) raises its ``DataError`` when
+    Each image's size is read from its header, and every input the graph takes besides the
+    encoded images is computed here for the whole batch (``Lowered.feeds``: random factors, crop
+    windows, resize sizes). A sample that cannot be used (its shard unreadable or truncated there,
+    its label not an integer, its image's header declaring more than ``max_pixels`` or no size at
+    all, a host check of the graph failing: too small for a crop) raises its ``DataError`` when
     its batch is due, or with ``skip`` is left out: its place holds a copy of a good sample of the
     batch (:meth:`substitute`) and the batch lists it.
     """
 
-    def __init__(self, index: Index, plan: RankPlan, inputs: dict[str, tuple[int, int]],
+    def __init__(self, index: Index, plan: RankPlan, lowered: Lowered,
                  views: tuple[tuple[Transform, ...], ...],
                  buffers: Buffers, maps: Maps | None, pool: ThreadPoolExecutor, ahead: int,
                  skip: bool = False, max_pixels: int | None = MAX_IMAGE_PIXELS) -> None:  # fmt: skip
-        self.index, self.plan, self.inputs, self.views = index, plan, inputs, views
+        self.index, self.plan, self.lowered, self.views = index, plan, lowered, views
         self.max_pixels = max_pixels
         self.buffers, self.maps, self.pool, self.ahead, self.skip = buffers, maps, pool, ahead, skip
         self._pending: dict[int, Future[Batch]] = {}
         self._next = 0
-        self._spare: tuple[np.ndarray, int, str, str, int] | None = None  # a good sample, for all-bad batches
+        self._spare: tuple[np.ndarray, int, str, str, int, tuple[int, int]] | None = None  # for all-bad batches
 
     def get(self, b: int) -> Batch:
         self._next = max(self._next, b)
@@ -197,10 +203,25 @@ class Reader:
         return future.result() if future is not None else self.read(b)
 
     def _bad(self, bad: dict[int, DataError], position: int, error: DataError) -> None:
-        """Raises ``error``, or with ``skip`` records it for ``position`` (the first one counts)."""
-        if not self.skip:
-            raise error
+        """Records ``error`` for ``position`` (the first one counts): left out with ``skip``,
+        raised by :meth:`read` otherwise."""
         bad.setdefault(position, error)
+
+    def _first_error(
+        self, bad: dict[int, DataError], views: list[Any], keys: list[str], shards: list[str]
+    ) -> DataError:
+        """Without ``skip``: the error of the batch's first bad sample in plan order, as the torch
+        backend raises it — a sample before the first one found bad here may be one only a
+        decoder refuses (DALI finds it later), so those are decoded first (an error path)."""
+        from ..._decode import decode_rgb
+
+        first = min(bad)
+        for i in range(first):
+            try:
+                decode_rgb(bytes(views[i]), shard=shards[i], key=keys[i], max_pixels=self.max_pixels)
+            except DataError as e:
+                return e
+        return bad[first]
 
     def checked(self, batch: Batch) -> Batch:
         """``batch``, right before it is fed: if a lease of its maps broke since it was read (a
@@ -245,70 +266,104 @@ class Reader:
                 if rest:
                     buffer = self._read_ranges(where, rest, shards, views, bad)
             keys, drawn = list(where.keys), samples
-            if self.max_pixels is not None:
-                self._check_pixels(views, keys, shards, bad)
+            sizes = self._sizes(views, keys, shards, bad)
+            env = self.env(samples, sizes)
+            if self.lowered.host_checks:
+                for i, message in failures(self.lowered.host_checks, env, len(samples)).items():
+                    if i not in bad:
+                        size = (int(sizes[i, 0]), int(sizes[i, 1]))
+                        self._bad(bad, i, SampleError.at(message, shard=shards[i], key=keys[i], size=size))
+            if bad and not self.skip:
+                raise self._first_error(bad, views, keys, shards)
             if bad:
-                labels, drawn = self.substitute(bad, samples, views, labels, keys, shards)
+                labels, drawn = self.substitute(bad, samples, views, labels, keys, shards, sizes)
+                env = self.env(drawn, sizes)
             from nvidia.dali.tensors import TensorCPU  # wrapped here, off the training thread; no copy
 
             encoded = [TensorCPU(view) for view in views]
-            fed = self.factors(drawn)
+            fed = evaluate(self.lowered.feeds, env, len(samples))
         except BaseException:
             Batch.release(maps, buffer, self.buffers)
             raise
         skipped = tuple(sorted(bad.items()))
-        return Batch(b, samples, keys, shards, labels, encoded, buffer, tuple(maps), fed, views, skipped, object())
+        return Batch(b, samples, keys, shards, labels, encoded, buffer, tuple(maps), fed, views, sizes, skipped,
+                     object())  # fmt: skip
 
     def substitute(self, bad: dict[int, Any], samples: np.ndarray, views: list[Any], labels: np.ndarray | None,
-                   keys: list[str], shards: list[str]) -> tuple[np.ndarray | None, np.ndarray]:  # fmt: skip
-        """Puts a copy of the batch's first good sample (its bytes, label, key and shard) in each
-        ``bad`` position — or of a spare good sample of the epoch if none is good. Returns the
-        labels (a new array) and the sample numbers to draw the augmentation from: the donor's in
-        the bad positions, so that they come out as copies of it (as the torch backend's do)."""
+                   keys: list[str], shards: list[str],
+                   sizes: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:  # fmt: skip
+        """Puts a copy of the batch's first good sample (its bytes, label, key, shard and size) in
+        each ``bad`` position — or of a spare good sample of the epoch if none is good. Returns
+        the labels (a new array) and the sample numbers to draw the augmentation from: the donor's
+        in the bad positions, so that they come out as copies of it (as the torch backend's do)."""
         good = donor(len(views), bad)
         label: int | None
         if good is None:
-            view, label, key, shard, number = self.spare()
+            view, label, key, shard, number, size = self.spare()
         else:
             view, key, shard, number = views[good], keys[good], shards[good], int(samples[good])
-            label = None if labels is None else int(labels[good])
+            label, size = None if labels is None else int(labels[good]), (int(sizes[good, 0]), int(sizes[good, 1]))
         labels = None if labels is None else labels.copy()
         drawn = samples.copy()
-        fill(bad, (views, keys, shards, drawn, labels), (view, key, shard, number, label))
+        fill(bad, (views, keys, shards, drawn, labels, sizes), (view, key, shard, number, label, size))
         return labels, drawn
 
-    def _check_pixels(self, views: list[Any], keys: list[str], shards: list[str], bad: dict[int, DataError]) -> None:
-        """Refuses images whose header declares more than ``max_pixels``, before DALI's decoders
-        allocate them (a few microseconds a sample, in the reading threads)."""
+    def _sizes(self, views: list[Any], keys: list[str], shards: list[str], bad: dict[int, DataError]) -> np.ndarray:
+        """Each image's ``(height, width)`` from its header (int64 ``[B, 2]``; zeros for samples
+        already bad), a few microseconds a sample, in the reading threads. Refuses images whose
+        header declares more than ``max_pixels``, before DALI's decoders allocate them, and — where
+        the graph's geometry is computed here — images whose header declares no size."""
+        sizes = np.zeros((len(views), 2), np.int64)
         for i, view in enumerate(views):
-            if i not in bad:
-                try:
-                    check_pixels(image_size(memoryview(view)), self.max_pixels, shard=shards[i], key=keys[i])
-                except DataError as e:
-                    self._bad(bad, i, e)
+            if i in bad:
+                continue
+            size = header_size(memoryview(view))
+            try:
+                check_pixels(size, self.max_pixels, shard=shards[i], key=keys[i])
+                if self.lowered.host_geometry and (size is None or not all(size)):
+                    raise SampleError.at(
+                        "the image's header declares no size (not an image, or a corrupt header)",
+                        shard=shards[i], key=keys[i], kind=Damage.UNDECODABLE,
+                    )  # fmt: skip
+            except DataError as e:
+                self._bad(bad, i, e)
+                continue
+            if size is not None:
+                sizes[i] = size
+        return sizes
 
-    def factors(self, samples: np.ndarray) -> dict[str, np.ndarray | None]:
-        """The random factors of a batch of ``samples``, by input name."""
-        seed, epoch = self.plan.seed, self.plan.epoch
-        return {
-            name: step_factors(self.views[view][step], seed, epoch, samples, step, view)
-            for name, (view, step) in self.inputs.items()
-        }
+    def env(self, samples: np.ndarray, sizes: np.ndarray) -> HostEnv:
+        """What the graph's host values see of a batch of ``samples``: their sizes and their
+        random factors (drawn on first use, once per step)."""
+        seed, epoch, drawn = self.plan.seed, self.plan.epoch, dict[tuple[int, int], np.ndarray]()
 
-    def spare(self) -> tuple[np.ndarray, int, str, str, int]:
-        """A good sample of the epoch (its bytes copied, label, key, shard, number), for a batch
-        whose every sample is bad: the first of the plan that reads and decodes."""
+        def factors(view: int, step: int) -> np.ndarray:
+            if (view, step) not in drawn:  # a random step: its factors are an array
+                got = step_factors(self.views[view][step], seed, epoch, samples, step, view)
+                drawn[view, step] = np.zeros((len(samples), 0)) if got is None else got
+            return drawn[view, step]
+
+        return HostEnv(sizes, factors)
+
+    def feeds(self, samples: np.ndarray, sizes: np.ndarray) -> dict[str, np.ndarray]:
+        """Every input the graph takes besides the encoded images, for a batch of ``samples``."""
+        return evaluate(self.lowered.feeds, self.env(samples, sizes), len(samples))
+
+    def spare(self) -> tuple[np.ndarray, int, str, str, int, tuple[int, int]]:
+        """A good sample of the epoch (its bytes copied, label, key, shard, number, size), for a
+        batch whose every sample is bad: the first of the plan that reads and decodes."""
         from ..._decode import decode_rgb
 
         if self._spare is None:
             for s in self.plan.samples.tolist():
                 try:
                     raw = self.index.read(s)
-                    decode_rgb(raw.data, shard=raw.shard, key=raw.key, max_pixels=self.max_pixels)
+                    image = decode_rgb(raw.data, shard=raw.shard, key=raw.key, max_pixels=self.max_pixels)
                 except DataError:
                     continue
                 data = np.frombuffer(raw.data, np.uint8).copy()
-                self._spare = (data, raw.label if raw.label is not None else 0, raw.key, raw.shard, s)
+                size = (int(image.shape[-2]), int(image.shape[-1]))
+                self._spare = (data, raw.label if raw.label is not None else 0, raw.key, raw.shard, s, size)
                 break
             else:
                 raise DataError("on_error='skip': no sample of this rank's epoch can be read")

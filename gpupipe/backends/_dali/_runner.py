@@ -19,8 +19,10 @@ Input path (per batch, never per sample on the training thread; ``_input``):
   lease may go, only once DALI has produced the outputs of every iteration that reads it (on a
   GPU, once the consumer stream has passed them), and an epoch never ends with fed or scheduled
   iterations left: an abandoned epoch drains them, so nothing of it leaks into the next one;
-- the random factors of the batch (``gpupipe._random``) are fed as one float64 array per random
-  step; labels and keys never enter the graph.
+- every other input of the graph is computed there for the whole batch (``_host``): the images'
+  sizes are read from their headers, and the crop windows, resize sizes, flip decisions and other
+  per-sample arguments follow from them and from the random factors (``gpupipe._random``), each
+  fed as one array; labels and keys never enter the graph.
 
 Exactly the samples of the plan in its order, padding and resume included, each rank reading
 only its own byte ranges; a shard shorter than its index says (it shrank) is a ``ShardError``
@@ -66,14 +68,17 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
+from ..._config import DecodeMode
 from ..._dist import ranks_per_node
-from ..._errors import ClosedError, SampleError
+from ..._errors import ClosedError, Damage, SampleError
 from ..._plan import RankPlan
 from ...sources import RawSample
 from ...transforms import Transform
 from .._base import RawBatch, Runs, RunSpec, donor, fill, to_device
 from ._compiler import Ctx, Lowered, lower
 from ._input import READ_THREADS, Batch, Buffers, Maps, Reader
+from ._proto import operator_count
+from ._strategy import choose, nvjpeg_version
 
 __all__ = ["DaliRunner"]
 
@@ -156,7 +161,7 @@ class _Graph:
         self._check()
         try:
             self.pipe.feed_input("encoded", batch.encoded)
-            for name, value in batch.factors.items():
+            for name, value in batch.feeds.items():
                 self.pipe.feed_input(name, value)
             if self.started:
                 self.pipe.schedule_run()
@@ -258,6 +263,8 @@ def define_graph(
     graph: Callable[[Any, Ctx], Any] | None = None,
     exif: bool = False,
     color_twist: bool = False,
+    decode: DecodeMode = DecodeMode.ROI,
+    host_geometry: bool = True,
 ) -> Defined:
     """The DALI pipeline of ``views`` (one transform list per output) and its lowering, defined but
     not built. With ``gpu``
@@ -277,11 +284,12 @@ def define_graph(
     with pipe:
         encoded = fn.external_source(name="encoded", dtype=types.UINT8, ndim=1, no_copy=True)
         ctx = Ctx("gpu" if gpu else "cpu", seed, decoder_args=decoder_args if gpu else {}, exif=exif,
-                  color_twist=color_twist)  # fmt: skip
+                  color_twist=color_twist, decode=decode, host_geometry=host_geometry)  # fmt: skip
         if graph is None:
             lowered = lower(views, encoded, ctx, channels_last=channels_last)
         else:
-            lowered = Lowered((graph(encoded, ctx),), inputs=ctx.inputs)
+            lowered = Lowered((graph(encoded, ctx),), feeds=ctx.feeds, draws=frozenset(ctx.draws),
+                              host_checks=tuple(ctx.host_checks), host_geometry=ctx.host_geometry)  # fmt: skip
         pipe.set_outputs(*lowered.outputs())
     return Defined(pipe, lowered)
 
@@ -300,6 +308,8 @@ class DaliRunner:
         self.exif, self.max_pixels = spec.config.apply_exif_orientation, spec.config.max_image_pixels
         self.decoder_args = spec.config.dali.decoder_args(ranks_per_node=ranks_per_node())
         self.color_twist = spec.config.dali.color_twist
+        # How a leading RandomResizedCrop is decoded on the GPU (the CPU graph decodes its region).
+        self.strategy = choose(spec.config.dali, nvjpeg=nvjpeg_version()) if self.device.type == "cuda" else None
         self.builds = 0  # pipelines built (one per loader, unless DALI fails)
         self._runs = Runs()
         self._closed = False
@@ -328,8 +338,10 @@ class DaliRunner:
             graph=self._define,
             exif=self.exif,
             color_twist=self.color_twist,
+            decode=self.strategy.mode if self.strategy is not None else DecodeMode.ROI,
         )
         pipe.build()
+        self.operators, self.host_geometry, self.fused = operator_count(pipe), lowered.host_geometry, lowered.decode
         self.builds += 1
         self.max_batch = batch_size
         return _Graph(pipe, lowered, self.prefetch)
@@ -349,7 +361,7 @@ class DaliRunner:
             self._graph = self._build(max(plan.batch_size, self.max_batch))
         graph = self._graph
         maps = Maps(self.index.reader.storage) if self.mapped else None  # type: ignore[attr-defined]
-        reader = Reader(self.index, plan, graph.lowered.inputs, self.views, self._buffers, maps, self._pool,
+        reader = Reader(self.index, plan, graph.lowered, self.views, self._buffers, maps, self._pool,
                         ahead=self.prefetch + 1, skip=self.skip, max_pixels=self.max_pixels)  # fmt: skip
         fed, limit, error = start, plan.num_batches, None  # feeding stops at `limit`: an unreadable batch
         failed = False
@@ -426,6 +438,18 @@ class DaliRunner:
             event.record(stream)
         Batch.release(batch.maps, batch.buffer, self._buffers, event)
 
+    def describe(self) -> dict[str, Any]:
+        """DALI's CPU threads, how a leading ``RandomResizedCrop`` is decoded (on a GPU: the
+        strategy and why), the graph's operators and where its geometry is computed."""
+        if self.fused is None:
+            decode = "whole images"
+        elif self.strategy is None:
+            decode = "roi (libjpeg-turbo on the CPU)"
+        else:
+            decode = str(self.strategy)
+        return {"threads": self.num_threads, "decode": decode, "operators": self.operators,
+                "geometry": "host" if self.host_geometry else "graph"}  # fmt: skip
+
     def close(self) -> None:
         """Stops an unfinished epoch and drops the pipeline, which shuts it down (a run executing in
         another thread stops at its next batch), and ends the reader threads. In a forked child it
@@ -475,8 +499,6 @@ class DaliRunner:
         not known to be bad data (then it is raised)."""
         from nvidia.dali.tensors import TensorCPU
 
-        from ..._decode import decode_rgb
-
         batch = failure.batch
         if failure.repeat:  # a padding iteration nobody sees
             graph.recover()
@@ -487,17 +509,17 @@ class DaliRunner:
         bad: dict[int, Any] = dict(batch.skipped)
         for i, view in enumerate(batch.views):
             if i not in bad:
-                try:
-                    decode_rgb(bytes(view), shard=batch.shards[i], key=batch.keys[i], max_pixels=self.max_pixels)
-                except SampleError as e:
-                    bad[i] = e
+                error = check_decodes(bytes(view), batch.shards[i], batch.keys[i], self.max_pixels,
+                                      tuple(batch.sizes[i]) if graph.lowered.host_geometry else None)  # fmt: skip
+                if error is not None:
+                    bad[i] = error
         if len(bad) == len(batch.skipped):
             return False
-        views, keys, shards = list(batch.views), list(batch.keys), list(batch.shards)
-        labels, drawn = reader.substitute(bad, batch.samples, views, batch.labels, keys, shards)
+        views, keys, shards, sizes = list(batch.views), list(batch.keys), list(batch.shards), batch.sizes.copy()
+        labels, drawn = reader.substitute(bad, batch.samples, views, batch.labels, keys, shards, sizes)
         encoded = [TensorCPU(view) for view in views]
-        fixed = batch._replace(keys=keys, shards=shards, labels=labels, encoded=encoded, views=views,
-                               factors=reader.factors(drawn), skipped=tuple(sorted(bad.items())))  # fmt: skip
+        fixed = batch._replace(keys=keys, shards=shards, labels=labels, encoded=encoded, views=views, sizes=sizes,
+                               feeds=reader.feeds(drawn, sizes), skipped=tuple(sorted(bad.items())))  # fmt: skip
         graph.recover()
         graph.push(fixed)  # shares the batch's buffer and maps (same token): they stay
         self._release(graph, batch, None)
@@ -513,6 +535,27 @@ class DaliRunner:
         last = min(plan.num_batches, batch + self.prefetch + 1)
         candidates = (self.index.read(int(s)) for b in range(batch, last) for s in plan.batch(b)[0])
         return explain_failure(error, candidates, batch=batch, ahead=self.prefetch)
+
+
+def check_decodes(
+    data: bytes, shard: str, key: str, max_pixels: int | None, size: tuple[int, int] | None
+) -> SampleError | None:
+    """Why gpupipe's decoder refuses a sample DALI failed on (``None``: it decodes), including an
+    image whose pixels are not of the ``size`` its header declares (the graph's windows were
+    computed from it)."""
+    from ..._decode import decode_rgb
+
+    try:
+        image = decode_rgb(data, shard=shard, key=key, max_pixels=max_pixels)
+    except SampleError as e:
+        return e
+    decoded = (int(image.shape[-2]), int(image.shape[-1]))
+    if size is not None and decoded != tuple(int(v) for v in size):
+        return SampleError.at(
+            f"the image's header declares {size[0]}x{size[1]} pixels but it decodes to {decoded[0]}x{decoded[1]}",
+            shard=shard, key=key, kind=Damage.UNDECODABLE,
+        )  # fmt: skip
+    return None
 
 
 def consumer_stream(device: torch.device) -> Any:

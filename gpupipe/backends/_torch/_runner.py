@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Generator, Iterator, Sequence
+from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset
@@ -125,6 +126,7 @@ class TorchRunner:
     def __init__(self, spec: RunSpec) -> None:
         self.channels_last = spec.config.channels_last
         self.device = spec.device
+        self._workers = spec.workers
         self._batches = _Batches()
         self._loader: DataLoader[Sample | _Failure] | None = DataLoader(
             _Samples(
@@ -202,6 +204,9 @@ class TorchRunner:
             pid=worker.pid,
             exitcode=worker.exitcode,
         )
+
+    def describe(self) -> dict[str, Any]:
+        return {"workers": self._workers}
 
     def close(self) -> None:
         """Stops an unfinished epoch and ends the worker processes (and the pin-memory thread); a

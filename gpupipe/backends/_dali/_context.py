@@ -1,0 +1,354 @@
+"""What a DALI lowering function works with: the :class:`Ctx` (device, random factors, per-sample
+values fed from the host, per-sample checks), the registry of lowerings, and the compiled graph's
+description (:class:`Lowered`). DALI is imported only when a graph is defined."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import itertools
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..._config import DecodeMode
+from ..._registry import Registry
+from ._host import HOST_OPS, Feed, HostCheck, HostValue, image_sizes, step_factors
+
+__all__ = [
+    "LOWERINGS",
+    "DALI_OPS",
+    "Ctx",
+    "Check",
+    "Lowered",
+    "dali_type",
+    "scaled_to_uint8",
+    "where",
+    "to_float",
+    "hw",
+]
+
+LOWERINGS = Registry("dali")
+
+
+@dataclasses.dataclass(frozen=True)
+class Check:
+    """A per-sample condition the graph computes: where ``ok`` is false, the sample fails with
+    ``message(*values)`` (``values``: per-sample int nodes, read back with the condition)."""
+
+    ok: Any
+    values: tuple[Any, ...]
+    message: Callable[..., str]
+
+
+_NUMPY_TO_DALI = {np.dtype(np.int32): "INT32", np.dtype(np.float32): "FLOAT", np.dtype(np.float64): "FLOAT64"}
+
+
+@dataclasses.dataclass
+class Ctx:
+    """What a lowering function needs: the device its operators run on, the step's random factors,
+    the size of the image being lowered (:meth:`shape`), per-sample values fed from the host
+    (:meth:`arg`) and :meth:`require` for per-sample conditions.
+
+    Attributes:
+        device: ``"cpu"`` or ``"gpu"``.
+        seed: the loader's seed, for a user lowering that uses DALI's own random operators (with
+            :meth:`next_seed`); those are seeded once per loader, so they are not reproducible per
+            sample or on resume, and differ from the torch backend's draws. Use :meth:`random`.
+        decoder_args: extra arguments of the ``mixed`` decoders (GPU only).
+        dtype: the dtype of the node being lowered.
+        channels: the channels of the node being lowered.
+        step: the position in its view's transform list of the transform being lowered.
+        view: the view being lowered (0 for a pipeline of one transform list); each view's steps
+            have their own factors, drawn from ``(seed, epoch, sample, view, step)``.
+        feeds: ``external_source`` name → :class:`~gpupipe.backends._dali._host.Feed`: every
+            input the runner feeds per batch besides the encoded images.
+        exif: apply EXIF orientation in the decoders (``adjust_orientation``); default ``False``,
+            as torchvision's decoders (the torch backend).
+        color_twist: lower ColorJitter to DALI's ``color_twist`` (``DaliOptions.color_twist``).
+        host_geometry: compute sizes and crop windows on the host from the images' headers
+            (default); ``False`` computes them in the graph (always so with ``exif``: the headers'
+            sizes are before orientation).
+        decode: how a GPU graph decodes a leading ``RandomResizedCrop`` (resolved: ``ROI`` or ``FULL``).
+    """
+
+    device: str  # "cpu" or "gpu"
+    seed: int = 0
+    decoder_args: dict[str, Any] = dataclasses.field(default_factory=dict)  # for the mixed decoders
+    dtype: torch.dtype = torch.uint8  # dtype of the node being lowered
+    channels: int = 3  # channels of the node being lowered
+    checks: list[Check] = dataclasses.field(default_factory=list)
+    step: int = 0
+    view: int = 0
+    feeds: dict[str, Feed] = dataclasses.field(default_factory=dict)
+    exif: bool = False
+    color_twist: bool = False
+    host_geometry: bool = True
+    decode: DecodeMode = DecodeMode.ROI
+    host_checks: list[HostCheck] = dataclasses.field(default_factory=list)
+    size: tuple[Any, Any] | None = None  # the node's per-sample (height, width), where known outside the graph
+    resized: tuple[Any, Any] | None = None  # set by a lowering whose output size depends on the input's
+    _seeds: Any = None
+    _graph_factors: dict[tuple[int, int], Any] = dataclasses.field(default_factory=dict)
+    _host_factors: dict[tuple[int, int], HostValue] = dataclasses.field(default_factory=dict)
+    _fed: dict[tuple[int, str], Any] = dataclasses.field(default_factory=dict)  # (id(value), dtype) -> node
+    _scope: tuple[int, int] | None = None
+
+    def __post_init__(self) -> None:
+        self._seeds = itertools.count(1)
+        self.host_geometry = self.host_geometry and not self.exif
+
+    # ---------------------------------------------------------------- randomness --
+    def random(self, step: int | None = None) -> Any:
+        """The random factors of ``step`` (default: the step being lowered) as a graph node: a CPU
+        node, float64 ``[F]`` per sample — one row of ``Transform.sample``'s output, fed for each
+        batch. Inside :meth:`scoped_factors` (without ``step``), the scope's columns."""
+        key = (self.view, self.step if step is None else step)
+        if key not in self._graph_factors:
+            name = f"factors{key[1]}" if key[0] == 0 else f"factors{key[1]}_view{key[0]}"
+            node = self.fn.external_source(name=name, dtype=self.types.FLOAT64, ndim=1, device="cpu")
+            self._graph_factors[key] = node
+            self.feeds[name] = Feed(step_factors(*key), np.float64, draw=key)
+        node = self._graph_factors[key]
+        if step is None and self._scope is not None:
+            return node[self._scope[0] : self._scope[1]]
+        return node
+
+    def host_random(self, step: int | None = None) -> HostValue:
+        """The random factors of ``step`` (default: the step being lowered) as a host value
+        (float64 ``[B, F]``): what the graph needs of them goes in through :meth:`arg`, computed
+        on the host (a flip decision, a crop window), so that no arithmetic on them runs in the
+        graph. Inside :meth:`scoped_factors` (without ``step``), the scope's columns."""
+        key = (self.view, self.step if step is None else step)
+        factors = self._host_factors.get(key)
+        if factors is None:
+            factors = self._host_factors[key] = step_factors(*key)
+        if step is None and self._scope is not None:
+            return factors[self._scope[0] : self._scope[1]]
+        return factors
+
+    def factor(self, i: int, dtype: Any = np.float32) -> Any:
+        """Factor ``i`` of the step being lowered, as a per-sample graph argument of ``dtype``."""
+        return self.arg(self.host_random()[i], dtype)
+
+    def decision(self, i: int = 0) -> Any:
+        """Factor ``i`` (a 0/1 decision: a flip, a grayscale) as the int32 argument DALI's
+        operators take."""
+        return self.factor(i, np.int32)
+
+    @contextlib.contextmanager
+    def scoped_factors(self, start: int, stop: int) -> Iterator[None]:
+        """Within the block, :meth:`random` and :meth:`host_random` (without ``step``) return
+        columns ``start:stop`` of the step's factors: a composite transform gives each inner
+        transform's lowering its own slice (``with ctx.scoped_factors(1, 3): node =
+        lowering(inner, node, ctx)``). Scopes nest."""
+        saved = self._scope
+        offset = saved[0] if saved is not None else 0
+        self._scope = (offset + start, offset + stop)
+        try:
+            yield
+        finally:
+            self._scope = saved
+
+    def next_seed(self) -> int:
+        """A distinct seed for each DALI random operator a user lowering adds (see ``seed``)."""
+        return (self.seed * 1_000_003 + next(self._seeds) * 7_919) % (2**31 - 1)
+
+    # ---------------------------------------------------------- per-sample values --
+    def shape(self, img: Any) -> tuple[Any, Any]:
+        """The per-sample ``(height, width)`` of ``img``, the node being lowered: host values (or
+        ints, where the pipeline fixes them) where the host knows them, else int32 graph nodes."""
+        return self.size if self.size is not None else hw(img)
+
+    def ops(self, *values: Any) -> Any:
+        """The ``gpupipe._geometry`` operations for ``values``: on host values, graph nodes or ints."""
+        from ..._geometry import INT
+
+        if any(isinstance(v, HostValue) for v in values):
+            return HOST_OPS
+        if any(_is_node(v) for v in values):
+            return DALI_OPS
+        return INT
+
+    def arg(self, value: Any, dtype: Any) -> Any:
+        """``value`` as a per-sample argument of a DALI operator, of NumPy ``dtype`` (int32,
+        float32 or float64): a host value becomes an ``external_source`` the runner feeds (one
+        operator, no arithmetic in the graph), a graph node is cast, a number stays a constant."""
+        dtype = np.dtype(dtype)
+        if isinstance(value, HostValue):
+            return self._feed(value, dtype, ndim=0)
+        if _is_node(value):
+            return self.fn.cast(value, dtype=getattr(self.types, _NUMPY_TO_DALI[dtype]))
+        return int(value) if dtype.kind == "i" else float(np.asarray(value, dtype=dtype))
+
+    def arg_vector(self, values: Sequence[Any], dtype: Any) -> Any:
+        """``values`` (one per element) as a per-sample vector argument (a crop's start, a size):
+        one fed ``external_source`` where any is a host value, a stack of graph nodes, or a list."""
+        dtype = np.dtype(dtype)
+        if any(isinstance(v, HostValue) for v in values):
+            return self._feed(HostValue(_columns, *values), dtype, ndim=1)
+        if any(_is_node(v) for v in values):
+            return self.fn.stack(*(self.arg(v, dtype) for v in values))
+        return [self.arg(v, dtype) for v in values]
+
+    def _feed(self, value: HostValue, dtype: np.dtype, *, ndim: int) -> Any:
+        key = (id(value), dtype.str)  # the feed keeps the value: its id stays its own
+        if key not in self._fed:
+            name = f"arg{len(self._fed)}"
+            dali_type = getattr(self.types, _NUMPY_TO_DALI[dtype])
+            self._fed[key] = self.fn.external_source(name=name, dtype=dali_type, ndim=ndim, device="cpu")
+            self.feeds[name] = Feed(value, dtype)
+        return self._fed[key]
+
+    @property
+    def draws(self) -> set[tuple[int, int]]:
+        """The ``(view, step)`` of every random step whose factors the graph uses so far."""
+        return set(self._graph_factors) | set(self._host_factors)
+
+    def require(self, ok: Any, values: Sequence[Any], message: Callable[..., str]) -> None:
+        """Fails a sample where ``ok`` is false, with ``message(*values)``: checked on the host
+        before the batch is fed where ``ok`` is a host value (or a constant), else in the graph."""
+        if ok is True:  # holds for every sample (fixed sizes)
+            return
+        if _is_node(ok) or any(_is_node(v) for v in values):
+            self.checks.append(Check(ok, tuple(values), message))
+        else:
+            self.host_checks.append(HostCheck(ok, tuple(values), message))
+
+    # ------------------------------------------------------------------- DALI --
+    @property
+    def orientation(self) -> dict[str, bool]:
+        """The decoders' (and ``peek_image_shape``'s) EXIF argument."""
+        return {"adjust_orientation": self.exif}
+
+    @property
+    def decoder_device(self) -> str:
+        """nvJPEG's ``mixed`` decoder feeds the GPU; DALI's CPU decoder the CPU."""
+        return "mixed" if self.device == "gpu" else "cpu"
+
+    @property
+    def fn(self) -> Any:
+        from nvidia.dali import fn
+
+        return fn
+
+    @property
+    def types(self) -> Any:
+        from nvidia.dali import types
+
+        return types
+
+    def encoded_shape(self, encoded: Any) -> tuple[Any, Any]:
+        """The encoded images' ``(height, width)`` as the decoders output them: from the headers
+        on the host, or (``host_geometry`` off) ``peek_image_shape`` in the graph."""
+        if self.host_geometry:
+            return image_sizes()
+        shape = peek_shape(self, encoded)
+        return shape[0], shape[1]
+
+
+def _columns(*values: Any) -> np.ndarray:
+    """Per-sample scalars (arrays ``[B]`` or constants) as one ``[B, k]`` array."""
+    batch = max((np.shape(v)[0] for v in values if np.ndim(v)), default=1)
+    return np.stack([np.broadcast_to(np.asarray(v), (batch,)) for v in values], axis=1)
+
+
+def _is_node(value: Any) -> bool:
+    return type(value).__name__ == "DataNode"
+
+
+def peek_shape(ctx: Ctx, encoded: Any) -> Any:
+    """The encoded images' ``[H, W, C]`` (int32, CPU), from their headers, as the decoders see them."""
+    return ctx.fn.peek_image_shape(encoded, dtype=ctx.types.INT32, **ctx.orientation)
+
+
+def hw(img: Any) -> tuple[Any, Any]:
+    """A graph node's per-sample ``(height, width)``: int32 CPU nodes (HWC layout)."""
+    from nvidia.dali import types
+
+    shape = img.shape(dtype=types.INT32, device="cpu")
+    return shape[0], shape[1]
+
+
+def to_float(ctx: Ctx, value: Any) -> Any:
+    return ctx.fn.cast(value, dtype=ctx.types.FLOAT)
+
+
+def dali_type(ctx: Ctx, dtype: torch.dtype) -> Any:
+    """DALI's type for an image dtype gpupipe has (no bfloat16: ``ToDtype`` refuses it)."""
+    types = ctx.types
+    return {torch.uint8: types.UINT8, torch.float16: types.FLOAT16, torch.float64: types.FLOAT64}.get(
+        dtype, types.FLOAT
+    )
+
+
+def scaled_to_uint8(x: Any) -> Any:
+    """torchvision's ``to_dtype(float image, uint8, scale=True)``: ``floor(x * (256 - 1e-3))``,
+    saturated to 0..255 (a float node; cast it)."""
+    from nvidia.dali import math as dmath
+
+    return dmath.clamp(dmath.floor(x * (255.0 + 1.0 - 1e-3)), 0.0, 255.0)
+
+
+def where(cond: Any, a: Any, b: Any) -> Any:
+    """Per-sample ``a if cond else b`` in DALI arithmetic (``cond`` a boolean node)."""
+    return cond * a + (1 - cond) * b
+
+
+class _DaliOps:
+    """gpupipe._geometry's operations on DALI nodes (integer arithmetic, per sample)."""
+
+    where = staticmethod(where)
+
+    @staticmethod
+    def min(a: Any, b: Any) -> Any:
+        from nvidia.dali import math as dmath
+
+        return dmath.min(a, b)
+
+    @staticmethod
+    def max(a: Any, b: Any) -> Any:
+        from nvidia.dali import math as dmath
+
+        return dmath.max(a, b)
+
+
+DALI_OPS = _DaliOps()
+
+
+@dataclasses.dataclass(frozen=True)
+class Lowered:
+    """A compiled graph: the images of each view, the inputs fed per batch (:attr:`feeds`: random
+    factors and host-computed arguments), the per-sample conditions checked on the host before
+    feeding (:attr:`host_checks`) and, where a lowering required conditions in the graph, one int32
+    vector per sample — the encoded image's ``(height, width)``, then each check's ``ok`` and
+    values. ``draws``: the ``(view, step)`` of every random step whose factors the graph uses;
+    ``host_geometry``: whether the runner must give the images' header sizes."""
+
+    images: tuple[Any, ...]  # one node per view
+    checks: tuple[Check, ...] = ()
+    check_output: Any = None
+    feeds: dict[str, Feed] = dataclasses.field(default_factory=dict)
+    host_checks: tuple[HostCheck, ...] = ()
+    draws: frozenset[tuple[int, int]] = frozenset()
+    host_geometry: bool = False
+    decode: DecodeMode | None = None  # how a leading RandomResizedCrop is decoded, where one is fused
+
+    def outputs(self) -> list[Any]:
+        return [*self.images] if self.check_output is None else [*self.images, self.check_output]
+
+    def failures(self, rows: np.ndarray) -> list[tuple[int, tuple[int, int], str]]:
+        """``(sample, (height, width), message)`` for each sample of the batch that failed a
+        graph check, from the check output's ``[B, M]`` rows."""
+        failed = []
+        for b, row in enumerate(np.asarray(rows).reshape(len(rows), -1).tolist()):
+            pos = 2
+            for check in self.checks:
+                ok, values = row[pos], row[pos + 1 : pos + 1 + len(check.values)]
+                pos += 1 + len(check.values)
+                if not ok:
+                    failed.append((b, (row[0], row[1]), check.message(*values)))
+                    break
+        return failed

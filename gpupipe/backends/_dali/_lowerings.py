@@ -1,0 +1,271 @@
+"""The DALI backend's geometric and dtype lowerings (photometric ones: ``_color``).
+
+Geometry is ``gpupipe._geometry``'s — the functions the torch backend and ``output_spec`` use — on
+whatever the image's size is at that step (:meth:`Ctx.shape`): host values computed per batch from
+the images' headers (the default: only the results enter the graph, through :meth:`Ctx.arg`),
+ints where the pipeline fixes the size, or DALI shape nodes where only the graph knows it (with
+EXIF orientation, or after a step whose output size the host cannot know), evaluated there with
+:data:`DALI_OPS`. DALI's ``resize_shorter`` and crop positions round differently from torchvision,
+so sizes and anchors are always gpupipe's own.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from ... import transforms as T
+from ..._errors import BackendUnavailableError
+from ..._geometry import (
+    ATTEMPTS,
+    center_crop_anchor,
+    crop_padding,
+    crop_start,
+    crop_too_large,
+    resize_empty,
+    resize_size,
+    resized_crop_windows,
+)
+from ._context import LOWERINGS, Ctx, dali_type, scaled_to_uint8, to_float
+from ._host import HostValue
+
+__all__ = ["crop_window", "resize", "relative_position", "BUILTIN"]
+
+
+def _interp(ctx: Ctx, mode: T.InterpolationMode | str) -> Any:
+    it = ctx.types.DALIInterpType
+    return {
+        T.InterpolationMode.BILINEAR: it.INTERP_LINEAR,
+        T.InterpolationMode.BICUBIC: it.INTERP_CUBIC,
+        T.InterpolationMode.NEAREST: it.INTERP_NN,
+        T.InterpolationMode.NEAREST_EXACT: it.INTERP_NN,
+    }[T.InterpolationMode(mode)]
+
+
+def resize(ctx: Ctx, img: Any, h: Any, w: Any, interpolation: T.InterpolationMode | str, antialias: bool) -> Any:
+    """``img`` resized to ``h`` x ``w`` (ints, host values or graph nodes: exact integer sizes)."""
+    types = ctx.types
+    return ctx.fn.resize(
+        img,
+        device=ctx.device,
+        size=ctx.arg_vector([h, w], np.float32),
+        interp_type=_interp(ctx, interpolation),
+        antialias=antialias,
+        dtype=types.UINT8 if ctx.dtype == torch.uint8 else types.FLOAT,
+    )
+
+
+def crop_window(ctx: Ctx, height: Any, width: Any) -> tuple[Any, Any, Any, Any]:
+    """``RandomResizedCrop``'s window ``(top, left, h, w)`` (step ``ctx.step``) on images of
+    ``height`` x ``width``: ``gpupipe._geometry.resized_crop_windows`` on the host, or its graph
+    form where only the graph knows the size."""
+    if not _node(height):
+        window = HostValue(resized_crop_windows, height, width, ctx.host_random())
+        return window[0], window[1], window[2], window[3]
+    return _graph_crop_window(ctx, ctx.random(), height, width)
+
+
+def _graph_crop_window(ctx: Ctx, factors: Any, height: Any, width: Any) -> tuple[Any, ...]:
+    """``gpupipe._geometry.resized_crop_window`` on graph nodes: int32 ``(top, left, h, w)`` per
+    sample, from the step's factors (the ratio bounds come last, as float64 data) and the image's
+    int32 ``height``/``width``. The same float64 operations in the same order, the attempts as
+    ``[ATTEMPTS]`` vectors; the only constants are 0.5 and 1.0, exact in the float32 DALI keeps
+    constants in."""
+    from nvidia.dali import math as dmath
+
+    fn, types, n = ctx.fn, ctx.types, ATTEMPTS
+
+    def f64(x: Any) -> Any:
+        return fn.cast(x, dtype=types.FLOAT64)
+
+    def i32(x: Any) -> Any:
+        return fn.cast(x, dtype=types.INT32)
+
+    hf, wf = f64(height), f64(width)
+    sqa = dmath.sqrt(hf * wf)
+    ws = dmath.floor(sqa * factors[0:n] + 0.5)
+    hs = dmath.floor(sqa * factors[n : 2 * n] + 0.5)
+    fits = (ws >= 1.0) & (ws <= wf) & (hs >= 1.0) & (hs <= hf)
+    attempt = fn.constant(idata=list(range(n)), dtype=types.INT32)
+    first = i32(fn.reductions.min(attempt + (1 - i32(fits)) * n))  # n where no attempt fits
+    chosen = i32(attempt == first)
+    found = i32(first < n)
+    h = found * i32(fn.reductions.sum(i32(hs) * chosen)) + (1 - found) * dmath.min(
+        height, i32(dmath.floor(wf / factors[2 * n + 2] + 0.5))
+    )
+    w = found * i32(fn.reductions.sum(i32(ws) * chosen)) + (1 - found) * dmath.min(
+        width, i32(dmath.floor(hf * factors[2 * n + 3] + 0.5))
+    )
+    top = found * i32(dmath.floor(factors[2 * n] * f64(height - h + 1))) + (1 - found) * ((height - h) // 2)
+    left = found * i32(dmath.floor(factors[2 * n + 1] * f64(width - w + 1))) + (1 - found) * ((width - w) // 2)
+    return i32(top), i32(left), i32(h), i32(w)
+
+
+def relative_position(ctx: Ctx, anchor: Any, room: Any) -> Any:
+    """``crop_mirror_normalize``'s relative crop position for an integer ``anchor`` with ``room``
+    pixels to spare: ``anchor / room`` in float32 (0 where there is no room), which DALI turns
+    back into exactly ``anchor`` (``round(pos * room)``, tested against torchvision)."""
+    if _node(anchor) or _node(room):
+        return to_float(ctx, anchor) / to_float(ctx, ctx.ops(room).where(room == 0, 1, room))
+    if isinstance(anchor, HostValue) or isinstance(room, HostValue):
+        return ctx.arg(HostValue(_relative, anchor, room), np.float32)
+    return float(_relative(anchor, room))
+
+
+def _relative(anchor: Any, room: Any) -> Any:
+    room = np.where(np.asarray(room) == 0, 1, room)
+    return np.asarray(anchor, dtype=np.float32) / np.asarray(room, dtype=np.float32)
+
+
+def _node(value: Any) -> bool:
+    return type(value).__name__ == "DataNode"
+
+
+@LOWERINGS.register(T.RandomResizedCrop)
+def _random_resized_crop(t: T.RandomResizedCrop, img: Any, ctx: Ctx) -> Any:
+    top, left, ch, cw = crop_window(ctx, *ctx.shape(img))
+    start, shape = ctx.arg_vector([top, left], np.int32), ctx.arg_vector([ch, cw], np.int32)
+    img = ctx.fn.slice(img, start=start, shape=shape, device=ctx.device, axis_names="HW")
+    return resize(ctx, img, t.size[0], t.size[1], t.interpolation, t.antialias)
+
+
+@LOWERINGS.register(T.Resize)
+def _resize(t: T.Resize, img: Any, ctx: Ctx) -> Any:
+    if t.size is not None and len(t.size) == 2:
+        return resize(ctx, img, t.size[0], t.size[1], t.interpolation, t.antialias)
+    h, w = ctx.shape(img)
+    ops = ctx.ops(h, w)
+    new_h, new_w = resize_size(h, w, t.size, t.max_size, ops)
+    if t.max_size is not None:  # a very thin image may round to no rows or columns: the sample fails
+        ctx.require(
+            (new_h >= 1) & (new_w >= 1), [new_h, new_w], lambda nh, nw: resize_empty(t.size, t.max_size, (nh, nw))
+        )
+        new_h, new_w = ops.max(new_h, 1), ops.max(new_w, 1)
+    ctx.resized = (new_h, new_w)
+    return resize(ctx, img, new_h, new_w, t.interpolation, t.antialias)
+
+
+def _slice(ctx: Ctx, img: Any, top: Any, left: Any, h: int, w: int, fill: Any = 0.0) -> Any:
+    return ctx.fn.slice(
+        img,
+        start=ctx.arg_vector([top, left], np.int32),
+        shape=[h, w],
+        device=ctx.device,
+        axis_names="HW",
+        out_of_bounds_policy="pad",
+        fill_values=fill,
+    )
+
+
+@LOWERINGS.register(T.CenterCrop)
+def _center_crop(t: T.CenterCrop, img: Any, ctx: Ctx) -> Any:
+    h, w = ctx.shape(img)
+    ops = ctx.ops(h, w)
+    return _slice(ctx, img, center_crop_anchor(t.size[0], h, ops), center_crop_anchor(t.size[1], w, ops), *t.size)
+
+
+def _random_crop_unsupported(t: T.RandomCrop) -> str | None:
+    if t.padding_mode != "constant" and (t.padding or t.pad_if_needed):
+        return f"padding_mode={t.padding_mode!r} (DALI pads with constants only); use padding_mode='constant'"
+    return None
+
+
+@LOWERINGS.register(T.RandomCrop, unsupported=_random_crop_unsupported)
+def _random_crop(t: T.RandomCrop, img: Any, ctx: Ctx) -> Any:
+    h, w = ctx.shape(img)
+    ops = ctx.ops(h, w)
+    left, top, right, bottom = t.padding or (0, 0, 0, 0)
+    ch, cw = t.size
+
+    def axis(size: Any, before: int, after: int, crop: int, i: int) -> tuple[Any, Any]:
+        """The window's first input pixel (negative: in the padding), and the padded size."""
+        before, _, padded = crop_padding(size, before, after, crop, t.pad_if_needed, ops)
+        room = padded - crop + 1  # the start is floor(u * room), in [0, room); room <= 0: too small
+        if _node(room):
+            from nvidia.dali import math as dmath
+
+            u = ctx.random()[i]
+            start = ctx.fn.cast(dmath.floor(u * ctx.fn.cast(room, dtype=ctx.types.FLOAT64)), dtype=ctx.types.INT32)
+            return dmath.min(start, room - 1) - before, padded
+        return HostValue(crop_start, ctx.host_random()[i], room) - before, padded
+
+    top_px, padded_h = axis(h, top, bottom, ch, 0)
+    left_px, padded_w = axis(w, left, right, cw, 1)
+    if not t.pad_if_needed:  # too small even padded: the sample fails, as on the torch backend
+        ctx.require(
+            (padded_h >= ch) & (padded_w >= cw),
+            [padded_h, padded_w],
+            lambda ph, pw: crop_too_large((ch, cw), (ph, pw), padding=t.padding is not None),
+        )
+    fill = list(t.fill) if isinstance(t.fill, tuple) else float(t.fill)
+    return _slice(ctx, img, top_px, left_px, ch, cw, fill)
+
+
+@LOWERINGS.register(T.RandomHorizontalFlip)
+def _hflip(t: T.RandomHorizontalFlip, img: Any, ctx: Ctx) -> Any:
+    return ctx.fn.flip(img, device=ctx.device, vertical=0, horizontal=ctx.decision())
+
+
+@LOWERINGS.register(T.RandomVerticalFlip)
+def _vflip(t: T.RandomVerticalFlip, img: Any, ctx: Ctx) -> Any:
+    return ctx.fn.flip(img, device=ctx.device, horizontal=0, vertical=ctx.decision())
+
+
+def _to_dtype_unsupported(t: T.ToDtype) -> str | None:
+    if t.dtype == torch.bfloat16:
+        return "DALI has no bfloat16; use ToDtype(torch.float16) or convert the batch in torch"
+    return None
+
+
+@LOWERINGS.register(T.ToDtype, unsupported=_to_dtype_unsupported)
+def _to_dtype(t: T.ToDtype, img: Any, ctx: Ctx) -> Any:
+    src_int, dst_int = ctx.dtype == torch.uint8, t.dtype == torch.uint8
+    if t.scale and src_int and not dst_int:
+        img = to_float(ctx, img) * (1.0 / 255.0)
+    elif t.scale and dst_int and not src_int:
+        img = scaled_to_uint8(img)
+    return ctx.fn.cast(img, device=ctx.device, dtype=dali_type(ctx, t.dtype))
+
+
+@LOWERINGS.register(T.Normalize)
+def _normalize(t: T.Normalize, img: Any, ctx: Ctx) -> Any:
+    mean, std = list(t.mean) * (3 // len(t.mean)), list(t.std) * (3 // len(t.std))
+    return ctx.fn.crop_mirror_normalize(
+        img, device=ctx.device, mean=mean, std=std, output_layout="HWC", dtype=ctx.types.FLOAT
+    )
+
+
+@LOWERINGS.register(T.Arithmetic)
+def _arithmetic(t: T.Arithmetic, img: Any, ctx: Ctx) -> Any:
+    return ctx.fn.cast(t.apply(img), device=ctx.device, dtype=dali_type(ctx, ctx.dtype))  # a float input
+
+
+@LOWERINGS.register(T.ArrayFunction)
+def _array_function(t: T.ArrayFunction, img: Any, ctx: Ctx) -> Any:
+    if ctx.device == "gpu":
+        try:
+            import cupy as xp
+        except ImportError:
+            raise BackendUnavailableError(
+                f"{type(t).__name__} (an ArrayFunction) on the GPU needs CuPy: pip install cupy-cuda12x (or "
+                "cupy-cuda13x, as DALI's CUDA major)"
+            ) from None
+    else:
+        import numpy as xp
+
+    def run(image: Any) -> Any:
+        return t.apply(image, xp)
+
+    return ctx.fn.python_function(img, function=run, device=ctx.device, batch_processing=False, output_layouts="HWC")
+
+
+# The lowerings fusion stands in for (see _compiler._builtin).
+BUILTIN: dict[type, Any] = {
+    T.RandomResizedCrop: _random_resized_crop,
+    T.CenterCrop: _center_crop,
+    T.RandomHorizontalFlip: _hflip,
+    T.ToDtype: _to_dtype,
+    T.Normalize: _normalize,
+}
