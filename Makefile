@@ -1,6 +1,8 @@
 # make demo     : set up .venv, make a small sample dataset, run the ImageNet pipeline, print images/s
 # make test     : set up .venv if needed, then lint (ruff), type-check (mypy) and run the tests
 # make test-gpu : the gpu-marked tests and `gpupipe doctor --run` (on a machine with a GPU)
+# make bench-gpu: gpupipe's recipes beside DALI by hand (bench/gpu.py; a GPU machine, ~5 min); writes bench/results/
+#                 (PY=python3: use that interpreter as it is, e.g. on a machine without a package registry)
 # make lint     : ruff (lint + format check) and mypy only; make format: apply ruff's fixes and format
 PYTHON ?= python3
 VENV ?= .venv
@@ -28,7 +30,10 @@ else
   $(error the NVIDIA driver supports CUDA $(CUDA): DALI 2.4 needs 12 or newer; update the driver, or run make CUDA= for a CPU-only install)
 endif
 
-.PHONY: demo test test-gpu lint format clean
+# The interpreter's setup: the venv, unless PY names another interpreter (used as it is).
+SETUP := $(if $(filter $(VENV)/bin/python,$(PY)),$(VENV)/.installed,)
+
+.PHONY: demo test test-gpu bench-gpu lint format clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -59,9 +64,13 @@ format: $(VENV)/.installed
 test: lint
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
-test-gpu: $(VENV)/.installed
+test-gpu: $(SETUP)
 	$(PY) -m gpupipe doctor --run
 	$(PY) -m pytest -q -m gpu -rs $(PYTEST_ARGS)
+
+bench-gpu: $(SETUP)
+	$(PY) -m gpupipe doctor
+	$(PY) bench/gpu.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) $(DEMO_DATA) .pytest_cache

@@ -81,6 +81,16 @@ def timed(batches: Iterator[tuple[torch.Tensor, torch.Tensor]], step: Any, args:
     return n / seconds, 100.0 * wait / seconds
 
 
+def on_device(args: argparse.Namespace, device: torch.device,
+              memory_format: torch.memory_format) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:  # fmt: skip
+    """The step's ceiling: one batch made once on the device, given again and again."""
+    images = torch.randn(args.batch_size, 3, args.image_size, args.image_size, device=device)
+    images = images.contiguous(memory_format=memory_format)
+    labels = torch.randint(0, 1000, (args.batch_size,), device=device)
+    while True:
+        yield images, labels
+
+
 def endless(loader: Any, device: torch.device, memory_format: torch.memory_format) -> Iterator[tuple[Any, Any]]:
     """A loader's batches on the device, epoch after epoch."""
     epoch = 0
@@ -118,15 +128,7 @@ def main() -> None:
     memory_format = torch.channels_last if gpu else torch.contiguous_format
     step = step_fn(args, device)
     rows: list[tuple[str, float, float]] = []
-    images = torch.randn(args.batch_size, 3, args.image_size, args.image_size, device=device)
-    images = images.contiguous(memory_format=memory_format)
-    labels = torch.randint(0, 1000, (args.batch_size,), device=device)
-
-    def same() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        while True:
-            yield images, labels
-
-    rows.append(("synthetic (on the device)", *timed(same(), step, args, device)))
+    rows.append(("synthetic (on the device)", *timed(on_device(args, device, memory_format), step, args, device)))
     names = [n for n in gp.backends.names() if gp.backends.get(n).available()]
     for name in names:
         options = dict(backend=name, device=str(device), num_workers=args.workers, memory_format=memory_format)

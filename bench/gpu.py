@@ -1,0 +1,405 @@
+"""``make bench-gpu``: gpupipe's recipes beside DALI by hand on one GPU, in one run.
+
+    python bench/gpu.py              # on a GPU machine: about 5 minutes
+    python bench/gpu.py --quick      # anywhere (DALI's CPU operators without a GPU): under a minute
+
+On two sets of JPEGs — ImageNet-like (500 x 375, ~110 KB, 4:2:0) and large (2000 x 1500, 3 Mpx) —
+and at several decoder thread counts, each row is one input pipeline read for a warm-up epoch and
+then ``--epochs`` timed ones:
+
+- ``by hand``: NVIDIA's documented ResNet-50 pipelines (``bench/dali_by_hand.py``), train and val,
+  over an ImageFolder copy of the images, through ``DALIGenericIterator``; ``by hand, fancy`` is
+  the train one with fancy upsampling, as gpupipe decodes by default (parity with torchvision);
+- gpupipe's ``pipelines/imagenet.py`` train and val recipes and ``pipelines/ssl.py``'s DINO, over
+  the tar shards, through ``gp.Loader``.
+
+Per row: images/s, the process's CPU-seconds per 1,000 images (DALI's threads run in it), and
+where the JPEGs were decoded, from a separate probe run of a few batches with nvImageCodec's log
+at INFO (``DALI_NVIMGCODEC_LOG_LEVEL=3``), which names the decoder of each sample nvJPEG's CUDA
+decoder or libjpeg-turbo took — the hardware decoder's batches are not logged, so its share is
+the rest — and the nvJPEG version nvImageCodec loaded. Then the ResNet-50 (bf16, channels_last)
+data stall with gpupipe's train recipe (``bench/data_stall.py``'s step). Writes
+``bench/results/<date>-<device>-gpu.md``, ``.json`` and ``.png`` and prints the ratios against the
+targets of issue 23.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any
+
+import numpy as np
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import gpupipe as gp
+from gpupipe.testing import encode_jpeg, synthetic_image
+
+SETS = {"imagenet-like": (375, 500), "large": (1500, 2000)}  # (height, width)
+QUICK_SETS = {"imagenet-like": (375, 500), "large": (750, 1000)}
+RECIPES = ("by hand", "by hand, fancy", "gpupipe train", "by hand val", "gpupipe val", "gpupipe dino")
+CLASSES = 10
+
+
+# ------------------------------------------------------------------------------- data --
+
+
+def _photo(args: tuple[int, tuple[int, int]]) -> bytes:
+    """A photo-like JPEG: a synthetic scene with sensor-like noise (real photos' detail), 4:2:0."""
+    i, size = args
+    image = synthetic_image(i, size=size).astype(np.float32)
+    noisy = image + np.random.default_rng(i).normal(0.0, 20.0, image.shape)
+    return encode_jpeg(np.clip(noisy, 0, 255).astype(np.uint8), quality=90)
+
+
+def make_set(root: str, name: str, size: tuple[int, int], count: int, workers: int) -> tuple[list[str], str, float]:
+    """``count`` images of ``size`` under ``root``/``name``, as tar shards and as an ImageFolder
+    tree: ``(shards, folder, mean KB)``; made once."""
+    base = os.path.join(root, f"{name}-{size[1]}x{size[0]}-{count}")
+    folder = os.path.join(base, "folder")
+    done = os.path.join(base, ".done")
+    if not os.path.exists(done):
+        os.makedirs(base, exist_ok=True)
+        with ProcessPoolExecutor(workers) as pool:
+            jpegs = list(pool.map(_photo, [(i, size) for i in range(count)], chunksize=16))
+        with gp.ShardWriter(os.path.join(base, "shard-%06d.tar"), max_count=256) as w:
+            for i, data in enumerate(jpegs):
+                w.write(f"{i:07d}", {"jpg": data, "cls": i % CLASSES})
+                path = os.path.join(folder, f"c{i % CLASSES}", f"{i:07d}.jpg")
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                with open(path, "wb") as f:
+                    f.write(data)
+        with open(done, "w") as f:
+            f.write(json.dumps({"shards": w.shards, "kb": sum(map(len, jpegs)) / len(jpegs) / 1e3}))
+    with open(done) as f:
+        meta = json.load(f)
+    return meta["shards"], folder, meta["kb"]
+
+
+# ------------------------------------------------------------------------- pipelines --
+
+
+def batches(recipe: str, shards: list[str], folder: str, *, gpu: bool, batch: int, threads: int,
+            prefetch: int = 2) -> tuple[Any, Any]:  # fmt: skip
+    """``(epoch, close)`` of one row's input pipeline: ``epoch()`` yields one epoch's batches."""
+    if recipe.startswith("by hand"):
+        from dali_by_hand import ByHand
+
+        hand = ByHand(folder, train="val" not in recipe, gpu=gpu, batch_size=batch, threads=threads,
+                      fancy="fancy" in recipe, prefetch=prefetch)  # fmt: skip
+        return hand.epoch, hand.close
+    name = {"gpupipe train": "imagenet.py:train", "gpupipe val": "imagenet.py:val", "gpupipe dino": "ssl.py:dino"}
+    pipe = gp.load_pipeline(os.path.join(ROOT, "pipelines", name[recipe]))(shards)
+    loader = gp.Loader(pipe, batch, backend="dali", device="cuda" if gpu else "cpu", num_workers=threads,
+                       shuffle=True, drop_last=True, seed=0, prefetch=prefetch)  # fmt: skip
+    state = {"epoch": 0}
+
+    def epoch() -> Iterator[Any]:
+        loader.set_epoch(state["epoch"])
+        state["epoch"] += 1
+        yield from loader
+
+    return epoch, loader.close
+
+
+def _count(images: Any) -> int:
+    return len(images[0]) if isinstance(images, tuple) else len(images)
+
+
+def measure(recipe: str, shards: list[str], folder: str, *, gpu: bool, batch: int, threads: int,
+            epochs: int) -> dict[str, Any]:  # fmt: skip
+    """Images/s (the best timed epoch) and CPU-seconds per 1,000 images (the least) of one row."""
+    epoch, close = batches(recipe, shards, folder, gpu=gpu, batch=batch, threads=threads)
+    rates, cpu = [], []
+    try:
+        for e in range(epochs + 1):
+            n, start, start_cpu = 0, time.perf_counter(), time.process_time()
+            for images, _ in epoch():
+                n += _count(images)
+            if gpu:
+                torch.cuda.synchronize()
+            if e:  # the first epoch warms up: build, allocations, page cache
+                rates.append(n / (time.perf_counter() - start))
+                cpu.append(1000 * (time.process_time() - start_cpu) / n)
+    finally:
+        close()
+    return {"recipe": recipe, "threads": threads, "images_per_s": round(max(rates), 1),
+            "cpu_s_per_1000": round(min(cpu), 3), "epochs": [round(r, 1) for r in rates]}  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- probe --
+
+PROBE_BATCHES = 3
+_DECODER = re.compile(r"(\w+_decoder) process #")
+_VERSION = re.compile(r"nvJPEG version: ([0-9.]+)")
+
+
+def probe(recipe: str, shards: list[str], folder: str, *, gpu: bool, batch: int, threads: int) -> dict[str, Any]:
+    """Where ``recipe``'s JPEGs are decoded: a child decodes exactly :data:`PROBE_BATCHES` batches
+    (no prefetch) with nvImageCodec's log at INFO, which names the decoder of every sample nvJPEG's
+    CUDA decoder or a CPU decoder took; the hardware decoder's batches are not logged: its share
+    is the rest."""
+    argv = [sys.executable, os.path.abspath(__file__), "--probe", recipe, "--probe-shards", json.dumps(shards),
+            "--probe-folder", folder, "--batch-size", str(batch), "--probe-threads", str(threads)]  # fmt: skip
+    if not gpu:
+        argv.append("--cpu")
+    out = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, "DALI_NVIMGCODEC_LOG_LEVEL": "3"},
+                         timeout=300)  # fmt: skip
+    log = out.stdout + out.stderr
+    decoded = next((int(m) for m in re.findall(r"PROBED (\d+)", out.stdout)), 0)
+    if out.returncode or not decoded:
+        return {"decoded": f"probe failed ({out.returncode}): {(log.strip().splitlines() or [''])[-1][:200]}"}
+    return decode_shares(log, decoded, gpu=gpu)
+
+
+def decode_shares(log: str, decoded: int, *, gpu: bool) -> dict[str, Any]:
+    """Shares of the ``decoded`` samples per decoder, from nvImageCodec's INFO ``log``: the CUDA
+    decoder's and the CPU decoders' samples are logged one by one (``<decoder> process #i``); the
+    hardware decoder's batches are not, so its share is the rest (none without a GPU)."""
+    counts: dict[str, int] = {}
+    for decoder in _DECODER.findall(log):
+        counts[decoder] = counts.get(decoder, 0) + 1
+    cpu = sum(v for k, v in counts.items() if "turbo" in k or "opencv" in k)
+    cuda = counts.get("nvjpeg_cuda_decoder", 0)
+    hw = max(0, decoded - cpu - cuda) if gpu else 0
+    shares = {"hw": hw / decoded, "cuda": cuda / decoded, "cpu": cpu / decoded}
+    return {
+        "decoded": " / ".join(f"{k} {100 * v:.0f}%" for k, v in shares.items()),
+        "cpu_share": round(shares["cpu"], 3),
+        "nvjpeg": ",".join(sorted(set(_VERSION.findall(log)))) or None,
+        "decoder_lines": counts,
+    }
+
+
+def _probe_child(args: argparse.Namespace) -> None:
+    """In the probe's child: decode exactly PROBE_BATCHES batches, prefetching nothing (by hand:
+    ``pipe.run()`` with a queue of one, which runs one iteration per call)."""
+    gpu, shards = not args.cpu, json.loads(args.probe_shards)
+    n = 0
+    if args.probe.startswith("by hand"):
+        from dali_by_hand import pipeline
+
+        pipe = pipeline(args.probe_folder, train="val" not in args.probe, gpu=gpu, batch_size=args.batch_size,
+                        threads=args.probe_threads, fancy="fancy" in args.probe, prefetch=1)  # fmt: skip
+        for _ in range(PROBE_BATCHES):
+            pipe.run()
+            n += args.batch_size
+        del pipe
+    else:
+        epoch, close = batches(args.probe, shards, args.probe_folder, gpu=gpu, batch=args.batch_size,
+                               threads=args.probe_threads, prefetch=1)  # fmt: skip
+        for i, (images, _) in enumerate(epoch()):
+            n += _count(images)
+            if i + 1 == PROBE_BATCHES:
+                break
+        close()
+    print(f"PROBED {n}", flush=True)
+
+
+# ------------------------------------------------------------------------ data stall --
+
+
+def data_stall(shards: list[str], *, gpu: bool, quick: bool) -> dict[str, Any]:
+    """ResNet-50 (bf16, channels_last) fed by gpupipe's train recipe against the same step on a
+    batch already on the device (``bench/data_stall.py``'s step and timing)."""
+    import data_stall as stall
+
+    args = argparse.Namespace(
+        arch="tiny" if quick or not gpu else "resnet50",
+        image_size=64 if quick else 224,
+        batch_size=16 if quick else 256,
+        steps=5 if quick else 60,
+        warmup=2 if quick else 10,
+    )
+    device = torch.device("cuda" if gpu else "cpu")
+    memory_format = torch.channels_last if gpu else torch.contiguous_format
+    step = stall.step_fn(args, device)
+    ceiling, _ = stall.timed(stall.on_device(args, device, memory_format), step, args, device)
+    pipe = gp.load_pipeline(os.path.join(ROOT, "pipelines", "imagenet.py:train"))(shards, size=args.image_size)
+    with gp.Loader(pipe, args.batch_size, shuffle=True, drop_last=True, seed=0, device=str(device),
+                   memory_format=memory_format) as loader:  # fmt: skip
+        fed, wait = stall.timed(stall.endless(loader, device, memory_format), step, args, device)
+        describe = repr(loader)
+    return {"arch": args.arch, "batch_size": args.batch_size, "ceiling": round(ceiling, 1), "fed": round(fed, 1),
+            "wait_percent": round(wait, 1), "stall_percent": round(max(0.0, 100 * (1 - fed / ceiling)), 1),
+            "loader": describe}  # fmt: skip
+
+
+# ---------------------------------------------------------------------------- report --
+
+TARGETS = [  # issue 23, on one H100 with ImageNet-like JPEGs and default settings
+    ("train ≥ 0.95× DALI by hand (fancy)", lambda r: r["train_vs_hand_fancy"] >= 0.95),
+    ("train ≥ 0.8× val", lambda r: r["train_vs_val"] >= 0.8),
+    ("train ≥ 10,000 images/s", lambda r: r["train"] >= 10_000),
+    ("≤ 0.5 CPU-s per 1,000 images (train)", lambda r: r["train_cpu"] <= 0.5),
+    ("ResNet-50 data stall ≤ 3%", lambda r: r["stall"] <= 3.0),
+]
+
+
+def ratios(rows: list[dict[str, Any]], stall: dict[str, Any], threads: int) -> dict[str, float]:
+    """The headline numbers on ImageNet-like images at the default thread count."""
+
+    def rate(recipe: str) -> dict[str, Any]:
+        return next(r for r in rows if (r["set"], r["recipe"], r["threads"]) == ("imagenet-like", recipe, threads))
+
+    train = rate("gpupipe train")
+    return {
+        "threads": threads,
+        "train": train["images_per_s"],
+        "train_cpu": train["cpu_s_per_1000"],
+        "train_vs_hand": round(train["images_per_s"] / rate("by hand")["images_per_s"], 3),
+        "train_vs_hand_fancy": round(train["images_per_s"] / rate("by hand, fancy")["images_per_s"], 3),
+        "train_vs_val": round(train["images_per_s"] / rate("gpupipe val")["images_per_s"], 3),
+        "val_vs_hand_val": round(rate("gpupipe val")["images_per_s"] / rate("by hand val")["images_per_s"], 3),
+        "stall": stall["stall_percent"],
+    }
+
+
+def write(out: str, meta: dict[str, Any], rows: list[dict[str, Any]], stall: dict[str, Any],
+          head: dict[str, float]) -> str:  # fmt: skip
+    os.makedirs(out, exist_ok=True)
+    device = re.sub(r"[^a-z0-9]+", "-", meta["device"].lower()).strip("-")
+    stem = os.path.join(out, f"{meta['date']}-{device}-{'quick' if meta['quick'] else 'gpu'}")
+    with open(stem + ".json", "w") as f:
+        json.dump({"meta": meta, "rows": rows, "data_stall": stall, "headline": head}, f, indent=2)
+    lines = [f"# gpupipe against DALI by hand — {meta['device']}, {meta['date']}", "",
+             ", ".join(f"{k} {v}" for k, v in meta.items() if k not in ("date", "device")), "",
+             *(["**A smoke run (--quick): a few images, one epoch; the figures are not measurements.**", ""]
+               if meta["quick"] else []),
+             "| set | pipeline | threads | images/s | CPU-s / 1000 images | decoded (hw / cuda / cpu) | nvJPEG |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in rows:
+        lines.append(f"| {r['set']} | {r['recipe']} | {r['threads']} | {r['images_per_s']:.0f} | "
+                     f"{r['cpu_s_per_1000']:.2f} | {r.get('decoded', '')} | {r.get('nvjpeg') or ''} |")  # fmt: skip
+    headline = ", ".join(f"{k} {v}" for k, v in head.items())
+    lines += ["", f"ResNet-50 data stall ({stall['arch']}, batch {stall['batch_size']}): ceiling "
+              f"{stall['ceiling']:.0f} images/s, fed by gpupipe {stall['fed']:.0f}, data wait "
+              f"{stall['wait_percent']}%, stall {stall['stall_percent']}%; loader: `{stall['loader']}`", "",
+              f"Headline (ImageNet-like, {head['threads']} threads): {headline}",
+              "", "| target (issue 23) | met |", "|---|---|"]  # fmt: skip
+    lines += [f"| {name} | {'yes' if test(head) else 'no'} |" for name, test in TARGETS]
+    if not meta["device"].startswith("NVIDIA"):
+        lines += ["", "The targets are for one H100 (16 cores); on this machine they are shown, not expected."]
+    with open(stem + ".md", "w") as f:
+        f.write("\n".join(lines) + "\n")
+    plot(rows, stem + ".png", title=f"{meta['device']}, {meta['date']}")
+    return stem
+
+
+def plot(rows: list[dict[str, Any]], path: str, *, title: str) -> None:
+    """Images/s per pipeline and thread count, one panel per set of images."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sets = list(dict.fromkeys(r["set"] for r in rows))
+    fig, axes = plt.subplots(1, len(sets), figsize=(7 * len(sets), 4), constrained_layout=True, squeeze=False)
+    for ax, name in zip(axes[0], sets, strict=True):
+        mine = [r for r in rows if r["set"] == name]
+        recipes, threads = list(dict.fromkeys(r["recipe"] for r in mine)), sorted({r["threads"] for r in mine})
+        width = 0.8 / len(threads)
+        for i, t in enumerate(threads):
+            values = [
+                next((r["images_per_s"] for r in mine if (r["recipe"], r["threads"]) == (p, t)), 0) for p in recipes
+            ]
+            ax.bar([j + i * width for j in range(len(recipes))], values, width, label=f"{t} threads")
+        ax.set_xticks([j + width * (len(threads) - 1) / 2 for j in range(len(recipes))], recipes, rotation=20)
+        ax.set(ylabel="images/s", title=f"{name} — {title}")
+        ax.legend()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+# ------------------------------------------------------------------------------ main --
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a few images, 1-2 threads (CI; any machine)")
+    parser.add_argument("--data", default=os.path.join(tempfile.gettempdir(), "gpupipe-bench-gpu"))
+    parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
+    parser.add_argument(
+        "--epochs", type=int, default=None, help="timed epochs per row, after a warm-up one (default 2; 1 with --quick)"
+    )
+    parser.add_argument("--batch-size", type=int, default=None, help="default: 256 on a GPU, 16 with --quick")
+    parser.add_argument("--cpu", action="store_true", help="DALI's CPU operators even where there is a GPU")
+    parser.add_argument("--probe", help=argparse.SUPPRESS)
+    parser.add_argument("--probe-shards", help=argparse.SUPPRESS)
+    parser.add_argument("--probe-folder", help=argparse.SUPPRESS)
+    parser.add_argument("--probe-threads", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.probe:
+        return _probe_child(args)
+    gpu = torch.cuda.is_available() and not args.cpu
+    cores = os.cpu_count() or 1
+    batch = args.batch_size or (16 if args.quick else 256)
+    epochs = args.epochs or (1 if args.quick else 2)
+    sets = QUICK_SETS if args.quick else SETS
+    counts = {"imagenet-like": 32, "large": 16} if args.quick else {"imagenet-like": 4096, "large": 512}
+    thread_counts = [2] if args.quick else [t for t in (4, 8, 16) if t <= cores] or [cores]
+    default_threads = thread_counts[0] if args.quick else min(cores, 8)
+    started = time.perf_counter()
+    made = {name: make_set(args.data, name, sets[name], counts[name], workers=min(cores, 16)) for name in sets}
+    rows: list[dict[str, Any]] = []
+    for name, (shards, folder, kb) in made.items():
+        size = sets[name]
+        for recipe in RECIPES:
+            if recipe == "gpupipe dino" and name == "large":
+                continue  # ten crops of 3 Mpx images: the set's point is decoding, not multi-crop
+            probed = not args.quick or recipe in ("by hand, fancy", "gpupipe train")  # CI: the parser, kept working
+            found = probe(recipe, shards, folder, gpu=gpu, batch=batch, threads=default_threads) if probed else {}
+            for threads in thread_counts:
+                row = {
+                    "set": name,
+                    "image": f"{size[1]}x{size[0]}, {kb:.0f} KB",
+                    **found,
+                    **measure(recipe, shards, folder, gpu=gpu, batch=batch, threads=threads, epochs=epochs),
+                }
+                print(json.dumps({k: v for k, v in row.items() if k != "decoder_lines"}), flush=True)
+                rows.append(row)
+    stall = data_stall(made["imagenet-like"][0], gpu=gpu, quick=args.quick)
+    print(json.dumps(stall), flush=True)
+    threads = default_threads if default_threads in thread_counts else thread_counts[-1]
+    head = ratios(rows, stall, threads)
+    import nvidia.dali
+
+    from gpupipe._nvjpeg import in_process
+
+    nvjpeg = in_process()
+
+    meta = {
+        "date": datetime.date.today().isoformat(),
+        "device": torch.cuda.get_device_name() if gpu else f"{cores}-core CPU (DALI CPU operators)",
+        "cpus": cores,
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "dali": nvidia.dali.__version__,
+        "nvjpeg (in process)": f"{nvjpeg} ({nvjpeg.path})" if nvjpeg else None,
+        "batch_size": batch,
+        "images": counts,
+        "seconds": round(time.perf_counter() - started),
+        "quick": args.quick,
+    }
+    stem = write(args.out, meta, rows, stall, head)
+    print(f"wrote {stem}.md, .json, .png in {meta['seconds']} s")
+    for name, test in TARGETS:
+        print(f"{'MET ' if test(head) else 'MISS'} {name}")
+    print("headline:", json.dumps(head))
+
+
+if __name__ == "__main__":
+    main()

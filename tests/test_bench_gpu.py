@@ -1,0 +1,51 @@
+"""``make bench-gpu`` (bench/gpu.py): its quick form runs anywhere, here on DALI's CPU operators,
+so that the GPU benchmark keeps working between the sessions that have a GPU. Performance is
+never asserted: only that every row, the probe of where JPEGs were decoded and the report come out."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.join(os.path.dirname(__file__), "..")
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+
+pytest.importorskip("nvidia.dali")
+
+
+def test_the_quick_run_writes_every_row(tmp_path):
+    argv = [sys.executable, os.path.join(ROOT, "bench", "gpu.py"), "--quick", "--cpu", "--data", str(tmp_path / "d"),
+            "--out", str(tmp_path / "out")]  # fmt: skip
+    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (report,) = (tmp_path / "out").glob("*-quick.md")
+    (data,) = (tmp_path / "out").glob("*-quick.json")
+    assert report.with_suffix(".png").exists()
+    text, result = report.read_text(), json.loads(data.read_text())
+    recipes = {(r["set"], r["recipe"]) for r in result["rows"]}
+    assert {("imagenet-like", r) for r in ("by hand", "by hand, fancy", "gpupipe train", "by hand val", "gpupipe val",
+                                           "gpupipe dino")} <= recipes  # fmt: skip
+    probed = [r for r in result["rows"] if r.get("decoded")]
+    assert probed and all(r["decoded"] == "hw 0% / cuda 0% / cpu 100%" for r in probed), probed  # DALI's CPU decoder
+    assert all(r["images_per_s"] > 0 and r["cpu_s_per_1000"] > 0 for r in result["rows"])
+    assert {"train_vs_hand_fancy", "train_vs_val", "stall"} <= set(result["headline"])
+    assert "A smoke run" in text and "operators=7" in result["data_stall"]["loader"]
+    assert "MET " in proc.stdout or "MISS" in proc.stdout
+
+
+def test_decode_shares_from_the_log():
+    """On a GPU the hardware decoder's batches are not logged: its share is the rest."""
+    from gpu import decode_shares
+
+    log = "\n".join(
+        ["[nvjpeg-ext] nvJPEG version: 13.3.2 (CUDA version is 13.0)"]
+        + [f"123: nvjpeg_cuda_decoder process #{i}" for i in range(16)]
+        + [f"124: libjpeg_turbo_decoder process #{i}" for i in range(8)]
+    )
+    got = decode_shares(log, 64, gpu=True)
+    assert got["decoded"] == "hw 62% / cuda 25% / cpu 12%" and got["nvjpeg"] == "13.3.2" and got["cpu_share"] == 0.125
+    assert decode_shares("", 64, gpu=False)["decoded"] == "hw 0% / cuda 0% / cpu 0%"
