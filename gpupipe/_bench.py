@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import time
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -112,12 +113,13 @@ def torchvision_equivalent(transforms: Sequence[Any]) -> Any:
 
 def run_baseline(
     pipeline: Pipeline, *, batch_size: int, workers: int, epochs: int,
-    progress: Callable[[int, int], Any],
+    progress: Callable[[int, int], Any], decoder: str = "pillow",
 ) -> Run:  # fmt: skip
     """:func:`baseline_loader`'s epochs."""
-    loader, steps = baseline_loader(pipeline, batch_size=batch_size, workers=workers)
+    loader, steps = baseline_loader(pipeline, batch_size=batch_size, workers=workers, decoder=decoder)
     results = _epochs(lambda e: loader, lambda b: len(b[1]), epochs, lambda e: progress(e, steps))
-    return Run(BASELINE, "cpu", batch_size, workers, results)
+    name = BASELINE if decoder == "pillow" else f"{BASELINE}-{decoder}"
+    return Run(name, "cpu", batch_size, workers, results)
 
 
 def check_baseline(pipeline: Pipeline) -> None:
@@ -145,6 +147,18 @@ class _Views:
         return tuple(view(image) for view in self.views)
 
 
+def _decode_torchvision(data: bytes) -> torch.Tensor:
+    from torchvision.io import ImageReadMode, decode_image
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The image decoding", category=DeprecationWarning)
+        return decode_image(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=ImageReadMode.RGB)
+
+
+def _label(value: Any) -> int:
+    return int(value)
+
+
 def _collate(samples: list[tuple[Any, int]]) -> tuple[Any, torch.Tensor]:
     """``(images, labels)`` of a batch: images stacked, per view for a pipeline of views."""
     images, labels = zip(*samples, strict=True)
@@ -153,12 +167,16 @@ def _collate(samples: list[tuple[Any, int]]) -> tuple[Any, torch.Tensor]:
     return torch.stack(images), torch.tensor(labels)
 
 
-def baseline_loader(pipeline: Pipeline, *, batch_size: int, workers: int, pin_memory: bool = False) -> tuple[Any, int]:
+def baseline_loader(
+    pipeline: Pipeline, *, batch_size: int, workers: int, pin_memory: bool = False, decoder: str = "pillow"
+) -> tuple[Any, int]:
     """The usual way, and its batches per epoch: webdataset reads the shards (shuffled shards, a
-    1,000-sample buffer) and decodes with Pillow, torchvision applies the pipeline's transforms, a
-    torch DataLoader batches ``(images, labels)`` (CPU tensors; ``images`` a tuple per view for a
-    pipeline of views; pinned with ``pin_memory``, for
-    copies to a GPU) in ``workers`` processes."""
+    1,000-sample buffer) and decodes with Pillow (``decoder="pillow"``, as most DataLoader
+    pipelines do) or torchvision's ``decode_image`` (``"torchvision"``: libjpeg-turbo straight to a
+    tensor, the fastest way by hand, and the torch backend's decoder), torchvision applies the
+    pipeline's transforms, a torch DataLoader batches ``(images, labels)`` (CPU tensors; ``images``
+    a tuple per view for a pipeline of views; pinned with ``pin_memory``, for copies to a GPU) in
+    ``workers`` processes."""
     try:
         import webdataset as wds
     except ImportError as e:
@@ -171,16 +189,20 @@ def baseline_loader(pipeline: Pipeline, *, batch_size: int, workers: int, pin_me
     source = pipeline.source
     if not isinstance(source, WebDataset):
         raise ConfigError("the DataLoader baseline reads WebDataset shards")
+    if decoder not in ("pillow", "torchvision"):
+        raise ConfigError(f"the baseline decodes with 'pillow' or 'torchvision', got {decoder!r}")
     image_exts, label_ext = source.extensions()
-    views = [v2.Compose([v2.ToImage(), torchvision_equivalent(steps)]) for steps in pipeline.views]  # PIL -> uint8
+    first = [v2.ToImage()] if decoder == "pillow" else []  # PIL -> uint8 tensor
+    views = [v2.Compose([*first, torchvision_equivalent(steps)]) for steps in pipeline.views]
     transform = _Views(views) if pipeline.has_views else views[0]
     total = len(source.index())
     steps = total // batch_size
+    dataset = wds.WebDataset(list(source.urls), shardshuffle=100, empty_check=False, seed=0).shuffle(1000)
+    if decoder == "pillow":
+        dataset = dataset.decode("pilrgb")  # Pillow (libjpeg-turbo)
     dataset = (
-        wds.WebDataset(list(source.urls), shardshuffle=100, empty_check=False, seed=0)
-        .shuffle(1000)
-        .decode("pilrgb")  # Pillow (libjpeg-turbo), as most DataLoader pipelines decode
-        .to_tuple(";".join(image_exts), label_ext or "cls")
+        dataset.to_tuple(";".join(image_exts), label_ext or "cls")
+        .map_tuple(_decode_torchvision if decoder == "torchvision" else (lambda image: image), _label)
         .map_tuple(transform, int)
         .batched(batch_size, partial=False, collation_fn=_collate)
     )
@@ -190,13 +212,20 @@ def baseline_loader(pipeline: Pipeline, *, batch_size: int, workers: int, pin_me
 
 
 def table(runs: Sequence[Run]) -> str:
-    """The results, one line per configuration, with the ratio to the baseline where it ran."""
-    base = {(r.batch_size, r.workers): r.images_per_s for r in runs if r.backend == BASELINE}
-    lines = [f"{'backend':<11} {'device':<7} {'batch':>5} {'workers':>7} {'images/s':>9}  vs dataloader"]
+    """The results, one line per configuration, with the ratio to each baseline that ran (the
+    Pillow one, ``dataloader``, and ``dataloader-torchvision``) at the same batch size and workers."""
+    names = [n for n in dict.fromkeys(r.backend for r in runs) if n.startswith(BASELINE)]
+    base = {(r.backend, r.batch_size, r.workers): r.images_per_s for r in runs if r.backend in names}
+    width = max([21, *(len(r.backend) for r in runs)])
+    head = f"{'backend':<{width}} {'device':<7} {'batch':>5} {'workers':>7} {'images/s':>9}"
+    lines = [head + "".join(f"  vs {n}" for n in names)]
     for r in runs:
-        ratio = base.get((r.batch_size, r.workers))
-        versus = f"{r.images_per_s / ratio:.2f}x" if ratio and r.backend != BASELINE else ""
-        lines.append(f"{r.backend:<11} {r.device:<7} {r.batch_size:>5} {r.workers:>7} {r.images_per_s:>9.0f}  {versus}")
+        line = f"{r.backend:<{width}} {r.device:<7} {r.batch_size:>5} {r.workers:>7} {r.images_per_s:>9.0f}"
+        for n in names:
+            ratio = base.get((n, r.batch_size, r.workers))
+            cell = f"{r.images_per_s / ratio:.2f}x" if ratio and not r.backend.startswith(BASELINE) else ""
+            line += f"  {cell:>{len(n) + 3}}"
+        lines.append(line.rstrip())
     return "\n".join(lines)
 
 

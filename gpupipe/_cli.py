@@ -132,10 +132,11 @@ def bench(args: argparse.Namespace) -> int:
         for size in sizes:
             for w in workers:
                 count = w if w is not None else min(8, _cpu_count())  # the Loader's default
-                run = run_baseline(pipeline, batch_size=size, workers=count, epochs=args.epochs,
-                                   progress=progress(BASELINE))  # fmt: skip
-                _say(run)
-                runs.append(run)
+                for decoder in _list(args.baseline_decoder, "--baseline-decoder", str):
+                    run = run_baseline(pipeline, batch_size=size, workers=count, epochs=args.epochs,
+                                       progress=progress(BASELINE), decoder=decoder)  # fmt: skip
+                    _say(run)
+                    runs.append(run)
     if len(runs) > 1:
         print(table(runs))
     if args.plot:
@@ -370,6 +371,8 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--workers", default="auto", help="one or more, e.g. 1,2 (default auto: the Loader's)")
     b.add_argument("--epochs", type=int, default=2)
     b.add_argument("--baseline", action="store_true", help="also run webdataset + torchvision in a DataLoader")
+    b.add_argument("--baseline-decoder", default="pillow", metavar="DECODERS",
+                   help="the baseline's decoder(s): pillow (default), torchvision, or both: pillow,torchvision")
     b.add_argument("--plot", metavar="PNG", help="draw the results (matplotlib)")
     b.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     b.add_argument("--quiet", action="store_true", help="no progress bar")

@@ -132,13 +132,17 @@ class TestBenchGrid:
         out, png = tmp_path / "bench.json", tmp_path / "bench.png"
         argv = ["bench", "pipelines/imagenet.py:train", str(tmp_path / "train-{000000..000001}.tar"), "--backend",
                 "torch", "--batch-size", "4,8", "--workers", "1", "--epochs", "2", "--baseline", "--plot", str(png),
-                "--json", str(out), "--quiet"]  # fmt: skip
+                "--json", str(out), "--quiet", "--baseline-decoder", "pillow,torchvision"]  # fmt: skip
         assert main(argv) == 0
         text = capsys.readouterr().out
-        assert "vs dataloader" in text and f"plot: {png}" in text
+        assert "vs dataloader  vs dataloader-torchvision" in text and f"plot: {png}" in text
+        torch_row = next(line for line in text.splitlines() if line.startswith("torch "))
+        assert torch_row.count("x") == 2  # a ratio to each baseline
         runs = json.loads(out.read_text())["runs"]
-        assert [(r["backend"], r["batch_size"]) for r in runs] == [("torch", 4), ("torch", 8), ("dataloader", 4),
-                                                                    ("dataloader", 8)]  # fmt: skip
+        assert [(r["backend"], r["batch_size"]) for r in runs] == [
+            ("torch", 4), ("torch", 8), ("dataloader", 4), ("dataloader-torchvision", 4), ("dataloader", 8),
+            ("dataloader-torchvision", 8),
+        ]  # fmt: skip
         assert all(r["images_per_s"] > 0 and [e["images"] for e in r["epochs"]] == [16, 16] for r in runs)
         from PIL import Image
 

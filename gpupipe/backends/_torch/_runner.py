@@ -7,13 +7,15 @@ import dataclasses
 from collections.abc import Generator, Iterator, Sequence
 from typing import Any
 
+import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 from ..._children import exit_status, exit_with_parent
 from ..._decode import decode_rgb
 from ..._errors import ClosedError, Damage, DataError, SampleError, WorkerError
 from ..._plan import RankPlan
+from ..._random import factors
 from ...sources import Index
 from ...transforms import ImageSpec, Transform
 from .._base import RawBatch, Runs, RunSpec, donor, fill
@@ -54,21 +56,35 @@ class _Samples(Dataset["Sample | _Failure"]):
         return len(self.index)
 
     def __getitem__(self, item: Item) -> Sample | _Failure:
+        sample, seed, epoch = item
+        drawn = [sample_factors(steps, seed, epoch, sample, view) for view, steps in enumerate(self.views)]
+        return self._guarded(sample, drawn)
+
+    def __getitems__(self, items: list[Item]) -> list[Sample | _Failure]:
+        """A batch's samples (DataLoader's batched fetch): the random factors of the whole batch
+        drawn at once, vectorized (``gpupipe._random``), then each sample decoded and transformed."""
+        samples = np.array([item[0] for item in items], dtype=np.int64)
+        seed, epoch = items[0][1], items[0][2]
+        drawn = [factors(steps, seed, epoch, samples, view) for view, steps in enumerate(self.views)]
+        return [
+            self._guarded(int(s), [[None if f is None else f[i] for f in view] for view in drawn])
+            for i, s in enumerate(samples.tolist())
+        ]
+
+    def _guarded(self, sample: int, drawn: list[list[np.ndarray | None]]) -> Sample | _Failure:
         try:
-            return self._sample(*item)
+            return self._sample(sample, drawn)
         except DataError as e:
             return _Failure(type(e), str(e), e.shard, e.key, e.kind)
 
-    def _sample(self, sample: int, seed: int, epoch: int) -> Sample:
+    def _sample(self, sample: int, drawn: list[list[np.ndarray | None]]) -> Sample:
+        """``drawn[view][step]``: this sample's factors of each step of each view."""
         raw = self.index.read(sample)
         image = decode_rgb(
             raw.data, shard=raw.shard, key=raw.key, max_pixels=self.max_pixels, apply_exif_orientation=self.exif
         )
         try:  # each view from the same decoded image, with its own draws
-            outputs = tuple(
-                apply_pipeline(steps, image, sample_factors(steps, seed, epoch, sample, view))
-                for view, steps in enumerate(self.views)
-            )
+            outputs = tuple(apply_pipeline(steps, image, drawn[view]) for view, steps in enumerate(self.views))
         except ValueError as e:  # e.g. RandomCrop larger than this image
             size = (int(image.shape[-2]), int(image.shape[-1]))
             raise SampleError.at(str(e), shard=raw.shard, key=raw.key, size=size) from e
@@ -80,8 +96,9 @@ class _Collate:
     the batch), or, with ``skip``, is replaced by a copy of the first good sample of the batch
     (zeros of the outputs' shapes, label 0, if none is good) and listed by position."""
 
-    def __init__(self, skip: bool, outputs: tuple[ImageSpec, ...] | None, labeled: bool) -> None:
-        self.skip, self.outputs, self.labeled = skip, outputs, labeled
+    def __init__(self, skip: bool, outputs: tuple[ImageSpec, ...] | None, labeled: bool,
+                 channels_last: bool = False) -> None:  # fmt: skip
+        self.skip, self.outputs, self.labeled, self.channels_last = skip, outputs, labeled, channels_last
 
     def __call__(self, items: list[Sample | _Failure]) -> RawBatch | _Failure:
         failed = [(i, item) for i, item in enumerate(items) if isinstance(item, _Failure)]
@@ -91,9 +108,23 @@ class _Collate:
         if failed:
             good = donor(len(items), dict(failed))
             fill(dict(failed), (samples,), (self._blank(failed[0][1]) if good is None else items[good],))
-        images = tuple(torch.stack(view) for view in zip(*(s[0] for s in samples), strict=True))
+        images = tuple(self._stack(view) for view in zip(*(s[0] for s in samples), strict=True))
         labels = None if samples[0][1] is None else torch.tensor([s[1] for s in samples], dtype=torch.int64)
         return RawBatch(images, labels, [s[2] for s in samples], tuple(failed))  # type: ignore[arg-type]
+
+    def _stack(self, view: Sequence[torch.Tensor]) -> torch.Tensor:
+        """The view's images as one ``[B, C, H, W]`` tensor, in the memory format asked for. In a
+        worker process it is written straight into shared memory, as DataLoader's own collate
+        does: the batch then crosses to the training process without another copy."""
+        first = view[0]
+        shape = (len(view), *first.shape)
+        fmt = torch.channels_last if self.channels_last and first.dim() == 3 else torch.contiguous_format
+        out = torch.empty(shape, dtype=first.dtype, memory_format=fmt)
+        if get_worker_info() is not None:
+            out.share_memory_()
+        for i, image in enumerate(view):
+            out[i].copy_(image)
+        return out
 
     def _blank(self, failure: _Failure) -> Sample:
         if self.outputs is None or not all(spec.fixed_size for spec in self.outputs):
@@ -136,7 +167,7 @@ class TorchRunner:
                 exif=spec.config.apply_exif_orientation,
             ),
             batch_sampler=self._batches,
-            collate_fn=_Collate(spec.skip, spec.outputs, spec.index.labeled),
+            collate_fn=_Collate(spec.skip, spec.outputs, spec.index.labeled, spec.config.channels_last),
             num_workers=spec.workers,
             prefetch_factor=spec.config.prefetch if spec.workers else None,
             persistent_workers=spec.workers > 0,
@@ -179,8 +210,6 @@ class TorchRunner:
                 if self.device.type != "cpu":
                     images = tuple(view.to(self.device, non_blocking=True) for view in images)
                     labels = None if labels is None else labels.to(self.device, non_blocking=True)
-                if self.channels_last:
-                    images = tuple(view.contiguous(memory_format=torch.channels_last) for view in images)
                 yield RawBatch(images, labels, keys, skipped)
         finally:
             if self._closed:
