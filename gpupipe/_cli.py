@@ -371,8 +371,12 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--workers", default="auto", help="one or more, e.g. 1,2 (default auto: the Loader's)")
     b.add_argument("--epochs", type=int, default=2)
     b.add_argument("--baseline", action="store_true", help="also run webdataset + torchvision in a DataLoader")
-    b.add_argument("--baseline-decoder", default="pillow", metavar="DECODERS",
-                   help="the baseline's decoder(s): pillow (default), torchvision, or both: pillow,torchvision")
+    b.add_argument(
+        "--baseline-decoder",
+        default="pillow",
+        metavar="DECODERS",
+        help="the baseline's decoder(s): pillow (default), torchvision, or both: pillow,torchvision",
+    )
     b.add_argument("--plot", metavar="PNG", help="draw the results (matplotlib)")
     b.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     b.add_argument("--quiet", action="store_true", help="no progress bar")
