@@ -17,7 +17,9 @@ Per row: images/s, the process's CPU-seconds per 1,000 images (DALI's threads ru
 where the JPEGs were decoded, from a separate probe run of a few batches with nvImageCodec's log
 at INFO (``DALI_NVIMGCODEC_LOG_LEVEL=3``), which names the decoder of each sample nvJPEG's CUDA
 decoder or libjpeg-turbo took — the hardware decoder's batches are not logged, so its share is
-the rest — and the nvJPEG version nvImageCodec loaded. Then the ResNet-50 (bf16, channels_last)
+the rest — and the nvJPEG version nvImageCodec loaded. ``gpupipe train, tuned`` is the train
+recipe with the settings ``gp.tune`` chooses on this machine (threads, prefetch, hardware-decoder
+share), beside the defaults' rows. Then the ResNet-50 (bf16, channels_last)
 data stall with gpupipe's train recipe (``bench/data_stall.py``'s step). Writes
 ``bench/results/<date>-<device>-gpu.md``, ``.json`` and ``.png`` and prints the ratios against the
 targets of issue 23.
@@ -93,7 +95,7 @@ def make_set(root: str, name: str, size: tuple[int, int], count: int, workers: i
 
 
 def batches(recipe: str, shards: list[str], folder: str, *, gpu: bool, batch: int, threads: int,
-            prefetch: int = 2) -> tuple[Any, Any]:  # fmt: skip
+            prefetch: int = 2, hw_decoder_load: float | None = None) -> tuple[Any, Any]:  # fmt: skip
     """``(epoch, close)`` of one row's input pipeline: ``epoch()`` yields one epoch's batches."""
     if recipe.startswith("by hand"):
         from dali_by_hand import ByHand
@@ -101,10 +103,9 @@ def batches(recipe: str, shards: list[str], folder: str, *, gpu: bool, batch: in
         hand = ByHand(folder, train="val" not in recipe, gpu=gpu, batch_size=batch, threads=threads,
                       fancy="fancy" in recipe, prefetch=prefetch)  # fmt: skip
         return hand.epoch, hand.close
-    name = {"gpupipe train": "imagenet.py:train", "gpupipe val": "imagenet.py:val", "gpupipe dino": "ssl.py:dino"}
-    pipe = gp.load_pipeline(os.path.join(ROOT, "pipelines", name[recipe]))(shards)
-    loader = gp.Loader(pipe, batch, backend="dali", device="cuda" if gpu else "cpu", num_workers=threads,
-                       shuffle=True, drop_last=True, seed=0, prefetch=prefetch)  # fmt: skip
+    loader = gp.Loader(gpupipe_recipe(recipe, shards), batch, backend="dali", device="cuda" if gpu else "cpu",
+                       num_workers=threads, shuffle=True, drop_last=True, seed=0, prefetch=prefetch,
+                       dali=gp.DaliOptions(hw_decoder_load=hw_decoder_load))  # fmt: skip
     state = {"epoch": 0}
 
     def epoch() -> Iterator[Any]:
@@ -115,14 +116,19 @@ def batches(recipe: str, shards: list[str], folder: str, *, gpu: bool, batch: in
     return epoch, loader.close
 
 
+def gpupipe_recipe(recipe: str, shards: list[str]) -> gp.Pipeline:
+    name = {"gpupipe train": "imagenet.py:train", "gpupipe val": "imagenet.py:val", "gpupipe dino": "ssl.py:dino"}
+    return gp.load_pipeline(os.path.join(ROOT, "pipelines", name[recipe.removesuffix(", tuned")]))(shards)
+
+
 def _count(images: Any) -> int:
     return len(images[0]) if isinstance(images, tuple) else len(images)
 
 
 def measure(recipe: str, shards: list[str], folder: str, *, gpu: bool, batch: int, threads: int,
-            epochs: int) -> dict[str, Any]:  # fmt: skip
+            epochs: int, **settings: Any) -> dict[str, Any]:  # fmt: skip
     """Images/s (the best timed epoch) and CPU-seconds per 1,000 images (the least) of one row."""
-    epoch, close = batches(recipe, shards, folder, gpu=gpu, batch=batch, threads=threads)
+    epoch, close = batches(recipe, shards, folder, gpu=gpu, batch=batch, threads=threads, **settings)
     rates, cpu = [], []
     try:
         for e in range(epochs + 1):
@@ -250,7 +256,7 @@ TARGETS = [  # issue 23, on one H100 with ImageNet-like JPEGs and default settin
 
 
 def ratios(rows: list[dict[str, Any]], stall: dict[str, Any], threads: int) -> dict[str, float]:
-    """The headline numbers on ImageNet-like images at the default thread count."""
+    """The headline numbers on ImageNet-like images at the default thread count, and tuned."""
 
     def rate(recipe: str) -> dict[str, Any]:
         return next(r for r in rows if (r["set"], r["recipe"], r["threads"]) == ("imagenet-like", recipe, threads))
@@ -265,6 +271,7 @@ def ratios(rows: list[dict[str, Any]], stall: dict[str, Any], threads: int) -> d
         "train_vs_val": round(train["images_per_s"] / rate("gpupipe val")["images_per_s"], 3),
         "val_vs_hand_val": round(rate("gpupipe val")["images_per_s"] / rate("by hand val")["images_per_s"], 3),
         "stall": stall["stall_percent"],
+        "tuned_train": next((r["images_per_s"] for r in rows if r["recipe"] == "gpupipe train, tuned"), 0.0),
     }
 
 
@@ -282,7 +289,8 @@ def write(out: str, meta: dict[str, Any], rows: list[dict[str, Any]], stall: dic
              "| set | pipeline | threads | images/s | CPU-s / 1000 images | decoded (hw / cuda / cpu) | nvJPEG |",
              "|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in rows:
-        lines.append(f"| {r['set']} | {r['recipe']} | {r['threads']} | {r['images_per_s']:.0f} | "
+        recipe = f"{r['recipe']} ({r['tuned'].split(':')[0]})" if "tuned" in r else r["recipe"]
+        lines.append(f"| {r['set']} | {recipe} | {r['threads']} | {r['images_per_s']:.0f} | "
                      f"{r['cpu_s_per_1000']:.2f} | {r.get('decoded', '')} | {r.get('nvjpeg') or ''} |")  # fmt: skip
     headline = ", ".join(f"{k} {v}" for k, v in head.items())
     lines += ["", f"ResNet-50 data stall ({stall['arch']}, batch {stall['batch_size']}): ceiling "
@@ -371,6 +379,16 @@ def main() -> None:
                 }
                 print(json.dumps({k: v for k, v in row.items() if k != "decoder_lines"}), flush=True)
                 rows.append(row)
+    # Tuned against default: gp.tune's choice for the train recipe (not recorded), measured as a row.
+    shards, folder, kb = made["imagenet-like"]
+    tuned = gp.tune(gpupipe_recipe("gpupipe train", shards), batch, seconds=0.5 if args.quick else 2.0, record=False,
+                    backend="dali", device="cuda" if gpu else "cpu")  # fmt: skip
+    row = {"set": "imagenet-like", "image": f"{sets['imagenet-like'][1]}x{sets['imagenet-like'][0]}, {kb:.0f} KB",
+           **measure("gpupipe train, tuned", shards, folder, gpu=gpu, batch=batch, threads=tuned.num_workers,
+                     epochs=epochs, prefetch=tuned.prefetch, hw_decoder_load=tuned.hw_decoder_load),
+           "tuned": str(tuned)}  # fmt: skip
+    print(json.dumps(row), flush=True)
+    rows.append(row)
     stall = data_stall(made["imagenet-like"][0], gpu=gpu, quick=args.quick)
     print(json.dumps(stall), flush=True)
     threads = default_threads if default_threads in thread_counts else thread_counts[-1]

@@ -40,6 +40,7 @@ from ._loader import Batch, Loader, SkippedSample
 from ._pipeline import Pipeline, load_pipeline
 from ._plan import RankPlan
 from ._shards import ShardWriter
+from ._tune import Tuned, tune
 from .backends import register_lowering
 from .sources import ImageFolder, Source, WebDataset
 
@@ -64,6 +65,8 @@ __all__ = [
     "CheckReport",
     "register_lowering",
     "ShardWriter",
+    "tune",
+    "Tuned",
     "transforms",
     "sources",
     "GpupipeError",

@@ -99,6 +99,29 @@ def _workers(text: str) -> int | None:
     return None if text == "auto" else int(text)
 
 
+def tune(args: argparse.Namespace) -> int:
+    """``gpupipe tune``: measure and record the loader's throughput settings for a pipeline."""
+    from ._pipeline import load_pipeline
+    from ._tune import tune as run_tune
+    from ._tune import tune_file
+
+    pipeline = load_pipeline(args.pipeline)(args.source)
+    print(f"pipeline {args.pipeline}, batch {args.batch_size}: {args.seconds:g} s per trial")
+
+    def say(trial: dict[str, Any]) -> None:
+        share = "" if trial["hw_decoder_load"] is None else f" hw_decoder_load={trial['hw_decoder_load']}"
+        print(f"  num_workers={trial['num_workers']} prefetch={trial['prefetch']}{share}: "
+              f"{trial['images_per_s']:.0f} images/s", flush=True)  # fmt: skip
+
+    tuned = run_tune(pipeline, args.batch_size, seconds=args.seconds, record=not args.no_record, progress=say,
+                     backend=args.backend, device=args.device)  # fmt: skip
+    print(f"chosen: {tuned}")
+    if not args.no_record:
+        print(f"recorded in {tune_file()}: loaders of this pipeline and batch size on this machine that leave "
+              "num_workers, prefetch and hw_decoder_load unset use it")  # fmt: skip
+    return 0
+
+
 def bench(args: argparse.Namespace) -> int:
     from ._bench import BASELINE, check_baseline, plot, run_baseline, run_loader, table
     from ._loader import _cpu_count
@@ -381,6 +404,25 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     b.add_argument("--quiet", action="store_true", help="no progress bar")
     b.set_defaults(fn=bench)
+    t = _command(
+        sub, "tune", "measure and record the loader's threads, prefetch and hardware-decoder share",
+        "Runs a pipeline through gp.Loader with candidate settings — num_workers (DALI's threads or the torch "
+        "backend's workers), then prefetch, then on a GPU DaliOptions.hw_decoder_load — a few seconds each, "
+        "and records the fastest (the cheaper of two within 3%) in $GPUPIPE_CACHE_DIR/tune.json for this "
+        "machine, backend, device, batch size and pipeline. Loaders that leave those options unset then use "
+        "the recorded values (their repr says tuned=<date>). Run it on the machine type that trains, with the "
+        "batch size of one rank.",
+        "python -m gpupipe tune pipelines/imagenet.py:train 'data/train-{000000..000007}.tar' --batch-size 256 "
+        "--device cuda",
+    )  # fmt: skip
+    t.add_argument("pipeline", help="pipeline factory, e.g. pipelines/imagenet.py:train")
+    t.add_argument("source", help="shard pattern, e.g. 'data/train-{000000..000007}.tar'")
+    t.add_argument("--batch-size", type=int, default=64, help="per rank (default 64)")
+    t.add_argument("--backend", default="auto")
+    t.add_argument("--device", default=None)
+    t.add_argument("--seconds", type=float, default=3.0, help="measured per trial (default 3)")
+    t.add_argument("--no-record", action="store_true", help="only measure and print")
+    t.set_defaults(fn=tune)
     n = _command(
         sub, "inspect", "draw what a pipeline does to images: a PNG grid of samples x augmentation draws",
         "Runs a pipeline on the first samples of a dataset several times (the augmentation draws of epochs "

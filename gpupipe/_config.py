@@ -47,6 +47,8 @@ class DecodeMode(str, enum.Enum):
 
 
 _MEMORY_FORMATS = (torch.contiguous_format, torch.channels_last)
+DEFAULT_PREFETCH = 2  # batches ahead where neither the option nor `gpupipe tune` says
+DEFAULT_HW_DECODER_LOAD = 0.65  # DALI's
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,8 +64,9 @@ class DaliOptions:
             default is ``False``: a little faster, chroma a few levels off.
         hw_decoder_load: the share of JPEG data sent to the GPU's hardware JPEG decoder (A100,
             H100 and other data-center GPUs that have one), the rest to nvJPEG's CUDA decoder.
-            Default 0.65 (DALI's); the best value depends on the decoder threads and the training
-            step's use of the GPU: measure (``python bench/backends.py``).
+            ``None`` (default): the value ``gpupipe tune`` recorded for this machine, pipeline and
+            batch size, else 0.65 (DALI's); the best value depends on the decoder threads and the
+            training step's use of the GPU.
         device_memory_padding: bytes of nvJPEG device buffer preallocated per decoder thread.
             Default 16 MiB (DALI's).
         host_memory_padding: bytes of each of the two pinned host buffers nvJPEG preallocates per
@@ -90,7 +93,7 @@ class DaliOptions:
 
     _: dataclasses.KW_ONLY
     jpeg_fancy_upsampling: bool = True
-    hw_decoder_load: float = 0.65
+    hw_decoder_load: float | None = None
     device_memory_padding: int = 16 * 2**20
     host_memory_padding: int = 8 * 2**20
     preallocate_width_hint: int = 0
@@ -103,7 +106,9 @@ class DaliOptions:
         owner = "DaliOptions"
         object.__setattr__(self, "decode", check_enum(owner, self.decode, "decode", DecodeMode))
         check_bool(owner, self.jpeg_fancy_upsampling, "jpeg_fancy_upsampling")
-        object.__setattr__(self, "hw_decoder_load", check_probability(owner, self.hw_decoder_load, "hw_decoder_load"))
+        if self.hw_decoder_load is not None:
+            share = check_probability(owner, self.hw_decoder_load, "hw_decoder_load")
+            object.__setattr__(self, "hw_decoder_load", share)
         for name in (
             "device_memory_padding",
             "host_memory_padding",
@@ -122,6 +127,8 @@ class DaliOptions:
         del args["color_twist"], args["decode"]  # the compiler's options, not the decoders'
         if self.affine is None:
             args["affine"] = (ranks_per_node or 1) == 1
+        if self.hw_decoder_load is None:  # not tuned: DALI's default
+            args["hw_decoder_load"] = DEFAULT_HW_DECODER_LOAD
         return args
 
 
@@ -148,9 +155,11 @@ class LoaderConfig:
             ``torch.device``; ``None`` (default) picks ``"cuda"`` when available, else ``"cpu"``.
             ``"cuda"`` means ``cuda:<LOCAL_RANK>`` under torchrun (``SLURM_LOCALID`` under srun).
         num_workers: worker processes that decode and transform (torch backend; DALI's CPU
-            threads on the dali backend); ``None`` (default) uses one per CPU core, up to 8; ``0``
-            runs the torch backend in the calling process.
-        prefetch: batches prepared ahead (per worker on torch; DALI's queue depth). Default 2.
+            threads on the dali backend); ``None`` (default): the number ``gpupipe tune`` recorded
+            for this machine, pipeline, batch size, backend and device, else one per CPU core, up
+            to 8; ``0`` runs the torch backend in the calling process.
+        prefetch: batches prepared ahead (per worker on torch; DALI's queue depth). ``None``
+            (default): ``gpupipe tune``'s value, else 2.
         shuffle_buffer: with ``shuffle=True`` on tar shards, samples are mixed within a window of
             this many samples. Default 4096.
         interleave: with ``shuffle=True`` on tar shards, each rank reads this many shards at once,
@@ -201,7 +210,7 @@ class LoaderConfig:
     backend: str = "auto"
     device: str | torch.device | None = None
     num_workers: int | None = None
-    prefetch: int = 2
+    prefetch: int | None = None
     shuffle_buffer: int = 4096
     interleave: int = 64
     shards_ahead: int | None = None
@@ -228,7 +237,7 @@ class LoaderConfig:
         if self.device is not None:
             object.__setattr__(self, "device", _check_device(owner, self.device))
         check_optional_int(owner, self.num_workers, "num_workers", minimum=0)
-        check_int(owner, self.prefetch, "prefetch", minimum=1)
+        check_optional_int(owner, self.prefetch, "prefetch", minimum=1)
         check_int(owner, self.shuffle_buffer, "shuffle_buffer", minimum=1)
         check_int(owner, self.interleave, "interleave", minimum=1)
         check_optional_int(owner, self.shards_ahead, "shards_ahead", minimum=0)

@@ -14,10 +14,12 @@ import torch
 
 from . import _dist, backends
 from ._batch import Batch, SkippedSample
-from ._config import LoaderConfig, OnError
+from ._config import DEFAULT_PREFETCH, LoaderConfig, OnError
 from ._errors import ClosedError, ConfigError, DataError, GpupipeError, PipelineError
 from ._pipeline import Pipeline
 from ._plan import PlanSpec, RankPlan, mask_digest, rank_plan
+from ._tune import resolve as resolve_tuned
+from ._tune import tune_key
 from ._validate import check_int, is_int
 from .sources import Index
 from .sources._prefetch import prefetcher, prepare_remote
@@ -94,7 +96,10 @@ class Loader:
         _check_runnable(pipeline, backend)
         self.seed = _dist.shared_seed(config.seed, topo, shuffle=config.shuffle, device=device)
         self.backend, self.device = backend.name, str(device)
-        self.num_workers = min(_cpu_count(), 8) if config.num_workers is None else config.num_workers
+        # Options left unset take what `gpupipe tune` recorded for this machine and pipeline, else defaults.
+        key = tune_key(pipeline.views, config.batch_size, backend.name, device)
+        self._run_config, workers, self.tuned = resolve_tuned(config, key)
+        self.num_workers = min(_cpu_count(), 8) if workers is None else workers
         self.epoch = 0
         self._yielded = 0  # batches of self.epoch yielded so far
         self._resume_at: tuple[int, int] | None = None  # (epoch, batch) set by load_state_dict
@@ -156,12 +161,14 @@ class Loader:
             self._len,
             ", ".join(f"{k}={v}" for k, v in self._runner.describe().items()),
         )
+        if self.tuned is not None:
+            log.info("gpupipe loader: settings left unset are gpupipe tune's: %s", self.tuned)
 
     def _run_spec(self, pipeline: Pipeline) -> backends.RunSpec:
         return backends.RunSpec(
             index=self.index,
             views=pipeline.views,
-            config=self.config,
+            config=self._run_config,
             device=torch.device(self.device),
             workers=self.num_workers,
             rank=self.rank,
@@ -272,7 +279,8 @@ class Loader:
 
     @property
     def prefetch(self) -> int:
-        return self.config.prefetch
+        """Batches prepared ahead: the option, else ``gpupipe tune``'s value, else 2."""
+        return self._run_config.prefetch or DEFAULT_PREFETCH
 
     @property
     def shuffle_buffer(self) -> int:
@@ -292,6 +300,8 @@ class Loader:
         parts = [f"backend={self.backend!r}", f"device={self.device!r}", f"batch_size={self.batch_size}"]
         if not self.closed:
             parts += [f"{name}={value!r}" for name, value in self._runner.describe().items()]
+        if self.tuned is not None:
+            parts.append(f"tuned={self.tuned.date!r}")
         parts += [f"rank={self.rank}/{self.world_size}", f"batches={len(self)}", f"epoch={self.epoch}"]
         return f"<gpupipe.Loader {' '.join(parts)}{' closed' if self.closed else ''}>"
 

@@ -16,7 +16,7 @@ def test_top_level_api():
         "Damage", "RankPlan",
         "Source", "WebDataset", "ImageFolder",
         "load_pipeline", "check", "CheckReport",
-        "register_lowering", "ShardWriter", "transforms", "sources", "GpupipeError", "ConfigError",
+        "register_lowering", "ShardWriter", "tune", "Tuned", "transforms", "sources", "GpupipeError", "ConfigError",
         "PipelineError", "UnsupportedTransformError", "BackendUnavailableError", "ClosedError", "WorkerError",
         "DataError", "ShardError", "SampleError", "__version__",
     ])  # fmt: skip

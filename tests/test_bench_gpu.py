@@ -32,7 +32,9 @@ def test_the_quick_run_writes_every_row(tmp_path):
     probed = [r for r in result["rows"] if r.get("decoded")]
     assert probed and all(r["decoded"] == "hw 0% / cuda 0% / cpu 100%" for r in probed), probed  # DALI's CPU decoder
     assert all(r["images_per_s"] > 0 and r["cpu_s_per_1000"] > 0 for r in result["rows"])
-    assert {"train_vs_hand_fancy", "train_vs_val", "stall"} <= set(result["headline"])
+    assert {"train_vs_hand_fancy", "train_vs_val", "stall", "tuned_train"} <= set(result["headline"])
+    (tuned,) = [r for r in result["rows"] if r["recipe"] == "gpupipe train, tuned"]
+    assert "num_workers=" in tuned["tuned"] and "gpupipe train, tuned (num_workers=" in text
     assert "A smoke run" in text and "operators=7" in result["data_stall"]["loader"]
     assert "MET " in proc.stdout or "MISS" in proc.stdout
 

@@ -88,7 +88,7 @@ def test_index_builds_the_cache(tmp_path, capsys, monkeypatch):
     assert index.key(5) == "00000005"
 
 
-COMMANDS = ("make-shards", "index", "check", "bench", "inspect", "doctor")
+COMMANDS = ("make-shards", "index", "check", "bench", "tune", "inspect", "doctor")
 
 
 class TestHelp:

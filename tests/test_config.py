@@ -30,7 +30,7 @@ class TestLoaderConfig:
             (dict(batch_size=2, device="tpu"), "device must be 'cpu' or 'cuda"),
             (dict(batch_size=2, device=3.0), "device"),
             (dict(batch_size=2, num_workers=-1), "num_workers must be None or an int >= 0"),
-            (dict(batch_size=2, prefetch=0), "prefetch must be a positive int"),
+            (dict(batch_size=2, prefetch=0), "prefetch must be None or an int >= 1"),
             (dict(batch_size=2, shuffle_buffer=0), "shuffle_buffer"),
             (dict(batch_size=2, interleave=True), "interleave"),
             (dict(batch_size=2, shards_ahead=-1), "shards_ahead must be None or an int >= 0"),
@@ -42,7 +42,7 @@ class TestLoaderConfig:
         check_invalid(lambda: gp.LoaderConfig(**kwargs), match)
 
     def test_loader_reports_the_same_errors(self, shards):
-        with pytest.raises(gp.ConfigError, match="Loader: prefetch must be a positive int, got 0"):
+        with pytest.raises(gp.ConfigError, match="Loader: prefetch must be None or an int >= 1, got 0"):
             gp.Loader(val(shards), 2, prefetch=0)
         with pytest.raises(TypeError, match="unexpected keyword argument 'shufle'"):
             gp.Loader(val(shards), 2, shufle=True)

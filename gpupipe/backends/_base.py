@@ -11,7 +11,7 @@ from typing import Any, ClassVar, NamedTuple, Protocol
 
 import torch
 
-from .._config import LoaderConfig, OnError
+from .._config import DEFAULT_PREFETCH, LoaderConfig, OnError
 from .._errors import DataError
 from .._plan import RankPlan
 from .._registry import Registry
@@ -77,6 +77,11 @@ class RunSpec:
     rank: int
     seed: int  # the loader's seed when built; each plan carries the seed it was drawn for
     outputs: tuple[ImageSpec, ...] | None = None  # each view's output image (fixed size); None: no pipeline
+
+    @property
+    def prefetch(self) -> int:
+        """Batches prepared ahead (the loader resolved the option, ``gpupipe tune``'s value or 2)."""
+        return self.config.prefetch or DEFAULT_PREFETCH
 
     @property
     def skip(self) -> bool:

@@ -301,7 +301,7 @@ class DaliRunner:
         self._define = graph
         self._pid = os.getpid()
         self.index, self.views = spec.index, spec.views
-        self.num_threads, self.prefetch = max(1, spec.workers), spec.config.prefetch
+        self.num_threads, self.prefetch = max(1, spec.workers), spec.prefetch
         self.channels_last = spec.config.channels_last
         self.device, self.rank, self.seed = spec.device, spec.rank, spec.seed
         self.skip = spec.skip

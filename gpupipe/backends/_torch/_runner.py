@@ -169,7 +169,7 @@ class TorchRunner:
             batch_sampler=self._batches,
             collate_fn=_Collate(spec.skip, spec.outputs, spec.index.labeled, spec.config.channels_last),
             num_workers=spec.workers,
-            prefetch_factor=spec.config.prefetch if spec.workers else None,
+            prefetch_factor=spec.prefetch if spec.workers else None,
             persistent_workers=spec.workers > 0,
             pin_memory=self.device.type == "cuda",
             worker_init_fn=exit_with_parent,

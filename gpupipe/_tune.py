@@ -1,0 +1,245 @@
+"""The loader's throughput settings chosen by measurement: ``gpupipe tune`` / :func:`tune`.
+
+``num_workers`` (DALI's CPU threads, or the torch backend's worker processes), ``prefetch`` and, on
+a GPU, ``DaliOptions.hw_decoder_load`` (the share of JPEGs given to the hardware decoder) can move
+images/s by 2x between machines, pipelines and batch sizes, and no default fits them all. As
+tf.data's AUTOTUNE does inside the input pipeline, gpupipe measures — but once, ahead of
+training, on the user's data and pipeline, so that a training run never spends its first minutes
+(or its determinism) on trials: :func:`tune` runs the loader with candidate settings, a few
+seconds each, one setting at a time (threads, then prefetch, then the hardware decoder's share),
+and records the choice in ``$GPUPIPE_CACHE_DIR/tune.json`` (default ``~/.cache/gpupipe``) under a
+key of the machine (CPU cores, GPU model), the backend, the device type, the batch size and the
+pipeline's transforms.
+
+A :class:`~gpupipe.Loader` whose options leave these unset (``None``, the defaults) takes the
+recorded values for its key, logs that it did and shows them in its repr; an option set
+explicitly is never overridden, and without a record the defaults apply (``min(cores, 8)``
+workers, ``prefetch=2``, ``hw_decoder_load=0.65``). The measurement runs the loader alone: a
+training step that shares the CPU with it (a torch step on the CPU, heavy host-side logging)
+leaves it less, so tune on the machine type that trains, and re-tune after changing the pipeline.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import hashlib
+import json
+import logging
+import os
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from ._config import DEFAULT_HW_DECODER_LOAD, DEFAULT_PREFETCH, DaliOptions, LoaderConfig
+from ._errors import ConfigError
+
+__all__ = ["Tuned", "tune", "lookup", "tune_key", "tune_file", "resolve"]
+
+log = logging.getLogger("gpupipe")
+
+NEAR = 0.97  # a setting within 3% of the best is as good: the cheaper one wins (fewer threads, less memory)
+
+
+@dataclasses.dataclass(frozen=True)
+class Tuned:
+    """A tuning's result: the settings chosen, their images/s and the defaults', the date, and
+    every trial as ``{"num_workers", "prefetch", "hw_decoder_load", "images_per_s"}``."""
+
+    num_workers: int
+    prefetch: int
+    hw_decoder_load: float | None  # None: not tuned (no GPU decoder)
+    images_per_s: float
+    default_images_per_s: float
+    date: str
+    trials: tuple[dict[str, Any], ...] = ()
+
+    @property
+    def speedup(self) -> float:
+        return self.images_per_s / self.default_images_per_s if self.default_images_per_s else 1.0
+
+    def __str__(self) -> str:
+        share = "" if self.hw_decoder_load is None else f", hw_decoder_load={self.hw_decoder_load}"
+        return (f"num_workers={self.num_workers}, prefetch={self.prefetch}{share}: {self.images_per_s:.0f} images/s, "
+                f"{self.speedup:.2f}x the defaults (tuned {self.date})")  # fmt: skip
+
+
+def tune_file() -> str:
+    root = os.environ.get("GPUPIPE_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "gpupipe")
+    return os.path.join(root, "tune.json")
+
+
+def _machine(device: torch.device) -> str:
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    gpu = "no GPU"
+    if device.type == "cuda":
+        try:
+            gpu = torch.cuda.get_device_name(device)
+        except (RuntimeError, AssertionError, ValueError):  # no CUDA after all (a fake one in tests)
+            gpu = "a GPU"
+    return f"{cores} cores, {gpu}"
+
+
+def tune_key(views: Sequence[Sequence[Any]], batch_size: int, backend: str, device: torch.device) -> str:
+    """The record's key: this machine, the backend, the device type, the batch size and the
+    pipeline's transforms (not its source: tune on a sample of the data that trains)."""
+    what = [_machine(device), backend, device.type, batch_size, [[repr(t) for t in view] for view in views]]
+    return hashlib.sha256(json.dumps(what).encode()).hexdigest()[:24]
+
+
+def _records() -> dict[str, Any]:
+    path = tune_file()
+    try:
+        with open(path) as f:
+            records = json.load(f)
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as e:
+        warnings.warn(f"gpupipe: ignoring the tuning records in {path}: {e}", stacklevel=3)
+        return {}
+    return records if isinstance(records, dict) else {}
+
+
+def lookup(key: str) -> Tuned | None:
+    """The recorded settings for ``key``, or ``None``."""
+    record = _records().get(key)
+    if not isinstance(record, dict):
+        return None
+    try:
+        return Tuned(**{k: record[k] for k in ("num_workers", "prefetch", "hw_decoder_load", "images_per_s",
+                                               "default_images_per_s", "date")})  # fmt: skip
+    except (KeyError, TypeError):
+        return None
+
+
+def _record(key: str, tuned: Tuned, about: dict[str, Any]) -> str:
+    path = tune_file()
+    records = _records()
+    records[key] = {**dataclasses.asdict(tuned), "trials": list(tuned.trials), **about}
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(records, f, indent=1)
+    os.replace(tmp, path)  # atomic: a loader reading it sees the old records or the new ones
+    return path
+
+
+def resolve(config: LoaderConfig, key: str) -> tuple[LoaderConfig, int | None, Tuned | None]:
+    """``(config, num_workers, tuned)`` with the options left unset taken from the record for
+    ``key`` where there is one, else their defaults (``num_workers`` ``None``: the loader's);
+    ``tuned`` is the record where one of its values is used."""
+    unset = config.num_workers is None or config.prefetch is None or config.dali.hw_decoder_load is None
+    tuned = lookup(key) if unset else None
+    workers = config.num_workers if config.num_workers is not None or tuned is None else tuned.num_workers
+    prefetch = config.prefetch if config.prefetch is not None else tuned.prefetch if tuned else DEFAULT_PREFETCH
+    share = config.dali.hw_decoder_load
+    if share is None:
+        share = tuned.hw_decoder_load if tuned is not None and tuned.hw_decoder_load is not None else \
+            DEFAULT_HW_DECODER_LOAD  # fmt: skip
+    dali = dataclasses.replace(config.dali, hw_decoder_load=share)
+    used = tuned is not None and (
+        config.num_workers is None
+        or config.prefetch is None
+        or (config.dali.hw_decoder_load is None and tuned.hw_decoder_load is not None)
+    )
+    return dataclasses.replace(config, prefetch=prefetch, dali=dali), workers, tuned if used else None
+
+
+def _candidates(cores: int, backend: str) -> list[int]:
+    ladder = [1, 2, 4, 6, 8, 12, 16, 24, 32] if backend == "dali" else [1, 2, 4, 6, 8, 12, 16]
+    return sorted({w for w in ladder if w <= cores} | {min(cores, 8)})
+
+
+def _best(trials: list[dict[str, Any]], cost: Callable[[dict[str, Any]], float]) -> dict[str, Any]:
+    """The cheapest trial within :data:`NEAR` of the fastest."""
+    top = max(t["images_per_s"] for t in trials)
+    return min((t for t in trials if t["images_per_s"] >= NEAR * top), key=cost)
+
+
+def tune(pipeline: Any, batch_size: int, *, seconds: float = 3.0, record: bool = True,
+         progress: Callable[[dict[str, Any]], Any] | None = None, **options: Any) -> Tuned:  # fmt: skip
+    """Measures ``pipeline`` through a :class:`~gpupipe.Loader` of ``batch_size`` with candidate
+    settings and returns (and with ``record``, records for the loaders of this machine) the
+    fastest: ``num_workers`` first (``prefetch=2``), then ``prefetch`` (1-4), then on a GPU with
+    the DALI backend ``hw_decoder_load`` (0-1). Each trial builds a loader and reads shuffled
+    epochs for ``seconds`` after one warm-up batch per worker; the cheaper of two settings within
+    3% of each other wins. ``options``: the loader's other options (``backend``, ``device``,
+    ``on_error``, ...); the tuned ones must be left unset.
+
+    Raises:
+        ConfigError: a tuned option was passed, or ``seconds`` is not positive.
+    """
+    from ._loader import Loader, _cpu_count
+
+    for name in ("num_workers", "prefetch"):
+        if options.get(name) is not None:
+            raise ConfigError(f"tune: {name} is what tune chooses; leave it out")
+    if seconds <= 0:
+        raise ConfigError(f"tune: seconds must be positive, got {seconds!r}")
+    dali_options = options.pop("dali", None) or DaliOptions()
+    trials: list[dict[str, Any]] = []
+
+    def trial(workers: int, prefetch: int, share: float | None) -> dict[str, Any]:
+        for t in trials:
+            if (t["num_workers"], t["prefetch"], t["hw_decoder_load"]) == (workers, prefetch, share):
+                return t
+        dali = dataclasses.replace(
+            dali_options, hw_decoder_load=share if share is not None else DEFAULT_HW_DECODER_LOAD
+        )
+        with Loader(pipeline, batch_size, num_workers=workers, prefetch=prefetch, dali=dali, shuffle=True,
+                    drop_last=True, seed=0, **options) as loader:  # fmt: skip
+            rate = _measure(loader, seconds, warmup=max(1, workers))
+            found = {"num_workers": workers, "prefetch": prefetch, "hw_decoder_load": share,
+                     "images_per_s": round(rate, 1)}  # fmt: skip
+        trials.append(found)
+        if progress is not None:
+            progress(found)
+        return found
+
+    from . import backends
+
+    backend, device = backends.resolve(options.get("backend", "auto"), options.get("device"))
+    cores = _cpu_count()
+    gpu_decoder = backend.name == "dali" and device.type == "cuda"
+    share = DEFAULT_HW_DECODER_LOAD if gpu_decoder else None
+    default = trial(min(cores, 8), DEFAULT_PREFETCH, share)
+    workers = _best([trial(w, DEFAULT_PREFETCH, share) for w in _candidates(cores, backend.name)],
+                    lambda t: t["num_workers"])["num_workers"]  # fmt: skip
+    prefetch = _best([trial(workers, p, share) for p in (1, 2, 3, 4)], lambda t: t["prefetch"])["prefetch"]
+    chosen = trial(workers, prefetch, share)
+    if gpu_decoder:  # more to the hardware decoder costs nothing where it keeps up
+        chosen = _best([trial(workers, prefetch, s) for s in (0.0, 0.5, 0.65, 0.8, 1.0)],
+                       lambda t: abs(t["hw_decoder_load"] - DEFAULT_HW_DECODER_LOAD))  # fmt: skip
+    tuned = Tuned(chosen["num_workers"], chosen["prefetch"], chosen["hw_decoder_load"], chosen["images_per_s"],
+                  default["images_per_s"], datetime.date.today().isoformat(), tuple(trials))  # fmt: skip
+    if record:
+        key = tune_key(pipeline.views, batch_size, backend.name, device)
+        path = _record(key, tuned, {"machine": _machine(device), "backend": backend.name, "device": device.type,
+                                    "batch_size": batch_size, "pipeline": repr(pipeline)})  # fmt: skip
+        log.info("gpupipe tune: %s; recorded in %s", tuned, path)
+    return tuned
+
+
+def _measure(loader: Any, seconds: float, *, warmup: int) -> float:
+    """Images/s of ``loader`` over ``seconds`` of shuffled epochs, after ``warmup`` batches. The
+    host cannot run more than ``prefetch`` batches ahead of the device, so the clock stops after
+    one synchronization at the end."""
+    seen, images, start = 0, 0, 0.0
+    for epoch in range(1_000_000):
+        loader.set_epoch(epoch)
+        for batch in loader:
+            seen += 1
+            if seen == warmup:
+                start = time.perf_counter()
+            elif seen > warmup:
+                images += len(batch.keys)
+                if time.perf_counter() - start >= seconds:
+                    if torch.device(loader.device).type == "cuda":
+                        torch.cuda.synchronize(loader.device)
+                    return images / (time.perf_counter() - start)
+        if seen == 0:
+            break
+    raise ConfigError("tune: the loader yields no batches")

@@ -1,0 +1,113 @@
+"""``gpupipe tune`` / ``gp.tune``: the loader's threads, prefetch and (on a GPU) hardware-decoder
+share chosen by measurement, recorded per machine, pipeline, batch size, backend and device, and
+taken by the loaders that leave them unset — never by one that sets them. Timings are not
+asserted: the choice among measured trials is, with made-up measurements."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+import gpupipe as gp
+from gpupipe import _tune
+from gpupipe._cli import main
+
+from .checkers import val
+
+ROOT = os.path.join(os.path.dirname(__file__), "..")
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("GPUPIPE_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+@pytest.fixture
+def fake_rates(monkeypatch):
+    """Trials measure a made-up images/s: ``rates(workers, prefetch)``; every trial is recorded."""
+    seen = []
+
+    def install(rate):
+        def measure(loader, seconds, *, warmup):
+            seen.append((loader.num_workers, loader.prefetch))
+            return rate(loader.num_workers, loader.prefetch)
+
+        monkeypatch.setattr(_tune, "_measure", measure)
+        return seen
+
+    return install
+
+
+def test_tune_records_and_loaders_take_it(backend, shards, cache, fake_rates, monkeypatch):
+    monkeypatch.setattr("gpupipe._loader._cpu_count", lambda: 2)
+    seen = fake_rates(lambda w, p: 100.0 + (30.0 if p == 3 else 0.0))  # one worker saturates
+    pipe = val(shards)
+    tuned = gp.tune(pipe, 4, seconds=0.1, backend=backend.backend, device=backend.device)
+    assert (tuned.num_workers, tuned.prefetch) == (1, 3)  # the cheapest within 3% of the best, then prefetch 3
+    assert tuned.default_images_per_s == 100.0 and tuned.images_per_s == 130.0 and tuned.hw_decoder_load is None
+    assert sorted(seen) == [(1, 1), (1, 2), (1, 3), (1, 4), (2, 2)]  # each trial once
+    record = json.loads((cache / "tune.json").read_text())
+    (entry,) = record.values()
+    assert entry["batch_size"] == 4 and entry["backend"] == backend.backend and len(entry["trials"]) == len(seen)
+    with backend.loader(pipe, 4) as loader:  # options unset: the record's
+        assert (loader.num_workers, loader.prefetch) == (1, 3) and loader.tuned == tuned.__class__(**{
+            k: getattr(tuned, k) for k in ("num_workers", "prefetch", "hw_decoder_load", "images_per_s",
+                                           "default_images_per_s", "date")})  # fmt: skip
+        assert f"tuned='{tuned.date}'" in repr(loader)
+        assert len(list(loader)) == len(loader)
+    with backend.loader(pipe, 4, num_workers=1, prefetch=2) as loader:  # set: never overridden
+        assert (loader.num_workers, loader.prefetch, loader.tuned) == (1, 2, None)
+    with backend.loader(pipe, 8) as loader:  # another batch size: no record, the defaults
+        assert (loader.num_workers, loader.prefetch, loader.tuned) == (2, 2, None)
+
+
+def test_the_record_belongs_to_its_pipeline_and_backend(shards, cache, fake_rates):
+    fake_rates(lambda w, p: 100.0 * w)
+    gp.tune(val(shards), 4, seconds=0.1, backend="torch", device="cpu")
+    other = gp.Pipeline(shards, [gp.transforms.CenterCrop(24), gp.transforms.RandomHorizontalFlip()])
+    with gp.Loader(other, 4, backend="torch", device="cpu") as loader:
+        assert loader.tuned is None
+    with gp.Loader(val(shards), 4, backend="dali", device="cpu") as loader:
+        assert loader.tuned is None
+
+
+def test_hw_decoder_load_is_tuned_on_a_gpu_only(shards, cache, fake_rates, monkeypatch):
+    """The hardware decoder's share is a trial only where DALI decodes on a GPU; the cheapest share
+    is the one nearest DALI's 0.65 within 3% of the best."""
+    chosen = _tune._best(
+        [{"hw_decoder_load": s, "images_per_s": r} for s, r in [(0.0, 80.0), (0.5, 99.0), (0.65, 97.0), (1.0, 100.0)]],
+        lambda t: abs(t["hw_decoder_load"] - 0.65),
+    )
+    assert chosen["hw_decoder_load"] == 0.65
+    fake_rates(lambda w, p: 50.0)
+    assert gp.tune(val(shards), 4, seconds=0.1, backend="dali", device="cpu", record=False).hw_decoder_load is None
+
+
+def test_options_that_tune_chooses_are_refused(shards):
+    with pytest.raises(gp.ConfigError, match="num_workers is what tune chooses"):
+        gp.tune(val(shards), 4, num_workers=2)
+    with pytest.raises(gp.ConfigError, match="seconds must be positive"):
+        gp.tune(val(shards), 4, seconds=0)
+
+
+def test_a_damaged_record_file_is_ignored_with_a_warning(shards, cache):
+    cache.mkdir(parents=True)
+    (cache / "tune.json").write_text("{not json")
+    with pytest.warns(UserWarning, match="ignoring the tuning records"):
+        loader = gp.Loader(val(shards), 4, backend="torch", device="cpu", num_workers=0)
+    assert loader.tuned is None and loader.prefetch == 2
+    loader.close()
+
+
+def test_the_command(shards, cache, capsys):
+    """Real measurements, briefly: the command prints every trial and records the choice."""
+    pattern = shards[0].replace("000000", "{000000..000001}")
+    argv = ["tune", os.path.join(ROOT, "pipelines", "imagenet.py:val"), pattern, "--batch-size", "4", "--backend",
+            "torch", "--device", "cpu", "--seconds", "0.05"]  # fmt: skip
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "num_workers=1 prefetch=2:" in out and "chosen: num_workers=" in out and "recorded in" in out
+    assert (cache / "tune.json").exists()
