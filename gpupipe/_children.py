@@ -24,7 +24,7 @@ from concurrent.futures.process import BrokenProcessPool
 
 from ._errors import WorkerError
 
-__all__ = ["POLL_S", "exit_with_parent", "exit_status", "process_pool"]
+__all__ = ["POLL_S", "exit_with_parent", "exit_status", "death_cause", "process_pool"]
 
 POLL_S = 0.25  # how often a child checks that its parent is alive
 
@@ -47,6 +47,18 @@ def _watch(parent: int) -> None:
     while os.getppid() == parent:
         time.sleep(POLL_S)
     os._exit(1)  # the parent is gone: nobody will read what this process makes
+
+
+def death_cause(code: int | None) -> str:
+    """What a child's exit code most likely means, and what to do, in one sentence."""
+    if code in (-signal.SIGSEGV, -signal.SIGBUS, -signal.SIGILL, -signal.SIGFPE, -signal.SIGABRT):
+        return ("It crashed in native code: most often a decoder on a damaged file. `python -m gpupipe check` "
+                "finds such files (each decoded in its own process) and lists them so that loaders leave them "
+                "out; with num_workers=0 the traceback shows where.")  # fmt: skip
+    if code == -signal.SIGKILL:
+        return ("A process killed with SIGKILL is most often the kernel's out-of-memory killer (see `dmesg`); "
+                "fewer workers or a smaller prefetch use less memory.")  # fmt: skip
+    return "A crash in native code shows its traceback when run in this process (num_workers=0)."
 
 
 def exit_status(code: int | None) -> str:
@@ -93,9 +105,7 @@ def process_pool(workers: int | None, what: str, *, spawn: bool = False) -> Iter
         pid, code = (dead[0].pid, dead[0].exitcode) if dead else (None, None)
         which = "" if pid is None else f" (pid {pid})"
         raise WorkerError(
-            f"{what}: a worker process{which} died with {exit_status(code)}. A killed process is often the "
-            "kernel's out-of-memory killer (see `dmesg`); fewer workers use less memory. A crash in native code "
-            "shows its traceback when run in this process (workers=0).",
+            f"{what}: a worker process{which} died with {exit_status(code)}. {death_cause(code)}",
             pid=pid,
             exitcode=code,
         ) from e

@@ -1,14 +1,32 @@
-"""Decoding encoded images to uint8 RGB ``[3, H, W]`` tensors on the CPU (torch backend).
+"""Decoding encoded images to uint8 RGB ``[3, H, W]`` tensors on the CPU, and the rules that decide
+whether an image is accepted — one verdict per file, on every backend.
 
-JPEG, PNG, WebP and GIF go through ``torchvision.io.decode_image`` (libjpeg-turbo, libpng): twice
-as fast as Pillow here, and bit-identical on JPEG. torchvision 0.29 deprecated its decoders in
-favour of TorchCodec; gpupipe silences that one warning around its own call and falls back to
-Pillow (libjpeg-turbo too) where the decoders are gone. Other formats of an ImageFolder tree (BMP,
-TIFF, PPM/PGM) are decoded with Pillow. Grayscale, CMYK and palette images come out RGB.
+The rules (:func:`check_header` reads the first, before any decoder allocates; :func:`decode_rgb`
+applies them all; the DALI backend's reader applies the header ones to every sample before DALI
+sees it):
+
+- an empty file is refused (``empty-image``); a file whose first bytes are not an image gpupipe
+  reads is ``undecodable``, whatever its name (a PNG named ``.jpg`` is a PNG);
+- accepted formats: JPEG (baseline or progressive, 8-bit, grayscale, RGB or CMYK), PNG, WebP
+  (still; an animated WebP gives its first frame), BMP, TIFF (its first page), PNM and JPEG 2000;
+- refused as ``unsupported-format``: GIF (DALI's decoders do not read it, so it is refused
+  everywhere rather than decoded by one backend only), lossless JPEG (SOF3/7/11/15: neither
+  backend decodes it) and JPEG of more than 8 bits per sample;
+- the pixel limit (``max_image_pixels``) applies to the size the header declares and, for formats
+  without a header gpupipe parses, to the decoded size: ``too-large``;
+- an image whose pixels are not of the size its header declares is ``undecodable`` (the DALI
+  backend computes its crop windows from the header).
+
+Decoders: JPEG through ``torchvision.io.decode_image`` (libjpeg-turbo; twice as fast as Pillow here,
+bit-identical, and it survived 6,000 fuzzed JPEGs here); every other format through Pillow — first
+frame, converted to RGB — because torchvision's PNG decoder kills the process (SIGSEGV) on a
+damaged PNG (a libpng error it does not catch; reproduced with torchvision 0.29.1, and in the
+tests), and its GIF and WebP decoders disagree with DALI on animations. torchvision 0.29 deprecated
+its decoders in favour of TorchCodec; gpupipe silences that one warning around its own call and
+falls back to Pillow where they are gone. Grayscale, CMYK and palette images come out RGB.
 
 EXIF orientation is ignored by default, as torchvision and Pillow do (the pixels as stored);
-``apply_exif_orientation=True`` turns the image upright (DALI's ``adjust_orientation``). Images
-whose header declares more than ``max_pixels`` are refused before anything is allocated.
+``apply_exif_orientation=True`` turns the image upright (DALI's ``adjust_orientation``).
 """
 
 from __future__ import annotations
@@ -20,11 +38,11 @@ import numpy as np
 import torch
 
 from ._errors import Damage, SampleError
-from ._imageinfo import MAX_IMAGE_PIXELS, image_size
+from ._imageinfo import MAX_IMAGE_PIXELS, header_size, image_format, jpeg_frame
 
-__all__ = ["decode_rgb", "check_pixels", "MAX_IMAGE_PIXELS"]
+__all__ = ["decode_rgb", "check_header", "check_pixels", "MAX_IMAGE_PIXELS"]
 
-_TORCHVISION_MAGIC = (b"\xff\xd8", b"\x89PNG", b"RIFF", b"GIF8")
+_LOSSLESS_JPEG = frozenset((0xC3, 0xC7, 0xCB, 0xCF))
 
 try:
     from torchvision.io import ImageReadMode, decode_image
@@ -52,8 +70,39 @@ def _decode_pillow(data: bytes, exif: bool, max_pixels: int | None, shard: str, 
             raise ValueError(f"not an image in a format gpupipe reads; it starts with {data[:12]!r}") from None
         with im:
             check_pixels((im.height, im.width), max_pixels, shard=shard, key=key)
+            im.seek(0)  # the first frame (page) of an animation or a multi-page TIFF
             rgb = (ImageOps.exif_transpose(im) if exif else im).convert("RGB")
     return torch.from_numpy(np.array(rgb)).permute(2, 0, 1).contiguous()
+
+
+def _refused(message: str, kind: Damage, *, shard: str, key: str) -> SampleError:
+    return SampleError(f"the image of sample {key!r} in shard {shard!r} {message}", shard=shard, key=key, kind=kind)
+
+
+def check_header(data: bytes | memoryview, max_pixels: int | None, *, shard: str, key: str) -> tuple[int, int] | None:
+    """The rules an image's first bytes decide (module docstring): raises ``SampleError`` for an
+    empty image, an unsupported format or kind of JPEG, or a declared size over ``max_pixels``;
+    returns the ``(height, width)`` the header declares (``None`` where gpupipe cannot tell)."""
+    if not len(data):
+        raise _refused("is empty", Damage.EMPTY_IMAGE, shard=shard, key=key)
+    fmt = image_format(data)
+    if fmt == "gif":
+        raise _refused("is a GIF, which gpupipe does not accept (DALI's decoders do not read GIF): convert it to "
+                       "PNG or JPEG", Damage.UNSUPPORTED, shard=shard, key=key)  # fmt: skip
+    if fmt == "jpeg":
+        frame = jpeg_frame(data)
+        if frame is None:
+            raise _refused("is a JPEG without a frame header (damaged or cut short)", Damage.UNDECODABLE, shard=shard,
+                           key=key)  # fmt: skip
+        if frame[2] in _LOSSLESS_JPEG:
+            raise _refused("is a lossless JPEG, which neither backend decodes: convert it to PNG",
+                           Damage.UNSUPPORTED, shard=shard, key=key)  # fmt: skip
+        if frame[3] != 8:
+            raise _refused(f"is a {frame[3]}-bit JPEG; gpupipe accepts 8-bit JPEGs", Damage.UNSUPPORTED,
+                           shard=shard, key=key)  # fmt: skip
+    size = header_size(data)
+    check_pixels(size, max_pixels, shard=shard, key=key)
+    return size
 
 
 def check_pixels(size: tuple[int, int] | None, max_pixels: int | None, *, shard: str, key: str) -> None:
@@ -77,16 +126,15 @@ def decode_rgb(
     max_pixels: int | None = MAX_IMAGE_PIXELS,
     apply_exif_orientation: bool = False,
 ) -> torch.Tensor:
-    """Decodes ``data`` to a uint8 ``[3, H, W]`` tensor; raises SampleError naming shard and key
-    (and the kind of damage: empty, undecodable, over ``max_pixels``)."""
-    if not data:
-        message = f"the image of sample {key!r} in shard {shard!r} is empty"
-        raise SampleError(message, shard=shard, key=key, kind=Damage.EMPTY_IMAGE)
-    check_pixels(image_size(data), max_pixels, shard=shard, key=key)
+    """Decodes ``data`` to a uint8 ``[3, H, W]`` tensor by the rules of this module; raises
+    SampleError naming shard and key, and the kind of damage (empty, unsupported, undecodable,
+    over ``max_pixels``)."""
+    size = check_header(data, max_pixels, shard=shard, key=key)
     try:
-        if decode_image is not None and data.startswith(_TORCHVISION_MAGIC):
-            return _decode_torchvision(data, apply_exif_orientation)
-        return _decode_pillow(data, apply_exif_orientation, max_pixels, shard, key)
+        if decode_image is not None and image_format(data) == "jpeg":
+            image = _decode_torchvision(data, apply_exif_orientation)
+        else:
+            image = _decode_pillow(data, apply_exif_orientation, max_pixels, shard, key)
     except SampleError:
         raise
     except Exception as e:
@@ -96,3 +144,8 @@ def decode_rgb(
             key=key,
             kind=Damage.UNDECODABLE,
         ) from e
+    decoded = (int(image.shape[-2]), int(image.shape[-1]))
+    if size is not None and decoded != tuple(size) and not (apply_exif_orientation and decoded == tuple(size)[::-1]):
+        raise _refused(f"declares {size[0]}x{size[1]} pixels in its header but decodes to {decoded[0]}x{decoded[1]}",
+                       Damage.UNDECODABLE, shard=shard, key=key)  # fmt: skip
+    return image

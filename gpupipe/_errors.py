@@ -90,8 +90,9 @@ class Damage(str, enum.Enum):
     complete samples before the cut are usable, and a shard that shrank after indexing is one too).
     Samples: ``NO_IMAGE``, ``NO_LABEL``, ``DUPLICATE_KEY`` (a key seen before in the shard; the
     first one is used), ``BAD_LABEL`` (not an ASCII int64), ``EMPTY_IMAGE`` (zero bytes),
-    ``UNDECODABLE`` (not an image the decoders read, or corrupt), ``TOO_LARGE`` (over the pixel
-    limit), ``TOO_SMALL`` (smaller than a transform needs).
+    ``UNDECODABLE`` (not an image the decoders read, or corrupt), ``UNSUPPORTED`` (a format or
+    kind of image gpupipe does not accept: GIF, lossless JPEG), ``TOO_LARGE`` (over the pixel
+    limit), ``TOO_SMALL`` (smaller than a transform needs). The rules: ``gpupipe/_decode.py``.
     """
 
     MISSING_SHARD = "missing-shard"
@@ -104,6 +105,7 @@ class Damage(str, enum.Enum):
     BAD_LABEL = "bad-label"
     EMPTY_IMAGE = "empty-image"
     UNDECODABLE = "undecodable"
+    UNSUPPORTED = "unsupported-format"
     TOO_LARGE = "too-large"
     TOO_SMALL = "too-small"
 

@@ -12,7 +12,7 @@ import io
 import struct
 import warnings
 
-__all__ = ["image_size", "header_size", "MAX_IMAGE_PIXELS"]
+__all__ = ["image_size", "header_size", "image_format", "jpeg_frame", "MAX_IMAGE_PIXELS"]
 
 MAX_IMAGE_PIXELS = 89_478_485  # Pillow's Image.MAX_IMAGE_PIXELS (about 0.25 GB as RGB)
 
@@ -22,11 +22,17 @@ _SOF = frozenset((0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0x
 _STANDALONE = frozenset((0x01, *range(0xD0, 0xD8)))  # markers without a length: TEM, RSTn
 
 
-def _jpeg(data: bytes | memoryview) -> tuple[int, int] | None:
+def jpeg_frame(data: bytes | memoryview) -> tuple[int, int, int, int] | None:
+    """``(height, width, SOF marker, sample precision)`` of a JPEG's frame header, or ``None``.
+
+    Read as libjpeg reads it: bytes between segments that are not a marker are skipped (libjpeg
+    warns "extraneous bytes before marker" and decodes on), so one junk byte cannot hide a
+    declared size from the pixel limit."""
     i, n = 2, len(data)
     while i + 4 <= n:
-        if data[i] != 0xFF:
-            return None
+        if data[i] != 0xFF:  # junk between segments: on to the next 0xFF
+            i += 1
+            continue
         marker = data[i + 1]
         if marker == 0xFF:  # fill byte
             i += 1
@@ -40,9 +46,39 @@ def _jpeg(data: bytes | memoryview) -> tuple[int, int] | None:
         if marker in _SOF:
             if i + 9 > n:
                 return None
+            precision = data[i + 4]
             height, width = struct.unpack_from(">HH", data, i + 5)
-            return height, width
+            return height, width, marker, precision
         i += 2 + length
+    return None
+
+
+def _jpeg(data: bytes | memoryview) -> tuple[int, int] | None:
+    frame = jpeg_frame(data)
+    return None if frame is None else (frame[0], frame[1])
+
+
+def image_format(data: bytes | memoryview) -> str | None:
+    """The format an encoded image's first bytes say it is (whatever its file name says):
+    ``"jpeg"``, ``"png"``, ``"gif"``, ``"webp"``, ``"bmp"``, ``"tiff"``, ``"pnm"``, ``"jpeg2000"``,
+    or ``None``."""
+    head = bytes(data[:16])
+    if head.startswith(b"\xff\xd8\xff"):
+        return "jpeg"
+    if head.startswith(b"\x89PNG\r\n\x1a\n"):
+        return "png"
+    if head[:6] in (b"GIF87a", b"GIF89a"):
+        return "gif"
+    if head.startswith(b"RIFF") and head[8:12] == b"WEBP":
+        return "webp"
+    if head.startswith(b"BM"):
+        return "bmp"
+    if head[:4] in (b"II*\x00", b"MM\x00*"):
+        return "tiff"
+    if len(head) > 2 and head[0:1] == b"P" and head[1:2] in b"123456" and head[2:3] in b" \t\r\n":
+        return "pnm"
+    if head.startswith(b"\x00\x00\x00\x0cjP  ") or head.startswith(b"\xff\x4f\xff\x51"):
+        return "jpeg2000"
     return None
 
 

@@ -76,13 +76,13 @@ class TestHostGeometry:
         assert "PeekImageShape" in [op.schema for op in parse(graph.pipe.serialize())[0]]
 
     def test_a_header_without_a_size_is_a_bad_sample_named(self, tmp_path):
-        """Where the graph's geometry comes from the header, an image whose header gives no size is
-        refused before DALI sees it, naming the sample; skipped under ``skip``."""
+        """An image whose header gives no size is refused before DALI sees it (the rule of every
+        backend for a JPEG without a frame header), naming the sample; skipped under ``skip``."""
         with gp.ShardWriter(str(tmp_path / "h-%d.tar")) as w:
             w.write("good", {"jpg": encode_jpeg(synthetic_image(0, size=(40, 50))), "cls": 0})
             w.write("headless", {"jpg": b"\xff\xd8\xff\xda" + bytes(200), "cls": 1})  # a scan before any frame
         pipe = gp.Pipeline(w.shards, [T.RandomResizedCrop(16)])
-        with pytest.raises(gp.SampleError, match=r"'headless'.*declares no size") as info:
+        with pytest.raises(gp.SampleError, match=r"'headless'.*a JPEG without a frame header") as info:
             list(gp.Loader(pipe, 2, backend="dali", device="cpu"))
         assert info.value.kind == gp.Damage.UNDECODABLE and info.value.shard == w.shards[0]
         with gp.Loader(pipe, 2, backend="dali", device="cpu", on_error="skip", max_skipped=None) as loader:

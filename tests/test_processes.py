@@ -172,3 +172,15 @@ class TestCheckSignals:
         argv = [sys.executable, "-m", "gpupipe", "check", "--no-write", "--quiet", "--workers", "2", *slow_shards]
         code, took, left = _interrupt(argv, signal.SIGKILL, group=False, ready=_checking)
         assert code == -signal.SIGKILL and not left and took < PROMPT_S
+
+
+def test_a_dead_worker_is_named_by_its_signal():
+    """A worker killed by SIGSEGV crashed (a decoder on a damaged file, most often), one killed by
+    SIGKILL most likely met the out-of-memory killer: the message says which, not one for both."""
+    import signal
+
+    from gpupipe._children import death_cause
+
+    assert "crashed in native code" in death_cause(-signal.SIGSEGV) and "gpupipe check" in death_cause(-signal.SIGSEGV)
+    assert "out-of-memory killer" in death_cause(-signal.SIGKILL)
+    assert "out-of-memory" not in death_cause(-signal.SIGSEGV) and "num_workers=0" in death_cause(3)

@@ -21,9 +21,9 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from ..._decode import check_pixels
+from ..._decode import check_header
 from ..._errors import Damage, DataError, SampleError
-from ..._imageinfo import MAX_IMAGE_PIXELS, header_size
+from ..._imageinfo import MAX_IMAGE_PIXELS
 from ..._plan import RankPlan
 from ..._random import step_factors
 from ...sources import Index, RawSample
@@ -310,16 +310,16 @@ class Reader:
 
     def _sizes(self, views: list[Any], keys: list[str], shards: list[str], bad: dict[int, DataError]) -> np.ndarray:
         """Each image's ``(height, width)`` from its header (int64 ``[B, 2]``; zeros for samples
-        already bad), a few microseconds a sample, in the reading threads. Refuses images whose
-        header declares more than ``max_pixels``, before DALI's decoders allocate them, and — where
-        the graph's geometry is computed here — images whose header declares no size."""
+        already bad), a few microseconds a sample, in the reading threads. Applies the header's
+        rules of every backend (``gpupipe._decode.check_header``: formats, the pixel limit) before
+        DALI's decoders see the image, and — where the graph's geometry is computed here — refuses
+        images whose header declares no size."""
         sizes = np.zeros((len(views), 2), np.int64)
         for i, view in enumerate(views):
             if i in bad:
                 continue
-            size = header_size(memoryview(view))
             try:
-                check_pixels(size, self.max_pixels, shard=shards[i], key=keys[i])
+                size = check_header(memoryview(view), self.max_pixels, shard=shards[i], key=keys[i])
                 if self.lowered.host_geometry and (size is None or not all(size)):
                     raise SampleError.at(
                         "the image's header declares no size (not an image, or a corrupt header)",

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
-from ..._children import exit_status, exit_with_parent
+from ..._children import death_cause, exit_status, exit_with_parent
 from ..._decode import decode_rgb
 from ..._errors import ClosedError, Damage, DataError, SampleError, WorkerError
 from ..._plan import RankPlan
@@ -227,9 +227,8 @@ class TorchRunner:
         i, worker = dead[0]
         return WorkerError(
             f"torch backend: worker process {i} (pid {worker.pid}) died with {exit_status(worker.exitcode)} "
-            f"during epoch {plan.epoch}, batch {batch}. A killed worker is often the kernel's "
-            "out-of-memory killer (see `dmesg`); fewer workers or a smaller prefetch use less memory. A crash in "
-            "native code shows its traceback with num_workers=0. The next epoch starts new workers.",
+            f"during epoch {plan.epoch}, batch {batch}. {death_cause(worker.exitcode)} The next epoch starts new "
+            "workers.",
             pid=worker.pid,
             exitcode=worker.exitcode,
         )

@@ -1,0 +1,201 @@
+"""A corpus of odd image files, generated (no third-party files, so no licences to track): the
+cases real datasets and decoder test suites hold — other formats named ``.jpg``, animations,
+decompression bombs, damaged bitstreams that crash decoders, JPEG kinds no backend decodes — each
+with the verdict gpupipe's file-acceptance rules give it (``gpupipe/_decode.py``): ``None`` for a
+good file, else the :class:`~gpupipe.Damage` value of its refusal. Every backend, at every batch
+size, must reach the same verdicts, and ``gpupipe check`` must list exactly the bad ones.
+
+``python -m tests.corpus DIR`` writes the files to look at them.
+"""
+
+from __future__ import annotations
+
+import io
+import struct
+import zlib
+
+import numpy as np
+from PIL import Image
+
+from gpupipe.testing import encode_jpeg, synthetic_image
+
+SIZE = (48, 64)  # (height, width) of the good files
+
+
+def _photo(seed: int = 1, size: tuple[int, int] = SIZE) -> Image.Image:
+    return Image.fromarray(synthetic_image(seed, size=size))
+
+
+def _save(image: Image.Image, fmt: str, **options: object) -> bytes:
+    out = io.BytesIO()
+    image.save(out, fmt, **options)
+    return out.getvalue()
+
+
+def _animation(fmt: str) -> bytes:
+    out = io.BytesIO()
+    _photo(1).save(out, fmt, save_all=True, append_images=[_photo(2)], duration=100, loop=0)
+    return out.getvalue()
+
+
+def _png_chunks(data: bytes) -> list[tuple[bytes, bytes]]:
+    chunks, i = [], 8
+    while i < len(data):
+        (n,) = struct.unpack(">I", data[i : i + 4])
+        chunks.append((data[i + 4 : i + 8], data[i + 8 : i + 8 + n]))
+        i += 12 + n
+    return chunks
+
+
+def _png(chunks: list[tuple[bytes, bytes]]) -> bytes:
+    out = b"\x89PNG\r\n\x1a\n"
+    for kind, body in chunks:
+        out += struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body) & 0xFFFFFFFF)
+    return out
+
+
+def _damaged_pngs() -> dict[str, bytes]:
+    """PNGs whose image data is damaged three ways (valid CRCs: only the bitstream is wrong) —
+    torchvision 0.29's PNG decoder kills the process (SIGSEGV) on each."""
+    rng = np.random.default_rng(0)
+    good = _save(Image.fromarray(rng.integers(0, 255, (*SIZE, 3), dtype=np.uint8)), "PNG")
+    chunks = _png_chunks(good)
+    header, idat = chunks[0], b"".join(body for kind, body in chunks if kind == b"IDAT")
+    rows = bytearray(zlib.decompress(idat))
+    stride = SIZE[1] * 3 + 1
+    for r in range(SIZE[0]):
+        rows[r * stride] = 9  # no such filter type ("bad adaptive filter value")
+    scrambled = bytearray(idat)
+    for _ in range(50):
+        scrambled[int(rng.integers(10, len(scrambled)))] = int(rng.integers(0, 256))
+    end = (b"IEND", b"")
+    return {
+        "png-bad-filter": _png([header, (b"IDAT", zlib.compress(bytes(rows))), end]),
+        "png-short-data": _png([header, (b"IDAT", idat[: len(idat) // 3]), end]),
+        "png-scrambled-data": _png([header, (b"IDAT", bytes(scrambled)), end]),
+    }
+
+
+def _patched_sof(
+    *, marker: int | None = None, precision: int | None = None, size: tuple[int, int] | None = None
+) -> bytes:
+    """A real baseline JPEG whose frame header is changed: its kind (SOF marker), sample precision
+    or declared size."""
+    data = bytearray(encode_jpeg(synthetic_image(3, size=SIZE), quality=90))
+    sof = data.index(b"\xff\xc0")
+    if marker is not None:
+        data[sof + 1] = marker
+    if precision is not None:
+        data[sof + 4] = precision
+    if size is not None:
+        data[sof + 5 : sof + 9] = size[0].to_bytes(2, "big") + size[1].to_bytes(2, "big")
+    return bytes(data)
+
+
+def _junk_before_sof(data: bytes) -> bytes:
+    """One junk byte before the frame header: libjpeg skips it (a warning) and decodes on."""
+    sof = data.index(b"\xff\xc0")
+    return data[:sof] + b"\x00" + data[sof:]
+
+
+def _without_sof(data: bytes) -> bytes:
+    """A JPEG whose frame header segment is gone."""
+    sof = data.index(b"\xff\xc0")
+    length = int.from_bytes(data[sof + 2 : sof + 4], "big")
+    return data[:sof] + data[sof + 2 + length :]
+
+
+def _png_bomb(height: int = 30000, width: int = 30000) -> bytes:
+    """A tiny PNG whose header declares ``height`` x ``width``."""
+    good = _png_chunks(_save(_photo(4, size=(8, 8)), "PNG"))
+    header = struct.pack(">II", width, height) + good[0][1][8:]
+    return _png([(b"IHDR", header), *good[1:]])
+
+
+def corpus() -> dict[str, tuple[bytes, str | None]]:
+    """name -> (the file's bytes, its verdict: ``None`` good, else the Damage value)."""
+    photo = _photo(1)
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    jpeg = encode_jpeg(synthetic_image(1, size=SIZE), quality=90)
+    files: dict[str, tuple[bytes, str | None]] = {
+        # good: what datasets hold
+        "jpeg": (jpeg, None),
+        "jpeg-progressive": (_save(photo, "JPEG", quality=90, progressive=True), None),
+        "jpeg-gray": (_save(photo.convert("L"), "JPEG", quality=90), None),
+        "jpeg-cmyk": (_save(photo.convert("CMYK"), "JPEG", quality=90), None),
+        "jpeg-exif-rotated": (_save(photo, "JPEG", quality=90, exif=exif), None),
+        "jpeg-1x1": (_save(photo.resize((1, 1)), "JPEG", quality=90), None),
+        "png": (_save(photo, "PNG"), None),
+        "png-gray": (_save(photo.convert("L"), "PNG"), None),
+        "png-palette": (_save(photo.convert("P"), "PNG"), None),
+        "png-rgba": (_save(photo.convert("RGBA"), "PNG"), None),
+        "webp": (_save(photo, "WEBP", quality=90), None),
+        "webp-lossless": (_save(photo, "WEBP", lossless=True), None),
+        "webp-animated": (_animation("WEBP"), None),  # its first frame, everywhere
+        "bmp": (_save(photo, "BMP"), None),
+        "tiff": (_save(photo, "TIFF"), None),
+        "ppm": (_save(photo, "PPM"), None),
+        # refused
+        "empty": (b"", "empty-image"),
+        "text": (b"this is not an image, whatever its name says\n" * 4, "undecodable"),
+        "jpeg-truncated": (jpeg[: len(jpeg) // 2], "undecodable"),
+        "jpeg-magic-then-noise": (b"\xff\xd8\xff\xe0" + np.random.default_rng(5).bytes(3000), "undecodable"),
+        **{name: (data, "undecodable") for name, data in _damaged_pngs().items()},
+        "gif": (_save(photo, "GIF"), "unsupported-format"),
+        "gif-animated": (_animation("GIF"), "unsupported-format"),
+        "jpeg-lossless": (_patched_sof(marker=0xC3), "unsupported-format"),
+        "jpeg-12-bit": (_patched_sof(precision=12), "unsupported-format"),
+        "jpeg-bomb": (_patched_sof(size=(30000, 30000)), "too-large"),
+        "jpeg-bomb-after-junk": (_junk_before_sof(_patched_sof(size=(20000, 20000))), "too-large"),
+        "jpeg-no-frame": (_without_sof(jpeg), "undecodable"),
+        "png-bomb": (_png_bomb(), "too-large"),
+    }
+    return files
+
+
+if __name__ == "__main__":  # pragma: no cover - a tool
+    import os
+    import sys
+
+    out = sys.argv[1]
+    os.makedirs(out, exist_ok=True)
+    for name, (data, verdict) in corpus().items():
+        with open(os.path.join(out, f"{name}.jpg"), "wb") as f:
+            f.write(data)
+        print(f"{name}: {verdict or 'good'}")
+
+
+def write_shard(path: str) -> dict[str, str | None]:
+    """The corpus as one WebDataset shard (every file a ``.jpg`` member, in corpus order, with a
+    label); returns key -> verdict."""
+    import webdataset as wds
+
+    verdicts = {}
+    with wds.TarWriter(path) as sink:
+        for i, (name, (data, verdict)) in enumerate(corpus().items()):
+            sink.write({"__key__": name, "jpg": data, "cls": str(i % 10).encode()})
+            verdicts[name] = verdict
+    return verdicts
+
+
+# The child a corpus run happens in (tests/test_corpus.py): a crash ends the child, not the tests.
+RUN = """
+import json, sys
+import gpupipe as gp
+from gpupipe import transforms as T
+
+shard, backend, batch, on_error = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+pipe = gp.Pipeline(gp.WebDataset([shard]), [T.RandomResizedCrop(16), T.RandomHorizontalFlip()])
+result = {"delivered": [], "skipped": {}, "raised": None}
+try:
+    with gp.Loader(pipe, batch, backend=backend, device="cpu", num_workers=int(sys.argv[5]), on_error=on_error,
+                   max_skipped=None) as loader:
+        for b in loader:
+            assert tuple(b.images.shape[1:]) == (3, 16, 16)
+            result["delivered"] += [k for k, v in zip(b.keys, b.valid.tolist()) if v]
+        result["skipped"] = {s.key: str(s.kind) for s in loader.skipped}
+except gp.DataError as e:
+    result["raised"] = {"key": e.key, "kind": str(e.kind), "message": str(e)[:300]}
+print("RESULT " + json.dumps(result))
+"""

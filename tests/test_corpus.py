@@ -1,0 +1,70 @@
+"""One verdict per file (issue 24): the generated corpus of odd files (``tests/corpus.py``: other
+formats named ``.jpg``, animations, damaged PNGs that crash torchvision's decoder, lossless and
+12-bit JPEGs, decompression bombs) through every backend at batch sizes 1, 16 and 64, under
+``skip`` and ``raise``, each run in a child process so that a crash fails a test instead of ending
+the test run: every good file delivered, exactly the bad ones skipped with the same kinds on every
+backend and batch size, ``raise`` naming the first bad file, and ``gpupipe check`` listing exactly
+the set the loaders skip."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from gpupipe import backends
+
+from .corpus import RUN, write_shard
+
+ROOT = os.path.join(os.path.dirname(__file__), "..")
+
+
+@pytest.fixture(scope="module")
+def shard(tmp_path_factory) -> tuple[str, dict[str, str | None]]:
+    path = str(tmp_path_factory.mktemp("corpus") / "corpus-000000.tar")
+    return path, write_shard(path)
+
+
+def run(args: list[str], timeout: float = 300) -> dict:
+    """A corpus run in a child process; its result (a crash fails the test, naming the signal)."""
+    out = subprocess.run([sys.executable, "-c", RUN, *args], capture_output=True, text=True, cwd=ROOT, timeout=timeout)
+    line = next((line for line in out.stdout.splitlines() if line.startswith("RESULT ")), None)
+    assert line is not None, f"the loader's process died ({out.returncode}): {out.stderr[-2000:]}"
+    return json.loads(line.removeprefix("RESULT "))
+
+
+BACKENDS = [name for name in ("torch", "dali") if backends.get(name).available()]
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+@pytest.mark.parametrize("batch", [1, 16, 64])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_skip_leaves_out_exactly_the_bad_files(shard, backend, batch, workers):
+    if backend == "dali" and workers == 0:
+        pytest.skip("DALI has no in-process mode: its threads are the workers")
+    path, verdicts = shard
+    result = run([path, backend, str(batch), "skip", str(workers)])
+    bad = {key: verdict for key, verdict in verdicts.items() if verdict}
+    assert result["skipped"] == bad
+    assert sorted(result["delivered"]) == sorted(k for k, v in verdicts.items() if v is None)
+
+
+@pytest.mark.parametrize("batch", [1, 64])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_raise_names_the_first_bad_file(shard, backend, batch):
+    path, verdicts = shard
+    result = run([path, backend, str(batch), "raise", "1"])
+    first = next(key for key, verdict in verdicts.items() if verdict)
+    assert result["raised"]["key"] == first and result["raised"]["kind"] == verdicts[first]
+
+
+def test_check_lists_the_set_the_loaders_skip(shard):
+    path, verdicts = shard
+    argv = [sys.executable, "-m", "gpupipe", "check", path, "--json", "--no-write", "--workers", "0"]
+    out = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert out.returncode == 1, out.stderr[-2000:]
+    report = json.loads(out.stdout)
+    assert {f["key"]: f["kind"] for f in report["findings"]} == {k: v for k, v in verdicts.items() if v}
