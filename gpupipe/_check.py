@@ -3,9 +3,10 @@ listed beside their shards so that every loader leaves them out.
 
 For each shard (in parallel, one process per shard at a time): the tar structure (as the index
 reads it: missing, empty, unreadable or truncated shards, samples without image or label, repeated
-keys), then every sample: its label (an ASCII int64), its image header against the pixel limit,
-and a full decode with the decoder the torch backend uses (and the DALI backend uses to name a
-sample DALI refused). Numbered samples found bad are written to ``<shard>.bad.json``
+keys), then every sample: its label (an ASCII int64), its image header against the file-acceptance
+rules and the pixel limit, and a full decode with the decoder the torch backend uses (and the DALI
+backend uses to name a sample DALI refused), in a child process: a decoder that crashes on a file
+makes it a finding instead of ending the check. Numbered samples found bad are written to ``<shard>.bad.json``
 (``sources/_mask.py``); what the index itself refuses is not numbered and stays in the index's
 record (the loaders raise it, or skip it under ``on_error="skip"``).
 """
@@ -21,7 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ._children import process_pool
-from ._decode import MAX_IMAGE_PIXELS, decode_rgb
+from ._decode import MAX_IMAGE_PIXELS, verdicts
 from ._errors import ConfigError, Damage, DataError, redact
 from .sources import WebDataset
 from .sources._index import Problem
@@ -122,13 +123,23 @@ def _check_shard(job: _Job) -> tuple[int, int | None, list[Finding]]:
             return 0, None, findings
         size = storage.stat(url).size
         reader = TarReader(storage, labeled=label_ext is not None)
-        for i in range(len(shard)):
-            try:
-                raw = reader.read(shard, i)
-                decode_rgb(raw.data, shard=url, key=raw.key, max_pixels=max_pixels)
-            except DataError as e:
-                findings.append(Finding(where, shard.keys[i], i, e.kind or Damage.UNDECODABLE, str(e)))
+        for first in range(0, len(shard), _CHUNK):  # read a chunk, then decode it in a child process
+            numbers, suspects = [], []
+            for i in range(first, min(first + _CHUNK, len(shard))):
+                try:
+                    raw = reader.read(shard, i)
+                except DataError as e:
+                    findings.append(Finding(where, shard.keys[i], i, e.kind or Damage.UNDECODABLE, str(e)))
+                    continue
+                numbers.append(i)
+                suspects.append((raw.data, url, raw.key))
+            for i, refused in zip(numbers, verdicts(suspects, max_pixels=max_pixels), strict=True):
+                if refused is not None:
+                    findings.append(Finding(where, shard.keys[i], i, refused.kind or Damage.UNDECODABLE, str(refused)))
     return len(shard), size, findings
+
+
+_CHUNK = 256  # samples read into memory at once, then decoded in one child process
 
 
 def check(

@@ -24,7 +24,7 @@ from concurrent.futures.process import BrokenProcessPool
 
 from ._errors import WorkerError
 
-__all__ = ["POLL_S", "exit_with_parent", "exit_status", "death_cause", "process_pool"]
+__all__ = ["POLL_S", "CRASHED", "exit_with_parent", "exit_status", "death_cause", "process_pool"]
 
 POLL_S = 0.25  # how often a child checks that its parent is alive
 
@@ -49,9 +49,13 @@ def _watch(parent: int) -> None:
     os._exit(1)  # the parent is gone: nobody will read what this process makes
 
 
+# Exit codes of a process that crashed in native code (a decoder on a damaged file, most often).
+CRASHED = frozenset(-s for s in (signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE, signal.SIGABRT))
+
+
 def death_cause(code: int | None) -> str:
     """What a child's exit code most likely means, and what to do, in one sentence."""
-    if code in (-signal.SIGSEGV, -signal.SIGBUS, -signal.SIGILL, -signal.SIGFPE, -signal.SIGABRT):
+    if code in CRASHED:
         return ("It crashed in native code: most often a decoder on a damaged file. `python -m gpupipe check` "
                 "finds such files (each decoded in its own process) and lists them so that loaders leave them "
                 "out; with num_workers=0 the traceback shows where.")  # fmt: skip

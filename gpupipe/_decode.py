@@ -40,7 +40,7 @@ import torch
 from ._errors import Damage, SampleError
 from ._imageinfo import MAX_IMAGE_PIXELS, header_size, image_format, jpeg_frame
 
-__all__ = ["decode_rgb", "check_header", "check_pixels", "MAX_IMAGE_PIXELS"]
+__all__ = ["decode_rgb", "verdicts", "check_header", "check_pixels", "MAX_IMAGE_PIXELS"]
 
 _LOSSLESS_JPEG = frozenset((0xC3, 0xC7, 0xCB, 0xCF))
 
@@ -149,3 +149,45 @@ def decode_rgb(
         raise _refused(f"declares {size[0]}x{size[1]} pixels in its header but decodes to {decoded[0]}x{decoded[1]}",
                        Damage.UNDECODABLE, shard=shard, key=key)  # fmt: skip
     return image
+
+
+Suspect = tuple[bytes, str, str]  # (encoded image, shard, key)
+
+
+def _verdict(item: tuple[Suspect, int | None, tuple[int, int] | None]) -> tuple[int, int] | tuple[str, str]:
+    """In the sandbox's child: the decoded size, or the refusal as ``(kind, message)``."""
+    (data, shard, key), max_pixels, size = item
+    try:
+        image = decode_rgb(data, shard=shard, key=key, max_pixels=max_pixels)
+    except SampleError as e:
+        return (e.kind or Damage.UNDECODABLE).value, str(e)
+    decoded = (int(image.shape[-2]), int(image.shape[-1]))
+    if size is not None and decoded != tuple(size):
+        message = (f"the image of sample {key!r} in shard {shard!r} declares {size[0]}x{size[1]} pixels in its "
+                   f"header but decodes to {decoded[0]}x{decoded[1]}")  # fmt: skip
+        return Damage.UNDECODABLE.value, message
+    return decoded
+
+
+def verdicts(
+    suspects: list[Suspect],
+    *,
+    max_pixels: int | None = MAX_IMAGE_PIXELS,
+    sizes: list[tuple[int, int] | None] | None = None,
+) -> list[SampleError | None]:
+    """Each suspect's verdict (``None``: good), decoded by :func:`decode_rgb` in a child process
+    (``gpupipe._sandbox``): a decoder that crashes on one, or hangs, makes that sample undecodable
+    instead of ending this process. ``sizes``: the size each must decode to (its header's, where
+    the DALI backend cut windows from it), or ``None``."""
+    from ._sandbox import guarded_map
+
+    items = [(s, max_pixels, None if sizes is None else sizes[i]) for i, s in enumerate(suspects)]
+    found: list[SampleError | None] = []
+    for (_, shard, key), outcome in zip(suspects, guarded_map(_verdict, items), strict=True):
+        if not outcome.ok:
+            found.append(_refused(f"cannot be decoded: {outcome.reason()}", Damage.UNDECODABLE, shard=shard, key=key))
+        elif isinstance(outcome.value, tuple) and isinstance(outcome.value[0], str):
+            found.append(SampleError(outcome.value[1], shard=shard, key=key, kind=Damage(outcome.value[0])))
+        else:
+            found.append(None)
+    return found

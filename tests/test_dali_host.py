@@ -97,7 +97,7 @@ class TestHostGeometry:
         data = encode_jpeg(synthetic_image(1, size=(30, 40)))
         assert check_decodes(data, "s.tar", "k", None, (30, 40)) is None
         error = check_decodes(data, "s.tar", "k", None, (31, 40))
-        assert error is not None and "declares 31x40 pixels but it decodes to 30x40" in str(error)
+        assert error is not None and "declares 31x40 pixels in its header but decodes to 30x40" in str(error)
         assert error.kind == gp.Damage.UNDECODABLE
 
 

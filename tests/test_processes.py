@@ -16,6 +16,7 @@ import sys
 import textwrap
 import time
 
+import numpy as np
 import pytest
 
 import gpupipe as gp
@@ -38,6 +39,82 @@ class _KillWorker(T.ArrayFunction):
         if os.getpid() != self.parent:
             os.kill(os.getpid(), signal.SIGKILL)
         return x
+
+
+@dataclasses.dataclass(frozen=True)
+class _CrashOnce(T.ArrayFunction):
+    """Crashes (SIGSEGV) the worker that first meets a sample whose image starts with ``value`` at
+    pixel (0, 0): a fault from outside the data (the flag file makes it happen once)."""
+
+    flag: str = ""
+
+    def apply(self, x, xp):
+        if not os.path.exists(self.flag) and int(x[0, 0, 0]) == 255:
+            open(self.flag, "w").close()
+            os.kill(os.getpid(), signal.SIGSEGV)
+        return x
+
+
+MARK = b"\xff\xd8\xff\xfe\x00\x08CRASH!"  # a JPEG comment segment: the crashing decoder's trigger
+
+
+@pytest.fixture
+def crashing_decoder(monkeypatch):
+    """The torch backend's decoder crashes (SIGSEGV) on a JPEG whose first segment is MARK, in
+    every process forked from now on: a file that kills its decoder."""
+    from gpupipe.backends._torch import _runner
+
+    real = _runner.decode_rgb
+
+    def decode(data, **kwargs):
+        if bytes(data).startswith(MARK):
+            os.kill(os.getpid(), signal.SIGSEGV)
+        return real(data, **kwargs)
+
+    monkeypatch.setattr(_runner, "decode_rgb", decode)
+
+
+def _crasher() -> bytes:
+    return MARK + encode_jpeg(synthetic_image(5, size=(24, 32)))[2:]
+
+
+class TestCrashedWorkers:
+    """A torch-backend worker that crashes (SIGSEGV) mid-epoch is replaced and the epoch goes on:
+    the sample that crashed it, found by running the samples in flight again in a sandbox, is
+    left out under ``skip`` (raised under ``raise``), and a crash no sample repeats is taken as
+    transient."""
+
+    def test_the_sample_that_crashes_a_worker_is_skipped(self, crashing_decoder, tmp_path):
+        from .conftest import _write_webdataset_shards
+
+        urls = _write_webdataset_shards(str(tmp_path), (16,), prefix="crash", patch={5: {"jpg": _crasher()}})
+        pipe = gp.Pipeline(urls, [T.Resize((16, 16)), T.ToDtype(__import__("torch").float32)])
+        options = dict(backend="torch", device="cpu", num_workers=2, on_error="skip", max_skipped=None)
+        with gp.Loader(pipe, 4, **options) as loader:
+            for epoch in range(2):  # the second epoch knows it: no crash
+                loader.set_epoch(epoch)
+                keys = [k for b in loader for k, v in zip(b.keys, b.valid.tolist(), strict=True) if v]
+                assert sorted(keys) == sorted(f"img/00/{n:06d}" for n in range(16) if n != 5)
+            (skipped,) = loader.skipped
+        assert skipped.key == "img/00/000005" and skipped.kind == "undecodable"
+        assert "cannot be decoded: it killed the process decoding it" in skipped.reason and "SIGSEGV" in skipped.reason
+        with (
+            gp.Loader(pipe, 4, backend="torch", device="cpu", num_workers=2) as loader,
+            pytest.raises(gp.SampleError, match=r"img/00/000005.*killed the process decoding it") as info,
+        ):
+            list(loader)
+        assert info.value.key == "img/00/000005"
+
+    def test_a_crash_no_sample_repeats_is_transient(self, shards, tmp_path):
+        white = np.full((24, 32, 3), 255, np.uint8)
+        from .conftest import _write_webdataset_shards
+
+        urls = _write_webdataset_shards(str(tmp_path), (12,), prefix="once", patch={7: {"jpg": encode_jpeg(white)}})
+        pipe = gp.Pipeline(urls, [T.Resize((16, 16)), _CrashOnce(flag=str(tmp_path / "crashed"))])
+        with gp.Loader(pipe, 4, backend="torch", device="cpu", num_workers=2, on_error="skip") as loader:
+            keys = [k for b in loader for k, v in zip(b.keys, b.valid.tolist(), strict=True) if v]
+            assert sorted(keys) == [f"img/00/{n:06d}" for n in range(12)] and not loader.skipped
+        assert os.path.exists(tmp_path / "crashed")  # it did crash a worker
 
 
 class TestDeadWorkers:

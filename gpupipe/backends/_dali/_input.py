@@ -213,15 +213,11 @@ class Reader:
         """Without ``skip``: the error of the batch's first bad sample in plan order, as the torch
         backend raises it — a sample before the first one found bad here may be one only a
         decoder refuses (DALI finds it later), so those are decoded first (an error path)."""
-        from ..._decode import decode_rgb
+        from ..._decode import verdicts
 
         first = min(bad)
-        for i in range(first):
-            try:
-                decode_rgb(bytes(views[i]), shard=shards[i], key=keys[i], max_pixels=self.max_pixels)
-            except DataError as e:
-                return e
-        return bad[first]
+        earlier = verdicts([(bytes(views[i]), shards[i], keys[i]) for i in range(first)], max_pixels=self.max_pixels)
+        return next((e for e in earlier if e is not None), bad[first])
 
     def checked(self, batch: Batch) -> Batch:
         """``batch``, right before it is fed: if a lease of its maps broke since it was read (a
@@ -352,17 +348,19 @@ class Reader:
     def spare(self) -> tuple[np.ndarray, int, str, str, int, tuple[int, int]]:
         """A good sample of the epoch (its bytes copied, label, key, shard, number, size), for a
         batch whose every sample is bad: the first of the plan that reads and decodes."""
-        from ..._decode import decode_rgb
+        from ..._decode import check_header, verdicts
 
         if self._spare is None:
             for s in self.plan.samples.tolist():
                 try:
                     raw = self.index.read(s)
-                    image = decode_rgb(raw.data, shard=raw.shard, key=raw.key, max_pixels=self.max_pixels)
+                    size = check_header(raw.data, self.max_pixels, shard=raw.shard, key=raw.key)
                 except DataError:
                     continue
+                if size is None or verdicts([(raw.data, raw.shard, raw.key)], max_pixels=self.max_pixels,
+                                            sizes=[size])[0] is not None:  # fmt: skip
+                    continue
                 data = np.frombuffer(raw.data, np.uint8).copy()
-                size = (int(image.shape[-2]), int(image.shape[-1]))
                 self._spare = (data, raw.label if raw.label is not None else 0, raw.key, raw.shard, s, size)
                 break
             else:

@@ -70,7 +70,7 @@ import torch
 
 from ..._config import DecodeMode
 from ..._dist import ranks_per_node
-from ..._errors import ClosedError, Damage, SampleError
+from ..._errors import ClosedError, SampleError
 from ..._plan import RankPlan
 from ...sources import RawSample
 from ...transforms import Transform
@@ -506,13 +506,15 @@ class DaliRunner:
             return True
         if device_failure(failure.error, batch=batch.b) is not None:
             return False
+        from ..._decode import verdicts
+
         bad: dict[int, Any] = dict(batch.skipped)
-        for i, view in enumerate(batch.views):
-            if i not in bad:
-                error = check_decodes(bytes(view), batch.shards[i], batch.keys[i], self.max_pixels,
-                                      tuple(batch.sizes[i]) if graph.lowered.host_geometry else None)  # fmt: skip
-                if error is not None:
-                    bad[i] = error
+        suspects = [i for i in range(len(batch.views)) if i not in bad]
+        sizes = [(int(batch.sizes[i, 0]), int(batch.sizes[i, 1])) if graph.lowered.host_geometry else None
+                 for i in suspects]  # fmt: skip
+        found = verdicts([(bytes(batch.views[i]), batch.shards[i], batch.keys[i]) for i in suspects],
+                         max_pixels=self.max_pixels, sizes=sizes)  # fmt: skip
+        bad.update({i: error for i, error in zip(suspects, found, strict=True) if error is not None})
         if len(bad) == len(batch.skipped):
             return False
         views, keys, shards, sizes = list(batch.views), list(batch.keys), list(batch.shards), batch.sizes.copy()
@@ -542,20 +544,10 @@ def check_decodes(
 ) -> SampleError | None:
     """Why gpupipe's decoder refuses a sample DALI failed on (``None``: it decodes), including an
     image whose pixels are not of the ``size`` its header declares (the graph's windows were
-    computed from it)."""
-    from ..._decode import decode_rgb
+    computed from it); decoded in a child process (``gpupipe._decode.verdicts``)."""
+    from ..._decode import verdicts
 
-    try:
-        image = decode_rgb(data, shard=shard, key=key, max_pixels=max_pixels)
-    except SampleError as e:
-        return e
-    decoded = (int(image.shape[-2]), int(image.shape[-1]))
-    if size is not None and decoded != tuple(int(v) for v in size):
-        return SampleError.at(
-            f"the image's header declares {size[0]}x{size[1]} pixels but it decodes to {decoded[0]}x{decoded[1]}",
-            shard=shard, key=key, kind=Damage.UNDECODABLE,
-        )  # fmt: skip
-    return None
+    return verdicts([(data, shard, key)], max_pixels=max_pixels, sizes=[size])[0]
 
 
 def consumer_stream(device: torch.device) -> Any:
@@ -598,20 +590,19 @@ def explain_failure(error: RuntimeError, candidates: Iterable[RawSample], *, bat
 
     - out of memory (GPU or host) is ``torch.OutOfMemoryError``, as torch's own, never bad data;
     - another CUDA failure is a ``RuntimeError`` about the device;
-    - otherwise each candidate sample is decoded with gpupipe's own decoder: the first it rejects
-      is the ``SampleError``, naming shard and key;
+    - otherwise the candidate samples are decoded with gpupipe's own decoder, in a child process
+      (``gpupipe._decode.verdicts``): the first it rejects is the ``SampleError``, naming shard and key;
     - if it reads them all, a ``RuntimeError``: not known to be bad data.
     """
-    from ..._decode import decode_rgb
+    from ..._decode import verdicts
 
     detail = _detail(error)
     failure = device_failure(error, batch=batch)
     if failure is not None:
         return failure
-    for raw in candidates:
-        try:
-            decode_rgb(raw.data, shard=raw.shard, key=raw.key)
-        except SampleError as bad:
+    raws = list(candidates)
+    for bad in verdicts([(raw.data, raw.shard, raw.key) for raw in raws], max_pixels=None):
+        if bad is not None:
             return SampleError(f"{bad} (DALI: {detail})", shard=bad.shard, key=bad.key, kind=bad.kind)
     return RuntimeError(
         f"DALI failed on batch {batch} (or one of the {ahead} after it), whose samples gpupipe's decoder reads "

@@ -4,6 +4,7 @@ DataLoader worker processes, batches in the order of the rank's epoch plan."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Generator, Iterator, Sequence
 from typing import Any
 
@@ -11,7 +12,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
-from ..._children import death_cause, exit_status, exit_with_parent
+from ..._children import CRASHED, death_cause, exit_status, exit_with_parent
 from ..._decode import decode_rgb
 from ..._errors import ClosedError, Damage, DataError, SampleError, WorkerError
 from ..._plan import RankPlan
@@ -22,6 +23,8 @@ from .._base import RawBatch, Runs, RunSpec, donor, fill
 from ._kernels import apply_pipeline, sample_factors
 
 __all__ = ["TorchRunner"]
+
+log = logging.getLogger("gpupipe")
 
 Item = tuple[int, int, int]  # (sample, seed, epoch)
 
@@ -51,6 +54,7 @@ class _Samples(Dataset["Sample | _Failure"]):
     ) -> None:
         self.index, self.views = index, tuple(tuple(v) for v in views)
         self.max_pixels, self.exif = max_pixels, exif
+        self.poisoned: dict[int, _Failure] = {}  # samples that killed a worker: refused from then on
 
     def __len__(self) -> int:
         return len(self.index)
@@ -71,7 +75,15 @@ class _Samples(Dataset["Sample | _Failure"]):
             for i, s in enumerate(samples.tolist())
         ]
 
+    def probe(self, item: Item) -> bool:
+        """Whether ``item`` comes out (a sample) or is refused (in a sandbox child: whether it kills
+        its process is what matters)."""
+        return not isinstance(self[item], _Failure)
+
     def _guarded(self, sample: int, drawn: list[list[np.ndarray | None]]) -> Sample | _Failure:
+        poisoned = self.poisoned.get(sample)
+        if poisoned is not None:
+            return poisoned
         try:
             return self._sample(sample, drawn)
         except DataError as e:
@@ -159,13 +171,12 @@ class TorchRunner:
         self.device = spec.device
         self._workers = spec.workers
         self._batches = _Batches()
+        self._dataset = _Samples(
+            spec.index, spec.views, max_pixels=spec.config.max_image_pixels, exif=spec.config.apply_exif_orientation
+        )
+        self._prefetch = spec.prefetch
         self._loader: DataLoader[Sample | _Failure] | None = DataLoader(
-            _Samples(
-                spec.index,
-                spec.views,
-                max_pixels=spec.config.max_image_pixels,
-                exif=spec.config.apply_exif_orientation,
-            ),
+            self._dataset,
             batch_sampler=self._batches,
             collate_fn=_Collate(spec.skip, spec.outputs, spec.index.labeled, spec.config.channels_last),
             num_workers=spec.workers,
@@ -188,7 +199,7 @@ class TorchRunner:
             [(int(s), plan.seed, plan.epoch) for s in plan.batch(b)[0]] for b in range(start, plan.num_batches)
         ]
         batches = iter(loader)
-        done = start
+        done, unexplained = start, 0
         try:
             while True:
                 try:
@@ -199,7 +210,17 @@ class TorchRunner:
                     died = self._worker_died(loader, plan, done)
                     if died is None:
                         raise
-                    raise died from e
+                    if died.exitcode not in CRASHED:  # killed (out of memory, most often): not a sample's doing
+                        raise died from e
+                    found = self._culprits(plan, start, done)
+                    unexplained += not found
+                    if unexplained > 1:  # twice without a sample to blame: the memory, the machine
+                        raise died from e
+                    log.warning("%s Restarted%s.", died, f"; left out: {found}" if found else
+                                " (no sample in flight kills a process: taken as transient)")  # fmt: skip
+                    self._batches.batches = self._batches.batches[done - start :]
+                    start, batches = done, iter(loader)  # new workers, from the first batch not yielded
+                    continue
                 done += 1
                 if self._closed:  # closed from another thread while this epoch runs
                     raise ClosedError("the torch runner was closed during an epoch")
@@ -215,9 +236,27 @@ class TorchRunner:
             if self._closed:
                 self._shutdown()
 
+    def _culprits(self, plan: RankPlan, start: int, done: int) -> list[str]:
+        """After a worker crashed: each sample of the batches in flight is run again, alone, in a
+        sandbox child (``gpupipe._sandbox``); those that crash it (or hang) are refused from now
+        on, as undecodable, naming the signal. Returns their keys."""
+        from ..._sandbox import guarded_map
+
+        ahead = max(1, self._workers) * self._prefetch + 1  # what DataLoader had sent to its workers
+        items = [item for batch in self._batches.batches[done - start : done - start + ahead] for item in batch]
+        found = []
+        for (sample, _, _), outcome in zip(items, guarded_map(self._dataset.probe, items), strict=True):
+            if outcome.ok or (outcome.crashed is not None and outcome.crashed not in CRASHED):
+                continue
+            raw = self._dataset.index.read(sample)  # readable: the reading happened before the crash
+            message = f"the image of sample {raw.key!r} in shard {raw.shard!r} cannot be decoded: {outcome.reason()}"
+            self._dataset.poisoned[sample] = _Failure(SampleError, message, raw.shard, raw.key, Damage.UNDECODABLE)
+            found.append(raw.key)
+        return found
+
     def _worker_died(self, loader: DataLoader, plan: RankPlan, batch: int) -> WorkerError | None:
-        """The error for a worker found dead (``None`` when none is); the workers are ended, and
-        the next epoch starts new ones."""
+        """The error for a worker found dead (``None`` when none is); the workers are ended: a new
+        iteration (the same epoch's rest, or the next epoch) starts new ones."""
         iterator = getattr(loader, "_iterator", None)
         workers = list(getattr(iterator, "_workers", ()))
         dead = [(i, w) for i, w in enumerate(workers) if not w.is_alive()]  # reaps it: its exit code is known
@@ -227,8 +266,7 @@ class TorchRunner:
         i, worker = dead[0]
         return WorkerError(
             f"torch backend: worker process {i} (pid {worker.pid}) died with {exit_status(worker.exitcode)} "
-            f"during epoch {plan.epoch}, batch {batch}. {death_cause(worker.exitcode)} The next epoch starts new "
-            "workers.",
+            f"during epoch {plan.epoch}, batch {batch}. {death_cause(worker.exitcode)}",
             pid=worker.pid,
             exitcode=worker.exitcode,
         )
