@@ -311,3 +311,31 @@ def check_epoch_partition(per_rank, all_keys, *, world_size: int, batch_size: in
             flags = [v for _, valid in batches for v in valid]
             assert flags == sorted(flags, reverse=True)
     return {"batches": lengths[0], "valid": len(valid_keys), "padding": sum(padding)}
+
+
+# A file that crashes its decoder, on purpose: the decoder is replaced by one that kills its process
+# (SIGSEGV) on a JPEG whose first segment is CRASH_MARK, in every process forked afterwards.
+CRASH_MARK = b"\xff\xd8\xff\xfe\x00\x08CRASH!"  # a JPEG comment segment: every other decoder reads on
+
+
+def crasher() -> bytes:
+    """A JPEG that the decoder :func:`make_decoders_crash` installs kills its process on."""
+    from gpupipe.testing import encode_jpeg, synthetic_image
+
+    return CRASH_MARK + encode_jpeg(synthetic_image(5, size=(24, 32)))[2:]
+
+
+def make_decoders_crash(monkeypatch, *modules) -> None:
+    """In each of ``modules``, ``decode_rgb`` kills its process on :func:`crasher`'s file."""
+    import os
+    import signal
+
+    for module in modules:
+        real = module.decode_rgb
+
+        def decode(data, _real=real, **kwargs):
+            if bytes(data).startswith(CRASH_MARK):
+                os.kill(os.getpid(), signal.SIGSEGV)
+            return _real(data, **kwargs)
+
+        monkeypatch.setattr(module, "decode_rgb", decode)

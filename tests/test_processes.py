@@ -24,6 +24,8 @@ from gpupipe import transforms as T
 from gpupipe._children import POLL_S, exit_status, process_pool
 from gpupipe.testing import encode_jpeg, synthetic_image
 
+from .checkers import crasher, make_decoders_crash
+
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 PROMPT_S = 10.0  # "within a few seconds", with room for a loaded CI machine
 
@@ -55,27 +57,11 @@ class _CrashOnce(T.ArrayFunction):
         return x
 
 
-MARK = b"\xff\xd8\xff\xfe\x00\x08CRASH!"  # a JPEG comment segment: the crashing decoder's trigger
-
-
 @pytest.fixture
 def crashing_decoder(monkeypatch):
-    """The torch backend's decoder crashes (SIGSEGV) on a JPEG whose first segment is MARK, in
-    every process forked from now on: a file that kills its decoder."""
     from gpupipe.backends._torch import _runner
 
-    real = _runner.decode_rgb
-
-    def decode(data, **kwargs):
-        if bytes(data).startswith(MARK):
-            os.kill(os.getpid(), signal.SIGSEGV)
-        return real(data, **kwargs)
-
-    monkeypatch.setattr(_runner, "decode_rgb", decode)
-
-
-def _crasher() -> bytes:
-    return MARK + encode_jpeg(synthetic_image(5, size=(24, 32)))[2:]
+    make_decoders_crash(monkeypatch, _runner)
 
 
 class TestCrashedWorkers:
@@ -87,7 +73,7 @@ class TestCrashedWorkers:
     def test_the_sample_that_crashes_a_worker_is_skipped(self, crashing_decoder, tmp_path):
         from .conftest import _write_webdataset_shards
 
-        urls = _write_webdataset_shards(str(tmp_path), (16,), prefix="crash", patch={5: {"jpg": _crasher()}})
+        urls = _write_webdataset_shards(str(tmp_path), (16,), prefix="crash", patch={5: {"jpg": crasher()}})
         pipe = gp.Pipeline(urls, [T.Resize((16, 16)), T.ToDtype(__import__("torch").float32)])
         options = dict(backend="torch", device="cpu", num_workers=2, on_error="skip", max_skipped=None)
         with gp.Loader(pipe, 4, **options) as loader:

@@ -17,9 +17,8 @@ from gpupipe import _decode
 from gpupipe._sandbox import guarded_map
 from gpupipe.testing import encode_jpeg, synthetic_image
 
+from .checkers import crasher, make_decoders_crash
 from .conftest import _write_webdataset_shards, truncated_jpeg
-
-MARK = b"\xff\xd8\xff\xfe\x00\x08CRASH!"  # a JPEG comment segment: our crashing decoder's trigger
 
 
 def _crash_or_hang(item):
@@ -40,21 +39,7 @@ def test_each_item_gets_an_outcome_and_the_map_goes_on():
 
 @pytest.fixture
 def crashing_decoder(monkeypatch):
-    """decode_rgb kills its process on a file that carries MARK (in the child the fork made)."""
-    real = _decode.decode_rgb
-
-    def decode(data, **kwargs):
-        if bytes(data).startswith(MARK):
-            os.kill(os.getpid(), signal.SIGSEGV)
-        return real(data, **kwargs)
-
-    monkeypatch.setattr(_decode, "decode_rgb", decode)
-
-
-def crasher() -> bytes:
-    """A JPEG whose first segment is MARK's comment: every other decoder reads it, ours crashes."""
-    jpeg = encode_jpeg(synthetic_image(5, size=(24, 32)))
-    return MARK + jpeg[2:]
+    make_decoders_crash(monkeypatch, _decode)
 
 
 def test_a_crash_is_a_verdict_naming_the_sample(crashing_decoder):
