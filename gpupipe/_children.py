@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import faulthandler
 import multiprocessing
 import os
 import signal
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -24,7 +26,15 @@ from concurrent.futures.process import BrokenProcessPool
 
 from ._errors import WorkerError
 
-__all__ = ["POLL_S", "CRASHED", "exit_with_parent", "exit_status", "death_cause", "process_pool"]
+__all__ = [
+    "POLL_S",
+    "CRASHED",
+    "exit_with_parent",
+    "exit_status",
+    "death_cause",
+    "process_pool",
+    "Stacks",
+]
 
 POLL_S = 0.25  # how often a child checks that its parent is alive
 
@@ -128,3 +138,41 @@ def _terminate(pool: concurrent.futures.Executor, processes: list[multiprocessin
         with contextlib.suppress(OSError, ValueError):
             process.terminate()
     pool.shutdown(wait=True)
+
+
+class Stacks:
+    """Python stacks of stuck child processes, on request: a child started while :meth:`armed`
+    (or that calls :meth:`arm` itself) dumps every thread's stack into one shared file when
+    :meth:`dump` sends it ``SIGUSR2`` (``faulthandler``: C-level, so it works while the child is
+    frozen — even inside ``fork``'s own handlers, which is why the parent is armed too while it
+    forks, and disarmed right after)."""
+
+    SIGNAL = signal.SIGUSR2
+
+    def __init__(self) -> None:
+        self.file = tempfile.TemporaryFile(mode="w+", prefix="gpupipe-stacks-")  # noqa: SIM115 - held open: children write to it
+
+    def arm(self) -> None:
+        faulthandler.register(self.SIGNAL, file=self.file, all_threads=True, chain=False)
+
+    @contextlib.contextmanager
+    def armed(self) -> Iterator[None]:
+        """Around the ``fork`` of children: they inherit the handler from the first instruction."""
+        self.arm()
+        try:
+            yield
+        finally:
+            faulthandler.unregister(self.SIGNAL)
+
+    def dump(self, pids: list[int], wait: float = 1.0) -> str:
+        """Each of ``pids``' stacks (those that answer within ``wait`` seconds), as text."""
+        start = self.file.seek(0, os.SEEK_END)
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                os.kill(pid, self.SIGNAL)
+        time.sleep(wait)
+        self.file.seek(start)
+        return self.file.read().strip()
+
+    def close(self) -> None:
+        self.file.close()

@@ -197,6 +197,11 @@ class LoaderConfig:
             (DALI's decoders apply the tag by default; gpupipe turns that off). ``True`` applies
             it on every backend (torchvision's ``apply_exif_orientation``, DALI's
             ``adjust_orientation``).
+        worker_timeout: seconds the torch backend may go without a batch from its worker
+            processes before they are taken as stuck (a worker frozen in ``fork``, a decoder
+            that never returns): their Python stacks are logged, the sample that hangs (found by
+            running the samples in flight again in a sandbox) is refused from then on, and new
+            workers go on with the epoch. Default 600; ``None``: wait forever.
 
     Raises:
         ConfigError: an option of the wrong type or out of range; the message names it.
@@ -222,6 +227,7 @@ class LoaderConfig:
     max_skipped: int | float | None = 0.01
     max_image_pixels: int | None = MAX_IMAGE_PIXELS
     apply_exif_orientation: bool = False
+    worker_timeout: float | None = 600.0
 
     def __post_init__(self) -> None:
         from . import backends
@@ -253,6 +259,9 @@ class LoaderConfig:
         object.__setattr__(self, "on_error", check_enum(owner, self.on_error, "on_error", OnError))
         check_optional_int(owner, self.max_image_pixels, "max_image_pixels", minimum=1)
         check_bool(owner, self.apply_exif_orientation, "apply_exif_orientation")
+        if self.worker_timeout is not None and not (is_number(self.worker_timeout) and self.worker_timeout > 0):
+            raise ConfigError(f"{owner}: worker_timeout must be None or a number of seconds > 0, got "
+                              f"{self.worker_timeout!r}")  # fmt: skip
         cap = self.max_skipped
         if not (cap is None or (is_int(cap) and cap >= 0) or (is_number(cap) and not is_int(cap) and 0 < cap < 1)):
             raise ConfigError(

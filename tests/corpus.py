@@ -186,10 +186,11 @@ import gpupipe as gp
 from gpupipe import transforms as T
 
 shard, backend, batch, on_error = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+device = sys.argv[6] if len(sys.argv) > 6 else "cpu"
 pipe = gp.Pipeline(gp.WebDataset([shard]), [T.RandomResizedCrop(16), T.RandomHorizontalFlip()])
 result = {"delivered": [], "skipped": {}, "raised": None}
 try:
-    with gp.Loader(pipe, batch, backend=backend, device="cpu", num_workers=int(sys.argv[5]), on_error=on_error,
+    with gp.Loader(pipe, batch, backend=backend, device=device, num_workers=int(sys.argv[5]), on_error=on_error,
                    max_skipped=None) as loader:
         for b in loader:
             assert tuple(b.images.shape[1:]) == (3, 16, 16)

@@ -52,6 +52,21 @@ def test_skip_leaves_out_exactly_the_bad_files(shard, backend, batch, workers):
     assert sorted(result["delivered"]) == sorted(k for k, v in verdicts.items() if v is None)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch", [1, 16, 64])
+@pytest.mark.parametrize("on_error", ["skip", "raise"])
+def test_the_gpu_reaches_the_same_verdicts(shard, batch, on_error):
+    """DALI on the GPU (nvJPEG, the mixed decoders): the same files skipped, the same first raised."""
+    path, verdicts = shard
+    result = run([path, "dali", str(batch), on_error, "2", "cuda"])
+    bad = {key: verdict for key, verdict in verdicts.items() if verdict}
+    if on_error == "skip":
+        assert result["skipped"] == bad
+    else:
+        first = next(iter(bad))
+        assert result["raised"]["key"] == first and result["raised"]["kind"] == bad[first]
+
+
 @pytest.mark.parametrize("batch", [1, 64])
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_raise_names_the_first_bad_file(shard, backend, batch):

@@ -247,3 +247,52 @@ def test_a_dead_worker_is_named_by_its_signal():
     assert "crashed in native code" in death_cause(-signal.SIGSEGV) and "gpupipe check" in death_cause(-signal.SIGSEGV)
     assert "out-of-memory killer" in death_cause(-signal.SIGKILL)
     assert "out-of-memory" not in death_cause(-signal.SIGSEGV) and "num_workers=0" in death_cause(3)
+
+
+@dataclasses.dataclass(frozen=True)
+class _HangOn(T.ArrayFunction):
+    """Never returns on a white image (a decoder stuck on a file); once only, with ``flag``."""
+
+    flag: str = ""
+
+    def apply(self, x, xp):
+        if int(x[0, 0, 0]) == 255 and not (self.flag and os.path.exists(self.flag)):
+            if self.flag:
+                open(self.flag, "w").close()
+            time.sleep(3600)
+        return x
+
+
+class TestStuckWorkers:
+    """A torch-backend worker that delivers nothing within ``worker_timeout`` is taken as stuck:
+    its Python stack is logged, the sample that hangs (run again alone in a sandbox, which times
+    out too) is refused, and new workers finish the epoch; a stall no sample repeats is transient."""
+
+    def _urls(self, tmp_path):
+        from .conftest import _write_webdataset_shards
+
+        white = np.full((24, 32, 3), 255, np.uint8)
+        return _write_webdataset_shards(str(tmp_path), (12,), prefix="hang", patch={6: {"jpg": encode_jpeg(white)}})
+
+    def test_the_sample_that_hangs_is_refused_and_the_epoch_finishes(self, tmp_path, caplog):
+        pipe = gp.Pipeline(self._urls(tmp_path), [T.Resize((16, 16)), _HangOn()])
+        options = dict(backend="torch", device="cpu", num_workers=2, on_error="skip", max_skipped=None)
+        started = time.monotonic()
+        with gp.Loader(pipe, 4, worker_timeout=2.0, **options) as loader:
+            keys = [k for b in loader for k, v in zip(b.keys, b.valid.tolist(), strict=True) if v]
+            (skipped,) = loader.skipped
+        assert sorted(keys) == [f"img/00/{n:06d}" for n in range(12) if n != 6]
+        assert skipped.key == "img/00/000006" and "did not finish in 2 s" in skipped.reason
+        assert "no batch from the workers in 2.0 s" in caplog.text and "in apply" in caplog.text  # the stack
+        assert time.monotonic() - started < 60
+
+    def test_a_stall_no_sample_repeats_is_transient(self, tmp_path):
+        pipe = gp.Pipeline(self._urls(tmp_path), [T.Resize((16, 16)), _HangOn(flag=str(tmp_path / "hung"))])
+        with gp.Loader(pipe, 4, backend="torch", device="cpu", num_workers=2, worker_timeout=2.0) as loader:
+            keys = [k for b in loader for k in b.keys]
+        assert sorted(keys) == [f"img/00/{n:06d}" for n in range(12)] and os.path.exists(tmp_path / "hung")
+
+    def test_the_option(self):
+        assert gp.LoaderConfig(4).worker_timeout == 600.0 and gp.LoaderConfig(4, worker_timeout=None)
+        with pytest.raises(gp.ConfigError, match="worker_timeout must be None or a number of seconds > 0"):
+            gp.LoaderConfig(4, worker_timeout=0)

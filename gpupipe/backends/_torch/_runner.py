@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
-from ..._children import CRASHED, death_cause, exit_status, exit_with_parent
+from ..._children import CRASHED, Stacks, death_cause, exit_status, exit_with_parent
 from ..._decode import decode_rgb
 from ..._errors import ClosedError, Damage, DataError, SampleError, WorkerError
 from ..._plan import RankPlan
@@ -162,6 +162,10 @@ class _Batches:
         return len(self.batches)
 
 
+class _Stuck(WorkerError):
+    """The workers delivered no batch within ``worker_timeout``."""
+
+
 class TorchRunner:
     """Decode and transforms in ``spec.workers`` processes (in-process when 0), kept alive between
     epochs (``persistent_workers``) and ended by :meth:`close`."""
@@ -184,7 +188,10 @@ class TorchRunner:
             persistent_workers=spec.workers > 0,
             pin_memory=self.device.type == "cuda",
             worker_init_fn=exit_with_parent,
+            timeout=(spec.config.worker_timeout or 0) if spec.workers else 0,
         )
+        self._timeout = spec.config.worker_timeout
+        self._stacks = Stacks() if spec.workers else None  # stuck workers' stacks, on request
         self._runs = Runs()
         self._closed = False
 
@@ -198,7 +205,7 @@ class TorchRunner:
         self._batches.batches = [
             [(int(s), plan.seed, plan.epoch) for s in plan.batch(b)[0]] for b in range(start, plan.num_batches)
         ]
-        batches = iter(loader)
+        batches = self._iterate(loader)
         done, unexplained = start, 0
         try:
             while True:
@@ -206,11 +213,11 @@ class TorchRunner:
                     batch = next(batches)
                 except StopIteration:
                     return
-                except RuntimeError as e:  # a worker died? PyTorch names its pid, not how it died
-                    died = self._worker_died(loader, plan, done)
+                except RuntimeError as e:  # a worker died or is stuck? PyTorch says neither how nor where
+                    died = self._worker_died(loader, plan, done) or self._worker_stuck(loader, plan, done, e)
                     if died is None:
                         raise
-                    if died.exitcode not in CRASHED:  # killed (out of memory, most often): not a sample's doing
+                    if died.exitcode not in CRASHED and not isinstance(died, _Stuck):  # out of memory, most often
                         raise died from e
                     found = self._culprits(plan, start, done)
                     unexplained += not found
@@ -219,7 +226,7 @@ class TorchRunner:
                     log.warning("%s Restarted%s.", died, f"; left out: {found}" if found else
                                 " (no sample in flight kills a process: taken as transient)")  # fmt: skip
                     self._batches.batches = self._batches.batches[done - start :]
-                    start, batches = done, iter(loader)  # new workers, from the first batch not yielded
+                    start, batches = done, self._iterate(loader)  # new workers, from the first batch not yielded
                     continue
                 done += 1
                 if self._closed:  # closed from another thread while this epoch runs
@@ -245,7 +252,8 @@ class TorchRunner:
         ahead = max(1, self._workers) * self._prefetch + 1  # what DataLoader had sent to its workers
         items = [item for batch in self._batches.batches[done - start : done - start + ahead] for item in batch]
         found = []
-        for (sample, _, _), outcome in zip(items, guarded_map(self._dataset.probe, items), strict=True):
+        limit = min(self._timeout or 60.0, 60.0)  # a sample that takes longer alone is hung
+        for (sample, _, _), outcome in zip(items, guarded_map(self._dataset.probe, items, timeout=limit), strict=True):
             if outcome.ok or (outcome.crashed is not None and outcome.crashed not in CRASHED):
                 continue
             raw = self._dataset.index.read(sample)  # readable: the reading happened before the crash
@@ -253,6 +261,30 @@ class TorchRunner:
             self._dataset.poisoned[sample] = _Failure(SampleError, message, raw.shard, raw.key, Damage.UNDECODABLE)
             found.append(raw.key)
         return found
+
+    def _iterate(self, loader: DataLoader) -> Iterator[Any]:
+        """A new iteration of ``loader``: its workers are forked now, with the stack dump armed."""
+        if self._stacks is None:
+            return iter(loader)
+        with self._stacks.armed():
+            return iter(loader)
+
+    def _worker_stuck(self, loader: DataLoader, plan: RankPlan, batch: int, error: RuntimeError) -> _Stuck | None:
+        """After DataLoader's ``timeout``: the workers' Python stacks (logged), then the workers
+        ended; ``None`` for another error."""
+        if self._stacks is None or "timed out after" not in str(error):
+            return None
+        iterator = getattr(loader, "_iterator", None)
+        pids = [w.pid for w in getattr(iterator, "_workers", ()) if w.pid is not None]
+        stacks = self._stacks.dump(pids)
+        self._end_workers(loader)
+        log.warning("torch backend: no batch from the workers in %s s (epoch %d, batch %d); their stacks:\n%s",
+                    self._timeout, plan.epoch, batch, stacks or "(none answered)")  # fmt: skip
+        return _Stuck(
+            f"torch backend: no batch from the worker processes in {self._timeout} s during epoch {plan.epoch}, "
+            f"batch {batch} (worker_timeout); they were stuck (stacks in the log). A decoder that never returns on "
+            "a file, or a worker frozen as it started (fork), does this."
+        )
 
     def _worker_died(self, loader: DataLoader, plan: RankPlan, batch: int) -> WorkerError | None:
         """The error for a worker found dead (``None`` when none is); the workers are ended: a new
@@ -285,6 +317,8 @@ class TorchRunner:
         loader, self._loader = self._loader, None
         if loader is not None:
             self._end_workers(loader)
+        if self._stacks is not None:
+            self._stacks.close()
 
     @staticmethod
     def _end_workers(loader: DataLoader) -> None:
