@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -11,51 +12,80 @@ import torch
 __all__ = ["Batch", "SkippedSample"]
 
 
-class Batch(tuple):
-    """One batch: unpacks as ``images, labels`` and carries the sample keys and a validity mask.
+@dataclasses.dataclass(eq=False)
+class Batch:
+    """One batch: unpacks as ``images, labels`` (``batch[0]``, ``batch[1]``, ``len(batch) == 2``)
+    and carries the sample keys and a validity mask.
 
     Attributes:
         images: ``[B, C, H, W]`` tensor on the loader's device; for a pipeline of views
             (``Pipeline(source, views=[...])``), a tuple of such tensors, one per view.
         labels: ``[B]`` int64 tensor on the loader's device; ``None`` for unlabeled sources.
         keys: the ``B`` sample keys (list of str), in batch order.
-        views: the images as a tuple, one ``[B, C, H, W]`` per view, whichever the pipeline.
         valid: ``[B]`` bool tensor on the loader's device, ``False`` for padding: the repeated
             sample that evens out the ranks' lengths when ``drop_last=False`` (see
-            :class:`Loader`). Mask it out of metrics: ``correct[batch.valid].sum()``.
+            :class:`Loader`) and the places of skipped samples. Mask it out of metrics and of the
+            batch size you log: ``correct[batch.valid].sum()``, ``batch.valid.sum()``.
+        views: the images as a tuple, one ``[B, C, H, W]`` per view, whichever the pipeline.
+
+    Trainers handle it whole: it is a dataclass, so Lightning's and Accelerate's collection
+    functions (``apply_to_collection``, ``move_data_to_device``, ``send_to_device``) rebuild it
+    with every field, as do ``copy``, ``pickle`` and ``torch.utils._pytree``; :meth:`to` moves it.
     """
 
+    images: Any
+    labels: torch.Tensor | None
     keys: list[str]
     valid: torch.Tensor
 
-    def __new__(
-        cls,
-        images: torch.Tensor | tuple[torch.Tensor, ...],
-        labels: torch.Tensor | None,
-        keys: list[str],
-        valid: torch.Tensor,
-    ) -> Batch:
-        self = super().__new__(cls, (images, labels))
-        self.keys = keys
-        self.valid = valid
-        return self
+    def __iter__(self) -> Iterator[Any]:
+        yield self.images
+        yield self.labels
 
-    @property
-    def images(self) -> Any:
-        """``[B, C, H, W]``, or a tuple of them for a pipeline of views (typed ``Any`` so that both
-        unpack without casts)."""
-        return self[0]
+    def __getitem__(self, index: int) -> Any:
+        return (self.images, self.labels)[index]
+
+    def __len__(self) -> int:
+        return 2
 
     @property
     def views(self) -> tuple[torch.Tensor, ...]:
         """The images as a tuple of ``[B, C, H, W]`` tensors, one per view: ``(images,)`` for a
         single transform list. Code that handles both kinds of pipeline reads this."""
-        images = self[0]
-        return images if isinstance(images, tuple) else (images,)
+        return self.images if isinstance(self.images, tuple) else (self.images,)
 
-    @property
-    def labels(self) -> torch.Tensor | None:
-        return self[1]
+    def to(self, device: Any, *, non_blocking: bool = False) -> Batch:
+        """The batch with its tensors on ``device`` (images, labels and ``valid``; keys as they are).
+        Trainers move a batch with this method (Lightning's ``batch_to_device``)."""
+
+        def move(x: Any) -> Any:
+            if isinstance(x, tuple):
+                return tuple(move(v) for v in x)
+            return x.to(device, non_blocking=non_blocking) if isinstance(x, torch.Tensor) else x
+
+        return Batch(move(self.images), move(self.labels), self.keys, move(self.valid))
+
+    def __repr__(self) -> str:
+        shapes = [tuple(v.shape) for v in self.views]
+        images = shapes[0] if len(shapes) == 1 else shapes
+        return f"Batch(images={images}, keys={len(self.keys)}, valid={int(self.valid.sum())})"
+
+
+def _flatten(batch: Batch) -> tuple[list[Any], Any]:
+    return [batch.images, batch.labels, batch.valid], batch.keys
+
+
+def _unflatten(children: Any, keys: Any) -> Batch:
+    images, labels, valid = children
+    return Batch(images, labels, keys, valid)
+
+
+try:  # torch.utils._pytree: tree_map and friends see through a Batch, keeping its keys
+    from torch.utils import _pytree
+
+    _pytree.register_pytree_node(Batch, _flatten, _unflatten, serialized_type_name="gpupipe.Batch")
+except (ImportError, AttributeError, ValueError):  # pragma: no cover - an older torch without it
+    pass
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,7 +12,7 @@ from ._errors import ConfigError
 from ._imageinfo import MAX_IMAGE_PIXELS
 from ._validate import check_bool, check_enum, check_int, check_optional_int, check_probability, is_int, is_number
 
-__all__ = ["LoaderConfig", "DaliOptions", "OnError", "DecodeMode"]
+__all__ = ["LoaderConfig", "DaliOptions", "OnError", "DecodeMode", "check_options"]
 
 
 class OnError(str, enum.Enum):
@@ -290,3 +290,39 @@ def _check_device(owner: str, device: Any) -> str:
     if dev is None or dev.type not in ("cpu", "cuda"):
         raise ConfigError(f"{owner}: device must be 'cpu' or 'cuda[:N]', got {device!r}")
     return str(dev)
+
+
+# torch DataLoader arguments a gp.Loader does not take, and what to do instead.
+DATALOADER_ONLY = {
+    "dataset": "pass a gp.Pipeline as the first argument (gp.Pipeline(gp.WebDataset(urls), transforms))",
+    "sampler": "drop it: every rank plans its own share of each epoch (shuffle=, seed=; rank and world size from "
+    "torch.distributed or torchrun); call loader.set_epoch(epoch) each epoch, as with DistributedSampler",
+    "batch_sampler": "drop it: batch_size= and drop_last= set the batches; every rank plans its share itself",
+    "collate_fn": "drop it: the backend stacks each batch into [B, C, H, W]; put per-sample work in the pipeline's "
+    "transforms (gp.transforms, or a transforms.ArrayFunction)",
+    "pin_memory": "drop it: with device='cuda' batches arrive on the GPU, copied from pinned memory",
+    "pin_memory_device": "drop it: device= says where batches arrive",
+    "persistent_workers": "drop it: a loader's workers (or DALI's threads) live until close()",
+    "prefetch_factor": "use prefetch= (batches prepared ahead)",
+    "worker_init_fn": "drop it: workers run the pipeline's transforms; seed augmentations with seed=",
+    "generator": "use seed= (the shuffle's and the augmentations' seed; drawn on rank 0 when None)",
+    "timeout": "use worker_timeout= (seconds without a batch before the torch backend's workers count as stuck)",
+    "multiprocessing_context": "drop it: the torch backend forks its workers (and they end with the loader)",
+    "in_order": "drop it: batches always come in the epoch plan's order",
+}
+
+
+def check_options(owner: str, options: dict[str, Any]) -> None:
+    """Refuses options ``LoaderConfig`` does not have, one line each: a torch DataLoader argument
+    says what to do instead, a misspelling the nearest option."""
+    import difflib
+
+    known = {f.name for f in dataclasses.fields(LoaderConfig)} - {"_"}
+    for name in options:
+        if name in known:
+            continue
+        if name in DATALOADER_ONLY:
+            raise ConfigError(f"{owner}: {name}= is a torch DataLoader argument; {DATALOADER_ONLY[name]}")
+        near = difflib.get_close_matches(name, sorted(known), n=1)
+        hint = f"; did you mean {near[0]}=?" if near else f"; the options are {', '.join(sorted(known))}"
+        raise ConfigError(f"{owner}: unknown option {name}={options[name]!r}{hint}")

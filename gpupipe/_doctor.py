@@ -390,7 +390,8 @@ def run_check(env: Environment, *, images: int = 64, batch_size: int = 16, out: 
                 try:
                     outputs, rate = {}, 0.0
                     with Loader(Pipeline(w.shards, steps), batch_size, backend=backend, device=device) as loader:
-                        for _ in range(2):  # the first epoch warms up (workers, DALI build)
+                        for epoch in range(2):  # the first epoch warms up (workers, DALI build)
+                            loader.set_epoch(epoch)
                             start, n = time.perf_counter(), 0
                             for batch in loader:
                                 for key, image in zip(batch.keys, batch.images.float().cpu(), strict=True):

@@ -14,10 +14,11 @@ import torch
 
 from . import _dist, backends
 from ._batch import Batch, SkippedSample
-from ._config import DEFAULT_PREFETCH, LoaderConfig, OnError
+from ._config import DEFAULT_PREFETCH, LoaderConfig, OnError, check_options
 from ._errors import ClosedError, ConfigError, DataError, GpupipeError, PipelineError
 from ._pipeline import Pipeline
 from ._plan import PlanSpec, RankPlan, mask_digest, rank_plan
+from ._trainers import DatasetView, EpochSampler
 from ._tune import resolve as resolve_tuned
 from ._tune import tune_key
 from ._validate import check_int, is_int
@@ -74,6 +75,7 @@ class Loader:
     """
 
     def __init__(self, pipeline: Pipeline, batch_size: int, **options: Any) -> None:
+        check_options("Loader", options)
         self._init(pipeline, LoaderConfig(batch_size, **options))
 
     @classmethod
@@ -93,6 +95,7 @@ class Loader:
         self.pipeline = pipeline
         self.rank, self.world_size = topo.rank, topo.world_size
         backend, device = backends.resolve(config.backend, config.device)
+        self.chosen = backends.why(config.backend, config.device, backend, device)  # auto's reasons, if any
         _check_runnable(pipeline, backend)
         self.seed = _dist.shared_seed(config.seed, topo, shuffle=config.shuffle, device=device)
         self.backend, self.device = backend.name, str(device)
@@ -101,6 +104,8 @@ class Loader:
         self._run_config, workers, self.tuned = resolve_tuned(config, key)
         self.num_workers = min(_cpu_count(), 8) if workers is None else workers
         self.epoch = 0
+        self._finished: int | None = None  # the epoch that ran to its end, with no set_epoch since
+        self._warned_advance = False
         self._yielded = 0  # batches of self.epoch yielded so far
         self._resume_at: tuple[int, int] | None = None  # (epoch, batch) set by load_state_dict
         self._current: weakref.ref[Generator[Batch, None, None]] | None = None  # the running iteration
@@ -266,6 +271,22 @@ class Loader:
 
     # The options as attributes, read-only (as in gpupipe 0.1): the config is the one source.
     @property
+    def sampler(self) -> EpochSampler:
+        """What trainers call ``set_epoch`` on each epoch (Lightning, Accelerate), and whose
+        ``len()`` is this rank's samples per epoch, padding included (``gpupipe._trainers``)."""
+        return EpochSampler(self)
+
+    @property
+    def batch_sampler(self) -> None:
+        """``None``, as a DataLoader given a ``sampler``: trainers then look at :attr:`sampler`."""
+        return None
+
+    @property
+    def dataset(self) -> DatasetView:
+        """``len(loader.dataset)``: the samples of an epoch over all ranks, as a DataLoader's."""
+        return DatasetView(self)
+
+    @property
     def batch_size(self) -> int:
         return self.config.batch_size
 
@@ -302,6 +323,8 @@ class Loader:
             parts += [f"{name}={value!r}" for name, value in self._runner.describe().items()]
         if self.tuned is not None:
             parts.append(f"tuned={self.tuned.date!r}")
+        if self.chosen is not None:
+            parts.append(f"auto={self.chosen!r}")
         parts += [f"rank={self.rank}/{self.world_size}", f"batches={len(self)}", f"epoch={self.epoch}"]
         return f"<gpupipe.Loader {' '.join(parts)}{' closed' if self.closed else ''}>"
 
@@ -338,6 +361,7 @@ class Loader:
             self._yielded = 0
             self._skipped_in_epoch = 0
         self.epoch = epoch
+        self._finished = None  # said explicitly: iterate this epoch
 
     def plan(self, epoch: int | None = None) -> RankPlan:
         """This rank's plan for ``epoch`` (default: the current one): the global sample numbers it
@@ -366,10 +390,33 @@ class Loader:
                 raise GpupipeError(
                     "this gp.Loader is being iterated in another thread: a loader runs one epoch at a time"
                 ) from None
+        if self._finished == self.epoch:  # iterated again after a whole epoch, without set_epoch
+            self._advance()
         self._switch_pipeline()
         iteration = self._iterate()
         self._current = weakref.ref(iteration)
         return iteration
+
+    def _advance(self) -> None:
+        """The rule that never replays an epoch silently: a loader iterated again after an epoch ran
+        to its end, with no ``set_epoch`` (nor ``load_state_dict``) in between, goes on with the
+        next epoch — its own order and augmentation draws — and warns once. ``set_epoch(e)`` is
+        always exact, and a state saved after an advance resumes it (the epoch is in it). A loader
+        whose epochs are all alike (no shuffle, no random transform: a validation loader) goes on
+        silently: nothing differs."""
+        varies = self.config.shuffle or any(t.random for view in self.pipeline.views for t in view)
+        if varies and not self._warned_advance:
+            self._warned_advance = True
+            warnings.warn(
+                f"gp.Loader iterated again after epoch {self.epoch} without set_epoch(): it goes on with epoch "
+                f"{self.epoch + 1} (a new order and new augmentation) rather than repeating epoch {self.epoch}. Call "
+                "loader.set_epoch(epoch) before each epoch to say which (trainers do, through loader.sampler); this "
+                "warning is shown once per loader",
+                UserWarning,
+                stacklevel=3,
+            )
+        log.info("gpupipe loader: rank %d goes on with epoch %d (no set_epoch)", self.rank, self.epoch + 1)
+        self.set_epoch(self.epoch + 1)
 
     def _iterate(self) -> Generator[Batch, None, None]:
         epoch, start = self.epoch, 0
@@ -408,6 +455,8 @@ class Loader:
         finally:
             if fetch is not None:
                 fetch.close()
+        if self._yielded == plan.num_batches and not self.closed:
+            self._finished = epoch  # ran to its end: a new iteration without set_epoch is the next epoch
         if self.closed and self._yielded < plan.num_batches:
             raise ClosedError(
                 f"this gp.Loader was closed during an epoch, after {self._yielded} of its {plan.num_batches} batches"
@@ -490,6 +539,7 @@ class Loader:
         self.seed = state["seed"]
         self.epoch, self._yielded = epoch, done
         self._resume_at = (epoch, done)
+        self._finished = None
         records = [SkippedSample(**r) for r in state.get("skipped", ())]
         before = {where: r for where, r in self._skipped.items() if r.epoch is None}  # known when indexing
         self._skipped = {**before, **{(r.shard, r.key): r for r in records}}

@@ -44,7 +44,7 @@ class TestLoaderConfig:
     def test_loader_reports_the_same_errors(self, shards):
         with pytest.raises(gp.ConfigError, match="Loader: prefetch must be None or an int >= 1, got 0"):
             gp.Loader(val(shards), 2, prefetch=0)
-        with pytest.raises(TypeError, match="unexpected keyword argument 'shufle'"):
+        with pytest.raises(gp.ConfigError, match="Loader: unknown option shufle=True; did you mean shuffle="):
             gp.Loader(val(shards), 2, shufle=True)
 
     def test_frozen_and_normalised(self):

@@ -45,6 +45,7 @@ class TestSetPipeline:
             list(loader)
             runner = loader._runner
             loader.set_pipeline(train(shards, size=32))
+            loader.set_epoch(1)
             list(loader)
             assert loader._runner is runner
 

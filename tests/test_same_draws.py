@@ -131,6 +131,7 @@ class TestOnePipelinePerLoader:
             for epoch in range(1, 4):
                 loader.set_epoch(epoch)
                 list(loader)
+            loader.set_epoch(3)  # epoch 3 again, from its state mid-way
             batches = iter(loader)
             next(batches)
             state = loader.state_dict()

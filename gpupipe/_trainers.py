@@ -1,0 +1,71 @@
+"""What trainers read on a data loader besides iterating it, for a :class:`~gpupipe.Loader`.
+
+Lightning and Accelerate were written for ``torch.utils.data.DataLoader``: they advance the epoch
+through ``loader.sampler.set_epoch(epoch)`` (Lightning calls it on ``sampler`` and on
+``batch_sampler.sampler`` before each training and validation epoch), size things by
+``len(loader.dataset)`` and ``len(loader.sampler)``, and read ``batch_size``, ``num_workers`` and
+``drop_last``. A gpupipe loader plans each epoch itself, so its ``sampler`` is not iterated: it is
+the handle through which a trainer sets the epoch, and says how many samples this rank yields.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._loader import Loader
+
+__all__ = ["EpochSampler", "DatasetView"]
+
+
+class _Bound:
+    def __init__(self, loader: Loader) -> None:
+        self._loader = weakref.ref(loader)  # no cycle: a dropped loader is collected (and closed) at once
+
+    @property
+    def loader(self) -> Loader:
+        loader = self._loader()
+        if loader is None:
+            raise ReferenceError("the gp.Loader of this object was collected")
+        return loader
+
+
+class EpochSampler(_Bound):
+    """``loader.sampler``: :meth:`set_epoch` sets the loader's epoch (what Lightning and
+    Accelerate call each epoch, as on a ``DistributedSampler``); ``len()`` is the samples this
+    rank yields per epoch, padding included (``DistributedSampler``'s length). Not iterable: the
+    loader plans its epochs itself."""
+
+    def set_epoch(self, epoch: int) -> None:
+        self.loader.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        loader = self.loader
+        return len(loader.plan(loader.epoch).samples)
+
+    def __iter__(self) -> Any:
+        raise TypeError("a gp.Loader's sampler is not iterated: the loader plans each epoch itself (set_epoch)")
+
+    def __repr__(self) -> str:
+        return f"<gpupipe sampler of {self.loader!r}>"
+
+
+class DatasetView(_Bound):
+    """``loader.dataset``: ``len()`` is the samples of an epoch over all ranks (the source's, less
+    those known to be bad), as ``len(DataLoader.dataset)``; ``source`` and ``pipeline`` are the
+    loader's. Samples are not indexed: a gpupipe source is read by the loader's backend."""
+
+    def __len__(self) -> int:
+        return self.loader.num_samples
+
+    @property
+    def source(self) -> Any:
+        return self.loader.pipeline.source
+
+    @property
+    def pipeline(self) -> Any:
+        return self.loader.pipeline
+
+    def __repr__(self) -> str:
+        return f"<gpupipe dataset of {len(self)} samples: {self.source!r}>"
