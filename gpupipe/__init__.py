@@ -42,7 +42,7 @@ from ._plan import RankPlan
 from ._shards import ShardWriter
 from ._tune import Tuned, tune
 from .backends import register_lowering
-from .sources import ImageFolder, Source, WebDataset
+from .sources import FakeData, ImageFolder, Source, WebDataset
 
 __version__ = "0.1.0"
 
@@ -60,6 +60,7 @@ __all__ = [
     "Source",
     "WebDataset",
     "ImageFolder",
+    "FakeData",
     "load_pipeline",
     "check",
     "CheckReport",

@@ -14,7 +14,7 @@ def test_top_level_api():
     assert sorted(gp.__all__) == sorted([
         "Pipeline", "Loader", "LoaderConfig", "DaliOptions", "DecodeMode", "OnError", "Batch", "SkippedSample",
         "Damage", "RankPlan",
-        "Source", "WebDataset", "ImageFolder",
+        "Source", "WebDataset", "ImageFolder", "FakeData",
         "load_pipeline", "check", "CheckReport",
         "register_lowering", "ShardWriter", "tune", "Tuned", "transforms", "sources", "GpupipeError", "ConfigError",
         "PipelineError", "UnsupportedTransformError", "BackendUnavailableError", "ClosedError", "WorkerError",
@@ -34,7 +34,7 @@ def test_transforms_api():
 
 def test_sources_api():
     assert sorted(sources.__all__) == sorted([
-        "Source", "WebDataset", "ImageFolder", "Index", "ShardIndex", "RawSample", "Reader", "Storage",
+        "Source", "WebDataset", "ImageFolder", "FakeData", "Index", "ShardIndex", "RawSample", "Reader", "Storage",
         "LocalStorage", "Stat", "register_storage", "storage_for", "expand_urls", "split_key", "parse_label",
         "IMG_EXTENSIONS",
     ])  # fmt: skip
@@ -78,7 +78,7 @@ def test_backends_api():
     from gpupipe import backends
 
     assert sorted(backends.__all__) == sorted([
-        "TABLE", "Backend", "Runner", "RunSpec", "RawBatch", "names", "get", "resolve", "register_lowering",
+        "TABLE", "Backend", "Runner", "RunSpec", "RawBatch", "names", "get", "resolve", "why", "register_lowering",
         "to_device", "DaliContext",
     ])  # fmt: skip
     ctx = backends.DaliContext("cpu")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -131,3 +132,30 @@ def test_ssl_example_runs(shards, tmp_path, pipeline):
         float(line.split("mean loss ")[1].split(",")[0]) for line in proc.stderr.splitlines() if "mean loss" in line
     ]
     assert len(losses) == 2 and all(0 < loss < 10 for loss in losses)
+
+
+@pytest.mark.parametrize("layout", ["folder", "shards"])
+def test_the_migrated_pytorch_examples_script(tmp_path, data, layout):
+    """examples/imagenet_main.py — pytorch/examples' ImageNet script migrated — for one epoch under
+    torchrun with 2 processes (gloo, CPU): it trains, and validation counts each sample once."""
+    root = tmp_path / "imagenet"
+    root.mkdir()
+    if layout == "folder":
+        os.symlink(data["train_folder"], root / "train")
+        os.symlink(data["val_folder"], root / "val")
+    else:
+        import glob
+
+        for name in ("train", "val"):
+            for i, path in enumerate(sorted(glob.glob(os.path.join(os.path.dirname(data[name]), f"{name}-*.tar")))):
+                os.symlink(path, root / f"{name}-{i:06d}.tar")
+    env = {k: v for k, v in os.environ.items() if k not in DIST_ENV}
+    env.update(OMP_NUM_THREADS="1")
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+            os.path.join(ROOT, "examples", "imagenet_main.py"), str(root), "-a", "resnet18", "--epochs", "1",
+            "-b", "32", "-j", "1", "--image-size", "32", "-p", "1", "--backend", "torch", "--seed", "0"]  # fmt: skip
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    assert "Epoch: [0][" in proc.stdout and re.search(r"\* +Acc@1 [0-9.]+ Acc@5 [0-9.]+", proc.stdout)
+    assert " * counted 61 validation samples" in proc.stdout  # 61 over 2 ranks, each once
+    assert (tmp_path / "checkpoint.pth.tar").exists()

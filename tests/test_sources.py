@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import gpupipe as gp
+from gpupipe import transforms as T
 from gpupipe._decode import decode_rgb
 from gpupipe.sources import split_key
 from gpupipe.testing import encode_jpeg, synthetic_image
@@ -217,3 +218,33 @@ def test_a_cached_index_pickles(shards):
     assert [copy.read(i) for i in (0, 8, 15)] == [index.read(i) for i in (0, 8, 15)]
     index.close()
     copy.close()
+
+
+class TestFakeData:
+    """gp.FakeData: torchvision.datasets.FakeData's arguments, real JPEGs every backend decodes."""
+
+    def test_through_every_backend(self, backend):
+        pipe = gp.Pipeline(gp.FakeData(20, image_size=(3, 40, 56), num_classes=3), [T.CenterCrop(16)])
+        with backend.loader(pipe, 8, num_workers=1) as loader:
+            batches = list(loader)
+        keys = [k for b in batches for k, v in zip(b.keys, b.valid.tolist(), strict=True) if v]
+        labels = [int(x) for b in batches for x, v in zip(b.labels, b.valid.tolist(), strict=True) if v]
+        assert keys == [f"fake/{n}" for n in range(20)] and labels == [n % 3 for n in range(20)]
+        assert batches[0].images.shape == (8, 3, 16, 16)
+
+    def test_the_images_are_the_sizes_asked_and_repeat_every_distinct(self):
+        from gpupipe._decode import decode_rgb
+
+        index = gp.FakeData(10, image_size=(3, 30, 50), distinct=4, random_offset=1).index()
+        raws = [index.read(n) for n in range(10)]
+        assert tuple(decode_rgb(raws[0].data, shard="s", key="k").shape) == (3, 30, 50)
+        assert raws[0].data == raws[4].data != raws[1].data  # image (n + 1) % 4
+
+    def test_a_large_one_indexes_at_once(self):
+        index = gp.FakeData(10_000_000).index()  # keys are made per shard, when read
+        assert len(index) == 10_000_000 and index.read(9_999_999).key == "fake/9999999"
+
+    @pytest.mark.parametrize("kwargs", [dict(size=0), dict(image_size=(1, 8, 8)), dict(num_classes=0)])
+    def test_bad_arguments(self, kwargs):
+        with pytest.raises(gp.ConfigError):
+            gp.FakeData(**kwargs)

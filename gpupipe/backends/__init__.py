@@ -30,6 +30,7 @@ __all__ = [
     "names",
     "get",
     "resolve",
+    "why",
     "register_lowering",
     "to_device",
     "DaliContext",
@@ -114,3 +115,16 @@ def resolve(name: str, device: str | torch.device | None) -> tuple[Backend, torc
     if dev.type not in backend.devices:
         raise BackendUnavailableError(f"Loader: backend={name!r} cannot deliver to {str(dev)!r}")
     return backend, dev
+
+
+def why(name: str, device: str | torch.device | None, backend: Backend, dev: torch.device) -> str | None:
+    """Why :func:`resolve` chose ``backend`` and ``dev`` where it chose (``backend="auto"``,
+    ``device=None``), in a few words for the loader's repr and log; ``None`` where both were given."""
+    parts = []
+    if device is None:
+        parts.append(f"device {dev.type}: {'CUDA is available' if dev.type == 'cuda' else 'no CUDA'}")
+    if name == "auto":
+        before = list(TABLE)[: list(TABLE).index(backend.name)]
+        missing = [n for n in before if not get(n).available() or dev.type not in get(n).devices]
+        parts.append(f"backend {backend.name}: " + (f"{', '.join(missing)} not available" if missing else "the first"))
+    return "; ".join(parts) or None

@@ -10,9 +10,11 @@ Layers, bottom up:
   with no I/O of its own: a :class:`Reader` given by the source reads samples through a storage.
 - Sources — cheap, picklable descriptions whose ``index()`` builds an :class:`Index`:
   :class:`WebDataset` (tar shards; tar headers scanned once and cached in DALI's index format)
-  and :class:`ImageFolder`. A new source subclasses :class:`Source`.
+  and :class:`ImageFolder`, and :class:`FakeData` (generated JPEGs, for runs without a dataset).
+  A new source subclasses :class:`Source`.
 """
 
+from ._fake import FakeData
 from ._imagefolder import IMG_EXTENSIONS, ImageFolder
 from ._index import Index, RawSample, Reader, ShardIndex, Source
 from ._storage import LocalStorage, Stat, Storage, expand_urls, register_storage, storage_for
@@ -22,6 +24,7 @@ __all__ = [
     "Source",
     "WebDataset",
     "ImageFolder",
+    "FakeData",
     "Index",
     "ShardIndex",
     "RawSample",
