@@ -165,14 +165,25 @@ class Stacks:
             faulthandler.unregister(self.SIGNAL)
 
     def dump(self, pids: list[int], wait: float = 1.0) -> str:
-        """Each of ``pids``' stacks (those that answer within ``wait`` seconds), as text."""
-        start = self.file.seek(0, os.SEEK_END)
+        """Each of ``pids``' stacks (those that answer within ``wait`` seconds each), as text: one
+        process at a time, so that their dumps do not interleave in the shared file."""
+        found = []
         for pid in pids:
+            start = self.file.seek(0, os.SEEK_END)
             with contextlib.suppress(OSError):
                 os.kill(pid, self.SIGNAL)
-        time.sleep(wait)
-        self.file.seek(start)
-        return self.file.read().strip()
+            deadline, size = time.monotonic() + wait, start
+            while time.monotonic() < deadline:  # until its dump stops growing
+                time.sleep(0.05)
+                now = os.fstat(self.file.fileno()).st_size
+                if now == size and now > start:
+                    break
+                size = now
+            self.file.seek(start)
+            text = self.file.read().strip()
+            if text:
+                found.append(f"process {pid}:\n{text}")
+        return "\n\n".join(found)
 
     def close(self) -> None:
         self.file.close()

@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 
@@ -150,13 +151,22 @@ def _interrupt(argv: list[str], sig: signal.Signals, *, group: bool, ready) -> t
     whole process group, as a terminal's Ctrl-C does, or to the parent alone, as ``kill -9`` or
     the OOM killer does) and returns the exit status, the seconds until every process of the
     session was gone, and those still alive after ``PROMPT_S``."""
-    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - closed in the finally below
+    if argv[1:2] == ["-c"]:  # Python: on SIGABRT its stacks go to stderr (kept for a hang's report)
+        argv = [argv[0], "-X", "faulthandler", *argv[1:]]
+    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=stderr, text=True,
                             start_new_session=True)  # fmt: skip
     try:
         ready(proc)
         sent = time.monotonic()
         (os.killpg if group else os.kill)(proc.pid, sig)
-        code = proc.wait(timeout=60)
+        try:
+            code = proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:  # hung: its stacks, then the failure
+            os.kill(proc.pid, signal.SIGABRT)
+            time.sleep(2)
+            stderr.seek(0)
+            raise AssertionError(f"no exit within 60 s of {sig.name}; its stacks:\n{stderr.read()[-6000:]}") from None
         left = _session(proc.pid)
         while left and time.monotonic() - sent < PROMPT_S:
             time.sleep(0.05)
@@ -167,6 +177,7 @@ def _interrupt(argv: list[str], sig: signal.Signals, *, group: bool, ready) -> t
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         proc.wait()
+        stderr.close()
         if proc.stdout is not None:
             proc.stdout.close()
 

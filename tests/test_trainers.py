@@ -166,6 +166,18 @@ class TestAccelerate:
         after = [k for batch in loader for k in batch.keys]  # the rest of epoch 1
         assert before + after == whole[1]
 
+    def test_validation_counts_each_sample_once(self, shards):
+        from accelerate import Accelerator
+
+        accelerator = Accelerator(cpu=True)
+        val_loader = accelerator.prepare(gp.Loader(val(shards), 5, device=str(accelerator.device), num_workers=0))
+        counted = 0
+        for epoch in range(3):
+            val_loader.set_epoch(epoch)
+            counted += sum(int(b.valid.sum()) for b in val_loader)
+        assert counted == 3 * 16 and len(val_loader) * 5 == 20  # 16 samples in 4 batches of 5: 4 padded
+        val_loader.close()
+
     def test_prepare_leaves_the_loader_as_it_is(self, shards):
         """``accelerator.prepare`` re-shards DataLoaders only: a gp.Loader (already sharded per
         rank) comes back as it is, delivering on the loader's device (pass accelerator.device)."""
