@@ -40,7 +40,8 @@ from ._loader import Batch, Loader, SkippedSample
 from ._pipeline import Pipeline, load_pipeline
 from ._plan import RankPlan
 from ._shards import ShardWriter
-from ._tune import Tuned, tune
+from ._tune import tune
+from ._tuned import Tuned
 from .backends import register_lowering
 from .sources import FakeData, ImageFolder, Source, WebDataset
 

@@ -103,7 +103,7 @@ def tune(args: argparse.Namespace) -> int:
     """``gpupipe tune``: measure and record the loader's throughput settings for a pipeline."""
     from ._pipeline import load_pipeline
     from ._tune import tune as run_tune
-    from ._tune import tune_file
+    from ._tuned import tune_file
 
     pipeline = load_pipeline(args.pipeline)(args.source)
     print(f"pipeline {args.pipeline}, batch {args.batch_size}: {args.seconds:g} s per trial")

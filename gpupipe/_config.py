@@ -73,11 +73,11 @@ class DaliOptions:
             decoder thread. Default 8 MiB (DALI's). Both paddings avoid reallocations when a
             larger image comes; DALI's older ImageNet recipe used 211025920 and 140544512, which
             cost that much per thread (pinned host memory times 2, times the ranks on a node).
-        preallocate_width_hint, preallocate_height_hint: the image size the hardware decoder
-            preallocates for, for a whole batch of such images. Default 0 x 0 (DALI's): it
-            allocates as images come. DALI's ResNet-50 recipe sets 5980 x 6430, ImageNet's
-            largest image: that preallocates ``batch_size`` images of 38 Mpx, up to many GB of GPU
-            memory at batch 256; not measured here yet (``bench/backends.py`` on a GPU).
+        preallocate_width_hint: the image width the hardware decoder preallocates for, for a
+            whole batch of such images. Default 0 (DALI's): it allocates as images come. DALI's
+            ResNet-50 recipe sets 5980 x 6430, ImageNet's largest image: that preallocates
+            ``batch_size`` images of 38 Mpx, up to many GB of GPU memory at batch 256.
+        preallocate_height_hint: the height of that image. Default 0.
         affine: tie each decoder thread to a CPU core. ``None`` (default): ``True`` with one rank
             per node, ``False`` with several (``LOCAL_WORLD_SIZE`` or ``SLURM_NTASKS_PER_NODE``
             above 1), whose threads would otherwise be tied to the same cores.
@@ -150,7 +150,8 @@ class LoaderConfig:
             ``Loader.state_dict`` so that a resume is exact.
         backend: a backend's name (``"dali"``: one DALI graph, nvJPEG and GPU operators on
             ``cuda``, DALI's CPU operators on ``cpu``; ``"torch"``: torchvision kernels in worker
-            processes), or ``"auto"`` (default): the first available of DALI, torch.
+            processes), or ``"auto"`` (default): the first available of DALI, torch. The name is
+            checked against the backend table when a loader is made.
         device: where batches are delivered: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or a
             ``torch.device``; ``None`` (default) picks ``"cuda"`` when available, else ``"cpu"``.
             ``"cuda"`` means ``cuda:<LOCAL_RANK>`` under torchrun (``SLURM_LOCALID`` under srun).
@@ -168,9 +169,11 @@ class LoaderConfig:
             downloaded ahead into the node's shard cache (each process keeps the shards it
             reads at once, plus these, plus one, at hand). ``None`` (default): ``interleave`` with ``shuffle=True``
             (the whole next group of shards read at once), else 4; ``0``: none ahead.
-        rank, world_size: this process's place among the data-parallel ranks; ``None`` (default)
-            takes them from ``torch.distributed``, else ``RANK``/``WORLD_SIZE``, else
-            ``SLURM_PROCID``/``SLURM_NTASKS``, else rank 0 of 1. Pass both or neither.
+        rank: this process's place among the data-parallel ranks; ``None`` (default) takes it
+            from ``torch.distributed``, else ``RANK``, else ``SLURM_PROCID``, else 0. Pass
+            ``rank`` and ``world_size`` both or neither.
+        world_size: the number of data-parallel ranks; ``None`` (default): from
+            ``torch.distributed``, else ``WORLD_SIZE``, else ``SLURM_NTASKS``, else 1.
         memory_format: ``torch.contiguous_format`` (default) or ``torch.channels_last``: NHWC
             storage presented as an ``[B, C, H, W]`` tensor (DALI's layout, no extra copy there).
         dali: the DALI backend's GPU decoder settings, a :class:`DaliOptions`. Default
@@ -230,16 +233,14 @@ class LoaderConfig:
     worker_timeout: float | None = 600.0
 
     def __post_init__(self) -> None:
-        from . import backends
-
         owner = "Loader"
         check_int(owner, self.batch_size, "batch_size", minimum=1)
         check_bool(owner, self.shuffle, "shuffle")
         check_bool(owner, self.drop_last, "drop_last")
         check_optional_int(owner, self.seed, "seed")
-        names = ("auto", *backends.names())
-        if self.backend not in names:
-            raise ConfigError(f"{owner}: backend must be one of {names}, got {self.backend!r}")
+        if not isinstance(self.backend, str) or not self.backend:
+            # the name is checked against the backend table by gpupipe.backends, which knows it
+            raise ConfigError(f"{owner}: backend must be a backend's name or 'auto', got {self.backend!r}")
         if self.device is not None:
             object.__setattr__(self, "device", _check_device(owner, self.device))
         check_optional_int(owner, self.num_workers, "num_workers", minimum=0)

@@ -19,8 +19,8 @@ from ._errors import ClosedError, ConfigError, DataError, GpupipeError, Pipeline
 from ._pipeline import Pipeline
 from ._plan import PlanSpec, RankPlan, mask_digest, rank_plan
 from ._trainers import DatasetView, EpochSampler
-from ._tune import resolve as resolve_tuned
-from ._tune import tune_key
+from ._tuned import resolve as resolve_tuned
+from ._tuned import tune_key
 from ._validate import check_int, is_int
 from .sources import Index
 from .sources._prefetch import prefetcher, prepare_remote
@@ -46,18 +46,17 @@ class Loader:
             ``shards_ahead``, ``rank``, ``world_size``, ``memory_format``, ``dali``, ``on_error``,
             ``max_skipped``, ``max_image_pixels``, ``apply_exif_orientation``.
 
-    Yields:
-        :class:`Batch`: unpacks as ``images, labels`` — ``images`` ``[B, C, H, W]`` of the
-        pipeline's output dtype and ``labels`` ``[B]`` int64, both on ``device`` (``labels`` is
-        ``None`` for ``WebDataset(..., label=None)``) — and carries ``keys`` and ``valid``. For a
-        pipeline of views, ``images`` is a tuple with one ``[B, C, H, W]`` tensor per view:
-        ``for (global1, global2, *local), labels in loader``.
+    Batches: iterating yields :class:`Batch` objects, which unpack as ``images, labels``
+    (``images`` ``[B, C, H, W]`` of the pipeline's output dtype and ``labels`` ``[B]`` int64, both
+    on ``device``; ``labels`` is ``None`` for ``WebDataset(..., label=None)``) and carry ``keys``
+    and ``valid``. For a pipeline of views, ``images`` is a tuple with one ``[B, C, H, W]`` tensor
+    per view, as in ``for (global1, global2, *local), labels in loader``.
 
     Epochs: call :meth:`set_epoch` before each. Every rank computes its own part of each epoch
     from ``(seed, epoch, rank, world_size)`` without communication, and every rank yields
     ``len(loader)`` batches of the same sizes, padding marked in ``batch.valid``. The contract,
     with a worked example of what each rank yields at the end of an epoch for both ``drop_last``
-    settings, is in README.md, "Epochs, distributed training and resuming". The same ``(seed,
+    settings, is in docs/guide/distributed.md. The same ``(seed,
     epoch, world_size)`` gives every rank the same samples in the same order on every backend,
     and the same augmentation parameters per sample: drawn from ``(seed, epoch, sample)``
     (``gpupipe._random``), whatever the backend, ``num_workers`` or rank.

@@ -23,129 +23,23 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import hashlib
-import json
 import logging
-import os
 import time
-import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from ._config import DEFAULT_HW_DECODER_LOAD, DEFAULT_PREFETCH, DaliOptions, LoaderConfig
+from ._config import DEFAULT_HW_DECODER_LOAD, DEFAULT_PREFETCH, DaliOptions
 from ._errors import ConfigError
+from ._tuned import Tuned, machine, tune_key
+from ._tuned import record as save_record
 
-__all__ = ["Tuned", "tune", "lookup", "tune_key", "tune_file", "resolve"]
+__all__ = ["tune", "Tuned"]
 
 log = logging.getLogger("gpupipe")
 
 NEAR = 0.97  # a setting within 3% of the best is as good: the cheaper one wins (fewer threads, less memory)
-
-
-@dataclasses.dataclass(frozen=True)
-class Tuned:
-    """A tuning's result: the settings chosen, their images/s and the defaults', the date, and
-    every trial as ``{"num_workers", "prefetch", "hw_decoder_load", "images_per_s"}``."""
-
-    num_workers: int
-    prefetch: int
-    hw_decoder_load: float | None  # None: not tuned (no GPU decoder)
-    images_per_s: float
-    default_images_per_s: float
-    date: str
-    trials: tuple[dict[str, Any], ...] = ()
-
-    @property
-    def speedup(self) -> float:
-        return self.images_per_s / self.default_images_per_s if self.default_images_per_s else 1.0
-
-    def __str__(self) -> str:
-        share = "" if self.hw_decoder_load is None else f", hw_decoder_load={self.hw_decoder_load}"
-        return (f"num_workers={self.num_workers}, prefetch={self.prefetch}{share}: {self.images_per_s:.0f} images/s, "
-                f"{self.speedup:.2f}x the defaults (tuned {self.date})")  # fmt: skip
-
-
-def tune_file() -> str:
-    root = os.environ.get("GPUPIPE_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "gpupipe")
-    return os.path.join(root, "tune.json")
-
-
-def _machine(device: torch.device) -> str:
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    gpu = "no GPU"
-    if device.type == "cuda":
-        try:
-            gpu = torch.cuda.get_device_name(device)
-        except (RuntimeError, AssertionError, ValueError):  # no CUDA after all (a fake one in tests)
-            gpu = "a GPU"
-    return f"{cores} cores, {gpu}"
-
-
-def tune_key(views: Sequence[Sequence[Any]], batch_size: int, backend: str, device: torch.device) -> str:
-    """The record's key: this machine, the backend, the device type, the batch size and the
-    pipeline's transforms (not its source: tune on a sample of the data that trains)."""
-    what = [_machine(device), backend, device.type, batch_size, [[repr(t) for t in view] for view in views]]
-    return hashlib.sha256(json.dumps(what).encode()).hexdigest()[:24]
-
-
-def _records() -> dict[str, Any]:
-    path = tune_file()
-    try:
-        with open(path) as f:
-            records = json.load(f)
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError) as e:
-        warnings.warn(f"gpupipe: ignoring the tuning records in {path}: {e}", stacklevel=3)
-        return {}
-    return records if isinstance(records, dict) else {}
-
-
-def lookup(key: str) -> Tuned | None:
-    """The recorded settings for ``key``, or ``None``."""
-    record = _records().get(key)
-    if not isinstance(record, dict):
-        return None
-    try:
-        return Tuned(**{k: record[k] for k in ("num_workers", "prefetch", "hw_decoder_load", "images_per_s",
-                                               "default_images_per_s", "date")})  # fmt: skip
-    except (KeyError, TypeError):
-        return None
-
-
-def _record(key: str, tuned: Tuned, about: dict[str, Any]) -> str:
-    path = tune_file()
-    records = _records()
-    records[key] = {**dataclasses.asdict(tuned), "trials": list(tuned.trials), **about}
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(records, f, indent=1)
-    os.replace(tmp, path)  # atomic: a loader reading it sees the old records or the new ones
-    return path
-
-
-def resolve(config: LoaderConfig, key: str) -> tuple[LoaderConfig, int | None, Tuned | None]:
-    """``(config, num_workers, tuned)`` with the options left unset taken from the record for
-    ``key`` where there is one, else their defaults (``num_workers`` ``None``: the loader's);
-    ``tuned`` is the record where one of its values is used."""
-    unset = config.num_workers is None or config.prefetch is None or config.dali.hw_decoder_load is None
-    tuned = lookup(key) if unset else None
-    workers = config.num_workers if config.num_workers is not None or tuned is None else tuned.num_workers
-    prefetch = config.prefetch if config.prefetch is not None else tuned.prefetch if tuned else DEFAULT_PREFETCH
-    share = config.dali.hw_decoder_load
-    if share is None:
-        share = tuned.hw_decoder_load if tuned is not None and tuned.hw_decoder_load is not None else \
-            DEFAULT_HW_DECODER_LOAD  # fmt: skip
-    dali = dataclasses.replace(config.dali, hw_decoder_load=share)
-    used = tuned is not None and (
-        config.num_workers is None
-        or config.prefetch is None
-        or (config.dali.hw_decoder_load is None and tuned.hw_decoder_load is not None)
-    )
-    return dataclasses.replace(config, prefetch=prefetch, dali=dali), workers, tuned if used else None
 
 
 def _candidates(cores: int, backend: str) -> list[int]:
@@ -217,7 +111,7 @@ def tune(pipeline: Any, batch_size: int, *, seconds: float = 3.0, record: bool =
                   default["images_per_s"], datetime.date.today().isoformat(), tuple(trials))  # fmt: skip
     if record:
         key = tune_key(pipeline.views, batch_size, backend.name, device)
-        path = _record(key, tuned, {"machine": _machine(device), "backend": backend.name, "device": device.type,
+        path = save_record(key, tuned, {"machine": machine(device), "backend": backend.name, "device": device.type,
                                     "batch_size": batch_size, "pipeline": repr(pipeline)})  # fmt: skip
         log.info("gpupipe tune: %s; recorded in %s", tuned, path)
     return tuned

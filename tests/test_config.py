@@ -26,7 +26,7 @@ class TestLoaderConfig:
             (dict(batch_size=2, shuffle=1), "shuffle must be True or False"),
             (dict(batch_size=2, drop_last="no"), "drop_last"),
             (dict(batch_size=2, seed=1.5), "seed must be an int or None"),
-            (dict(batch_size=2, backend="tensorflow"), "backend must be one of"),
+            (dict(batch_size=2, backend=3), "backend must be a backend's name or 'auto'"),
             (dict(batch_size=2, device="tpu"), "device must be 'cpu' or 'cuda"),
             (dict(batch_size=2, device=3.0), "device"),
             (dict(batch_size=2, num_workers=-1), "num_workers must be None or an int >= 0"),

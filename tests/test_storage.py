@@ -18,7 +18,7 @@ import torch
 import gpupipe as gp
 from gpupipe import sources
 from gpupipe import transforms as T
-from gpupipe.sources import _storage
+from gpupipe.sources import _schemes
 from gpupipe.sources._mapped import MappedFile
 
 
@@ -111,9 +111,9 @@ class TestLocalStorage:
 
 class TestSchemes:
     def test_scheme_of(self):
-        assert _storage.scheme_of("s3://bucket/a.tar") == "s3"
-        assert _storage.scheme_of("HTTPS://x/a.tar") == "https"
-        assert _storage.scheme_of("/data/a.tar") == "" == _storage.scheme_of("a:b.tar")
+        assert _schemes.scheme_of("s3://bucket/a.tar") == "s3"
+        assert _schemes.scheme_of("HTTPS://x/a.tar") == "https"
+        assert _schemes.scheme_of("/data/a.tar") == "" == _schemes.scheme_of("a:b.tar")
 
     @pytest.mark.parametrize("url", ["nosuch://bucket/a.tar", "other://host/a-{0..1}.tar"])
     def test_unserved_schemes_are_refused_when_the_source_is_made(self, url):
@@ -131,7 +131,7 @@ class TestSchemes:
             gp.WebDataset("s3://bucket/a-{0..1}.tar")
 
     def test_one_source_one_scheme(self, monkeypatch):
-        monkeypatch.setitem(_storage._SCHEMES, "mem", MemoryStorage)
+        monkeypatch.setitem(_schemes._SCHEMES, "mem", MemoryStorage)
         with pytest.raises(gp.ConfigError, match="cannot mix URL schemes"):
             sources.storage_for(["mem://a.tar", "/data/b.tar"])
 
@@ -167,7 +167,7 @@ class MemoryStorage(sources.Storage):
 @pytest.fixture
 def memory_shards(monkeypatch, shards):
     """The session's shards served as mem://train-00000{0,1,2}.tar."""
-    monkeypatch.setitem(_storage._SCHEMES, "mem", MemoryStorage)
+    monkeypatch.setitem(_schemes._SCHEMES, "mem", MemoryStorage)
     monkeypatch.setattr(MemoryStorage, "objects", {})
     monkeypatch.setattr(MemoryStorage, "reads", [])
     for path in shards:

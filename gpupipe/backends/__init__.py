@@ -54,7 +54,7 @@ def names() -> tuple[str, ...]:
 def get(name: str) -> Backend:
     """The backend called ``name`` (imports its module, not its libraries)."""
     if name not in TABLE:
-        raise ConfigError(f"backend must be one of {('auto', *TABLE)}, got {name!r}")
+        raise ConfigError(f"Loader: backend must be one of {('auto', *TABLE)}, got {name!r}")
     if name not in _loaded:
         backend = importlib.import_module(TABLE[name]).BACKEND
         if not isinstance(backend, Backend) or backend.name != name:

@@ -17,7 +17,8 @@ Layers, bottom up:
 from ._fake import FakeData
 from ._imagefolder import IMG_EXTENSIONS, ImageFolder
 from ._index import Index, RawSample, Reader, ShardIndex, Source
-from ._storage import LocalStorage, Stat, Storage, expand_urls, register_storage, storage_for
+from ._schemes import expand_urls, register_storage, storage_for
+from ._storage import LocalStorage, Stat, Storage
 from ._webdataset import WebDataset, parse_label, split_key
 
 __all__ = [

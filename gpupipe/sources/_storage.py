@@ -4,7 +4,7 @@ A :class:`Storage` answers three questions about a URL: how big is it and which 
 (:meth:`~Storage.stat`), what are the bytes of a range (:meth:`~Storage.read`), and give me a
 seekable stream (:meth:`~Storage.open`). Sources use nothing else to reach their data, so a new
 kind of storage (``https://``, ``s3://``) is one :class:`Storage` subclass and one entry in the
-scheme table (:func:`register_storage`).
+scheme table (``_schemes``: :func:`register_storage`).
 
 Storages raise :class:`OSError` (``FileNotFoundError``, ...) and return short reads at the end of
 a file as they are: the source that asked knows which shard and sample that was, and says so in
@@ -19,20 +19,15 @@ import dataclasses
 import os
 import threading
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import IO, Any
 
-from .._errors import ConfigError, redact
 from ._mapped import MappedFile
 
 __all__ = [
     "Stat",
     "Storage",
     "LocalStorage",
-    "register_storage",
-    "scheme_of",
-    "storage_for",
-    "expand_urls",
     "compressed",
     "beside",
     "write_atomic",
@@ -280,52 +275,6 @@ class LocalStorage(Storage):
             files.close()
 
 
-_SCHEMES: dict[str, Callable[[], Storage]] = {"": LocalStorage, "file": LocalStorage}
-
-
-def register_storage(scheme: str, factory: Callable[[], Storage], *, replace: bool = False) -> None:
-    """Serves URLs ``scheme://...`` with storages made by ``factory``."""
-    if scheme in _SCHEMES and not replace:
-        raise ConfigError(f"register_storage: scheme {scheme!r} is already served; pass replace=True to replace it")
-    _SCHEMES[scheme] = factory
-
-
-def scheme_of(url: str) -> str:
-    """``"s3"`` for ``"s3://bucket/a.tar"``, ``""`` for a local path."""
-    head, sep, _ = url.partition("://")
-    return head.lower() if sep and head.isidentifier() else ""
-
-
-def storage_for(
-    urls: Sequence[str],
-    *,
-    storage_options: Mapping[str, Any] | None = None,
-    cache_dir: str | None = None,
-    cache_size: int | None = None,
-) -> Storage:
-    """A new storage for ``urls``, which must share one scheme: a registered one (local paths,
-    ``file://``), else any fsspec protocol (``https``, ``s3``, ``gs``, ``memory``, ...) read
-    through the node-local shard cache (``sources._remote``) with fsspec's ``storage_options``."""
-    schemes = sorted({scheme_of(u) for u in urls})
-    if len(schemes) > 1:
-        raise ConfigError(f"one source cannot mix URL schemes, got {schemes}")
-    scheme = schemes[0] if schemes else ""
-    if scheme in ("", "file") and any(compressed(u) for u in urls):
-        from ._remote import RemoteStorage
-
-        # compressed local shards: decompressed once into the shard cache, read from there
-        return RemoteStorage("file", cache_dir=cache_dir, cache_size=cache_size)
-    if scheme in _SCHEMES:
-        if storage_options:
-            raise ConfigError(f"storage_options apply to remote URLs only, not to {scheme or 'local'} paths")
-        return _SCHEMES[scheme]()
-    from ._remote import RemoteStorage, fsspec_protocol
-
-    if not fsspec_protocol(scheme):
-        raise ConfigError(_unserved(scheme))
-    return RemoteStorage(scheme, storage_options=storage_options, cache_dir=cache_dir, cache_size=cache_size)
-
-
 def write_atomic(path: str, data: bytes) -> None:
     """Writes a local file whole or not at all: a temporary file beside it, then a rename (the
     temporary file is removed if anything fails). Raises OSError."""
@@ -356,47 +305,3 @@ def beside(url: str, suffix: str) -> str:
     query string (``.../a.tar?X=1`` → ``.../a.tar<suffix>?X=1``)."""
     head, sep, query = url.partition("?") if "://" in url else (url, "", "")
     return head + suffix + sep + query
-
-
-def _served(scheme: str) -> bool:
-    """Whether a storage serves ``scheme``; a ConfigError naming the package to install where
-    fsspec knows the protocol but its driver is missing (``s3fs`` for ``s3://``)."""
-    from ._remote import check_driver, fsspec_protocol
-
-    if scheme in _SCHEMES:
-        return True
-    if not fsspec_protocol(scheme):
-        return False
-    check_driver(scheme)
-    return True
-
-
-def _unserved(scheme: str) -> str:
-    served = ", ".join(f"{s}://" for s in _SCHEMES if s)
-    return (
-        f"no storage serves {scheme}:// URLs (served: local paths, {served}, and the protocols fsspec knows: "
-        "https://, s3:// with s3fs, gs:// with gcsfs, ...)"
-    )
-
-
-def expand_urls(urls: str | os.PathLike[str] | Sequence[str], *, owner: str = "WebDataset") -> list[str]:
-    """Brace-expands a pattern (several braces allowed) or each entry of a list of patterns, checks
-    that a storage serves the URLs' scheme, and turns ``file://`` URLs into paths."""
-    import braceexpand
-
-    if isinstance(urls, (str, os.PathLike)):
-        urls = [urls]  # type: ignore[list-item]
-    out: list[str] = []
-    for u in urls:
-        u = os.fspath(u)
-        if u.startswith("pipe:"):
-            raise ConfigError(
-                f"{owner}: 'pipe:' URLs are not supported: gpupipe never runs a shell command from a URL "
-                f"({redact(repr(u))})"
-            )
-        if not _served(scheme_of(u)):
-            raise ConfigError(f"{owner}: {_unserved(scheme_of(u))}: {redact(repr(u))}")
-        out.extend(p.removeprefix("file://") for p in braceexpand.braceexpand(u))
-    if not out:
-        raise ConfigError(f"{owner}: no shard given")
-    return out

@@ -17,7 +17,8 @@ from .._validate import check_bytes, check_enum
 from . import _wdsindex
 from ._index import NO_LABEL, Index, Problem, RawSample, ShardDetail, ShardIndex, Source
 from ._mask import read_mask
-from ._storage import Stat, Storage, compressed, expand_urls, storage_for
+from ._schemes import expand_urls, storage_for
+from ._storage import Stat, Storage, compressed
 from ._summary import Samples, read_summary, summary_url
 
 log = logging.getLogger("gpupipe")
