@@ -1,5 +1,6 @@
 # make demo     : set up .venv, make a small sample dataset, run the ImageNet pipeline, print images/s
-# make test     : set up .venv if needed, then lint (ruff), type-check (mypy) and run the tests
+# make test     : set up .venv if needed, then lint (ruff), type-check (mypy) and run the tests (the docs' strict build too)
+# make docs     : the documentation site in build/site (mkdocs-material; open build/site/index.html)
 # make test-gpu : the gpu-marked tests and `gpupipe doctor --run` (on a machine with a GPU)
 # make bench-gpu: gpupipe's recipes beside DALI by hand (bench/gpu.py; a GPU machine, ~5 min); writes bench/results/
 #                 (PY=python3: use that interpreter as it is, e.g. on a machine without a package registry)
@@ -33,7 +34,7 @@ endif
 # The interpreter's setup: the venv, unless PY names another interpreter (used as it is).
 SETUP := $(if $(filter $(VENV)/bin/python,$(PY)),$(VENV)/.installed,)
 
-.PHONY: demo test test-gpu bench-gpu lint format clean
+.PHONY: demo test test-gpu bench-gpu docs lint format clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -63,6 +64,10 @@ format: $(VENV)/.installed
 
 test: lint
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+docs: $(SETUP)
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
+	@echo "open build/site/index.html"
 
 test-gpu: $(SETUP)
 	$(PY) -m gpupipe doctor --run

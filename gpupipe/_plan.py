@@ -1,8 +1,8 @@
 """The epoch plan: which samples each rank yields in an epoch, in which order, for every backend.
 
 The contract — global order, rank split, sample mixing, equal length on every rank, and the
-worked example (10 samples, 3 ranks, batch 2) — is written once, in README.md, section "Epochs,
-distributed training and resuming" (pinned by ``tests/test_plan.py::TestWorkedExample``). This
+worked example (10 samples, 3 ranks, batch 2) — is written once, in docs/guide/distributed.md
+(pinned by ``tests/test_plan.py::TestWorkedExample``). This
 module implements it as a pure function of the shard sizes, a :class:`PlanSpec` and ``(seed,
 epoch, rank)``, so that every rank computes its own part without talking to the others.
 
@@ -161,7 +161,7 @@ def rank_plan(
     rank: int,
     excluded: np.ndarray | None = None,
 ) -> RankPlan:
-    """The plan of ``rank`` for ``epoch`` (the contract: README, "Epochs, distributed training and
+    """The plan of ``rank`` for ``epoch`` (the contract: docs/guide/distributed.md, "Epochs, distributed training and
     resuming"). ``sequential`` sources (tar shards) are shuffled in two levels, shards then a
     window of samples; others (ImageFolder) get a full permutation.
 

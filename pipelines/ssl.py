@@ -52,7 +52,7 @@ def dino(
     then ``local_crops`` x ``[3, local_size, local_size]``, float32. The blur is torchvision's
     ``GaussianBlur(blur_kernel, sigma=(0.1, 2.0))`` (DINOv2's choice; DINO blurred with Pillow's
     radius, which has no kernel size). On the DALI backend ``ColorJitter`` differs from
-    torchvision's by the order of its adjustments (README.md, "The DALI backend").
+    torchvision's by the order of its adjustments (docs/guide/dali.md).
     """
 
     def crop(size, scale):

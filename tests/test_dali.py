@@ -142,7 +142,7 @@ class TestParity:
 
     def test_color_twist_is_the_faster_kernel_with_its_documented_hue(self, device, photos, shards):
         """``DaliOptions(color_twist=True)``: DALI's own operator, through the loader: brightness as
-        torchvision within the standard tolerance, hue 0.1 about 10 grey levels apart (README)."""
+        torchvision within the standard tolerance, hue 0.1 about 10 grey levels apart (docs/guide/dali.md)."""
         for jitter, low, high in (
             (T.ColorJitter(brightness=(1.3, 1.3)), 0.0, 1.0),
             (T.ColorJitter(hue=(0.1, 0.1)), 4.0, 30.0),
@@ -181,7 +181,7 @@ class TestParity:
     def test_color_jitter_in_the_drawn_order(self, device, photos, jitter):
         """Several adjustments: DALI applies them in a fixed order (brightness, contrast,
         saturation, hue), torchvision in the drawn one. Brightness, contrast and saturation
-        commute but for rounding and clamping; hue does not (README)."""
+        commute but for rounding and clamping; hue does not (docs/guide/dali.md)."""
         avg, _ = check_backend_parity([jitter], photos, device=device, mean_tol=2.5, max_tol=8.0)
         assert avg > 0.1  # the order does show
 

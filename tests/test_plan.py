@@ -1,4 +1,4 @@
-"""The epoch plan: per-rank plans simulated for many world sizes, shuffle quality, and the README's
+"""The epoch plan: per-rank plans simulated for many world sizes, shuffle quality, and the docs'
 worked example on every backend."""
 
 from __future__ import annotations
@@ -217,7 +217,7 @@ class TestShuffleQuality:
 
 
 class TestWorkedExample:
-    """The README's worked example (section "Epochs, distributed training and resuming"), exactly, on every
+    """The worked example of docs/guide/distributed.md, exactly, on every
     backend."""
 
     @pytest.fixture

@@ -54,7 +54,7 @@ class TestDino:
         "jitter, mean_tol, max_tol",
         [
             (None, 1.0, 2.5),  # every other step: the standard parity tolerance
-            # ColorJitter: DALI adjusts in a fixed order, torchvision in the drawn one (README); on
+            # ColorJitter: DALI adjusts in a fixed order, torchvision in the drawn one (docs/guide/dali.md); on
             # 16-pixel crops clamping makes even brightness, contrast and saturation differ by order
             # measured 2026-11-22 on these shards, worst view: mean 1.8, worst 5.3 (b, c, s); 3.5, 16.4 (all four)
             ((0.4, 0.4, 0.2), 2.5, 8.0),

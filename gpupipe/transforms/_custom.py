@@ -58,7 +58,7 @@ class ArrayFunction(Transform):
 
     An opt-in escape hatch, off the hot path: Python runs once per sample under the GIL, and in
     the DALI graph one call at a time for the whole pipeline; a DALI graph containing it cannot
-    be serialized. Its cost is measured by ``bench/array_function.py`` (see README). Where the
+    be serialized. Its cost is measured by ``bench/array_function.py`` (see docs/guide/transforms.md). Where the
     function is plain arithmetic, :class:`Arithmetic` runs compiled, with no Python.
 
     Example:

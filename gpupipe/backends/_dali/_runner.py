@@ -31,7 +31,7 @@ raise SIGBUS: the truncation waits on the lease, the runner sees the lease break
 shard with ``pread`` from the next batch on, and lets the lease go once the batches already
 handed to DALI are done.
 
-Hand-off (DALI 2.4, dynamic executor; read in DALI's sources, see README "Running on GPUs"):
+Hand-off (DALI 2.4, dynamic executor; read in DALI's sources, see docs/guide/gpu.md, "Running on GPUs"):
 
 - Each batch is asked for on the consumer's stream — torch's current stream on the loader's GPU,
   in the thread that iterates: ``pipe.outputs(stream)`` makes that stream wait on DALI's work (a
