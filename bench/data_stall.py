@@ -35,7 +35,7 @@ from _data import synthetic_shards
 from _report import publish
 
 import gpupipe as gp
-from gpupipe._bench import baseline_loader
+from gpupipe.cli._bench import baseline_loader
 
 
 def step_fn(args: argparse.Namespace, device: torch.device) -> Any:

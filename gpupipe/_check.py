@@ -7,7 +7,7 @@ keys), then every sample: its label (an ASCII int64), its image header against t
 rules and the pixel limit, and a full decode with the decoder the torch backend uses (and the DALI
 backend uses to name a sample DALI refused), in a child process: a decoder that crashes on a file
 makes it a finding instead of ending the check. Numbered samples found bad are written to ``<shard>.bad.json``
-(``sources/_mask.py``); what the index itself refuses is not numbered and stays in the index's
+(``sidefiles/_mask.py``); what the index itself refuses is not numbered and stays in the index's
 record (the loaders raise it, or skip it under ``on_error="skip"``).
 """
 
@@ -23,10 +23,9 @@ from typing import Any
 
 from ._children import process_pool
 from ._decode import MAX_IMAGE_PIXELS, verdicts
-from ._errors import ConfigError, Damage, DataError, redact
+from ._errors import ConfigError, Damage, DataError, Problem, redact
+from .sidefiles._mask import mask_url, write_mask
 from .sources import WebDataset
-from .sources._index import Problem
-from .sources._mask import mask_url, write_mask
 
 __all__ = ["check", "CheckReport", "Finding"]
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import enum
 import re
+from typing import NamedTuple
 
 __all__ = [
     "redact",
@@ -26,6 +27,9 @@ __all__ = [
     "DataError",
     "ShardError",
     "SampleError",
+    "Problem",
+    "problem_error",
+    "SHARD_DAMAGE",
 ]
 
 
@@ -151,3 +155,24 @@ class SampleError(DataError):
         """``"sample '<key>' in shard '<shard>' (<h>x<w>): <message>"``, the same on every backend."""
         where = f" ({size[0]}x{size[1]})" if size is not None else ""
         return cls(f"sample {key!r} in shard {shard!r}{where}: {message}", shard=shard, key=key, kind=kind)
+
+
+SHARD_DAMAGE = frozenset({Damage.MISSING_SHARD, Damage.UNREADABLE_SHARD, Damage.EMPTY_SHARD, Damage.TRUNCATED_SHARD})
+
+
+class Problem(NamedTuple):
+    """Damage a shard's index found: a whole shard's (``key`` ``None``) or a sample's that the index
+    leaves out of its numbering (no image, no label, a duplicate key). ``detail`` completes the
+    sentence ``"sample '<key>' in shard '<shard>' ..."`` (or ``"shard '<shard>' ..."``)."""
+
+    kind: Damage
+    key: str | None
+    detail: str
+
+
+def problem_error(shard: str, problem: Problem) -> DataError:
+    """The error of ``problem`` in ``shard``: a ShardError for a shard's damage, else a SampleError."""
+    kind, key, detail = problem
+    where = f"shard {shard!r}" if key is None else f"sample {key!r} in shard {shard!r}"
+    cls = ShardError if kind in SHARD_DAMAGE else SampleError
+    return cls(f"{where} {detail}", shard=shard, key=key, kind=kind)

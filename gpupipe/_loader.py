@@ -23,7 +23,7 @@ from ._tuned import resolve as resolve_tuned
 from ._tuned import tune_key
 from ._validate import check_int, is_int
 from .sources import Index
-from .sources._prefetch import prefetcher, prepare_remote
+from .storage._prefetch import prefetcher, prepare_remote
 
 __all__ = ["Loader", "Batch", "SkippedSample"]  # Batch and SkippedSample: from ._batch
 

@@ -11,7 +11,7 @@ import pytest
 
 import gpupipe as gp
 from gpupipe import transforms as T
-from gpupipe._cli import main
+from gpupipe.cli._main import main
 
 from .conftest import _write_webdataset_shards, bomb_jpeg, truncated_jpeg
 

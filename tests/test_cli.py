@@ -8,7 +8,7 @@ import sys
 import pytest
 
 import gpupipe as gp
-from gpupipe._cli import main
+from gpupipe.cli._main import main
 from gpupipe.testing import synthetic_image
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
@@ -153,7 +153,7 @@ class TestBenchGrid:
         from torchvision.transforms import v2
 
         from gpupipe import transforms as T
-        from gpupipe._bench import torchvision_equivalent
+        from gpupipe.cli._bench import torchvision_equivalent
 
         steps = torchvision_equivalent([T.RandomResizedCrop(32, scale=(0.5, 1.0), interpolation="bicubic"),
                                         T.Normalize(mean=[0.5] * 3, std=[0.2] * 3)]).transforms  # fmt: skip

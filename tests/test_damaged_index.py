@@ -17,9 +17,9 @@ import torch
 
 import gpupipe as gp
 from gpupipe import transforms as T
+from gpupipe._errors import Problem
+from gpupipe.sidefiles._mask import write_mask
 from gpupipe.sources import _webdataset
-from gpupipe.sources._index import Problem
-from gpupipe.sources._mask import write_mask
 
 from .checkers import check_exact_resume
 from .conftest import _write_webdataset_shards

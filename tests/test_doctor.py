@@ -11,9 +11,9 @@ import sys
 import pytest
 import torch
 
-from gpupipe import _doctor as doctor
-from gpupipe._doctor import Environment, Gpu, Level
 from gpupipe._nvjpeg import Nvjpeg
+from gpupipe.cli import _doctor as doctor
+from gpupipe.cli._doctor import Environment, Gpu, Level
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 

@@ -140,8 +140,8 @@ def test_the_matrix_reaches_every_dali_lowering(monkeypatch):
     """Each built-in lowering is built at least once by the matrix (fused steps lower through the
     fusion; this counts the standalone lowerings), so none is left untried in CI."""
     from gpupipe import backends
-    from gpupipe._registry import Lowering
     from gpupipe.backends._dali import _compiler
+    from gpupipe.backends._registry import Lowering
 
     registry, reached = backends.get("dali").lowerings, set()
     table, builtin = dict(registry._table), dict(_compiler.BUILTIN)

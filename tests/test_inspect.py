@@ -8,8 +8,8 @@ from PIL import Image
 
 import gpupipe as gp
 from gpupipe import backends
-from gpupipe._cli import main
-from gpupipe._inspect import HEADER, LABEL_WIDTH, MARGIN, to_uint8
+from gpupipe.cli._inspect import HEADER, LABEL_WIDTH, MARGIN, to_uint8
+from gpupipe.cli._main import main
 
 PIPELINE = "pipelines/imagenet.py:train"
 

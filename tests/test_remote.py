@@ -21,15 +21,15 @@ import pytest
 import torch
 
 import gpupipe as gp
-from gpupipe._cli import main
+from gpupipe.cli._main import main
+from gpupipe.sidefiles._summary import Samples, write_summary
 from gpupipe.sources import LocalStorage, _webdataset
-from gpupipe.sources._cache import ShardCache
 from gpupipe.sources._index import Index, ShardIndex
-from gpupipe.sources._prefetch import parts
-from gpupipe.sources._remote import RemoteStorage, canonical_url
-from gpupipe.sources._storage import Stat
-from gpupipe.sources._summary import Samples, write_summary
 from gpupipe.sources._webdataset import shard_samples
+from gpupipe.storage._base import Stat
+from gpupipe.storage._cache import ShardCache
+from gpupipe.storage._prefetch import parts
+from gpupipe.storage._remote import RemoteStorage, canonical_url
 
 from .checkers import all_keys, val
 from .conftest import SHARD_SIZES, _write_webdataset_shards
@@ -418,7 +418,7 @@ class TestBoundedCache:
         ends, the lock is free, not held by the child's copy for its whole life."""
         import fcntl
 
-        from gpupipe.sources import _cache
+        from gpupipe.storage import _cache
 
         shard_cache = ShardCache(cache)
         fd = shard_cache._lock(os.path.join(shard_cache.root, "x-a.tar"), "dl", fcntl.LOCK_EX)
@@ -433,7 +433,7 @@ class TestBoundedCache:
         GIL): the child must not keep that lock (it did, and a worker waited forever)."""
         import fcntl
 
-        from gpupipe.sources import _cache
+        from gpupipe.storage import _cache
 
         shard_cache, where = ShardCache(cache), os.path.join(cache, "x-a.tar")
         real_open, opening = os.open, threading.Event()
@@ -793,7 +793,7 @@ class TestCacheFiles:
             open(os.path.join(cache, ".locks", name), "w").close()
         shard_cache.evict()
         assert os.listdir(os.path.join(cache, ".locks")) == ["x-a.tar.pin"]
-        from gpupipe.sources import _cache
+        from gpupipe.storage import _cache
 
         _cache._close(held)
 
@@ -884,8 +884,8 @@ class TestSecrets:
             assert "gone.tar" in text
 
     def test_files_beside_a_shard_keep_its_query(self):
-        from gpupipe.sources._mask import mask_url
-        from gpupipe.sources._summary import summary_url
+        from gpupipe.sidefiles._mask import mask_url
+        from gpupipe.sidefiles._summary import summary_url
 
         assert summary_url("https://h/a.tar?sig=1") == "https://h/a.tar.gpupipe.json?sig=1"
         assert mask_url("https://h/a.tar?sig=1") == "https://h/a.tar.bad.json?sig=1"

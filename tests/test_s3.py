@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import gpupipe as gp
-from gpupipe._cli import main
-from gpupipe.sources._remote import RemoteStorage
+from gpupipe.cli._main import main
+from gpupipe.storage._remote import RemoteStorage
 
 from .checkers import val
 from .conftest import SHARD_SIZES

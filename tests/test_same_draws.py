@@ -17,7 +17,7 @@ import torch
 
 import gpupipe as gp
 from gpupipe import transforms as T
-from gpupipe.sources._mapped import MappedFile
+from gpupipe.storage._mapped import MappedFile
 from gpupipe.testing import synthetic_image
 
 from .checkers import check_exact_resume

@@ -13,7 +13,7 @@ import torch
 
 import gpupipe as gp
 from gpupipe import transforms as T
-from gpupipe._cli import main
+from gpupipe.cli._main import main
 
 SSL = os.path.join(os.path.dirname(__file__), "..", "pipelines", "ssl.py")
 STD = 0.226  # the ImageNet stds' mean: normalized units to 0-255 ones
@@ -103,7 +103,7 @@ class TestSimclr:
 
     def test_the_baseline_batches_hold_one_tensor_per_view(self, tmp_path):
         pytest.importorskip("webdataset")
-        from gpupipe._bench import baseline_loader
+        from gpupipe.cli._bench import baseline_loader
 
         main(["make-shards", str(tmp_path), "--synthetic", "4", "--shard-size", "4", "--workers", "1", "--quiet"])
         pipe = recipe("simclr")(str(tmp_path / "train-000000.tar"), size=24, blur_kernel=3)

@@ -18,8 +18,8 @@ import torch
 import gpupipe as gp
 from gpupipe import sources
 from gpupipe import transforms as T
-from gpupipe.sources import _schemes
-from gpupipe.sources._mapped import MappedFile
+from gpupipe.storage import _schemes
+from gpupipe.storage._mapped import MappedFile
 
 
 def open_fds() -> int:

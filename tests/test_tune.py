@@ -12,7 +12,7 @@ import pytest
 
 import gpupipe as gp
 from gpupipe import _tune
-from gpupipe._cli import main
+from gpupipe.cli._main import main
 
 from .checkers import val
 

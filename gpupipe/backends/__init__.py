@@ -19,7 +19,6 @@ import torch
 
 from .._errors import BackendUnavailableError, ConfigError
 from ._base import Backend, RawBatch, Runner, RunSpec, to_device
-from ._dali._context import Ctx as DaliContext  # the DALI lowering context (DALI itself loads lazily)
 
 __all__ = [
     "TABLE",
@@ -44,6 +43,16 @@ TABLE: dict[str, str] = {
 }
 
 _loaded: dict[str, Backend] = {}
+
+
+def __getattr__(name: str) -> Any:
+    """``DaliContext``, the DALI lowering context (for ``register_lowering(..., backend="dali")``
+    functions' annotations), imported on first use so that ``import gpupipe`` loads no backend."""
+    if name == "DaliContext":
+        from ._dali._context import Ctx
+
+        return Ctx
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def names() -> tuple[str, ...]:

@@ -14,9 +14,9 @@ import torch
 from .._config import DEFAULT_PREFETCH, LoaderConfig, OnError
 from .._errors import DataError
 from .._plan import RankPlan
-from .._registry import Registry
 from ..sources import Index
 from ..transforms import ImageSpec, Transform
+from ._registry import Registry
 
 __all__ = ["Backend", "Runner", "RunSpec", "RawBatch", "Runs", "to_device", "donor", "fill"]
 

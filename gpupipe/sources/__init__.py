@@ -1,11 +1,6 @@
-"""Data sources and the storage they read from.
+"""Data sources: the dataset formats, over the storage layer (:mod:`gpupipe.storage`, whose
+names are re-exported here) and the side files beside the shards (:mod:`gpupipe.sidefiles`).
 
-Layers, bottom up:
-
-- :class:`Storage` — byte access by URL (:class:`LocalStorage` for paths and ``file://``; any
-  fsspec protocol — ``https``, ``s3``, ``gs``, ... — through the node-local shard cache of
-  ``_remote``; more schemes through :func:`register_storage`): ``stat``, ``read`` a byte range,
-  ``open`` a stream.
 - :class:`Index` — a source's samples numbered ``0..N-1``, shard by shard (:class:`ShardIndex`),
   with no I/O of its own: a :class:`Reader` given by the source reads samples through a storage.
 - Sources — cheap, picklable descriptions whose ``index()`` builds an :class:`Index`:
@@ -14,11 +9,10 @@ Layers, bottom up:
   A new source subclasses :class:`Source`.
 """
 
+from ..storage import LocalStorage, Stat, Storage, expand_urls, register_storage, storage_for
 from ._fake import FakeData
 from ._imagefolder import IMG_EXTENSIONS, ImageFolder
 from ._index import Index, RawSample, Reader, ShardIndex, Source
-from ._schemes import expand_urls, register_storage, storage_for
-from ._storage import LocalStorage, Stat, Storage
 from ._webdataset import WebDataset, parse_label, split_key
 
 __all__ = [

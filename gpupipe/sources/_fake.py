@@ -10,8 +10,8 @@ import numpy as np
 
 from .._errors import ConfigError
 from .._validate import check_int
+from ..storage._base import LocalStorage
 from ._index import Index, RawSample, ShardIndex, Source
-from ._storage import LocalStorage
 
 __all__ = ["FakeData"]
 

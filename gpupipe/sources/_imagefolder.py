@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 
 from .._errors import ConfigError, Damage, SampleError, ShardError
+from ..storage._base import LocalStorage, Storage
 from ._index import Index, RawSample, ShardIndex, Source
-from ._storage import LocalStorage, Storage
 
 __all__ = ["ImageFolder", "IMG_EXTENSIONS"]
 

@@ -16,7 +16,7 @@ from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
-from .._errors import Damage, DataError, SampleError, ShardError
+from .._errors import DataError, Problem, ShardError, problem_error
 
 __all__ = [
     "RawSample",
@@ -27,32 +27,9 @@ __all__ = [
     "Source",
     "Located",
     "NO_LABEL",
-    "Problem",
-    "SHARD_DAMAGE",
-    "problem_error",
 ]
 
 NO_LABEL = np.iinfo(np.int64).min  # in a parsed ``label`` column: the label member is not an integer
-
-SHARD_DAMAGE = frozenset({Damage.MISSING_SHARD, Damage.UNREADABLE_SHARD, Damage.EMPTY_SHARD, Damage.TRUNCATED_SHARD})
-
-
-class Problem(NamedTuple):
-    """Damage an index found: a whole shard's (``key`` ``None``) or a sample's that the index
-    leaves out of its numbering (no image, no label, a duplicate key). ``detail`` completes the
-    sentence ``"sample '<key>' in shard '<shard>' ..."`` (or ``"shard '<shard>' ..."``)."""
-
-    kind: Damage
-    key: str | None
-    detail: str
-
-
-def problem_error(shard: str, problem: Problem) -> DataError:
-    """The error of ``problem`` in ``shard``: a ShardError for a shard's damage, else a SampleError."""
-    kind, key, detail = problem
-    where = f"shard {shard!r}" if key is None else f"sample {key!r} in shard {shard!r}"
-    cls = ShardError if kind in SHARD_DAMAGE else SampleError
-    return cls(f"{where} {detail}", shard=shard, key=key, kind=kind)
 
 
 class RawSample(NamedTuple):

@@ -30,9 +30,8 @@ import threading
 
 import numpy as np
 
-from .._errors import Damage
-from ._index import Problem
-from ._storage import Stat, write_atomic
+from .._errors import Damage, Problem
+from ..storage._base import Stat, write_atomic
 
 __all__ = [
     "cache_dir",

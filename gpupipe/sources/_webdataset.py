@@ -12,14 +12,14 @@ from typing import Any
 import numpy as np
 
 from .._config import OnError
-from .._errors import ConfigError, Damage, DataError, SampleError, ShardError, redact
+from .._errors import ConfigError, Damage, DataError, Problem, SampleError, ShardError, redact
 from .._validate import check_bytes, check_enum
+from ..sidefiles._mask import read_mask
+from ..sidefiles._summary import Samples, read_summary, summary_url
+from ..storage._base import Stat, Storage, compressed
+from ..storage._schemes import expand_urls, storage_for
 from . import _wdsindex
-from ._index import NO_LABEL, Index, Problem, RawSample, ShardDetail, ShardIndex, Source
-from ._mask import read_mask
-from ._schemes import expand_urls, storage_for
-from ._storage import Stat, Storage, compressed
-from ._summary import Samples, read_summary, summary_url
+from ._index import NO_LABEL, Index, RawSample, ShardDetail, ShardIndex, Source
 
 log = logging.getLogger("gpupipe")
 

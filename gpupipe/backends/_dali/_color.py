@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from ... import transforms as T
-from ..._registry import inner_unsupported
+from .._registry import inner_unsupported
 from ._context import LOWERINGS, Ctx, dali_type, scaled_to_uint8, to_float, where
 
 __all__: list[str] = []

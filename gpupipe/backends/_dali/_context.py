@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from ..._config import DecodeMode
-from ..._registry import Registry
+from .._registry import Registry
 from ._host import HOST_OPS, Feed, HostCheck, HostValue, image_sizes, step_factors
 
 __all__ = [

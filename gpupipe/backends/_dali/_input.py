@@ -28,8 +28,8 @@ from ..._plan import RankPlan
 from ..._random import step_factors
 from ...sources import Index, RawSample
 from ...sources._index import NO_LABEL, Located
-from ...sources._mapped import MappedFile
 from ...sources._webdataset import truncated, unreadable
+from ...storage._mapped import MappedFile
 from ...transforms import Transform
 from .._base import donor, fill
 from ._context import Lowered

@@ -9,7 +9,7 @@ Input path (per batch, never per sample on the training thread; ``_input``):
 - the index locates the batch's samples at once (:meth:`Index.locate_batch`: shards, keys,
   parsed labels and byte ranges, from arrays);
 - reader threads (:data:`READ_THREADS`) prepare the batches ahead of DALI. For a CPU pipeline each
-  shard is memory-mapped under a read lease (``sources._mapped``) and the samples are views of
+  shard is memory-mapped under a read lease (``storage._mapped``) and the samples are views of
   the page cache: no copy at all. Where no lease can be had (not the file's owner, NFS, ...), and
   for a GPU pipeline, the byte ranges are ``pread`` straight into one reused buffer per batch
   (pinned memory on a GPU, so that the decoder's copies to the device are asynchronous; the GIL

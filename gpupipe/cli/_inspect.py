@@ -21,10 +21,10 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from ._errors import ConfigError
-from ._loader import Loader
-from ._pipeline import Pipeline
-from .transforms import (
+from .._errors import ConfigError
+from .._loader import Loader
+from .._pipeline import Pipeline
+from ..transforms import (
     CenterCrop,
     Normalize,
     RandomCrop,

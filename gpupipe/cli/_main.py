@@ -20,11 +20,11 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from ._children import process_pool
-from ._errors import GpupipeError
-from ._imageinfo import MAX_IMAGE_PIXELS
-from ._shards import ShardWriter
-from .testing import encode_jpeg, synthetic_image
+from .._children import process_pool
+from .._errors import GpupipeError
+from .._imageinfo import MAX_IMAGE_PIXELS
+from .._shards import ShardWriter
+from ..testing import encode_jpeg, synthetic_image
 
 __all__ = ["main"]
 T = TypeVar("T")
@@ -40,7 +40,7 @@ def _synthetic_sample(args: tuple[int, int, int, int]) -> tuple[str, dict]:
 def _imagefolder_samples(root: str, quality: int) -> Iterator[tuple[str, dict[str, Any]]]:
     from PIL import Image
 
-    from .sources import ImageFolder
+    from ..sources import ImageFolder
 
     index = ImageFolder(root).index()
     for n in range(len(index)):
@@ -87,7 +87,7 @@ def make_shards(args: argparse.Namespace) -> int:
 
 
 def _list(text: str, what: str, convert: Callable[[str], T]) -> list[T]:
-    from ._errors import ConfigError
+    from .._errors import ConfigError
 
     try:
         return [convert(part.strip()) for part in str(text).split(",") if part.strip()]
@@ -101,9 +101,9 @@ def _workers(text: str) -> int | None:
 
 def tune(args: argparse.Namespace) -> int:
     """``gpupipe tune``: measure and record the loader's throughput settings for a pipeline."""
-    from ._pipeline import load_pipeline
-    from ._tune import tune as run_tune
-    from ._tuned import tune_file
+    from .._pipeline import load_pipeline
+    from .._tune import tune as run_tune
+    from .._tuned import tune_file
 
     pipeline = load_pipeline(args.pipeline)(args.source)
     print(f"pipeline {args.pipeline}, batch {args.batch_size}: {args.seconds:g} s per trial")
@@ -123,9 +123,9 @@ def tune(args: argparse.Namespace) -> int:
 
 
 def bench(args: argparse.Namespace) -> int:
+    from .._loader import _cpu_count
+    from .._pipeline import load_pipeline
     from ._bench import BASELINE, check_baseline, plot, run_baseline, run_loader, table
-    from ._loader import _cpu_count
-    from ._pipeline import load_pipeline
 
     logging_level = os.environ.get("GPUPIPE_LOG")
     if logging_level:
@@ -198,7 +198,7 @@ def _storage_options(text: str | None) -> dict[str, Any] | None:
     """``--storage-options``: a JSON object (parsed as data, never evaluated)."""
     if text is None:
         return None
-    from ._errors import ConfigError
+    from .._errors import ConfigError
 
     try:
         options = json.loads(text)
@@ -213,9 +213,9 @@ def _storage_options(text: str | None) -> dict[str, Any] | None:
 def _index_one(job: tuple[str, tuple[str, ...], str | None, bool, dict[str, Any] | None]) -> tuple[int, int]:
     """Indexes one shard; with ``beside``, writes its index file next to it. Returns the samples
     and the index files written (0 or 1)."""
-    from .sources import storage_for
-    from .sources._summary import write_summary
-    from .sources._webdataset import cached_scan, shard_samples
+    from ..sidefiles._summary import write_summary
+    from ..sources import storage_for
+    from ..sources._webdataset import cached_scan, shard_samples
 
     url, image_exts, label_ext, beside, options = job
     with storage_for([url], storage_options=options) as storage:
@@ -232,7 +232,7 @@ def _index_one(job: tuple[str, tuple[str, ...], str | None, bool, dict[str, Any]
 def index(args: argparse.Namespace) -> int:
     """Builds the index cache of every shard, in parallel: a large dataset's first Loader then
     starts from the cache on every rank (point ``GPUPIPE_CACHE_DIR`` at storage all nodes see)."""
-    from .sources import WebDataset, _wdsindex
+    from ..sources import WebDataset, _wdsindex
 
     options = _storage_options(args.storage_options)
     label = None if args.label == "none" else args.label
@@ -255,8 +255,8 @@ def index(args: argparse.Namespace) -> int:
 
 
 def check(args: argparse.Namespace) -> int:
-    from ._check import check as run_check
-    from .sources import WebDataset
+    from .._check import check as run_check
+    from ..sources import WebDataset
 
     label = None if args.label == "none" else args.label
     options = _storage_options(args.storage_options)
@@ -274,11 +274,11 @@ def check(args: argparse.Namespace) -> int:
 
 
 def inspect(args: argparse.Namespace) -> int:
-    from . import backends
-    from ._errors import ConfigError
+    from .. import backends
+    from .._errors import ConfigError
+    from .._pipeline import load_pipeline
+    from ..sources import ImageFolder
     from ._inspect import inspect as run_inspect
-    from ._pipeline import load_pipeline
-    from .sources import ImageFolder
 
     source: Any = ImageFolder(args.data) if os.path.isdir(args.data) else args.data
     pipeline = load_pipeline(args.pipeline)(source)

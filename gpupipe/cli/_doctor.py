@@ -18,9 +18,9 @@ import platform
 import sys
 from typing import Any
 
-from ._config import DaliOptions, DecodeMode
-from ._nvjpeg import Nvjpeg, in_process
-from .backends._dali._strategy import ROI_FANCY_NVJPEG, Strategy, choose
+from .._config import DaliOptions, DecodeMode
+from .._nvjpeg import Nvjpeg, in_process
+from ..backends._dali._strategy import ROI_FANCY_NVJPEG, Strategy, choose
 
 __all__ = [
     "Gpu",
@@ -370,11 +370,11 @@ def run_check(env: Environment, *, images: int = 64, batch_size: int = 16, out: 
 
     import torch
 
-    from . import transforms as T
-    from ._loader import Loader
-    from ._pipeline import Pipeline
-    from ._shards import ShardWriter
-    from .testing import encode_jpeg, synthetic_image
+    from .. import transforms as T
+    from .._loader import Loader
+    from .._pipeline import Pipeline
+    from .._shards import ShardWriter
+    from ..testing import encode_jpeg, synthetic_image
 
     steps = [T.Resize(128), T.CenterCrop(112), T.ToDtype(torch.float32, scale=True)]
     ok, reference = True, dict[str, Any]()

@@ -119,7 +119,7 @@ class Storage(abc.ABC):
         """Drops the queued :meth:`prefetch` work not started."""
 
     def map(self, url: str) -> MappedFile | None:
-        """``url`` memory-mapped under a read lease (:class:`~gpupipe.sources._mapped.MappedFile`),
+        """``url`` memory-mapped under a read lease (:class:`~gpupipe.storage._mapped.MappedFile`),
         or ``None`` where it cannot be (the default: read it with :meth:`read_ranges_into`)."""
         return None
 

@@ -1,6 +1,6 @@
 """Which storage serves a URL: the scheme table (local paths and ``file://`` built in, more through
 :func:`register_storage`), any fsspec protocol through the node-local shard cache
-(``sources._remote``), and the expansion of shard patterns. Above both kinds of storage, so that
+(``storage._remote``), and the expansion of shard patterns. Above both kinds of storage, so that
 neither imports the other."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .._errors import ConfigError, redact
-from ._storage import LocalStorage, Storage, compressed
+from ._base import LocalStorage, Storage, compressed
 
 __all__ = ["register_storage", "scheme_of", "storage_for", "expand_urls"]
 
@@ -40,7 +40,7 @@ def storage_for(
 ) -> Storage:
     """A new storage for ``urls``, which must share one scheme: a registered one (local paths,
     ``file://``), else any fsspec protocol (``https``, ``s3``, ``gs``, ``memory``, ...) read
-    through the node-local shard cache (``sources._remote``) with fsspec's ``storage_options``."""
+    through the node-local shard cache (``storage._remote``) with fsspec's ``storage_options``."""
     schemes = sorted({scheme_of(u) for u in urls})
     if len(schemes) > 1:
         raise ConfigError(f"one source cannot mix URL schemes, got {schemes}")

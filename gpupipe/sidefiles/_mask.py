@@ -23,9 +23,8 @@ import logging
 import os
 from typing import Any
 
-from .._errors import Damage, redact
-from ._index import Problem
-from ._storage import Storage, beside, write_atomic
+from .._errors import Damage, Problem, redact
+from ..storage._base import Storage, beside, write_atomic
 
 __all__ = ["mask_url", "read_mask", "write_mask", "FORMAT", "SUFFIX"]
 

@@ -29,9 +29,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .._errors import Damage, redact
-from ._index import Problem
-from ._storage import Storage, beside
+from .._errors import Damage, Problem, redact
+from ..storage._base import Storage, beside
 
 __all__ = ["Summary", "Samples", "summary_url", "read_summary", "write_summary"]
 

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import IO, Any, TypeVar
 
 from .._errors import ConfigError, redact
-from ._storage import compressed
+from ._base import compressed
 
 __all__ = ["CHUNK", "Closed", "NoRanges", "retry", "download", "host"]
 

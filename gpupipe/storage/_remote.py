@@ -25,9 +25,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Any, TypeVar
 
 from .._errors import ConfigError, redact
+from ._base import LocalStorage, Stat, Storage, compressed
 from ._cache import Entry, ShardCache, Span, covers, drop_inherited
 from ._mapped import MappedFile
-from ._storage import LocalStorage, Stat, Storage, compressed
 from ._transfer import NoRanges, download, host, retry
 
 __all__ = ["RemoteStorage", "canonical_url", "check_driver", "fsspec_protocol", "filesystem_for"]

@@ -19,8 +19,8 @@ from typing import Any
 
 import torch
 
-from ._errors import ConfigError
-from ._pipeline import Pipeline
+from .._errors import ConfigError
+from .._pipeline import Pipeline
 
 __all__ = ["Run", "run_loader", "run_baseline", "baseline_loader", "check_baseline", "torchvision_equivalent", "plot"]
 
@@ -70,7 +70,7 @@ def run_loader(
 ) -> Run:  # fmt: skip
     """``epochs`` shuffled epochs of ``pipeline`` through :class:`~gpupipe.Loader`.
     ``progress(epoch, batches)`` returns a progress bar (a context manager with ``update``)."""
-    from ._loader import Loader
+    from .._loader import Loader
 
     with Loader(pipeline, batch_size, shuffle=True, drop_last=True, seed=0, backend=backend, device=device,
                 num_workers=workers) as loader:  # fmt: skip
@@ -124,7 +124,7 @@ def run_baseline(
 
 def check_baseline(pipeline: Pipeline) -> None:
     """ConfigError unless the baseline can run this pipeline (before anything else runs)."""
-    from .sources import WebDataset
+    from ..sources import WebDataset
 
     try:
         import webdataset  # noqa: F401
@@ -184,7 +184,7 @@ def baseline_loader(
     from torch.utils.data import DataLoader
     from torchvision.transforms import v2
 
-    from .sources import WebDataset
+    from ..sources import WebDataset
 
     source = pipeline.source
     if not isinstance(source, WebDataset):

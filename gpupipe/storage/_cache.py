@@ -24,7 +24,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import IO, NamedTuple
 
-from ._storage import Stat
+from ._base import Stat
 
 __all__ = ["ShardCache", "Entry", "Span", "covers", "shard_cache_dir", "human_bytes", "drop_inherited"]
 

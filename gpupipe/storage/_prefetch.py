@@ -23,11 +23,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ._storage import compressed
+from ._base import compressed
 
 if TYPE_CHECKING:
-    from ._index import Index
-    from ._storage import Storage
+    from ..sources._index import Index
+    from ._base import Storage
 
 __all__ = ["ShardPrefetch", "prefetcher", "prepare_remote", "parts"]
 
