@@ -474,7 +474,7 @@ class TestFailures:
         return [RawSample(key, "s.tar", data, 0) for key, data in pairs]
 
     def explain(self, message, samples):
-        from gpupipe.backends._dali._runner import explain_failure
+        from gpupipe.backends._dali._failures import explain_failure
 
         return explain_failure(RuntimeError(message), iter(samples), batch=3, ahead=2)
 

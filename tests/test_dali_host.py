@@ -67,7 +67,7 @@ class TestHostGeometry:
 
     def test_exif_orientation_keeps_the_geometry_in_the_graph(self):
         """The headers' sizes are before orientation: with EXIF applied, sizes are the decoders'."""
-        from gpupipe.backends._dali._runner import define_graph
+        from gpupipe.backends._dali._graph import define_graph
 
         steps = list(recipe("train").transforms)
         graph = define_graph([steps], gpu=False, device_id=None, batch_size=2, num_threads=1, prefetch=1,
@@ -92,11 +92,11 @@ class TestHostGeometry:
     def test_a_sample_whose_pixels_are_not_its_headers_size_is_refused(self):
         """After DALI failed on a batch, a sample whose decoded size is not its header's (the
         windows were computed from the header) is the bad one."""
-        from gpupipe.backends._dali._runner import check_decodes
+        from gpupipe._decode import verdicts
 
         data = encode_jpeg(synthetic_image(1, size=(30, 40)))
-        assert check_decodes(data, "s.tar", "k", None, (30, 40)) is None
-        error = check_decodes(data, "s.tar", "k", None, (31, 40))
+        assert verdicts([(data, "s.tar", "k")], max_pixels=None, sizes=[(30, 40)]) == [None]
+        error = verdicts([(data, "s.tar", "k")], max_pixels=None, sizes=[(31, 40)])[0]
         assert error is not None and "declares 31x40 pixels in its header but decodes to 30x40" in str(error)
         assert error.kind == gp.Damage.UNDECODABLE
 
@@ -119,8 +119,8 @@ class TestGraphSize:
             assert "operators=7" in repr(loader) and "backend='dali'" in repr(loader)
 
     def test_a_graph_with_python_cannot_be_counted(self):
+        from gpupipe.backends._dali._graph import define_graph
         from gpupipe.backends._dali._proto import operator_count
-        from gpupipe.backends._dali._runner import define_graph
 
         from .checkers import Posterize
 
@@ -163,7 +163,7 @@ class TestDecodeStrategy:
     def test_gpu_graph_of_each_strategy(self, mode, decoder, ops):
         """Either way every operator after the decoder runs on the GPU; ``full`` cuts the fed
         window out of the whole decoded image there."""
-        from gpupipe.backends._dali._runner import define_graph
+        from gpupipe.backends._dali._graph import define_graph
 
         graph = define_graph([list(recipe("train").transforms)], gpu=True, device_id=None, batch_size=2,
                              num_threads=1, prefetch=1, seed=0, channels_last=False,

@@ -99,7 +99,7 @@ def define(steps, *, gpu=True, channels_last=False, dali=None, ranks_per_node=No
     """The DALI pipeline the runner defines for ``steps`` (or for several ``views``; not built: no
     GPU needed)."""
     from gpupipe import backends
-    from gpupipe.backends._dali._runner import define_graph
+    from gpupipe.backends._dali._graph import define_graph
 
     views = [steps] if views is None else views
     for view in views:
@@ -237,7 +237,7 @@ class TestDaliOptions:
 
     @pytest.mark.parametrize("color_twist", [False, True])
     def test_color_twist_chooses_the_jitter_kernel(self, color_twist):
-        from gpupipe.backends._dali._runner import define_graph
+        from gpupipe.backends._dali._graph import define_graph
 
         steps = [T.ColorJitter(0.4, 0.4, 0.4, 0.1)]
         graph = define_graph([steps], gpu=True, device_id=None, batch_size=4, num_threads=2, prefetch=2, seed=1,

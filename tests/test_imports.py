@@ -76,7 +76,7 @@ def imports(module: str, path: str, known: dict[str, str]) -> Iterator[tuple[int
     """``(line, imported module)`` for each gpupipe module ``module`` imports."""
     with open(path) as f:
         tree = ast.parse(f.read())
-    unreached = set()
+    unreached: set[int] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
             unreached.update(id(n) for n in ast.walk(node))

@@ -172,14 +172,14 @@ class TestDevicePerRank:
         """Several loaders in one process (train and val), on this rank's GPU or another: each DALI
         pipeline is built for its loader's device, whatever the current device."""
         pytest.importorskip("nvidia.dali")
-        from gpupipe.backends._dali import _runner
+        from gpupipe.backends._dali import _graph, _runner
         from gpupipe.backends._dali._context import Lowered
 
         built = []
 
         def define(views, **kw):
             built.append((kw["gpu"], kw["device_id"], kw["decoder_args"]["affine"]))
-            return _runner.Defined(FakePipe(), Lowered(()))
+            return _graph.Defined(FakePipe(), Lowered(()))
 
         monkeypatch.setattr(_runner, "define_graph", define)
         clean_env.setenv("LOCAL_RANK", "1")
@@ -218,14 +218,14 @@ def test_the_gpu_graph_decodes_as_the_nvjpeg_in_the_process_allows(monkeypatch, 
     """The GPU runner picks the decode strategy from the nvJPEG DALI will use (faked here), and says
     which in the loader's repr; the CPU runner always decodes the region."""
     pytest.importorskip("nvidia.dali")
-    from gpupipe.backends._dali import _runner
+    from gpupipe.backends._dali import _graph, _runner
     from gpupipe.backends._dali._context import Lowered
 
     asked = []
 
     def define(views, **kw):
         asked.append(kw["decode"])
-        return _runner.Defined(FakePipe(), Lowered((), decode=kw["decode"]))
+        return _graph.Defined(FakePipe(), Lowered((), decode=kw["decode"]))
 
     monkeypatch.setattr(_runner, "define_graph", define)
     monkeypatch.setattr(_runner, "nvjpeg_version", lambda: nvjpeg)

@@ -56,14 +56,11 @@ executor or the reader pool would wait forever for threads that exist only in th
 
 from __future__ import annotations
 
-import collections
 import contextlib
-import gc
 import os
-import weakref
-from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import torch
@@ -72,226 +69,15 @@ from ..._config import DecodeMode
 from ..._dist import ranks_per_node
 from ..._errors import ClosedError, SampleError
 from ..._plan import RankPlan
-from ...sources import RawSample
-from ...transforms import Transform
 from .._base import RawBatch, Runs, RunSpec, donor, fill, to_device
-from ._compiler import Ctx, Lowered, lower
+from ._compiler import Ctx, Lowered
+from ._failures import device_failure, explain_failure
+from ._graph import LIVE_RUNNERS, Graph, IterationFailed, define_graph
 from ._input import READ_THREADS, Batch, Buffers, Maps, Reader
 from ._proto import operator_count
 from ._strategy import choose, nvjpeg_version
 
 __all__ = ["DaliRunner"]
-
-
-_LIVE: weakref.WeakSet[DaliRunner] = weakref.WeakSet()
-_PINNED: list[Any] = []  # in a forked child: the parent's runners and pipelines, never released here
-
-
-_GC_WAS_ENABLED = [False]
-
-
-def _hold_gc() -> None:
-    """Before a fork: no garbage collection until the child has pinned the parent's pipelines.
-    Python's own after-fork hooks (threading's, registered before this module's) run first in the
-    child and allocate; a collection there that finds a leaked DALI pipeline in a reference cycle
-    would destroy it in the child, and wait forever (seen: a torch worker forked after a failed
-    DALI loader whose traceback was not yet collected)."""
-    _GC_WAS_ENABLED[0] = gc.isenabled()
-    gc.disable()
-
-
-def _release_gc() -> None:
-    if _GC_WAS_ENABLED[0]:
-        gc.enable()
-
-
-def _pin_in_child() -> None:
-    """After a fork, in the child: keep every runner and every DALI pipeline of the parent alive
-    for good. A DALI pipeline destroyed in a forked child waits forever in its executor's
-    destructor for the parent's threads — and one can be referenced from anywhere (a traceback's
-    frames, say), so all of them are pinned, not only the runners'. The garbage collector, held
-    since before the fork, runs again once they are."""
-    import sys
-
-    try:
-        _PINNED.extend(_LIVE)
-        dali = sys.modules.get("nvidia.dali.pipeline")
-        refs = getattr(getattr(dali, "Pipeline", None), "_pipes", None)  # DALI's set of weak references to them
-        for ref in list(refs or ()):
-            pipe = ref() if callable(ref) else None
-            backend = getattr(pipe, "_pipe", None)
-            if backend is not None:  # the C++ pipeline: pinned, and detached so that no shutdown reaches it
-                _PINNED.append(backend)
-                pipe._pipe = None  # type: ignore[union-attr]
-    finally:
-        _release_gc()
-
-
-os.register_at_fork(before=_hold_gc, after_in_parent=_release_gc, after_in_child=_pin_in_child)
-
-
-class _Graph:
-    """One built DALI pipeline, fed and scheduled by the runner: :meth:`push` feeds a batch and
-    schedules its iteration, :meth:`pop` returns the oldest scheduled one with its outputs.
-
-    DALI's first ``schedule_run`` starts ``prefetch`` iterations at once, so the first batches are
-    held until that many are fed; :meth:`start` pads a shorter first run with repeats of its last
-    batch, whose outputs nobody sees. ``uses`` counts the iterations fed from each batch: its
-    buffer returns to the pool, and its maps' uses end, when its last one is popped."""
-
-    def __init__(self, pipe: Any, lowered: Lowered, depth: int) -> None:
-        self.pipe, self.lowered, self.depth = pipe, lowered, depth
-        self.started = False
-        self.broken = False  # a feed, schedule or output call failed midway: DALI's queues are unknown
-        self.held: list[tuple[Batch, bool]] = []  # fed, waiting for the first schedule_run
-        self.flight: collections.deque[tuple[Batch, bool]] = collections.deque()  # (batch, repeat)
-        self.uses: collections.Counter[int] = collections.Counter()  # by id(batch.token)
-        self.owners: dict[int, Batch] = {}  # a batch per token in use: what abandon() releases
-
-    @property
-    def busy(self) -> int:
-        return len(self.held) + len(self.flight)
-
-    def push(self, batch: Batch, *, repeat: bool = False) -> None:
-        """Feeds ``batch`` and schedules its iteration (a ``repeat`` is not yielded). Anything
-        raised midway (a rejected feed, Ctrl-C) leaves the graph :attr:`broken`: the runner then
-        drops it rather than guess which of DALI's queues moved."""
-        self.uses[id(batch.token)] += 1  # first: a push that fails still owns the batch
-        self.owners.setdefault(id(batch.token), batch)
-        self._check()
-        try:
-            self.pipe.feed_input("encoded", batch.encoded)
-            for name, value in batch.feeds.items():
-                self.pipe.feed_input(name, value)
-            if self.started:
-                self.pipe.schedule_run()
-                self.flight.append((batch, repeat))
-                return
-            self.held.append((batch, repeat))
-            if len(self.held) == self.depth:
-                self.pipe.schedule_run()  # runs all `depth` held iterations
-                self.flight.extend(self.held)
-                self.held.clear()
-                self.started = True
-        except BaseException:
-            self.broken = True
-            raise
-
-    def start(self) -> None:
-        """Schedules the held batches now, padding with repeats of the last."""
-        for _ in range(self.depth - len(self.held) if self.held else 0):
-            self.push(self.held[-1][0], repeat=True)
-
-    def pop(self, stream: Any) -> tuple[Batch, bool, Any]:
-        """``(batch, repeat, outputs)`` of the oldest scheduled iteration. DALI's failure on that
-        iteration is an :class:`IterationFailed`; the graph is then :attr:`broken` until
-        :meth:`recover` (DALI has consumed the failed iteration and runs the next ones)."""
-        self._check()
-        try:
-            batch, repeat = self.flight.popleft()
-        except BaseException:
-            self.broken = True
-            raise
-        try:
-            return batch, repeat, self.pipe.outputs(stream)
-        except RuntimeError as e:
-            self.broken = True
-            raise IterationFailed(batch, repeat, e) from e
-        except BaseException:
-            self.broken = True
-            raise
-
-    def recover(self) -> None:
-        """After an :class:`IterationFailed`: the queues are known again (the failed iteration is
-        gone, the later ones stand), so the graph is used on."""
-        self.broken = False
-
-    def _check(self) -> None:
-        if self.broken:
-            raise RuntimeError("gpupipe: this DALI pipeline's queues are in an unknown state (a call failed midway)")
-
-    def done(self, batch: Batch) -> bool:
-        """One iteration fed from ``batch`` (or a retried copy of it) is over; whether it was the last."""
-        key = id(batch.token)
-        self.uses[key] -= 1
-        if self.uses[key] > 0:
-            return False
-        del self.uses[key]
-        del self.owners[key]
-        return True
-
-    def abandon(self) -> list[Batch]:
-        """Shuts the pipeline down (its threads joined: nothing reads a fed batch any more) and
-        returns every batch it still owned, for their buffers and maps to be released."""
-        self.broken = True
-        with contextlib.suppress(Exception):
-            self.pipe._shutdown()
-        owned = list(self.owners.values())
-        self.owners.clear()
-        self.uses.clear()
-        self.held.clear()
-        self.flight.clear()
-        return owned
-
-
-class IterationFailed(RuntimeError):
-    """DALI failed on one iteration (``error``), of ``batch``."""
-
-    def __init__(self, batch: Batch, repeat: bool, error: RuntimeError) -> None:
-        super().__init__(str(error))
-        self.batch, self.repeat, self.error = batch, repeat, error
-
-
-class Defined(NamedTuple):
-    """A defined (not yet built) DALI pipeline and its lowering."""
-
-    pipe: Any
-    lowered: Lowered
-
-
-def define_graph(
-    views: Sequence[Sequence[Transform]],
-    *,
-    gpu: bool,
-    device_id: int | None,
-    batch_size: int,
-    num_threads: int,
-    prefetch: int,
-    seed: int,
-    channels_last: bool,
-    decoder_args: dict[str, Any],
-    graph: Callable[[Any, Ctx], Any] | None = None,
-    exif: bool = False,
-    color_twist: bool = False,
-    decode: DecodeMode = DecodeMode.ROI,
-    host_geometry: bool = True,
-) -> Defined:
-    """The DALI pipeline of ``views`` (one transform list per output) and its lowering, defined but
-    not built. With ``gpu``
-    and ``device_id=None`` it is the GPU graph, defined (and serializable) on a machine without a
-    GPU: the tests check its operators and their placement that way. ``graph(encoded, ctx)``
-    replaces the lowering (``bench/input_path.py`` times the input path with a pass-through)."""
-    from nvidia.dali import Pipeline, fn, types
-
-    pipe = Pipeline(
-        batch_size=batch_size,
-        num_threads=num_threads,
-        device_id=device_id,
-        seed=seed,
-        prefetch_queue_depth=prefetch,
-        exec_dynamic=True,
-    )
-    with pipe:
-        encoded = fn.external_source(name="encoded", dtype=types.UINT8, ndim=1, no_copy=True)
-        ctx = Ctx("gpu" if gpu else "cpu", seed, decoder_args=decoder_args if gpu else {}, exif=exif,
-                  color_twist=color_twist, decode=decode, host_geometry=host_geometry)  # fmt: skip
-        if graph is None:
-            lowered = lower(views, encoded, ctx, channels_last=channels_last)
-        else:
-            lowered = Lowered((graph(encoded, ctx),), feeds=ctx.feeds, draws=frozenset(ctx.draws),
-                              host_checks=tuple(ctx.host_checks), host_geometry=ctx.host_geometry)  # fmt: skip
-        pipe.set_outputs(*lowered.outputs())
-    return Defined(pipe, lowered)
 
 
 class DaliRunner:
@@ -319,11 +105,11 @@ class DaliRunner:
         self.mapped = self.device.type == "cpu"
         self._pool = ThreadPoolExecutor(max_workers=READ_THREADS, thread_name_prefix="gpupipe-read")
         # Built now, so that a graph DALI rejects fails when the loader is built.
-        self._graph: _Graph | None = self._build(spec.config.batch_size)
-        _LIVE.add(self)
+        self._graph: Graph | None = self._build(spec.config.batch_size)
+        LIVE_RUNNERS.add(self)
 
     # -------------------------------------------------------------------- graph --
-    def _build(self, batch_size: int) -> _Graph:
+    def _build(self, batch_size: int) -> Graph:
         gpu = self.device.type == "cuda"
         pipe, lowered = define_graph(
             self.views,
@@ -344,7 +130,7 @@ class DaliRunner:
         self.operators, self.host_geometry, self.fused = operator_count(pipe), lowered.host_geometry, lowered.decode
         self.builds += 1
         self.max_batch = batch_size
-        return _Graph(pipe, lowered, self.prefetch)
+        return Graph(pipe, lowered, self.prefetch)
 
     # --------------------------------------------------------------------- run --
     def run(self, plan: RankPlan, start: int) -> Iterator[RawBatch]:
@@ -412,7 +198,7 @@ class DaliRunner:
                 maps.close()  # each lease goes once no batch in flight uses its map
             self.index.close()  # the reader threads' open files end with the epoch
 
-    def _drain(self, graph: _Graph) -> bool:
+    def _drain(self, graph: Graph) -> bool:
         """Finishes every iteration fed or scheduled (an abandoned epoch's), so that none leaks
         into the next epoch; ``False`` if DALI failed on one."""
         try:
@@ -425,7 +211,7 @@ class DaliRunner:
             return False
         return True
 
-    def _release(self, graph: _Graph, batch: Batch, stream: Any) -> None:
+    def _release(self, graph: Graph, batch: Batch, stream: Any) -> None:
         """Returns the batch's buffer to the pool, and ends its maps' uses, once no scheduled
         iteration reads them. Outputs taken without a stream are host-synchronous; taken on a
         CUDA stream, the buffer waits for an event recorded on that stream (which waits on DALI's
@@ -492,7 +278,7 @@ class DaliRunner:
         label_tensor = None if labels is None else to_device(torch.from_numpy(labels), self.device)
         return RawBatch(images, label_tensor, keys, tuple(sorted(skipped.items())))
 
-    def _retry(self, graph: _Graph, reader: Reader, failure: IterationFailed) -> bool:
+    def _retry(self, graph: Graph, reader: Reader, failure: IterationFailed) -> bool:
         """With ``skip``, after DALI failed on a batch: finds the samples gpupipe's decoder rejects
         and feeds the batch again with copies of a good sample in their places (it comes out
         after the iterations already scheduled, which wait for it). ``False`` if the failure is
@@ -539,17 +325,6 @@ class DaliRunner:
         return explain_failure(error, candidates, batch=batch, ahead=self.prefetch)
 
 
-def check_decodes(
-    data: bytes, shard: str, key: str, max_pixels: int | None, size: tuple[int, int] | None
-) -> SampleError | None:
-    """Why gpupipe's decoder refuses a sample DALI failed on (``None``: it decodes), including an
-    image whose pixels are not of the ``size`` its header declares (the graph's windows were
-    computed from it); decoded in a child process (``gpupipe._decode.verdicts``)."""
-    from ..._decode import verdicts
-
-    return verdicts([(data, shard, key)], max_pixels=max_pixels, sizes=[size])[0]
-
-
 def consumer_stream(device: torch.device) -> Any:
     """The stream a batch is handed to: torch's current stream on ``device`` in this thread, or
     ``None`` (host-synchronous) for a CPU pipeline."""
@@ -560,51 +335,3 @@ def on_device(device: torch.device) -> contextlib.AbstractContextManager[Any]:
     """``device`` current while DALI takes the consumer's stream: torch's default stream is the
     handle 0, which DALI resolves on the current device (a train and a val loader on two GPUs)."""
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
-
-
-# DALI's own allocation failures (libdali_core: "Can't allocate %zu bytes on device %d.", "CUDA
-# allocation failed"), CUDA's and C++'s. A decoder's status (nvJPEG, nvImageCodec) is not here: a bad
-# bitstream is one, and the sample search below tells the two apart.
-_OUT_OF_MEMORY = ("out of memory", "can't allocate", "allocation failed", "cudaerrormemoryallocation",
-                  "cuda_error_out_of_memory", "std::bad_alloc", "cudabadalloc")  # fmt: skip
-_CUDA_FAILURE = ("cuda error", "cudaerror", "cuda_error", "cuda runtime error")
-
-
-def _detail(error: BaseException) -> str:
-    lines = str(error).strip().splitlines() or ["(no message)"]
-    return next((line for line in reversed(lines) if "failure" in line or "rror" in line), lines[0])[:300]
-
-
-def device_failure(error: BaseException, *, batch: int) -> Exception | None:
-    """The error to raise if DALI's failure is the device's or the memory's (never bad data)."""
-    lowered = str(error).lower()
-    if any(marker in lowered for marker in _OUT_OF_MEMORY):
-        return torch.OutOfMemoryError(f"DALI ran out of memory on batch {batch}: {_detail(error)}")
-    if any(marker in lowered for marker in _CUDA_FAILURE):
-        return RuntimeError(f"DALI failed on the device on batch {batch}: {_detail(error)}")
-    return None
-
-
-def explain_failure(error: RuntimeError, candidates: Iterable[RawSample], *, batch: int, ahead: int) -> Exception:
-    """What a DALI failure means. DALI's errors name no sample, so:
-
-    - out of memory (GPU or host) is ``torch.OutOfMemoryError``, as torch's own, never bad data;
-    - another CUDA failure is a ``RuntimeError`` about the device;
-    - otherwise the candidate samples are decoded with gpupipe's own decoder, in a child process
-      (``gpupipe._decode.verdicts``): the first it rejects is the ``SampleError``, naming shard and key;
-    - if it reads them all, a ``RuntimeError``: not known to be bad data.
-    """
-    from ..._decode import verdicts
-
-    detail = _detail(error)
-    failure = device_failure(error, batch=batch)
-    if failure is not None:
-        return failure
-    raws = list(candidates)
-    for bad in verdicts([(raw.data, raw.shard, raw.key) for raw in raws], max_pixels=None):
-        if bad is not None:
-            return SampleError(f"{bad} (DALI: {detail})", shard=bad.shard, key=bad.key, kind=bad.kind)
-    return RuntimeError(
-        f"DALI failed on batch {batch} (or one of the {ahead} after it), whose samples gpupipe's decoder reads "
-        f"fine, so the failure is not known to be bad data: {detail}"
-    )
