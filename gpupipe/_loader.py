@@ -2,23 +2,22 @@
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import warnings
 import weakref
 from collections.abc import Generator
 from typing import Any
 
-import numpy as np
 import torch
 
 from . import _dist, backends
 from ._batch import Batch, SkippedSample
-from ._config import DEFAULT_PREFETCH, LoaderConfig, OnError, check_options
-from ._errors import ClosedError, ConfigError, DataError, GpupipeError, PipelineError
+from ._config import LoaderConfig, check_options
+from ._errors import ClosedError, ConfigError, GpupipeError, PipelineError
 from ._pipeline import Pipeline
 from ._plan import PlanSpec, RankPlan, mask_digest, rank_plan
-from ._trainers import DatasetView, EpochSampler
+from ._skips import Skips
+from ._trainers import LoaderAttributes
 from ._tuned import resolve as resolve_tuned
 from ._tuned import tune_key
 from ._validate import check_int, is_int
@@ -30,10 +29,10 @@ __all__ = ["Loader", "Batch", "SkippedSample"]  # Batch and SkippedSample: from 
 log = logging.getLogger("gpupipe")
 
 
-STATE_VERSION = 2  # 1: the plan's settings at the top level (gpupipe 0.1.0); still loaded
+STATE_VERSION = 2
 
 
-class Loader:
+class Loader(LoaderAttributes):
     """Iterates over a pipeline's samples in batches, one epoch per ``for`` loop; one loader per
     rank under DDP.
 
@@ -108,11 +107,10 @@ class Loader:
         self._yielded = 0  # batches of self.epoch yielded so far
         self._resume_at: tuple[int, int] | None = None  # (epoch, batch) set by load_state_dict
         self._current: weakref.ref[Generator[Batch, None, None]] | None = None  # the running iteration
-        self._skipped: dict[tuple[str | None, str | None], SkippedSample] = {}  # by (shard, key), first time
-        self._skipped_in_epoch = 0  # samples of self.epoch skipped so far (the cap's count)
+        self._skips = Skips(config, self.rank)
         self.index = pipeline.source.index(rank=self.rank, world_size=self.world_size, on_error=config.on_error)
         self._excluded = self.index.bad
-        self._left_out()
+        self._skips.known_before(self.index)
         prepare_remote(
             self.index,
             at_once=config.interleave if config.shuffle else 1,
@@ -235,85 +233,6 @@ class Loader:
             log.info("gpupipe loader: rank %d runs a new pipeline from epoch %d: %s", self.rank, self.epoch, pipeline)
         self.pipeline = pipeline
 
-    def _left_out(self) -> None:
-        """Records what is left out of every epoch before it runs: damage the index found (under
-        ``"skip"``; ``"raise"`` raised it already) and samples listed as bad by ``gpupipe check``
-        (under either policy); logs a summary once and applies the cap to the dataset."""
-        found, listed = self.index.problems, self.index.bad_errors()
-        for error in (*found, *listed):
-            self._record(error, None)
-        if not (found or listed):
-            return
-        log.warning(
-            "gpupipe: leaving out %d damaged shards or samples found when indexing (on_error='skip') and %d "
-            "samples listed as bad by gpupipe check; loader.skipped lists them. First: %s",
-            len(found),
-            len(listed),
-            (found or listed)[0],
-        )
-        if self.config.on_error is OnError.SKIP:
-            known = len(found) + len(listed)
-            limit = self.config.skip_limit(len(self.index) + sum(e.key is not None for e in found))
-            if limit is not None and known > limit:
-                raise DataError(
-                    f"the dataset has {known} damaged shards or samples known before the first epoch, more than "
-                    f"max_skipped={self.config.max_skipped!r} allows ({limit}). First: {(found or listed)[0]}. "
-                    "`python -m gpupipe check` lists them all.",
-                    shard=(found or listed)[0].shard,
-                    key=(found or listed)[0].key,
-                )
-
-    @property
-    def num_samples(self) -> int:
-        """Samples per epoch over all ranks: the index's, less those known to be bad."""
-        return self.plan_spec.num_samples
-
-    # The options as attributes, read-only (as in gpupipe 0.1): the config is the one source.
-    @property
-    def sampler(self) -> EpochSampler:
-        """What trainers call ``set_epoch`` on each epoch (Lightning, Accelerate), and whose
-        ``len()`` is this rank's samples per epoch, padding included (``gpupipe._trainers``)."""
-        return EpochSampler(self)
-
-    @property
-    def batch_sampler(self) -> None:
-        """``None``, as a DataLoader given a ``sampler``: trainers then look at :attr:`sampler`."""
-        return None
-
-    @property
-    def dataset(self) -> DatasetView:
-        """``len(loader.dataset)``: the samples of an epoch over all ranks, as a DataLoader's."""
-        return DatasetView(self)
-
-    @property
-    def batch_size(self) -> int:
-        return self.config.batch_size
-
-    @property
-    def shuffle(self) -> bool:
-        return self.config.shuffle
-
-    @property
-    def drop_last(self) -> bool:
-        return self.config.drop_last
-
-    @property
-    def prefetch(self) -> int:
-        """Batches prepared ahead: the option, else ``gpupipe tune``'s value, else 2."""
-        return self._run_config.prefetch or DEFAULT_PREFETCH
-
-    @property
-    def shuffle_buffer(self) -> int:
-        return self.config.shuffle_buffer
-
-    @property
-    def interleave(self) -> int:
-        return self.config.interleave
-
-    @property
-    def channels_last(self) -> bool:
-        return self.config.channels_last
-
     def __repr__(self) -> str:
         """The backend and device the loader runs on and what its runner chose (workers or
         threads; on DALI the decode strategy and the graph's operators)."""
@@ -351,14 +270,14 @@ class Loader:
     def skipped(self) -> list[SkippedSample]:
         """The samples left out so far (``on_error="skip"``), each once, in the order they were
         first met; kept across epochs and in :meth:`state_dict`."""
-        return list(self._skipped.values())
+        return list(self._skips.records.values())
 
     def set_epoch(self, epoch: int) -> None:
         """Sets the epoch whose order (and augmentation) the next iteration yields."""
         check_int("Loader.set_epoch", epoch, "epoch", minimum=0)
         if epoch != self.epoch:
             self._yielded = 0
-            self._skipped_in_epoch = 0
+            self._skips.in_epoch = 0
         self.epoch = epoch
         self._finished = None  # said explicitly: iterate this epoch
 
@@ -423,7 +342,7 @@ class Loader:
             start = self._resume_at[1]
         self._resume_at = None
         if start == 0:
-            self._skipped_in_epoch = 0
+            self._skips.in_epoch = 0
         self._yielded = start
         plan = self.plan(epoch)
         device = torch.device(self.device)
@@ -447,7 +366,7 @@ class Loader:
                     fetch.advance(b - start + 1)
                 valid = plan.batch(b)[1].copy()
                 if skipped:
-                    self._skip(skipped, valid, epoch, limit)
+                    self._skips.mark(skipped, valid, epoch, limit)
                 self._yielded = b + 1
                 images = views if self.pipeline.has_views else views[0]
                 yield Batch(images, labels, keys, backends.to_device(torch.from_numpy(valid), device))
@@ -469,36 +388,6 @@ class Loader:
             return self.config.shards_ahead
         return self.config.interleave if self.config.shuffle else 4
 
-    def _skip(
-        self, skipped: tuple[tuple[int, DataError], ...], valid: np.ndarray, epoch: int, limit: int | None
-    ) -> None:
-        """Marks a batch's skipped samples invalid, records and logs each the first time, and
-        raises once the epoch's count passes ``limit``."""
-        for position, error in skipped:
-            if valid[position]:  # padding repeats a sample: counted once
-                self._skipped_in_epoch += 1
-            valid[position] = False
-            if self._record(error, epoch):
-                log.warning("gpupipe: skipped a sample (on_error='skip'): %s", error)
-        if limit is not None and self._skipped_in_epoch > limit:
-            first = next(iter(self._skipped.values()))
-            raise DataError(
-                f"rank {self.rank} skipped {self._skipped_in_epoch} samples in epoch {epoch}, more than "
-                f"max_skipped={self.config.max_skipped!r} allows ({limit}); the data is damaged beyond the limit set. "
-                f"First skipped: {first}. See loader.skipped for all of them.",
-                shard=first.shard,
-                key=first.key,
-            )
-
-    def _record(self, error: DataError, epoch: int | None) -> bool:
-        """Lists ``error``'s sample in :attr:`skipped` unless it is there already; ``True`` if new."""
-        where = (error.shard, error.key)
-        if where in self._skipped:
-            return False
-        kind = error.kind.value if error.kind is not None else None
-        self._skipped[where] = SkippedSample(error.key, error.shard, str(error), epoch, kind)
-        return True
-
     def state_dict(self) -> dict[str, Any]:
         """This rank's position: the epoch and the batches of it yielded so far, with the settings
         the plan depends on. Save one per rank; call it between batches (after a step)."""
@@ -509,22 +398,23 @@ class Loader:
             "seed": self.seed,
             "rank": self.rank,
             "plan": self.plan_spec.as_dict(),
-            "skipped": [dataclasses.asdict(s) for s in self._skipped.values()],
-            "skipped_in_epoch": self._skipped_in_epoch,
+            **self._skips.state(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restores a position saved by :meth:`state_dict` on the same rank: the next iteration of
         that epoch yields the batches the interrupted run would have yielded next: the same keys in
-        the same order with the same augmentation, on every backend. States saved by gpupipe 0.1.0
-        (version 1) load too.
+        the same order with the same augmentation, on every backend.
 
         Raises:
             ConfigError: the state is from another rank, or from a loader whose plan differs
                 (sample count, world size, batch size, ``drop_last``, shuffle settings, or an
                 explicitly different seed).
         """
-        state = _upgrade_state(state)
+        if not (
+            isinstance(state, dict) and state.get("version") == STATE_VERSION and isinstance(state.get("plan"), dict)
+        ):
+            raise ConfigError(f"Loader.load_state_dict: not a gpupipe loader state (version {STATE_VERSION})")
         diff = self.plan_spec.differences(state["plan"])
         if state.get("rank") != self.rank:
             diff.insert(0, f"rank={state.get('rank')!r} (this loader: {self.rank}); save one state per rank")
@@ -539,10 +429,7 @@ class Loader:
         self.epoch, self._yielded = epoch, done
         self._resume_at = (epoch, done)
         self._finished = None
-        records = [SkippedSample(**r) for r in state.get("skipped", ())]
-        before = {where: r for where, r in self._skipped.items() if r.epoch is None}  # known when indexing
-        self._skipped = {**before, **{(r.shard, r.key): r for r in records}}
-        self._skipped_in_epoch = int(state.get("skipped_in_epoch", 0))
+        self._skips.load(state)
 
 
 def _check_runnable(pipeline: Pipeline, backend: backends.Backend) -> None:
@@ -563,21 +450,6 @@ def _release(runners: list[backends.Runner], index: Index) -> None:
     for runner in runners:
         runner.close()
     index.close()
-
-
-def _upgrade_state(state: Any) -> dict[str, Any]:
-    """A loader state in the current format (version 1 kept the plan's settings at the top level)."""
-    version = state.get("version") if isinstance(state, dict) else None
-    if version == 1:
-        fields = [f.name for f in dataclasses.fields(PlanSpec)]
-        return {
-            **{k: v for k, v in state.items() if k not in fields},
-            "version": STATE_VERSION,
-            "plan": {k: state[k] for k in fields if k in state},
-        }
-    if version != STATE_VERSION or not isinstance(state.get("plan"), dict):
-        raise ConfigError(f"Loader.load_state_dict: not a gpupipe loader state (version {STATE_VERSION} or 1)")
-    return state
 
 
 def _cpu_count() -> int:

@@ -13,10 +13,14 @@ from __future__ import annotations
 import weakref
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
-    from ._loader import Loader
+from ._config import DEFAULT_PREFETCH
 
-__all__ = ["EpochSampler", "DatasetView"]
+if TYPE_CHECKING:
+    from ._config import LoaderConfig
+    from ._loader import Loader
+    from ._plan import PlanSpec
+
+__all__ = ["LoaderAttributes", "EpochSampler", "DatasetView"]
 
 
 class _Bound:
@@ -69,3 +73,62 @@ class DatasetView(_Bound):
 
     def __repr__(self) -> str:
         return f"<gpupipe dataset of {len(self)} samples: {self.source!r}>"
+
+
+class LoaderAttributes:
+    """The attributes a :class:`~gpupipe.Loader` shows with a DataLoader's names and more, read-only
+    (the loader's :class:`~gpupipe.LoaderConfig` is the one source): what trainers read."""
+
+    config: LoaderConfig
+    plan_spec: PlanSpec
+    _run_config: LoaderConfig
+
+    @property
+    def num_samples(self) -> int:
+        """Samples per epoch over all ranks: the index's, less those known to be bad."""
+        return self.plan_spec.num_samples
+
+    @property
+    def sampler(self) -> EpochSampler:
+        """What trainers call ``set_epoch`` on each epoch (Lightning, Accelerate), and whose
+        ``len()`` is this rank's samples per epoch, padding included (``gpupipe._trainers``)."""
+        return EpochSampler(self)  # type: ignore[arg-type]
+
+    @property
+    def batch_sampler(self) -> None:
+        """``None``, as a DataLoader given a ``sampler``: trainers then look at :attr:`sampler`."""
+        return None
+
+    @property
+    def dataset(self) -> DatasetView:
+        """``len(loader.dataset)``: the samples of an epoch over all ranks, as a DataLoader's."""
+        return DatasetView(self)  # type: ignore[arg-type]
+
+    @property
+    def batch_size(self) -> int:
+        return self.config.batch_size
+
+    @property
+    def shuffle(self) -> bool:
+        return self.config.shuffle
+
+    @property
+    def drop_last(self) -> bool:
+        return self.config.drop_last
+
+    @property
+    def prefetch(self) -> int:
+        """Batches prepared ahead: the option, else ``gpupipe tune``'s value, else 2."""
+        return self._run_config.prefetch or DEFAULT_PREFETCH
+
+    @property
+    def shuffle_buffer(self) -> int:
+        return self.config.shuffle_buffer
+
+    @property
+    def interleave(self) -> int:
+        return self.config.interleave
+
+    @property
+    def channels_last(self) -> bool:
+        return self.config.channels_last

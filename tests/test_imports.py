@@ -30,7 +30,6 @@ LAYERS = (
     "_nvjpeg",
     "_dist",
     "_batch",
-    "_trainers",
     "_shards",
     "_config",
     "_tuned",
@@ -40,9 +39,11 @@ LAYERS = (
     "sidefiles",  # files beside the shards, over a storage
     "sources",  # the dataset formats
     "_plan",
+    "_trainers",  # the attributes trainers read on a loader
     "_pipeline",
     "_check",
     "backends",
+    "_skips",  # what a loader leaves out
     "_loader",
     "_tune",
     "lightning",

@@ -553,17 +553,6 @@ class TestIndexFiles:
         assert index.shards[0].dali_index is not None  # kept in the index cache, in DALI's format
         index.close()
 
-    def test_a_version_1_file_still_gives_the_count(self, served_copy, monkeypatch, tmp_path):
-        srv, local = served_copy
-        for path, n in zip(local, MANY, strict=True):
-            _write_v1(path, n)
-        urls = [f"{srv.url}/{n}" for n in names(local)]
-        index = gp.WebDataset(urls, image="jpg", cache_dir=new_node(monkeypatch, tmp_path, "node")).index()
-        assert len(index) == sum(MANY) and not shard_gets(srv) and index.shards[0].detail_needs_data
-        assert index.key(0) == all_keys(gp.WebDataset(local).index())[0]  # scanned once downloaded
-        assert shard_gets(srv) == {names(local)[0]: 1}
-        index.close()
-
     @pytest.mark.parametrize(
         "damage",
         [
@@ -576,8 +565,22 @@ class TestIndexFiles:
             {"labels": [True] * MANY[0]},
             {"exts": ["gif"] * MANY[0]},  # not an extension asked for
             {"exts": ["j pg"] * MANY[0]},
+            {"samples": MANY[0] + 1},  # a count that is not its keys'
+            {"version": 1},  # another version (0.1.0 is unreleased: no older format is read)
         ],
-        ids=["ranges", "keys", "labels", "outside", "wraps", "floats", "booleans", "exts", "whitespace"],
+        ids=[
+            "ranges",
+            "keys",
+            "labels",
+            "outside",
+            "wraps",
+            "floats",
+            "booleans",
+            "exts",
+            "whitespace",
+            "count",
+            "version",
+        ],
     )
     def test_a_damaged_one_is_ignored_with_a_warning(self, served_copy, monkeypatch, tmp_path, caplog, damage):
         srv, local = served_copy
@@ -625,16 +628,6 @@ class TestIndexFiles:
         index = gp.WebDataset(urls, image="jpg", cache_dir=new_node(monkeypatch, tmp_path, "node")).index()
         assert len(index) == sum(MANY) and shard_gets(srv) == dict.fromkeys(names(local), 1)
 
-    def test_a_wrong_count_is_an_error_naming_the_shard(self, served_copy, monkeypatch, tmp_path):
-        srv, local = served_copy
-        _write_v1(local[0], 5)
-        urls = [f"{srv.url}/{n}" for n in names(local)]
-        source = gp.WebDataset(urls, image="jpg", cache_dir=new_node(monkeypatch, tmp_path, "node"))
-        wrong = r"many-000000\.tar' has 4 samples, its index file .* says 5"
-        loader = gp.Loader(val(source), 4, backend="torch", device="cpu", num_workers=0)
-        with pytest.raises(gp.ShardError, match=wrong), loader:
-            list(loader)
-
     def test_written_beside_remote_shards_too(self, shards, cache):
         fsspec = pytest.importorskip("fsspec")
         fs = fsspec.filesystem("memory")
@@ -656,14 +649,6 @@ def samples_of(path: str) -> Samples:
 def _read_json(path: str) -> dict:
     with open(path) as f:
         return json.load(f)
-
-
-def _write_v1(path: str, samples: int) -> None:
-    """An index file as gpupipe wrote them before version 2: the count alone."""
-    doc = {"format": "gpupipe-shard-summary", "version": 1, "size": os.path.getsize(path), "samples": samples,
-           "image": "jpg", "label": "cls", "problems": []}  # fmt: skip
-    with open(path + ".gpupipe.json", "w") as f:
-        json.dump(doc, f)
 
 
 def _split(loader_of, world: int) -> list[list[str]]:

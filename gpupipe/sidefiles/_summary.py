@@ -15,9 +15,8 @@ Format (JSON): ``{"format": "gpupipe-shard-summary", "version": 2, "size": <shar
 "samples": <n>, "image": "jpg;jpeg;png", "label": "cls" | null, "problems": [{"kind", "key",
 "detail"}, ...], "keys": [<n keys>], "exts": [<n chosen image extensions>], "image_range":
 [offset, size, offset, size, ...], "label_range": [...] | null, "labels": [<n integers>] | null}``
-(ranges of member data, labels parsed, ``NO_LABEL`` where not an integer). Version 1 (written by
-earlier gpupipe versions) has no per-sample fields: its shards are scanned once downloaded, and
-always downloaded whole.
+(ranges of member data, labels parsed, ``NO_LABEL`` where not an integer). A file of another
+version is ignored (the shard is scanned).
 """
 
 from __future__ import annotations
@@ -36,7 +35,6 @@ __all__ = ["Summary", "Samples", "summary_url", "read_summary", "write_summary"]
 
 log = logging.getLogger("gpupipe")
 FORMAT, VERSION = "gpupipe-shard-summary", 2
-READS = (1, 2)  # versions read
 MAX_BYTES = 256 << 20  # about 4 million samples
 
 
@@ -56,7 +54,7 @@ class Samples(NamedTuple):
 class Summary:
     samples: int
     problems: tuple[Problem, ...]
-    detail: Samples | None = None  # None in version-1 files
+    detail: Samples
 
 
 def summary_url(url: str) -> str:
@@ -141,13 +139,13 @@ def read_summary(
         doc: Any = json.loads(raw)
         if not isinstance(doc, dict):
             raise ValueError("not a JSON object")
-        if doc.get("format") != FORMAT or doc.get("version") not in READS:
-            raise ValueError(f"not a {FORMAT} file of version {' or '.join(map(str, READS))}")
+        if doc.get("format") != FORMAT or doc.get("version") != VERSION:
+            raise ValueError(f"not a {FORMAT} file of version {VERSION}")
         if (doc["size"], doc["image"], doc["label"]) != (size, *_exts(image_exts, label_ext)):
             log.info("gpupipe: %s was written for another version of its shard or other extensions; ignored", where)
             return None
         problems = tuple(Problem(Damage(p["kind"]), p["key"], str(p["detail"])) for p in doc["problems"])
-        detail = _samples(doc, size, image_exts, label_ext is not None) if doc["version"] >= 2 else None
+        detail = _samples(doc, size, image_exts, label_ext is not None)
         return Summary(int(doc["samples"]), problems, detail)
     except (ValueError, KeyError, TypeError, OverflowError) as e:
         log.warning("gpupipe: cannot use the index file %s (%s); the shard is scanned instead", where, e)

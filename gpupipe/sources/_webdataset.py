@@ -244,12 +244,7 @@ def cached_scan(
         shard = ShardIndex(url, size=size, loader=loader, dali_index=idx_path, problems=problems)
     elif summaries and storage.remote and (summary := read_summary(storage, url, size=stat.size, image_exts=image_exts,
                                                      label_ext=label_ext)) is not None:  # fmt: skip
-        if summary.detail is not None:
-            shard = _from_summary(storage, url, idx_path, summary.detail, summary.problems, image_exts, label_ext)
-        else:  # a version-1 file: the count alone
-            scan = _ScanWhenRead(storage, url, idx_path, stat, image_exts, label_ext, summary.samples)
-            shard = ShardIndex(url, size=summary.samples, loader=scan, problems=summary.problems)
-            shard.detail_needs_data = True
+        shard = _from_summary(storage, url, idx_path, summary.detail, summary.problems, image_exts, label_ext)
     else:
         if storage.remote and "://" in url:  # (local compressed shards are decompressed, not downloaded)
             _say_what_indexing_costs(url)
@@ -336,29 +331,6 @@ def _say_what_indexing_costs(url: str) -> None:
         )
 
 
-class _ScanWhenRead:
-    """A remote shard known from its index file: scanned (from the cache, where the plan has it
-    downloaded anyway) when first read, and checked against the file's sample count."""
-
-    def __init__(
-        self, storage: Storage, url: str, idx_path: str, stat: Stat, image_exts: tuple[str, ...],
-        label_ext: str | None, samples: int,
-    ) -> None:  # fmt: skip
-        self.storage, self.url, self.idx_path, self.stat = storage, url, idx_path, stat
-        self.image_exts, self.label_ext, self.samples = image_exts, label_ext, samples
-
-    def __call__(self) -> ShardDetail:
-        shard = _scan_and_cache(self.storage, self.url, self.idx_path, self.stat, self.image_exts, self.label_ext)
-        if len(shard) != self.samples:
-            raise ShardError(
-                f"shard {self.url!r} has {len(shard)} samples, its index file {summary_url(self.url)!r} says "
-                f"{self.samples}: write the index files again (python -m gpupipe index --beside)",
-                shard=self.url,
-                kind=Damage.UNREADABLE_SHARD,
-            )
-        return shard.detail()
-
-
 class _CachedDetail:
     """Loads a shard's details from its cache file (or scans the shard again if the file went away
     or was damaged). A class, not a closure, so that an index pickles into spawned workers."""
@@ -379,7 +351,7 @@ class _CachedDetail:
         columns = {"image_range": image, "label_range": label_range}
         if labeled:
             labels = _wdsindex.load_labels(self.idx_path, len(keys))
-            if labels is None:  # an index cached by an older gpupipe: parse the labels once
+            if labels is None:  # its labels file is gone or damaged: parse the labels once
                 labels = _read_labels(self.storage, self.url, keys, label_range)
                 _wdsindex.save_labels(self.idx_path, labels)
             columns["label"] = labels

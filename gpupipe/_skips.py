@@ -1,0 +1,97 @@
+"""What a loader leaves out under ``on_error="skip"``: each sample once, with the first time it
+was met, and the per-epoch count that ``max_skipped`` caps. Part of the loader's state."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any
+
+import numpy as np
+
+from ._batch import SkippedSample
+from ._config import LoaderConfig, OnError
+from ._errors import DataError
+from .sources import Index
+
+__all__ = ["Skips"]
+
+log = logging.getLogger("gpupipe")
+
+
+class Skips:
+    """The samples a loader of ``rank`` left out, by ``(shard, key)``, in the order first met."""
+
+    def __init__(self, config: LoaderConfig, rank: int) -> None:
+        self.config, self.rank = config, rank
+        self.records: dict[tuple[str | None, str | None], SkippedSample] = {}
+        self.in_epoch = 0  # samples of the current epoch skipped so far (the cap's count)
+
+    def record(self, error: DataError, epoch: int | None) -> bool:
+        """Lists ``error``'s sample unless it is listed already; ``True`` if new."""
+        where = (error.shard, error.key)
+        if where in self.records:
+            return False
+        kind = error.kind.value if error.kind is not None else None
+        self.records[where] = SkippedSample(error.key, error.shard, str(error), epoch, kind)
+        return True
+
+    def known_before(self, index: Index) -> None:
+        """Records what is left out of every epoch before it runs: damage the index found (under
+        ``"skip"``; ``"raise"`` raised it already) and samples listed as bad by ``gpupipe check``
+        (under either policy); logs a summary once and applies the cap to the dataset."""
+        found, listed = index.problems, index.bad_errors()
+        for error in (*found, *listed):
+            self.record(error, None)
+        if not (found or listed):
+            return
+        first = (found or listed)[0]
+        log.warning(
+            "gpupipe: leaving out %d damaged shards or samples found when indexing (on_error='skip') and %d "
+            "samples listed as bad by gpupipe check; loader.skipped lists them. First: %s",
+            len(found),
+            len(listed),
+            first,
+        )
+        if self.config.on_error is OnError.SKIP:
+            known = len(found) + len(listed)
+            limit = self.config.skip_limit(len(index) + sum(e.key is not None for e in found))
+            if limit is not None and known > limit:
+                raise DataError(
+                    f"the dataset has {known} damaged shards or samples known before the first epoch, more than "
+                    f"max_skipped={self.config.max_skipped!r} allows ({limit}). First: {first}. "
+                    "`python -m gpupipe check` lists them all.",
+                    shard=first.shard,
+                    key=first.key,
+                )
+
+    def mark(
+        self, skipped: tuple[tuple[int, DataError], ...], valid: np.ndarray, epoch: int, limit: int | None
+    ) -> None:
+        """Marks a batch's skipped samples invalid, records and logs each the first time, and
+        raises once the epoch's count passes ``limit``."""
+        for position, error in skipped:
+            if valid[position]:  # padding repeats a sample: counted once
+                self.in_epoch += 1
+            valid[position] = False
+            if self.record(error, epoch):
+                log.warning("gpupipe: skipped a sample (on_error='skip'): %s", error)
+        if limit is not None and self.in_epoch > limit:
+            first = next(iter(self.records.values()))
+            raise DataError(
+                f"rank {self.rank} skipped {self.in_epoch} samples in epoch {epoch}, more than "
+                f"max_skipped={self.config.max_skipped!r} allows ({limit}); the data is damaged beyond the limit set. "
+                f"First skipped: {first}. See loader.skipped for all of them.",
+                shard=first.shard,
+                key=first.key,
+            )
+
+    def state(self) -> dict[str, Any]:
+        return {"skipped": [dataclasses.asdict(s) for s in self.records.values()], "skipped_in_epoch": self.in_epoch}
+
+    def load(self, state: dict[str, Any]) -> None:
+        """Takes the records of a saved state, keeping what this loader found when indexing."""
+        records = [SkippedSample(**r) for r in state.get("skipped", ())]
+        before = {where: r for where, r in self.records.items() if r.epoch is None}
+        self.records = {**before, **{(r.shard, r.key): r for r in records}}
+        self.in_epoch = int(state.get("skipped_in_epoch", 0))
