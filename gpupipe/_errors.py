@@ -30,6 +30,8 @@ __all__ = [
     "Problem",
     "problem_error",
     "SHARD_DAMAGE",
+    "truncated",
+    "unreadable",
 ]
 
 
@@ -176,3 +178,20 @@ def problem_error(shard: str, problem: Problem) -> DataError:
     where = f"shard {shard!r}" if key is None else f"sample {key!r} in shard {shard!r}"
     cls = ShardError if kind in SHARD_DAMAGE else SampleError
     return cls(f"{where} {detail}", shard=shard, key=key, kind=kind)
+
+
+def unreadable(shard: str, key: str, error: OSError) -> ShardError:
+    """The error of a sample's byte range that storage could not read."""
+    return ShardError(
+        f"cannot read shard {shard!r} at sample {key!r}: {error}", shard=shard, key=key, kind=Damage.UNREADABLE_SHARD
+    )
+
+
+def truncated(shard: str, key: str) -> ShardError:
+    """The error of a sample's byte range that came back short: the shard shrank after indexing."""
+    return ShardError(
+        f"shard {shard!r} is truncated at sample {key!r} (it changed after it was indexed)",
+        shard=shard,
+        key=key,
+        kind=Damage.TRUNCATED_SHARD,
+    )

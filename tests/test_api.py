@@ -34,12 +34,22 @@ def test_transforms_api():
 
 def test_sources_api():
     assert sorted(sources.__all__) == sorted([
-        "Source", "WebDataset", "ImageFolder", "FakeData", "Index", "ShardIndex", "RawSample", "Reader", "Storage",
-        "LocalStorage", "Stat", "register_storage", "storage_for", "expand_urls", "split_key", "parse_label",
-        "IMG_EXTENSIONS",
+        "Source", "WebDataset", "ImageFolder", "FakeData", "Index", "ShardIndex", "RawSample", "Reader", "Located",
+        "NO_LABEL", "Storage", "LocalStorage", "Stat", "register_storage", "storage_for", "expand_urls", "split_key",
+        "parse_label", "IMG_EXTENSIONS",
     ])  # fmt: skip
     assert all(hasattr(sources, name) for name in sources.__all__)
     assert gp.Source is sources.Source and gp.WebDataset is sources.WebDataset
+
+
+def test_storage_api():
+    from gpupipe import storage
+
+    assert sorted(storage.__all__) == sorted([
+        "Storage", "LocalStorage", "Stat", "MappedFile", "register_storage", "storage_for", "expand_urls", "scheme_of",
+    ])  # fmt: skip
+    assert all(hasattr(storage, name) for name in storage.__all__)
+    assert sources.Storage is storage.Storage and sources.register_storage is storage.register_storage
 
 
 def test_testing_api():

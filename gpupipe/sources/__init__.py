@@ -12,7 +12,7 @@ names are re-exported here) and the side files beside the shards (:mod:`gpupipe.
 from ..storage import LocalStorage, Stat, Storage, expand_urls, register_storage, storage_for
 from ._fake import FakeData
 from ._imagefolder import IMG_EXTENSIONS, ImageFolder
-from ._index import Index, RawSample, Reader, ShardIndex, Source
+from ._index import NO_LABEL, Index, Located, RawSample, Reader, ShardIndex, Source
 from ._webdataset import WebDataset, parse_label, split_key
 
 __all__ = [
@@ -24,6 +24,8 @@ __all__ = [
     "ShardIndex",
     "RawSample",
     "Reader",
+    "Located",
+    "NO_LABEL",
     "Storage",
     "LocalStorage",
     "Stat",

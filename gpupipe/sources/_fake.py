@@ -10,7 +10,7 @@ import numpy as np
 
 from .._errors import ConfigError
 from .._validate import check_int
-from ..storage._base import LocalStorage
+from ..storage import LocalStorage, Storage
 from ._index import Index, RawSample, ShardIndex, Source
 
 __all__ = ["FakeData"]
@@ -79,7 +79,7 @@ class _FakeReader:
 
     def __init__(self, source: FakeData) -> None:
         self.source = source
-        self.storage = LocalStorage()  # what readers have; FakeData reads none
+        self.storage: Storage = LocalStorage()  # what readers have; FakeData reads none
 
     def read(self, shard: ShardIndex, i: int) -> RawSample:
         source = self.source

@@ -17,6 +17,7 @@ from typing import Any, NamedTuple, Protocol
 import numpy as np
 
 from .._errors import DataError, Problem, ShardError, problem_error
+from ..storage import Storage
 
 __all__ = [
     "RawSample",
@@ -160,7 +161,16 @@ class ShardIndex:
 
 
 class Reader(Protocol):
-    """How a source reads one sample; the index delegates :meth:`Index.read` to it."""
+    """How a source reads one sample; the index delegates :meth:`Index.read` to it.
+
+    ``storage`` is what the shards' bytes are read through. :meth:`Index.locate_batch` gives each
+    sample's byte ranges in it (``Located.ranges``: image data, where the source knows them), so
+    a backend may read a batch's encoded images itself, range by range, instead of sample by
+    sample through :meth:`read`: the DALI backend does (``Storage.read_ranges_into``, or
+    ``Storage.map`` for local shards).
+    """
+
+    storage: Storage
 
     def read(self, shard: ShardIndex, i: int) -> RawSample:
         """Sample ``i`` of ``shard``; raises DataError naming the shard and the key."""

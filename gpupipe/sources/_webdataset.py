@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from .._config import OnError
-from .._errors import ConfigError, Damage, DataError, Problem, SampleError, ShardError, redact
+from .._errors import ConfigError, Damage, DataError, Problem, SampleError, redact, truncated, unreadable
 from .._validate import check_bytes, check_enum
 from ..sidefiles._mask import read_mask
 from ..sidefiles._summary import Samples, read_summary, summary_url
@@ -30,8 +30,6 @@ __all__ = [
     "scan_tar",
     "cached_scan",
     "shard_samples",
-    "unreadable",
-    "truncated",
 ]
 
 
@@ -42,23 +40,6 @@ def split_key(member: str) -> tuple[str, str]:
     head, _, name = member.rpartition("/")
     stem, dot, ext = name.partition(".")
     return (f"{head}/{stem}" if head else stem), ext.lower() if dot else ""
-
-
-def unreadable(shard: str, key: str, error: OSError) -> ShardError:
-    """The error of a sample's byte range that storage could not read."""
-    return ShardError(
-        f"cannot read shard {shard!r} at sample {key!r}: {error}", shard=shard, key=key, kind=Damage.UNREADABLE_SHARD
-    )
-
-
-def truncated(shard: str, key: str) -> ShardError:
-    """The error of a sample's byte range that came back short: the shard shrank after indexing."""
-    return ShardError(
-        f"shard {shard!r} is truncated at sample {key!r} (it changed after it was indexed)",
-        shard=shard,
-        key=key,
-        kind=Damage.TRUNCATED_SHARD,
-    )
 
 
 _INT64 = (-(1 << 63) + 1, (1 << 63) - 1)  # the lowest int64 is NO_LABEL

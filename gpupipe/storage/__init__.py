@@ -11,6 +11,16 @@ Nothing here knows samples, labels or formats: that is :mod:`gpupipe.sources`.
 """
 
 from ._base import LocalStorage, Stat, Storage
+from ._mapped import MappedFile
 from ._schemes import expand_urls, register_storage, scheme_of, storage_for
 
-__all__ = ["Storage", "LocalStorage", "Stat", "register_storage", "storage_for", "expand_urls", "scheme_of"]
+__all__ = [
+    "Storage",
+    "LocalStorage",
+    "Stat",
+    "MappedFile",
+    "register_storage",
+    "storage_for",
+    "expand_urls",
+    "scheme_of",
+]

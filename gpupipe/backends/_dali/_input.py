@@ -22,14 +22,12 @@ import numpy as np
 import torch
 
 from ..._decode import check_header
-from ..._errors import Damage, DataError, SampleError
+from ..._errors import Damage, DataError, SampleError, truncated, unreadable
 from ..._imageinfo import MAX_IMAGE_PIXELS
 from ..._plan import RankPlan
 from ..._random import step_factors
-from ...sources import Index, RawSample
-from ...sources._index import NO_LABEL, Located
-from ...sources._webdataset import truncated, unreadable
-from ...storage._mapped import MappedFile
+from ...sources import NO_LABEL, Index, Located, RawSample
+from ...storage import MappedFile
 from ...transforms import Transform
 from .._base import donor, fill
 from ._context import Lowered
@@ -412,7 +410,7 @@ class Reader:
         starts = ends - sizes
         for i, start, end in zip(positions.tolist(), starts.tolist(), ends.tolist(), strict=True):
             views[i] = buffer[start:end]
-        storage = self.index.reader.storage  # type: ignore[attr-defined]
+        storage = self.index.reader.storage
         out = memoryview(buffer)  # type: ignore[arg-type]
         first = 0
         try:

@@ -146,7 +146,7 @@ class DaliRunner:
             self._graph = None  # the old pipeline goes first (its memory)
             self._graph = self._build(max(plan.batch_size, self.max_batch))
         graph = self._graph
-        maps = Maps(self.index.reader.storage) if self.mapped else None  # type: ignore[attr-defined]
+        maps = Maps(self.index.reader.storage) if self.mapped else None
         reader = Reader(self.index, plan, graph.lowered, self.views, self._buffers, maps, self._pool,
                         ahead=self.prefetch + 1, skip=self.skip, max_pixels=self.max_pixels)  # fmt: skip
         fed, limit, error = start, plan.num_batches, None  # feeding stops at `limit`: an unreadable batch

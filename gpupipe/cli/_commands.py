@@ -1,0 +1,291 @@
+"""The commands of ``python -m gpupipe``, one function each (``args`` from ``_main``'s parser)."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TypeVar
+
+import numpy as np
+
+from .._children import process_pool
+from .._shards import ShardWriter
+from ..testing import encode_jpeg, synthetic_image
+
+__all__ = ["make_shards", "tune", "bench", "index", "check", "inspect", "doctor"]
+T = TypeVar("T")
+
+
+def _synthetic_sample(args: tuple[int, int, int, int]) -> tuple[str, dict]:
+    i, seed, num_classes, quality = args
+    label = i % num_classes
+    jpeg = encode_jpeg(synthetic_image(seed * 1_000_003 + i, label=label, num_classes=num_classes), quality=quality)
+    return f"{i:08d}", {"jpg": jpeg, "cls": label}
+
+
+def _imagefolder_samples(root: str, quality: int) -> Iterator[tuple[str, dict[str, Any]]]:
+    from PIL import Image
+
+    from ..sources import ImageFolder
+
+    index = ImageFolder(root).index()
+    for n in range(len(index)):
+        raw = index.read(n)
+        ext = raw.key.rpartition(".")[2].lower()
+        data = raw.data
+        if ext not in ("jpg", "jpeg", "png"):  # store what every backend decodes
+            with Image.open(io.BytesIO(data)) as im:
+                data, ext = encode_jpeg(np.asarray(im.convert("RGB")), quality=quality), "jpg"
+        yield f"{n:08d}", {"jpg" if ext == "jpeg" else ext: data, "cls": raw.label}
+
+
+def _progress(args: argparse.Namespace, total: int | None, unit: str, desc: str) -> Any:
+    """A tqdm progress bar on stderr (none with ``--quiet``)."""
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit=unit, desc=desc, disable=bool(getattr(args, "quiet", False)), file=sys.stderr)
+
+
+def _counted(items: Iterable[T], bar: Any) -> Iterator[T]:
+    for item in items:
+        yield item
+        bar.update(1)
+
+
+def make_shards(args: argparse.Namespace) -> int:
+    pattern = os.path.join(args.out, f"{args.prefix}-%06d.tar")
+    with ShardWriter(pattern, max_count=args.shard_size) as writer:
+        if args.from_imagefolder:
+            with _progress(args, None, "img", "gpupipe make-shards") as bar:
+                writer.write_all(_counted(_imagefolder_samples(args.from_imagefolder, args.quality), bar))
+        else:
+            jobs = [(i, args.seed, args.classes, args.quality) for i in range(args.synthetic)]
+            workers = args.workers or os.cpu_count() or 1
+            with (
+                process_pool(workers, "gpupipe make-shards") as pool,
+                _progress(args, len(jobs), "img", "gpupipe make-shards") as bar,
+            ):
+                writer.write_all(_counted(pool.map(_synthetic_sample, jobs, chunksize=16), bar))
+    n = len(writer.shards)
+    brace = f"{args.prefix}-{{000000..{n - 1:06d}}}.tar" if n > 1 else os.path.basename(writer.shards[0])
+    print(f"wrote {writer.samples} samples in {n} shards: {os.path.join(args.out, brace)}")
+    return 0
+
+
+def _list(text: str, what: str, convert: Callable[[str], T]) -> list[T]:
+    from .._errors import ConfigError
+
+    try:
+        return [convert(part.strip()) for part in str(text).split(",") if part.strip()]
+    except ValueError:
+        raise ConfigError(f"{what} must be a value or values separated by commas, got {text!r}") from None
+
+
+def _workers(text: str) -> int | None:
+    return None if text == "auto" else int(text)
+
+
+def tune(args: argparse.Namespace) -> int:
+    """``gpupipe tune``: measure and record the loader's throughput settings for a pipeline."""
+    from .._pipeline import load_pipeline
+    from .._tune import tune as run_tune
+    from .._tuned import tune_file
+
+    pipeline = load_pipeline(args.pipeline)(args.source)
+    print(f"pipeline {args.pipeline}, batch {args.batch_size}: {args.seconds:g} s per trial")
+
+    def say(trial: dict[str, Any]) -> None:
+        share = "" if trial["hw_decoder_load"] is None else f" hw_decoder_load={trial['hw_decoder_load']}"
+        print(f"  num_workers={trial['num_workers']} prefetch={trial['prefetch']}{share}: "
+              f"{trial['images_per_s']:.0f} images/s", flush=True)  # fmt: skip
+
+    tuned = run_tune(pipeline, args.batch_size, seconds=args.seconds, record=not args.no_record, progress=say,
+                     backend=args.backend, device=args.device)  # fmt: skip
+    print(f"chosen: {tuned}")
+    if not args.no_record:
+        print(f"recorded in {tune_file()}: loaders of this pipeline and batch size on this machine that leave "
+              "num_workers, prefetch and hw_decoder_load unset use it")  # fmt: skip
+    return 0
+
+
+def bench(args: argparse.Namespace) -> int:
+    from .._loader import _cpu_count
+    from .._pipeline import load_pipeline
+    from ._bench import BASELINE, check_baseline, plot, run_baseline, run_loader, table
+
+    logging_level = os.environ.get("GPUPIPE_LOG")
+    if logging_level:
+        import logging
+
+        logging.basicConfig(level=logging_level.upper())
+    pipeline = load_pipeline(args.pipeline)(args.source)
+    backends = _list(args.backend, "--backend", str)
+    sizes = _list(args.batch_size, "--batch-size", int)
+    workers = _list(args.workers, "--workers", _workers)
+    if args.baseline:
+        check_baseline(pipeline)
+    print(f"pipeline {args.pipeline}: output {', '.join(map(str, pipeline.output_specs))}")
+
+    def progress(name: str) -> Callable[[int, int], Any]:
+        return lambda epoch, total: _progress(args, total, "batch", f"{name} epoch {epoch}")
+
+    runs = []
+    for backend in backends:
+        for size in sizes:
+            for w in workers:
+                run = run_loader(pipeline, backend=backend, device=args.device, batch_size=size, workers=w,
+                                 epochs=args.epochs, progress=progress(backend))  # fmt: skip
+                _say(run)
+                runs.append(run)
+    if args.baseline:
+        for size in sizes:
+            for w in workers:
+                count = w if w is not None else min(8, _cpu_count())  # the Loader's default
+                for decoder in _list(args.baseline_decoder, "--baseline-decoder", str):
+                    run = run_baseline(pipeline, batch_size=size, workers=count, epochs=args.epochs,
+                                       progress=progress(BASELINE), decoder=decoder)  # fmt: skip
+                    _say(run)
+                    runs.append(run)
+    if len(runs) > 1:
+        print(table(runs))
+    if args.plot:
+        title = f"{args.pipeline} on {args.source} ({os.cpu_count()} cores)"
+        plot(runs, args.plot, title=title)
+        print(f"plot: {args.plot}")
+    if args.json:
+        first = runs[0]
+        with open(args.json, "w") as f:
+            json.dump(
+                {
+                    "pipeline": args.pipeline,
+                    "backend": first.backend,
+                    "device": first.device,
+                    "batch_size": first.batch_size,
+                    "workers": first.workers,
+                    "epochs": first.epochs,
+                    "runs": [r.as_dict() for r in runs],
+                },
+                f,
+                indent=2,
+            )
+    return 0
+
+
+def _say(run: Any) -> None:
+    print(f"backend={run.backend} device={run.device} workers={run.workers} batch={run.batch_size}")
+    for e in run.epochs:
+        print(
+            f"epoch {e['epoch']}: {e['images']} images in {e['seconds']:.2f} s = {e['images_per_s']:.0f} images/s"
+            + (" (includes start-up)" if e["epoch"] == 0 else "")
+        )
+
+
+def _storage_options(text: str | None) -> dict[str, Any] | None:
+    """``--storage-options``: a JSON object (parsed as data, never evaluated)."""
+    if text is None:
+        return None
+    from .._errors import ConfigError
+
+    try:
+        options = json.loads(text)
+    except ValueError as e:
+        example = '{"endpoint_url": "http://host:8333"}'
+        raise ConfigError(f"--storage-options must be a JSON object, e.g. '{example}': {e}") from e
+    if not isinstance(options, dict):
+        raise ConfigError(f"--storage-options must be a JSON object, got {type(options).__name__}")
+    return options
+
+
+def _index_one(job: tuple[str, tuple[str, ...], str | None, bool, dict[str, Any] | None]) -> tuple[int, int]:
+    """Indexes one shard; with ``beside``, writes its index file next to it. Returns the samples
+    and the index files written (0 or 1)."""
+    from ..sidefiles._summary import write_summary
+    from ..sources import storage_for
+    from ..sources._webdataset import cached_scan, shard_samples
+
+    url, image_exts, label_ext, beside, options = job
+    with storage_for([url], storage_options=options) as storage:
+        if not beside:
+            return len(cached_scan(storage, url, image_exts, label_ext)), 0
+        shard, samples = shard_samples(storage, url, image_exts, label_ext)
+        if samples is None or shard.nbytes is None:  # missing or unreadable: nothing to describe
+            return len(shard), 0
+        write_summary(storage, url, size=shard.nbytes, detail=samples, image_exts=image_exts,
+                      label_ext=label_ext, problems=shard.problems)  # fmt: skip
+        return len(shard), 1
+
+
+def index(args: argparse.Namespace) -> int:
+    """Builds the index cache of every shard, in parallel: a large dataset's first Loader then
+    starts from the cache on every rank (point ``GPUPIPE_CACHE_DIR`` at storage all nodes see)."""
+    from ..sources import WebDataset, _wdsindex
+
+    options = _storage_options(args.storage_options)
+    label = None if args.label == "none" else args.label
+    source = WebDataset(args.source, image=args.image, label=label, storage_options=options)
+    jobs = [(u, *source.extensions(), args.beside, options) for u in source.urls]
+    start = time.perf_counter()
+    with _progress(args, len(jobs), "shard", "gpupipe index") as bar:
+        if args.workers == 0:
+            done = list(_counted(map(_index_one, jobs), bar))
+        else:
+            with process_pool(args.workers, "gpupipe index") as pool:
+                done = list(_counted(pool.map(_index_one, jobs, chunksize=max(1, len(jobs) // 64)), bar))
+    total, written = sum(n for n, _ in done), sum(w for _, w in done)
+    print(
+        f"{total} samples in {len(jobs)} shards, indexed in {time.perf_counter() - start:.1f} s; "
+        f"cache: {_wdsindex.cache_dir()}"
+        + (f"; {written} index files written beside the shards" if args.beside else "")
+    )
+    return 0
+
+
+def check(args: argparse.Namespace) -> int:
+    from .._check import check as run_check
+    from ..sources import WebDataset
+
+    label = None if args.label == "none" else args.label
+    options = _storage_options(args.storage_options)
+    source = WebDataset(args.shards, image=args.image, label=label, storage_options=options)
+    limit = None if args.max_image_pixels == 0 else args.max_image_pixels
+    report = run_check(
+        source, workers=args.workers, write=not args.no_write, progress=not args.quiet, max_image_pixels=limit
+    )
+    if args.json:
+        json.dump(report.as_dict(), sys.stdout, indent=1)
+        print()
+    else:
+        print(report.summary())
+    return 0 if report.ok else 1
+
+
+def inspect(args: argparse.Namespace) -> int:
+    from .. import backends
+    from .._errors import ConfigError
+    from .._pipeline import load_pipeline
+    from ..sources import ImageFolder
+    from ._inspect import inspect as run_inspect
+
+    source: Any = ImageFolder(args.data) if os.path.isdir(args.data) else args.data
+    pipeline = load_pipeline(args.pipeline)(source)
+    if args.compare:
+        names = [n for n in backends.names() if backends.get(n).available()]
+        if len(names) < 2:
+            raise ConfigError(f"--compare needs two backends; only {names} is installed (pip install gpupipe[cuda12])")
+    else:
+        names = [args.backend]
+    lines = run_inspect(pipeline, args.out, samples=args.samples, draws=args.draws, backends=names, seed=args.seed,
+                        cell=args.cell, device=args.device)  # fmt: skip
+    print("\n".join(lines))
+    return 0
+
+
+def doctor(args: argparse.Namespace) -> int:
+    from ._doctor import main as doctor_main
+
+    return doctor_main(run=args.run, images=args.images)
