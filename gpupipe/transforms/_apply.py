@@ -9,8 +9,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .._errors import ConfigError, PipelineError
-from .._validate import check_probability
-from ._base import ImageSpec, Transform
+from ._base import Coin, ImageSpec, Transform
 
 __all__ = ["RandomApply", "RandomApplyParams"]
 
@@ -29,7 +28,7 @@ _PROBE_SIZES = ((97, 131), (389, 263))
 
 
 @dataclasses.dataclass(frozen=True)
-class RandomApply(Transform):
+class RandomApply(Coin, Transform):
     """Applies ``transforms`` in order with probability ``p``; otherwise the image passes unchanged.
 
     Args:
@@ -67,7 +66,7 @@ class RandomApply(Transform):
                 hint = " (use gpupipe.transforms)" if type(t).__module__.startswith("torchvision") else ""
                 raise ConfigError(f"{name}: transforms[{i}] is a {type(t).__name__}, not a gpupipe transform{hint}")
         self._set("transforms", tuple(steps))
-        self._set("p", check_probability(name, self.p))
+        self._check_p()
         self._set("draws", 1 + sum(t.draws for t in self.transforms))
         bounds, start = [], 1
         for t in self.transforms:  # each inner transform's columns of the factors
@@ -103,7 +102,7 @@ class RandomApply(Transform):
     def sample(self, u: np.ndarray) -> np.ndarray:
         """``[..., 1 + F1 + F2 + ...]``: 1.0 where the transforms apply (``u < p``), then each inner
         transform's factors from its own slice of the uniforms (see :attr:`factor_slices`)."""
-        parts, start = [(u[..., :1] < self.p).astype(np.float64)], 1
+        parts, start = [self._coin(u[..., :1])], 1
         for t in self.transforms:
             if t.draws:
                 parts.append(np.asarray(t.sample(u[..., start : start + t.draws]), dtype=np.float64))

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from .._errors import PipelineError
-from .._validate import check_enum
+from .._validate import check_enum, check_probability
 
 __all__ = ["Transform", "ImageSpec", "InterpolationMode"]
 
@@ -104,6 +104,25 @@ class Transform:
 
     def _set(self, name: str, value: Any) -> None:
         object.__setattr__(self, name, value)
+
+
+class Coin:
+    """Mixin of the transforms that act with a probability ``p`` (RandomGrayscale, RandomSolarize,
+    the flips, RandomApply): one place validates ``p`` and draws the decision.
+
+    The transform declares its own ``p`` field (so that the field keeps its place and default among
+    the transform's arguments), calls :meth:`_check_p` in its ``__post_init__`` and takes its
+    decision from one uniform per sample with :meth:`_coin`.
+    """
+
+    p: float
+
+    def _check_p(self) -> None:
+        object.__setattr__(self, "p", check_probability(type(self).__name__, self.p))
+
+    def _coin(self, u: np.ndarray) -> np.ndarray:
+        """1.0 where the transform acts (``u < p``), else 0.0: float64, the shape of ``u``."""
+        return (u < self.p).astype(np.float64)
 
 
 # ------------------------------------------------------------ transform-specific checks --

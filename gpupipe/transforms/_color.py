@@ -12,8 +12,8 @@ import numpy as np
 import torch
 
 from .._errors import ConfigError
-from .._validate import check_bool, check_probability, check_range, is_int, is_number
-from ._base import ImageSpec, Transform, check_channels
+from .._validate import check_bool, check_range, is_int, is_number
+from ._base import Coin, ImageSpec, Transform, check_channels
 
 __all__ = [
     "ColorJitter",
@@ -122,7 +122,7 @@ class ColorJitter(Transform):
 
 
 @dataclasses.dataclass(frozen=True)
-class RandomGrayscale(Transform):
+class RandomGrayscale(Coin, Transform):
     """Converts the image to grayscale with probability ``p`` (default 0.1), keeping 3 channels
     (ITU-R 601-2 luma: 0.2989 R + 0.587 G + 0.114 B). Shapes unchanged."""
 
@@ -132,7 +132,7 @@ class RandomGrayscale(Transform):
     draws = 1
 
     def __post_init__(self) -> None:
-        self._set("p", check_probability(type(self).__name__, self.p))
+        self._check_p()
 
     def output_spec(self, spec: ImageSpec) -> ImageSpec:
         check_channels(self, spec)
@@ -140,7 +140,7 @@ class RandomGrayscale(Transform):
 
     def sample(self, u: np.ndarray) -> np.ndarray:
         """``[..., 1]``: 1.0 where the image turns gray (``u < p``)."""
-        return (u < self.p).astype(np.float64)
+        return self._coin(u)
 
     def make_params(self, height: int, width: int, factors: np.ndarray) -> GrayscaleParams:
         return GrayscaleParams(bool(factors[0]))
@@ -198,7 +198,7 @@ def max_value(dtype: torch.dtype) -> float:
 
 
 @dataclasses.dataclass(frozen=True)
-class RandomSolarize(Transform):
+class RandomSolarize(Coin, Transform):
     """Solarizes the image with probability ``p``: every pixel value ``>= threshold`` is inverted
     (``v -> 255 - v`` for uint8, ``v -> 1.0 - v`` for a float image).
 
@@ -223,7 +223,7 @@ class RandomSolarize(Transform):
         if not (is_number(self.threshold) and self.threshold >= 0):
             raise ConfigError(f"{name}: threshold must be a non-negative number, got {self.threshold!r}")
         self._set("threshold", float(self.threshold))
-        self._set("p", check_probability(name, self.p))
+        self._check_p()
 
     def output_spec(self, spec: ImageSpec) -> ImageSpec:
         if self.threshold > max_value(spec.dtype):
@@ -235,7 +235,7 @@ class RandomSolarize(Transform):
 
     def sample(self, u: np.ndarray) -> np.ndarray:
         """``[..., 1]``: 1.0 where the image is solarized (``u < p``)."""
-        return (u < self.p).astype(np.float64)
+        return self._coin(u)
 
     def make_params(self, height: int, width: int, factors: np.ndarray) -> SolarizeParams:
         return SolarizeParams(bool(factors[0]))

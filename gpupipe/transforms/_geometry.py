@@ -16,8 +16,8 @@ import numpy as np
 
 from .._errors import ConfigError
 from .._geometry import ATTEMPTS, crop_padding, crop_start, crop_too_large, resize_size, resized_crop_window
-from .._validate import check_bool, check_probability, check_range, check_size, is_int, is_number
-from ._base import ImageSpec, InterpolationMode, Transform, check_interpolation
+from .._validate import check_bool, check_range, check_size, is_int, is_number
+from ._base import Coin, ImageSpec, InterpolationMode, Transform, check_interpolation
 
 __all__ = [
     "RandomResizedCrop",
@@ -264,18 +264,18 @@ class RandomCrop(Transform):
 
 
 @dataclasses.dataclass(frozen=True)
-class _RandomFlip(Transform):
+class _RandomFlip(Coin, Transform):
     p: float = 0.5
 
     random = True
     draws = 1
 
     def __post_init__(self) -> None:
-        self._set("p", check_probability(type(self).__name__, self.p))
+        self._check_p()
 
     def sample(self, u: np.ndarray) -> np.ndarray:
         """``[..., 1]``: 1.0 where the image is flipped (``u < p``), else 0.0."""
-        return (u < self.p).astype(np.float64)
+        return self._coin(u)
 
     def make_params(self, height: int, width: int, factors: np.ndarray) -> FlipParams:
         return FlipParams(bool(factors[0]))
