@@ -16,7 +16,7 @@ from ._apply import RandomApply
 from ._base import ImageSpec, InterpolationMode, Transform
 from ._color import ColorJitter, GaussianBlur, Normalize, RandomGrayscale, RandomSolarize, ToDtype
 from ._custom import Arithmetic, ArrayFunction
-from ._geometry import (
+from ._spatial import (
     CenterCrop,
     RandomCrop,
     RandomHorizontalFlip,

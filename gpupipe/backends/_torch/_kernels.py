@@ -20,7 +20,7 @@ from ... import transforms as T
 from ..._geometry import center_crop_anchor, resize_empty, resize_size
 from ...transforms._apply import RandomApplyParams
 from ...transforms._color import BlurParams, ColorJitterParams, GrayscaleParams, SolarizeParams
-from ...transforms._geometry import CropParams, FlipParams, RandomCropParams
+from ...transforms._spatial import CropParams, FlipParams, RandomCropParams
 from .._registry import Registry, inner_unsupported
 
 __all__ = ["LOWERINGS", "apply_pipeline"]

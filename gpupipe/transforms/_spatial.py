@@ -1,8 +1,9 @@
-"""Geometric transforms: RandomResizedCrop, Resize, CenterCrop, RandomCrop and the flips.
+"""Spatial transforms, the definitions: RandomResizedCrop, Resize, CenterCrop, RandomCrop and the
+flips.
 
 Names, argument names and defaults are torchvision.transforms.v2's; the output geometry (sizes,
-rounding, crop offsets, too-small images) is torchvision's, defined once in ``gpupipe._geometry``
-and used by ``output_spec``, ``make_params`` and every backend.
+rounding, crop offsets, too-small images) is torchvision's, computed once in ``gpupipe._geometry``
+(the math every backend shares) and used by ``output_spec``, ``make_params`` and every backend.
 """
 
 from __future__ import annotations
