@@ -25,7 +25,7 @@ from ..backends._dali._strategy import ROI_FANCY_NVJPEG, Strategy, choose
 __all__ = [
     "Gpu",
     "Environment",
-    "Finding",
+    "Advice",
     "Level",
     "probe",
     "diagnose",
@@ -77,7 +77,10 @@ class Level(str, enum.Enum):
 
 
 @dataclasses.dataclass(frozen=True)
-class Finding:
+class Advice:
+    """One line of :func:`diagnose`: a mismatch (or a note) about this machine, how serious it is,
+    and the command that fixes it where there is one."""
+
     level: Level
     message: str
     fix: str | None = None  # the command that fixes it
@@ -202,15 +205,15 @@ def auto_choice(env: Environment) -> tuple[str, str, str]:
     return "torch", device, f"{why}, and DALI is not installed (torchvision's kernels in worker processes)"
 
 
-def diagnose(env: Environment) -> list[Finding]:
+def diagnose(env: Environment) -> list[Advice]:
     """Every mismatch in ``env``, most serious first, each with the command that fixes it."""
-    found: list[Finding] = []
+    found: list[Advice] = []
     driver = env.driver_cuda
     if not env.gpus or driver is None:
-        found.append(Finding(Level.NOTE, "no NVIDIA GPU or driver: gpupipe runs DALI's CPU operators or torch"))
+        found.append(Advice(Level.NOTE, "no NVIDIA GPU or driver: gpupipe runs DALI's CPU operators or torch"))
     else:
         if env.torch_cuda and env.torch_cuda[0] > driver[0]:
-            found.append(Finding(
+            found.append(Advice(
                 Level.ERROR,
                 f"torch {env.torch} is built for CUDA {_cuda(env.torch_cuda)} but the driver supports CUDA "
                 f"{_cuda(driver)}: torch cannot use the GPUs. Install torch built for CUDA {driver[0]} (or "
@@ -219,17 +222,17 @@ def diagnose(env: Environment) -> list[Finding]:
                 f"{TORCH_CUDA12_INDEX}" if driver[0] == 12 else None,
             ))  # fmt: skip
         elif env.torch_cuda is None:
-            found.append(Finding(
+            found.append(Advice(
                 Level.ERROR, f"torch {env.torch} is a CPU-only build: it cannot use the GPUs",
                 f"pip install --force-reinstall torch=={env.torch.split('+')[0]} torchvision" if driver[0] >= 13
                 else f"pip install --force-reinstall torch torchvision --index-url {TORCH_CUDA12_INDEX}",
             ))  # fmt: skip
         elif not env.torch_sees_cuda:
-            found.append(Finding(Level.ERROR, "torch has a CUDA build but torch.cuda.is_available() is False: check "
-                                 "CUDA_VISIBLE_DEVICES and the driver (nvidia-smi)"))  # fmt: skip
+            found.append(Advice(Level.ERROR, "torch has a CUDA build but torch.cuda.is_available() is False: check "
+                                "CUDA_VISIBLE_DEVICES and the driver (nvidia-smi)"))  # fmt: skip
         if env.dali_cuda and env.dali_cuda > driver[0]:
             found.append(
-                Finding(
+                Advice(
                     Level.ERROR,
                     f"DALI {env.dali} is built for CUDA {env.dali_cuda} but the driver supports CUDA {_cuda(driver)}: "
                     "the dali backend cannot use the GPUs",
@@ -238,32 +241,32 @@ def diagnose(env: Environment) -> list[Finding]:
             )
         elif env.dali is None:
             major = env.torch_cuda[0] if env.torch_cuda else driver[0]
-            found.append(Finding(
+            found.append(Advice(
                 Level.WARNING, "DALI is not installed: backend='auto' uses the torch backend, decoding on the CPU",
                 f"pip install 'gpupipe[cuda{major}]'",
             ))  # fmt: skip
         elif env.torch_cuda and env.dali_cuda and env.dali_cuda != env.torch_cuda[0]:
-            found.append(Finding(
+            found.append(Advice(
                 Level.WARNING,
                 f"DALI is built for CUDA {env.dali_cuda}, torch for CUDA {_cuda(env.torch_cuda)}: both work on this "
                 "driver, but the process loads two CUDA runtimes (more memory, two sets of libraries)",
                 f"pip uninstall -y nvidia-dali-cuda{env.dali_cuda}0 && pip install 'gpupipe[cuda{env.torch_cuda[0]}]'",
             ))  # fmt: skip
         if env.cupy and env.cupy_cuda and env.cupy_cuda > driver[0]:
-            found.append(Finding(
+            found.append(Advice(
                 Level.ERROR, f"CuPy {env.cupy} is built for CUDA {env.cupy_cuda}: ArrayFunction steps fail on the GPU",
                 f"pip uninstall -y cupy-cuda{env.cupy_cuda}x && pip install cupy-cuda{driver[0]}x",
             ))  # fmt: skip
-        found += _decode_findings(env)
+        found += _decode_advice(env)
         without = [g.name for g in env.gpus if hw_jpeg(g.name).startswith("no")]
         if without:
             names = ", ".join(sorted(set(without)))
-            found.append(Finding(Level.NOTE, f"no hardware JPEG decoder on {names}: nvJPEG decodes with CUDA kernels "
-                                 "(DaliOptions.hw_decoder_load has no effect)"))  # fmt: skip
+            found.append(Advice(Level.NOTE, f"no hardware JPEG decoder on {names}: nvJPEG decodes with CUDA kernels "
+                                "(DaliOptions.hw_decoder_load has no effect)"))  # fmt: skip
         unknown = [g.name for g in env.gpus if not hw_jpeg(g.name).startswith(("no", "yes"))]
         if unknown:
-            found.append(Finding(Level.NOTE, f"whether {', '.join(sorted(set(unknown)))} has a hardware JPEG decoder "
-                                 "nvJPEG uses is not known here: nvJPEG uses it if present, else CUDA"))  # fmt: skip
+            found.append(Advice(Level.NOTE, f"whether {', '.join(sorted(set(unknown)))} has a hardware JPEG decoder "
+                                "nvJPEG uses is not known here: nvJPEG uses it if present, else CUDA"))  # fmt: skip
     order = [Level.ERROR, Level.WARNING, Level.NOTE, Level.OK]
     return sorted(found, key=lambda f: order.index(f.level))
 
@@ -289,13 +292,13 @@ def _strategy_line(env: Environment) -> str:
             "others decode whole images")  # fmt: skip
 
 
-def _decode_findings(env: Environment) -> list[Finding]:
+def _decode_advice(env: Environment) -> list[Advice]:
     """Why a train recipe would not decode regions on the GPU, and the fix."""
     if not env.dali or decode_strategy(env).mode == DecodeMode.ROI:
         return []
     found = env.nvjpeg
     if found is not None and found.pip_version is not None and found.pip_version[:2] >= ROI_FANCY_NVJPEG:
-        return [Finding(
+        return [Advice(
             Level.WARNING,
             f"DALI gets nvJPEG {found} ({found.path}), loaded before gpupipe could load nvidia-nvjpeg "
             f"{'.'.join(map(str, found.pip_version))}: pipelines starting with RandomResizedCrop decode whole images "
@@ -304,14 +307,14 @@ def _decode_findings(env: Environment) -> list[Finding]:
             f"LD_PRELOAD={found.pip} python ...",
         )]  # fmt: skip
     if env.dali_cuda is not None and env.dali_cuda >= 13:
-        return [Finding(
+        return [Advice(
             Level.WARNING,
             f"nvJPEG {found or 'not found'} cannot decode a region with fancy upsampling (13.2 or newer can): "
             "pipelines starting with RandomResizedCrop decode whole images on the GPU",
             "pip install 'nvidia-nvjpeg>=13.2'",
         )]  # fmt: skip
     driver = env.driver_cuda
-    return [Finding(
+    return [Advice(
         Level.NOTE,
         f"DALI for CUDA {env.dali_cuda} comes with nvJPEG {found or '12.x'}, which cannot decode a region with fancy "
         "upsampling (13.2 or newer can): pipelines starting with RandomResizedCrop decode whole images on the GPU",
@@ -319,7 +322,7 @@ def _decode_findings(env: Environment) -> list[Finding]:
     )]  # fmt: skip
 
 
-def report(env: Environment, findings: list[Finding]) -> str:
+def report(env: Environment, advice: list[Advice]) -> str:
     """The text ``doctor`` prints."""
     backend, device, why = auto_choice(env)
     lines = [
@@ -337,9 +340,9 @@ def report(env: Environment, findings: list[Finding]) -> str:
         lines.append(f"nvJPEG       {_nvjpeg_line(env.nvjpeg)}")
         lines.append(f"GPU decode   {_strategy_line(env)}")
     lines.append(f"auto         backend={backend!r} device={device!r}: {why}")
-    for f in findings:
+    for f in advice:
         lines.append(f"{f.level.value.upper():12} {f.message}" + (f"\n             fix: {f.fix}" if f.fix else ""))
-    if not any(f.level in (Level.ERROR, Level.WARNING) for f in findings):
+    if not any(f.level in (Level.ERROR, Level.WARNING) for f in advice):
         lines.append("OK           nothing to fix")
     return "\n".join(lines)
 
@@ -424,9 +427,9 @@ def run_check(env: Environment, *, images: int = 64, batch_size: int = 16, out: 
 def main(*, run: bool = False, images: int = 64, out: Any = print) -> int:
     """``python -m gpupipe doctor [--run]``: 0 when nothing is broken, 1 otherwise."""
     env = probe()
-    findings = diagnose(env)
-    out(report(env, findings))
-    broken = any(f.level == Level.ERROR for f in findings)
+    advice = diagnose(env)
+    out(report(env, advice))
+    broken = any(f.level == Level.ERROR for f in advice)
     if run and not run_check(env, images=images, out=out):
         broken = True
     return 1 if broken else 0
