@@ -286,14 +286,16 @@ class TestInputPath:
 
         from gpupipe._plan import RankPlan
         from gpupipe.backends._dali._context import Lowered
-        from gpupipe.backends._dali._input import Buffers, Maps, Reader
+        from gpupipe.backends._dali._input import BatchReader, Buffers, Maps
         from gpupipe.sources import LocalStorage
 
         paths = _write_webdataset_shards(str(tmp_path), (8,), prefix="late")
         index = gp.WebDataset(paths).index()
         plan = RankPlan(np.arange(8), np.ones(8, bool), batch_size=4, num_batches=2)
         with ThreadPoolExecutor(1) as pool:
-            reader = Reader(index, plan, Lowered(()), (), Buffers(pinned=False), Maps(LocalStorage()), pool, ahead=0)
+            reader = BatchReader(
+                index, plan, Lowered(()), (), Buffers(pinned=False), Maps(LocalStorage()), pool, ahead=0
+            )
             batch = reader.read(0)
             if not batch.maps:
                 pytest.skip("no read leases here")

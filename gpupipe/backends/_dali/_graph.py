@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 from ..._config import DecodeMode
 from ...transforms import Transform
 from ._compiler import Ctx, Lowered, lower
-from ._input import Batch
+from ._input import FeedBatch
 
 __all__ = ["define_graph", "Defined", "Graph", "IterationFailed", "LIVE_RUNNERS"]
 
@@ -79,16 +79,16 @@ class Graph:
         self.pipe, self.lowered, self.depth = pipe, lowered, depth
         self.started = False
         self.broken = False  # a feed, schedule or output call failed midway: DALI's queues are unknown
-        self.held: list[tuple[Batch, bool]] = []  # fed, waiting for the first schedule_run
-        self.flight: collections.deque[tuple[Batch, bool]] = collections.deque()  # (batch, repeat)
+        self.held: list[tuple[FeedBatch, bool]] = []  # fed, waiting for the first schedule_run
+        self.flight: collections.deque[tuple[FeedBatch, bool]] = collections.deque()  # (batch, repeat)
         self.uses: collections.Counter[int] = collections.Counter()  # by id(batch.token)
-        self.owners: dict[int, Batch] = {}  # a batch per token in use: what abandon() releases
+        self.owners: dict[int, FeedBatch] = {}  # a batch per token in use: what abandon() releases
 
     @property
     def busy(self) -> int:
         return len(self.held) + len(self.flight)
 
-    def push(self, batch: Batch, *, repeat: bool = False) -> None:
+    def push(self, batch: FeedBatch, *, repeat: bool = False) -> None:
         """Feeds ``batch`` and schedules its iteration (a ``repeat`` is not yielded). Anything
         raised midway (a rejected feed, Ctrl-C) leaves the graph :attr:`broken`: the runner then
         drops it rather than guess which of DALI's queues moved."""
@@ -118,7 +118,7 @@ class Graph:
         for _ in range(self.depth - len(self.held) if self.held else 0):
             self.push(self.held[-1][0], repeat=True)
 
-    def pop(self, stream: Any) -> tuple[Batch, bool, Any]:
+    def pop(self, stream: Any) -> tuple[FeedBatch, bool, Any]:
         """``(batch, repeat, outputs)`` of the oldest scheduled iteration. DALI's failure on that
         iteration is an :class:`IterationFailed`; the graph is then :attr:`broken` until
         :meth:`recover` (DALI has consumed the failed iteration and runs the next ones)."""
@@ -146,7 +146,7 @@ class Graph:
         if self.broken:
             raise RuntimeError("gpupipe: this DALI pipeline's queues are in an unknown state (a call failed midway)")
 
-    def done(self, batch: Batch) -> bool:
+    def done(self, batch: FeedBatch) -> bool:
         """One iteration fed from ``batch`` (or a retried copy of it) is over; whether it was the last."""
         key = id(batch.token)
         self.uses[key] -= 1
@@ -156,7 +156,7 @@ class Graph:
         del self.owners[key]
         return True
 
-    def abandon(self) -> list[Batch]:
+    def abandon(self) -> list[FeedBatch]:
         """Shuts the pipeline down (its threads joined: nothing reads a fed batch any more) and
         returns every batch it still owned, for their buffers and maps to be released."""
         self.broken = True
@@ -173,7 +173,7 @@ class Graph:
 class IterationFailed(RuntimeError):
     """DALI failed on one iteration (``error``), of ``batch``."""
 
-    def __init__(self, batch: Batch, repeat: bool, error: RuntimeError) -> None:
+    def __init__(self, batch: FeedBatch, repeat: bool, error: RuntimeError) -> None:
         super().__init__(str(error))
         self.batch, self.repeat, self.error = batch, repeat, error
 

@@ -1,11 +1,13 @@
 """The DALI runner's input path: each batch's encoded samples located, read and wrapped for
 DALI ahead of it, in reader threads (see the runner's docstring).
 
-- :class:`Reader` prepares batch ``b`` (:meth:`Reader.read`): the index locates its samples, each
-  shard's samples become views of the shard mapped under a read lease (:class:`Maps`, CPU
-  pipelines), or are ``pread`` into a reused buffer (:class:`Buffers`: pinned memory for a GPU
-  pipeline, transparent huge pages otherwise), and the batch's random factors are drawn.
-- A :class:`Batch` holds what its views point into until :meth:`Batch.release`.
+- :class:`BatchReader` prepares batch ``b`` (:meth:`BatchReader.read`): the index locates its
+  samples, each shard's samples become views of the shard mapped under a read lease
+  (:class:`Maps`, CPU pipelines), or are ``pread`` into a reused buffer (:class:`Buffers`: pinned
+  memory for a GPU pipeline, transparent huge pages otherwise), and the batch's random factors
+  are drawn.
+- A :class:`FeedBatch` (the batch fed to DALI, not the loader's ``gp.Batch``) holds what its views
+  point into until :meth:`FeedBatch.release`.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from .._base import donor, fill
 from ._context import Lowered
 from ._host import HostEnv, evaluate, failures
 
-__all__ = ["READ_THREADS", "Batch", "Buffers", "Maps", "Reader"]
+__all__ = ["READ_THREADS", "FeedBatch", "Buffers", "Maps", "BatchReader"]
 
 READ_THREADS = 2  # more threads contend for the GIL between reads; two keep the disk and DALI busy
 
@@ -85,8 +87,8 @@ def _huge_page_buffer(size: int) -> np.ndarray:
     return np.frombuffer(region, np.uint8)
 
 
-class Batch(NamedTuple):
-    """One batch, read and ready to feed: ``encoded`` are views of ``buffer`` and of ``maps``."""
+class FeedBatch(NamedTuple):
+    """One batch, read and ready to feed to DALI: ``encoded`` are views of ``buffer`` and of ``maps``."""
 
     b: int
     samples: np.ndarray
@@ -169,8 +171,9 @@ class Maps:
                 mapped.retire()
 
 
-class Reader:
-    """Reads the plan's batches ahead of DALI in :data:`READ_THREADS` threads.
+class BatchReader:
+    """Reads the plan's batches ahead of DALI in :data:`READ_THREADS` threads (not a
+    ``gpupipe.sources.Reader``: it reads through the source's index).
 
     Each image's size is read from its header, and every input the graph takes besides the
     encoded images is computed here for the whole batch (``Lowered.feeds``: random factors, crop
@@ -188,11 +191,11 @@ class Reader:
         self.index, self.plan, self.lowered, self.views = index, plan, lowered, views
         self.max_pixels = max_pixels
         self.buffers, self.maps, self.pool, self.ahead, self.skip = buffers, maps, pool, ahead, skip
-        self._pending: dict[int, Future[Batch]] = {}
+        self._pending: dict[int, Future[FeedBatch]] = {}
         self._next = 0
         self._spare: tuple[np.ndarray, int, str, str, int, tuple[int, int]] | None = None  # for all-bad batches
 
-    def get(self, b: int) -> Batch:
+    def get(self, b: int) -> FeedBatch:
         self._next = max(self._next, b)
         while self._next < min(b + 1 + self.ahead, self.plan.num_batches):
             self._pending[self._next] = self.pool.submit(self.read, self._next)
@@ -217,17 +220,17 @@ class Reader:
         earlier = verdicts([(bytes(views[i]), shards[i], keys[i]) for i in range(first)], max_pixels=self.max_pixels)
         return next((e for e in earlier if e is not None), bad[first])
 
-    def checked(self, batch: Batch) -> Batch:
+    def checked(self, batch: FeedBatch) -> FeedBatch:
         """``batch``, right before it is fed: if a lease of its maps broke since it was read (a
         writer waits, or the kernel gave up waiting for us), the batch read again with ``pread``
         — mapped bytes are never handed to DALI without a standing lease."""
         if all(mapped.valid() for mapped in batch.maps):
             return batch
         fresh = self.read(batch.b, mapped=False)
-        Batch.release(batch.maps, batch.buffer, self.buffers)
+        FeedBatch.release(batch.maps, batch.buffer, self.buffers)
         return fresh
 
-    def read(self, b: int, *, mapped: bool = True) -> Batch:
+    def read(self, b: int, *, mapped: bool = True) -> FeedBatch:
         index, samples = self.index, self.plan.batch(b)[0]
         if self.maps is not None:
             self.maps.sweep()
@@ -277,11 +280,11 @@ class Reader:
             encoded = [TensorCPU(view) for view in views]
             fed = evaluate(self.lowered.feeds, env, len(samples))
         except BaseException:
-            Batch.release(maps, buffer, self.buffers)
+            FeedBatch.release(maps, buffer, self.buffers)
             raise
         skipped = tuple(sorted(bad.items()))
-        return Batch(b, samples, keys, shards, labels, encoded, buffer, tuple(maps), fed, views, sizes, skipped,
-                     object())  # fmt: skip
+        return FeedBatch(b, samples, keys, shards, labels, encoded, buffer, tuple(maps), fed, views, sizes, skipped,
+                         object())  # fmt: skip
 
     def substitute(self, bad: dict[int, Any], samples: np.ndarray, views: list[Any], labels: np.ndarray | None,
                    keys: list[str], shards: list[str],
@@ -450,5 +453,5 @@ class Reader:
             if not future.cancel():
                 with contextlib.suppress(BaseException):
                     batch = future.result()
-                    Batch.release(batch.maps, batch.buffer, self.buffers)
+                    FeedBatch.release(batch.maps, batch.buffer, self.buffers)
         self._pending.clear()

@@ -73,7 +73,7 @@ from .._base import RawBatch, Runs, RunSpec, donor, fill, to_device
 from ._compiler import Ctx, Lowered
 from ._failures import device_failure, explain_failure
 from ._graph import LIVE_RUNNERS, Graph, IterationFailed, define_graph
-from ._input import READ_THREADS, Batch, Buffers, Maps, Reader
+from ._input import READ_THREADS, BatchReader, Buffers, FeedBatch, Maps
 from ._proto import operator_count
 from ._strategy import choose, nvjpeg_version
 
@@ -147,11 +147,11 @@ class DaliRunner:
             self._graph = self._build(max(plan.batch_size, self.max_batch))
         graph = self._graph
         maps = Maps(self.index.reader.storage) if self.mapped else None
-        reader = Reader(self.index, plan, graph.lowered, self.views, self._buffers, maps, self._pool,
+        reader = BatchReader(self.index, plan, graph.lowered, self.views, self._buffers, maps, self._pool,
                         ahead=self.prefetch + 1, skip=self.skip, max_pixels=self.max_pixels)  # fmt: skip
         fed, limit, error = start, plan.num_batches, None  # feeding stops at `limit`: an unreadable batch
         failed = False
-        ready: dict[int, tuple[Batch, Any]] = {}  # popped ahead of their turn (behind a retried batch)
+        ready: dict[int, tuple[FeedBatch, Any]] = {}  # popped ahead of their turn (behind a retried batch)
         try:
             for b in range(start, plan.num_batches):
                 if self._closed:  # closed from another thread while this epoch runs
@@ -193,7 +193,7 @@ class DaliRunner:
             if failed or graph.broken or not self._drain(graph):
                 self._graph = None  # DALI failed, or a call failed midway: a fresh pipeline next epoch
                 for batch in graph.abandon():  # after the shutdown: no thread reads them any more
-                    Batch.release(batch.maps, batch.buffer, self._buffers)
+                    FeedBatch.release(batch.maps, batch.buffer, self._buffers)
             if maps is not None:
                 maps.close()  # each lease goes once no batch in flight uses its map
             self.index.close()  # the reader threads' open files end with the epoch
@@ -211,7 +211,7 @@ class DaliRunner:
             return False
         return True
 
-    def _release(self, graph: Graph, batch: Batch, stream: Any) -> None:
+    def _release(self, graph: Graph, batch: FeedBatch, stream: Any) -> None:
         """Returns the batch's buffer to the pool, and ends its maps' uses, once no scheduled
         iteration reads them. Outputs taken without a stream are host-synchronous; taken on a
         CUDA stream, the buffer waits for an event recorded on that stream (which waits on DALI's
@@ -222,7 +222,7 @@ class DaliRunner:
         if stream is not None and batch.buffer is not None:
             event = torch.cuda.Event()
             event.record(stream)
-        Batch.release(batch.maps, batch.buffer, self._buffers, event)
+        FeedBatch.release(batch.maps, batch.buffer, self._buffers, event)
 
     def describe(self) -> dict[str, Any]:
         """DALI's CPU threads, how a leading ``RandomResizedCrop`` is decoded (on a GPU: the
@@ -247,7 +247,7 @@ class DaliRunner:
         self._graph = None
         self._pool.shutdown(wait=True, cancel_futures=True)
 
-    def _deliver(self, lowered: Lowered, batch: Batch, images: tuple[torch.Tensor, ...], checks: Any) -> RawBatch:
+    def _deliver(self, lowered: Lowered, batch: FeedBatch, images: tuple[torch.Tensor, ...], checks: Any) -> RawBatch:
         """The batch as yielded. A sample that failed a check the graph computed (too small for a
         transform) raises its error, or with ``skip`` is left out: its images (every view), label
         and key are replaced by those of the batch's first good sample (zeros if none is), as are
@@ -278,7 +278,7 @@ class DaliRunner:
         label_tensor = None if labels is None else to_device(torch.from_numpy(labels), self.device)
         return RawBatch(images, label_tensor, keys, tuple(sorted(skipped.items())))
 
-    def _retry(self, graph: Graph, reader: Reader, failure: IterationFailed) -> bool:
+    def _retry(self, graph: Graph, reader: BatchReader, failure: IterationFailed) -> bool:
         """With ``skip``, after DALI failed on a batch: finds the samples gpupipe's decoder rejects
         and feeds the batch again with copies of a good sample in their places (it comes out
         after the iterations already scheduled, which wait for it). ``False`` if the failure is
