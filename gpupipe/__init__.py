@@ -14,8 +14,6 @@ Example:
     >>> loader = gp.Loader(pipe, batch_size=64, shuffle=True, drop_last=True, seed=0)  # doctest: +SKIP
 """
 
-from typing import Any
-
 from . import _nvjpeg
 
 _nvjpeg.preload()  # first: before anything imports torchvision, which brings an older nvJPEG (see _nvjpeg)
@@ -83,16 +81,3 @@ __all__ = [
     "SampleError",
     "__version__",
 ]
-
-_MOVED = {"synthetic_image": "gpupipe.testing", "encode_jpeg": "gpupipe.testing"}
-
-
-def __getattr__(name: str) -> Any:
-    """Names that moved in 0.2: still found here, with a DeprecationWarning."""
-    if name in _MOVED:
-        import importlib
-        import warnings
-
-        warnings.warn(f"gpupipe.{name} moved to {_MOVED[name]}.{name}", DeprecationWarning, stacklevel=2)
-        return getattr(importlib.import_module(_MOVED[name]), name)
-    raise AttributeError(f"module 'gpupipe' has no attribute {name!r}")

@@ -3,8 +3,6 @@
 import subprocess
 import sys
 
-import pytest
-
 import gpupipe as gp
 from gpupipe import sources, testing
 from gpupipe import transforms as T
@@ -54,13 +52,6 @@ def test_storage_api():
 
 def test_testing_api():
     assert sorted(testing.__all__) == ["encode_jpeg", "synthetic_image"]
-
-
-def test_moved_test_helpers_still_work_with_a_warning():
-    with pytest.warns(DeprecationWarning, match="gpupipe.synthetic_image moved to gpupipe.testing.synthetic_image"):
-        assert gp.synthetic_image is testing.synthetic_image
-    with pytest.raises(AttributeError, match="no attribute 'nope'"):
-        gp.nope  # noqa: B018
 
 
 def test_error_hierarchy():
