@@ -22,7 +22,7 @@ import torch
 
 import gpupipe as gp
 from gpupipe.cli._main import main
-from gpupipe.sidefiles._summary import Samples, write_summary
+from gpupipe.sidefiles._indexfile import Samples, write_index_file
 from gpupipe.sources import LocalStorage, _webdataset
 from gpupipe.sources._index import Index, ShardIndex
 from gpupipe.sources._webdataset import shard_samples
@@ -612,7 +612,7 @@ class TestIndexFiles:
             fs.pipe("/stale/a.tar", f.read())
         stale = samples_of(shards[0])._replace(labels=np.full(SHARD_SIZES[0], 99, np.int64))
         storage = RemoteStorage("memory", cache_dir=cache)
-        write_summary(storage, "memory://stale/a.tar", size=os.path.getsize(shards[0]), detail=stale,
+        write_index_file(storage, "memory://stale/a.tar", size=os.path.getsize(shards[0]), detail=stale,
                       image_exts=("jpg",), label_ext="cls", problems=())  # fmt: skip
         monkeypatch.setenv("GPUPIPE_CACHE_DIR", str(tmp_path / "node"))
         assert main(["index", "memory://stale/a.tar", "--image", "jpg", "--beside", "--workers", "0"]) == 0
@@ -622,7 +622,7 @@ class TestIndexFiles:
 
     def test_one_for_another_version_of_the_shard_is_ignored(self, served_copy, monkeypatch, tmp_path):
         srv, local = served_copy
-        write_summary(LocalStorage(), local[0], size=1, detail=samples_of(local[1]), image_exts=("jpg",),
+        write_index_file(LocalStorage(), local[0], size=1, detail=samples_of(local[1]), image_exts=("jpg",),
                       label_ext="cls", problems=())  # fmt: skip
         urls = [f"{srv.url}/{n}" for n in names(local)]
         index = gp.WebDataset(urls, image="jpg", cache_dir=new_node(monkeypatch, tmp_path, "node")).index()
@@ -634,7 +634,7 @@ class TestIndexFiles:
         with open(shards[0], "rb") as f:
             fs.pipe("/beside/a.tar", f.read())
         storage = RemoteStorage("memory", cache_dir=cache)
-        where = write_summary(storage, "memory://beside/a.tar", size=10, detail=samples_of(shards[0]),
+        where = write_index_file(storage, "memory://beside/a.tar", size=10, detail=samples_of(shards[0]),
                               image_exts=("jpg",), label_ext="cls", problems=())  # fmt: skip
         written = json.loads(fs.cat("/beside/a.tar.gpupipe.json"))
         assert where == "memory://beside/a.tar.gpupipe.json" and written["samples"] == SHARD_SIZES[0]
@@ -869,12 +869,12 @@ class TestSecrets:
             assert "gone.tar" in text
 
     def test_files_beside_a_shard_keep_its_query(self):
+        from gpupipe.sidefiles._indexfile import index_file_url
         from gpupipe.sidefiles._mask import mask_url
-        from gpupipe.sidefiles._summary import summary_url
 
-        assert summary_url("https://h/a.tar?sig=1") == "https://h/a.tar.gpupipe.json?sig=1"
+        assert index_file_url("https://h/a.tar?sig=1") == "https://h/a.tar.gpupipe.json?sig=1"
         assert mask_url("https://h/a.tar?sig=1") == "https://h/a.tar.bad.json?sig=1"
-        assert summary_url("/data/a?.tar") == "/data/a?.tar.gpupipe.json"
+        assert index_file_url("/data/a?.tar") == "/data/a?.tar.gpupipe.json"
 
     def test_a_refusal_is_not_asked_again(self, shards, server, cache):
         name = names(shards)[0]

@@ -204,7 +204,7 @@ def _storage_options(text: str | None) -> dict[str, Any] | None:
 def _index_one(job: tuple[str, tuple[str, ...], str | None, bool, dict[str, Any] | None]) -> tuple[int, int]:
     """Indexes one shard; with ``beside``, writes its index file next to it. Returns the samples
     and the index files written (0 or 1)."""
-    from ..sidefiles._summary import write_summary
+    from ..sidefiles._indexfile import write_index_file
     from ..sources import storage_for
     from ..sources._webdataset import cached_scan, shard_samples
 
@@ -215,7 +215,7 @@ def _index_one(job: tuple[str, tuple[str, ...], str | None, bool, dict[str, Any]
         shard, samples = shard_samples(storage, url, image_exts, label_ext)
         if samples is None or shard.nbytes is None:  # missing or unreadable: nothing to describe
             return len(shard), 0
-        write_summary(storage, url, size=shard.nbytes, detail=samples, image_exts=image_exts,
+        write_index_file(storage, url, size=shard.nbytes, detail=samples, image_exts=image_exts,
                       label_ext=label_ext, problems=shard.problems)  # fmt: skip
         return len(shard), 1
 

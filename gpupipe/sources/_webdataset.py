@@ -14,8 +14,8 @@ import numpy as np
 from .._config import OnError
 from .._errors import ConfigError, Damage, DataError, Problem, SampleError, redact, truncated, unreadable
 from .._validate import check_bytes, check_enum
+from ..sidefiles._indexfile import Samples, index_file_url, read_index_file
 from ..sidefiles._mask import read_mask
-from ..sidefiles._summary import Samples, read_summary, summary_url
 from ..storage._base import Stat, Storage, compressed
 from ..storage._schemes import expand_urls, storage_for
 from . import _wdsindex
@@ -205,7 +205,7 @@ class TarReader:
 
 
 def cached_scan(
-    storage: Storage, url: str, image_exts: tuple[str, ...], label_ext: str | None, *, summaries: bool = True
+    storage: Storage, url: str, image_exts: tuple[str, ...], label_ext: str | None, *, index_files: bool = True
 ) -> ShardIndex:
     """The index of one shard: from its cache file when there is one (details loaded lazily),
     else (remote shards, ``summaries``) from its index file beside it, else scanned from the tar
@@ -219,13 +219,12 @@ def cached_scan(
     idx_path = _wdsindex.index_path(storage.canonical(url), stat, image_exts, label_ext)
     size = _wdsindex.count(idx_path)
     problems = _wdsindex.load_problems(idx_path) if size is not None else None
-    summary = None
     if size is not None and problems is not None:
         loader = _CachedDetail(storage, url, idx_path, image_exts, label_ext)
         shard = ShardIndex(url, size=size, loader=loader, dali_index=idx_path, problems=problems)
-    elif summaries and storage.remote and (summary := read_summary(storage, url, size=stat.size, image_exts=image_exts,
-                                                     label_ext=label_ext)) is not None:  # fmt: skip
-        shard = _from_summary(storage, url, idx_path, summary.detail, summary.problems, image_exts, label_ext)
+    elif index_files and storage.remote and (found := read_index_file(
+            storage, url, size=stat.size, image_exts=image_exts, label_ext=label_ext)) is not None:  # fmt: skip
+        shard = _from_index_file(storage, url, idx_path, found.detail, found.problems, image_exts, label_ext)
     else:
         if storage.remote and "://" in url:  # (local compressed shards are decompressed, not downloaded)
             _say_what_indexing_costs(url)
@@ -252,7 +251,7 @@ def _scan_and_cache(
     return shard
 
 
-def _from_summary(
+def _from_index_file(
     storage: Storage, url: str, idx_path: str, detail: Samples, problems: tuple[Problem, ...],
     image_exts: tuple[str, ...], label_ext: str | None,
 ) -> ShardIndex:  # fmt: skip
@@ -278,7 +277,7 @@ def shard_samples(
     """The index of one shard, from the node's index cache or scanned — never from an index file
     beside it, which may be stale (:func:`cached_scan`) — and its samples as an index file lists
     them (``None`` for a shard that is missing or cannot be read)."""
-    shard = cached_scan(storage, url, image_exts, label_ext, summaries=False)
+    shard = cached_scan(storage, url, image_exts, label_ext, index_files=False)
     if shard.nbytes is None:
         return shard, None
     cached = _wdsindex.load(shard.dali_index, labeled=label_ext is not None) if shard.dali_index else None
@@ -308,7 +307,7 @@ def _say_what_indexing_costs(url: str) -> None:
             "gpupipe: remote shards without index files beside them (%s and others): each is downloaded once, "
             "through the shard cache, to count its samples. `python -m gpupipe index 'URLS' --beside` writes the "
             "index files once, so that nodes start without downloading.",
-            redact(summary_url(url)),
+            redact(index_file_url(url)),
         )
 
 

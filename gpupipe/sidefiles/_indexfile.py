@@ -31,7 +31,7 @@ import numpy as np
 from .._errors import Damage, Problem, redact
 from ..storage._base import Storage, beside
 
-__all__ = ["Summary", "Samples", "summary_url", "read_summary", "write_summary"]
+__all__ = ["IndexFile", "Samples", "index_file_url", "read_index_file", "write_index_file"]
 
 log = logging.getLogger("gpupipe")
 FORMAT, VERSION = "gpupipe-shard-summary", 2
@@ -51,13 +51,13 @@ class Samples(NamedTuple):
 
 
 @dataclasses.dataclass(frozen=True)
-class Summary:
+class IndexFile:
     samples: int
     problems: tuple[Problem, ...]
     detail: Samples
 
 
-def summary_url(url: str) -> str:
+def index_file_url(url: str) -> str:
     return beside(url, ".gpupipe.json")
 
 
@@ -124,14 +124,14 @@ def _samples(doc: Any, size: int, image_exts: tuple[str, ...], labeled: bool) ->
     return Samples(keys, exts, _ranges(doc, "image_range", n, size), label, labels)
 
 
-def read_summary(
+def read_index_file(
     storage: Storage, url: str, *, size: int, image_exts: tuple[str, ...], label_ext: str | None
-) -> Summary | None:
-    """The summary beside shard ``url`` if there is one for this version (``size``) and these
+) -> IndexFile | None:
+    """The index file beside shard ``url`` if there is one for this version (``size``) and these
     extensions; ``None`` otherwise (logged when one is there but does not apply)."""
-    where = redact(summary_url(url))  # for messages
+    where = redact(index_file_url(url))  # for messages
     try:
-        with storage.open(summary_url(url)) as f:
+        with storage.open(index_file_url(url)) as f:
             raw = f.read(MAX_BYTES)
     except Exception:  # none, unreadable, or a network library's own error: the shard is scanned
         return None
@@ -146,13 +146,13 @@ def read_summary(
             return None
         problems = tuple(Problem(Damage(p["kind"]), p["key"], str(p["detail"])) for p in doc["problems"])
         detail = _samples(doc, size, image_exts, label_ext is not None)
-        return Summary(int(doc["samples"]), problems, detail)
+        return IndexFile(int(doc["samples"]), problems, detail)
     except (ValueError, KeyError, TypeError, OverflowError) as e:
         log.warning("gpupipe: cannot use the index file %s (%s); the shard is scanned instead", where, e)
         return None
 
 
-def write_summary(
+def write_index_file(
     storage: Storage,
     url: str,
     *,
@@ -162,8 +162,8 @@ def write_summary(
     label_ext: str | None,
     problems: tuple[Problem, ...],
 ) -> str:
-    """Writes the summary of shard ``url`` (``size`` bytes, its samples ``detail``) beside it
+    """Writes the index file of shard ``url`` (``size`` bytes, its samples ``detail``) beside it
     through ``storage`` (whole or not at all); returns its URL."""
-    where = summary_url(url)
+    where = index_file_url(url)
     storage.put(where, encode(size, detail, image_exts, label_ext, problems))
     return where
