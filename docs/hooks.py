@@ -1,7 +1,8 @@
 """The docs site's build hooks (mkdocs ``hooks:``) and a griffe extension (mkdocstrings).
 
 - :class:`SphinxRoles`: gpupipe's docstrings name things the Sphinx way (``:class:`~gpupipe.Loader```,
-  ``:meth:`set_epoch```); mkdocstrings renders Markdown, so the roles become code spans.
+  ``:meth:`set_epoch```); mkdocstrings renders Markdown, so the roles become code spans; and their
+  ``Example:`` sections become ``Examples:``, whose ``>>>`` lines griffe renders as code.
 - ``on_page_markdown``: the Benchmarks page's ``<!-- results -->`` marker becomes every result in
   ``bench/results/`` (newest first), each with its machine and date as written there;
   ``on_files`` makes their plots part of the site.
@@ -27,12 +28,17 @@ def _role(match: re.Match[str]) -> str:
     return f"`{name.rsplit('.', 1)[-1] if match.group(1) else name}`"
 
 
+_EXAMPLE = re.compile(r"^(\s*)Example:[ \t]*$", re.M)
+
+
 class SphinxRoles(griffe.Extension):
-    """Sphinx roles in docstrings → Markdown code spans."""
+    """Sphinx roles in docstrings → Markdown code spans; an ``Example:`` section → ``Examples:``,
+    which griffe's Google parser splits into text and ``>>>`` code blocks (rendered as Python,
+    not as Markdown quotes)."""
 
     def on_instance(self, *, obj: griffe.Object, **kwargs: Any) -> None:
         if obj.docstring is not None:
-            obj.docstring.value = _ROLE.sub(_role, obj.docstring.value)
+            obj.docstring.value = _EXAMPLE.sub(r"\1Examples:", _ROLE.sub(_role, obj.docstring.value))
 
 
 def _results() -> str:
