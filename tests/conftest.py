@@ -14,7 +14,7 @@ import gpupipe as gp
 from gpupipe import backends
 from gpupipe.testing import encode_jpeg, synthetic_image
 
-from .fake_cuda import fake_cuda  # noqa: F401 - a fixture for every test module
+from .support.fake_cuda import fake_cuda  # noqa: F401 - a fixture for every test module
 
 SHARD_SIZES = (7, 5, 4)  # uneven on purpose
 UNEVEN_SIZES = (7, 2, 5, 3)

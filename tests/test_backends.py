@@ -13,7 +13,7 @@ import gpupipe as gp
 from gpupipe import backends
 from gpupipe import transforms as T
 
-from .checkers import check_epoch_partition, val, yielded
+from .support.checkers import check_epoch_partition, val, yielded
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,11 +99,11 @@ class TestLowerings:
 
 
 class TestThirdBackend:
-    """tests/inline_backend.py is a whole backend; one table entry makes it selectable."""
+    """tests/support/inline_backend.py is a whole backend; one table entry makes it selectable."""
 
     @pytest.fixture
     def inline(self, monkeypatch):
-        monkeypatch.setitem(backends.TABLE, "inline", "tests.inline_backend")
+        monkeypatch.setitem(backends.TABLE, "inline", "tests.support.inline_backend")
         monkeypatch.delitem(backends._loaded, "inline", raising=False)
         yield
         backends._loaded.pop("inline", None)
@@ -127,7 +127,7 @@ class TestThirdBackend:
             batch_size=2,
             drop_last=False,
         )
-        from .inline_backend import InlineRunner
+        from .support.inline_backend import InlineRunner
 
         runner = loaders[0]._runner
         assert isinstance(runner, InlineRunner) and not runner.closed

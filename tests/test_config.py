@@ -10,7 +10,7 @@ import torch
 import gpupipe as gp
 from gpupipe import transforms as T
 
-from .checkers import check_invalid
+from .support.checkers import check_invalid
 
 
 def val(source):

@@ -1,4 +1,4 @@
-"""One verdict per file (issue 24): the generated corpus of odd files (``tests/corpus.py``: other
+"""One verdict per file (issue 24): the generated corpus of odd files (``tests/support/corpus.py``: other
 formats named ``.jpg``, animations, damaged PNGs that crash torchvision's decoder, lossless and
 12-bit JPEGs, decompression bombs) through every backend at batch sizes 1, 16 and 64, under
 ``skip`` and ``raise``, each run in a child process so that a crash fails a test instead of ending
@@ -17,7 +17,7 @@ import pytest
 
 from gpupipe import backends
 
-from .corpus import RUN, write_shard
+from .support.corpus import RUN, write_shard
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 

@@ -18,7 +18,7 @@ import gpupipe as gp
 from gpupipe import transforms as T
 from gpupipe.testing import encode_jpeg, synthetic_image
 
-from .checkers import AddMult, EveryOtherColumn, Posterize, check_backend_parity, run_dali, sample_factors
+from .support.checkers import AddMult, EveryOtherColumn, Posterize, check_backend_parity, run_dali, sample_factors
 
 pytest.importorskip("nvidia.dali")
 

@@ -15,8 +15,8 @@ import gpupipe as gp
 from gpupipe import transforms as T
 from gpupipe.testing import encode_jpeg, synthetic_image
 
-from .checkers import run_dali
-from .dali_graph import check_gpu_placement, parse
+from .support.checkers import run_dali
+from .support.dali_graph import check_gpu_placement, parse
 from .test_gpu_graph import MATRIX, define
 
 pytest.importorskip("nvidia.dali")
@@ -122,7 +122,7 @@ class TestGraphSize:
         from gpupipe.backends._dali._graph import define_graph
         from gpupipe.backends._dali._proto import operator_count
 
-        from .checkers import Posterize
+        from .support.checkers import Posterize
 
         graph = define_graph([[Posterize(4)]], gpu=False, device_id=None, batch_size=2, num_threads=1, prefetch=1,
                              seed=0, channels_last=False, decoder_args={})  # fmt: skip

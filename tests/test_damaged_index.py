@@ -21,8 +21,8 @@ from gpupipe._errors import Problem
 from gpupipe.sidefiles._mask import write_mask
 from gpupipe.sources import _webdataset
 
-from .checkers import check_exact_resume
 from .conftest import _write_webdataset_shards
+from .support.checkers import check_exact_resume
 
 
 def key(n: int) -> str:

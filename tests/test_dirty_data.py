@@ -13,8 +13,8 @@ import torch
 import gpupipe as gp
 from gpupipe import transforms as T
 
-from .checkers import check_exact_resume
 from .conftest import _write_webdataset_shards, truncated_jpeg
+from .support.checkers import check_exact_resume
 
 SIZES = (6, 6)
 BAD = {  # sample number -> what is wrong with it

@@ -25,7 +25,7 @@ from gpupipe._geometry import (
 )
 from gpupipe.testing import encode_jpeg, synthetic_image
 
-from .checkers import check_backend_parity
+from .support.checkers import check_backend_parity
 
 SIDES = [1, 2, 3, 7, 64, 99, 100, 224, 255, 256, 257, 333, 375, 500, 641, 1024, 4097]
 RESIZES = [((256,), None), ((224,), 300), ((32,), 33), ((1,), None), (None, 100), (None, 7), ((10, 20), None)]
@@ -194,7 +194,7 @@ class TestTooSmall:
     )
     def test_parity(self, mixed_sizes, steps):
         pytest.importorskip("nvidia.dali")
-        from .checkers import reference_outputs
+        from .support.checkers import reference_outputs
 
         refused = [isinstance(r, str) for r in reference_outputs(steps, mixed_sizes)]
         assert any(refused)

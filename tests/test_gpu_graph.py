@@ -14,8 +14,8 @@ import torch
 import gpupipe as gp
 from gpupipe import transforms as T
 
-from .checkers import AddMult, Posterize
-from .dali_graph import check_gpu_placement, parse
+from .support.checkers import AddMult, Posterize
+from .support.dali_graph import check_gpu_placement, parse
 
 pytest.importorskip("nvidia.dali")
 

@@ -18,8 +18,8 @@ from gpupipe import transforms as T
 from gpupipe._decode import decode_rgb
 from gpupipe.testing import synthetic_image
 
-from .checkers import check_backend_parity
 from .conftest import _write_webdataset_shards, bomb_jpeg
+from .support.checkers import check_backend_parity
 
 PHOTO = Image.fromarray(synthetic_image(3, size=(40, 56)))
 

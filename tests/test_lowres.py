@@ -12,7 +12,7 @@ import torch
 import gpupipe as gp
 from gpupipe import transforms as T
 
-from .checkers import val
+from .support.checkers import val
 
 LOWRES = os.path.join(os.path.dirname(__file__), "..", "pipelines", "lowres.py")
 

@@ -15,7 +15,7 @@ from gpupipe import transforms as T
 from gpupipe._plan import PlanSpec, rank_plan, rank_range, shard_permutation
 from gpupipe.testing import encode_jpeg, synthetic_image
 
-from .checkers import check_epoch_partition, val, yielded
+from .support.checkers import check_epoch_partition, val, yielded
 
 
 def plan_batches(sizes, world, *, sequential, shuffle, seed, epoch, buffer, interleave, batch_size, drop_last):

@@ -25,7 +25,7 @@ from gpupipe import transforms as T
 from gpupipe._children import POLL_S, exit_status, process_pool
 from gpupipe.testing import encode_jpeg, synthetic_image
 
-from .checkers import crasher, make_decoders_crash
+from .support.checkers import crasher, make_decoders_crash
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 PROMPT_S = 10.0  # "within a few seconds", with room for a loaded CI machine

@@ -31,8 +31,8 @@ from gpupipe.storage._cache import ShardCache
 from gpupipe.storage._prefetch import parts
 from gpupipe.storage._remote import RemoteStorage, canonical_url
 
-from .checkers import all_keys, val
 from .conftest import SHARD_SIZES, _write_webdataset_shards
+from .support.checkers import all_keys, val
 
 pytest.importorskip("aiohttp")
 

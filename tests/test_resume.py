@@ -6,7 +6,7 @@ import pytest
 
 import gpupipe as gp
 
-from .checkers import val
+from .support.checkers import val
 
 
 class TestResume:

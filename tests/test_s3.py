@@ -15,9 +15,9 @@ import gpupipe as gp
 from gpupipe.cli._main import main
 from gpupipe.storage._remote import RemoteStorage
 
-from .checkers import val
 from .conftest import SHARD_SIZES
-from .s3_server import s3, seaweedfs
+from .support.checkers import val
+from .support.s3_server import s3, seaweedfs
 
 pytest.importorskip("s3fs")
 

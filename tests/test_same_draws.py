@@ -20,8 +20,8 @@ from gpupipe import transforms as T
 from gpupipe.storage._mapped import MappedFile
 from gpupipe.testing import synthetic_image
 
-from .checkers import check_exact_resume
 from .conftest import _write_webdataset_shards, label_of, truncated_jpeg
+from .support.checkers import check_exact_resume
 
 pytest.importorskip("nvidia.dali")
 

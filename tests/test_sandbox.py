@@ -17,8 +17,8 @@ from gpupipe import _decode
 from gpupipe._sandbox import guarded_map
 from gpupipe.testing import encode_jpeg, synthetic_image
 
-from .checkers import crasher, make_decoders_crash
 from .conftest import _write_webdataset_shards, truncated_jpeg
+from .support.checkers import crasher, make_decoders_crash
 
 
 def _crash_or_hang(item):

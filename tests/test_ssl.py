@@ -129,7 +129,7 @@ def test_the_gpu_graph_of_each_recipe(name, channels_last):
     """The recipes' GPU graphs, defined and serialized without a GPU: one nvJPEG decoder, every
     view's operators on the GPU, one GPU output per view, no DALI random operator."""
     pytest.importorskip("nvidia.dali")
-    from .dali_graph import check_gpu_placement, parse
+    from .support.dali_graph import check_gpu_placement, parse
     from .test_gpu_graph import define
 
     pipe = recipe(name)(["unused.tar"])

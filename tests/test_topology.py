@@ -10,7 +10,7 @@ import torch
 import gpupipe as gp
 from gpupipe import _dist
 
-from .checkers import val
+from .support.checkers import val
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 

@@ -12,16 +12,16 @@ import pytest
 
 import gpupipe as gp
 
-from .checkers import all_keys, check_epoch_partition
 from .conftest import DIST_ENV, UNEVEN_SIZES, _write_webdataset_shards, truncated_jpeg
-from .dist_worker import BACKENDS
+from .support.checkers import all_keys, check_epoch_partition
+from .support.dist_worker import BACKENDS
 
 
 def torchrun(worker: str, out, shards: list[str], **extra_env: str) -> None:
-    """Runs ``tests/<worker>`` as a 2-rank ``torchrun`` job (gloo, CPU)."""
+    """Runs ``tests/support/<worker>`` as a 2-rank ``torchrun`` job (gloo, CPU)."""
     env = {k: v for k, v in os.environ.items() if k not in DIST_ENV}
     env.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="error::DeprecationWarning:gpupipe", **extra_env)
-    path = os.path.join(os.path.dirname(__file__), worker)
+    path = os.path.join(os.path.dirname(__file__), "support", worker)
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", path, str(out)]
     proc = subprocess.run([*argv, *shards], env=env, capture_output=True, text=True, timeout=300)
     first = [line for line in proc.stderr.splitlines() if "[rank0]" in line][-40:]  # the first to fail, often

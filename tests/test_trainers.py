@@ -18,7 +18,7 @@ import torch
 import gpupipe as gp
 from gpupipe import transforms as T
 
-from .checkers import val
+from .support.checkers import val
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 
@@ -202,7 +202,7 @@ class TestAccelerate:
         loader.close()
 
 
-LIGHTNING = os.path.join(os.path.dirname(__file__), "lightning_fit.py")
+LIGHTNING = os.path.join(os.path.dirname(__file__), "support", "lightning_fit.py")
 
 
 def _fit(tmp_path, *args: str, devices: int = 1) -> dict:

@@ -13,7 +13,7 @@ from torchvision.transforms import v2
 import gpupipe as gp
 from gpupipe import transforms as T
 
-from .checkers import (
+from .support.checkers import (
     AddMult,
     EveryOtherColumn,
     Posterize,

@@ -14,7 +14,7 @@ import gpupipe as gp
 from gpupipe import _tune
 from gpupipe.cli._main import main
 
-from .checkers import val
+from .support.checkers import val
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 

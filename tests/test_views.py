@@ -12,8 +12,8 @@ import torch
 import gpupipe as gp
 from gpupipe import transforms as T
 
-from .checkers import check_exact_resume
 from .conftest import _write_webdataset_shards, truncated_jpeg
+from .support.checkers import check_exact_resume
 
 FLOAT = T.ToDtype(torch.float32, scale=True)
 
@@ -141,7 +141,7 @@ class TestSameDrawsOnEveryBackend:
 class TestDaliGraph:
     def test_several_views_decode_once(self):
         pytest.importorskip("nvidia.dali")
-        from .dali_graph import check_gpu_placement, parse
+        from .support.dali_graph import check_gpu_placement, parse
         from .test_gpu_graph import define
 
         views = crops(local=3)
@@ -154,7 +154,7 @@ class TestDaliGraph:
 
     def test_one_view_keeps_the_fused_decode(self):
         pytest.importorskip("nvidia.dali")
-        from .dali_graph import parse
+        from .support.dali_graph import parse
         from .test_gpu_graph import define
 
         ops, _ = parse(define(None, views=crops()[:1]).pipe.serialize())

@@ -1,7 +1,7 @@
 """One rank of the shared-cache torchrun test (tests/test_torchrun.py::TestTorchrun::
 test_two_ranks_share_one_shard_cache); not a test itself.
 
-    python -m torch.distributed.run --standalone --nproc_per_node=2 tests/dist_remote_worker.py OUT URL...
+    python -m torch.distributed.run --standalone --nproc_per_node=2 tests/support/dist_remote_worker.py OUT URL...
 
 Both ranks read the same remote shards through one node-local cache (``$GPUPIPE_TEST_CACHE``):
 two shuffled epochs with each installed backend; writes what this rank yielded to

@@ -1,6 +1,6 @@
 """One rank of the torchrun test (tests/test_torchrun.py::TestTorchrun); not a test itself.
 
-    python -m torch.distributed.run --standalone --nproc_per_node=2 tests/dist_worker.py OUT SHARD...
+    python -m torch.distributed.run --standalone --nproc_per_node=2 tests/support/dist_worker.py OUT SHARD...
 
 Initializes gloo, then for each installed backend of the table runs an evaluation epoch
 (``drop_last=False``, counting valid samples with ``all_reduce`` as a DDP evaluation would) and

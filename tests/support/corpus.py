@@ -5,7 +5,7 @@ with the verdict gpupipe's file-acceptance rules give it (``gpupipe/_decode.py``
 good file, else the :class:`~gpupipe.Damage` value of its refusal. Every backend, at every batch
 size, must reach the same verdicts, and ``gpupipe check`` must list exactly the bad ones.
 
-``python -m tests.corpus DIR`` writes the files to look at them.
+``python -m tests.support.corpus DIR`` writes the files to look at them.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Lightning's Trainer fitting a tiny model on gpupipe loaders (tests/test_trainers.py runs it in a
 child process: Lightning's DDP relaunches this script for each rank).
 
-    python tests/lightning_fit.py OUT DEVICES fit|cut-and-resume
+    python tests/support/lightning_fit.py OUT DEVICES fit|cut-and-resume
 
 Writes OUT/result.json (rank 0): each training epoch's keys in order (valid ones), the epoch the
 loader was at in each, the validation count per epoch summed over ranks, and for
@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
 import lightning as L
 

@@ -1,7 +1,7 @@
 """One rank of the damaged-corpus torchrun test (tests/test_torchrun.py::TestTorchrun::
 test_a_damaged_corpus_under_skip); not a test itself.
 
-    python -m torch.distributed.run --standalone --nproc_per_node=2 tests/dist_damaged_worker.py OUT SHARD...
+    python -m torch.distributed.run --standalone --nproc_per_node=2 tests/support/dist_damaged_worker.py OUT SHARD...
 
 For each installed backend, under ``on_error="skip"``: an evaluation epoch (``shuffle=False``),
 then two shuffled epochs with ``drop_last=False``, the second also interrupted after its first
