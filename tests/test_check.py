@@ -13,7 +13,7 @@ import gpupipe as gp
 from gpupipe import transforms as T
 from gpupipe.cli._main import main
 
-from .conftest import _write_webdataset_shards, bomb_jpeg, truncated_jpeg
+from .support.data import bomb_jpeg, truncated_jpeg, write_webdataset_shards
 
 BAD = {  # sample number -> (members, the damage check reports)
     1: ({"jpg": truncated_jpeg(1)}, "undecodable"),
@@ -31,7 +31,7 @@ def key(n: int) -> str:
 @pytest.fixture
 def damaged(tmp_path) -> list[str]:
     """Two shards of 6 with the samples of ``BAD`` damaged."""
-    return _write_webdataset_shards(str(tmp_path), (6, 6), prefix="chk", patch={n: m for n, (m, _) in BAD.items()})
+    return write_webdataset_shards(str(tmp_path), (6, 6), prefix="chk", patch={n: m for n, (m, _) in BAD.items()})
 
 
 class TestCheck:
@@ -61,7 +61,7 @@ class TestCheck:
         assert sorted(got) == [key(n) for n in range(12) if n not in BAD]
 
     def test_structural_damage_is_reported_but_not_listed(self, tmp_path):
-        urls = _write_webdataset_shards(str(tmp_path), (6,), prefix="st", patch={3: {"jpg": None}})
+        urls = write_webdataset_shards(str(tmp_path), (6,), prefix="st", patch={3: {"jpg": None}})
         cut = str(tmp_path / "cut.tar")
         with open(urls[0], "rb") as src, open(cut, "wb") as dst:
             dst.write(src.read()[:3000])
@@ -76,7 +76,7 @@ class TestCheck:
 
     def test_a_sound_shard_loses_its_stale_list(self, damaged):
         gp.check(damaged, workers=0)
-        _write_webdataset_shards(os.path.dirname(damaged[0]), (6, 6), prefix="chk")  # repaired
+        write_webdataset_shards(os.path.dirname(damaged[0]), (6, 6), prefix="chk")  # repaired
         report = gp.check(damaged, workers=0)
         assert report.ok and report.removed == tuple(u + ".bad.json" for u in damaged)
         assert not any(os.path.exists(u + ".bad.json") for u in damaged)
@@ -98,7 +98,7 @@ class TestCommand:
         assert doc["written"] == []
 
     def test_a_clean_dataset_exits_0_with_a_progress_bar(self, tmp_path, capsys):
-        urls = _write_webdataset_shards(str(tmp_path), (3, 3), prefix="ok")
+        urls = write_webdataset_shards(str(tmp_path), (3, 3), prefix="ok")
         pattern = str(tmp_path / "ok-{000000..000001}.tar")
         assert main(["check", pattern, "--workers", "0"]) == 0
         captured = capsys.readouterr()
@@ -111,6 +111,6 @@ def test_a_tar_member_named_jpg_that_is_a_tar(tmp_path):
     inner = tmp_path / "inner.tar"
     with tarfile.open(inner, "w"):
         pass
-    urls = _write_webdataset_shards(str(tmp_path), (2,), prefix="t", patch={0: {"jpg": inner.read_bytes()}})
+    urls = write_webdataset_shards(str(tmp_path), (2,), prefix="t", patch={0: {"jpg": inner.read_bytes()}})
     report = gp.check(urls, workers=0, write=False)
     assert [(f.key, f.kind.value) for f in report.findings] == [(key(0), "undecodable")]

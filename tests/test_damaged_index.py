@@ -21,8 +21,8 @@ from gpupipe._errors import Problem
 from gpupipe.sidefiles._mask import write_mask
 from gpupipe.sources import _webdataset
 
-from .conftest import _write_webdataset_shards
 from .support.checkers import check_exact_resume
+from .support.data import write_webdataset_shards
 
 
 def key(n: int) -> str:
@@ -40,7 +40,7 @@ def corpus(tmp_path_factory) -> list[str]:
     """Three shards of 6 with damaged samples (``PATCH``), the third truncated inside sample 15,
     a zero-byte shard and a missing one."""
     root = str(tmp_path_factory.mktemp("damaged-index"))
-    urls = _write_webdataset_shards(root, (6, 6, 6), prefix="part", patch=PATCH)
+    urls = write_webdataset_shards(root, (6, 6, 6), prefix="part", patch=PATCH)
     with tarfile.open(urls[2]) as tar:
         member = next(m for m in tar if m.name == f"{key(CUT)}.jpg")
     os.truncate(urls[2], member.offset_data + member.size // 2)
@@ -138,7 +138,7 @@ def listed(shard: str, bad: dict[int, str]) -> None:
 
 @pytest.fixture
 def clean(tmp_path) -> list[str]:
-    return _write_webdataset_shards(str(tmp_path), (6, 6), prefix="clean")
+    return write_webdataset_shards(str(tmp_path), (6, 6), prefix="clean")
 
 
 class TestCheckedList:

@@ -13,8 +13,8 @@ import torch
 import gpupipe as gp
 from gpupipe import transforms as T
 
-from .conftest import _write_webdataset_shards, truncated_jpeg
 from .support.checkers import check_exact_resume
+from .support.data import truncated_jpeg, write_webdataset_shards
 
 SIZES = (6, 6)
 BAD = {  # sample number -> what is wrong with it
@@ -32,7 +32,7 @@ def key(n: int) -> str:
 @pytest.fixture(scope="module")
 def damaged(tmp_path_factory) -> list[str]:
     """Two shards of 6 samples; samples 1, 3, 7 and 9 are damaged (``BAD``)."""
-    return _write_webdataset_shards(str(tmp_path_factory.mktemp("damaged")), SIZES, prefix="damaged", patch=BAD)
+    return write_webdataset_shards(str(tmp_path_factory.mktemp("damaged")), SIZES, prefix="damaged", patch=BAD)
 
 
 def pipeline(urls):
@@ -79,7 +79,7 @@ class TestSkip:
     def test_a_donor_that_fails_a_check_is_not_copied(self, backend, tmp_path):
         """Sample 3 cannot be decoded and takes a copy of the first decodable sample, which is too
         small for the crop: every left-out place then holds the first sample that passes both."""
-        urls = _write_webdataset_shards(str(tmp_path), (6,), prefix="donor", patch={3: {"jpg": truncated_jpeg(3)}})
+        urls = write_webdataset_shards(str(tmp_path), (6,), prefix="donor", patch={3: {"jpg": truncated_jpeg(3)}})
         with backend.loader(gp.Pipeline(urls, [T.RandomCrop(80)]), 6, num_workers=0, on_error="skip",
                             max_skipped=None) as loader:  # fmt: skip
             (keys, valid, images, labels), *_ = run(loader)
@@ -117,7 +117,7 @@ class TestSkip:
 
     def test_a_batch_of_only_bad_samples(self, backend, tmp_path):
         bad = {n: {"jpg": b"not an image"} for n in range(4)}
-        urls = _write_webdataset_shards(str(tmp_path), (4, 4), prefix="allbad", patch=bad)
+        urls = write_webdataset_shards(str(tmp_path), (4, 4), prefix="allbad", patch=bad)
         with backend.loader(pipeline(urls), 4, num_workers=0, on_error="skip", max_skipped=None) as loader:
             batches = run(loader)
         assert [int(v.sum()) for _, v, *_ in batches] == [0, 4]

@@ -13,7 +13,8 @@ import pytest
 
 from gpupipe.testing import encode_jpeg, synthetic_image
 
-from .conftest import DIST_ENV, _write_webdataset_shards, label_of
+from .support.data import label_of, write_webdataset_shards
+from .support.targets import DIST_ENV
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CLASSES = 5  # label_of(n) = 7n mod 5; the image's hue follows its label: a signal a small model learns
@@ -28,8 +29,8 @@ def data(tmp_path_factory) -> dict[str, str]:
     root = tmp_path_factory.mktemp("imagenet")
     for name in ("train", "val"):
         os.makedirs(root / name)
-    train = _write_webdataset_shards(str(root / "train"), (64,) * 4, prefix="train")
-    val = _write_webdataset_shards(str(root / "val"), (31, 30), prefix="val", image=_val_image)
+    train = write_webdataset_shards(str(root / "train"), (64,) * 4, prefix="train")
+    val = write_webdataset_shards(str(root / "val"), (31, 30), prefix="val", image=_val_image)
     folder = root / "val-folder"  # the same 61 validation images as an ImageFolder tree
     for n in range(61):
         os.makedirs(folder / f"class{label_of(n)}", exist_ok=True)

@@ -18,8 +18,8 @@ from gpupipe import transforms as T
 from gpupipe._decode import decode_rgb
 from gpupipe.testing import synthetic_image
 
-from .conftest import _write_webdataset_shards, bomb_jpeg
 from .support.checkers import check_backend_parity
+from .support.data import bomb_jpeg, write_webdataset_shards
 
 PHOTO = Image.fromarray(synthetic_image(3, size=(40, 56)))
 
@@ -84,7 +84,7 @@ class TestExifOrientation:
     def test_the_loader_option_reaches_every_backend(self, backend, tmp_path, exif):
         half = np.zeros((40, 56, 3), np.uint8)
         half[:, 28:] = 255  # stored: dark left half; orientation 6 turns the left side to the top
-        urls = _write_webdataset_shards(str(tmp_path), (1,), prefix="exif",
+        urls = write_webdataset_shards(str(tmp_path), (1,), prefix="exif",
                                         patch={0: {"jpg": exif_rotated(Image.fromarray(half))}})  # fmt: skip
         pipeline = gp.Pipeline(urls, [T.Resize((16, 16))])
         with backend.loader(pipeline, 1, num_workers=0, apply_exif_orientation=exif) as loader:
@@ -131,7 +131,7 @@ class TestInLoaders:
         members = [*ENCODINGS.values(), *TINY.values()]
         patch = {n: {"jpg": data} for n, data in enumerate(members)}
         patch[len(members)] = {"jpg": bomb_jpeg()}
-        return _write_webdataset_shards(str(tmp_path), (len(members) + 1,), prefix="mixed", patch=patch)
+        return write_webdataset_shards(str(tmp_path), (len(members) + 1,), prefix="mixed", patch=patch)
 
     @pytest.mark.parametrize("on_error", ["raise", "skip"])
     def test_every_image_decodes_and_the_bomb_is_refused(self, backend, mixed, on_error):

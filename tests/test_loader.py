@@ -13,8 +13,8 @@ import gpupipe as gp
 from gpupipe import transforms as T
 from gpupipe.testing import encode_jpeg, synthetic_image
 
-from .conftest import SHARD_SIZES, label_of
 from .support.checkers import AddMult, EveryOtherColumn, Posterize
+from .support.data import SHARD_SIZES, label_of
 
 N = sum(SHARD_SIZES)
 

@@ -72,9 +72,9 @@ class TestCrashedWorkers:
     transient."""
 
     def test_the_sample_that_crashes_a_worker_is_skipped(self, crashing_decoder, tmp_path):
-        from .conftest import _write_webdataset_shards
+        from .support.data import write_webdataset_shards
 
-        urls = _write_webdataset_shards(str(tmp_path), (16,), prefix="crash", patch={5: {"jpg": crasher()}})
+        urls = write_webdataset_shards(str(tmp_path), (16,), prefix="crash", patch={5: {"jpg": crasher()}})
         pipe = gp.Pipeline(urls, [T.Resize((16, 16)), T.ToDtype(__import__("torch").float32)])
         options = dict(backend="torch", device="cpu", num_workers=2, on_error="skip", max_skipped=None)
         with gp.Loader(pipe, 4, **options) as loader:
@@ -94,9 +94,9 @@ class TestCrashedWorkers:
 
     def test_a_crash_no_sample_repeats_is_transient(self, shards, tmp_path):
         white = np.full((24, 32, 3), 255, np.uint8)
-        from .conftest import _write_webdataset_shards
+        from .support.data import write_webdataset_shards
 
-        urls = _write_webdataset_shards(str(tmp_path), (12,), prefix="once", patch={7: {"jpg": encode_jpeg(white)}})
+        urls = write_webdataset_shards(str(tmp_path), (12,), prefix="once", patch={7: {"jpg": encode_jpeg(white)}})
         pipe = gp.Pipeline(urls, [T.Resize((16, 16)), _CrashOnce(flag=str(tmp_path / "crashed"))])
         with gp.Loader(pipe, 4, backend="torch", device="cpu", num_workers=2, on_error="skip") as loader:
             keys = [k for b in loader for k, v in zip(b.keys, b.valid.tolist(), strict=True) if v]
@@ -280,10 +280,10 @@ class TestStuckWorkers:
     out too) is refused, and new workers finish the epoch; a stall no sample repeats is transient."""
 
     def _urls(self, tmp_path):
-        from .conftest import _write_webdataset_shards
+        from .support.data import write_webdataset_shards
 
         white = np.full((24, 32, 3), 255, np.uint8)
-        return _write_webdataset_shards(str(tmp_path), (12,), prefix="hang", patch={6: {"jpg": encode_jpeg(white)}})
+        return write_webdataset_shards(str(tmp_path), (12,), prefix="hang", patch={6: {"jpg": encode_jpeg(white)}})
 
     def test_the_sample_that_hangs_is_refused_and_the_epoch_finishes(self, tmp_path, caplog):
         pipe = gp.Pipeline(self._urls(tmp_path), [T.Resize((16, 16)), _HangOn()])

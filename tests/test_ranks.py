@@ -16,8 +16,8 @@ from gpupipe.sources import Index, LocalStorage, ShardIndex, Source
 from gpupipe.sources._webdataset import TarReader
 from gpupipe.testing import encode_jpeg, synthetic_image
 
-from .conftest import Target
 from .support.checkers import all_keys, check_epoch_partition, val, yielded
+from .support.targets import Target
 
 
 class TestLoaderRanks:

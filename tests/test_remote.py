@@ -31,8 +31,8 @@ from gpupipe.storage._cache import ShardCache
 from gpupipe.storage._prefetch import parts
 from gpupipe.storage._remote import RemoteStorage, canonical_url
 
-from .conftest import SHARD_SIZES, _write_webdataset_shards
 from .support.checkers import all_keys, val
+from .support.data import SHARD_SIZES, write_webdataset_shards
 
 pytest.importorskip("aiohttp")
 
@@ -156,7 +156,7 @@ MANY = (4,) * 12
 @pytest.fixture(scope="module")
 def many_shards(tmp_path_factory) -> list[str]:
     """12 shards of 4 samples."""
-    return _write_webdataset_shards(str(tmp_path_factory.mktemp("many")), MANY, prefix="many")
+    return write_webdataset_shards(str(tmp_path_factory.mktemp("many")), MANY, prefix="many")
 
 
 @pytest.fixture

@@ -15,8 +15,8 @@ import gpupipe as gp
 from gpupipe.cli._main import main
 from gpupipe.storage._remote import RemoteStorage
 
-from .conftest import SHARD_SIZES
 from .support.checkers import val
+from .support.data import SHARD_SIZES
 from .support.s3_server import s3, seaweedfs
 
 pytest.importorskip("s3fs")

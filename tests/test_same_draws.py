@@ -20,8 +20,8 @@ from gpupipe import transforms as T
 from gpupipe.storage._mapped import MappedFile
 from gpupipe.testing import synthetic_image
 
-from .conftest import _write_webdataset_shards, label_of, truncated_jpeg
 from .support.checkers import check_exact_resume
+from .support.data import label_of, truncated_jpeg, write_webdataset_shards
 
 pytest.importorskip("nvidia.dali")
 
@@ -34,7 +34,7 @@ MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)  # the recipes' ImageNe
 def photo_shards(tmp_path_factory) -> list[str]:
     """3 shards of 16 photo-sized JPEGs (300-500 px shorter side, both orientations)."""
     root = str(tmp_path_factory.mktemp("photos"))
-    return _write_webdataset_shards(
+    return write_webdataset_shards(
         root, PHOTO_SIZES, prefix="photos", image=lambda n: synthetic_image(2000 + n, label=label_of(n))
     )
 
@@ -289,7 +289,7 @@ class TestInputPath:
         from gpupipe.backends._dali._input import BatchReader, Buffers, Maps
         from gpupipe.sources import LocalStorage
 
-        paths = _write_webdataset_shards(str(tmp_path), (8,), prefix="late")
+        paths = write_webdataset_shards(str(tmp_path), (8,), prefix="late")
         index = gp.WebDataset(paths).index()
         plan = RankPlan(np.arange(8), np.ones(8, bool), batch_size=4, num_batches=2)
         with ThreadPoolExecutor(1) as pool:
@@ -311,7 +311,7 @@ class TestInputPath:
 
     def test_a_writer_waits_for_the_next_batch_not_the_end_of_the_epoch(self, tmp_path):
         """A shard the epoch is done with is truncated mid-epoch: its lease goes at the next batch."""
-        paths = _write_webdataset_shards(str(tmp_path), (4, 40), prefix="idle")
+        paths = write_webdataset_shards(str(tmp_path), (4, 40), prefix="idle")
         if gp.sources.LocalStorage().map(paths[0]) is None:
             pytest.skip("no read leases here")
         with gp.Loader(gp.Pipeline(paths, [T.CenterCrop(8)]), 2, backend="dali", device="cpu") as loader:
@@ -330,7 +330,7 @@ class TestInputPath:
         keeps it) — no map stays leased, so no writer waits on it."""
         from gpupipe.sources import LocalStorage
 
-        paths = _write_webdataset_shards(str(tmp_path), (4, 12), prefix="bad", patch={9: {"jpg": truncated_jpeg(9)}})
+        paths = write_webdataset_shards(str(tmp_path), (4, 12), prefix="bad", patch={9: {"jpg": truncated_jpeg(9)}})
         maps: list[MappedFile | None] = []
         map_file = LocalStorage.map
 
@@ -364,7 +364,7 @@ class TestInputPath:
         once the batches already handed to DALI are done; the truncation completes, and the epoch
         ends with a ShardError naming the shard, after exactly the plan's keys before it. Never
         SIGBUS: in a child process, so that one would fail this test rather than kill the run."""
-        paths = _write_webdataset_shards(str(tmp_path), (4, 40), prefix="cut")
+        paths = write_webdataset_shards(str(tmp_path), (4, 40), prefix="cut")
         script = f"""
 import subprocess, sys, time
 import gpupipe as gp

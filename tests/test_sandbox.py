@@ -17,8 +17,8 @@ from gpupipe import _decode
 from gpupipe._sandbox import guarded_map
 from gpupipe.testing import encode_jpeg, synthetic_image
 
-from .conftest import _write_webdataset_shards, truncated_jpeg
 from .support.checkers import crasher, make_decoders_crash
+from .support.data import truncated_jpeg, write_webdataset_shards
 
 
 def _crash_or_hang(item):
@@ -51,7 +51,7 @@ def test_a_crash_is_a_verdict_naming_the_sample(crashing_decoder):
 
 
 def test_check_reports_a_file_that_crashes_the_decoder(crashing_decoder, tmp_path):
-    urls = _write_webdataset_shards(str(tmp_path), (4,), prefix="c", patch={2: {"jpg": crasher()}})
+    urls = write_webdataset_shards(str(tmp_path), (4,), prefix="c", patch={2: {"jpg": crasher()}})
     report = gp.check(urls, workers=0, write=False)
     (finding,) = report.findings
     assert finding.sample == 2 and finding.kind is gp.Damage.UNDECODABLE and "killed the process" in finding.message
@@ -62,7 +62,7 @@ def test_dali_names_a_sample_that_crashes_gpupipes_decoder(crashing_decoder, tmp
     them kills its decoder: that one is skipped (or named), this process lives."""
     pytest.importorskip("nvidia.dali")
     bad = truncated_jpeg(1)  # DALI fails on it: the batch is searched
-    urls = _write_webdataset_shards(str(tmp_path), (8,), prefix="d", patch={1: {"jpg": bad}, 2: {"jpg": crasher()}})
+    urls = write_webdataset_shards(str(tmp_path), (8,), prefix="d", patch={1: {"jpg": bad}, 2: {"jpg": crasher()}})
     pipe = gp.Pipeline(urls, [gp.transforms.Resize((16, 16))])
     with gp.Loader(pipe, 4, backend="dali", device="cpu", on_error="skip", max_skipped=None) as loader:
         valid = [v for b in loader for v in b.valid.tolist()]

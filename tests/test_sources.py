@@ -16,7 +16,7 @@ from gpupipe._decode import decode_rgb
 from gpupipe.sources import split_key
 from gpupipe.testing import encode_jpeg, synthetic_image
 
-from .conftest import SHARD_SIZES, label_of
+from .support.data import SHARD_SIZES, label_of
 
 
 def write_tar(path, members):

@@ -12,9 +12,10 @@ import pytest
 
 import gpupipe as gp
 
-from .conftest import DIST_ENV, UNEVEN_SIZES, _write_webdataset_shards, truncated_jpeg
 from .support.checkers import all_keys, check_epoch_partition
+from .support.data import UNEVEN_SIZES, truncated_jpeg, write_webdataset_shards
 from .support.dist_worker import BACKENDS
+from .support.targets import DIST_ENV
 
 
 def torchrun(worker: str, out, shards: list[str], **extra_env: str) -> None:
@@ -62,7 +63,7 @@ class TestTorchrun:
         def key(n: int) -> str:
             return f"img/{max(s for s, start in enumerate(starts) if start <= n):02d}/{n:06d}"
 
-        urls = _write_webdataset_shards(str(tmp_path), UNEVEN_SIZES, prefix="dmg", patch={**runtime, **indexed})
+        urls = write_webdataset_shards(str(tmp_path), UNEVEN_SIZES, prefix="dmg", patch={**runtime, **indexed})
         with tarfile.open(urls[-1]) as tar:
             cut = tar.getmember(f"{key(16)}.jpg").offset_data + 100
         os.truncate(urls[-1], cut)  # an interrupted copy: the file ends inside the last sample
@@ -106,7 +107,7 @@ class TestTorchrun:
         from .test_remote import _serve, shard_gets
 
         (tmp_path / "data").mkdir()
-        local = _write_webdataset_shards(str(tmp_path / "data"), (5, 4, 6, 3, 5, 4), prefix="remote")
+        local = write_webdataset_shards(str(tmp_path / "data"), (5, 4, 6, 3, 5, 4), prefix="remote")
         for server in _serve(str(tmp_path / "data")):
             urls = [f"{server.url}/{os.path.basename(p)}" for p in local]
             torchrun("dist_remote_worker.py", tmp_path, urls, GPUPIPE_TEST_CACHE=str(tmp_path / "shard-cache"),

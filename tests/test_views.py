@@ -12,8 +12,8 @@ import torch
 import gpupipe as gp
 from gpupipe import transforms as T
 
-from .conftest import _write_webdataset_shards, truncated_jpeg
 from .support.checkers import check_exact_resume
+from .support.data import truncated_jpeg, write_webdataset_shards
 
 FLOAT = T.ToDtype(torch.float32, scale=True)
 
@@ -113,7 +113,7 @@ class TestViewsOnEveryBackend:
         )
 
     def test_a_skipped_sample_is_replaced_in_every_view(self, backend, tmp_path):
-        urls = _write_webdataset_shards(str(tmp_path), (6,), prefix="views", patch={2: {"jpg": truncated_jpeg(2)}})
+        urls = write_webdataset_shards(str(tmp_path), (6,), prefix="views", patch={2: {"jpg": truncated_jpeg(2)}})
         with backend.loader(
             gp.Pipeline(urls, views=crops()), 6, num_workers=0, on_error="skip", max_skipped=None
         ) as loader:
