@@ -1,5 +1,7 @@
-"""Fixtures: small real-JPEG datasets built by the tests themselves, and ``backend``: every
-backend of the table (on each device it delivers to) that the contract suite runs on."""
+"""Fixtures: small real-JPEG datasets built by the tests themselves, ``backend``: every backend of
+the table (on each device it delivers to) that the contract suite runs on, and from
+tests/support/: ``fake_cuda``, the loopback servers ``http_server`` (a factory: servers for one
+test) and ``s3_endpoint`` (SeaweedFS, one per module that uses it)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,8 @@ from gpupipe.testing import encode_jpeg, synthetic_image
 
 from .support.data import SHARD_SIZES, UNEVEN_SIZES, write_webdataset_shards
 from .support.fake_cuda import fake_cuda  # noqa: F401 - a fixture for every test module
+from .support.http_server import http_server  # noqa: F401 - a fixture for every test module
+from .support.s3_server import s3_endpoint  # noqa: F401 - a fixture for every test module
 from .support.targets import DIST_ENV, Target, targets
 
 

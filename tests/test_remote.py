@@ -5,9 +5,7 @@ mid-shard, errors), on every backend; what is cached, and what never appears in 
 from __future__ import annotations
 
 import contextlib
-import functools
 import gzip
-import http.server
 import json
 import logging
 import os
@@ -33,121 +31,14 @@ from gpupipe.storage._remote import RemoteStorage, canonical_url
 
 from .support.checkers import all_keys, val
 from .support.data import SHARD_SIZES, write_webdataset_shards
+from .support.http_server import HttpServer, shard_gets
 
 pytest.importorskip("aiohttp")
 
 
-class _Handler(http.server.SimpleHTTPRequestHandler):
-    """Serves a folder. The server's ``ranges`` turns range requests on (Python's handler has
-    none); ``drops[name]`` counts requests for ``name`` to cut off after half their body;
-    ``status[name]`` answers with that status instead; ``rewrites[name]`` counts GETs of ``name``
-    after which the file is rewritten (same size, new content and ETag); every GET is counted in
-    ``gets``, the bytes of the bodies sent in ``sent``."""
-
-    server: _Server
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-    def _target(self) -> tuple[str, str] | None:
-        """The requested file's name and path, or ``None`` once an error (the configured status,
-        or 404) is sent."""
-        name = self.path.split("?", 1)[0].rsplit("/", 1)[-1]
-        if name in self.server.status:
-            self.send_error(self.server.status[name])
-            return None
-        path = self.translate_path(self.path.split("?", 1)[0])
-        if not os.path.isfile(path):
-            self.send_error(404)
-            return None
-        return name, path
-
-    def do_GET(self) -> None:
-        name = self.path.split("?", 1)[0].rsplit("/", 1)[-1]
-        self.server.gets[name] = self.server.gets.get(name, 0) + 1
-        target = self._target()
-        if target is None:
-            return
-        name, path = target
-        with open(path, "rb") as f:
-            data = f.read()
-        start, end, code = 0, len(data), 200
-        header = self.headers.get("Range")
-        if self.server.ranges and header and header.startswith("bytes="):
-            first, _, last = header[6:].partition("-")
-            start, end, code = int(first or 0), min(len(data), int(last) + 1 if last else len(data)), 206
-        self.send_response(code)
-        self.send_header("Content-Length", str(end - start))
-        self.send_header("Last-Modified", self.date_time_string(int(os.stat(path).st_mtime)))
-        self.send_header("ETag", f'"{os.stat(path).st_mtime_ns}"')
-        if self.server.says_no_ranges:
-            self.send_header("Accept-Ranges", "none")
-        if self.server.ranges:
-            self.send_header("Accept-Ranges", "bytes")
-            if code == 206:
-                self.send_header("Content-Range", f"bytes {start}-{end - 1}/{len(data)}")
-        self.end_headers()
-        if self.server.drops.get(name, 0) > 0:
-            self.server.drops[name] -= 1
-            self.wfile.write(data[start : start + (end - start) // 2])
-            self.wfile.flush()
-            self.close_connection = True
-            return
-        if self.server.rewrites.get(name, 0) > 0:  # before the body: the client's next HEAD sees it
-            self.server.rewrites[name] -= 1
-            st = os.stat(path)
-            with open(path, "r+b") as f:
-                f.write(bytes([data[0] ^ 0xFF]))  # a new version: one byte changed
-            os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))  # and its ETag (mtime)
-        self.wfile.write(data[start:end])
-        self.server.sent[name] = self.server.sent.get(name, 0) + end - start
-
-    def do_HEAD(self) -> None:
-        target = self._target()
-        if target is None:
-            return
-        st = os.stat(target[1])
-        self.send_response(200)
-        self.send_header("Content-Length", str(st.st_size))
-        self.send_header("ETag", f'"{st.st_mtime_ns}"')
-        if self.server.says_no_ranges:
-            self.send_header("Accept-Ranges", "none")
-        if self.server.ranges:
-            self.send_header("Accept-Ranges", "bytes")
-        self.end_headers()
-
-
-class _Server(http.server.ThreadingHTTPServer):
-    daemon_threads = True
-    ranges = True
-    says_no_ranges = False  # "Accept-Ranges: none" (with ranges off)
-
-    def __init__(self, root: str) -> None:
-        super().__init__(("127.0.0.1", 0), functools.partial(_Handler, directory=root))
-        self.gets: dict[str, int] = {}
-        self.sent: dict[str, int] = {}  # bytes of bodies sent whole, per file
-        self.drops: dict[str, int] = {}
-        self.status: dict[str, int] = {}
-        self.rewrites: dict[str, int] = {}
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
-
-
-def _serve(root: str, ranges: bool = True) -> Iterator[_Server]:
-    srv = _Server(root)
-    srv.ranges = ranges
-    thread = threading.Thread(target=srv.serve_forever, daemon=True)
-    thread.start()
-    yield srv
-    srv.shutdown()
-    srv.server_close()
-
-
 @pytest.fixture(params=[True, False], ids=["ranges", "no-ranges"])
-def server(request, shards) -> Iterator[_Server]:
-    yield from _serve(os.path.dirname(shards[0]), request.param)
+def server(request, shards, http_server) -> HttpServer:
+    return http_server(os.path.dirname(shards[0]), ranges=request.param)
 
 
 MANY = (4,) * 12
@@ -160,8 +51,8 @@ def many_shards(tmp_path_factory) -> list[str]:
 
 
 @pytest.fixture
-def many_server(many_shards) -> Iterator[_Server]:
-    yield from _serve(os.path.dirname(many_shards[0]))
+def many_server(many_shards, http_server) -> HttpServer:
+    return http_server(os.path.dirname(many_shards[0]))
 
 
 @pytest.fixture
@@ -171,11 +62,6 @@ def cache(tmp_path) -> str:
 
 def names(shards: list[str]) -> list[str]:
     return [os.path.basename(s) for s in shards]
-
-
-def shard_gets(server: _Server) -> dict[str, int]:
-    """GET requests per shard (``.bad.json`` lists looked for beside them left out)."""
-    return {n: c for n, c in server.gets.items() if n.endswith(".tar")}
 
 
 def epoch(loader: gp.Loader) -> list[tuple[list[str], torch.Tensor]]:
@@ -218,34 +104,30 @@ class TestHttp:
         assert not [f for f in os.listdir(cache) if ".part-" in f]
 
     @pytest.mark.parametrize("part", [False, True], ids=["whole", "part"])
-    def test_a_shard_rewritten_during_its_download_is_downloaded_again(self, tmp_path, cache, caplog, part):
+    def test_a_shard_rewritten_during_its_download_is_downloaded_again(self, tmp_path, cache, caplog, part,
+                                                                        http_server):  # fmt: skip
         """No cache entry mixes two versions: the version is asked again after each download."""
         root = tmp_path / "served"
         root.mkdir()
         (root / "a.tar").write_bytes(bytes(range(256)) * 64)
-        srv = _Server(str(root))
-        threading.Thread(target=srv.serve_forever, daemon=True).start()
-        try:
-            url = f"{srv.url}/a.tar"
-            storage = RemoteStorage("http", cache_dir=cache)
-            if part:
-                storage.expect_parts({url: (1000, 9000)})
-            srv.rewrites["a.tar"] = 1
-            caplog.set_level(logging.WARNING, logger="gpupipe")
-            assert storage.read(url, 4000, 16) == (root / "a.tar").read_bytes()[4000:4016]
-            assert "changed during its download" in caplog.text and srv.gets["a.tar"] == 2
-            assert srv.rewrites["a.tar"] == 0
-            srv.rewrites["a.tar"] = 99  # rewritten after every download: refused, not mixed
-            other = RemoteStorage("http", cache_dir=str(tmp_path / "other"))
-            if part:
-                other.expect_parts({url: (1000, 9000)})
-            with pytest.raises(OSError, match="changed during each of 3 downloads"):
-                other.read(url, 4000, 16)
-            storage.close()
-            other.close()
-        finally:
-            srv.shutdown()
-            srv.server_close()
+        srv = http_server(str(root))
+        url = f"{srv.url}/a.tar"
+        storage = RemoteStorage("http", cache_dir=cache)
+        if part:
+            storage.expect_parts({url: (1000, 9000)})
+        srv.rewrites["a.tar"] = 1
+        caplog.set_level(logging.WARNING, logger="gpupipe")
+        assert storage.read(url, 4000, 16) == (root / "a.tar").read_bytes()[4000:4016]
+        assert "changed during its download" in caplog.text and srv.gets["a.tar"] == 2
+        assert srv.rewrites["a.tar"] == 0
+        srv.rewrites["a.tar"] = 99  # rewritten after every download: refused, not mixed
+        other = RemoteStorage("http", cache_dir=str(tmp_path / "other"))
+        if part:
+            other.expect_parts({url: (1000, 9000)})
+        with pytest.raises(OSError, match="changed during each of 3 downloads"):
+            other.read(url, 4000, 16)
+        storage.close()
+        other.close()
 
     def test_after_the_last_try_the_error_names_the_url_and_status(self, shards, server, cache, monkeypatch):
         monkeypatch.setattr(RemoteStorage, "__init__", _fast_retries(RemoteStorage.__init__))
@@ -496,14 +378,13 @@ class TestBoundedCache:
 
 
 @pytest.fixture
-def served_copy(many_shards, tmp_path) -> Iterator[tuple[_Server, list[str]]]:
+def served_copy(many_shards, tmp_path, http_server) -> tuple[HttpServer, list[str]]:
     """A copy of ``many_shards`` that a test may write beside, served over HTTP."""
     root = tmp_path / "served"
     root.mkdir()
     for path in many_shards:
         shutil.copy(path, root)
-    for srv in _serve(str(root)):
-        yield srv, [str(root / n) for n in names(many_shards)]
+    return http_server(str(root)), [str(root / n) for n in names(many_shards)]
 
 
 def new_node(monkeypatch, tmp_path, name: str) -> str:
@@ -666,7 +547,7 @@ class TestParts:
     WORLD = 5  # 48 samples of 4 per shard: ranks of 10, 10, 10, 9, 9 split 4 shards
 
     @pytest.fixture
-    def indexed(self, served_copy) -> tuple[_Server, list[str], list[str]]:
+    def indexed(self, served_copy) -> tuple[HttpServer, list[str], list[str]]:
         srv, local = served_copy
         assert main(["index", *local, "--beside", "--workers", "0"]) == 0
         return srv, local, [f"{srv.url}/{n}" for n in names(local)]
@@ -826,11 +707,11 @@ class TestCompressedShards:
             with open(os.path.join(cache, entry), "rb") as f:
                 assert f.read(512)[257:262] == b"ustar"  # a tar, stored decompressed
 
-    def test_over_http(self, shards, gz_shards, cache):
-        for srv in _serve(os.path.dirname(gz_shards[0])):
-            urls = [f"{srv.url}/{os.path.basename(p)}" for p in gz_shards]
-            with gp.Loader(val(gp.WebDataset(urls, cache_dir=cache)), 4, backend="torch", device="cpu") as loader:
-                got = epoch(loader)
+    def test_over_http(self, shards, gz_shards, cache, http_server):
+        srv = http_server(os.path.dirname(gz_shards[0]))
+        urls = [f"{srv.url}/{os.path.basename(p)}" for p in gz_shards]
+        with gp.Loader(val(gp.WebDataset(urls, cache_dir=cache)), 4, backend="torch", device="cpu") as loader:
+            got = epoch(loader)
         with gp.Loader(val(shards), 4, backend="torch", device="cpu") as loader:
             same_epochs(got, epoch(loader))
 

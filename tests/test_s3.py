@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -17,7 +16,7 @@ from gpupipe.storage._remote import RemoteStorage
 
 from .support.checkers import val
 from .support.data import SHARD_SIZES
-from .support.s3_server import s3, seaweedfs
+from .support.s3_server import s3
 
 pytest.importorskip("s3fs")
 
@@ -25,14 +24,9 @@ BUCKET = "gpupipe-data"
 
 
 @pytest.fixture(scope="module")
-def endpoint(tmp_path_factory) -> Iterator[str]:
-    yield from seaweedfs(str(tmp_path_factory.mktemp("seaweedfs")))
-
-
-@pytest.fixture(scope="module")
-def objects(endpoint, shards) -> list[str]:
+def objects(s3_endpoint, shards) -> list[str]:
     """``shards`` uploaded to ``s3://gpupipe-data/``."""
-    fs = s3(endpoint)
+    fs = s3(s3_endpoint)
     fs.mkdir(BUCKET)
     urls = []
     for path in shards:
@@ -56,8 +50,8 @@ def epoch(loader: gp.Loader) -> list[tuple[list[str], torch.Tensor]]:
 
 
 class TestS3:
-    def test_every_backend_reads_what_local_disk_gives(self, backend, endpoint, objects, shards, cache):
-        source = gp.WebDataset(objects, storage_options=options_of(endpoint), cache_dir=cache)
+    def test_every_backend_reads_what_local_disk_gives(self, backend, s3_endpoint, objects, shards, cache):
+        source = gp.WebDataset(objects, storage_options=options_of(s3_endpoint), cache_dir=cache)
         with backend.loader(val(source), 4, num_workers=1, shuffle=True, seed=3) as loader:
             got = epoch(loader)
         with backend.loader(val(shards), 4, num_workers=1, shuffle=True, seed=3) as loader:
@@ -66,8 +60,8 @@ class TestS3:
         for (k1, i1), (k2, i2) in zip(got, want, strict=True):
             assert k1 == k2 and torch.equal(i1, i2)
 
-    def test_the_drivers_environment_is_enough(self, endpoint, objects, cache, monkeypatch):
-        monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+    def test_the_drivers_environment_is_enough(self, s3_endpoint, objects, cache, monkeypatch):
+        monkeypatch.setenv("AWS_ENDPOINT_URL", s3_endpoint)
         monkeypatch.setenv("AWS_ACCESS_KEY_ID", "gpupipe")
         monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "gpupipe")
         monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
@@ -75,40 +69,40 @@ class TestS3:
         with gp.Loader(val(gp.WebDataset(pattern, cache_dir=cache)), 4, backend="torch", device="cpu") as loader:
             assert sum(len(b.keys) for b in loader) == sum(SHARD_SIZES)
 
-    def test_index_files_beside_the_objects(self, endpoint, objects, cache, monkeypatch, tmp_path, capsys):
-        monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+    def test_index_files_beside_the_objects(self, s3_endpoint, objects, cache, monkeypatch, tmp_path, capsys):
+        monkeypatch.setenv("AWS_ENDPOINT_URL", s3_endpoint)
         monkeypatch.setenv("AWS_ACCESS_KEY_ID", "gpupipe")
         monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "gpupipe")
         monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
         assert main(["index", *objects, "--beside", "--workers", "0"]) == 0
         assert "3 index files written beside the shards" in capsys.readouterr().out
-        fs = s3(endpoint)
+        fs = s3(s3_endpoint)
         assert all(fs.exists(u + ".gpupipe.json") for u in objects)
         monkeypatch.setenv("GPUPIPE_CACHE_DIR", str(tmp_path / "new-node"))  # a node that never saw them
         index = gp.WebDataset(objects, cache_dir=cache).index()
         assert len(index) == sum(SHARD_SIZES) and not os.path.exists(cache)  # nothing downloaded
         index.close()
 
-    def test_the_commands_take_storage_options(self, endpoint, objects, capsys):
-        options = json.dumps(options_of(endpoint))
+    def test_the_commands_take_storage_options(self, s3_endpoint, objects, capsys):
+        options = json.dumps(options_of(s3_endpoint))
         assert main(["check", *objects, "--storage-options", options, "--no-write", "--quiet", "--workers", "0"]) == 0
         assert "checked 16 samples in 3 shards: all good" in capsys.readouterr().out
         assert main(["index", *objects, "--storage-options", options, "--workers", "0"]) == 0
         assert main(["index", *objects, "--storage-options", "[1]"]) == 2
         assert "--storage-options must be a JSON object" in capsys.readouterr().err
 
-    def test_a_reuploaded_object_is_fetched_again(self, endpoint, shards, cache):
-        fs = s3(endpoint)
+    def test_a_reuploaded_object_is_fetched_again(self, s3_endpoint, shards, cache):
+        fs = s3(s3_endpoint)
         url = f"s3://{BUCKET}/changing.tar"
         fs.put_file(shards[0], url)
-        first = RemoteStorage("s3", storage_options=options_of(endpoint), cache_dir=cache).local_path(url)
+        first = RemoteStorage("s3", storage_options=options_of(s3_endpoint), cache_dir=cache).local_path(url)
         fs.put_file(shards[1], url)
-        again = RemoteStorage("s3", storage_options=options_of(endpoint), cache_dir=cache).local_path(url)
+        again = RemoteStorage("s3", storage_options=options_of(s3_endpoint), cache_dir=cache).local_path(url)
         assert first != again and os.path.getsize(again) == os.path.getsize(shards[1])
 
-    def test_a_rank_downloads_only_its_parts_of_split_shards(self, backend, endpoint, objects, shards, monkeypatch,
+    def test_a_rank_downloads_only_its_parts_of_split_shards(self, backend, s3_endpoint, objects, shards, monkeypatch,
                                                              tmp_path):  # fmt: skip
-        options = options_of(endpoint)
+        options = options_of(s3_endpoint)
         assert main(["index", *objects, "--beside", "--storage-options", json.dumps(options), "--workers", "0"]) == 0
         monkeypatch.setenv("GPUPIPE_CACHE_DIR", str(tmp_path / "node"))  # a node that never saw them
         cache = str(tmp_path / "node" / "shards")

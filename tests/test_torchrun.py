@@ -15,6 +15,7 @@ import gpupipe as gp
 from .support.checkers import all_keys, check_epoch_partition
 from .support.data import UNEVEN_SIZES, truncated_jpeg, write_webdataset_shards
 from .support.dist_worker import BACKENDS
+from .support.http_server import shard_gets
 from .support.targets import DIST_ENV
 
 
@@ -98,21 +99,19 @@ class TestTorchrun:
             for r in res:
                 assert {tuple(s) for s in r["resumed_skipped"]} >= {tuple(s) for s in r["skipped"] if s[3] is None}
 
-    def test_two_ranks_share_one_shard_cache(self, tmp_path):
+    def test_two_ranks_share_one_shard_cache(self, tmp_path, http_server):
         """Issue 12: two ranks of a node read remote shards through one cache: each shard is
         downloaded once for both (the first index included), and every sample is yielded exactly
         once per epoch across the ranks, on every backend."""
         pytest.importorskip("nvidia.dali")
         pytest.importorskip("aiohttp")
-        from .test_remote import _serve, shard_gets
-
         (tmp_path / "data").mkdir()
         local = write_webdataset_shards(str(tmp_path / "data"), (5, 4, 6, 3, 5, 4), prefix="remote")
-        for server in _serve(str(tmp_path / "data")):
-            urls = [f"{server.url}/{os.path.basename(p)}" for p in local]
-            torchrun("dist_remote_worker.py", tmp_path, urls, GPUPIPE_TEST_CACHE=str(tmp_path / "shard-cache"),
-                     GPUPIPE_CACHE_DIR=str(tmp_path / "index-cache"))  # fmt: skip
-            gets = shard_gets(server)
+        server = http_server(str(tmp_path / "data"))
+        urls = [f"{server.url}/{os.path.basename(p)}" for p in local]
+        torchrun("dist_remote_worker.py", tmp_path, urls, GPUPIPE_TEST_CACHE=str(tmp_path / "shard-cache"),
+                 GPUPIPE_CACHE_DIR=str(tmp_path / "index-cache"))  # fmt: skip
+        gets = shard_gets(server)
         assert gets == {os.path.basename(p): 1 for p in local}  # one download each, for both ranks
         ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
         keys = all_keys(gp.WebDataset(local).index())

