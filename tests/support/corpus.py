@@ -179,7 +179,7 @@ def write_shard(path: str) -> dict[str, str | None]:
     return verdicts
 
 
-# The child a corpus run happens in (tests/test_corpus.py): a crash ends the child, not the tests.
+# The child a corpus run happens in (tests/test_odd_files.py): a crash ends the child, not the tests.
 RUN = """
 import json, sys
 import gpupipe as gp
