@@ -267,8 +267,28 @@ def diagnose(env: Environment) -> list[Advice]:
         if unknown:
             found.append(Advice(Level.NOTE, f"whether {', '.join(sorted(set(unknown)))} has a hardware JPEG decoder "
                                 "nvJPEG uses is not known here: nvJPEG uses it if present, else CUDA"))  # fmt: skip
+    found += _fork_advice(env.python)
     order = [Level.ERROR, Level.WARNING, Level.NOTE, Level.OK]
     return sorted(found, key=lambda f: order.index(f.level))
+
+
+def _fork_advice(python: str) -> list[Advice]:
+    """CPython 3.11 before 3.11.8 can freeze a forked child for good (gh-112275: the interpreter's
+    thread-state lock, held by another thread at the fork, is taken in the child before it is
+    reset): a torch-backend worker that never starts. Seen here on 3.11.7 under load."""
+    parts = python.split(".")
+    try:
+        version = tuple(int(p) for p in parts[:3])
+    except ValueError:
+        return []
+    if version[:2] == (3, 11) and len(version) == 3 and version[2] < 8:
+        return [Advice(
+            Level.WARNING,
+            f"Python {python} can freeze a torch-backend worker inside fork (CPython gh-112275, fixed in 3.11.8): "
+            "the loader waits worker_timeout (600 s by default), then goes on with new workers",
+            "use Python 3.11.8 or newer (or 3.12)",
+        )]  # fmt: skip
+    return []
 
 
 def decode_strategy(env: Environment) -> Strategy:

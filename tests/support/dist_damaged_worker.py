@@ -22,6 +22,10 @@ import gpupipe as gp
 from gpupipe import backends
 from gpupipe import transforms as T
 
+# CPython 3.11 can freeze a torch worker inside os.fork (seen under load): the stuck-worker watchdog
+# recovers the epoch after worker_timeout, here 60 s rather than the default 600 (the test allows 300).
+WORKER_TIMEOUT = 60.0
+
 BACKENDS = [name for name in backends.names() if backends.get(name).available()]
 
 
@@ -34,7 +38,7 @@ def main() -> None:
 
     def loader(backend: str, **options) -> gp.Loader:
         return gp.Loader(pipeline, 3, backend=backend, device="cpu", num_workers=1, on_error="skip",
-                         max_skipped=None, **options)  # fmt: skip
+                         max_skipped=None, worker_timeout=WORKER_TIMEOUT, **options)  # fmt: skip
 
     def epoch(it) -> list:
         batches = []

@@ -21,6 +21,10 @@ import gpupipe as gp
 from gpupipe import backends
 from gpupipe import transforms as T
 
+# CPython 3.11 can freeze a torch worker inside os.fork (seen under load): the stuck-worker watchdog
+# recovers the epoch after worker_timeout, here 60 s rather than the default 600 (the test allows 300).
+WORKER_TIMEOUT = 60.0
+
 BACKENDS = [name for name in backends.names() if backends.get(name).available()]
 
 
@@ -33,7 +37,16 @@ def main() -> None:
     result: dict = {"rank": rank}
     for backend in BACKENDS:
         epochs = []
-        with gp.Loader(pipeline, 3, backend=backend, device="cpu", num_workers=1, shuffle=True, seed=5) as loader:
+        with gp.Loader(
+            pipeline,
+            3,
+            backend=backend,
+            device="cpu",
+            num_workers=1,
+            shuffle=True,
+            seed=5,
+            worker_timeout=WORKER_TIMEOUT,
+        ) as loader:
             for epoch in range(2):
                 loader.set_epoch(epoch)
                 batches = []

@@ -21,6 +21,10 @@ import gpupipe as gp
 from gpupipe import backends
 from gpupipe import transforms as T
 
+# CPython 3.11 can freeze a torch worker inside os.fork (seen under load): the stuck-worker watchdog
+# recovers the epoch after worker_timeout, here 60 s rather than the default 600 (the test allows 300).
+WORKER_TIMEOUT = 60.0
+
 BACKENDS = [name for name in backends.names() if backends.get(name).available()]
 
 
@@ -31,7 +35,7 @@ def main() -> None:
     pipeline = gp.Pipeline(shards, [T.Resize(24), T.CenterCrop(16), T.ToDtype(torch.float32, scale=True)])
     result: dict = {"rank": rank, "world_size": dist.get_world_size()}
     for backend in BACKENDS:
-        evaluation = gp.Loader(pipeline, 4, backend=backend, device="cpu", num_workers=1)
+        evaluation = gp.Loader(pipeline, 4, backend=backend, device="cpu", num_workers=1, worker_timeout=WORKER_TIMEOUT)
         batches, counted = [], torch.zeros(1, dtype=torch.int64)
         for batch in evaluation:
             images, labels = batch
@@ -40,7 +44,16 @@ def main() -> None:
             dist.all_reduce(step)  # every rank takes part in every step: a hang would time out here
             counted += step
             batches.append((batch.keys, batch.valid.tolist()))
-        train = gp.Loader(pipeline, 2, shuffle=True, drop_last=True, backend=backend, device="cpu", num_workers=1)
+        train = gp.Loader(
+            pipeline,
+            2,
+            shuffle=True,
+            drop_last=True,
+            backend=backend,
+            device="cpu",
+            num_workers=1,
+            worker_timeout=WORKER_TIMEOUT,
+        )
         epochs = []
         for epoch in range(2):
             train.set_epoch(epoch)
