@@ -15,21 +15,19 @@ from ._batch import Batch, SkippedSample
 from ._config import LoaderConfig, check_options
 from ._errors import ClosedError, ConfigError, GpupipeError, PipelineError
 from ._pipeline import Pipeline
-from ._plan import PlanSpec, RankPlan, mask_digest, rank_plan
+from ._plan import Layout, PlanSpec, RankPlan, elastic_plan, mask_digest, rank_plan
+from ._resume import Position, layout_batches, restore, saved
 from ._skips import Skips
 from ._trainers import LoaderAttributes
 from ._tuned import resolve as resolve_tuned
 from ._tuned import tune_key
-from ._validate import check_int, is_int
+from ._validate import check_int
 from .sources import Index
 from .storage._prefetch import prefetcher, prepare_remote
 
 __all__ = ["Loader", "Batch", "SkippedSample"]  # Batch and SkippedSample: from ._batch
 
 log = logging.getLogger("gpupipe")
-
-
-STATE_VERSION = 2
 
 
 class Loader(LoaderAttributes):
@@ -106,6 +104,7 @@ class Loader(LoaderAttributes):
         self._warned_advance = False
         self._yielded = 0  # batches of self.epoch yielded so far
         self._resume_at: tuple[int, int] | None = None  # (epoch, batch) set by load_state_dict
+        self._layout: tuple[int, Layout] | None = None  # (epoch, what is left of it): an elastic resume's
         self._current: weakref.ref[Generator[Batch, None, None]] | None = None  # the running iteration
         self._skips = Skips(config, self.rank)
         self.index = pipeline.source.index(rank=self.rank, world_size=self.world_size, on_error=config.on_error)
@@ -263,8 +262,13 @@ class Loader(LoaderAttributes):
         self.close()
 
     def __len__(self) -> int:
-        """Batches per epoch, the same on every rank."""
-        return self._len
+        """Batches per epoch, the same on every rank (of an epoch resumed on another world size:
+        the batches left of it, see :meth:`load_state_dict`)."""
+        layout = self._layout_of(self.epoch)
+        return self._len if layout is None else layout_batches(self.plan_spec, layout)
+
+    def _layout_of(self, epoch: int) -> Layout | None:
+        return self._layout[1] if self._layout is not None and self._layout[0] == epoch else None
 
     @property
     def skipped(self) -> list[SkippedSample]:
@@ -278,6 +282,7 @@ class Loader(LoaderAttributes):
         if epoch != self.epoch:
             self._yielded = 0
             self._skips.in_epoch = 0
+            self._layout = None  # an elastic resume's remainder is of its own epoch only
         self.epoch = epoch
         self._finished = None  # said explicitly: iterate this epoch
 
@@ -285,6 +290,10 @@ class Loader(LoaderAttributes):
         """This rank's plan for ``epoch`` (default: the current one): the global sample numbers it
         yields, in order, and which are padding. ``loader.index.key(n)`` names sample ``n``."""
         epoch = self.epoch if epoch is None else epoch
+        layout = self._layout_of(epoch)
+        if layout is not None:
+            return elastic_plan(self.index.shard_sizes, self.plan_spec, layout, sequential=self.index.sequential,
+                                seed=self.seed, epoch=epoch, rank=self.rank, excluded=self._excluded)  # fmt: skip
         return rank_plan(
             self.index.shard_sizes,
             self.plan_spec,
@@ -390,44 +399,35 @@ class Loader(LoaderAttributes):
 
     def state_dict(self) -> dict[str, Any]:
         """This rank's position: the epoch and the batches of it yielded so far, with the settings
-        the plan depends on. Save one per rank; call it between batches (after a step)."""
-        return {
-            "version": STATE_VERSION,
-            "epoch": self.epoch,
-            "batches_yielded": self._yielded,
-            "seed": self.seed,
-            "rank": self.rank,
-            "plan": self.plan_spec.as_dict(),
-            **self._skips.state(),
-        }
+        the plan depends on. Call it between batches (after a step); see :meth:`load_state_dict`."""
+        position = Position(self.epoch, self._yielded, self.seed, self._layout_of(self.epoch))
+        return {**saved(position, self.plan_spec, self.rank), **self._skips.state()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restores a position saved by :meth:`state_dict` on the same rank: the next iteration of
-        that epoch yields the batches the interrupted run would have yielded next: the same keys in
-        the same order with the same augmentation, on every backend.
+        """Restores a position saved by :meth:`state_dict`; the next iteration of that epoch
+        yields what the interrupted run would have yielded next, on every backend:
+
+        - **Same world size and batch size**: this rank's own state; the same keys in the same
+          order with the same augmentation, mid-epoch. Save one state per rank.
+        - **Another world size or batch size** (elastic: a job back on fewer or more GPUs): any
+          rank's state (ranks yield the same number of batches, so one says where all were).
+          Every sample of the epoch not yet yielded by the saving ranks is yielded exactly once
+          over the new ranks, with the augmentation it would have had, in equal batch counts:
+          ``len(loader)`` is then the batches left of that epoch (under ``drop_last`` the last is
+          padded, marked in ``batch.valid``, rather than dropping samples). The next epochs are
+          whole again. Worked example in docs/guide/distributed.md.
 
         Raises:
-            ConfigError: the state is from another rank, or from a loader whose plan differs
-                (sample count, world size, batch size, ``drop_last``, shuffle settings, or an
-                explicitly different seed).
+            ConfigError: another rank's state on the same world size, or a state whose plan
+                differs otherwise (sample count, ``drop_last``, shuffle settings, the bad-sample
+                list, or an explicitly different seed).
         """
-        if not (
-            isinstance(state, dict) and state.get("version") == STATE_VERSION and isinstance(state.get("plan"), dict)
-        ):
-            raise ConfigError(f"Loader.load_state_dict: not a gpupipe loader state (version {STATE_VERSION})")
-        diff = self.plan_spec.differences(state["plan"])
-        if state.get("rank") != self.rank:
-            diff.insert(0, f"rank={state.get('rank')!r} (this loader: {self.rank}); save one state per rank")
-        if self.config.seed is not None and state.get("seed") != self.seed:
-            diff.append(f"seed={state.get('seed')!r} (this loader: {self.seed})")
-        if diff:
-            raise ConfigError("Loader.load_state_dict: the state does not match this loader: " + "; ".join(diff))
-        epoch, done = state["epoch"], state["batches_yielded"]
-        if not (is_int(epoch) and epoch >= 0 and is_int(done) and 0 <= done <= self._len):
-            raise ConfigError(f"Loader.load_state_dict: bad position epoch={epoch!r}, batches_yielded={done!r}")
-        self.seed = state["seed"]
-        self.epoch, self._yielded = epoch, done
-        self._resume_at = (epoch, done)
+        position = restore(state, spec=self.plan_spec, rank=self.rank, seed=self.seed,
+                           seed_given=self.config.seed is not None)  # fmt: skip
+        self.seed = position.seed
+        self.epoch, self._yielded = position.epoch, position.batches
+        self._layout = (position.epoch, position.layout) if position.layout is not None else None
+        self._resume_at = (position.epoch, position.batches)
         self._finished = None
         self._skips.load(state)
 

@@ -20,7 +20,19 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["PlanSpec", "RankPlan", "rank_plan", "num_batches", "rank_range", "shard_permutation", "mask_digest"]
+__all__ = [
+    "PlanSpec",
+    "RankPlan",
+    "rank_plan",
+    "num_batches",
+    "rank_range",
+    "shard_permutation",
+    "mask_digest",
+    "Layout",
+    "first_layout",
+    "remaining",
+    "elastic_plan",
+]
 
 
 def _rng(seed: int, epoch: int, *more: int) -> np.random.Generator:
@@ -78,14 +90,19 @@ class PlanSpec:
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    def _others(self, other: Mapping[str, Any]) -> dict[str, Any]:
+        defaults = {f.name: f.default for f in dataclasses.fields(self) if f.default is not dataclasses.MISSING}
+        return {k: other.get(k, defaults.get(k)) for k in self.as_dict()}
+
+    def changed(self, other: Mapping[str, Any]) -> frozenset[str]:
+        """The fields where ``other`` (a spec as a dict) differs."""
+        theirs = self._others(other)
+        return frozenset(k for k, v in self.as_dict().items() if theirs[k] != v)
+
     def differences(self, other: Mapping[str, Any]) -> list[str]:
         """``"name=<other's> (this loader: <mine>)"`` for each field where ``other`` differs."""
-        defaults = {f.name: f.default for f in dataclasses.fields(self) if f.default is not dataclasses.MISSING}
-        return [
-            f"{k}={other.get(k, defaults.get(k))!r} (this loader: {v!r})"
-            for k, v in self.as_dict().items()
-            if other.get(k, defaults.get(k)) != v
-        ]
+        theirs = self._others(other)
+        return [f"{k}={theirs[k]!r} (this loader: {v!r})" for k, v in self.as_dict().items() if theirs[k] != v]
 
 
 def mask_digest(excluded: np.ndarray) -> str:
@@ -205,4 +222,145 @@ def rank_plan(
         filler = mine[:1] if len(mine) else np.zeros(1, np.int64)  # fewer samples than ranks: sample 0
         mine = np.concatenate([mine, np.resize(filler, pad)])
     valid = np.arange(len(mine)) < len(mine) - pad
+    return RankPlan(mine, valid, batch_size, batches, seed, epoch)
+
+
+# Elastic resume: an epoch interrupted at one world size, finished at another.
+#
+# The epoch's first layout is its plan at ``world_size`` ranks: rank 0's valid samples in the order
+# it yields them, then rank 1's, and so on (positions ``0..T-1``). What is left after an
+# interruption is a set of position ranges of that layout; the ranks of the new world split it in
+# contiguous parts (``rank_range``), each reading its part in layout order, so every remaining
+# sample is yielded exactly once, with the augmentation it had (draws are keyed by sample, not by
+# rank). A second interruption leaves ranges of those ranges: still ranges of the first layout.
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """What remains of an interrupted epoch: ``ranges`` (``[start, stop)`` positions) of the epoch
+    as first planned under ``first`` (a :class:`PlanSpec`: its world size and batch size)."""
+
+    first: PlanSpec
+    ranges: tuple[tuple[int, int], ...]
+
+    @property
+    def num_samples(self) -> int:
+        return sum(stop - start for start, stop in self.ranges)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"first": self.first.as_dict(), "ranges": [list(r) for r in self.ranges]}
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> Layout:
+        ranges = tuple((int(a), int(b)) for a, b in doc["ranges"])
+        if any(not 0 <= a <= b for a, b in ranges):
+            raise ValueError(f"bad ranges {ranges[:4]}")
+        return cls(PlanSpec(**doc["first"]), ranges)
+
+
+def valid_count(spec: PlanSpec, rank: int) -> int:
+    """How many samples (padding excluded) ``rank`` yields in a whole epoch planned by ``spec``."""
+    if spec.drop_last:
+        return spec.num_batches * spec.batch_size
+    start, stop = rank_range(spec.num_samples, rank, spec.world_size)
+    return stop - start
+
+
+def _cut(ranges: tuple[tuple[int, int], ...], ends: np.ndarray, start: int, stop: int) -> list[tuple[int, int]]:
+    """Positions ``[start, stop)`` of the concatenation of ``ranges`` (whose cumulative lengths are
+    ``ends``), as ranges; touches only the ranges in it."""
+    out = []
+    j = int(np.searchsorted(ends, start, side="right"))
+    while start < stop and j < len(ranges):
+        a, b = ranges[j]
+        at = int(ends[j]) - (b - a)  # position of a
+        hi = min(stop, int(ends[j]))
+        if hi > start:
+            out.append((a + start - at, a + hi - at))
+        start, j = hi, j + 1
+    return out
+
+
+def _merged(parts: list[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
+    out: list[tuple[int, int]] = []
+    for a, b in parts:
+        if b > a:
+            if out and out[-1][1] == a:
+                out[-1] = (out[-1][0], b)
+            else:
+                out.append((a, b))
+    return tuple(out)
+
+
+def first_layout(spec: PlanSpec) -> Layout:
+    """A whole epoch planned by ``spec``: one range per rank, its valid samples."""
+    ends = np.cumsum([valid_count(spec, r) for r in range(spec.world_size)]).tolist()
+    return Layout(spec, _merged(list(zip([0, *ends[:-1]], ends, strict=True))))
+
+
+def remaining(spec: PlanSpec, batches_yielded: int, layout: Layout | None = None) -> Layout:
+    """What is left of an epoch once every rank of ``spec`` yielded ``batches_yielded`` batches of
+    its plan: of the whole epoch (``layout`` ``None``) or of a resumed one (``layout``). Ranks
+    yield the same number of batches (they step together under DDP), so one count says it."""
+    done = batches_yielded * spec.batch_size
+    if layout is None:
+        whole = first_layout(spec)
+        counts = [valid_count(spec, r) for r in range(spec.world_size)]
+        starts = np.cumsum([0, *counts[:-1]]).tolist()
+        parts = [(s + min(done, n), s + n) for s, n in zip(starts, counts, strict=True)]
+        return Layout(whole.first, _merged(parts))
+    ends = np.cumsum([b - a for a, b in layout.ranges])
+    total = int(ends[-1]) if len(ends) else 0
+    parts = []
+    for rank in range(spec.world_size):
+        start, stop = rank_range(total, rank, spec.world_size)
+        parts += _cut(layout.ranges, ends, min(start + done, stop), stop)
+    return Layout(layout.first, _merged(parts))
+
+
+def elastic_plan(
+    shard_sizes: np.ndarray,
+    spec: PlanSpec,
+    layout: Layout,
+    *,
+    sequential: bool,
+    seed: int,
+    epoch: int,
+    rank: int,
+    excluded: np.ndarray | None = None,
+) -> RankPlan:
+    """The plan of ``rank`` (of ``spec.world_size``) for what ``layout`` leaves of ``epoch``: its
+    contiguous part of the remaining positions, read from the first layout's rank plans (only
+    those its part touches: about ``N / world_size`` samples). Every rank gets
+    ``ceil(remaining / world_size)`` slots, padded as a whole epoch is (the first sample again,
+    ``valid`` False); under ``drop_last`` the last batch is padded to a full one, so that no
+    remaining sample is dropped and every batch has ``batch_size`` rows."""
+    first = layout.first
+    counts = np.array([valid_count(first, r) for r in range(first.world_size)], dtype=np.int64)
+    rank_ends = np.cumsum(counts)
+    ends = np.cumsum([b - a for a, b in layout.ranges])
+    total = int(ends[-1]) if len(ends) else 0
+    start, stop = rank_range(total, rank, spec.world_size)
+    plans: dict[int, np.ndarray] = {}
+    pieces = []
+    for a, b in _cut(layout.ranges, ends, start, stop):
+        while a < b:
+            r = int(np.searchsorted(rank_ends, a, side="right"))
+            base = int(rank_ends[r] - counts[r])
+            hi = min(b, int(rank_ends[r]))
+            if r not in plans:
+                plans[r] = rank_plan(shard_sizes, first, sequential=sequential, seed=seed, epoch=epoch, rank=r,
+                                     excluded=excluded).samples  # fmt: skip
+            pieces.append(plans[r][a - base : hi - base])
+            a = hi
+    mine = np.concatenate(pieces) if pieces else np.zeros(0, np.int64)
+    batch_size = spec.batch_size
+    slots = math.ceil(total / spec.world_size)
+    batches = math.ceil(slots / batch_size)
+    length = batches * batch_size if spec.drop_last else slots
+    pad = length - len(mine)
+    valid = np.arange(length) < len(mine)
+    if pad:
+        filler = mine[:1] if len(mine) else np.zeros(1, np.int64)
+        mine = np.concatenate([mine, np.resize(filler, pad)])
     return RankPlan(mine, valid, batch_size, batches, seed, epoch)

@@ -44,6 +44,7 @@ LAYERS = (
     "_check",
     "backends",
     "_skips",  # what a loader leaves out
+    "_resume",  # where a loader is: its saved states
     "_loader",
     "_tune",
     "lightning",

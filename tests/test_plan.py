@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import operator
+from typing import ClassVar
 
 import numpy as np
 import pytest
@@ -12,7 +13,7 @@ import torch
 
 import gpupipe as gp
 from gpupipe import transforms as T
-from gpupipe._plan import PlanSpec, rank_plan, rank_range, shard_permutation
+from gpupipe._plan import Layout, PlanSpec, elastic_plan, rank_plan, rank_range, remaining, shard_permutation
 from gpupipe.testing import encode_jpeg, synthetic_image
 
 from .support.checkers import check_epoch_partition, val, yielded
@@ -254,3 +255,102 @@ class TestWorkedExample:
     def test_one_process(self, ten, clean_env, drop_last, sizes):
         loader = gp.Loader(val(ten), 4, drop_last=drop_last, backend="torch", device="cpu", num_workers=0)
         assert [len(keys) for keys, _ in yielded(loader)] == sizes == [4, 4, 2][: len(loader)]
+
+
+def _spec(total, world, batch_size, drop_last, shuffle=True):
+    return PlanSpec(num_samples=total, world_size=world, batch_size=batch_size, drop_last=drop_last,
+                    shuffle=shuffle, shuffle_buffer=8, interleave=2)  # fmt: skip
+
+
+def _whole_epoch(sizes, spec, **kw):
+    """The valid samples of the epoch over all ranks (what an uninterrupted run yields)."""
+    plans = [rank_plan(sizes, spec, rank=r, **kw) for r in range(spec.world_size)]
+    return sorted(int(s) for p in plans for s in p.samples[p.valid])
+
+
+def _yielded(plans, batches):
+    """The valid samples each plan yields in its first ``batches`` batches."""
+    out = []
+    for p in plans:
+        n = batches * p.batch_size
+        out += [int(s) for s in p.samples[:n][p.valid[:n]]]
+    return out
+
+
+class TestElastic:
+    """An epoch interrupted at one world size and finished at another: every sample of the epoch
+    exactly once over the two runs, equal batch counts on the new ranks."""
+
+    SIZES = np.array([7, 5, 9, 3, 6])
+    KW: ClassVar[dict] = dict(sequential=True, seed=3, epoch=1)
+
+    @pytest.mark.parametrize("drop_last", [False, True])
+    @pytest.mark.parametrize("old", [1, 2, 3, 4])
+    @pytest.mark.parametrize("new", [1, 2, 3, 4])
+    def test_every_sample_once_across_world_sizes(self, old, new, drop_last):
+        total = int(self.SIZES.sum())
+        first = _spec(total, old, 3, drop_last)
+        expected = _whole_epoch(self.SIZES, first, **self.KW)
+        for done in range(first.num_batches + 1):
+            before = _yielded([rank_plan(self.SIZES, first, rank=r, **self.KW) for r in range(old)], done)
+            layout = remaining(first, done)
+            assert layout.num_samples == len(expected) - len(before)
+            spec = _spec(total, new, 4, drop_last)
+            plans = [elastic_plan(self.SIZES, spec, layout, rank=r, **self.KW) for r in range(new)]
+            assert len({p.num_batches for p in plans}) == 1 and len({len(p.samples) for p in plans}) == 1
+            after = _yielded(plans, plans[0].num_batches)
+            assert sorted(before + after) == expected, (old, new, done)
+            if drop_last:
+                assert all(len(p.samples) == p.num_batches * p.batch_size for p in plans)  # full batches only
+
+    def test_a_second_interruption(self):
+        """Interrupted at 3 ranks, resumed at 2, interrupted again, finished at 4."""
+        total = int(self.SIZES.sum())
+        first = _spec(total, 3, 2, False)
+        expected = _whole_epoch(self.SIZES, first, **self.KW)
+        got = _yielded([rank_plan(self.SIZES, first, rank=r, **self.KW) for r in range(3)], 2)
+        layout = remaining(first, 2)
+        second = _spec(total, 2, 3, False)
+        got += _yielded([elastic_plan(self.SIZES, second, layout, rank=r, **self.KW) for r in range(2)], 1)
+        layout = remaining(second, 1, layout)
+        third = _spec(total, 4, 2, False)
+        plans = [elastic_plan(self.SIZES, third, layout, rank=r, **self.KW) for r in range(4)]
+        got += _yielded(plans, plans[0].num_batches)
+        assert sorted(got) == expected and len(got) == len(set(got))
+
+    def test_known_bad_samples_stay_out(self):
+        excluded = np.array([0, 8, 9, 29])
+        total = int(self.SIZES.sum()) - len(excluded)
+        first = _spec(total, 2, 3, False)
+        kw = dict(self.KW, excluded=excluded)
+        expected = _whole_epoch(self.SIZES, first, **kw)
+        before = _yielded([rank_plan(self.SIZES, first, rank=r, **kw) for r in range(2)], 1)
+        plans = [elastic_plan(self.SIZES, _spec(total, 3, 3, False), remaining(first, 1), rank=r, **kw)
+                 for r in range(3)]  # fmt: skip
+        assert sorted(before + _yielded(plans, plans[0].num_batches)) == expected
+        assert not set(expected) & set(excluded.tolist())
+
+    def test_a_rank_reads_only_the_old_plans_its_part_touches(self, monkeypatch):
+        """Start-up stays about N / world_size per rank: 64 old ranks, 16 new ones, each new rank
+        computes the plans of the ~4-5 old ranks whose remaining samples it takes."""
+        from gpupipe import _plan
+
+        sizes = np.full(128, 50)
+        first = _spec(int(sizes.sum()), 64, 5, False)
+        layout = remaining(first, 3)
+        computed = []
+        real = _plan.rank_plan
+
+        def counted(*args, **kwargs):
+            computed.append(kwargs["rank"])
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(_plan, "rank_plan", counted)
+        _plan.elastic_plan(sizes, _spec(int(sizes.sum()), 16, 5, False), layout, rank=7, **self.KW)
+        assert 4 <= len(set(computed)) <= 5 and computed == sorted(set(computed))
+
+    def test_a_layout_round_trips(self):
+        layout = remaining(_spec(30, 3, 2, False), 1)
+        assert Layout.from_dict(layout.as_dict()) == layout
+        with pytest.raises(ValueError):
+            Layout.from_dict({**layout.as_dict(), "ranges": [[5, 2]]})

@@ -1,0 +1,86 @@
+"""Where a loader is in its epochs, as saved by ``Loader.state_dict`` and restored by
+``Loader.load_state_dict``: on the same ranks (exact, mid-epoch), or elastically on another world
+size or batch size (what is left of the epoch split over the new ranks, ``_plan.remaining``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, cast
+
+from ._errors import ConfigError
+from ._plan import Layout, PlanSpec, remaining
+from ._validate import is_int
+
+__all__ = ["STATE_VERSION", "ELASTIC", "Position", "restore", "saved", "layout_batches"]
+
+STATE_VERSION = 2
+ELASTIC = frozenset({"world_size", "batch_size"})  # what may change between saving and resuming
+
+
+@dataclasses.dataclass(frozen=True)
+class Position:
+    """The epoch, the batches of it yielded so far (of what ``layout`` leaves of it, where set),
+    and the seed the plan was drawn with."""
+
+    epoch: int
+    batches: int
+    seed: int
+    layout: Layout | None = None
+
+
+def layout_batches(spec: PlanSpec, layout: Layout) -> int:
+    """Batches every rank of ``spec`` yields for what ``layout`` leaves of an epoch."""
+    return math.ceil(math.ceil(layout.num_samples / spec.world_size) / spec.batch_size)
+
+
+def restore(state: Any, *, spec: PlanSpec, rank: int, seed: int, seed_given: bool) -> Position:
+    """The position ``state`` says, for a loader of ``spec`` on ``rank``. The same plan settings:
+    exact, and only from this rank's state. Another ``world_size`` or ``batch_size`` (elastic):
+    any rank's state, since ranks yield the same number of batches; what the saving ranks had not
+    yet yielded is left for the new ones (:func:`gpupipe._plan.remaining`).
+
+    Raises:
+        ConfigError: not a state; a state whose other plan settings (samples, ``drop_last``,
+            shuffling, the bad-sample list) or explicitly given seed differ; a bad position.
+    """
+    where = "Loader.load_state_dict"
+    if not (isinstance(state, dict) and state.get("version") == STATE_VERSION and isinstance(state.get("plan"), dict)):
+        raise ConfigError(f"{where}: not a gpupipe loader state (version {STATE_VERSION})")
+    try:
+        saved = PlanSpec(**state["plan"])
+        layout = Layout.from_dict(state["layout"]) if state.get("layout") is not None else None
+    except (TypeError, ValueError, KeyError) as e:
+        raise ConfigError(f"{where}: a damaged loader state ({e})") from None
+    changed = spec.changed(state["plan"])
+    diff = spec.differences(state["plan"])
+    elastic = bool(changed) and changed <= ELASTIC
+    if elastic:
+        diff = []
+    elif state.get("rank") != rank:
+        diff.insert(0, f"rank={state.get('rank')!r} (this loader: {rank}); save one state per rank")
+    if seed_given and state.get("seed") != seed:
+        diff.append(f"seed={state.get('seed')!r} (this loader: {seed})")
+    if diff:
+        raise ConfigError(f"{where}: the state does not match this loader: " + "; ".join(diff))
+    epoch, done = state.get("epoch"), state.get("batches_yielded")
+    total = layout_batches(saved, layout) if layout is not None else saved.num_batches
+    if not (is_int(epoch) and is_int(done) and cast(int, epoch) >= 0 and 0 <= cast(int, done) <= total):
+        raise ConfigError(f"{where}: bad position epoch={epoch!r}, batches_yielded={done!r}")
+    epoch, done = cast(int, epoch), cast(int, done)
+    if elastic:
+        return Position(epoch, 0, state["seed"], remaining(saved, done, layout))
+    return Position(epoch, done, state["seed"], layout)
+
+
+def saved(position: Position, spec: PlanSpec, rank: int) -> dict[str, Any]:
+    """The state of ``position`` (see :func:`restore`)."""
+    return {
+        "version": STATE_VERSION,
+        "epoch": position.epoch,
+        "batches_yielded": position.batches,
+        "seed": position.seed,
+        "rank": rank,
+        "plan": spec.as_dict(),
+        "layout": position.layout.as_dict() if position.layout is not None else None,
+    }
