@@ -354,3 +354,20 @@ class TestElastic:
         assert Layout.from_dict(layout.as_dict()) == layout
         with pytest.raises(ValueError):
             Layout.from_dict({**layout.as_dict(), "ranges": [[5, 2]]})
+
+    def test_a_scaled_down_cluster(self):
+        """bench/elastic.py's case scaled down: 200 shards, 64 ranks stopped at 40% of the epoch,
+        48 ranks resume; counted over every rank, each sample exactly once."""
+        sizes = np.random.default_rng(0).integers(25, 76, size=200)
+        total = int(sizes.sum())
+        first, new = _spec(total, 64, 16, False), _spec(total, 48, 16, False)
+        done = int(first.num_batches * 0.4)
+        seen = np.zeros(total, dtype=np.int64)
+        for rank in range(64):
+            p = rank_plan(sizes, first, rank=rank, **self.KW)
+            np.add.at(seen, p.samples[: done * 16][p.valid[: done * 16]], 1)
+        layout = remaining(first, done)
+        plans = [elastic_plan(sizes, new, layout, rank=rank, **self.KW) for rank in range(48)]
+        for p in plans:
+            np.add.at(seen, p.samples[p.valid], 1)
+        assert (seen == 1).all() and len({p.num_batches for p in plans}) == 1
