@@ -23,6 +23,7 @@ import os
 import sys
 import time
 import tracemalloc
+from typing import Any
 
 import numpy as np
 
@@ -62,11 +63,11 @@ def main() -> None:
     mean = args.samples / args.shards
     sizes = rng.integers(int(mean * 0.5), int(mean * 1.5) + 1, size=args.shards).astype(np.int64)
     total = int(sizes.sum())
-    spec = dict(shuffle=True, shuffle_buffer=4096, interleave=64, drop_last=False)
+    spec: dict[str, Any] = dict(shuffle=True, shuffle_buffer=4096, interleave=64, drop_last=False)
     first = PlanSpec(num_samples=total, world_size=args.old, batch_size=args.batch_size, **spec)
     new = PlanSpec(num_samples=total, world_size=args.new, batch_size=args.batch_size, **spec)
     done = int(first.num_batches * args.done)
-    kw = dict(sequential=True, seed=1, epoch=3)
+    kw: dict[str, Any] = dict(sequential=True, seed=1, epoch=3)
     rows = []
     for rank in np.linspace(0, args.old - 1, args.ranks).astype(int).tolist():
         plan, s, mb = measured(lambda rank=rank: rank_plan(sizes, first, rank=rank, **kw))

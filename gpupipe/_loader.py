@@ -265,7 +265,7 @@ class Loader(LoaderAttributes):
         """Batches per epoch, the same on every rank (of an epoch resumed on another world size:
         the batches left of it, see :meth:`load_state_dict`)."""
         layout = self._layout_of(self.epoch)
-        return self._len if layout is None else layout_batches(self.plan_spec, layout)
+        return self._len if layout is None else layout.offset + layout_batches(self.plan_spec, layout)
 
     def _layout_of(self, epoch: int) -> Layout | None:
         return self._layout[1] if self._layout is not None and self._layout[0] == epoch else None
@@ -354,6 +354,9 @@ class Loader(LoaderAttributes):
             self._skips.in_epoch = 0
         self._yielded = start
         plan = self.plan(epoch)
+        layout = self._layout_of(epoch)
+        shift = layout.offset if layout is not None else 0  # a resumed epoch's batches count on from the saved
+        start -= shift
         device = torch.device(self.device)
         limit = self.config.skip_limit(int(plan.valid.sum()))
         size = self.config.batch_size
@@ -376,17 +379,18 @@ class Loader(LoaderAttributes):
                 valid = plan.batch(b)[1].copy()
                 if skipped:
                     self._skips.mark(skipped, valid, epoch, limit)
-                self._yielded = b + 1
+                self._yielded = shift + b + 1
                 images = views if self.pipeline.has_views else views[0]
                 yield Batch(images, labels, keys, backends.to_device(torch.from_numpy(valid), device))
         finally:
             if fetch is not None:
                 fetch.close()
-        if self._yielded == plan.num_batches and not self.closed:
+        if self._yielded == shift + plan.num_batches and not self.closed:
             self._finished = epoch  # ran to its end: a new iteration without set_epoch is the next epoch
-        if self.closed and self._yielded < plan.num_batches:
+        if self.closed and self._yielded < shift + plan.num_batches:
             raise ClosedError(
-                f"this gp.Loader was closed during an epoch, after {self._yielded} of its {plan.num_batches} batches"
+                f"this gp.Loader was closed during an epoch, after {self._yielded} of its {shift + plan.num_batches} "
+                "batches"
             )
 
     def _shards_ahead(self) -> int:
@@ -407,23 +411,26 @@ class Loader(LoaderAttributes):
         """Restores a position saved by :meth:`state_dict`; the next iteration of that epoch
         yields what the interrupted run would have yielded next, on every backend:
 
-        - **Same world size and batch size**: this rank's own state; the same keys in the same
-          order with the same augmentation, mid-epoch. Save one state per rank.
-        - **Another world size or batch size** (elastic: a job back on fewer or more GPUs): any
-          rank's state (ranks yield the same number of batches, so one says where all were).
-          Every sample of the epoch not yet yielded by the saving ranks is yielded exactly once
-          over the new ranks, with the augmentation it would have had, in equal batch counts:
-          ``len(loader)`` is then the batches left of that epoch (under ``drop_last`` the last is
-          padded, marked in ``batch.valid``, rather than dropping samples). The next epochs are
-          whole again. Worked example in docs/guide/distributed.md.
+        Any rank's state will do: ranks yield the same number of batches, so one says where all
+        were (a trainer that checkpoints rank 0's alone, as Lightning does, resumes every rank).
+
+        - **Same world size and batch size**: the same keys in the same order with the same
+          augmentation, mid-epoch: this rank's own plan from that batch on.
+        - **Another world size or batch size** (elastic: a job back on fewer or more GPUs):
+          every sample of the epoch not yet yielded by the saving ranks is yielded exactly once
+          over the new ranks, with the augmentation it would have had, in equal batch counts
+          (under ``drop_last`` the last is padded, marked in ``batch.valid``, rather than dropping
+          samples). Those batches are numbered on from the ones yielded before the stop:
+          ``len(loader)`` counts both, as a trainer restarting its batch counter from its
+          checkpoint does. The next epochs are whole again. Each new rank
+          takes the skipped-sample list of the state it loaded. Worked example in
+          docs/guide/distributed.md.
 
         Raises:
-            ConfigError: another rank's state on the same world size, or a state whose plan
-                differs otherwise (sample count, ``drop_last``, shuffle settings, the bad-sample
-                list, or an explicitly different seed).
+            ConfigError: a state whose plan differs otherwise (sample count, ``drop_last``,
+                shuffle settings, the bad-sample list, or an explicitly different seed).
         """
-        position = restore(state, spec=self.plan_spec, rank=self.rank, seed=self.seed,
-                           seed_given=self.config.seed is not None)  # fmt: skip
+        position = restore(state, spec=self.plan_spec, seed=self.seed, seed_given=self.config.seed is not None)
         self.seed = position.seed
         self.epoch, self._yielded = position.epoch, position.batches
         self._layout = (position.epoch, position.layout) if position.layout is not None else None

@@ -29,7 +29,6 @@ __all__ = [
     "shard_permutation",
     "mask_digest",
     "Layout",
-    "first_layout",
     "remaining",
     "elastic_plan",
 ]
@@ -237,25 +236,35 @@ def rank_plan(
 
 @dataclasses.dataclass(frozen=True)
 class Layout:
-    """What remains of an interrupted epoch: ``ranges`` (``[start, stop)`` positions) of the epoch
-    as first planned under ``first`` (a :class:`PlanSpec`: its world size and batch size)."""
+    """What remains of an interrupted epoch: ``ranges`` (``[start, stop)`` positions, sorted, apart)
+    of the epoch as first planned under ``first`` (a :class:`PlanSpec`: its world size and batch
+    size). ``offset``: the batches of the epoch each rank had yielded before (a loader numbers the
+    remaining ones on from there, as trainers count on from their checkpoint)."""
 
     first: PlanSpec
     ranges: tuple[tuple[int, int], ...]
+    offset: int = 0
 
     @property
     def num_samples(self) -> int:
         return sum(stop - start for start, stop in self.ranges)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"first": self.first.as_dict(), "ranges": [list(r) for r in self.ranges]}
+        return {"first": self.first.as_dict(), "ranges": [list(r) for r in self.ranges], "offset": self.offset}
 
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any]) -> Layout:
+        """Raises ValueError unless the ranges lie apart, in order, within the first layout."""
+        first = PlanSpec(**doc["first"])
         ranges = tuple((int(a), int(b)) for a, b in doc["ranges"])
-        if any(not 0 <= a <= b for a, b in ranges):
-            raise ValueError(f"bad ranges {ranges[:4]}")
-        return cls(PlanSpec(**doc["first"]), ranges)
+        offset = doc.get("offset", 0)
+        total = sum(valid_count(first, r) for r in range(first.world_size))
+        stops = [0, *(b for _, b in ranges)]
+        if any(not stops[i] <= a < b for i, (a, b) in enumerate(ranges)) or stops[-1] > total:
+            raise ValueError(f"ranges not apart, in order, within the epoch's {total} samples: {list(ranges)[:4]}")
+        if not (isinstance(offset, int) and offset >= 0):
+            raise ValueError(f"offset must be a count, got {offset!r}")
+        return cls(first, ranges, offset)
 
 
 def valid_count(spec: PlanSpec, rank: int) -> int:
@@ -292,30 +301,24 @@ def _merged(parts: list[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
     return tuple(out)
 
 
-def first_layout(spec: PlanSpec) -> Layout:
-    """A whole epoch planned by ``spec``: one range per rank, its valid samples."""
-    ends = np.cumsum([valid_count(spec, r) for r in range(spec.world_size)]).tolist()
-    return Layout(spec, _merged(list(zip([0, *ends[:-1]], ends, strict=True))))
-
-
 def remaining(spec: PlanSpec, batches_yielded: int, layout: Layout | None = None) -> Layout:
     """What is left of an epoch once every rank of ``spec`` yielded ``batches_yielded`` batches of
     its plan: of the whole epoch (``layout`` ``None``) or of a resumed one (``layout``). Ranks
     yield the same number of batches (they step together under DDP), so one count says it."""
-    done = batches_yielded * spec.batch_size
     if layout is None:
-        whole = first_layout(spec)
+        done = batches_yielded * spec.batch_size
         counts = [valid_count(spec, r) for r in range(spec.world_size)]
         starts = np.cumsum([0, *counts[:-1]]).tolist()
         parts = [(s + min(done, n), s + n) for s, n in zip(starts, counts, strict=True)]
-        return Layout(whole.first, _merged(parts))
+        return Layout(spec, _merged(parts), batches_yielded)
+    done = (batches_yielded - layout.offset) * spec.batch_size  # (counted on from the layout's offset)
     ends = np.cumsum([b - a for a, b in layout.ranges])
     total = int(ends[-1]) if len(ends) else 0
     parts = []
     for rank in range(spec.world_size):
         start, stop = rank_range(total, rank, spec.world_size)
         parts += _cut(layout.ranges, ends, min(start + done, stop), stop)
-    return Layout(layout.first, _merged(parts))
+    return Layout(layout.first, _merged(parts), batches_yielded)
 
 
 def elastic_plan(
@@ -361,6 +364,14 @@ def elastic_plan(
     pad = length - len(mine)
     valid = np.arange(length) < len(mine)
     if pad:
-        filler = mine[:1] if len(mine) else np.zeros(1, np.int64)
+        filler = mine[:1] if len(mine) else _first_good(excluded)  # (a rank with nothing left: padding only)
         mine = np.concatenate([mine, np.resize(filler, pad)])
     return RankPlan(mine, valid, batch_size, batches, seed, epoch)
+
+
+def _first_good(excluded: np.ndarray | None) -> np.ndarray:
+    """``[n]``: the first sample number not ``excluded`` (sorted)."""
+    if excluded is None or not len(excluded):
+        return np.zeros(1, np.int64)
+    gaps = np.flatnonzero(np.asarray(excluded) != np.arange(len(excluded)))
+    return np.array([gaps[0] if len(gaps) else len(excluded)], np.int64)

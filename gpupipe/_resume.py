@@ -34,11 +34,13 @@ def layout_batches(spec: PlanSpec, layout: Layout) -> int:
     return math.ceil(math.ceil(layout.num_samples / spec.world_size) / spec.batch_size)
 
 
-def restore(state: Any, *, spec: PlanSpec, rank: int, seed: int, seed_given: bool) -> Position:
-    """The position ``state`` says, for a loader of ``spec`` on ``rank``. The same plan settings:
-    exact, and only from this rank's state. Another ``world_size`` or ``batch_size`` (elastic):
-    any rank's state, since ranks yield the same number of batches; what the saving ranks had not
-    yet yielded is left for the new ones (:func:`gpupipe._plan.remaining`).
+def restore(state: Any, *, spec: PlanSpec, seed: int, seed_given: bool) -> Position:
+    """The position ``state`` says, for a loader of ``spec`` (on any rank), from any rank's state:
+    ranks yield the same number of batches, so the states of one step differ only in ``rank`` and
+    the skipped-sample list (a trainer that checkpoints rank 0's alone, as Lightning does, resumes
+    every rank). The same plan settings: exact, this rank's own plan from that batch on. Another
+    ``world_size`` or ``batch_size`` (elastic): what the saving ranks had not yet yielded is left
+    for the new ones (:func:`gpupipe._plan.remaining`).
 
     Raises:
         ConfigError: not a state; a state whose other plan settings (samples, ``drop_last``,
@@ -57,19 +59,20 @@ def restore(state: Any, *, spec: PlanSpec, rank: int, seed: int, seed_given: boo
     elastic = bool(changed) and changed <= ELASTIC
     if elastic:
         diff = []
-    elif state.get("rank") != rank:
-        diff.insert(0, f"rank={state.get('rank')!r} (this loader: {rank}); save one state per rank")
     if seed_given and state.get("seed") != seed:
         diff.append(f"seed={state.get('seed')!r} (this loader: {seed})")
     if diff:
         raise ConfigError(f"{where}: the state does not match this loader: " + "; ".join(diff))
+    if layout is not None and layout.first.changed(saved.as_dict()) - ELASTIC:
+        raise ConfigError(f"{where}: a damaged loader state (its layout is of another epoch plan)")
     epoch, done = state.get("epoch"), state.get("batches_yielded")
-    total = layout_batches(saved, layout) if layout is not None else saved.num_batches
-    if not (is_int(epoch) and is_int(done) and cast(int, epoch) >= 0 and 0 <= cast(int, done) <= total):
+    low = layout.offset if layout is not None else 0
+    high = low + layout_batches(saved, layout) if layout is not None else saved.num_batches
+    if not (is_int(epoch) and is_int(done) and cast(int, epoch) >= 0 and low <= cast(int, done) <= high):
         raise ConfigError(f"{where}: bad position epoch={epoch!r}, batches_yielded={done!r}")
     epoch, done = cast(int, epoch), cast(int, done)
-    if elastic:
-        return Position(epoch, 0, state["seed"], remaining(saved, done, layout))
+    if elastic:  # what is left, its batches counted on from those yielded
+        return Position(epoch, done, state["seed"], remaining(saved, done, layout))
     return Position(epoch, done, state["seed"], layout)
 
 

@@ -98,7 +98,9 @@ class TestElasticResume:
         assert sorted([*before, *after]) == sorted(expected)
         for key, image in {**before, **after}.items():
             torch.testing.assert_close(image, expected[key], rtol=0, atol=0, msg=key)
-        assert len(resumed_len) == 1 and resumed_len == yielded  # equal batch counts on the new ranks
+        # equal batch counts on the new ranks, numbered on from the one step taken before (as a trainer
+        # restarting its batch counter from the checkpoint counts): len(loader) is 1 + those left
+        assert len(yielded) == 1 and resumed_len == {1 + n for n in yielded}
         assert len(whole_len) == 1
 
     def test_twice_interrupted_and_under_drop_last(self, backend, uneven_shards, clean_env):
@@ -122,9 +124,10 @@ class TestElasticResume:
         for loader in second:
             loader.load_state_dict(state)
             loader.set_epoch(EPOCH)
+            assert loader.state_dict()["batches_yielded"] == 1  # the step taken at 3 ranks
             got += list(take(loader, 1))
         state = second[1].state_dict()
-        assert state["layout"] is not None
+        assert state["layout"] is not None and state["batches_yielded"] == 2
         for loader in second:
             loader.close()
         for loader in loaders(backend, source, 4, 2, drop_last=True):
@@ -136,11 +139,26 @@ class TestElasticResume:
                 got += [k for b in batches for k, ok in zip(b.keys, b.valid.tolist(), strict=True) if ok]
         assert sorted(got) == sorted(expected) and len(got) == len(set(got))
 
-    def test_the_same_world_size_still_needs_its_own_rank(self, backend, uneven_shards, clean_env):
+    def test_rank_0s_state_resumes_every_rank_exactly(self, backend, uneven_shards, clean_env):
+        """What Lightning does (it checkpoints rank 0's state): on the same world size, each rank
+        loading rank 0's state yields exactly what it would have yielded next."""
         source = gp.WebDataset(uneven_shards)
-        a, b = loaders(backend, source, 2, 2)
-        with a, b, pytest.raises(gp.ConfigError, match="save one state per rank"):
-            b.load_state_dict(a.state_dict())
+        first, whole, second = (
+            loaders(backend, source, 2, 2),
+            loaders(backend, source, 2, 2),
+            loaders(backend, source, 2, 2),
+        )
+        for a in first:
+            a.set_epoch(EPOCH)
+            take(a, 1)
+        state = first[0].state_dict()
+        for w, b in zip(whole, second, strict=True):
+            w.set_epoch(EPOCH)
+            b.load_state_dict(state)
+            b.set_epoch(EPOCH)
+            assert len(b) == len(w) and list(take(b)) == list(take(w))[2:]  # batch 0 was taken: 2 samples
+        for loader in (*first, *whole, *second):
+            loader.close()
 
     def test_other_settings_are_still_refused(self, backend, uneven_shards, clean_env):
         source = gp.WebDataset(uneven_shards)
@@ -149,3 +167,16 @@ class TestElasticResume:
                            drop_last=True)  # fmt: skip
         with a, b, pytest.raises(gp.ConfigError, match="drop_last"):
             b.load_state_dict(a.state_dict())
+
+    def test_a_damaged_layout_is_refused(self, backend, uneven_shards, clean_env):
+        source = gp.WebDataset(uneven_shards)
+        a, b = loaders(backend, source, 2, 2)
+        c = backend.loader(pipeline(source), 2, shuffle=True, seed=5, rank=0, world_size=3, num_workers=0)
+        with a, b, c:
+            a.set_epoch(EPOCH)
+            next(iter(a))
+            c.load_state_dict(a.state_dict())
+            state = c.state_dict()
+            for layout in ({**state["layout"], "ranges": [[0, 1000]]}, {**state["layout"], "first": {"x": 1}}):
+                with pytest.raises(gp.ConfigError, match="damaged loader state"):
+                    b.load_state_dict({**state, "layout": layout})

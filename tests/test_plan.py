@@ -312,7 +312,7 @@ class TestElastic:
         layout = remaining(first, 2)
         second = _spec(total, 2, 3, False)
         got += _yielded([elastic_plan(self.SIZES, second, layout, rank=r, **self.KW) for r in range(2)], 1)
-        layout = remaining(second, 1, layout)
+        layout = remaining(second, layout.offset + 1, layout)  # counted on from the first stop
         third = _spec(total, 4, 2, False)
         plans = [elastic_plan(self.SIZES, third, layout, rank=r, **self.KW) for r in range(4)]
         got += _yielded(plans, plans[0].num_batches)
@@ -352,8 +352,11 @@ class TestElastic:
     def test_a_layout_round_trips(self):
         layout = remaining(_spec(30, 3, 2, False), 1)
         assert Layout.from_dict(layout.as_dict()) == layout
+        for ranges in ([[5, 2]], [[0, 1000]], [[0, 5], [4, 8]], [[6, 8], [0, 2]]):  # backwards, past, overlapping
+            with pytest.raises(ValueError):
+                Layout.from_dict({**layout.as_dict(), "ranges": ranges})
         with pytest.raises(ValueError):
-            Layout.from_dict({**layout.as_dict(), "ranges": [[5, 2]]})
+            Layout.from_dict({**layout.as_dict(), "offset": -1})
 
     def test_a_scaled_down_cluster(self):
         """bench/elastic.py's case scaled down: 200 shards, 64 ranks stopped at 40% of the epoch,
@@ -371,3 +374,13 @@ class TestElastic:
         for p in plans:
             np.add.at(seen, p.samples[p.valid], 1)
         assert (seen == 1).all() and len({p.num_batches for p in plans}) == 1
+
+    def test_a_rank_with_nothing_left_pads_with_a_good_sample(self):
+        """Sample 0 known bad; 7 good samples, one rank of batch 5 stopped after its first batch:
+        2 left for 3 ranks, so rank 2 has nothing and pads with the first good sample, not 0."""
+        sizes, excluded = np.array([4, 4]), np.array([0])
+        left = remaining(_spec(7, 1, 5, False), 1)
+        plans = [elastic_plan(sizes, _spec(7, 3, 4, False), left, rank=r, excluded=excluded, **self.KW)
+                 for r in range(3)]  # fmt: skip
+        assert [int(p.valid.sum()) for p in plans] == [1, 1, 0]
+        assert plans[2].samples.tolist() == [1] and plans[2].valid.tolist() == [False]

@@ -233,6 +233,13 @@ class TestLightning:
         assert resumed["train_keys"][-1] == whole["train_keys"][-1]  # the last epoch as the uninterrupted one
 
     @pytest.mark.slow
+    def test_ddp_resume_mid_epoch_on_every_rank(self, tmp_path):
+        """Lightning checkpoints rank 0's loader state alone; every rank resumes from it exactly."""
+        got = _fit(tmp_path, "cut-and-resume", devices=2)
+        assert got["after_resume"] == got["expected_after_resume"] and all(got["after_resume"])
+        assert not set(got["after_resume"][0]) & set(got["after_resume"][1])
+
+    @pytest.mark.slow
     def test_ddp_on_two_processes(self, tmp_path):
         got = _fit(tmp_path, "fit", devices=2)
         assert got["val_counted"] == [got["samples"]] * 3  # over both ranks, each sample once

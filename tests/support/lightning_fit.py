@@ -126,18 +126,26 @@ def main() -> None:
             return
     else:  # a checkpoint mid-way through epoch 1, the run killed there, resumed in a new Trainer
         per_epoch = (SAMPLES // DEVICES) // BATCH
+        into = 2 if per_epoch > 2 else 1  # batches of epoch 1 trained before the cut
         whole = Model()
         trainer(enable_checkpointing=False).fit(whole, datamodule=datamodule())
         path = os.path.join(OUT, "cut.ckpt")
         with contextlib.suppress(Preempted):
-            trainer(enable_checkpointing=False, callbacks=[Preempt(per_epoch + 2, path)]).fit(
+            trainer(enable_checkpointing=False, callbacks=[Preempt(per_epoch + into, path)]).fit(
                 Model(), datamodule=datamodule()
             )
         resumed = Model()
-        trainer(enable_checkpointing=False).fit(resumed, datamodule=datamodule(), ckpt_path=path)
+        t = trainer(enable_checkpointing=False)
+        t.fit(resumed, datamodule=datamodule(), ckpt_path=path)
         result["after_resume"] = resumed.train_keys.get(1, [])
-        result["expected_after_resume"] = whole.train_keys[1][2 * BATCH :]
+        result["expected_after_resume"] = whole.train_keys[1][into * BATCH :]
         result["train_keys"] = [resumed.train_keys[e] for e in sorted(resumed.train_keys)]
+        if DEVICES > 1:  # every rank's, gathered on rank 0 (Lightning checkpoints rank 0's loader state)
+            gathered = [None] * DEVICES
+            torch.distributed.all_gather_object(gathered, result)
+            result = {k: [r[k] for r in gathered] for k in result}
+            if t.global_rank != 0:
+                return
     with open(os.path.join(OUT, "result.json"), "w") as f:
         json.dump(result, f)
 
