@@ -79,9 +79,9 @@ def imports(module: str, path: str, known: dict[str, str]) -> Iterator[tuple[int
     with open(path) as f:
         tree = ast.parse(f.read())
     unreached: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            unreached.update(id(n) for n in ast.walk(node))
+    for node in ast.walk(tree):  # the body of `if TYPE_CHECKING:` never runs (its else: does)
+        if isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
+            unreached.update(id(n) for stmt in node.body for n in ast.walk(stmt))
     package = module if path.endswith("__init__.py") else module.rpartition(".")[0]
     for node in ast.walk(tree):
         if id(node) in unreached:
@@ -153,7 +153,9 @@ class TestLayers:
         (pkg / "__init__.py").write_text("")
         (pkg / "_errors.py").write_text("from .storage import _base\n")
         (pkg / "storage" / "__init__.py").write_text("")
-        (pkg / "storage" / "_base.py").write_text("def f():\n    from .._errors import X\n")
+        (pkg / "storage" / "_base.py").write_text(
+            "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    pass\nelse:\n    from .._errors import X\n"
+        )
         monkeypatch.setattr(sys.modules[__name__], "ROOT", str(tmp_path))
         monkeypatch.setattr(sys.modules[__name__], "PACKAGE", str(pkg))
         edges = graph()

@@ -15,6 +15,7 @@ import dataclasses
 import enum
 import importlib.metadata
 import platform
+import re
 import sys
 from typing import Any
 
@@ -273,22 +274,25 @@ def diagnose(env: Environment) -> list[Advice]:
 
 
 def _fork_advice(python: str) -> list[Advice]:
-    """CPython 3.11 before 3.11.8 can freeze a forked child for good (gh-112275: the interpreter's
-    thread-state lock, held by another thread at the fork, is taken in the child before it is
-    reset): a torch-backend worker that never starts. Seen here on 3.11.7 under load."""
-    parts = python.split(".")
-    try:
-        version = tuple(int(p) for p in parts[:3])
-    except ValueError:
+    """CPython before 3.10.15 / 3.11.10 can freeze a forked child for good (gh-112275: the
+    interpreter's thread-state lock, held by another thread at the fork, is taken in the child
+    before it is reset; fixed in 3.12 and those releases): a torch-backend worker that never
+    starts. Seen here on 3.11.7 under load."""
+    match = re.match(r"(\d+)\.(\d+)\.(\d+)", python)
+    if match is None:
         return []
-    if version[:2] == (3, 11) and len(version) == 3 and version[2] < 8:
-        return [Advice(
-            Level.WARNING,
-            f"Python {python} can freeze a torch-backend worker inside fork (CPython gh-112275, fixed in 3.11.8): "
-            "the loader waits worker_timeout (600 s by default), then goes on with new workers",
-            "use Python 3.11.8 or newer (or 3.12)",
-        )]  # fmt: skip
-    return []
+    major, minor, micro = (int(p) for p in match.groups())
+    version = (major, minor, micro)
+    fixed = {(3, 10): (3, 10, 15), (3, 11): (3, 11, 10)}.get((major, minor))
+    if fixed is None or version >= fixed:
+        return []
+    return [Advice(
+        Level.WARNING,
+        f"Python {python} can freeze a torch-backend worker inside fork (CPython gh-112275, fixed in "
+        f"{'.'.join(map(str, fixed))}): the loader waits worker_timeout (600 s by default), then goes on with new "
+        "workers",
+        f"use Python {'.'.join(map(str, fixed))} or newer (or 3.12)",
+    )]  # fmt: skip
 
 
 def decode_strategy(env: Environment) -> Strategy:

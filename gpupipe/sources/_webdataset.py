@@ -208,7 +208,7 @@ def cached_scan(
     storage: Storage, url: str, image_exts: tuple[str, ...], label_ext: str | None, *, index_files: bool = True
 ) -> ShardIndex:
     """The index of one shard: from its cache file when there is one (details loaded lazily),
-    else (remote shards, ``summaries``) from its index file beside it, else scanned from the tar
+    else (remote shards, ``index_files``) from its index file beside it, else scanned from the tar
     headers and cached, with the damage found (``problems``)."""
     try:
         stat = storage.stat(url)
