@@ -215,13 +215,20 @@ def rank_plan(
     if spec.drop_last:
         mine = mine[: batches * batch_size]
         return RankPlan(mine, np.ones(len(mine), bool), batch_size, batches, seed, epoch)
-    slots = math.ceil(total / world_size)
-    pad = slots - len(mine)  # 0, or 1 on the ranks with the shorter range
-    if pad:
-        filler = mine[:1] if len(mine) else np.zeros(1, np.int64)  # fewer samples than ranks: sample 0
-        mine = np.concatenate([mine, np.resize(filler, pad)])
-    valid = np.arange(len(mine)) < len(mine) - pad
+    # padded by 0, or 1 on the ranks with the shorter range; fewer samples than ranks: sample 0 (mapped
+    # past the excluded ones by the caller)
+    mine, valid = _padded(mine, math.ceil(total / world_size), None)
     return RankPlan(mine, valid, batch_size, batches, seed, epoch)
+
+
+def _padded(mine: np.ndarray, length: int, excluded: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """``mine`` made ``length`` long with its first sample again (a rank with none: the first
+    sample not ``excluded``), and ``valid``, False on the padding."""
+    valid = np.arange(length) < len(mine)
+    if length > len(mine):
+        filler = mine[:1] if len(mine) else _first_good(excluded)
+        mine = np.concatenate([mine, np.resize(filler, length - len(mine))])
+    return mine, valid
 
 
 # Elastic resume: an epoch interrupted at one world size, finished at another.
@@ -360,12 +367,7 @@ def elastic_plan(
     batch_size = spec.batch_size
     slots = math.ceil(total / spec.world_size)
     batches = math.ceil(slots / batch_size)
-    length = batches * batch_size if spec.drop_last else slots
-    pad = length - len(mine)
-    valid = np.arange(length) < len(mine)
-    if pad:
-        filler = mine[:1] if len(mine) else _first_good(excluded)  # (a rank with nothing left: padding only)
-        mine = np.concatenate([mine, np.resize(filler, pad)])
+    mine, valid = _padded(mine, batches * batch_size if spec.drop_last else slots, excluded)
     return RankPlan(mine, valid, batch_size, batches, seed, epoch)
 
 
