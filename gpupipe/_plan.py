@@ -31,6 +31,7 @@ __all__ = [
     "Layout",
     "remaining",
     "elastic_plan",
+    "unexcluded",
 ]
 
 
@@ -68,6 +69,8 @@ class PlanSpec:
     ``num_samples`` counts the samples the plan draws from: the index's, less those ``excluded``
     (known bad); ``mask`` is a digest of the excluded sample numbers (``""``: none), so that ranks
     with different bad-sample lists, or a state saved under another list, are told apart.
+    ``mix`` is a digest of a :class:`~gpupipe.Mix`'s per-epoch counts (``""``: no mix); its
+    epochs then draw ``num_samples`` entries of those counts.
     """
 
     num_samples: int
@@ -78,6 +81,7 @@ class PlanSpec:
     shuffle_buffer: int
     interleave: int
     mask: str = ""
+    mix: str = ""
 
     @property
     def num_batches(self) -> int:
@@ -118,6 +122,9 @@ class RankPlan:
     """One rank's epoch: ``samples[i]`` (global sample numbers, int64 ``[n]``) in the order they
     are yielded; ``valid[i]`` is False for padding. Batch ``b`` is ``samples[b*B:(b+1)*B]``.
     ``seed`` and ``epoch`` are those the plan was drawn for (backends seed augmentation from them).
+    ``draws`` (int64 ``[n]``, or ``None``: the sample numbers themselves) are the numbers each
+    position's augmentation is drawn from (``gpupipe._random``): a mix that takes a sample twice in
+    an epoch (``gp.Mix``) gives each copy its own.
     """
 
     samples: np.ndarray
@@ -126,12 +133,20 @@ class RankPlan:
     num_batches: int
     seed: int = 0
     epoch: int = 0
+    draws: np.ndarray | None = None
 
-    def batch(self, b: int) -> tuple[np.ndarray, np.ndarray]:
+    def _slice(self, b: int) -> slice:
         if not 0 <= b < self.num_batches:
             raise IndexError(f"batch {b} of a {self.num_batches}-batch epoch")
-        s = slice(b * self.batch_size, (b + 1) * self.batch_size)
+        return slice(b * self.batch_size, (b + 1) * self.batch_size)
+
+    def batch(self, b: int) -> tuple[np.ndarray, np.ndarray]:
+        s = self._slice(b)
         return self.samples[s], self.valid[s]
+
+    def drawn(self, b: int) -> np.ndarray:
+        """The numbers batch ``b``'s augmentation is drawn from (see ``draws``)."""
+        return (self.samples if self.draws is None else self.draws)[self._slice(b)]
 
 
 def _pieces(shard_sizes: np.ndarray, offsets: np.ndarray, order: np.ndarray, start: int, stop: int) -> list[np.ndarray]:
@@ -190,10 +205,7 @@ def rank_plan(
         offsets = np.concatenate([[0], np.cumsum(shard_sizes)])
         per_shard = np.bincount(np.searchsorted(offsets, excluded, side="right") - 1, minlength=len(shard_sizes))
         plan = rank_plan(shard_sizes - per_shard, spec, sequential=sequential, seed=seed, epoch=epoch, rank=rank)
-        # good sample g is the g-th number not excluded: g + (excluded numbers at or below it)
-        below = excluded - np.arange(len(excluded), dtype=np.int64)
-        samples = plan.samples + np.searchsorted(below, plan.samples, side="right")
-        return dataclasses.replace(plan, samples=samples)
+        return dataclasses.replace(plan, samples=unexcluded(plan.samples, excluded))
     offsets = np.concatenate([[0], np.cumsum(shard_sizes)]).astype(np.int64)
     total = int(offsets[-1])
     if total != spec.num_samples:
@@ -219,6 +231,15 @@ def rank_plan(
     # past the excluded ones by the caller)
     mine, valid = _padded(mine, math.ceil(total / world_size), None)
     return RankPlan(mine, valid, batch_size, batches, seed, epoch)
+
+
+def unexcluded(good: np.ndarray, excluded: np.ndarray) -> np.ndarray:
+    """The sample numbers of good samples numbered ``good`` (the ``g``-th number not in
+    ``excluded``, sorted): ``g`` + the excluded numbers at or below it."""
+    if not len(excluded):
+        return good
+    below = excluded - np.arange(len(excluded), dtype=np.int64)
+    return good + np.searchsorted(below, good, side="right")
 
 
 def _padded(mine: np.ndarray, length: int, excluded: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:

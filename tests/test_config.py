@@ -107,6 +107,7 @@ class TestStateVersions:
             shuffle_buffer=4096,
             interleave=64,
             mask="",
+            mix="",
         )
 
     def test_a_state_of_another_format_is_refused(self, shards):

@@ -27,7 +27,7 @@ class InlineRunner:
             labels, keys = [], []
             samples = plan.batch(b)[0]
             # the whole batch's draws at once, view by view
-            drawn = [factors(steps, plan.seed, plan.epoch, samples, view) for view, steps in enumerate(views)]
+            drawn = [factors(steps, plan.seed, plan.epoch, plan.drawn(b), view) for view, steps in enumerate(views)]
             for i, s in enumerate(map(int, samples)):
                 raw = index.read(s)
                 image = decode_rgb(raw.data, shard=raw.shard, key=raw.key)

@@ -262,9 +262,9 @@ class BatchReader:
                 rest = self._map_ranges(where, shards, views, maps, bad) if mapped else where.groups
                 if rest:
                     buffer = self._read_ranges(where, rest, shards, views, bad)
-            keys, drawn = list(where.keys), samples
+            keys, drawn = list(where.keys), self.plan.drawn(b)
             sizes = self._sizes(views, keys, shards, bad)
-            env = self.env(samples, sizes)
+            env = self.env(drawn, sizes)
             if self.lowered.host_checks:
                 for i, message in failures(self.lowered.host_checks, env, len(samples)).items():
                     if i not in bad:
@@ -273,7 +273,7 @@ class BatchReader:
             if bad and not self.skip:
                 raise self._first_error(bad, views, keys, shards)
             if bad:
-                labels, drawn = self.substitute(bad, samples, views, labels, keys, shards, sizes)
+                labels, drawn = self.substitute(bad, drawn, views, labels, keys, shards, sizes)
                 env = self.env(drawn, sizes)
             from nvidia.dali.tensors import TensorCPU  # wrapped here, off the training thread; no copy
 
@@ -286,22 +286,23 @@ class BatchReader:
         return FeedBatch(b, samples, keys, shards, labels, encoded, buffer, tuple(maps), fed, views, sizes, skipped,
                          object())  # fmt: skip
 
-    def substitute(self, bad: dict[int, Any], samples: np.ndarray, views: list[Any], labels: np.ndarray | None,
+    def substitute(self, bad: dict[int, Any], draws: np.ndarray, views: list[Any], labels: np.ndarray | None,
                    keys: list[str], shards: list[str],
                    sizes: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:  # fmt: skip
         """Puts a copy of the batch's first good sample (its bytes, label, key, shard and size) in
         each ``bad`` position — or of a spare good sample of the epoch if none is good. Returns
-        the labels (a new array) and the sample numbers to draw the augmentation from: the donor's
-        in the bad positions, so that they come out as copies of it (as the torch backend's do)."""
+        the labels (a new array) and the numbers to draw the augmentation from (``draws``, the
+        batch's): the donor's in the bad positions, so that they come out as copies of it (as the
+        torch backend's do)."""
         good = donor(len(views), bad)
         label: int | None
         if good is None:
             view, label, key, shard, number, size = self.spare()
         else:
-            view, key, shard, number = views[good], keys[good], shards[good], int(samples[good])
+            view, key, shard, number = views[good], keys[good], shards[good], int(draws[good])
             label, size = None if labels is None else int(labels[good]), (int(sizes[good, 0]), int(sizes[good, 1]))
         labels = None if labels is None else labels.copy()
-        drawn = samples.copy()
+        drawn = draws.copy()
         fill(bad, (views, keys, shards, drawn, labels, sizes), (view, key, shard, number, label, size))
         return labels, drawn
 
@@ -347,12 +348,13 @@ class BatchReader:
         return evaluate(self.lowered.feeds, self.env(samples, sizes), len(samples))
 
     def spare(self) -> tuple[np.ndarray, int, str, str, int, tuple[int, int]]:
-        """A good sample of the epoch (its bytes copied, label, key, shard, number, size), for a
-        batch whose every sample is bad: the first of the plan that reads and decodes."""
+        """A good sample of the epoch (its bytes copied, label, key, shard, draw number, size), for
+        a batch whose every sample is bad: the first of the plan that reads and decodes."""
         from ..._decode import check_header, verdicts
 
         if self._spare is None:
-            for s in self.plan.samples.tolist():
+            draws = self.plan.samples if self.plan.draws is None else self.plan.draws
+            for s, d in zip(self.plan.samples.tolist(), draws.tolist(), strict=True):
                 try:
                     raw = self.index.read(s)
                     size = check_header(raw.data, self.max_pixels, shard=raw.shard, key=raw.key)
@@ -362,7 +364,7 @@ class BatchReader:
                                             sizes=[size])[0] is not None:  # fmt: skip
                     continue
                 data = np.frombuffer(raw.data, np.uint8).copy()
-                self._spare = (data, raw.label if raw.label is not None else 0, raw.key, raw.shard, s, size)
+                self._spare = (data, raw.label if raw.label is not None else 0, raw.key, raw.shard, d, size)
                 break
             else:
                 raise DataError("on_error='skip': no sample of this rank's epoch can be read")

@@ -304,7 +304,7 @@ class DaliRunner:
         if len(bad) == len(batch.skipped):
             return False
         views, keys, shards, sizes = list(batch.views), list(batch.keys), list(batch.shards), batch.sizes.copy()
-        labels, drawn = reader.substitute(bad, batch.samples, views, batch.labels, keys, shards, sizes)
+        labels, drawn = reader.substitute(bad, reader.plan.drawn(batch.b), views, batch.labels, keys, shards, sizes)
         encoded = [TensorCPU(view) for view in views]
         fixed = batch._replace(keys=keys, shards=shards, labels=labels, encoded=encoded, views=views, sizes=sizes,
                                feeds=reader.feeds(drawn, sizes), skipped=tuple(sorted(bad.items())))  # fmt: skip

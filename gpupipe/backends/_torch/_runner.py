@@ -26,7 +26,7 @@ __all__ = ["TorchRunner"]
 
 log = logging.getLogger("gpupipe")
 
-Item = tuple[int, int, int]  # (sample, seed, epoch)
+Item = tuple[int, int, int, int]  # (sample, the number its augmentation is drawn from, seed, epoch)
 
 
 Sample = tuple[tuple[torch.Tensor, ...], "int | None", str]  # (one image per view, label, key)
@@ -60,19 +60,19 @@ class _Samples(Dataset["Sample | _Failure"]):
         return len(self.index)
 
     def __getitem__(self, item: Item) -> Sample | _Failure:
-        sample, seed, epoch = item
-        drawn = [sample_factors(steps, seed, epoch, sample, view) for view, steps in enumerate(self.views)]
+        sample, draw, seed, epoch = item
+        drawn = [sample_factors(steps, seed, epoch, draw, view) for view, steps in enumerate(self.views)]
         return self._guarded(sample, drawn)
 
     def __getitems__(self, items: list[Item]) -> list[Sample | _Failure]:
         """A batch's samples (DataLoader's batched fetch): the random factors of the whole batch
         drawn at once, vectorized (``gpupipe._random``), then each sample decoded and transformed."""
-        samples = np.array([item[0] for item in items], dtype=np.int64)
-        seed, epoch = items[0][1], items[0][2]
-        drawn = [factors(steps, seed, epoch, samples, view) for view, steps in enumerate(self.views)]
+        draws = np.array([item[1] for item in items], dtype=np.int64)
+        seed, epoch = items[0][2], items[0][3]
+        drawn = [factors(steps, seed, epoch, draws, view) for view, steps in enumerate(self.views)]
         return [
-            self._guarded(int(s), [[None if f is None else f[i] for f in view] for view in drawn])
-            for i, s in enumerate(samples.tolist())
+            self._guarded(item[0], [[None if f is None else f[i] for f in view] for view in drawn])
+            for i, item in enumerate(items)
         ]
 
     def probe(self, item: Item) -> bool:
@@ -203,7 +203,9 @@ class TorchRunner:
 
     def _run(self, loader: DataLoader, plan: RankPlan, start: int) -> Generator[RawBatch, None, None]:
         self._batches.batches = [
-            [(int(s), plan.seed, plan.epoch) for s in plan.batch(b)[0]] for b in range(start, plan.num_batches)
+            [(s, d, plan.seed, plan.epoch) for s, d in zip(samples.tolist(), plan.drawn(b).tolist(), strict=True)]
+            for b in range(start, plan.num_batches)
+            for samples in (plan.batch(b)[0],)
         ]
         batches = self._iterate(loader)
         done, unexplained = start, 0
@@ -253,7 +255,7 @@ class TorchRunner:
         items = [item for batch in self._batches.batches[done - start : done - start + ahead] for item in batch]
         found = []
         limit = min(self._timeout or 60.0, 60.0)  # a sample that takes longer alone is hung
-        for (sample, _, _), outcome in zip(items, guarded_map(self._dataset.probe, items, timeout=limit), strict=True):
+        for (sample, *_), outcome in zip(items, guarded_map(self._dataset.probe, items, timeout=limit), strict=True):
             if outcome.ok or (outcome.crashed is not None and outcome.crashed not in CRASHED):
                 continue
             raw = self._dataset.index.read(sample)  # readable: the reading happened before the crash
