@@ -41,7 +41,7 @@ from ._shards import ShardWriter
 from ._tune import tune
 from ._tuned import Tuned
 from .backends import register_lowering
-from .sources import FakeData, ImageFolder, Source, WebDataset
+from .sources import FakeData, ImageFolder, Mix, Source, WebDataset
 
 __version__ = "0.1.0"
 
@@ -60,6 +60,7 @@ __all__ = [
     "WebDataset",
     "ImageFolder",
     "FakeData",
+    "Mix",
     "load_pipeline",
     "check",
     "CheckReport",

@@ -30,6 +30,7 @@ __all__ = [
     "topology",
     "local_rank",
     "ranks_per_node",
+    "agreed",
     "cuda_device",
     "collective_device",
     "shared_seed",
@@ -169,6 +170,18 @@ def shared_seed(seed: int | None, topo: Topology, *, shuffle: bool, device: torc
     with collective_device(dist, device):
         dist.broadcast_object_list(box, src=0)
     return int(box[0])
+
+
+def agreed(topo: Topology, value: Any, *, device: torch.device | None = None) -> Any:
+    """Rank 0's ``value`` on every rank, broadcast, when torch.distributed is initialized (a
+    listing of a growing dataset, read by every rank, could differ); else this rank's own."""
+    dist = _dist()
+    if dist is None or topo.world_size == 1 or topo.origin != "torch.distributed":
+        return value
+    box = [value]
+    with collective_device(dist, device):
+        dist.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 def check_same(topo: Topology, what: str, values: dict[str, Any], *, device: torch.device | None = None) -> None:

@@ -14,8 +14,10 @@ from . import _dist, backends
 from ._batch import Batch, SkippedSample
 from ._config import LoaderConfig, check_options
 from ._errors import ClosedError, ConfigError, GpupipeError, PipelineError
+from ._indexed import Indexed, index_source, listing_of
+from ._mixplan import Selection, mixed_plan, per_source, select
 from ._pipeline import Pipeline
-from ._plan import Layout, PlanSpec, RankPlan, elastic_plan, mask_digest, rank_plan
+from ._plan import Layout, RankPlan, elastic_plan, rank_plan
 from ._resume import Position, layout_batches, restore, saved
 from ._skips import Skips
 from ._trainers import LoaderAttributes
@@ -23,7 +25,8 @@ from ._tuned import resolve as resolve_tuned
 from ._tuned import tune_key
 from ._validate import check_int
 from .sources import Index
-from .storage._prefetch import prefetcher, prepare_remote
+from .sources._mix import MixIndex
+from .storage._prefetch import prefetcher
 
 __all__ = ["Loader", "Batch", "SkippedSample"]  # Batch and SkippedSample: from ._batch
 
@@ -107,34 +110,10 @@ class Loader(LoaderAttributes):
         self._layout: tuple[int, Layout] | None = None  # (epoch, what is left of it): an elastic resume's
         self._current: weakref.ref[Generator[Batch, None, None]] | None = None  # the running iteration
         self._skips = Skips(config, self.rank)
-        self.index = pipeline.source.index(rank=self.rank, world_size=self.world_size, on_error=config.on_error)
-        self._excluded = self.index.bad
-        self._skips.known_before(self.index)
-        prepare_remote(
-            self.index,
-            at_once=config.interleave if config.shuffle else 1,
-            ahead=self._shards_ahead(),
-            local_ranks=_dist.ranks_per_node() or 1,
-        )
-        if len(self.index) - len(self._excluded) <= 0:
-            raise ConfigError(f"Loader: the source has no samples: {pipeline.source!r}")
-        self.plan_spec = PlanSpec(
-            num_samples=len(self.index) - len(self._excluded),
-            world_size=self.world_size,
-            batch_size=config.batch_size,
-            drop_last=config.drop_last,
-            shuffle=config.shuffle,
-            shuffle_buffer=config.shuffle_buffer,
-            interleave=config.interleave,
-            mask=mask_digest(self._excluded),
-        )
-        _dist.check_same(
-            topo,
-            "the loader's plan",
-            {**self.plan_spec.as_dict(), "seed": self.seed, "shards": len(self.index.shards)},
-            device=device,
-        )
-        self._len = self.plan_spec.num_batches
+        self._topo, self._device = topo, device
+        self._listed_epoch = 0  # the epoch whose listing of a growing source is indexed
+        self._use(index_source(pipeline.source, listing_of(pipeline.source, topo, device), config, topo, seed=self.seed,
+                               device=device, skips=self._skips, shards_ahead=self._shards_ahead()))  # fmt: skip
         if self._len == 0:
             warnings.warn(
                 f"Loader: drop_last=True with {len(self.index)} samples, batch_size={config.batch_size} "
@@ -142,14 +121,12 @@ class Loader(LoaderAttributes):
                 stacklevel=3,
             )
         self._next_pipeline: Pipeline | None = None  # set_pipeline's, run from the next iteration
-        try:
-            # the running one, then the one set_pipeline built for the next iteration, if any
-            self._runners = [backend.runner(self._run_spec(pipeline))]
-        except BaseException:
-            self.index.close()
-            raise
-        # Releases the runner and the index when the loader is closed, collected, or at exit.
-        self._finalizer = weakref.finalize(self, _release, self._runners, self.index)
+        # the running runner, then the one set_pipeline built for the next iteration, if any; the index
+        self._runners: list[backends.Runner] = []
+        self._held = [self.index]
+        # Releases the runners and the index when the loader is closed, collected, or at exit.
+        self._finalizer = weakref.finalize(self, _release, self._runners, self._held)
+        self._runners.append(backend.runner(self._run_spec(pipeline)))
         log.info(
             "gpupipe loader: rank %d/%d (%s), %d samples in %d shards, backend=%s, device=%s, %d batches/epoch, %s",
             self.rank,
@@ -164,6 +141,43 @@ class Loader(LoaderAttributes):
         )
         if self.tuned is not None:
             log.info("gpupipe loader: settings left unset are gpupipe tune's: %s", self.tuned)
+
+    def _use(self, indexed: Indexed) -> None:
+        """Takes ``indexed`` as the loader's index and plan settings."""
+        self.index, self._excluded, self.plan_spec, self._listing = (
+            indexed.index, indexed.excluded, indexed.spec, indexed.listing)  # fmt: skip
+        self._len = self.plan_spec.num_batches
+        self._selection: Selection | None = None  # the last epoch's of a mix
+
+    def _relist(self, listing: Any) -> None:
+        """A growing source's ``listing`` differs from the indexed one: indexes it, and replaces
+        the runners (theirs is the old index) and the index, closing the old ones."""
+        if listing == self._listing:
+            return
+        indexed = index_source(self.pipeline.source, listing, self.config, self._topo, seed=self.seed,
+                               device=self._device, skips=self._skips, shards_ahead=self._shards_ahead())  # fmt: skip
+        old = (self.index, self._excluded, self.plan_spec, self._listing)
+        self._use(indexed)
+        backend = backends.get(self.backend)
+        runners: list[backends.Runner] = []
+        try:
+            runners.append(backend.runner(self._run_spec(self.pipeline)))
+            if self._next_pipeline is not None and len(self._runners) > 1:
+                runners.append(backend.runner(self._run_spec(self._next_pipeline)))
+        except BaseException:
+            for r in runners:
+                r.close()
+            indexed.index.close()
+            self.index, self._excluded, self.plan_spec, self._listing = old
+            self._len = self.plan_spec.num_batches
+            raise
+        for r in self._runners:
+            r.close()
+        self._runners[:] = runners
+        self._held.pop().close()
+        self._held.append(indexed.index)
+        log.info("gpupipe loader: rank %d, epoch %d: %d samples in %d shards (the source's shards listed again)",
+                 self.rank, self.epoch, len(self.index), len(self.index.shards))  # fmt: skip
 
     def _run_spec(self, pipeline: Pipeline) -> backends.RunSpec:
         return backends.RunSpec(
@@ -277,8 +291,13 @@ class Loader(LoaderAttributes):
         return list(self._skips.records.values())
 
     def set_epoch(self, epoch: int) -> None:
-        """Sets the epoch whose order (and augmentation) the next iteration yields."""
+        """Sets the epoch whose order (and augmentation) the next iteration yields. For a source
+        that grows (``WebDataset(..., relist=True)``), a new epoch lists its shards again: the
+        epoch reads those present now, and ``len(loader)`` follows (docs/guide/growing.md)."""
         check_int("Loader.set_epoch", epoch, "epoch", minimum=0)
+        if self._listing is not None and epoch != self._listed_epoch and not self.closed:  # a growing source
+            self._relist(listing_of(self.pipeline.source, self._topo, self._device))
+            self._listed_epoch = epoch
         if epoch != self.epoch:
             self._yielded = 0
             self._skips.in_epoch = 0
@@ -291,6 +310,9 @@ class Loader(LoaderAttributes):
         yields, in order, and which are padding. ``loader.index.key(n)`` names sample ``n``."""
         epoch = self.epoch if epoch is None else epoch
         layout = self._layout_of(epoch)
+        if isinstance(self.index, MixIndex):
+            return mixed_plan(self._select(epoch), self.plan_spec, layout, sequential=self.index.sequential,
+                              rank=self.rank)  # fmt: skip
         if layout is not None:
             return elastic_plan(self.index.shard_sizes, self.plan_spec, layout, sequential=self.index.sequential,
                                 seed=self.seed, epoch=epoch, rank=self.rank, excluded=self._excluded)  # fmt: skip
@@ -303,6 +325,33 @@ class Loader(LoaderAttributes):
             rank=self.rank,
             excluded=self._excluded,
         )
+
+    def stats(self) -> dict[str, Any]:
+        """What this rank's current epoch holds and has yielded, per source (a :class:`~gpupipe.Mix`'s
+        sources, or the one source):
+
+        ``{"epoch": 3, "batches_yielded": 12, "skipped": 0, "sources": [{"source": "WebDataset(...)",
+        "per_epoch": 8000, "planned": 2000, "yielded": 768}, ...]}``: ``per_epoch``, the source's
+        samples in an epoch over all ranks (a mix's count; else the good samples); ``planned``,
+        those in this rank's plan of the epoch (padding left out; of an epoch resumed on another
+        world size: of what was left of it); ``yielded``, those of them yielded so far;
+        ``skipped``, samples left out of this epoch so far (``on_error="skip"``). Computed from
+        the plan when called (``O(N / world_size)``), nothing counted per batch.
+        """
+        layout = self._layout_of(self.epoch)
+        done = (self._yielded - (layout.offset if layout is not None else 0)) * self.config.batch_size
+        sources = per_source(self.index, self.pipeline.source, self.plan_spec.num_samples, self.plan(), done)
+        return {"epoch": self.epoch, "batches_yielded": self._yielded, "skipped": self._skips.in_epoch,
+                "sources": sources}  # fmt: skip
+
+    def _select(self, epoch: int) -> Selection:
+        """What ``epoch`` of this loader's mix holds (the last one kept)."""
+        sel = self._selection
+        if sel is None or (sel.seed, sel.epoch) != (self.seed, epoch):
+            assert isinstance(self.index, MixIndex)
+            sel = self._selection = select(self.index.mix, self.index.shard_sizes, self._excluded, seed=self.seed,
+                                           epoch=epoch)  # fmt: skip
+        return sel
 
     def __iter__(self) -> Generator[Batch, None, None]:
         """An iterator over this epoch's batches. One epoch runs at a time: starting a new
@@ -405,7 +454,10 @@ class Loader(LoaderAttributes):
         """This rank's position: the epoch and the batches of it yielded so far, with the settings
         the plan depends on. Call it between batches (after a step); see :meth:`load_state_dict`."""
         position = Position(self.epoch, self._yielded, self.seed, self._layout_of(self.epoch))
-        return {**saved(position, self.plan_spec, self.rank), **self._skips.state()}
+        state = {**saved(position, self.plan_spec, self.rank), **self._skips.state()}
+        if self._listing is not None:  # a growing source's shards this epoch, to resume on exactly those
+            state["listing"] = _nested(self._listing, list)
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restores a position saved by :meth:`state_dict`; the next iteration of that epoch
@@ -430,6 +482,10 @@ class Loader(LoaderAttributes):
             ConfigError: a state whose plan differs otherwise (sample count, ``drop_last``,
                 shuffle settings, the bad-sample list, or an explicitly different seed).
         """
+        listing = state.get("listing") if isinstance(state, dict) else None
+        if listing is not None and self._listing is not None:  # the shards the saved epoch read
+            self._relist(_nested(listing, tuple))
+            self._listed_epoch = state.get("epoch", self.epoch)
         position = restore(state, spec=self.plan_spec, seed=self.seed, seed_given=self.config.seed is not None)
         self.seed = position.seed
         self.epoch, self._yielded = position.epoch, position.batches
@@ -453,10 +509,17 @@ def _check_runnable(pipeline: Pipeline, backend: backends.Backend) -> None:
         backend.check(steps)
 
 
-def _release(runners: list[backends.Runner], index: Index) -> None:
+def _nested(value: Any, kind: type) -> Any:
+    """``value`` with its tuples or lists (nested) made ``kind``: a listing saved in a state as
+    lists (JSON), compared as tuples."""
+    return kind(_nested(v, kind) for v in value) if isinstance(value, (list, tuple)) else value
+
+
+def _release(runners: list[backends.Runner], held: list[Index]) -> None:
     for runner in runners:
         runner.close()
-    index.close()
+    for index in held:
+        index.close()
 
 
 def _cpu_count() -> int:

@@ -12,7 +12,7 @@ def test_top_level_api():
     assert sorted(gp.__all__) == sorted([
         "Pipeline", "Loader", "LoaderConfig", "DaliOptions", "DecodeMode", "OnError", "Batch", "SkippedSample",
         "Damage", "RankPlan",
-        "Source", "WebDataset", "ImageFolder", "FakeData",
+        "Source", "WebDataset", "ImageFolder", "FakeData", "Mix",
         "load_pipeline", "check", "CheckReport",
         "register_lowering", "ShardWriter", "tune", "Tuned", "transforms", "sources", "GpupipeError", "ConfigError",
         "PipelineError", "UnsupportedTransformError", "BackendUnavailableError", "ClosedError", "WorkerError",
@@ -32,9 +32,9 @@ def test_transforms_api():
 
 def test_sources_api():
     assert sorted(sources.__all__) == sorted([
-        "Source", "WebDataset", "ImageFolder", "FakeData", "Index", "ShardIndex", "RawSample", "Reader", "Located",
-        "NO_LABEL", "Storage", "LocalStorage", "Stat", "register_storage", "storage_for", "expand_urls", "split_key",
-        "parse_label", "IMG_EXTENSIONS",
+        "Source", "WebDataset", "ImageFolder", "FakeData", "Mix", "Index", "ShardIndex", "RawSample", "Reader",
+        "Located", "NO_LABEL", "Storage", "LocalStorage", "Stat", "register_storage", "storage_for", "expand_urls",
+        "split_key", "parse_label", "IMG_EXTENSIONS",
     ])  # fmt: skip
     assert all(hasattr(sources, name) for name in sources.__all__)
     assert gp.Source is sources.Source and gp.WebDataset is sources.WebDataset

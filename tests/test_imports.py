@@ -39,12 +39,14 @@ LAYERS = (
     "sidefiles",  # files beside the shards, over a storage
     "sources",  # the dataset formats
     "_plan",
+    "_mixplan",  # what an epoch of a gp.Mix holds
     "_trainers",  # the attributes trainers read on a loader
     "_pipeline",
     "_check",
     "backends",
     "_skips",  # what a loader leaves out
     "_resume",  # where a loader is: its saved states
+    "_indexed",  # a loader's index and plan settings, made again when a growing source changes
     "_loader",
     "_tune",
     "lightning",

@@ -5,7 +5,8 @@ names are re-exported here) and the side files beside the shards (:mod:`gpupipe.
   with no I/O of its own: a :class:`Reader` given by the source reads samples through a storage.
 - Sources — cheap, picklable descriptions whose ``index()`` builds an :class:`Index`:
   :class:`WebDataset` (tar shards; tar headers scanned once and cached in DALI's index format)
-  and :class:`ImageFolder`, and :class:`FakeData` (generated JPEGs, for runs without a dataset).
+  and :class:`ImageFolder`, and :class:`FakeData` (generated JPEGs, for runs without a dataset);
+  :class:`Mix` reads several of them as one, each with its share of every epoch.
   A new source subclasses :class:`Source`.
 """
 
@@ -13,6 +14,7 @@ from ..storage import LocalStorage, Stat, Storage, expand_urls, register_storage
 from ._fake import FakeData
 from ._imagefolder import IMG_EXTENSIONS, ImageFolder
 from ._index import NO_LABEL, Index, Located, RawSample, Reader, ShardIndex, Source
+from ._mix import Mix
 from ._webdataset import WebDataset, parse_label, split_key
 
 __all__ = [
@@ -20,6 +22,7 @@ __all__ = [
     "WebDataset",
     "ImageFolder",
     "FakeData",
+    "Mix",
     "Index",
     "ShardIndex",
     "RawSample",

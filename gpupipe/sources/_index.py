@@ -303,6 +303,17 @@ class Source(abc.ABC):
     :class:`Reader` over a :class:`~gpupipe.sources.Storage`.
     """
 
+    def listing(self) -> Any:
+        """For a source that grows between epochs (``WebDataset(..., relist=True)``): the shards
+        present now, as a hashable value (a tuple of URLs); ``None`` (the default): the source's
+        shards are fixed. A loader asks again at each new epoch (``set_epoch``)."""
+        return None
+
+    def with_listing(self, listing: Any) -> Source:
+        """The fixed source of ``listing`` (a value :meth:`listing` returned): what a loader
+        indexes for an epoch."""
+        return self
+
     @abc.abstractmethod
     def index(self, *, rank: int = 0, world_size: int = 1, on_error: Any = "raise") -> Index:
         """Indexes the source. ``rank`` and ``world_size`` only spread first-time work (scanning)

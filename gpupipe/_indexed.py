@@ -1,0 +1,89 @@
+"""What a loader knows of its source's samples: the index, the samples left out, the plan's
+settings and — for a source that grows between epochs — the listing they were made from. Made
+when the loader is built, and again at an epoch whose listing differs."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+import torch
+
+from . import _dist
+from ._config import LoaderConfig
+from ._errors import ConfigError
+from ._mixplan import mix_digest
+from ._plan import PlanSpec, mask_digest
+from ._skips import Skips
+from .sources import Index, Source
+from .sources._mix import MixIndex
+from .storage._prefetch import prepare_remote
+
+__all__ = ["Indexed", "index_source", "listing_of"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Indexed:
+    """``index`` of the source (of ``listing``, where it grows); ``excluded``, its samples known
+    bad (sorted); ``spec``, the plan's settings for it."""
+
+    index: Index
+    excluded: np.ndarray
+    spec: PlanSpec
+    listing: Any = None
+
+
+def listing_of(source: Source, topo: _dist.Topology, device: torch.device) -> Any:
+    """``source.listing()`` as every rank sees it: rank 0's, under torch.distributed."""
+    listing = source.listing()
+    return None if listing is None else _dist.agreed(topo, listing, device=device)
+
+
+def index_source(
+    source: Source,
+    listing: Any,
+    config: LoaderConfig,
+    topo: _dist.Topology,
+    *,
+    seed: int,
+    device: torch.device,
+    skips: Skips,
+    shards_ahead: int,
+) -> Indexed:
+    """Indexes ``source`` (of ``listing``), records what it leaves out in ``skips``, readies a
+    remote storage, and checks that every rank made the same plan settings."""
+    index = source.with_listing(listing).index(rank=topo.rank, world_size=topo.world_size, on_error=config.on_error)
+    try:
+        excluded = index.bad
+        skips.known_before(index)
+        prepare_remote(
+            index,
+            at_once=config.interleave if config.shuffle else 1,
+            ahead=shards_ahead,
+            local_ranks=_dist.ranks_per_node() or 1,
+        )
+        if len(index) - len(excluded) <= 0:
+            raise ConfigError(f"Loader: the source has no samples: {source!r}")
+        mix = index.mix if isinstance(index, MixIndex) else None
+        spec = PlanSpec(
+            num_samples=sum(mix.counts) if mix is not None else len(index) - len(excluded),
+            world_size=topo.world_size,
+            batch_size=config.batch_size,
+            drop_last=config.drop_last,
+            shuffle=config.shuffle,
+            shuffle_buffer=config.shuffle_buffer,
+            interleave=config.interleave,
+            mask=mask_digest(excluded),
+            mix=mix_digest(mix, index.shard_sizes) if mix is not None else "",
+        )
+        _dist.check_same(
+            topo,
+            "the loader's plan",
+            {**spec.as_dict(), "seed": seed, "shards": len(index.shards)},
+            device=device,
+        )
+    except BaseException:
+        index.close()
+        raise
+    return Indexed(index, excluded, spec, listing)

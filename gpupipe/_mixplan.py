@@ -1,0 +1,168 @@
+"""What an epoch of a :class:`~gpupipe.Mix` holds, and its plan per rank.
+
+An epoch of a mix is a list of *entries*: each source's ``count`` samples (``gp.Mix``'s
+docstring says which), grouped in *virtual shards* — one per source shard and *pass*. Pass ``p``
+holds the samples taken for the ``p``-th time this epoch, so that a sample's copies lie in
+different virtual shards (read at different times of the epoch) and draw their own augmentation:
+their draw number is ``sample + p * len(index)`` (pass 0: the sample number itself, as unmixed).
+The epoch's plan is the ordinary one (``_plan.rank_plan``, ``elastic_plan``) over the virtual
+shards' sizes, its positions then mapped to sample numbers. Everything is a pure function of
+``(seed, epoch)``, the same on every rank; without replacement a virtual shard's samples are drawn
+when a rank reads it, so a rank's plan costs ``O(shards + N / world_size)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from typing import Any
+
+import numpy as np
+
+from ._plan import Layout, PlanSpec, RankPlan, elastic_plan, rank_plan, unexcluded
+from .sources import Index, Source
+from .sources._mix import MixCounts, MixIndex
+
+__all__ = ["Selection", "select", "mix_digest", "mixed_plan", "per_source"]
+
+
+def _rng(seed: int, epoch: int, *more: int) -> np.random.Generator:
+    return np.random.default_rng([seed & 0xFFFFFFFFFFFFFFFF, epoch, 0x6D6978, *more])
+
+
+def mix_digest(mix: MixCounts, good_sizes: np.ndarray) -> str:
+    """A short digest of what the mix draws from and how many (for ``PlanSpec.mix``)."""
+    doc = repr((mix.counts, [(r.start, r.stop) for r in mix.shards], mix.replacement))
+    digest = hashlib.sha1(doc.encode() + np.ascontiguousarray(good_sizes, "<i8").tobytes()).hexdigest()[:16]
+    return f"{sum(mix.counts)}:{digest}"
+
+
+@dataclasses.dataclass
+class Selection:
+    """One epoch's entries: virtual shard ``v`` holds ``sizes[v]`` samples of shard ``shard[v]``
+    (good-sample numbers within it, sorted), taken for the ``passes[v]``-th time; ``fixed[v]``,
+    where set, lists them (else: every good sample of the shard where ``whole[v]``, or a subset
+    drawn on first use)."""
+
+    sizes: np.ndarray
+    shard: np.ndarray
+    passes: np.ndarray
+    whole: np.ndarray
+    good_sizes: np.ndarray
+    good_offsets: np.ndarray
+    excluded: np.ndarray
+    total: int  # len(index): the draw numbers' stride between passes
+    seed: int
+    epoch: int
+    fixed: dict[int, np.ndarray] = dataclasses.field(default_factory=dict)
+
+    def entries(self, v: int) -> np.ndarray:
+        """The good-sample numbers (within its shard) of virtual shard ``v``, sorted."""
+        got = self.fixed.get(v)
+        if got is None:
+            g = int(self.good_sizes[self.shard[v]])
+            if self.whole[v]:
+                got = np.arange(g, dtype=np.int64)
+            else:
+                rng = _rng(self.seed, self.epoch, int(self.shard[v]), int(self.passes[v]))
+                got = np.sort(rng.choice(g, int(self.sizes[v]), replace=False)).astype(np.int64)
+            self.fixed[v] = got
+        return got
+
+    def resolve(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Sample numbers and draw numbers of epoch positions (virtual sample numbers, int64)."""
+        positions = np.asarray(positions, np.int64)
+        offsets = np.concatenate([[0], np.cumsum(self.sizes)])
+        v = np.searchsorted(offsets, positions, side="right") - 1
+        good = np.empty(len(positions), np.int64)
+        for u in np.unique(v).tolist():
+            at = v == u
+            good[at] = self.entries(u)[positions[at] - offsets[u]] + self.good_offsets[self.shard[u]]
+        samples = unexcluded(good, self.excluded)
+        return samples, samples + self.passes[v] * self.total
+
+
+def select(mix: MixCounts, shard_sizes: np.ndarray, excluded: np.ndarray, *, seed: int, epoch: int) -> Selection:
+    """The entries of ``epoch``: see the module docstring and ``gp.Mix``."""
+    shard_sizes = np.asarray(shard_sizes, np.int64)
+    offsets = np.concatenate([[0], np.cumsum(shard_sizes)])
+    bad = np.bincount(np.searchsorted(offsets, excluded, side="right") - 1, minlength=len(shard_sizes))
+    good_sizes = shard_sizes - bad[: len(shard_sizes)]
+    good_offsets = np.concatenate([[0], np.cumsum(good_sizes)])
+    sizes, shard, passes, whole = [], [], [], []
+    fixed: dict[int, np.ndarray] = {}
+    count = 0
+    for i, (c, shards) in enumerate(zip(mix.counts, mix.shards, strict=True)):
+        ids = np.arange(shards.start, shards.stop, dtype=np.int64)
+        g = good_sizes[ids]
+        n = int(g.sum())
+        if c == 0:
+            continue
+        rng = _rng(seed, epoch, 1 << 40, i)
+        if not mix.replacement:
+            q, r = divmod(c, n)
+            for p in range(q):
+                sizes.append(g)
+                shard.append(ids)
+                passes.append(np.full(len(ids), p))
+                whole.append(np.ones(len(ids), bool))
+            if r:
+                m = rng.multivariate_hypergeometric(g, r, method="marginals")
+                sizes.append(m)
+                shard.append(ids)
+                passes.append(np.full(len(ids), q))
+                whole.append(m == g)
+            count += len(ids) * (q + (r > 0))
+            continue
+        # with replacement: c independent draws; the p-th copy of a sample is in pass p
+        drawn = np.sort(rng.integers(0, n, size=c))
+        copy = np.arange(c) - np.searchsorted(drawn, drawn, side="left")
+        local_offsets = np.concatenate([[0], np.cumsum(g)])
+        for p in range(int(copy.max()) + 1):
+            these = drawn[copy == p]
+            where = np.searchsorted(local_offsets, these, side="right") - 1
+            m = np.bincount(where, minlength=len(ids))
+            starts = np.concatenate([[0], np.cumsum(m)])
+            for j in np.flatnonzero(m).tolist():
+                fixed[count + j] = these[starts[j] : starts[j + 1]] - local_offsets[j]
+            sizes.append(m)
+            shard.append(ids)
+            passes.append(np.full(len(ids), p))
+            whole.append(np.zeros(len(ids), bool))
+            count += len(ids)
+    cat = (lambda parts, dtype: np.concatenate(parts).astype(dtype)) if sizes else (lambda _, dtype: np.zeros(0, dtype))
+    sel_sizes = cat(sizes, np.int64)
+    for v in np.flatnonzero(sel_sizes == 0).tolist():
+        fixed.setdefault(v, np.zeros(0, np.int64))
+    return Selection(sel_sizes, cat(shard, np.int64), cat(passes, np.int64), cat(whole, bool), good_sizes,
+                     good_offsets, np.asarray(excluded, np.int64), int(offsets[-1]), seed, epoch, fixed)  # fmt: skip
+
+
+def mixed_plan(selection: Selection, spec: PlanSpec, layout: Layout | None, *, sequential: bool, rank: int) -> RankPlan:
+    """``rank``'s plan of the selection's epoch (of what ``layout`` leaves of it, where set): the
+    ordinary plan over the virtual shards, its positions mapped to sample and draw numbers."""
+    kw = dict(sequential=sequential, seed=selection.seed, epoch=selection.epoch, rank=rank)
+    if layout is not None:
+        plan = elastic_plan(selection.sizes, spec, layout, **kw)  # type: ignore[arg-type]
+    else:
+        plan = rank_plan(selection.sizes, spec, **kw)  # type: ignore[arg-type]
+    samples, draws = selection.resolve(plan.samples)
+    return dataclasses.replace(plan, samples=samples, draws=draws)
+
+
+def per_source(index: Index, source: Source, num_samples: int, plan: RankPlan, done: int) -> list[dict[str, Any]]:
+    """``Loader.stats()``'s ``sources``: for each source of a mix (or the one source), its
+    samples per epoch, those in ``plan`` (padding left out) and those of its first ``done``
+    positions."""
+    valid = plan.valid
+    taken = valid & (np.arange(len(valid)) < max(done, 0))
+    if isinstance(index, MixIndex):
+        names = [repr(s) for s in source.sources]  # type: ignore[attr-defined]
+        per_epoch, of = list(index.mix.counts), index.source_of(plan.samples)
+    else:
+        names, per_epoch, of = [repr(source)], [num_samples], np.zeros(len(valid), np.int64)
+    planned, yielded = (np.bincount(of[mask], minlength=len(names)) for mask in (valid, taken))
+    return [
+        {"source": n, "per_epoch": int(e), "planned": int(p), "yielded": int(y)}
+        for n, e, p, y in zip(names, per_epoch, planned, yielded, strict=True)
+    ]
