@@ -167,6 +167,7 @@ def check(
     """
     if not isinstance(source, WebDataset):
         source = WebDataset(source)
+    source = source.with_listing(source.listing())  # (relist=True: the shards present now)
     image_exts, label_ext = source.extensions()
     jobs: list[_Job] = [(u, image_exts, label_ext, max_image_pixels, source) for u in source.urls]
     if write and any("://" in u and not u.startswith("file://") for u in source.urls):

@@ -160,3 +160,15 @@ def test_the_migrated_pytorch_examples_script(tmp_path, data, layout):
     assert "Epoch: [0][" in proc.stdout and re.search(r"\* +Acc@1 [0-9.]+ Acc@5 [0-9.]+", proc.stdout)
     assert " * counted 61 validation samples" in proc.stdout  # 61 over 2 ranks, each once
     assert (tmp_path / "checkpoint.pth.tar").exists()
+
+
+def test_growing_example_trains_on_more_each_epoch(tmp_path):
+    """examples/growing.py: a producer process writes 4 shards of 8 in the background; the epochs
+    never shrink, and the last (after the producer ended) reads all 32 samples."""
+    argv = [sys.executable, os.path.join(ROOT, "examples", "growing.py"), str(tmp_path / "shards"), "--shards", "4",
+            "--per-shard", "8", "--interval", "0.3", "--epochs", "3", "--backend", "torch"]  # fmt: skip
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    epochs = [tuple(map(int, m)) for m in re.findall(r"epoch \d+: (\d+) shards, (\d+) samples", proc.stdout)]
+    assert len(epochs) == 3 and epochs == sorted(epochs), proc.stdout
+    assert epochs[-1] == (4, 32) and all(n == 8 * s for s, n in epochs)

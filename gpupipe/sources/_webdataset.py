@@ -17,7 +17,7 @@ from .._validate import check_bytes, check_enum
 from ..sidefiles._indexfile import Samples, index_file_url, read_index_file
 from ..sidefiles._mask import read_mask
 from ..storage._base import Stat, Storage, compressed
-from ..storage._schemes import expand_urls, storage_for
+from ..storage._schemes import expand_urls, list_urls, storage_for
 from . import _wdsindex
 from ._index import NO_LABEL, Index, RawSample, ShardDetail, ShardIndex, Source
 
@@ -98,6 +98,13 @@ class WebDataset(Source):
             ``"800MiB"``; least recently used shards no
             process of the node reads are deleted to stay within it. Default: 80% of what the
             cache could use when first asked (its shards plus the free space of its disk).
+        relist: a dataset that grows between epochs: ``urls`` are patterns of what may exist
+            (globs ``"data/train-*.tar"``, ``"s3://bucket/shards/*.tar"``, or brace ranges
+            over shards not all written yet), listed again by the loader at each new epoch, so
+            that the epoch reads the shards present then (``Source.listing``). Default ``False``:
+            the shards are fixed when the source is made. Write each shard under another name and
+            rename it when complete (a half-written shard matching the pattern is read as
+            damaged). See docs/guide/growing.md.
 
     A sample is a run of consecutive members sharing a key: the member path up to the first dot of
     its file name (``img/00/000123.jpg`` → ``img/00/000123``). Members of other extensions are
@@ -112,13 +119,34 @@ class WebDataset(Source):
     storage_options: Mapping[str, Any] | None = dataclasses.field(default=None, hash=False)
     cache_dir: str | None = None
     cache_size: int | str | None = None
+    relist: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cache_size", check_bytes("WebDataset", self.cache_size, "cache_size"))
-        object.__setattr__(self, "urls", tuple(expand_urls(self.urls)))
+        if not isinstance(self.relist, bool):
+            raise ConfigError(f"WebDataset: relist must be True or False, got {self.relist!r}")
+        if self.relist:  # patterns, listed when asked (checked now: schemes served, no pipe:)
+            expand_urls(self.urls)
+            patterns = [self.urls] if isinstance(self.urls, (str, os.PathLike)) else list(self.urls)
+            object.__setattr__(self, "urls", tuple(os.fspath(u) for u in patterns))
+        else:
+            object.__setattr__(self, "urls", tuple(expand_urls(self.urls)))
         _split_exts(self.image, "image")
         if self.label is not None:
             _split_exts(self.label, "label")
+
+    def listing(self) -> tuple[str, ...] | None:
+        """With ``relist=True``: the shards that match ``urls`` now (``None`` otherwise)."""
+        if not self.relist:
+            return None
+        return tuple(list_urls(self.urls, storage_options=self.storage_options))
+
+    def with_listing(self, listing: Any) -> WebDataset:
+        if not self.relist:
+            return self
+        if not listing:
+            raise ConfigError(f"WebDataset: no shard matches {list(self.urls)} yet")
+        return dataclasses.replace(self, urls=tuple(listing), relist=False)
 
     def storage(self) -> Storage:
         """A new storage for the shards (the caller closes it)."""
@@ -142,7 +170,10 @@ class WebDataset(Source):
         Damage (a missing, unreadable, empty or truncated shard; a sample without image or label,
         or with a repeated key) is recorded in the cache with the index. ``on_error="raise"``
         raises the first (after indexing every shard); ``"skip"`` returns the index without those
-        samples and shards, listed in ``Index.problems``."""
+        samples and shards, listed in ``Index.problems``. With ``relist=True``: of the shards
+        present now."""
+        if self.relist:
+            return self.with_listing(self.listing()).index(rank=rank, world_size=world_size, on_error=on_error)
         image_exts, label_ext = self.extensions()
         storage = self.storage()
         n = len(self.urls)

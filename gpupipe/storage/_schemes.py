@@ -12,7 +12,7 @@ from typing import Any
 from .._errors import ConfigError, redact
 from ._base import LocalStorage, Storage, compressed
 
-__all__ = ["register_storage", "scheme_of", "storage_for", "expand_urls"]
+__all__ = ["register_storage", "scheme_of", "storage_for", "expand_urls", "list_urls"]
 
 
 _SCHEMES: dict[str, Callable[[], Storage]] = {"": LocalStorage, "file": LocalStorage}
@@ -103,3 +103,27 @@ def expand_urls(urls: str | os.PathLike[str] | Sequence[str], *, owner: str = "W
     if not out:
         raise ConfigError(f"{owner}: no shard given")
     return out
+
+
+def list_urls(patterns: Sequence[str], *, storage_options: Mapping[str, Any] | None = None) -> list[str]:
+    """The URLs that exist now of ``patterns`` (brace-expanded, then each a glob with ``*``,
+    ``?``, ``[...]``, or a URL kept if it exists): each pattern's matches sorted, in the patterns'
+    order, each URL once. Local paths through :mod:`glob`; remote URLs through the fsspec
+    filesystem of their protocol (``glob``, ``exists``), with ``storage_options``."""
+    import glob
+
+    found: dict[str, None] = {}
+    for url in expand_urls(list(patterns)):
+        scheme = scheme_of(url)
+        if scheme in ("", "file"):
+            matches = sorted(glob.glob(url)) if glob.has_magic(url) else [url] if os.path.exists(url) else []
+        else:
+            from ._remote import filesystem_for
+
+            fs = filesystem_for(scheme, storage_options or {})
+            if glob.has_magic(url.partition("://")[2]):
+                matches = sorted(m if "://" in m else f"{scheme}://{m}" for m in fs.glob(url))
+            else:
+                matches = [url] if fs.exists(url) else []
+        found.update(dict.fromkeys(matches))
+    return list(found)
