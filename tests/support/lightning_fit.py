@@ -151,4 +151,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    finally:  # gloo's threads ended before the interpreter's exit (left running, one aborted it now and then)
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
