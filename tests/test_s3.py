@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import gpupipe as gp
+from gpupipe import transforms as T
 from gpupipe.cli._main import main
 from gpupipe.storage._remote import RemoteStorage
 
@@ -117,3 +118,23 @@ class TestS3:
         entries = sorted(e.name for e in os.scandir(cache) if e.is_file())
         assert len(entries) == 2 and all("+" in e for e in entries)
         assert sum(os.path.getsize(os.path.join(cache, e)) for e in entries) < os.path.getsize(shards[0]) / 2
+
+
+class TestGrowing:
+    def test_a_prefix_listed_again_each_epoch(self, backend, s3_endpoint, shards, cache):
+        """``s3://bucket/growing/train-*.tar`` with ``relist=True``: an object uploaded between
+        epochs is in the next epoch (fsspec's cached listing is not trusted)."""
+        fs = s3(s3_endpoint)
+        if not fs.exists(BUCKET):
+            fs.mkdir(BUCKET)
+        prefix = f"s3://{BUCKET}/growing-{backend.backend}"
+        fs.put_file(shards[0], f"{prefix}/train-000000.tar")
+        source = gp.WebDataset(f"{prefix}/train-*.tar", relist=True, storage_options=options_of(s3_endpoint),
+                               cache_dir=cache)  # fmt: skip
+        with backend.loader(gp.Pipeline(source, [T.CenterCrop(16)]), 4, num_workers=1) as loader:
+            loader.set_epoch(0)
+            assert sum(len(b.keys) for b in loader) == SHARD_SIZES[0]
+            fs.put_file(shards[1], f"{prefix}/train-000001.tar")
+            loader.set_epoch(1)
+            assert sum(len(b.keys) for b in loader) == SHARD_SIZES[0] + SHARD_SIZES[1]
+            assert loader.state_dict()["listing"] == [f"{prefix}/train-000000.tar", f"{prefix}/train-000001.tar"]

@@ -121,6 +121,7 @@ def list_urls(patterns: Sequence[str], *, storage_options: Mapping[str, Any] | N
             from ._remote import filesystem_for
 
             fs = filesystem_for(scheme, storage_options or {})
+            fs.invalidate_cache()  # (fsspec keeps listings: a shard written since must be seen)
             if glob.has_magic(url.partition("://")[2]):
                 matches = sorted(m if "://" in m else f"{scheme}://{m}" for m in fs.glob(url))
             else:
