@@ -2,6 +2,7 @@
 
     python bench/elastic.py                      # 2 B samples, 200,000 shards, 4,096 -> 3,072 ranks
     python bench/elastic.py --samples 1e8 --shards 10000 --old 64 --new 48   # smaller
+    python bench/elastic.py --mix                # and a gp.Mix: a 1.28 M-sample source at 10% of the epoch
 
 No data is read: a rank's start-up cost at this scale is its epoch plan (``gpupipe._plan``), a
 pure function of the shard sizes. For a few ranks of each world size this times, in this
@@ -10,7 +11,9 @@ included):
 
 - ``rank_plan``: a rank's whole epoch at the old world size (what every start-up does);
 - ``remaining``: what an epoch stopped after ``--done`` steps leaves (one range per old rank);
-- ``elastic_plan``: a new rank's part of that, reading the old ranks' plans its part touches.
+- ``elastic_plan``: a new rank's part of that, reading the old ranks' plans its part touches;
+- with ``--mix``: the same through a ``gp.Mix`` (``gpupipe._mixplan``): the epoch's draw (its
+  virtual shards; each shard's samples drawn when a rank reads it), a rank's plan, an elastic one.
 
 ``--check`` also counts, over every new rank, that no sample is lost or repeated (slow at full
 scale: it builds every new rank's plan; the tests do it on a scaled-down run).
@@ -19,6 +22,7 @@ scale: it builds every new rank's plan; the tests do it on a scaled-down run).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import time
@@ -32,7 +36,9 @@ sys.path.insert(0, ROOT)
 
 from _report import publish
 
+from gpupipe._mixplan import mixed_plan, select
 from gpupipe._plan import PlanSpec, elastic_plan, rank_plan, remaining
+from gpupipe.sources._mix import MixCounts, counts_of
 
 
 def measured(fn):
@@ -56,6 +62,7 @@ def main() -> None:
     parser.add_argument("--done", type=float, default=0.4, help="fraction of the epoch done when stopped")
     parser.add_argument("--ranks", type=int, default=3, help="ranks timed of each world size (default 3)")
     parser.add_argument("--check", action="store_true", help="count every sample over every new rank")
+    parser.add_argument("--mix", action="store_true", help="also a gp.Mix with a 1.28 M-sample source at 10%%")
     parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
     args = parser.parse_args()
 
@@ -79,6 +86,28 @@ def main() -> None:
         plan, s, mb = measured(lambda rank=rank: elastic_plan(sizes, new, layout, rank=rank, **kw))
         rows.append([f"elastic_plan, rank {rank} of {args.new}", f"{len(plan.samples):,}", f"{s * 1000:.0f}",
                      f"{mb:.1f}"])  # fmt: skip
+    if args.mix:  # a second, ImageNet-sized source mixed in at 10% of an epoch of the same size: ~156 passes
+        small = rng.integers(1000, 1501, size=1024).astype(np.int64)
+        both = np.concatenate([sizes, small])
+        counts = counts_of([total, int(small.sum())], weights=[0.9, 0.1], counts=None, num_samples=total)
+        mix = MixCounts(counts, (range(0, args.shards), range(args.shards, args.shards + 1024)), False)
+        none = np.zeros(0, np.int64)
+        sel, s, mb = measured(lambda: select(mix, both, none, seed=1, epoch=3))
+        rows.append([f"mix: the epoch's draw ({counts[0]:,} + {counts[1]:,} of {int(small.sum()):,}), "
+                     f"{len(sel.sizes):,} virtual shards", f"{int(sel.sizes.sum()):,}", f"{s * 1000:.0f}",
+                     f"{mb:.1f}"])  # fmt: skip
+        mixed_first, mixed_new = (dataclasses.replace(p, mix="bench") for p in (first, new))
+        for rank in np.linspace(0, args.old - 1, args.ranks).astype(int).tolist():
+            plan, s, mb = measured(lambda rank=rank: mixed_plan(sel, mixed_first, None, sequential=True, rank=rank))
+            rows.append([f"mix: mixed_plan, rank {rank} of {args.old}", f"{len(plan.samples):,}",
+                         f"{s * 1000:.0f}", f"{mb:.1f}"])  # fmt: skip
+        mixed_layout = remaining(mixed_first, done)
+        for rank in np.linspace(0, args.new - 1, args.ranks).astype(int).tolist():
+            plan, s, mb = measured(
+                lambda rank=rank: mixed_plan(sel, mixed_new, mixed_layout, sequential=True, rank=rank)
+            )
+            rows.append([f"mix: elastic, rank {rank} of {args.new}", f"{len(plan.samples):,}", f"{s * 1000:.0f}",
+                         f"{mb:.1f}"])  # fmt: skip
     counted = ""
     if args.check:
         seen = np.zeros(total, dtype=np.uint8)
@@ -95,7 +124,8 @@ def main() -> None:
         args.out,
         "elastic",
         f"Elastic resume at scale, {os.cpu_count()}-core CPU",
-        f"`python bench/elastic.py{' --check' if args.check else ''}`: {total:,} samples in {args.shards:,} shards "
+        f"`python bench/elastic.py{' --check' if args.check else ''}{' --mix' if args.mix else ''}`: {total:,} "
+        f"samples in {args.shards:,} shards "
         f"(sizes uniform in ±50% of the mean), batch {args.batch_size}, shuffle=True (interleave 64, buffer "
         f"4096); an epoch stopped after {args.done:.0%} of its steps at {args.old:,} ranks, resumed at "
         f"{args.new:,}. Per call, in one process: milliseconds and the peak of what Python allocated (MB, "

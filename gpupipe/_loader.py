@@ -126,7 +126,11 @@ class Loader(LoaderAttributes):
         self._held = [self.index]
         # Releases the runners and the index when the loader is closed, collected, or at exit.
         self._finalizer = weakref.finalize(self, _release, self._runners, self._held)
-        self._runners.append(backend.runner(self._run_spec(pipeline)))
+        try:
+            self._runners.append(backend.runner(self._run_spec(pipeline)))
+        except BaseException:
+            self._finalizer()  # the index, now
+            raise
         log.info(
             "gpupipe loader: rank %d/%d (%s), %d samples in %d shards, backend=%s, device=%s, %d batches/epoch, %s",
             self.rank,
@@ -189,6 +193,7 @@ class Loader(LoaderAttributes):
             rank=self.rank,
             seed=self.seed,
             outputs=pipeline.output_specs,
+            per_source=pipeline.per_source,
         )
 
     @property
@@ -227,7 +232,8 @@ class Loader(LoaderAttributes):
         _check_runnable(pipeline, backend)
         if self.closed:
             raise ClosedError("this gp.Loader is closed")
-        same = (pipeline.views, pipeline.has_views) == (self.pipeline.views, self.pipeline.has_views)
+        same = (pipeline.views, pipeline.has_views, pipeline.per_source) == (
+            self.pipeline.views, self.pipeline.has_views, self.pipeline.per_source)  # fmt: skip
         runner = None if same else backend.runner(self._run_spec(pipeline))  # fails here, if it fails
         while len(self._runners) > 1:  # an earlier set_pipeline's, never run
             self._runners.pop().close()

@@ -75,8 +75,9 @@ class Selection:
         offsets = np.concatenate([[0], np.cumsum(self.sizes)])
         v = np.searchsorted(offsets, positions, side="right") - 1
         good = np.empty(len(positions), np.int64)
-        for u in np.unique(v).tolist():
-            at = v == u
+        order = np.argsort(v, kind="stable")
+        for at in np.split(order, np.flatnonzero(np.diff(v[order])) + 1) if len(order) else []:
+            u = int(v[at[0]])
             good[at] = self.entries(u)[positions[at] - offsets[u]] + self.good_offsets[self.shard[u]]
         samples = unexcluded(good, self.excluded)
         return samples, samples + self.passes[v] * self.total

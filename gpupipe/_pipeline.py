@@ -29,6 +29,12 @@ class Pipeline:
             view, step)``, even where two views' lists are the same; view 0 draws as a pipeline
             of its list alone. The loader then yields ``views, labels``, ``views`` a tuple of
             ``[B, C, H, W]`` tensors, one per view (their sizes may differ). Default: ``None``.
+        per_source: keyword-only, instead of ``transforms``: one transform list per source of a
+            :class:`~gpupipe.Mix` (``source``), applied to that source's samples (stronger
+            augmentation for web data than for a curated set, another resize for another
+            resolution). Every list must end in the same shape and dtype: the loader yields one
+            ``images, labels`` batch, ``[B, C, H, W]``, its rows from the sources' lists. Draws are
+            keyed by ``(seed, epoch, sample, source, step)``. Default: ``None``.
 
     The pipeline is checked when constructed: every step must accept what the step before gives
     (``Normalize`` needs a float image, saturation needs 3 channels, …). :attr:`output_specs`
@@ -37,7 +43,10 @@ class Pipeline:
 
     Backends: the DALI backend decodes each image once and branches into the views (with several
     views, a leading ``RandomResizedCrop`` is not fused into a region-of-interest decode); the
-    torch backend decodes once per sample and applies each view's list in turn.
+    torch backend decodes once per sample and applies each view's list in turn. With
+    ``per_source``, the torch backend applies each sample's own source's list only; the DALI
+    backend runs every source's list on every sample of the batch (as branches of one graph) and
+    selects each sample's row: a cost of one branch per source.
 
     Example:
         >>> import torch, gpupipe as gp
@@ -59,6 +68,7 @@ class Pipeline:
         transforms: Sequence[Transform] = (),
         *,
         views: Sequence[Sequence[Transform]] | None = None,
+        per_source: Sequence[Sequence[Transform]] | None = None,
     ) -> None:
         if isinstance(source, (str, os.PathLike)) and os.path.isdir(source):
             raise ConfigError(
@@ -73,6 +83,9 @@ class Pipeline:
                 f"list of shard paths, got {type(source).__name__}"
             )
         self.source = source
+        self.per_source = per_source is not None
+        if per_source is not None:
+            views = self._per_source(source, transforms, views, per_source)
         if views is None:
             self.views: tuple[tuple[Transform, ...], ...] = (_transform_list(transforms, "transforms"),)
         else:
@@ -81,10 +94,28 @@ class Pipeline:
             if isinstance(views, (Transform, str)) or not isinstance(views, Sequence) or not views:
                 raise ConfigError("Pipeline: views must be a non-empty list of transform lists")
             self.views = tuple(_transform_list(v, f"views[{i}]") for i, v in enumerate(views))
-        self.has_views = views is not None
+        self.has_views = views is not None and not self.per_source
+        what = "per_source" if self.per_source else "views"
         self.view_specs: tuple[tuple[ImageSpec, ...], ...] = tuple(
-            self._check(steps, f"views[{i}] " if self.has_views else "") for i, steps in enumerate(self.views)
+            self._check(steps, f"{what}[{i}] " if views is not None else "") for i, steps in enumerate(self.views)
         )
+        if self.per_source and len({str(specs[-1]) for specs in self.view_specs}) > 1:
+            ends = ", ".join(f"per_source[{i}]: {specs[-1]}" for i, specs in enumerate(self.view_specs))
+            raise PipelineError(f"Pipeline: every per_source list must end in the same shape and dtype ({ends})")
+
+    @staticmethod
+    def _per_source(source: Source, transforms: Sequence[Transform], views: Any, per_source: Any) -> Any:
+        from .sources import Mix
+
+        if transforms or views is not None:
+            raise ConfigError("Pipeline: give one of transforms, views=[...] and per_source=[...]")
+        if not isinstance(source, Mix):
+            raise ConfigError(f"Pipeline: per_source needs a gp.Mix source, got {type(source).__name__}")
+        if isinstance(per_source, (Transform, str)) or not isinstance(per_source, Sequence):
+            raise ConfigError("Pipeline: per_source must be a list of transform lists, one per source")
+        if len(per_source) != len(source.sources):
+            raise ConfigError(f"Pipeline: per_source has {len(per_source)} lists for {len(source.sources)} sources")
+        return per_source
 
     @staticmethod
     def _check(transforms: tuple[Transform, ...], where: str) -> tuple[ImageSpec, ...]:
@@ -108,28 +139,33 @@ class Pipeline:
         return self.view_specs[self._single("specs are pipeline.view_specs")]
 
     def _single(self, where: str) -> int:
-        if self.has_views:
-            raise PipelineError(f"this pipeline has views=[...]: its {where}")
+        if self.has_views or self.per_source:
+            raise PipelineError(f"this pipeline has {'per_source' if self.per_source else 'views'}=[...]: its {where}")
         return 0
 
     @property
     def output_specs(self) -> tuple[ImageSpec, ...]:
-        """Shape and dtype of each view's output image (one for a single transform list);
-        ``height``/``width`` are None where they vary."""
+        """Shape and dtype of each view's output image (one for a single transform list, or
+        ``per_source`` lists); ``height``/``width`` are None where they vary."""
+        if self.per_source:
+            return (self.view_specs[0][-1],)
         return tuple(specs[-1] for specs in self.view_specs)
 
     @property
     def output_spec(self) -> ImageSpec:
         """Shape and dtype of the one output image (``height``/``width`` are None where they vary)."""
+        if self.per_source:
+            return self.view_specs[0][-1]
         return self.view_specs[self._single("outputs are pipeline.output_specs")][-1]
 
     def __repr__(self) -> str:
-        if not self.has_views:
+        if not self.has_views and not self.per_source:
             steps = ",\n  ".join(repr(t) for t in self.transforms)
             return f"Pipeline({self.source!r}, [\n  {steps}]) -> {self.output_spec}"
         lists = ",\n  ".join("[" + ", ".join(repr(t) for t in v) + "]" for v in self.views)
         outputs = ", ".join(str(s) for s in self.output_specs)
-        return f"Pipeline({self.source!r}, views=[\n  {lists}]) -> ({outputs})"
+        what = "per_source" if self.per_source else "views"
+        return f"Pipeline({self.source!r}, {what}=[\n  {lists}]) -> ({outputs})"
 
 
 def _transform_list(transforms: Any, name: str) -> tuple[Transform, ...]:

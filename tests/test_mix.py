@@ -282,3 +282,77 @@ class TestRemoteInAMix:
                 with gp.Loader(pipeline(source), 4, backend=backend, shuffle=True, seed=2, num_workers=1) as loader:
                     got.append(as_multiset(epoch_images(loader)))
             assert got[0] == got[1] and sum(got[0].values()) == 16
+
+
+def per_source_pipeline(source) -> gp.Pipeline:
+    """Source a: a fixed center crop; source b: a random crop and flip; both [3, 12, 12] float32."""
+    return gp.Pipeline(source, per_source=[
+        [T.CenterCrop(12), T.ToDtype(torch.float32)],
+        [T.RandomResizedCrop(12), T.RandomHorizontalFlip(), T.ToDtype(torch.float32)],
+    ])  # fmt: skip
+
+
+class TestPerSourcePipelines:
+    def test_arguments(self, shards, b_shards):
+        m = mix(shards, b_shards)
+        pipe = per_source_pipeline(m)
+        assert pipe.output_specs == (pipe.output_spec,) and str(pipe.output_spec) == "[3, 12, 12] float32"
+        assert "per_source=[" in repr(pipe) and not pipe.has_views
+        with pytest.raises(gp.PipelineError, match="per_source"):
+            _ = pipe.transforms
+        with pytest.raises(gp.ConfigError, match=r"needs a gp\.Mix"):
+            gp.Pipeline(gp.WebDataset(shards), per_source=[[T.CenterCrop(8)]])
+        with pytest.raises(gp.ConfigError, match="1 lists for 2 sources"):
+            gp.Pipeline(m, per_source=[[T.CenterCrop(8)]])
+        with pytest.raises(gp.ConfigError, match="one of transforms"):
+            gp.Pipeline(m, [T.CenterCrop(8)], per_source=[[T.CenterCrop(8)], [T.CenterCrop(8)]])
+        with pytest.raises(gp.PipelineError, match=r"same shape and dtype .*per_source\[1\]: \[3, 9, 9\]"):
+            gp.Pipeline(m, per_source=[[T.CenterCrop(8)], [T.CenterCrop(9)]])
+
+    def test_each_source_gets_its_own_list(self, backend, shards, b_shards, clean_env):
+        source = mix(shards, b_shards, counts=[A, 2 * B])
+        with backend.loader(per_source_pipeline(source), 4, shuffle=True, seed=3, num_workers=1) as loader:
+            rows = epoch_images(loader)
+        alone = gp.Pipeline(gp.WebDataset(shards), [T.CenterCrop(12), T.ToDtype(torch.float32)])
+        with backend.loader(alone, 4, num_workers=1) as plain:
+            centered = {key: image for key, _, image in epoch_images(plain)}
+        copies: dict[str, list[torch.Tensor]] = collections.defaultdict(list)
+        for key, label, image in rows:
+            assert image.shape == (3, 12, 12)
+            if label < 100:
+                torch.testing.assert_close(image, centered[key], rtol=0, atol=0, msg=key)
+            else:
+                copies[key].append(image)
+        assert len(copies) == B and all(not torch.equal(*c) for c in copies.values())  # random, drawn apart
+
+    def test_torch_and_dali_agree_per_sample(self, shards, b_shards, clean_env):
+        pytest.importorskip("nvidia.dali")
+        source = mix(shards, b_shards, counts=[8, 8])
+        got = []
+        for backend in ("torch", "dali"):
+            with gp.Loader(per_source_pipeline(source), 4, backend=backend, shuffle=True, seed=3,
+                           num_workers=1) as loader:  # fmt: skip
+                got.append(epoch_images(loader))
+        for (k1, l1, i1), (k2, l2, i2) in zip(*got, strict=True):
+            assert (k1, l1) == (k2, l2)
+            assert float((i1 - i2).abs().mean()) <= 1.0, k1  # the standard tolerance (0-255 units)
+
+    def test_exact_resume(self, backend, shards, b_shards, clean_env):
+        source = mix(shards, b_shards, counts=[6, 9])
+        check_exact_resume(
+            lambda: backend.loader(per_source_pipeline(source), 3, shuffle=True, seed=3, num_workers=1), epoch=1, at=2
+        )
+
+    @pytest.mark.parametrize("channels_last", [False, True])
+    def test_the_gpu_graph(self, channels_last):
+        pytest.importorskip("nvidia.dali")
+        from gpupipe.backends._dali._graph import define_graph
+
+        from .support.dali_graph import check_gpu_placement, parse
+
+        views = per_source_pipeline(mix(["unused-a.tar"], ["unused-b.tar"])).views
+        graph = define_graph(views, gpu=True, device_id=None, batch_size=4, num_threads=2, prefetch=2, seed=1,
+                             channels_last=channels_last, decoder_args={}, per_source=True)  # fmt: skip
+        ops, outputs = parse(graph.pipe.serialize())
+        check_gpu_placement(ops, outputs)  # one mixed decoder; one image output, on the GPU
+        assert len(graph.lowered.images) == 1 and "source" in {f.value.name for f in graph.lowered.feeds.values()}

@@ -77,6 +77,7 @@ class RunSpec:
     rank: int
     seed: int  # the loader's seed when built; each plan carries the seed it was drawn for
     outputs: tuple[ImageSpec, ...] | None = None  # each view's output image (fixed size); None: no pipeline
+    per_source: bool = False  # views are a gp.Mix's per-source lists: one output, each sample its source's
 
     @property
     def prefetch(self) -> int:

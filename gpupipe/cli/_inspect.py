@@ -91,7 +91,7 @@ def to_uint8(images: torch.Tensor, pipeline: Pipeline, view: int = 0) -> np.ndar
 def draw(pipeline: Pipeline, *, samples: int, draws: int, backend: str, seed: int, device: str = "cpu") -> Draws:
     """The first ``samples`` samples of ``pipeline``'s source, ``draws`` times, on ``backend``
     delivering to ``device``."""
-    views = len(pipeline.views)
+    views = len(pipeline.output_specs)  # (a per_source pipeline: one output)
     shown: list[list[np.ndarray]] = [[] for _ in range(views)]
     raw: list[list[np.ndarray]] = [[] for _ in range(views)]
     keys: list[str] = []

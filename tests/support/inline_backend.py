@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import numpy as np
 import torch
 
 from gpupipe._decode import decode_rgb
@@ -31,11 +32,18 @@ class InlineRunner:
             for i, s in enumerate(map(int, samples)):
                 raw = index.read(s)
                 image = decode_rgb(raw.data, shard=raw.shard, key=raw.key)
-                for view, steps in enumerate(views):
-                    row = [None if f is None else f[i] for f in drawn[view]]
-                    images[view].append(apply_pipeline(steps, image, row))
+                if self.spec.per_source:  # one output: the sample's source's list
+                    source = int(index.source_of(np.array([s]))[0])  # type: ignore[attr-defined]
+                    row = [None if f is None else f[i] for f in drawn[source]]
+                    images[0].append(apply_pipeline(views[source], image, row))
+                else:
+                    for view, steps in enumerate(views):
+                        row = [None if f is None else f[i] for f in drawn[view]]
+                        images[view].append(apply_pipeline(steps, image, row))
                 labels.append(raw.label)
                 keys.append(raw.key)
+            if self.spec.per_source:
+                images = images[:1]
             batch = tuple(torch.stack(view).to(self.spec.device) for view in images)
             label_tensor = None if labels[0] is None else torch.tensor(labels, dtype=torch.int64)
             yield RawBatch(batch, label_tensor, keys)

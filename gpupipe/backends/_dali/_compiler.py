@@ -37,12 +37,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from ... import transforms as T
 from ..._config import DecodeMode
 from ..._geometry import center_crop_anchor
 from ._context import DALI_OPS, LOWERINGS, Check, Ctx, Lowered, dali_type, hw, peek_shape, scaled_to_uint8
+from ._host import SOURCE
 from ._lowerings import BUILTIN, crop_window, relative_position, resize
 
 __all__ = ["LOWERINGS", "DALI_OPS", "Ctx", "Check", "Lowered", "lower", "dali_type", "scaled_to_uint8"]
@@ -65,11 +67,20 @@ _KEEPS_SIZE = (
 )
 
 
-def lower(views: Sequence[Sequence[T.Transform]], encoded: Any, ctx: Ctx, *, channels_last: bool = False) -> Lowered:
+def lower(
+    views: Sequence[Sequence[T.Transform]],
+    encoded: Any,
+    ctx: Ctx,
+    *,
+    channels_last: bool = False,
+    per_source: bool = False,
+) -> Lowered:
     """Builds the graph of each view's transform list on ``encoded`` images: ``[C, H, W]`` (or HWC
     where ``channels_last``) images, one node per view, the inputs fed per batch and the
     per-sample checks the lowerings required. One view may fuse a leading ``RandomResizedCrop``
-    into the decoder; several views share one full decode."""
+    into the decoder; several views share one full decode. ``per_source``: the views are a
+    ``gp.Mix``'s lists, one per source, and the one output takes each sample's row from its
+    source's (:func:`by_source`)."""
     fused: list[DecodeMode] = []
     if len(views) == 1:
         images: tuple[Any, ...] = (_lower_images(views[0], encoded, ctx, channels_last=channels_last, fused=fused),)
@@ -79,6 +90,8 @@ def lower(views: Sequence[Sequence[T.Transform]], encoded: Any, ctx: Ctx, *, cha
             _lower_images(steps, encoded, ctx, channels_last=channels_last, view=view, decoded=decoded)
             for view, steps in enumerate(views)
         )
+        if per_source:
+            images = (by_source(images, ctx, channels_last=channels_last),)
     draws = frozenset(ctx.draws)
     common: dict[str, Any] = dict(
         feeds=ctx.feeds,
@@ -95,6 +108,18 @@ def lower(views: Sequence[Sequence[T.Transform]], encoded: Any, ctx: Ctx, *, cha
     for check in ctx.checks:
         parts += [fn.cast(check.ok, dtype=types.INT32), *(fn.cast(v, dtype=types.INT32) for v in check.values)]
     return Lowered(images, tuple(ctx.checks), fn.stack(*parts), **common)
+
+
+def by_source(images: Sequence[Any], ctx: Ctx, *, channels_last: bool) -> Any:
+    """Per sample, the row of ``images`` (one node per source, all of one shape and dtype) that
+    its source (fed, ``SOURCE``) says: stacked and the sample's one sliced out — exact for every
+    dtype (DALI 2.4 has no per-sample select outside its conditionals)."""
+    fn, types = ctx.fn, ctx.types
+    stacked = fn.stack(*images, device=ctx.device)
+    start = fn.stack(ctx.arg(SOURCE, np.int32))
+    one = fn.slice(stacked, start, fn.constant(idata=[1], dtype=types.INT32), axes=[0], device=ctx.device)
+    layout = "HWC" if channels_last else "CHW"
+    return fn.reshape(fn.squeeze(one, axes=[0], device=ctx.device), layout=layout, device=ctx.device)
 
 
 def decode(encoded: Any, ctx: Ctx) -> Any:

@@ -201,6 +201,7 @@ def define_graph(
     color_twist: bool = False,
     decode: DecodeMode = DecodeMode.ROI,
     host_geometry: bool = True,
+    per_source: bool = False,
 ) -> Defined:
     """The DALI pipeline of ``views`` (one transform list per output) and its lowering, defined but
     not built. With ``gpu``
@@ -222,7 +223,7 @@ def define_graph(
         ctx = Ctx("gpu" if gpu else "cpu", seed, decoder_args=decoder_args if gpu else {}, exif=exif,
                   color_twist=color_twist, decode=decode, host_geometry=host_geometry)  # fmt: skip
         if graph is None:
-            lowered = lower(views, encoded, ctx, channels_last=channels_last)
+            lowered = lower(views, encoded, ctx, channels_last=channels_last, per_source=per_source)
         else:
             lowered = Lowered((graph(encoded, ctx),), feeds=ctx.feeds, draws=frozenset(ctx.draws),
                               host_checks=tuple(ctx.host_checks), host_geometry=ctx.host_geometry)  # fmt: skip

@@ -162,12 +162,14 @@ HOST_OPS = _HostOps()
 @dataclasses.dataclass
 class HostEnv:
     """One batch, as the host values see it: the encoded images' ``sizes`` (int64 ``[B, 2]``:
-    height, width, from their headers) and ``factors(view, step)``, the random factors of a step
-    (float64 ``[B, F]``)."""
+    height, width, from their headers), ``factors(view, step)``, the random factors of a step
+    (float64 ``[B, F]``), and each sample's source in a ``gp.Mix`` (``sources``, int64 ``[B]``;
+    ``None`` for another source)."""
 
     sizes: np.ndarray
     factors: Callable[[int, int], np.ndarray]
     memo: dict[int, Any] = dataclasses.field(default_factory=dict)
+    sources: np.ndarray | None = None
 
     def value(self, x: Any) -> Any:
         return x.evaluate(self) if isinstance(x, HostValue) else x
@@ -201,6 +203,21 @@ class _Size(HostValue):
 
 
 HEIGHT, WIDTH = _Size(0), _Size(1)
+
+
+class _Source(HostValue):
+    __slots__ = ()
+
+    def __init__(self) -> None:
+        super().__init__(lambda: None, name="source")
+
+    def evaluate(self, env: HostEnv) -> Any:
+        if env.sources is None:
+            raise ValueError("a per-source graph fed a batch of a source that is not a gp.Mix")
+        return env.sources
+
+
+SOURCE = _Source()  # each sample's source number in a gp.Mix (int64 [B])
 
 
 def image_sizes() -> tuple[HostValue, HostValue]:

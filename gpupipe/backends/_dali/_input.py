@@ -29,6 +29,7 @@ from ..._imageinfo import MAX_IMAGE_PIXELS
 from ..._plan import RankPlan
 from ..._random import step_factors
 from ...sources import NO_LABEL, Index, Located, RawSample
+from ...sources._mix import MixIndex
 from ...storage import MappedFile
 from ...transforms import Transform
 from .._base import donor, fill
@@ -341,7 +342,10 @@ class BatchReader:
                 drawn[view, step] = np.zeros((len(samples), 0)) if got is None else got
             return drawn[view, step]
 
-        return HostEnv(sizes, factors)
+        sources = None
+        if isinstance(self.index, MixIndex):  # (a draw number is a sample number, plus len(index) per copy)
+            sources = self.index.source_of(np.asarray(samples, np.int64) % len(self.index))
+        return HostEnv(sizes, factors, sources=sources)
 
     def feeds(self, samples: np.ndarray, sizes: np.ndarray) -> dict[str, np.ndarray]:
         """Every input the graph takes besides the encoded images, for a batch of ``samples``."""

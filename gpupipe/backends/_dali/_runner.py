@@ -86,7 +86,7 @@ class DaliRunner:
     def __init__(self, spec: RunSpec, *, graph: Callable[[Any, Ctx], Any] | None = None) -> None:
         self._define = graph
         self._pid = os.getpid()
-        self.index, self.views = spec.index, spec.views
+        self.index, self.views, self.per_source = spec.index, spec.views, spec.per_source
         self.num_threads, self.prefetch = max(1, spec.workers), spec.prefetch
         self.channels_last = spec.config.channels_last
         self.device, self.rank, self.seed = spec.device, spec.rank, spec.seed
@@ -125,6 +125,7 @@ class DaliRunner:
             exif=self.exif,
             color_twist=self.color_twist,
             decode=self.strategy.mode if self.strategy is not None else DecodeMode.ROI,
+            per_source=self.per_source,
         )
         pipe.build()
         self.operators, self.host_geometry, self.fused = operator_count(pipe), lowered.host_geometry, lowered.decode

@@ -50,9 +50,15 @@ class _Failure:
 
 class _Samples(Dataset["Sample | _Failure"]):
     def __init__(
-        self, index: Index, views: Sequence[Sequence[Transform]], *, max_pixels: int | None, exif: bool
+        self,
+        index: Index,
+        views: Sequence[Sequence[Transform]],
+        *,
+        max_pixels: int | None,
+        exif: bool,
+        per_source: bool = False,
     ) -> None:
-        self.index, self.views = index, tuple(tuple(v) for v in views)
+        self.index, self.views, self.per_source = index, tuple(tuple(v) for v in views), per_source
         self.max_pixels, self.exif = max_pixels, exif
         self.poisoned: dict[int, _Failure] = {}  # samples that killed a worker: refused from then on
 
@@ -96,7 +102,11 @@ class _Samples(Dataset["Sample | _Failure"]):
             raw.data, shard=raw.shard, key=raw.key, max_pixels=self.max_pixels, apply_exif_orientation=self.exif
         )
         try:  # each view from the same decoded image, with its own draws
-            outputs = tuple(apply_pipeline(steps, image, drawn[view]) for view, steps in enumerate(self.views))
+            if self.per_source:  # one output: the sample's source's list (a gp.Mix's per_source)
+                source = int(self.index.source_of(np.array([sample]))[0])  # type: ignore[attr-defined]
+                outputs: tuple[torch.Tensor, ...] = (apply_pipeline(self.views[source], image, drawn[source]),)
+            else:
+                outputs = tuple(apply_pipeline(steps, image, drawn[view]) for view, steps in enumerate(self.views))
         except ValueError as e:  # e.g. RandomCrop larger than this image
             size = (int(image.shape[-2]), int(image.shape[-1]))
             raise SampleError.at(str(e), shard=raw.shard, key=raw.key, size=size) from e
@@ -176,7 +186,11 @@ class TorchRunner:
         self._workers = spec.workers
         self._batches = _Batches()
         self._dataset = _Samples(
-            spec.index, spec.views, max_pixels=spec.config.max_image_pixels, exif=spec.config.apply_exif_orientation
+            spec.index,
+            spec.views,
+            max_pixels=spec.config.max_image_pixels,
+            exif=spec.config.apply_exif_orientation,
+            per_source=spec.per_source,
         )
         self._prefetch = spec.prefetch
         self._loader: DataLoader[Sample | _Failure] | None = DataLoader(
