@@ -23,7 +23,7 @@ from ._plan import Layout, PlanSpec, RankPlan, elastic_plan, rank_plan, unexclud
 from .sources import Index, Source
 from .sources._mix import MixCounts, MixIndex
 
-__all__ = ["Selection", "select", "mix_digest", "mixed_plan", "per_source"]
+__all__ = ["Selection", "select", "spread", "mix_digest", "mixed_plan", "per_source"]
 
 
 def _rng(seed: int, epoch: int, *more: int) -> np.random.Generator:
@@ -35,6 +35,43 @@ def mix_digest(mix: MixCounts, good_sizes: np.ndarray) -> str:
     doc = repr((mix.counts, [(r.start, r.stop) for r in mix.shards], mix.replacement))
     digest = hashlib.sha1(doc.encode() + np.ascontiguousarray(good_sizes, "<i8").tobytes()).hexdigest()[:16]
     return f"{sum(mix.counts)}:{digest}"
+
+
+_NUMPY_LIMIT = 10**9  # NumPy's hypergeometric draws take populations below this
+
+
+def spread(rng: np.random.Generator, sizes: np.ndarray, r: int) -> np.ndarray:
+    """How many of ``r`` samples drawn without replacement from shards of ``sizes`` fall in each
+    (int64 ``[S]``, adding up to ``r``, each at most its size): NumPy's multivariate
+    hypergeometric draw; for populations of ``10**9`` samples and more, which it refuses, the same
+    split shard range by shard range (halves, top down, vectorized per level), a half's share
+    drawn hypergeometric where NumPy can and from its normal approximation (clipped to the
+    feasible range) above that, where the two are indistinguishable."""
+    sizes = np.asarray(sizes, np.int64)
+    if int(sizes.sum()) < _NUMPY_LIMIT:
+        return rng.multivariate_hypergeometric(sizes, r, method="marginals").astype(np.int64)
+    prefix = np.concatenate([[0], np.cumsum(sizes)])
+    lo, hi, take = np.array([0]), np.array([len(sizes)]), np.array([r], np.int64)
+    out = np.zeros(len(sizes), np.int64)
+    while len(lo):
+        single = hi - lo == 1
+        out[lo[single]] = take[single]
+        lo, hi, take = lo[~single], hi[~single], take[~single]
+        mid = (lo + hi) // 2
+        left, right = prefix[mid] - prefix[lo], prefix[hi] - prefix[mid]
+        first = np.empty(len(lo), np.int64)
+        small = left + right < _NUMPY_LIMIT
+        if small.any():
+            first[small] = rng.hypergeometric(left[small], right[small], take[small])
+        big = ~small
+        if big.any():
+            n, k, a = (left + right)[big].astype(np.float64), take[big].astype(np.float64), left[big]
+            p = a / n
+            sd = np.sqrt(k * p * (1 - p) * np.maximum(n - k, 0) / np.maximum(n - 1, 1))
+            drawn = np.rint(rng.normal(k * p, sd)).astype(np.int64)
+            first[big] = np.clip(drawn, np.maximum(0, take[big] - right[big]), np.minimum(take[big], a))
+        lo, hi, take = np.concatenate([lo, mid]), np.concatenate([mid, hi]), np.concatenate([first, take - first])
+    return out
 
 
 @dataclasses.dataclass
@@ -108,7 +145,7 @@ def select(mix: MixCounts, shard_sizes: np.ndarray, excluded: np.ndarray, *, see
                 passes.append(np.full(len(ids), p))
                 whole.append(np.ones(len(ids), bool))
             if r:
-                m = rng.multivariate_hypergeometric(g, r, method="marginals")
+                m = spread(rng, g, r)
                 sizes.append(m)
                 shard.append(ids)
                 passes.append(np.full(len(ids), q))

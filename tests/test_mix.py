@@ -356,3 +356,23 @@ class TestPerSourcePipelines:
         ops, outputs = parse(graph.pipe.serialize())
         check_gpu_placement(ops, outputs)  # one mixed decoder; one image output, on the GPU
         assert len(graph.lowered.images) == 1 and "source" in {f.value.name for f in graph.lowered.feeds.values()}
+
+
+class TestSpread:
+    """How a source's remainder (``count % size`` samples, without replacement) falls on its shards."""
+
+    @pytest.mark.parametrize("total", [10_000, 2_000_000_000], ids=["numpy", "halves"])
+    def test_exact_within_bounds_and_proportional(self, total):
+        from gpupipe._mixplan import spread
+
+        rng = np.random.default_rng(0)
+        sizes = rng.integers(total // 2000, 3 * total // 2000, size=1000)
+        for r in (0, 1, int(sizes.sum()) // 3, int(sizes.sum()) - 1, int(sizes.sum())):
+            got = spread(np.random.default_rng(r), sizes, r)
+            assert got.sum() == r and (got >= 0).all() and (got <= sizes).all()
+        r = int(sizes.sum()) // 3
+        got = spread(np.random.default_rng(1), sizes, r)
+        expected = sizes * (r / sizes.sum())
+        sd = np.sqrt(expected * (1 - r / sizes.sum()))
+        assert np.abs(got - expected).max() < 6 * sd.max() + 1  # a binomial's spread, not more
+        assert np.array_equal(got, spread(np.random.default_rng(1), sizes, r))  # a function of the generator
