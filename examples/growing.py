@@ -60,13 +60,23 @@ def main() -> None:
             time.sleep(0.05)
         pipe = gp.Pipeline(gp.WebDataset(pattern, relist=True), [T.RandomResizedCrop(32), T.ToDtype(torch.float32)])
         with gp.Loader(pipe, 16, shuffle=True, seed=0, backend=args.backend) as loader:
+            device = torch.device(loader.device)
+            model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 32 * 32, 10)).to(device)
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
             for epoch in range(args.epochs):
                 if epoch == args.epochs - 1:
                     producer.join()  # the last epoch: every shard written
                 loader.set_epoch(epoch)
-                seen = sum(int(batch.valid.sum()) for batch in loader)
+                seen, loss = 0, torch.zeros(())
+                for images, labels in loader:
+                    loss = torch.nn.functional.cross_entropy(model(images / 255), labels)
+                    optimizer.zero_grad()
+                    loss.backward()
+                    optimizer.step()
+                    seen += len(labels)
                 shards = len(loader.index.shards)
-                print(f"epoch {epoch}: {shards} shards, {seen} samples, {len(loader)} batches", flush=True)
+                print(f"epoch {epoch}: {shards} shards, {seen} samples, {len(loader)} batches, loss {loss.item():.3f}",
+                      flush=True)  # fmt: skip
     finally:
         if producer.is_alive():
             producer.terminate()
