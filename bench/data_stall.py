@@ -129,7 +129,8 @@ def main() -> None:
     step = step_fn(args, device)
     rows: list[tuple[str, float, float]] = []
     rows.append(("synthetic (on the device)", *timed(on_device(args, device, memory_format), step, args, device)))
-    names = [n for n in gp.backends.names() if gp.backends.get(n).available()]
+    # the backends of one machine (ray scales out: bench/scale_out.py)
+    names = [n for n in gp.backends.names() if gp.backends.get(n).auto and gp.backends.get(n).available()]
     for name in names:
         options = dict(backend=name, device=str(device), num_workers=args.workers, memory_format=memory_format)
         with gp.Loader(pipeline, args.batch_size, shuffle=True, drop_last=True, seed=0, **options) as loader:

@@ -20,7 +20,7 @@ _nvjpeg.preload()  # first: before anything imports torchvision, which brings an
 
 from . import sources, transforms
 from ._check import CheckReport, check
-from ._config import DaliOptions, DecodeMode, LoaderConfig, OnError
+from ._config import DaliOptions, DecodeMode, LoaderConfig, OnError, RayOptions
 from ._errors import (
     BackendUnavailableError,
     ClosedError,
@@ -50,6 +50,7 @@ __all__ = [
     "Loader",
     "LoaderConfig",
     "DaliOptions",
+    "RayOptions",
     "DecodeMode",
     "OnError",
     "Batch",

@@ -12,7 +12,7 @@ from ._errors import ConfigError
 from ._imageinfo import MAX_IMAGE_PIXELS
 from ._validate import check_bool, check_enum, check_int, check_optional_int, check_probability, is_int, is_number
 
-__all__ = ["LoaderConfig", "DaliOptions", "OnError", "DecodeMode", "check_options"]
+__all__ = ["LoaderConfig", "DaliOptions", "RayOptions", "OnError", "DecodeMode", "check_options"]
 
 
 class OnError(str, enum.Enum):
@@ -133,6 +133,51 @@ class DaliOptions:
 
 
 @dataclasses.dataclass(frozen=True)
+class RayOptions:
+    """The Ray backend's options (``backend="ray"``): where its tasks run and how many are in
+    flight. ``gp.Loader(..., backend="ray", ray=gp.RayOptions(address="auto"))``. Other backends
+    ignore them.
+
+    Args:
+        address: the Ray cluster to join, as ``ray.init(address=...)`` takes it (``"auto"``,
+            ``"10.0.0.1:6379"``, ``"ray://head:10001"``). ``None`` (default): ``RAY_ADDRESS``
+            where set; else the Ray this process already joined (``ray.init`` called before);
+            else a local Ray started on demand on this machine's loopback address and shut down
+            when the last loader using it is closed.
+        num_cpus: CPUs each batch's task reserves on the cluster. Default 1.
+        in_flight: batches submitted ahead per rank (backpressure: at most this many batches
+            in the cluster or its object store for one loader). ``None`` (default): twice the
+            loader's ``num_workers``, at least 2.
+        timeout: seconds a rank waits for one batch before a :class:`~gpupipe.WorkerError`
+            (a cluster without free CPUs, a lost node whose tasks cannot be placed). Default 300.
+        max_retries: times a batch's task is run again after its worker or node died (Ray's
+            ``max_retries``). Default 3.
+        local_cpus: CPUs of the local Ray this loader may start. ``None`` (default): the
+            machine's.
+    """
+
+    _: dataclasses.KW_ONLY
+    address: str | None = None
+    num_cpus: float = 1.0
+    in_flight: int | None = None
+    timeout: float = 300.0
+    max_retries: int = 3
+    local_cpus: int | None = None
+
+    def __post_init__(self) -> None:
+        owner = "RayOptions"
+        if self.address is not None and (not isinstance(self.address, str) or not self.address):
+            raise ConfigError(f"{owner}: address must be a Ray address or None, got {self.address!r}")
+        if not (is_number(self.num_cpus) and self.num_cpus > 0):
+            raise ConfigError(f"{owner}: num_cpus must be a number > 0, got {self.num_cpus!r}")
+        check_optional_int(owner, self.in_flight, "in_flight", minimum=1)
+        if not (is_number(self.timeout) and self.timeout > 0):
+            raise ConfigError(f"{owner}: timeout must be a number of seconds > 0, got {self.timeout!r}")
+        check_int(owner, self.max_retries, "max_retries", minimum=0)
+        check_optional_int(owner, self.local_cpus, "local_cpus", minimum=1)
+
+
+@dataclasses.dataclass(frozen=True)
 class LoaderConfig:
     """Every option of a :class:`~gpupipe.Loader`, validated when constructed.
 
@@ -150,7 +195,8 @@ class LoaderConfig:
             ``Loader.state_dict`` so that a resume is exact.
         backend: a backend's name (``"dali"``: one DALI graph, nvJPEG and GPU operators on
             ``cuda``, DALI's CPU operators on ``cpu``; ``"torch"``: torchvision kernels in worker
-            processes), or ``"auto"`` (default): the first available of DALI, torch. The name is
+            processes; ``"ray"``: the torch backend's kernels in Ray tasks, on a cluster's CPUs),
+            or ``"auto"`` (default): the first available of DALI, torch (never Ray). The name is
             checked against the backend table when a loader is made.
         device: where batches are delivered: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or a
             ``torch.device``; ``None`` (default) picks ``"cuda"`` when available, else ``"cpu"``.
@@ -178,6 +224,8 @@ class LoaderConfig:
             storage presented as an ``[B, C, H, W]`` tensor (DALI's layout, no extra copy there).
         dali: the DALI backend's GPU decoder settings, a :class:`DaliOptions`. Default
             ``DaliOptions()``.
+        ray: the Ray backend's settings (its cluster, tasks in flight), a :class:`RayOptions`.
+            Default ``RayOptions()``.
         on_error: ``"raise"`` (default) or ``"skip"`` (an :class:`OnError`): what to do with a
             sample that cannot be used (undecodable or empty image, bad label, a shard truncated
             or unreadable at that sample, too small for a transform). ``"raise"`` raises a
@@ -226,6 +274,7 @@ class LoaderConfig:
     world_size: int | None = None
     memory_format: torch.memory_format = torch.contiguous_format
     dali: DaliOptions = DaliOptions()
+    ray: RayOptions = RayOptions()
     on_error: OnError | str = OnError.RAISE
     max_skipped: int | float | None = 0.01
     max_image_pixels: int | None = MAX_IMAGE_PIXELS
@@ -257,6 +306,8 @@ class LoaderConfig:
             )
         if not isinstance(self.dali, DaliOptions):
             raise ConfigError(f"{owner}: dali must be a gp.DaliOptions, got {self.dali!r}")
+        if not isinstance(self.ray, RayOptions):
+            raise ConfigError(f"{owner}: ray must be a gp.RayOptions, got {self.ray!r}")
         object.__setattr__(self, "on_error", check_enum(owner, self.on_error, "on_error", OnError))
         check_optional_int(owner, self.max_image_pixels, "max_image_pixels", minimum=1)
         check_bool(owner, self.apply_exif_orientation, "apply_exif_orientation")

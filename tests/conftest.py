@@ -98,7 +98,21 @@ def backend(request) -> Target:
     b = backends.get(target.backend)
     if not b.available():
         pytest.skip(f"the {b.name} backend is not installed: it needs {b.requirement}")
+    if target.backend == "ray":
+        request.getfixturevalue("ray_session")
     return target
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """One local Ray (loopback, 2 CPUs) for the session's ray-backend tests, started as a loader
+    starts it: the loaders attach to it instead of each starting and stopping their own."""
+    from gpupipe import RayOptions
+    from gpupipe.backends._ray import _cluster
+
+    _cluster.attach(RayOptions(local_cpus=2))
+    yield
+    _cluster.detach()
 
 
 @pytest.fixture(autouse=True)

@@ -10,8 +10,8 @@ from gpupipe import transforms as T
 
 def test_top_level_api():
     assert sorted(gp.__all__) == sorted([
-        "Pipeline", "Loader", "LoaderConfig", "DaliOptions", "DecodeMode", "OnError", "Batch", "SkippedSample",
-        "Damage", "RankPlan",
+        "Pipeline", "Loader", "LoaderConfig", "DaliOptions", "RayOptions", "DecodeMode", "OnError", "Batch",
+        "SkippedSample", "Damage", "RankPlan",
         "Source", "WebDataset", "ImageFolder", "FakeData", "Mix",
         "load_pipeline", "check", "CheckReport",
         "register_lowering", "ShardWriter", "tune", "Tuned", "transforms", "sources", "GpupipeError", "ConfigError",

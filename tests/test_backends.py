@@ -23,7 +23,7 @@ class Posterize(T.Transform):
 
 class TestTable:
     def test_names_and_lookup(self):
-        assert backends.names() == ("dali", "torch")
+        assert backends.names() == ("dali", "torch", "ray")
         for name in backends.names():
             b = backends.get(name)
             assert isinstance(b, backends.Backend) and b.name == name and backends.get(name) is b

@@ -4,6 +4,7 @@ them with its own runner.
 - ``dali``: one NVIDIA DALI graph; nvJPEG and GPU operators with ``device="cuda"``, DALI's CPU
   operators with ``device="cpu"``.
 - ``torch``: torchvision's functional kernels in DataLoader worker processes.
+- ``ray``: the torch backend's kernels in Ray tasks, on a Ray cluster's CPUs (scale-out).
 
 A backend is a module (or package) defining a :class:`Backend` instance named ``BACKEND``; adding
 one is that module plus an entry in :data:`TABLE`. Modules are imported on first use, so
@@ -40,6 +41,7 @@ __all__ = [
 TABLE: dict[str, str] = {
     "dali": "gpupipe.backends._dali",
     "torch": "gpupipe.backends._torch",
+    "ray": "gpupipe.backends._ray",  # only when named: backend="ray"
 }
 
 _loaded: dict[str, Backend] = {}
@@ -115,7 +117,7 @@ def resolve(name: str, device: str | torch.device | None) -> tuple[Backend, torc
     if name == "auto":
         for candidate in TABLE:
             backend = get(candidate)
-            if dev.type in backend.devices and backend.available():
+            if backend.auto and dev.type in backend.devices and backend.available():
                 return backend, dev
         raise BackendUnavailableError(f"Loader: no backend available for device {str(dev)!r}")
     backend = get(name)
@@ -134,6 +136,6 @@ def why(name: str, device: str | torch.device | None, backend: Backend, dev: tor
         parts.append(f"device {dev.type}: {'CUDA is available' if dev.type == 'cuda' else 'no CUDA'}")
     if name == "auto":
         before = list(TABLE)[: list(TABLE).index(backend.name)]
-        missing = [n for n in before if not get(n).available() or dev.type not in get(n).devices]
+        missing = [n for n in before if get(n).auto and (not get(n).available() or dev.type not in get(n).devices)]
         parts.append(f"backend {backend.name}: " + (f"{', '.join(missing)} not available" if missing else "the first"))
     return "; ".join(parts) or None

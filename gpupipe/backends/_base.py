@@ -142,11 +142,13 @@ class Backend(abc.ABC):
         name: what users pass as ``Loader(backend=...)``.
         devices: the device types it delivers batches to.
         requirement: what to install when it is not available.
+        auto: whether ``backend="auto"`` may choose it (``False``: only when named).
         lowerings: transform type → lowering function, for this backend.
     """
 
     name: ClassVar[str]
     devices: ClassVar[tuple[str, ...]] = ("cpu", "cuda")
+    auto: ClassVar[bool] = True  # whether backend="auto" may pick it
     requirement: ClassVar[str] = ""
     lowerings: ClassVar[Registry]
 

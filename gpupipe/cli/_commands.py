@@ -274,7 +274,8 @@ def inspect(args: argparse.Namespace) -> int:
     source: Any = ImageFolder(args.data) if os.path.isdir(args.data) else args.data
     pipeline = load_pipeline(args.pipeline)(source)
     if args.compare:
-        names = [n for n in backends.names() if backends.get(n).available()]
+        # every backend with kernels of its own (ray runs the torch backend's: the same images)
+        names = [n for n in backends.names() if backends.get(n).auto and backends.get(n).available()]
         if len(names) < 2:
             raise ConfigError(f"--compare needs two backends; only {names} is installed (pip install gpupipe[cuda12])")
     else:

@@ -48,6 +48,12 @@ class _Failure:
         return self.kind(self.message, shard=self.shard, key=self.key, kind=self.damage)
 
 
+def batch_items(plan: RankPlan, b: int) -> list[Item]:
+    """What the workers get of batch ``b`` of ``plan``: each sample's number, draw number, seed and epoch."""
+    samples, draws = plan.batch(b)[0].tolist(), plan.drawn(b).tolist()
+    return [(s, d, plan.seed, plan.epoch) for s, d in zip(samples, draws, strict=True)]
+
+
 class _Samples(Dataset["Sample | _Failure"]):
     def __init__(
         self,
@@ -216,11 +222,7 @@ class TorchRunner:
         return self._runs.track(self._run(self._loader, plan, start))
 
     def _run(self, loader: DataLoader, plan: RankPlan, start: int) -> Generator[RawBatch, None, None]:
-        self._batches.batches = [
-            [(s, d, plan.seed, plan.epoch) for s, d in zip(samples.tolist(), plan.drawn(b).tolist(), strict=True)]
-            for b in range(start, plan.num_batches)
-            for samples in (plan.batch(b)[0],)
-        ]
+        self._batches.batches = [batch_items(plan, b) for b in range(start, plan.num_batches)]
         batches = self._iterate(loader)
         done, unexplained = start, 0
         try:

@@ -1,0 +1,121 @@
+"""The ray backend (``backend="ray"``) beyond the contract suite it runs with every backend
+(conftest's ``backend`` fixture, on one local Ray for the session): its options, the same batches
+as the torch backend, a local Ray started and ended with its loader, and a multi-node cluster on
+the loopback address that loses a node mid-epoch (tests/support/ray_cluster.py, in a child
+process: a process joins one Ray cluster for its life)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import gpupipe as gp
+from gpupipe import backends
+from gpupipe import transforms as T
+
+from .support.checkers import check_invalid
+from .support.data import write_webdataset_shards
+
+pytest.importorskip("ray")
+
+ROOT = os.path.join(os.path.dirname(__file__), "..")
+
+
+class TestRayOptions:
+    def test_validated(self):
+        check_invalid(lambda: gp.RayOptions(address=""), "address must be")
+        check_invalid(lambda: gp.RayOptions(num_cpus=0), "num_cpus must be")
+        check_invalid(lambda: gp.RayOptions(in_flight=0), "in_flight must be")
+        check_invalid(lambda: gp.RayOptions(timeout=-1), "timeout must be")
+        check_invalid(lambda: gp.RayOptions(max_retries=-1), "max_retries must be")
+        check_invalid(lambda: gp.LoaderConfig(4, ray={"address": "auto"}), "ray must be a gp.RayOptions")  # type: ignore[arg-type]
+        assert gp.LoaderConfig(4).ray == gp.RayOptions()
+
+    def test_auto_never_picks_ray(self):
+        assert backends.resolve("auto", "cpu")[0].name != "ray"
+        assert backends.get("ray").auto is False
+
+
+class TestSameAsTorch:
+    def test_views_skips_and_labels(self, shards, tmp_path, ray_session, clean_env):
+        """Bit-identical to the torch backend: two views, a damaged sample skipped and counted."""
+        from .support.data import truncated_jpeg
+
+        damaged = write_webdataset_shards(str(tmp_path), (5, 4), patch={3: {"jpg": truncated_jpeg(3)}})
+        views = [[T.RandomResizedCrop(16), T.RandomHorizontalFlip(), T.ToDtype(torch.float32)],
+                 [T.RandomResizedCrop(8), T.ColorJitter(0.4, 0.4, 0.4, 0.1)]]  # fmt: skip
+        got: dict[str, list] = {}
+        for name in ("torch", "ray"):
+            with gp.Loader(gp.Pipeline(damaged, views=views), 3, backend=name, shuffle=True, seed=4, num_workers=2,
+                           on_error="skip", max_skipped=None) as loader:  # fmt: skip
+                loader.set_epoch(2)
+                got[name] = [(b.keys, b.labels.clone(), b.valid, b.images) for b in loader if b.labels is not None]
+                got[name + "-skipped"] = [(s.key, s.shard) for s in loader.skipped]
+        assert got["torch-skipped"] == got["ray-skipped"] and len(got["ray-skipped"]) == 1
+        for a, b in zip(got["torch"], got["ray"], strict=True):
+            assert a[0] == b[0] and torch.equal(a[1], b[1]) and torch.equal(a[2], b[2])
+            assert all(torch.equal(x, y) for x, y in zip(a[3], b[3], strict=True))
+
+    def test_channels_last_is_a_view_of_the_object_store(self, shards, ray_session, clean_env):
+        pipe = gp.Pipeline(shards, [T.CenterCrop(16)])
+        with gp.Loader(pipe, 4, backend="ray", memory_format=torch.channels_last) as loader:
+            images = next(iter(loader)).images
+        assert images.shape == (4, 3, 16, 16) and images.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_a_local_ray_starts_with_its_loader_and_ends_with_it(shards, clean_env):
+    """In a process without Ray: the loader starts one (loopback only) and its close() ends it."""
+    code = f"""
+import json, psutil, ray, torch, gpupipe as gp
+from gpupipe import transforms as T
+pipe = gp.Pipeline({shards!r}, [T.CenterCrop(16)])
+with gp.Loader(pipe, 4, backend="ray", ray=gp.RayOptions(local_cpus=1)) as loader:
+    assert ray.is_initialized()
+    n = sum(len(b.keys) for b in loader)
+    ips = {{c.laddr.ip for c in psutil.net_connections("inet") if c.status == psutil.CONN_LISTEN
+           and c.pid in {{p.pid for p in psutil.Process().children(recursive=True)}}}}
+assert not ray.is_initialized()
+print(json.dumps([n, sorted(ips)]))
+"""
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    env.pop("RAY_ADDRESS", None)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    n, ips = json.loads(out.stdout.strip().splitlines()[-1])
+    assert n == 16 and set(ips) <= {"127.0.0.1", "::1", "::ffff:127.0.0.1"}
+
+
+@pytest.mark.slow
+def test_a_cluster_on_loopback_loses_a_node_mid_epoch(tmp_path):
+    """A head and two worker nodes (1 CPU each) on 127.0.0.1: nothing listens elsewhere; a worker
+    node killed after the epoch's first batch: the epoch completes with exactly the torch
+    backend's batches (its tasks run again on the other node); with no node left, a clear
+    WorkerError after RayOptions.timeout instead of a hang."""
+    shards = write_webdataset_shards(str(tmp_path), (16, 16, 16))
+    out = tmp_path / "result.json"
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "support", "ray_cluster.py"), str(out),
+                           *shards], capture_output=True, text=True, timeout=300, cwd=ROOT)  # fmt: skip
+    assert proc.returncode == 0 and out.exists(), proc.stderr[-4000:]
+    result = json.loads(out.read_text())
+    assert set(result["listening"]) <= {"127.0.0.1", "::1", "::ffff:127.0.0.1"}, result["listening"]
+    assert result["nodes_before"] == 3 and result["nodes_after"] == 2, result
+    assert result["same"] and len(result["lost_node_epoch"]) == 48
+    assert result["timeout"].startswith("ray backend: no batch in 3 s") and result["timeout_s"] < 30, result
+
+
+@pytest.mark.slow
+def test_the_scale_out_benchmark_runs(tmp_path):
+    """bench/scale_out.py, small: every configuration (torch, a local Ray, clusters of 1 and 2
+    worker nodes) runs and the report is written."""
+    argv = [sys.executable, os.path.join(ROOT, "bench", "scale_out.py"), "--images", "32", "--epochs", "1",
+            "--data", str(tmp_path / "data"), "--out", str(tmp_path / "out")]  # fmt: skip
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    (report,) = (tmp_path / "out").iterdir()
+    text = report.read_text()
+    assert "2 worker nodes / 1, dino" in text and "ray / torch, imagenet train" in text
