@@ -38,6 +38,13 @@ def attach(options: RayOptions) -> None:
             ray.init(address=address, log_to_driver=False, configure_logging=False)
             log.info("gpupipe ray: joined the Ray cluster at %s", address)
             return
+        if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
+            log.warning(
+                "gpupipe ray: no Ray address (RayOptions.address, RAY_ADDRESS) under %s ranks: this rank starts a "
+                "local Ray of its own; for one cluster shared by every rank, start it (ray start --head) and set "
+                "RAY_ADDRESS",
+                os.environ["WORLD_SIZE"],
+            )
         os.environ.update(LOOPBACK_ENV)  # before ray reads it (its workers inherit it too)
         _reload_constants()
         ray.init(
@@ -62,7 +69,8 @@ def detach() -> None:
         if _users <= 0:
             import ray
 
-            ray.shutdown()
+            if ray.is_initialized():
+                ray.shutdown()
             _started, _users = False, 0
             log.info("gpupipe ray: the local Ray is shut down")
 

@@ -135,9 +135,9 @@ class RayRunner:
                 label_tensor = None if labels is None else self._tensor(labels)
                 yield RawBatch(views, label_tensor, list(keys), tuple((i, f.error()) for i, f in failed))
         finally:
-            if pending:
-                import ray
+            import ray
 
+            if pending and ray.is_initialized():  # (at exit Ray may be shut down first: a call would start one)
                 for _, ref in pending:
                     ray.cancel(ref)
 
