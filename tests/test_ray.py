@@ -119,3 +119,18 @@ def test_the_scale_out_benchmark_runs(tmp_path):
     (report,) = (tmp_path / "out").iterdir()
     text = report.read_text()
     assert "2 worker nodes / 1, dino" in text and "ray / torch, imagenet train" in text
+
+
+@pytest.mark.slow
+def test_torchrun_ranks_share_one_cluster(tmp_path, shards):
+    """Two torchrun ranks (gloo), each a driver of one loopback cluster given by RAY_ADDRESS: each
+    yields its own share of the epoch, every sample once over both, in equal batch counts."""
+    out = str(tmp_path / "keys")
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "support", "ray_torchrun.py"), out, *shards],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    ranks = [json.loads((tmp_path / f"keys.rank{r}.json").read_text()) for r in range(2)]
+    assert all(r["address"] and r["address"].startswith("127.0.0.1:") for r in ranks)
+    assert ranks[0]["batches"] == ranks[1]["batches"]
+    keys = ranks[0]["keys"] + ranks[1]["keys"]
+    assert len(keys) == len(set(keys)) == 16
