@@ -160,7 +160,7 @@ class Loader(LoaderAttributes):
             return
         indexed = index_source(self.pipeline.source, listing, self.config, self._topo, seed=self.seed,
                                device=self._device, skips=self._skips, shards_ahead=self._shards_ahead())  # fmt: skip
-        old = (self.index, self._excluded, self.plan_spec, self._listing)
+        old = Indexed(self.index, self._excluded, self.plan_spec, self._listing)
         self._use(indexed)
         backend = backends.get(self.backend)
         runners: list[backends.Runner] = []
@@ -172,8 +172,7 @@ class Loader(LoaderAttributes):
             for r in runners:
                 r.close()
             indexed.index.close()
-            self.index, self._excluded, self.plan_spec, self._listing = old
-            self._len = self.plan_spec.num_batches
+            self._use(old)
             raise
         for r in self._runners:
             r.close()

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from ._plan import Layout, PlanSpec, RankPlan, elastic_plan, rank_plan, unexcluded
+from ._plan import Layout, PlanSpec, RankPlan, elastic_plan, good_sizes, rank_plan, unexcluded
 from .sources import Index, Source
 from .sources._mix import MixCounts, MixIndex
 
@@ -30,10 +30,11 @@ def _rng(seed: int, epoch: int, *more: int) -> np.random.Generator:
     return np.random.default_rng([seed & 0xFFFFFFFFFFFFFFFF, epoch, 0x6D6978, *more])
 
 
-def mix_digest(mix: MixCounts, good_sizes: np.ndarray) -> str:
-    """A short digest of what the mix draws from and how many (for ``PlanSpec.mix``)."""
+def mix_digest(mix: MixCounts, shard_sizes: np.ndarray) -> str:
+    """A short digest of what the mix draws from (its shards' sizes) and how many (for
+    ``PlanSpec.mix``; the samples left out are ``PlanSpec.mask``'s)."""
     doc = repr((mix.counts, [(r.start, r.stop) for r in mix.shards], mix.replacement))
-    digest = hashlib.sha1(doc.encode() + np.ascontiguousarray(good_sizes, "<i8").tobytes()).hexdigest()[:16]
+    digest = hashlib.sha1(doc.encode() + np.ascontiguousarray(shard_sizes, "<i8").tobytes()).hexdigest()[:16]
     return f"{sum(mix.counts)}:{digest}"
 
 
@@ -123,57 +124,45 @@ class Selection:
 def select(mix: MixCounts, shard_sizes: np.ndarray, excluded: np.ndarray, *, seed: int, epoch: int) -> Selection:
     """The entries of ``epoch``: see the module docstring and ``gp.Mix``."""
     shard_sizes = np.asarray(shard_sizes, np.int64)
-    offsets = np.concatenate([[0], np.cumsum(shard_sizes)])
-    bad = np.bincount(np.searchsorted(offsets, excluded, side="right") - 1, minlength=len(shard_sizes))
-    good_sizes = shard_sizes - bad[: len(shard_sizes)]
-    good_offsets = np.concatenate([[0], np.cumsum(good_sizes)])
-    sizes, shard, passes, whole = [], [], [], []
+    good = good_sizes(shard_sizes, excluded)
+    sizes, shard, passes, whole = [], [], [], []  # per pass of a source: one entry per shard of it
     fixed: dict[int, np.ndarray] = {}
-    count = 0
+
+    def add(ids: np.ndarray, m: np.ndarray, p: int, complete: np.ndarray) -> None:
+        sizes.append(m)
+        shard.append(ids)
+        passes.append(np.full(len(ids), p))
+        whole.append(complete)
+
     for i, (c, shards) in enumerate(zip(mix.counts, mix.shards, strict=True)):
-        ids = np.arange(shards.start, shards.stop, dtype=np.int64)
-        g = good_sizes[ids]
-        n = int(g.sum())
         if c == 0:
             continue
+        ids = np.arange(shards.start, shards.stop, dtype=np.int64)
+        g = good[ids]
         rng = _rng(seed, epoch, 1 << 40, i)
         if not mix.replacement:
-            q, r = divmod(c, n)
+            q, r = divmod(c, int(g.sum()))
             for p in range(q):
-                sizes.append(g)
-                shard.append(ids)
-                passes.append(np.full(len(ids), p))
-                whole.append(np.ones(len(ids), bool))
+                add(ids, g, p, np.ones(len(ids), bool))
             if r:
                 m = spread(rng, g, r)
-                sizes.append(m)
-                shard.append(ids)
-                passes.append(np.full(len(ids), q))
-                whole.append(m == g)
-            count += len(ids) * (q + (r > 0))
+                add(ids, m, q, m == g)
             continue
         # with replacement: c independent draws; the p-th copy of a sample is in pass p
-        drawn = np.sort(rng.integers(0, n, size=c))
+        drawn = np.sort(rng.integers(0, int(g.sum()), size=c))
         copy = np.arange(c) - np.searchsorted(drawn, drawn, side="left")
         local_offsets = np.concatenate([[0], np.cumsum(g)])
         for p in range(int(copy.max()) + 1):
             these = drawn[copy == p]
-            where = np.searchsorted(local_offsets, these, side="right") - 1
-            m = np.bincount(where, minlength=len(ids))
-            starts = np.concatenate([[0], np.cumsum(m)])
+            m = np.bincount(np.searchsorted(local_offsets, these, side="right") - 1, minlength=len(ids))
+            starts, first = np.concatenate([[0], np.cumsum(m)]), sum(len(s) for s in sizes)
             for j in np.flatnonzero(m).tolist():
-                fixed[count + j] = these[starts[j] : starts[j + 1]] - local_offsets[j]
-            sizes.append(m)
-            shard.append(ids)
-            passes.append(np.full(len(ids), p))
-            whole.append(np.zeros(len(ids), bool))
-            count += len(ids)
-    cat = (lambda parts, dtype: np.concatenate(parts).astype(dtype)) if sizes else (lambda _, dtype: np.zeros(0, dtype))
-    sel_sizes = cat(sizes, np.int64)
-    for v in np.flatnonzero(sel_sizes == 0).tolist():
-        fixed.setdefault(v, np.zeros(0, np.int64))
-    return Selection(sel_sizes, cat(shard, np.int64), cat(passes, np.int64), cat(whole, bool), good_sizes,
-                     good_offsets, np.asarray(excluded, np.int64), int(offsets[-1]), seed, epoch, fixed)  # fmt: skip
+                fixed[first + j] = these[starts[j] : starts[j + 1]] - local_offsets[j]
+            add(ids, m, p, np.zeros(len(ids), bool))
+    # (a Mix counts at least one sample: sizes is not empty)
+    return Selection(np.concatenate(sizes), np.concatenate(shard), np.concatenate(passes), np.concatenate(whole), good,
+                     np.concatenate([[0], np.cumsum(good)]), np.asarray(excluded, np.int64), int(shard_sizes.sum()),
+                     seed, epoch, fixed)  # fmt: skip
 
 
 def mixed_plan(selection: Selection, spec: PlanSpec, layout: Layout | None, *, sequential: bool, rank: int) -> RankPlan:

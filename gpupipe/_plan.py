@@ -32,6 +32,7 @@ __all__ = [
     "remaining",
     "elastic_plan",
     "unexcluded",
+    "good_sizes",
 ]
 
 
@@ -202,9 +203,8 @@ def rank_plan(
     shard_sizes = np.asarray(shard_sizes, dtype=np.int64)
     if excluded is not None and len(excluded):
         excluded = np.asarray(excluded, dtype=np.int64)
-        offsets = np.concatenate([[0], np.cumsum(shard_sizes)])
-        per_shard = np.bincount(np.searchsorted(offsets, excluded, side="right") - 1, minlength=len(shard_sizes))
-        plan = rank_plan(shard_sizes - per_shard, spec, sequential=sequential, seed=seed, epoch=epoch, rank=rank)
+        plan = rank_plan(good_sizes(shard_sizes, excluded), spec, sequential=sequential, seed=seed, epoch=epoch,
+                         rank=rank)  # fmt: skip
         return dataclasses.replace(plan, samples=unexcluded(plan.samples, excluded))
     offsets = np.concatenate([[0], np.cumsum(shard_sizes)]).astype(np.int64)
     total = int(offsets[-1])
@@ -231,6 +231,12 @@ def rank_plan(
     # past the excluded ones by the caller)
     mine, valid = _padded(mine, math.ceil(total / world_size), None)
     return RankPlan(mine, valid, batch_size, batches, seed, epoch)
+
+
+def good_sizes(shard_sizes: np.ndarray, excluded: np.ndarray) -> np.ndarray:
+    """Each shard's samples less those of ``excluded`` (sorted global sample numbers) in it."""
+    offsets = np.concatenate([[0], np.cumsum(shard_sizes)])
+    return shard_sizes - np.bincount(np.searchsorted(offsets, excluded, side="right") - 1, minlength=len(shard_sizes))
 
 
 def unexcluded(good: np.ndarray, excluded: np.ndarray) -> np.ndarray:

@@ -57,7 +57,7 @@ class Mix(Source):
 
     Plan cost: the epoch's draw is made per shard when a rank reads it, except with
     ``replacement=True``, which draws a source's whole count up front (``O(count)`` per rank,
-    NumPy; about 0.1 s per 10 M samples).
+    NumPy; about 1.2 s per 10 M samples on one core of the 2-core development machine).
 
     Example:
         >>> import gpupipe as gp

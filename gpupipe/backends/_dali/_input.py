@@ -29,12 +29,11 @@ from ..._imageinfo import MAX_IMAGE_PIXELS
 from ..._plan import RankPlan
 from ..._random import step_factors
 from ...sources import NO_LABEL, Index, Located, RawSample
-from ...sources._mix import MixIndex
 from ...storage import MappedFile
 from ...transforms import Transform
 from .._base import donor, fill
 from ._context import Lowered
-from ._host import HostEnv, evaluate, failures
+from ._host import SOURCE, HostEnv, evaluate, failures
 
 __all__ = ["READ_THREADS", "FeedBatch", "Buffers", "Maps", "BatchReader"]
 
@@ -190,6 +189,7 @@ class BatchReader:
                  buffers: Buffers, maps: Maps | None, pool: ThreadPoolExecutor, ahead: int,
                  skip: bool = False, max_pixels: int | None = MAX_IMAGE_PIXELS) -> None:  # fmt: skip
         self.index, self.plan, self.lowered, self.views = index, plan, lowered, views
+        self.by_source = any(feed.value is SOURCE for feed in lowered.feeds.values())  # a per_source graph
         self.max_pixels = max_pixels
         self.buffers, self.maps, self.pool, self.ahead, self.skip = buffers, maps, pool, ahead, skip
         self._pending: dict[int, Future[FeedBatch]] = {}
@@ -343,8 +343,8 @@ class BatchReader:
             return drawn[view, step]
 
         sources = None
-        if isinstance(self.index, MixIndex):  # (a draw number is a sample number, plus len(index) per copy)
-            sources = self.index.source_of(np.asarray(samples, np.int64) % len(self.index))
+        if self.by_source:  # (a draw number is a sample number, plus len(index) per copy)
+            sources = self.index.source_of(np.asarray(samples, np.int64) % len(self.index))  # type: ignore[attr-defined]
         return HostEnv(sizes, factors, sources=sources)
 
     def feeds(self, samples: np.ndarray, sizes: np.ndarray) -> dict[str, np.ndarray]:
