@@ -154,6 +154,13 @@ class RayOptions:
             ``max_retries``). Default 3.
         local_cpus: CPUs of the local Ray this loader may start. ``None`` (default): the
             machine's.
+        normalize_on_rank: run each view's closing ``ToDtype`` / ``Normalize`` steps on the
+            rank, on its device, after the batch arrives, instead of in the task: the object
+            store and the network then carry uint8 images, a quarter of float32's bytes (DINO's
+            10 views: 0.52 MB an image instead of 2.1 MB). The values are the same on the CPU
+            (bit for bit) and within float rounding on a GPU. ``None`` (default): on the rank
+            when its device is a GPU (where the steps cost next to nothing), in the task on a
+            CPU device (where they would take the training process's CPU time).
     """
 
     _: dataclasses.KW_ONLY
@@ -163,6 +170,7 @@ class RayOptions:
     timeout: float = 300.0
     max_retries: int = 3
     local_cpus: int | None = None
+    normalize_on_rank: bool | None = None
 
     def __post_init__(self) -> None:
         owner = "RayOptions"
@@ -175,6 +183,8 @@ class RayOptions:
             raise ConfigError(f"{owner}: timeout must be a number of seconds > 0, got {self.timeout!r}")
         check_int(owner, self.max_retries, "max_retries", minimum=0)
         check_optional_int(owner, self.local_cpus, "local_cpus", minimum=1)
+        if self.normalize_on_rank is not None and not isinstance(self.normalize_on_rank, bool):
+            raise ConfigError(f"{owner}: normalize_on_rank must be True, False or None, got {self.normalize_on_rank!r}")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -33,6 +33,7 @@ class TestRayOptions:
         check_invalid(lambda: gp.RayOptions(in_flight=0), "in_flight must be")
         check_invalid(lambda: gp.RayOptions(timeout=-1), "timeout must be")
         check_invalid(lambda: gp.RayOptions(max_retries=-1), "max_retries must be")
+        check_invalid(lambda: gp.RayOptions(normalize_on_rank=1), "normalize_on_rank must be")  # type: ignore[arg-type]
         check_invalid(lambda: gp.LoaderConfig(4, ray={"address": "auto"}), "ray must be a gp.RayOptions")  # type: ignore[arg-type]
         assert gp.LoaderConfig(4).ray == gp.RayOptions()
 
@@ -66,6 +67,67 @@ class TestSameAsTorch:
         with gp.Loader(pipe, 4, backend="ray", memory_format=torch.channels_last) as loader:
             images = next(iter(loader)).images
         assert images.shape == (4, 3, 16, 16) and images.is_contiguous(memory_format=torch.channels_last)
+
+
+class TestNormalizeOnRank:
+    """Each view's closing ToDtype / Normalize run on the rank: uint8 through the object store,
+    the same values as the torch backend."""
+
+    NORM = (T.ToDtype(torch.float32, scale=True), T.Normalize(mean=(0.5, 0.4, 0.3), std=(0.2, 0.3, 0.4)))
+
+    def test_split(self):
+        from gpupipe.backends._ray._runner import split_finish
+
+        crop, jitter = T.RandomResizedCrop(8), T.ColorJitter(0.4)
+        tasks, finish = split_finish(((crop, *self.NORM), (crop,), (crop, T.ToDtype(torch.float32), jitter)), False)
+        assert tasks == ((crop,), (crop,), (crop, T.ToDtype(torch.float32), jitter))  # jitter draws: it stays
+        assert finish == (self.NORM, (), ())
+        float_then_norm = (crop, T.ToDtype(torch.float32, scale=True), jitter, self.NORM[1])  # not uint8 at the cut
+        assert split_finish((float_then_norm,), False) == ((float_then_norm,), ((),))
+        assert split_finish(((crop, T.ToDtype(torch.uint8)),), False)[1] == ((),)  # nothing gained
+        assert split_finish(((crop, *self.NORM), (crop, *self.NORM)), True) == (((crop,), (crop,)), (self.NORM,) * 2)
+        unlike = ((crop, *self.NORM), (crop, self.NORM[0]))  # per_source lists closing differently: none moved
+        assert split_finish(unlike, True) == (unlike, ((), ()))
+
+    @pytest.mark.gpu
+    def test_on_a_gpu_within_float_rounding_of_torch(self, shards, ray_session, clean_env):
+        pipe = gp.Pipeline(shards, [T.RandomResizedCrop(16), *self.NORM])
+        got = {}
+        for name in ("torch", "ray"):
+            with gp.Loader(pipe, 4, backend=name, device="cuda", seed=3, num_workers=2) as loader:
+                got[name] = [b.images for b in loader]
+                if name == "ray":
+                    assert "Normalize, ToDtype" in repr(loader)  # the default on a GPU
+        for a, b in zip(got["torch"], got["ray"], strict=True):
+            assert a.is_cuda and b.is_cuda and torch.allclose(a, b, atol=1e-5)
+
+    def test_by_default_on_a_gpu_only(self):
+        from gpupipe.backends._ray._runner import normalizes_on_rank
+
+        assert normalizes_on_rank(None, torch.device("cuda", 1)) and not normalizes_on_rank(None, torch.device("cpu"))
+        assert normalizes_on_rank(True, torch.device("cpu")) and not normalizes_on_rank(False, torch.device("cuda"))
+
+    @pytest.mark.parametrize("memory_format", [torch.contiguous_format, torch.channels_last])
+    def test_same_values_as_torch_and_as_in_the_task(self, shards, tmp_path, ray_session, clean_env, memory_format):
+        """Bit-identical to the torch backend and to the ray backend without the option, a batch
+        of only damaged samples included (zeros, as on torch)."""
+        from .support.data import truncated_jpeg
+
+        bad = {n: {"jpg": truncated_jpeg(n)} for n in range(4)}
+        damaged = write_webdataset_shards(str(tmp_path), (4, 3), patch=bad, prefix="allbad")
+        views = [[T.RandomResizedCrop(16), *self.NORM], [T.CenterCrop(8), T.ToDtype(torch.float32, scale=True)]]
+        got, on_rank = {}, gp.RayOptions(normalize_on_rank=True)
+        for name, options in (("torch", {}), ("ray", {"ray": on_rank}), ("ray-in-task", {})):
+            with gp.Loader(gp.Pipeline(damaged, views=views), 4, backend=name.split("-")[0], num_workers=2, seed=1,
+                           on_error="skip", max_skipped=None, memory_format=memory_format,
+                           **options) as loader:  # fmt: skip
+                got[name] = [b.views for b in loader]
+                if name == "ray":
+                    assert "on_rank" in repr(loader) and "Normalize, ToDtype" in repr(loader)
+        assert not got["torch"][0][0].any()  # the first batch: every sample damaged
+        for other in ("ray", "ray-in-task"):
+            for a, b in zip(got["torch"], got[other], strict=True):
+                assert all(torch.equal(x, y) and x.stride() == y.stride() for x, y in zip(a, b, strict=True))
 
 
 def test_a_local_ray_starts_with_its_loader_and_ends_with_it(shards, clean_env):
@@ -106,6 +168,33 @@ def test_a_cluster_on_loopback_loses_a_node_mid_epoch(tmp_path):
     assert result["nodes_before"] == 3 and result["nodes_after"] == 2, result
     assert result["same"] and len(result["lost_node_epoch"]) == 48
     assert result["timeout"].startswith("ray backend: no batch in 3 s") and result["timeout_s"] < 30, result
+
+
+@pytest.mark.slow
+def test_a_file_that_crashes_the_decoder_gets_the_torch_backends_verdict(tmp_path):
+    """A task whose decoder crashes (SIGSEGV) on a file, on every try: the batch's samples are
+    probed alone in a sandbox, the file is refused as undecodable (skipped and counted, or raised
+    naming it), the batch is run again, and the next epoch skips it without a crash — the verdict
+    the torch backend gives the same file (tests/test_processes.py). A task that hangs on a file
+    past RayOptions.timeout: the same, the file refused as hung."""
+    from .support.checkers import crasher
+
+    shards = write_webdataset_shards(str(tmp_path), (16,), prefix="crash", patch={5: {"jpg": crasher()}})
+    out = tmp_path / "result.json"
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "support", "ray_crash.py"), str(out),
+                           *shards], capture_output=True, text=True, timeout=300, cwd=ROOT)  # fmt: skip
+    assert proc.returncode == 0 and out.exists(), proc.stderr[-4000:]
+    result = json.loads(out.read_text())
+    expected = sorted(f"img/00/{n:06d}" for n in range(16) if n != 5)
+    assert [sorted(keys) for keys in result["epochs"]] == [expected, expected]
+    ((key, kind, reason),) = result["skipped"]
+    assert key == "img/00/000005" and kind == "undecodable"
+    assert "cannot be decoded: it killed the process decoding it" in reason and "SIGSEGV" in reason
+    name, key, message = result["raised"]
+    assert name == "SampleError" and key == "img/00/000005" and "killed the process decoding it" in message
+    assert result["hung_keys"] == [f"img/00/{n:06d}" for n in (0, 1, 3, 4, 5)]  # a hung task: probed the same way
+    ((key, kind, reason),) = result["hung"]
+    assert key == "img/00/000002" and kind == "undecodable" and "did not finish in 3 s" in reason
 
 
 @pytest.mark.slow

@@ -4,15 +4,25 @@ returns the batch as NumPy arrays in Ray's object store; the rank maps them as t
 the CPU; one copy to a GPU).
 
 Tasks, not actors: a task whose worker or node dies is run again elsewhere by Ray itself
-(``max_retries``), with nothing to restart or re-place, and Ray spreads tasks over whatever CPUs the
-cluster has. What an actor would keep — the index, the transforms — is put in the object store once
-per runner and kept by each worker process the first time one of its tasks needs it (a few cached
-jobs per process), so a task carries only its batch's sample numbers.
+(``max_retries``), with nothing to restart or re-place; Ray spreads tasks over whatever CPUs the
+cluster has, shared by every rank that submits, where actors would hold a fixed share of CPUs per
+rank for the loader's life (and wait, placed nowhere, when a node is lost and no CPU is free). What
+an actor would keep — the index, the transforms — is put in the object store once per runner and
+kept by each worker process the first time one of its tasks needs it (a few cached jobs per
+process), so a task carries only its batch's sample numbers. Measured (bench/scale_out.py, 2
+cores): a pool of actors is 1.03-1.13x the tasks' throughput there, the owner's round trip between
+one task of a worker and the next, which a CPU-starved machine stretches.
+
+Each view's closing ``ToDtype`` / ``Normalize`` can run on the rank instead (``split_finish``,
+``RayOptions.normalize_on_rank``): the batch then crosses as uint8. A batch whose task crashes its
+worker on every try, or hangs, has its samples probed in a sandbox, as the torch backend does
+(``culprits``): the culprit is refused, the batch run again.
 """
 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 import uuid
 import warnings
@@ -20,17 +30,20 @@ from collections.abc import Generator, Iterator
 from typing import Any
 
 import numpy as np
+import ray
 import torch
 
 from ..._errors import ClosedError, WorkerError
+from ..._pipeline import Pipeline
 from ..._plan import RankPlan
 from ...sources import Index
-from ...transforms import ImageSpec, Transform
+from ...transforms import ImageSpec, Normalize, ToDtype, Transform
 from .._base import RawBatch, Runs, RunSpec
-from .._torch._runner import _Collate, _Failure, _Samples, batch_items
+from .._torch._kernels import LOWERINGS
+from .._torch._runner import Item, _Collate, _Failure, _Samples, batch_items, culprits
 from . import _cluster
 
-__all__ = ["RayRunner", "Job", "run_batch"]
+__all__ = ["RayRunner", "Job", "run_batch", "split_finish", "normalizes_on_rank"]
 
 log = logging.getLogger("gpupipe")
 
@@ -38,16 +51,57 @@ CACHED_JOBS = 4  # jobs (indexes and transforms) a worker process keeps
 TASK_PINS = 2  # remote shards a worker process keeps pinned in the node's cache
 
 
+FINISHING = (ToDtype, Normalize)  # pointwise and deterministic: as cheap on the rank's batch
+
+
+def split_finish(
+    views: tuple[tuple[Transform, ...], ...], per_source: bool
+) -> tuple[tuple[tuple[Transform, ...], ...], tuple[tuple[Transform, ...], ...]]:
+    """Each view's steps split in two: what its tasks run, and its closing ``ToDtype`` /
+    ``Normalize`` steps from the last point where the image is still uint8, which the rank runs on
+    the batch (``RayOptions.normalize_on_rank``). Their draws are unchanged: the steps moved are
+    the last ones and draw nothing. ``per_source`` lists are split only where all close alike
+    (the rank does not know each sample's source)."""
+    tasks, finish = [], []
+    for steps in views:
+        specs = Pipeline._check(steps, "")
+        cut = len(steps)
+        while cut and isinstance(steps[cut - 1], FINISHING):
+            cut -= 1
+        cuts = [c for c in range(cut, len(steps)) if specs[c].dtype == torch.uint8]
+        cut = cuts[0] if cuts and specs[-1].dtype != torch.uint8 else len(steps)
+        tasks.append(steps[:cut])
+        finish.append(steps[cut:])
+    if per_source and len(set(finish)) > 1:
+        return views, tuple(() for _ in views)
+    return tuple(tasks), tuple(finish)
+
+
+def normalizes_on_rank(option: bool | None, device: torch.device) -> bool:
+    """``RayOptions.normalize_on_rank``: ``None`` means on a GPU device only."""
+    return option if option is not None else device.type != "cpu"
+
+
 class Job:
     """What every task of one runner needs: the index, the transforms and how to collate."""
 
-    def __init__(self, spec: RunSpec) -> None:
+    def __init__(self, spec: RunSpec, views: tuple[tuple[Transform, ...], ...]) -> None:
         self.index: Index = spec.index
-        self.views: tuple[tuple[Transform, ...], ...] = spec.views
+        self.views = views  # the tasks' part of each view (``split_finish``)
         self.max_pixels, self.exif = spec.config.max_image_pixels, spec.config.apply_exif_orientation
         self.per_source, self.skip = spec.per_source, spec.skip
         self.outputs: tuple[ImageSpec, ...] | None = spec.outputs
+        if spec.outputs is not None:  # what the tasks' part ends in
+            self.outputs = tuple(
+                dataclasses.replace(out, dtype=Pipeline._check(steps, "")[-1].dtype)
+                for out, steps in zip(spec.outputs, views[:1] if spec.per_source else views, strict=True)
+            )
         self.channels_last = spec.config.channels_last
+
+    def samples(self) -> _Samples:
+        """The torch backend's dataset of the job's samples (in the rank: to probe a batch whose
+        task crashed, in a sandbox)."""
+        return _Samples(self.index, self.views, max_pixels=self.max_pixels, exif=self.exif, per_source=self.per_source)
 
     def make(self) -> tuple[_Samples, _Collate]:
         """The torch backend's pieces, in a worker process. A remote storage there pins only the
@@ -56,28 +110,26 @@ class Job:
         storage = getattr(self.index.reader, "storage", None)
         if storage is not None and storage.remote:
             storage.keep = TASK_PINS
-        samples = _Samples(self.index, self.views, max_pixels=self.max_pixels, exif=self.exif,
-                           per_source=self.per_source)  # fmt: skip
-        return samples, _Collate(self.skip, self.outputs, self.index.labeled, self.channels_last)
+        return self.samples(), _Collate(self.skip, self.outputs, self.index.labeled, self.channels_last)
 
 
 _jobs: collections.OrderedDict[str, tuple[_Samples, _Collate]] = collections.OrderedDict()
 
 
-def run_batch(token: str, job: list[Any], items: list[tuple[int, int, int, int]]) -> Any:
+def run_batch(token: str, job: list[Any], items: list[Item], poisoned: dict[int, _Failure] | None = None) -> Any:
     """One batch, in a Ray worker: ``(images, labels, keys, failed)`` — images as NumPy arrays
     (``[B, C, H, W]``, or ``[B, H, W, C]`` for channels_last), labels int64 ``[B]`` or None — or
     the ``_Failure`` of a sample that cannot be used (``on_error="raise"``). ``job`` holds the
-    runner's :class:`Job` reference, in a list so that Ray does not fetch it for every task."""
+    runner's :class:`Job` reference, in a list so that Ray does not fetch it for every task.
+    ``poisoned``: the batch's samples found to crash (or hang) their process, refused unread."""
     made = _jobs.get(token)
     if made is None:
-        import ray
-
         made = _jobs[token] = ray.get(job[0]).make()
         while len(_jobs) > CACHED_JOBS:
             _jobs.popitem(last=False)
     _jobs.move_to_end(token)
     samples, collate = made
+    samples.poisoned = poisoned or {}
     batch = collate(samples.__getitems__(items))
     if isinstance(batch, _Failure):
         return batch
@@ -88,19 +140,35 @@ def run_batch(token: str, job: list[Any], items: list[tuple[int, int, int, int]]
     return images, labels, batch.keys, batch.skipped
 
 
+class _Lost(WorkerError):
+    """A batch's task gave nothing: its worker or node died on every try, or it took longer than
+    ``RayOptions.timeout`` (``hung``)."""
+
+    def __init__(self, message: str, *, hung: bool) -> None:
+        super().__init__(message)
+        self.hung = hung
+
+
 class RayRunner:
     """Runs ``spec``'s batches as Ray tasks, at most ``in_flight`` at a time per rank."""
 
     def __init__(self, spec: RunSpec) -> None:
-        import ray
-
         self.options = spec.config.ray
         self.device, self.channels_last = spec.device, spec.config.channels_last
         _cluster.attach(self.options)
         self._attached = True
         try:
             self.in_flight = self.options.in_flight or max(2, 2 * spec.workers)
-            self._job = [ray.put(Job(spec))]
+            views = spec.views
+            self._finish: tuple[tuple[Transform, ...], ...] = tuple(() for _ in spec.views)
+            if normalizes_on_rank(self.options.normalize_on_rank, spec.device):
+                views, self._finish = split_finish(spec.views, spec.per_source)
+            if spec.per_source:  # one output: every list closes alike
+                self._finish = self._finish[:1]
+            self._local = Job(spec, views)
+            self._job = [ray.put(self._local)]
+            self._poisoned: dict[int, _Failure] = {}  # samples that crashed (or hung) their task: refused unread
+            self._probe: _Samples | None = None
             self._token = uuid.uuid4().hex
             self._task = ray.remote(run_batch).options(
                 num_cpus=self.options.num_cpus, max_retries=self.options.max_retries, retry_exceptions=False
@@ -117,51 +185,88 @@ class RayRunner:
         return self._runs.track(self._run(plan, start))
 
     def _run(self, plan: RankPlan, start: int) -> Generator[RawBatch, None, None]:
-        pending: collections.deque[tuple[int, Any]] = collections.deque()
+        pending: collections.deque[tuple[Any, frozenset[int]]] = collections.deque()
         submitted = start
         try:
             for b in range(start, plan.num_batches):
                 while submitted < plan.num_batches and len(pending) < self.in_flight:
-                    pending.append((submitted, self._task.remote(self._token, self._job, batch_items(plan, submitted))))
+                    pending.append(self._submit(plan, submitted))
                     submitted += 1
-                _, ref = pending.popleft()
-                result = self._get(ref, plan, b)
+                ref, sent = pending.popleft()
+                while True:
+                    try:
+                        result = self._get(ref, plan, b)
+                        break
+                    except _Lost as lost:
+                        if not self._blame(plan, b, sent, lost):
+                            raise WorkerError(f"{lost}; run alone in a sandbox, none of its samples crashes or hangs "
+                                              "its process") from lost.__cause__  # fmt: skip
+                        if lost.hung:  # stuck on a sample the sandbox saw hang: its worker is ended
+                            ray.cancel(ref, force=True)
+                        ref, sent = self._submit(plan, b)
                 if self._closed:  # closed from another thread while this epoch runs
                     raise ClosedError("the ray runner was closed during an epoch")
                 if isinstance(result, _Failure):
                     raise result.error()
                 images, labels, keys, failed = result
-                views = tuple(self._tensor(a) for a in images)
+                blank = len(failed) == len(keys)  # no good sample: zeros, as the torch backend's
+                views = tuple(
+                    self._finished(self._tensor(a), steps, blank) for a, steps in zip(images, self._finish, strict=True)
+                )
                 label_tensor = None if labels is None else self._tensor(labels)
                 yield RawBatch(views, label_tensor, list(keys), tuple((i, f.error()) for i, f in failed))
         finally:
-            import ray
+            # An epoch left unfinished drops its tasks in flight (at most in_flight batches, freed as
+            # they end) without ray.cancel: Ray 2.60 aborts the process that cancels a task as it
+            # completes ("Tried to complete task that was not pending", ray-project/ray#54846), a
+            # race the full test suite met.
+            pending.clear()
 
-            if pending and ray.is_initialized():  # (at exit Ray may be shut down first: a call would start one)
-                for _, ref in pending:
-                    ray.cancel(ref)
+    def _submit(self, plan: RankPlan, batch: int) -> tuple[Any, frozenset[int]]:
+        """Batch ``batch``'s task, and which of its samples it was told are poisoned."""
+        items = batch_items(plan, batch)
+        poisoned = {s: self._poisoned[s] for s, *_ in items if s in self._poisoned}
+        return self._task.remote(self._token, self._job, items, poisoned or None), frozenset(poisoned)
+
+    def _blame(self, plan: RankPlan, batch: int, sent: frozenset[int], lost: _Lost) -> bool:
+        """After a batch's task crashed its worker on every try, or hung: whether to run it again
+        because some of its samples are now refused. Each sample is run again alone in a sandbox
+        child of this process (``culprits``, the torch backend's way): those that crash it or hang
+        are refused from now on (skipped or raised, by ``on_error``), as on the torch backend."""
+        items = batch_items(plan, batch)
+        if any(s in self._poisoned and s not in sent for s, *_ in items):  # found since it was sent
+            return True
+        if self._probe is None:
+            self._probe = self._local.samples()
+            self._probe.poisoned = self._poisoned
+        found = culprits(self._probe, items, self.options.timeout)
+        if found:
+            log.warning("%s; run alone in a sandbox, %s crashed or hung its process: left out, the batch is run again",
+                        lost, ", ".join(found))  # fmt: skip
+        return bool(found)
 
     def _get(self, ref: Any, plan: RankPlan, batch: int) -> Any:
-        import ray
         from ray import exceptions as rex
 
         try:
             return ray.get(ref, timeout=self.options.timeout)
         except rex.GetTimeoutError:
-            raise WorkerError(
+            raise _Lost(
                 f"ray backend: no batch in {self.options.timeout} s (epoch {plan.epoch}, batch {batch}): the cluster "
                 f"has no free CPUs for its tasks (each reserves num_cpus={self.options.num_cpus}; cluster: "
-                f"{ray.cluster_resources().get('CPU', 0)} CPUs), or lost the node that ran them"
+                f"{ray.cluster_resources().get('CPU', 0)} CPUs), or lost the node that ran them",
+                hung=True,
             ) from None
         except rex.RayTaskError as e:  # the task raised: its own error
             cause = e.as_instanceof_cause() if hasattr(e, "as_instanceof_cause") else e
             raise cause from None
         except (rex.WorkerCrashedError, rex.NodeDiedError, rex.ObjectLostError, rex.RayError) as e:
             keys = [str(s) for s in plan.batch(batch)[0].tolist()]
-            raise WorkerError(
+            raise _Lost(
                 f"ray backend: the task of epoch {plan.epoch}, batch {batch} failed {self.options.max_retries + 1} "
                 f"times ({type(e).__name__}): its worker or node died each time; samples {', '.join(keys[:8])}"
-                f"{' ...' if len(keys) > 8 else ''}"
+                f"{' ...' if len(keys) > 8 else ''}",
+                hung=False,
             ) from e
 
     def _tensor(self, array: np.ndarray) -> torch.Tensor:
@@ -174,11 +279,21 @@ class RayRunner:
             out = out.permute(0, 3, 1, 2)
         return out if self.device.type == "cpu" else out.to(self.device)
 
+    @staticmethod
+    def _finished(view: torch.Tensor, steps: tuple[Transform, ...], blank: bool) -> torch.Tensor:
+        """``view`` after the closing steps its tasks left to the rank (``split_finish``)."""
+        if not steps:
+            return view
+        for t in steps:
+            view = LOWERINGS.lookup(t)(t, view, None)
+        return torch.zeros_like(view) if blank else view
+
     def describe(self) -> dict[str, Any]:
-        return {"in_flight": self.in_flight, "task_cpus": self.options.num_cpus}
+        on_rank = sorted({type(t).__name__ for steps in self._finish for t in steps})
+        return {"in_flight": self.in_flight, "task_cpus": self.options.num_cpus, "on_rank": ", ".join(on_rank) or None}
 
     def close(self) -> None:
-        """Stops a running epoch (its tasks in flight are cancelled), drops the job from the object
+        """Stops a running epoch (its tasks in flight end on their own), drops the job from the object
         store and detaches from Ray (a local Ray gpupipe started ends with its last loader)."""
         self._closed = True
         runs = getattr(self, "_runs", None)

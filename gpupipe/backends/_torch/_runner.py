@@ -119,6 +119,26 @@ class _Samples(Dataset["Sample | _Failure"]):
         return outputs, raw.label, raw.key
 
 
+def culprits(samples: _Samples, items: list[Item], timeout: float | None) -> list[str]:
+    """Each of ``items`` run again, alone, in a sandbox child (``gpupipe._sandbox``), after a
+    process running them died: those that crash it (or hang past ``timeout``, at most 60 s) are
+    refused from now on (``samples.poisoned``), as undecodable, naming the signal. Returns their
+    keys. The torch backend's workers and the ray backend's tasks share it, so a file gets the
+    same verdict on both."""
+    from ..._sandbox import guarded_map
+
+    found = []
+    limit = min(timeout or 60.0, 60.0)  # a sample that takes longer alone is hung
+    for (sample, *_), outcome in zip(items, guarded_map(samples.probe, items, timeout=limit), strict=True):
+        if outcome.ok or (outcome.crashed is not None and outcome.crashed not in CRASHED):
+            continue
+        raw = samples.index.read(sample)  # readable: the reading happened before the crash
+        message = f"the image of sample {raw.key!r} in shard {raw.shard!r} cannot be decoded: {outcome.reason()}"
+        samples.poisoned[sample] = _Failure(SampleError, message, raw.shard, raw.key, Damage.UNDECODABLE)
+        found.append(raw.key)
+    return found
+
+
 class _Collate:
     """Stacks a batch's samples, view by view. A sample that failed raises (its ``_Failure`` is
     the batch), or, with ``skip``, is replaced by a copy of the first good sample of the batch
@@ -265,20 +285,9 @@ class TorchRunner:
         """After a worker crashed: each sample of the batches in flight is run again, alone, in a
         sandbox child (``gpupipe._sandbox``); those that crash it (or hang) are refused from now
         on, as undecodable, naming the signal. Returns their keys."""
-        from ..._sandbox import guarded_map
-
         ahead = max(1, self._workers) * self._prefetch + 1  # what DataLoader had sent to its workers
         items = [item for batch in self._batches.batches[done - start : done - start + ahead] for item in batch]
-        found = []
-        limit = min(self._timeout or 60.0, 60.0)  # a sample that takes longer alone is hung
-        for (sample, *_), outcome in zip(items, guarded_map(self._dataset.probe, items, timeout=limit), strict=True):
-            if outcome.ok or (outcome.crashed is not None and outcome.crashed not in CRASHED):
-                continue
-            raw = self._dataset.index.read(sample)  # readable: the reading happened before the crash
-            message = f"the image of sample {raw.key!r} in shard {raw.shard!r} cannot be decoded: {outcome.reason()}"
-            self._dataset.poisoned[sample] = _Failure(SampleError, message, raw.shard, raw.key, Damage.UNDECODABLE)
-            found.append(raw.key)
-        return found
+        return culprits(self._dataset, items, self._timeout)
 
     def _iterate(self, loader: DataLoader) -> Iterator[Any]:
         """A new iteration of ``loader``: its workers are forked now, with the stack dump armed."""
