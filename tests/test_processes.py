@@ -146,6 +146,22 @@ def _session(sid: int) -> list[int]:
     return found
 
 
+def _signal_masks(pid: int) -> dict:
+    """Whether SIGINT is blocked or ignored in process ``pid``, and the masks of it and of this
+    process's threads (a blocked or ignored signal is inherited through fork and exec)."""
+
+    def status(path: str) -> dict[str, int]:
+        with open(path) as f:
+            return {k: int(v, 16) for k, v in (line.split(":") for line in f) if k in ("SigBlk", "SigIgn")}
+
+    bit = 1 << (signal.SIGINT - 1)
+    child = status(f"/proc/{pid}/status")
+    ours = {tid: status(f"/proc/self/task/{tid}/status") for tid in os.listdir("/proc/self/task")}
+    return {"blocked or ignored": bool((child["SigBlk"] | child["SigIgn"]) & bit), "child": child,
+            "this process's main thread": ours.get(str(os.getpid())),
+            "threads here with SIGINT blocked": sum(bool(m["SigBlk"] & bit) for m in ours.values())}  # fmt: skip
+
+
 def _interrupt(argv: list[str], sig: signal.Signals, *, group: bool, ready) -> tuple[int, float, list[int]]:
     """Starts ``argv`` in a session of its own, waits until ``ready(proc)``, sends ``sig`` (to the
     whole process group, as a terminal's Ctrl-C does, or to the parent alone, as ``kill -9`` or
@@ -154,10 +170,18 @@ def _interrupt(argv: list[str], sig: signal.Signals, *, group: bool, ready) -> t
     stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - closed in the finally below
     if argv[1:2] == ["-c"]:  # Python: on SIGABRT its stacks go to stderr (kept for a hang's report)
         argv = [argv[0], "-X", "faulthandler", *argv[1:]]
-    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=stderr, text=True,
-                            start_new_session=True)  # fmt: skip
+    # A test session started with Ctrl-C ignored (`make test &`, nohup) would pass that on through
+    # exec: with a handler here instead, the child starts with Ctrl-C as a terminal gives it.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=stderr, text=True,
+                                start_new_session=True)  # fmt: skip
+    finally:
+        signal.signal(signal.SIGINT, previous)
     try:
         ready(proc)
+        masks = _signal_masks(proc.pid)
+        assert sig != signal.SIGINT or not masks["blocked or ignored"], f"SIGINT cannot reach the child: {masks}"
         sent = time.monotonic()
         (os.killpg if group else os.kill)(proc.pid, sig)
         try:
