@@ -10,8 +10,8 @@ rank for the loader's life (and wait, placed nowhere, when a node is lost and no
 an actor would keep — the index, the transforms — is put in the object store once per runner and
 kept by each worker process the first time one of its tasks needs it (a few cached jobs per
 process), so a task carries only its batch's sample numbers. Measured (bench/scale_out.py, 2
-cores): a pool of actors is 1.03-1.13x the tasks' throughput there, the owner's round trip between
-one task of a worker and the next, which a CPU-starved machine stretches.
+cores, bench/results/2026-11-25-scale-out.md): a pool of actors gave 0.98-1.08x the tasks'
+throughput over three recipes (1.13x at most in a run on shorter epochs).
 
 Each view's closing ``ToDtype`` / ``Normalize`` can run on the rank instead (``split_finish``,
 ``RayOptions.normalize_on_rank``): the batch then crosses as uint8. A batch whose task crashes its
