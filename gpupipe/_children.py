@@ -34,9 +34,19 @@ __all__ = [
     "death_cause",
     "process_pool",
     "Stacks",
+    "fork_can_freeze",
 ]
 
 POLL_S = 0.25  # how often a child checks that its parent is alive
+
+
+def fork_can_freeze(version: tuple[int, ...]) -> tuple[int, int, int] | None:
+    """The CPython release that fixed gh-112275 for ``version`` (``sys.version_info[:3]``), if
+    ``version`` predates it; else ``None``. Before 3.10.15 and 3.11.10 (3.12 has the fix) a child
+    forked while another thread holds the interpreter's thread-state lock can freeze for good inside
+    ``fork``, before it runs any of its own code (seen here on 3.11.7 under load)."""
+    fixed = {(3, 10): (3, 10, 15), (3, 11): (3, 11, 10)}.get((version[0], version[1]))
+    return fixed if fixed is not None and tuple(version[:3]) < fixed else None
 
 
 def exit_with_parent(*_: object) -> None:

@@ -5,7 +5,10 @@ that a crash becomes a verdict on one item instead of the end of a training run.
 not pickled; only results travel back), one item after another; the child says which item it
 starts. A child that dies (SIGSEGV in a decoder, an abort) marks the item it was on as crashed,
 with its exit status, and a new child goes on with the next item; one that takes longer than
-``timeout`` on an item is killed and the item marked as hung. Used where gpupipe decodes suspects
+``timeout`` on an item is killed and the item marked as hung. A child that dies or freezes before
+it starts its first item (killed at birth, or frozen inside ``fork`` by CPython's gh-112275 before
+3.11.10) blames no item: another is started, up to :data:`STARTS` times in a row, then
+:class:`~gpupipe.WorkerError` is raised. Used where gpupipe decodes suspects
 (the DALI backend naming the sample DALI failed on, ``gpupipe check``) and to find the sample that
 killed a torch-backend worker.
 
@@ -18,21 +21,28 @@ from __future__ import annotations
 
 import dataclasses
 import faulthandler
+import logging
 import multiprocessing
 import signal
+import sys
 import time
 from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
 from typing import Any, Generic, TypeVar
 
-from ._children import exit_status, exit_with_parent
+from ._children import exit_status, exit_with_parent, fork_can_freeze
+from ._errors import WorkerError
 
 __all__ = ["Outcome", "guarded_map"]
+
+log = logging.getLogger("gpupipe")
 
 T = TypeVar("T")
 R = TypeVar("R")
 
 DEFAULT_TIMEOUT = 120.0  # seconds per item: a decode that takes longer is hung, not slow
+START_TIMEOUT = 30.0  # seconds for a child to start its first item (milliseconds when all is well)
+STARTS = 3  # children in a row that may fail to start before guarded_map gives up
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,30 +84,37 @@ def guarded_map(fn: Callable[[T], R], items: Sequence[T], *, timeout: float = DE
     nothing (return errors as data)."""
     context = multiprocessing.get_context("fork")
     outcomes: dict[int, Outcome[R]] = {}
-    start = 0
+    start, failed_starts = 0, 0
     while start < len(items):
         receive, send = context.Pipe(duplex=False)
         child = context.Process(target=_child, args=(send, fn, items, start), daemon=True, name="gpupipe-sandbox")
         child.start()
         send.close()
-        current, since = start, time.monotonic()
+        current, since, started = start, time.monotonic(), False
         try:
             while True:
-                if not receive.poll(max(0.0, timeout - (time.monotonic() - since))):
+                limit = timeout if started else min(timeout, START_TIMEOUT)
+                if not receive.poll(max(0.0, limit - (time.monotonic() - since))):
                     child.kill()
                     child.join()
-                    outcomes[current] = Outcome(hung=timeout)
-                    start = current + 1
+                    if started:
+                        outcomes[current] = Outcome(hung=timeout)
+                        start = current + 1
+                    else:
+                        failed_starts = _failed_start(child, f"gave no sign within {limit:g} s", failed_starts)
                     break
                 try:
                     message = receive.recv()
                 except EOFError:  # the child died: on the item it last started
                     child.join()
-                    outcomes[current] = Outcome(crashed=child.exitcode)
-                    start = current + 1
+                    if started:
+                        outcomes[current] = Outcome(crashed=child.exitcode)
+                        start = current + 1
+                    else:
+                        failed_starts = _failed_start(child, f"ended ({exit_status(child.exitcode)})", failed_starts)
                     break
                 if message[0] == "start":
-                    current, since = message[1], time.monotonic()
+                    current, since, started, failed_starts = message[1], time.monotonic(), True, 0
                 elif message[0] == "done":
                     outcomes[message[1]] = Outcome(value=message[2])
                 else:  # "end"
@@ -110,3 +127,19 @@ def guarded_map(fn: Callable[[T], R], items: Sequence[T], *, timeout: float = DE
                 child.kill()
                 child.join()
     return [outcomes[i] for i in range(len(items))]
+
+
+def _failed_start(child: multiprocessing.process.BaseProcess, what: str, failed: int) -> int:
+    """A child that never started an item: no verdict on any. Logs it, or raises after
+    :data:`STARTS` in a row; returns the new count."""
+    failed += 1
+    message = f"a gpupipe sandbox process (pid {child.pid}) {what} before it started its first item"
+    message += f" ({failed} of {STARTS} in a row)"
+    fixed = fork_can_freeze(sys.version_info[:3])
+    if fixed is not None:
+        message += (f"; Python {'.'.join(map(str, sys.version_info[:3]))} can freeze a forked process for good "
+                    f"(CPython gh-112275, fixed in {'.'.join(map(str, fixed))})")  # fmt: skip
+    if failed >= STARTS:
+        raise WorkerError(message + ": giving up", pid=child.pid, exitcode=child.exitcode)
+    log.warning("%s: starting another", message)
+    return failed

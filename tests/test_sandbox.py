@@ -13,7 +13,8 @@ import time
 import pytest
 
 import gpupipe as gp
-from gpupipe import _decode
+from gpupipe import _decode, _sandbox
+from gpupipe._children import fork_can_freeze
 from gpupipe._sandbox import guarded_map
 from gpupipe.testing import encode_jpeg, synthetic_image
 
@@ -35,6 +36,50 @@ def test_each_item_gets_an_outcome_and_the_map_goes_on():
     assert outcomes[1].crashed == -signal.SIGSEGV and "killed by SIGSEGV" in outcomes[1].reason()
     assert outcomes[3].hung == 2.0 and "did not finish in 2 s" in outcomes[3].reason()
     assert guarded_map(_crash_or_hang, []) == []
+
+
+class TestAChildThatNeverStarts:
+    """A sandbox child that freezes inside ``fork`` (CPython gh-112275 before 3.11.10) or dies at
+    birth has run no item: it blames none, and another child takes its place."""
+
+    @staticmethod
+    def _first_child(monkeypatch, tmp_path, fate, *, every: bool = False):
+        """The first sandbox child (every one, with ``every``) meets ``fate`` before its first item."""
+        marker = tmp_path / "first"
+
+        def birth(*_):
+            if every or not marker.exists():
+                marker.touch()
+                fate()
+
+        monkeypatch.setattr(_sandbox, "exit_with_parent", birth)
+        monkeypatch.setattr(_sandbox, "START_TIMEOUT", 1.0)
+
+    def test_a_child_frozen_at_birth_blames_no_item(self, monkeypatch, tmp_path, caplog):
+        self._first_child(monkeypatch, tmp_path, lambda: time.sleep(3600))
+        outcomes = guarded_map(_crash_or_hang, ["a", "b"], timeout=30.0)
+        assert [o.value for o in outcomes] == ["aa", "bb"] and all(o.ok for o in outcomes)
+        (record,) = [r for r in caplog.records if "sandbox" in r.getMessage()]
+        assert "gave no sign within 1 s before it started its first item (1 of 3 in a row)" in record.getMessage()
+        assert "starting another" in record.getMessage()
+
+    def test_a_child_dead_at_birth_blames_no_item(self, monkeypatch, tmp_path, caplog):
+        self._first_child(monkeypatch, tmp_path, lambda: os._exit(3))
+        outcomes = guarded_map(_crash_or_hang, ["a", "crash", "b"], timeout=30.0)
+        assert [o.value for o in outcomes] == ["aa", None, "bb"] and outcomes[1].crashed == -signal.SIGSEGV
+        assert any("ended (exit code 3) before it started" in r.getMessage() for r in caplog.records)
+
+    def test_children_that_never_start_raise_a_worker_error(self, monkeypatch, tmp_path):
+        self._first_child(monkeypatch, tmp_path, lambda: os._exit(3), every=True)
+        with pytest.raises(gp.WorkerError, match=r"\(3 of 3 in a row\).*giving up") as raised:
+            guarded_map(_crash_or_hang, ["a"], timeout=30.0)
+        assert raised.value.exitcode == 3
+
+    @pytest.mark.parametrize(("version", "fixed"), [
+        ((3, 11, 7), (3, 11, 10)), ((3, 10, 14), (3, 10, 15)), ((3, 11, 10), None), ((3, 12, 0), None),
+    ])  # fmt: skip
+    def test_the_pythons_whose_fork_can_freeze(self, version, fixed):
+        assert fork_can_freeze(version) == fixed
 
 
 @pytest.fixture

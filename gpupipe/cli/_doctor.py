@@ -19,6 +19,7 @@ import re
 import sys
 from typing import Any
 
+from .._children import fork_can_freeze
 from .._config import DaliOptions, DecodeMode
 from .._nvjpeg import Nvjpeg, in_process
 from ..backends._dali._strategy import ROI_FANCY_NVJPEG, Strategy, choose
@@ -274,17 +275,11 @@ def diagnose(env: Environment) -> list[Advice]:
 
 
 def _fork_advice(python: str) -> list[Advice]:
-    """CPython before 3.10.15 / 3.11.10 can freeze a forked child for good (gh-112275: the
-    interpreter's thread-state lock, held by another thread at the fork, is taken in the child
-    before it is reset; fixed in 3.12 and those releases): a torch-backend worker that never
-    starts. Seen here on 3.11.7 under load."""
+    """A Python whose fork can freeze a child for good (``fork_can_freeze``): a torch-backend worker
+    that never starts."""
     match = re.match(r"(\d+)\.(\d+)\.(\d+)", python)
-    if match is None:
-        return []
-    major, minor, micro = (int(p) for p in match.groups())
-    version = (major, minor, micro)
-    fixed = {(3, 10): (3, 10, 15), (3, 11): (3, 11, 10)}.get((major, minor))
-    if fixed is None or version >= fixed:
+    fixed = fork_can_freeze(tuple(int(p) for p in match.groups())) if match else None
+    if fixed is None:
         return []
     return [Advice(
         Level.WARNING,
