@@ -2,6 +2,7 @@
 # make test     : set up .venv if needed, then lint (ruff), type-check (mypy) and run the tests (the docs' strict build too)
 # make docs     : the documentation site in build/site (mkdocs-material; open build/site/index.html)
 # make test-gpu : the gpu-marked tests and `gpupipe doctor --run` (on a machine with a GPU)
+#                 PART=K/N: the K-th of N slices of them (doctor with the first), for runs split over calls
 # make bench-gpu: gpupipe's recipes beside DALI by hand (bench/gpu.py; a GPU machine, ~5 min); writes bench/results/
 #                 (PY=python3: use that interpreter as it is, e.g. on a machine without a package registry)
 # make lint     : ruff (lint + format check) and mypy only; make format: apply ruff's fixes and format
@@ -70,8 +71,8 @@ docs: $(SETUP)
 	@echo "open build/site/index.html"
 
 test-gpu: $(SETUP)
-	$(PY) -m gpupipe doctor --run
-	$(PY) -m pytest -q -m gpu -rs $(PYTEST_ARGS)
+	$(if $(filter-out 1/%,$(PART)),,$(PY) -m gpupipe doctor --run)
+	$(PY) -m pytest -q -m gpu -rs $(if $(PART),--part $(PART)) $(PYTEST_ARGS)
 
 bench-gpu: $(SETUP)
 	$(PY) -m gpupipe doctor

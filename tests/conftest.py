@@ -17,8 +17,29 @@ from gpupipe.testing import encode_jpeg, synthetic_image
 from .support.data import SHARD_SIZES, UNEVEN_SIZES, write_webdataset_shards
 from .support.fake_cuda import fake_cuda  # noqa: F401 - a fixture for every test module
 from .support.http_server import http_server  # noqa: F401 - a fixture for every test module
+from .support.parts import parse_part, part_slice
 from .support.s3_server import s3_endpoint  # noqa: F401 - a fixture for every test module
 from .support.targets import DIST_ENV, Target, targets
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--part", default=None, metavar="K/N",
+                     help="run the K-th of N contiguous, near-equal slices of the selected tests (a long GPU run "
+                          "split over several device calls: make test-gpu PART=K/N)")  # fmt: skip
+
+
+@pytest.hookimpl(trylast=True)  # after -m and -k have deselected theirs
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    text = config.getoption("--part")
+    if text is None:
+        return
+    try:
+        part = parse_part(text)
+    except ValueError as e:
+        raise pytest.UsageError(str(e)) from None
+    chosen = part_slice(len(items), part)
+    config.hook.pytest_deselected(items=items[: chosen.start] + items[chosen.stop :])
+    items[:] = items[chosen]
 
 
 @pytest.fixture(scope="session")

@@ -1,12 +1,16 @@
-"""The Makefile installs builds that match the driver's CUDA (dry runs: nothing is installed)."""
+"""The Makefile installs builds that match the driver's CUDA (dry runs: nothing is installed), and
+runs the gpu tests in parts."""
 
 from __future__ import annotations
 
 import os
 import shutil
 import subprocess
+import sys
 
 import pytest
+
+from .support.parts import parse_part, part_slice
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 
@@ -40,3 +44,41 @@ def test_no_driver_installs_what_ci_runs():
 def test_an_old_driver_is_refused_with_the_way_out():
     proc = dry_run("11.8")
     assert proc.returncode != 0 and "DALI 2.4 needs 12 or newer" in proc.stderr and "make CUDA=" in proc.stderr
+
+
+class TestGpuTestsInParts:
+    """``make test-gpu PART=K/N``: a lent GPU machine runs a command for 10 minutes at most, and
+    the gpu tests take longer; N calls run them all, each once."""
+
+    def test_make_passes_the_part_and_runs_doctor_with_the_first(self):
+        def dry(*args: str) -> str:
+            return subprocess.run(["make", "-n", "test-gpu", "PY=python3", *args], cwd=ROOT, capture_output=True,
+                                  text=True, timeout=60, check=True).stdout  # fmt: skip
+
+        assert "doctor --run" in dry() and "--part" not in dry()
+        assert "doctor --run" in dry("PART=1/3") and "-m gpu -rs --part 1/3" in dry("PART=1/3")
+        assert "doctor" not in dry("PART=2/3") and "-m gpu -rs --part 2/3" in dry("PART=2/3")
+
+    @pytest.mark.parametrize("count", [0, 1, 5, 548, 1000])
+    @pytest.mark.parametrize("n", [1, 2, 3, 7])
+    def test_the_parts_run_each_test_once_in_near_equal_slices(self, count, n):
+        parts = [list(range(count))[part_slice(count, (k, n))] for k in range(1, n + 1)]
+        assert [t for part in parts for t in part] == list(range(count))
+        assert max(map(len, parts)) - min(map(len, parts)) <= 1
+
+    @pytest.mark.parametrize("text", ["0/3", "4/3", "2", "a/b", "1/0", ""])
+    def test_a_bad_part_is_refused_naming_the_form(self, text):
+        with pytest.raises(ValueError, match="expected K/N with 1 <= K <= N"):
+            parse_part(text)
+
+    def test_pytest_runs_only_its_part(self):
+        def collected(part: str) -> list[str]:
+            proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                                   "--part", part, "tests/test_make.py::TestGpuTestsInParts"], cwd=ROOT,
+                                  capture_output=True, text=True, timeout=120)  # fmt: skip
+            assert proc.returncode == 0, proc.stdout + proc.stderr
+            return [line for line in proc.stdout.splitlines() if "::" in line]
+
+        parts = [collected(f"{k}/2") for k in (1, 2)]
+        assert parts[0] and parts[1] and not set(parts[0]) & set(parts[1])
+        assert len(parts[0]) + len(parts[1]) == len(collected("1/1"))
