@@ -28,10 +28,12 @@ targets of issue 23.
 from __future__ import annotations
 
 import argparse
+import atexit
 import datetime
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -149,6 +151,7 @@ def measure(recipe: str, shards: list[str], folder: str, *, gpu: bool, batch: in
 # ----------------------------------------------------------------------------- probe --
 
 PROBE_BATCHES = 3
+PROBE_TIMEOUT = 300  # seconds
 _DECODER = re.compile(r"(\w+_decoder) process #")
 _VERSION = re.compile(r"nvJPEG version: ([0-9.]+)")
 
@@ -162,26 +165,38 @@ def probe(recipe: str, shards: list[str], folder: str, *, gpu: bool, batch: int,
             "--probe-folder", folder, "--batch-size", str(batch), "--probe-threads", str(threads)]  # fmt: skip
     if not gpu:
         argv.append("--cpu")
-    out = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, "DALI_NVIMGCODEC_LOG_LEVEL": "3"},
-                         timeout=300)  # fmt: skip
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=PROBE_TIMEOUT,
+                             env={**os.environ, "DALI_NVIMGCODEC_LOG_LEVEL": "3"})  # fmt: skip
+    except subprocess.TimeoutExpired:
+        return {"decoded": f"probe gave no answer in {PROBE_TIMEOUT} s"}
     log = out.stdout + out.stderr
     decoded = next((int(m) for m in re.findall(r"PROBED (\d+)", out.stdout)), 0)
-    if out.returncode or not decoded:
+    if not decoded:  # (an exit code alone, after PROBED, is the child's teardown: the log is whole)
         return {"decoded": f"probe failed ({out.returncode}): {(log.strip().splitlines() or [''])[-1][:200]}"}
-    return decode_shares(log, decoded, gpu=gpu)
+    return decode_shares(log, decoded, gpu=gpu, hw=not gpu or _has_hw_decoder())
 
 
-def decode_shares(log: str, decoded: int, *, gpu: bool) -> dict[str, Any]:
+def _has_hw_decoder() -> bool:
+    """Whether this GPU has the hardware JPEG decoder (doctor's table of models): only then is
+    the share the log does not name the hardware decoder's."""
+    from gpupipe.cli._doctor import hw_jpeg
+
+    return hw_jpeg(torch.cuda.get_device_name()).startswith("yes")
+
+
+def decode_shares(log: str, decoded: int, *, gpu: bool, hw: bool = True) -> dict[str, Any]:
     """Shares of the ``decoded`` samples per decoder, from nvImageCodec's INFO ``log``: the CUDA
     decoder's and the CPU decoders' samples are logged one by one (``<decoder> process #i``); the
-    hardware decoder's batches are not, so its share is the rest (none without a GPU)."""
+    hardware decoder's batches are not, so its share is the rest (none without a GPU). On a GPU
+    without the hardware decoder (``hw`` false) the rest is shown as ``unlogged``, not as hw."""
     counts: dict[str, int] = {}
     for decoder in _DECODER.findall(log):
         counts[decoder] = counts.get(decoder, 0) + 1
     cpu = sum(v for k, v in counts.items() if "turbo" in k or "opencv" in k)
     cuda = counts.get("nvjpeg_cuda_decoder", 0)
-    hw = max(0, decoded - cpu - cuda) if gpu else 0
-    shares = {"hw": hw / decoded, "cuda": cuda / decoded, "cpu": cpu / decoded}
+    rest = max(0, decoded - cpu - cuda) if gpu else 0
+    shares = {"hw" if hw else "unlogged": rest / decoded, "cuda": cuda / decoded, "cpu": cpu / decoded}
     return {
         "decoded": " / ".join(f"{k} {100 * v:.0f}%" for k, v in shares.items()),
         "cpu_share": round(shares["cpu"], 3),
@@ -275,11 +290,16 @@ def ratios(rows: list[dict[str, Any]], stall: dict[str, Any], threads: int) -> d
     }
 
 
+def stem_of(out: str, date: str, device: str, *, quick: bool) -> str:
+    """The results' path without its suffix: ``<out>/<date>-<device>-gpu`` (``-quick``)."""
+    slug = re.sub(r"[^a-z0-9]+", "-", device.lower()).strip("-")
+    return os.path.join(out, f"{date}-{slug}-{'quick' if quick else 'gpu'}")
+
+
 def write(out: str, meta: dict[str, Any], rows: list[dict[str, Any]], stall: dict[str, Any],
           head: dict[str, float]) -> str:  # fmt: skip
     os.makedirs(out, exist_ok=True)
-    device = re.sub(r"[^a-z0-9]+", "-", meta["device"].lower()).strip("-")
-    stem = os.path.join(out, f"{meta['date']}-{device}-{'quick' if meta['quick'] else 'gpu'}")
+    stem = stem_of(out, meta["date"], meta["device"], quick=meta["quick"])
     with open(stem + ".json", "w") as f:
         json.dump({"meta": meta, "rows": rows, "data_stall": stall, "headline": head}, f, indent=2)
     lines = [f"# gpupipe against DALI by hand — {meta['device']}, {meta['date']}", "",
@@ -308,8 +328,13 @@ def write(out: str, meta: dict[str, Any], rows: list[dict[str, Any]], stall: dic
 
 
 def plot(rows: list[dict[str, Any]], path: str, *, title: str) -> None:
-    """Images/s per pipeline and thread count, one panel per set of images."""
-    import matplotlib
+    """Images/s per pipeline and thread count, one panel per set of images (none, said so,
+    without matplotlib: a lent GPU machine may not have it)."""
+    try:
+        import matplotlib
+    except ImportError:
+        print(f"no plot ({path}): matplotlib is not installed", flush=True)
+        return
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -354,6 +379,23 @@ def main() -> None:
         return _probe_child(args)
     gpu = torch.cuda.is_available() and not args.cpu
     cores = os.cpu_count() or 1
+    # A cache of its own: a `gpupipe tune` recorded on this machine must not make the default rows tuned ones.
+    os.environ["GPUPIPE_CACHE_DIR"] = cache = tempfile.mkdtemp(prefix="gpupipe-bench-gpu-cache-")
+    atexit.register(shutil.rmtree, cache, ignore_errors=True)
+    date = datetime.date.today().isoformat()
+    device = torch.cuda.get_device_name() if gpu else f"{cores}-core CPU (DALI CPU operators)"
+    os.makedirs(args.out, exist_ok=True)
+    # Each row as it is measured, so that a run cut short (a lent machine's 10-minute command) leaves them.
+    partial = stem_of(args.out, date, device, quick=args.quick) + ".partial.jsonl"
+    with open(partial, "w"):
+        pass
+
+    def emit(row: dict[str, Any]) -> None:
+        line = json.dumps({k: v for k, v in row.items() if k != "decoder_lines"})
+        print(line, flush=True)
+        with open(partial, "a") as f:
+            f.write(line + "\n")
+
     batch = args.batch_size or (16 if args.quick else 256)
     epochs = args.epochs or (1 if args.quick else 2)
     sets = QUICK_SETS if args.quick else SETS
@@ -377,7 +419,7 @@ def main() -> None:
                     **found,
                     **measure(recipe, shards, folder, gpu=gpu, batch=batch, threads=threads, epochs=epochs),
                 }
-                print(json.dumps({k: v for k, v in row.items() if k != "decoder_lines"}), flush=True)
+                emit(row)
                 rows.append(row)
     # Tuned against default: gp.tune's choice for the train recipe (not recorded), measured as a row.
     shards, folder, kb = made["imagenet-like"]
@@ -387,10 +429,10 @@ def main() -> None:
            **measure("gpupipe train, tuned", shards, folder, gpu=gpu, batch=batch, threads=tuned.num_workers,
                      epochs=epochs, prefetch=tuned.prefetch, hw_decoder_load=tuned.hw_decoder_load),
            "tuned": str(tuned)}  # fmt: skip
-    print(json.dumps(row), flush=True)
+    emit(row)
     rows.append(row)
     stall = data_stall(made["imagenet-like"][0], gpu=gpu, quick=args.quick)
-    print(json.dumps(stall), flush=True)
+    emit({"data_stall": stall})
     threads = default_threads if default_threads in thread_counts else thread_counts[-1]
     head = ratios(rows, stall, threads)
     import nvidia.dali
@@ -400,8 +442,8 @@ def main() -> None:
     nvjpeg = in_process()
 
     meta = {
-        "date": datetime.date.today().isoformat(),
-        "device": torch.cuda.get_device_name() if gpu else f"{cores}-core CPU (DALI CPU operators)",
+        "date": date,
+        "device": device,
         "cpus": cores,
         "python": sys.version.split()[0],
         "torch": torch.__version__,
@@ -413,7 +455,9 @@ def main() -> None:
         "quick": args.quick,
     }
     stem = write(args.out, meta, rows, stall, head)
-    print(f"wrote {stem}.md, .json, .png in {meta['seconds']} s")
+    os.remove(partial)  # all of it is in the .json now
+    wrote = ", ".join(stem + suffix for suffix in (".md", ".json", ".png") if os.path.exists(stem + suffix))
+    print(f"wrote {wrote} in {meta['seconds']} s")
     for name, test in TARGETS:
         print(f"{'MET ' if test(head) else 'MISS'} {name}")
     print("headline:", json.dumps(head))

@@ -37,6 +37,8 @@ def test_the_quick_run_writes_every_row(tmp_path):
     assert "num_workers=" in tuned["tuned"] and "gpupipe train, tuned (num_workers=" in text
     assert "A smoke run" in text and "operators=7" in result["data_stall"]["loader"]
     assert "MET " in proc.stdout or "MISS" in proc.stdout
+    assert not list((tmp_path / "out").glob("*.partial.jsonl"))  # the rows as they came: removed once all is written
+    assert f"wrote {report}, {data}, {report.with_suffix('.png')}" in proc.stdout
 
 
 def test_decode_shares_from_the_log():
@@ -51,3 +53,37 @@ def test_decode_shares_from_the_log():
     got = decode_shares(log, 64, gpu=True)
     assert got["decoded"] == "hw 62% / cuda 25% / cpu 12%" and got["nvjpeg"] == "13.3.2" and got["cpu_share"] == 0.125
     assert decode_shares("", 64, gpu=False)["decoded"] == "hw 0% / cuda 0% / cpu 0%"
+    assert decode_shares(log, 64, gpu=True, hw=False)["decoded"] == "unlogged 62% / cuda 25% / cpu 12%"
+
+
+class TestOnALentMachine:
+    """What a lent GPU machine may lack or do: no matplotlib, a probe that hangs or exits badly."""
+
+    def test_no_matplotlib_no_plot_and_said_so(self, tmp_path, monkeypatch, capsys):
+        from gpu import plot
+
+        monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
+        rows = [{"set": "imagenet-like", "recipe": "by hand", "threads": 4, "images_per_s": 1.0}]
+        plot(rows, str(tmp_path / "x.png"), title="t")
+        assert not (tmp_path / "x.png").exists() and "matplotlib is not installed" in capsys.readouterr().out
+
+    def test_a_probe_that_hangs_is_a_row_note(self, monkeypatch):
+        import gpu
+
+        def hang(argv, **kwargs):
+            raise subprocess.TimeoutExpired(argv, kwargs["timeout"])
+
+        monkeypatch.setattr(gpu.subprocess, "run", hang)
+        found = gpu.probe("gpupipe train", [], "", gpu=False, batch=4, threads=1)
+        assert found == {"decoded": f"probe gave no answer in {gpu.PROBE_TIMEOUT} s"}
+
+    def test_a_probe_that_exits_badly_after_decoding_still_counts(self, monkeypatch):
+        import gpu
+
+        log = "\n".join(f"1: libjpeg_turbo_decoder process #{i}" for i in range(8))
+        done = subprocess.CompletedProcess([], -11, stdout="PROBED 8\n", stderr=log)  # a crash at teardown
+        monkeypatch.setattr(gpu.subprocess, "run", lambda argv, **kwargs: done)
+        assert gpu.probe("gpupipe train", [], "", gpu=False, batch=4, threads=1)["cpu_share"] == 1.0
+        failed = subprocess.CompletedProcess([], 1, stdout="", stderr="boom")
+        monkeypatch.setattr(gpu.subprocess, "run", lambda argv, **kwargs: failed)
+        assert gpu.probe("gpupipe train", [], "", gpu=False, batch=4, threads=1)["decoded"] == "probe failed (1): boom"
