@@ -41,6 +41,7 @@ import argparse
 import json
 import logging
 import math
+import multiprocessing
 import os
 import sys
 import time
@@ -142,6 +143,16 @@ class Loaders:
         val_tf = v2.Compose([v2.ToImage(), v2.Resize(resize, antialias=True), v2.CenterCrop(args.image_size),
                              v2.ToDtype(torch.float32, scale=True), v2.Normalize(MEAN, STD)])  # fmt: skip
         workers = args.workers if args.workers is not None else min(8, os.cpu_count() or 1)
+        # Workers start from a fork server (Python 3.14's default on Linux), not by forking this
+        # process: it runs threads (DDP's, each DataLoader's queue feeders), and a child forked
+        # while one of them holds an interpreter lock freezes for good on CPython before 3.11.10
+        # (gh-112275; seen here as a validation worker that never answers). New workers start
+        # every epoch here, so the risk comes back every epoch. The server imports the heavy
+        # modules once (Python 3.11's does not preload this script's): a worker starts in about
+        # 0.1 s on 2 cores, instead of 1 s importing torch again.
+        context = multiprocessing.get_context("forkserver") if workers > 0 else None
+        if context is not None:
+            context.set_forkserver_preload(["torch", "torchvision.transforms.v2", "PIL.Image", "gpupipe", "webdataset"])
         if os.path.isdir(args.train):
             train_set = torchvision.datasets.ImageFolder(args.train, train_tf)
             val_set = torchvision.datasets.ImageFolder(args.val, val_tf)
@@ -150,8 +161,9 @@ class Loaders:
             self.samplers = [train_sampler]
             self.train = DataLoader(train_set, args.batch_size, sampler=train_sampler, num_workers=workers,
                                     drop_last=True, pin_memory=self.device.type == "cuda",
-                                    persistent_workers=workers > 0)  # fmt: skip
-            self.val = DataLoader(val_set, args.batch_size, sampler=val_sampler, num_workers=workers)
+                                    persistent_workers=workers > 0, multiprocessing_context=context)  # fmt: skip
+            self.val = DataLoader(val_set, args.batch_size, sampler=val_sampler, num_workers=workers,
+                                  multiprocessing_context=context)  # fmt: skip
             self.val_size, self.steps = len(val_set), len(self.train)
         else:
             import webdataset as wds  # the dev extra; pip install webdataset
@@ -177,13 +189,14 @@ class Loaders:
                 # a new shard order each epoch; every rank takes the same number of steps (DDP): its
                 # shards are read again (with_epoch) if it has fewer samples than the others
                 ds = shards(args.train, train_tf, True, args.seed + epoch)
-                loader = wds.WebLoader(ds, batch_size=None, num_workers=workers, pin_memory=pin)
+                loader = wds.WebLoader(ds, batch_size=None, num_workers=workers, pin_memory=pin,
+                                       multiprocessing_context=context)  # fmt: skip
                 return loader.with_epoch(self.steps)
 
             self._train_loader = train_loader
             self.train = train_loader(0)
             self.val = wds.WebLoader(shards(args.val, val_tf, False, args.seed), batch_size=None,
-                                     num_workers=workers, pin_memory=pin)  # fmt: skip
+                                     num_workers=workers, pin_memory=pin, multiprocessing_context=context)  # fmt: skip
             self.val_size = len(gp.WebDataset(args.val).index())
 
     def train_size(self, epoch: int) -> int:
