@@ -15,6 +15,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import faulthandler
+import mmap
 import multiprocessing
 import os
 import signal
@@ -34,6 +35,7 @@ __all__ = [
     "death_cause",
     "process_pool",
     "Stacks",
+    "Births",
     "fork_can_freeze",
 ]
 
@@ -197,3 +199,28 @@ class Stacks:
 
     def close(self) -> None:
         self.file.close()
+
+
+class Births:
+    """Which worker processes have started: a ``worker_init_fn`` (it runs :func:`exit_with_parent`
+    first) that marks its worker born in memory shared with the parent. A worker frozen inside
+    ``fork`` (:func:`fork_can_freeze`) never runs it, so the parent can tell it from a slow first
+    batch within seconds, instead of after ``worker_timeout``."""
+
+    def __init__(self, workers: int) -> None:
+        self._flags = mmap.mmap(-1, max(1, workers))  # anonymous and shared: the forked workers write to it
+
+    def __call__(self, worker_id: int) -> None:
+        exit_with_parent()
+        self._flags[worker_id] = 1
+
+    def reset(self) -> None:
+        """Before new workers fork: none born yet."""
+        self._flags[:] = bytes(len(self._flags))
+
+    def unborn(self, workers: int) -> list[int]:
+        """The ids among the first ``workers`` that have not started."""
+        return [i for i in range(workers) if not self._flags[i]]
+
+    def close(self) -> None:
+        self._flags.close()

@@ -331,3 +331,74 @@ class TestStuckWorkers:
         assert gp.LoaderConfig(4).worker_timeout == 600.0 and gp.LoaderConfig(4, worker_timeout=None)
         with pytest.raises(gp.ConfigError, match="worker_timeout must be None or a number of seconds > 0"):
             gp.LoaderConfig(4, worker_timeout=0)
+
+
+@dataclasses.dataclass(frozen=True)
+class _SlowFirst(T.ArrayFunction):
+    """Takes ``seconds`` on sample 0's white image: a slow first batch from workers that started."""
+
+    seconds: float = 2.5
+
+    def apply(self, x, xp):
+        if int(x[0, 0, 0]) == 255:
+            time.sleep(self.seconds)
+        return x
+
+
+class TestWorkersFrozenAtBirth:
+    """A torch-backend worker frozen inside fork (CPython gh-112275 before 3.11.10) never runs
+    its init: it is found within START_TIMEOUT, not worker_timeout, killed, and new workers run
+    the epoch, with no sample blamed; a slow first batch from workers that started is waited for."""
+
+    @staticmethod
+    def _freeze(monkeypatch, tmp_path, *, every: bool = False):
+        from gpupipe import _children
+        from gpupipe.backends._torch import _runner
+
+        marker = tmp_path / "frozen"
+
+        def birth(*_):
+            if every or not marker.exists():
+                marker.touch()
+                time.sleep(3600)  # as frozen in fork: the worker's own code never runs
+
+        monkeypatch.setattr(_children, "exit_with_parent", birth)
+        monkeypatch.setattr(_runner, "START_TIMEOUT", 1.0)
+
+    def _urls(self, tmp_path):
+        from .support.data import write_webdataset_shards
+
+        white = np.full((24, 32, 3), 255, np.uint8)
+        return write_webdataset_shards(str(tmp_path), (12,), prefix="birth", patch={0: {"jpg": encode_jpeg(white)}})
+
+    def test_a_worker_frozen_at_birth_is_replaced_and_no_sample_blamed(self, monkeypatch, tmp_path, caplog):
+        self._freeze(monkeypatch, tmp_path)
+        pipe = gp.Pipeline(self._urls(tmp_path), [T.Resize((16, 16))])
+        started = time.monotonic()
+        with gp.Loader(pipe, 4, backend="torch", device="cpu", num_workers=2, worker_timeout=120.0) as loader:
+            for epoch in range(2):
+                loader.set_epoch(epoch)
+                keys = [k for b in loader for k in b.keys]
+                assert sorted(keys) == [f"img/00/{n:06d}" for n in range(12)] and not loader.skipped
+        assert time.monotonic() - started < 60  # not worker_timeout's 120 s
+        (record,) = [r for r in caplog.records if "never started" in r.getMessage()]
+        assert "1 of 3 in a row" in record.getMessage() and "gh-112275" in record.getMessage()
+
+    def test_workers_that_never_start_raise_a_worker_error(self, monkeypatch, tmp_path):
+        self._freeze(monkeypatch, tmp_path, every=True)
+        pipe = gp.Pipeline(self._urls(tmp_path), [T.Resize((16, 16))])
+        with (
+            gp.Loader(pipe, 4, backend="torch", device="cpu", num_workers=1) as loader,
+            pytest.raises(gp.WorkerError, match=r"never started.*3 of 3 in a row.*Giving up"),
+        ):
+            list(loader)
+
+    def test_a_slow_first_batch_is_waited_for(self, monkeypatch, tmp_path, caplog):
+        from gpupipe.backends._torch import _runner
+
+        monkeypatch.setattr(_runner, "START_TIMEOUT", 1.0)
+        pipe = gp.Pipeline(self._urls(tmp_path), [T.Resize((16, 16)), _SlowFirst()])
+        with gp.Loader(pipe, 4, backend="torch", device="cpu", num_workers=1, worker_timeout=60.0) as loader:
+            keys = [k for b in loader for k in b.keys]
+        assert sorted(keys) == [f"img/00/{n:06d}" for n in range(12)] and not loader.skipped
+        assert "never started" not in caplog.text and "no batch from the workers" not in caplog.text

@@ -284,8 +284,8 @@ def _fork_advice(python: str) -> list[Advice]:
     return [Advice(
         Level.WARNING,
         f"Python {python} can freeze a torch-backend worker inside fork (CPython gh-112275, fixed in "
-        f"{'.'.join(map(str, fixed))}): the loader waits worker_timeout (600 s by default), then goes on with new "
-        "workers",
+        f"{'.'.join(map(str, fixed))}): the torch backend finds such a worker within 30 s and starts "
+        "another",
         f"use Python {'.'.join(map(str, fixed))} or newer (or 3.12)",
     )]  # fmt: skip
 

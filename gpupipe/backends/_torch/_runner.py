@@ -3,8 +3,11 @@ DataLoader worker processes, batches in the order of the rank's epoch plan."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
+import os
+import signal
 from collections.abc import Generator, Iterator, Sequence
 from typing import Any
 
@@ -12,11 +15,12 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
-from ..._children import CRASHED, Stacks, death_cause, exit_status, exit_with_parent
+from ..._children import CRASHED, Births, Stacks, death_cause, exit_status
 from ..._decode import decode_rgb
 from ..._errors import ClosedError, Damage, DataError, SampleError, WorkerError
 from ..._plan import RankPlan
 from ..._random import factors
+from ..._sandbox import START_TIMEOUT, STARTS
 from ...sources import Index
 from ...transforms import ImageSpec, Transform
 from .._base import RawBatch, Runs, RunSpec, donor, fill
@@ -219,6 +223,7 @@ class TorchRunner:
             per_source=spec.per_source,
         )
         self._prefetch = spec.prefetch
+        self._births = Births(spec.workers)
         self._loader: DataLoader[Sample | _Failure] | None = DataLoader(
             self._dataset,
             batch_sampler=self._batches,
@@ -227,11 +232,16 @@ class TorchRunner:
             prefetch_factor=spec.prefetch if spec.workers else None,
             persistent_workers=spec.workers > 0,
             pin_memory=self.device.type == "cuda",
-            worker_init_fn=exit_with_parent,
+            worker_init_fn=self._births,
             timeout=(spec.config.worker_timeout or 0) if spec.workers else 0,
+            # forked, whatever the platform's default (Python 3.14's is forkserver): the workers
+            # inherit the index and the births' shared memory
+            multiprocessing_context="fork" if spec.workers else None,
         )
         self._timeout = spec.config.worker_timeout
         self._stacks = Stacks() if spec.workers else None  # stuck workers' stacks, on request
+        self._watching = False  # new workers forked, not all of them born yet
+        self._failed_births = 0
         self._runs = Runs()
         self._closed = False
 
@@ -252,6 +262,11 @@ class TorchRunner:
                 except StopIteration:
                     return
                 except RuntimeError as e:  # a worker died or is stuck? PyTorch says neither how nor where
+                    if self._watching and "timed out after" in str(e):
+                        if self._frozen_at_birth(loader, plan, done):
+                            self._batches.batches = self._batches.batches[done - start :]
+                            start, batches = done, self._iterate(loader)
+                        continue  # all were born: the first batch is slow, and gets worker_timeout
                     died = self._worker_died(loader, plan, done) or self._worker_stuck(loader, plan, done, e)
                     if died is None:
                         raise
@@ -267,6 +282,8 @@ class TorchRunner:
                     start, batches = done, self._iterate(loader)  # new workers, from the first batch not yielded
                     continue
                 done += 1
+                if self._watching and not self._births.unborn(self._workers):
+                    self._watch(loader, False)
                 if self._closed:  # closed from another thread while this epoch runs
                     raise ClosedError("the torch runner was closed during an epoch")
                 if isinstance(batch, _Failure):
@@ -290,11 +307,58 @@ class TorchRunner:
         return culprits(self._dataset, items, self._timeout)
 
     def _iterate(self, loader: DataLoader) -> Iterator[Any]:
-        """A new iteration of ``loader``: its workers are forked now, with the stack dump armed."""
+        """A new iteration of ``loader``: its workers are forked now (the first time, and after
+        they were ended), with the stack dump armed and their births watched."""
         if self._stacks is None:
             return iter(loader)
+        fork = getattr(loader, "_iterator", None) is None  # (persistent workers: else they are reused)
+        if fork:
+            self._births.reset()
         with self._stacks.armed():
-            return iter(loader)
+            iterator = iter(loader)
+        if fork:
+            self._watch(loader, True)
+        return iterator
+
+    def _watch(self, loader: DataLoader, on: bool) -> None:
+        """Until every new worker is born, DataLoader waits at most START_TIMEOUT for a batch
+        (``_frozen_at_birth`` then tells a frozen worker from a slow batch); then worker_timeout."""
+        self._watching = on
+        if not on:
+            self._failed_births = 0
+        iterator = getattr(loader, "_iterator", None)
+        if iterator is not None and hasattr(iterator, "_timeout"):
+            timeout = self._timeout or 0  # (0: DataLoader waits forever)
+            iterator._timeout = timeout if not on else min(timeout or START_TIMEOUT, START_TIMEOUT)
+
+    def _frozen_at_birth(self, loader: DataLoader, plan: RankPlan, batch: int) -> bool:
+        """After START_TIMEOUT without a batch from new workers: those that never started (frozen
+        inside fork: CPython gh-112275 before 3.11.10) are killed and the workers started again,
+        no sample blamed, ``True``; ``False`` when every worker was born (the watch ends). Raises
+        after STARTS failed starts in a row."""
+        unborn = self._births.unborn(self._workers)
+        if not unborn:
+            self._watch(loader, False)
+            return False
+        iterator = getattr(loader, "_iterator", None)
+        workers = list(getattr(iterator, "_workers", ()))
+        pids = [workers[i].pid for i in unborn if i < len(workers) and workers[i].pid is not None]
+        stacks = self._stacks.dump(pids) if self._stacks is not None else ""
+        if _disown(iterator):  # SIGKILL: a frozen child may not act on SIGTERM (a handler it inherited)
+            for pid in pids:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+        self._end_workers(loader)
+        self._watching = False
+        self._failed_births += 1
+        message = (f"torch backend: worker process(es) {unborn} (pid {pids}) never started, {START_TIMEOUT:g} s after "
+                   f"they were forked (epoch {plan.epoch}, batch {batch}; {self._failed_births} of {STARTS} in a row): "
+                   "frozen inside fork, as CPython before 3.11.10 can (gh-112275; gpupipe doctor says whether yours "
+                   "can)")  # fmt: skip
+        if self._failed_births >= STARTS:
+            raise WorkerError(message + ". Giving up.", pid=pids[0] if pids else None)
+        log.warning("%s. Starting new workers; their stacks:\n%s", message, stacks or "(none answered)")
+        return True
 
     def _worker_stuck(self, loader: DataLoader, plan: RankPlan, batch: int, error: RuntimeError) -> _Stuck | None:
         """After DataLoader's ``timeout``: the workers' Python stacks (logged), then the workers
@@ -346,6 +410,7 @@ class TorchRunner:
             self._end_workers(loader)
         if self._stacks is not None:
             self._stacks.close()
+        self._births.close()
 
     @staticmethod
     def _end_workers(loader: DataLoader) -> None:
@@ -353,3 +418,18 @@ class TorchRunner:
         if iterator is not None:
             iterator._shutdown_workers()
             loader._iterator = None
+
+
+def _disown(iterator: Any) -> bool:
+    """Stops PyTorch's SIGCHLD check on ``iterator``'s workers (it would raise "DataLoader worker
+    is killed by signal" in this thread when one is killed), as its own shutdown does first;
+    ``False`` where that private API is not there (the workers are then only terminated)."""
+    try:
+        from torch.utils.data._utils import signal_handling
+
+        if getattr(iterator, "_worker_pids_set", False):
+            signal_handling._remove_worker_pids(id(iterator))
+            iterator._worker_pids_set = False
+        return True
+    except (ImportError, AttributeError, RuntimeError):
+        return False
