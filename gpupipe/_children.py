@@ -19,6 +19,7 @@ import mmap
 import multiprocessing
 import os
 import signal
+import sys
 import tempfile
 import threading
 import time
@@ -37,6 +38,7 @@ __all__ = [
     "Stacks",
     "Births",
     "fork_can_freeze",
+    "frozen_fork_cause",
 ]
 
 POLL_S = 0.25  # how often a child checks that its parent is alive
@@ -49,6 +51,16 @@ def fork_can_freeze(version: tuple[int, ...]) -> tuple[int, int, int] | None:
     ``fork``, before it runs any of its own code (seen here on 3.11.7 under load)."""
     fixed = {(3, 10): (3, 10, 15), (3, 11): (3, 11, 10)}.get((version[0], version[1]))
     return fixed if fixed is not None and tuple(version[:3]) < fixed else None
+
+
+def frozen_fork_cause(version: tuple[int, ...] | None = None) -> str:
+    """For the message about a forked child that never started: whether this Python
+    (``sys.version_info``, or ``version``) can freeze one inside ``fork`` (``fork_can_freeze``)."""
+    version = tuple(sys.version_info[:3]) if version is None else version
+    here, fixed = ".".join(map(str, version)), fork_can_freeze(version)
+    if fixed is None:
+        return f"Python {here} has the fix of CPython gh-112275 (a child frozen inside fork): not that"
+    return f"Python {here} can freeze a forked child for good (CPython gh-112275, fixed in {'.'.join(map(str, fixed))})"
 
 
 def exit_with_parent(*_: object) -> None:
@@ -208,6 +220,7 @@ class Births:
     batch within seconds, instead of after ``worker_timeout``."""
 
     def __init__(self, workers: int) -> None:
+        self._workers = workers
         self._flags = mmap.mmap(-1, max(1, workers))  # anonymous and shared: the forked workers write to it
 
     def __call__(self, worker_id: int) -> None:
@@ -218,9 +231,9 @@ class Births:
         """Before new workers fork: none born yet."""
         self._flags[:] = bytes(len(self._flags))
 
-    def unborn(self, workers: int) -> list[int]:
-        """The ids among the first ``workers`` that have not started."""
-        return [i for i in range(workers) if not self._flags[i]]
+    def unborn(self) -> list[int]:
+        """The ids of the workers that have not started."""
+        return [i for i in range(self._workers) if not self._flags[i]]
 
     def close(self) -> None:
         self._flags.close()

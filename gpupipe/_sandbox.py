@@ -24,13 +24,12 @@ import faulthandler
 import logging
 import multiprocessing
 import signal
-import sys
 import time
 from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
 from typing import Any, Generic, TypeVar
 
-from ._children import exit_status, exit_with_parent, fork_can_freeze
+from ._children import exit_status, exit_with_parent, frozen_fork_cause
 from ._errors import WorkerError
 
 __all__ = ["Outcome", "guarded_map"]
@@ -133,12 +132,8 @@ def _failed_start(child: multiprocessing.process.BaseProcess, what: str, failed:
     """A child that never started an item: no verdict on any. Logs it, or raises after
     :data:`STARTS` in a row; returns the new count."""
     failed += 1
-    message = f"a gpupipe sandbox process (pid {child.pid}) {what} before it started its first item"
-    message += f" ({failed} of {STARTS} in a row)"
-    fixed = fork_can_freeze(sys.version_info[:3])
-    if fixed is not None:
-        message += (f"; Python {'.'.join(map(str, sys.version_info[:3]))} can freeze a forked process for good "
-                    f"(CPython gh-112275, fixed in {'.'.join(map(str, fixed))})")  # fmt: skip
+    message = (f"a gpupipe sandbox process (pid {child.pid}) {what} before it started its first item ({failed} of "
+               f"{STARTS} in a row); {frozen_fork_cause()}")  # fmt: skip
     if failed >= STARTS:
         raise WorkerError(message + ": giving up", pid=child.pid, exitcode=child.exitcode)
     log.warning("%s: starting another", message)

@@ -14,7 +14,7 @@ import pytest
 
 import gpupipe as gp
 from gpupipe import _decode, _sandbox
-from gpupipe._children import fork_can_freeze
+from gpupipe._children import fork_can_freeze, frozen_fork_cause
 from gpupipe._sandbox import guarded_map
 from gpupipe.testing import encode_jpeg, synthetic_image
 
@@ -80,6 +80,10 @@ class TestAChildThatNeverStarts:
     ])  # fmt: skip
     def test_the_pythons_whose_fork_can_freeze(self, version, fixed):
         assert fork_can_freeze(version) == fixed
+        cause = frozen_fork_cause(version)
+        assert "gh-112275" in cause and (
+            f"fixed in {'.'.join(map(str, fixed))}" in cause if fixed else "has the fix" in cause
+        )
 
 
 @pytest.fixture

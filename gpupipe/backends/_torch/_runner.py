@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
-from ..._children import CRASHED, Births, Stacks, death_cause, exit_status
+from ..._children import CRASHED, Births, Stacks, death_cause, exit_status, frozen_fork_cause
 from ..._decode import decode_rgb
 from ..._errors import ClosedError, Damage, DataError, SampleError, WorkerError
 from ..._plan import RankPlan
@@ -282,7 +282,7 @@ class TorchRunner:
                     start, batches = done, self._iterate(loader)  # new workers, from the first batch not yielded
                     continue
                 done += 1
-                if self._watching and not self._births.unborn(self._workers):
+                if self._watching and not self._births.unborn():
                     self._watch(loader, False)
                 if self._closed:  # closed from another thread while this epoch runs
                     raise ClosedError("the torch runner was closed during an epoch")
@@ -336,7 +336,7 @@ class TorchRunner:
         inside fork: CPython gh-112275 before 3.11.10) are killed and the workers started again,
         no sample blamed, ``True``; ``False`` when every worker was born (the watch ends). Raises
         after STARTS failed starts in a row."""
-        unborn = self._births.unborn(self._workers)
+        unborn = self._births.unborn()
         if not unborn:
             self._watch(loader, False)
             return False
@@ -353,8 +353,7 @@ class TorchRunner:
         self._failed_births += 1
         message = (f"torch backend: worker process(es) {unborn} (pid {pids}) never started, {START_TIMEOUT:g} s after "
                    f"they were forked (epoch {plan.epoch}, batch {batch}; {self._failed_births} of {STARTS} in a row): "
-                   "frozen inside fork, as CPython before 3.11.10 can (gh-112275; gpupipe doctor says whether yours "
-                   "can)")  # fmt: skip
+                   f"{frozen_fork_cause()}")  # fmt: skip
         if self._failed_births >= STARTS:
             raise WorkerError(message + ". Giving up.", pid=pids[0] if pids else None)
         log.warning("%s. Starting new workers; their stacks:\n%s", message, stacks or "(none answered)")
