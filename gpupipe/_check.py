@@ -23,6 +23,7 @@ from typing import Any
 
 from ._children import process_pool
 from ._decode import MAX_IMAGE_PIXELS, verdicts
+from ._dist import cpu_cores
 from ._errors import ConfigError, Damage, DataError, Problem, redact
 from .sidefiles._mask import mask_url, write_mask
 from .sources import WebDataset
@@ -150,7 +151,8 @@ def check(
     max_image_pixels: int | None = MAX_IMAGE_PIXELS,
 ) -> CheckReport:
     """Validates every sample of a WebDataset: tar structure, label, image header and a full
-    decode, in ``workers`` processes (default: all cores), one shard each at a time.
+    decode, in ``workers`` processes (default: one per CPU this process may use), one shard each
+    at a time.
 
     Args:
         source: a :class:`~gpupipe.WebDataset` (its image and label extensions are used) or shard
@@ -172,7 +174,7 @@ def check(
     jobs: list[_Job] = [(u, image_exts, label_ext, max_image_pixels, source) for u in source.urls]
     if write and any("://" in u and not u.startswith("file://") for u in source.urls):
         raise ConfigError("gpupipe check: bad-sample lists are written beside local shards only; pass write=False")
-    workers = (os.cpu_count() or 1) if workers is None else workers
+    workers = cpu_cores() if workers is None else workers
     results: dict[str, tuple[int, int | None, list[Finding]]] = {}
     from tqdm import tqdm
 

@@ -152,8 +152,8 @@ class RayOptions:
             (a cluster without free CPUs, a lost node whose tasks cannot be placed). Default 300.
         max_retries: times a batch's task is run again after its worker or node died (Ray's
             ``max_retries``). Default 3.
-        local_cpus: CPUs of the local Ray this loader may start. ``None`` (default): the
-            machine's.
+        local_cpus: CPUs of the local Ray this loader may start. ``None`` (default): those
+            this process may run on (its CPU affinity).
         normalize_on_rank: run each view's closing ``ToDtype`` / ``Normalize`` steps on the
             rank, on its device, after the batch arrives, instead of in the task: the object
             store and the network then carry uint8 images, a quarter of float32's bytes (DINO's
@@ -213,8 +213,11 @@ class LoaderConfig:
             ``"cuda"`` means ``cuda:<LOCAL_RANK>`` under torchrun (``SLURM_LOCALID`` under srun).
         num_workers: worker processes that decode and transform (torch backend; DALI's CPU
             threads on the dali backend); ``None`` (default): the number ``gpupipe tune`` recorded
-            for this machine, pipeline, batch size, backend and device, else one per CPU core, up
-            to 8; ``0`` runs the torch backend in the calling process.
+            for this machine, pipeline, batch size, backend and device, else one per CPU core of
+            this rank's share, up to 8 (the CPUs the process may use, divided among the node's
+            ranks: ``LOCAL_WORLD_SIZE`` under torchrun, ``SLURM_NTASKS_PER_NODE`` under srun
+            unless it bound each task to its ``--cpus-per-task``); ``0`` runs the torch
+            backend in the calling process.
         prefetch: batches prepared ahead (per worker on torch; DALI's queue depth). ``None``
             (default): ``gpupipe tune``'s value, else 2.
         shuffle_buffer: with ``shuffle=True`` on tar shards, samples are mixed within a window of

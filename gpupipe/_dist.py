@@ -1,4 +1,4 @@
-"""The one place that knows the process's rank, world size and local GPU.
+"""The one place that knows the process's rank, world size, local GPU and share of the CPUs.
 
 Order of precedence (first that applies):
 
@@ -10,6 +10,11 @@ Order of precedence (first that applies):
 
 The local rank, which picks the GPU for ``device="cuda"``, is ``LOCAL_RANK`` (torchrun), else
 ``SLURM_LOCALID`` (srun), else none (the current CUDA device is used).
+
+A rank's share of the CPUs (what ``num_workers`` defaults to, up to 8) is the CPUs the process
+may run on (its affinity: ``taskset``, a container's cpuset, SLURM's binding), divided among the
+node's ranks (``LOCAL_WORLD_SIZE``, ``SLURM_NTASKS_PER_NODE``), unless srun bound the task to its
+own ``SLURM_CPUS_PER_TASK`` CPUs.
 """
 
 from __future__ import annotations
@@ -30,6 +35,10 @@ __all__ = [
     "topology",
     "local_rank",
     "ranks_per_node",
+    "cpu_cores",
+    "cores_per_rank",
+    "default_workers",
+    "MAX_DEFAULT_WORKERS",
     "agreed",
     "cuda_device",
     "collective_device",
@@ -106,6 +115,38 @@ def ranks_per_node() -> int | None:
     ``SLURM_NTASKS_PER_NODE`` (srun with ``--ntasks-per-node``), else ``None`` (unknown)."""
     value = _env_int("LOCAL_WORLD_SIZE")
     return _env_int("SLURM_NTASKS_PER_NODE") if value is None else value
+
+
+MAX_DEFAULT_WORKERS = 8  # more decoder workers per rank rarely pay on the defaults' pipelines
+
+
+def cpu_cores() -> int:
+    """The CPUs this process may run on: its affinity (``taskset``, a container's cpuset, SLURM's
+    binding), not the machine's count."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - macOS
+        return os.cpu_count() or 1
+
+
+def cores_per_rank(ranks: int | None = None) -> int:
+    """This rank's share of :func:`cpu_cores`: divided among ``ranks`` (default
+    :func:`ranks_per_node`, else 1) ranks that share them, as torchrun's do; whole where srun bound
+    the task to its own CPUs (no more of them than ``SLURM_CPUS_PER_TASK``). At least 1. E.g.
+    ``torchrun --nproc-per-node 8`` on 32 cores: 4; ``srun --ntasks-per-node 8 -c 4``, bound: 4.
+    """
+    cores = cpu_cores()
+    per_task = _env_int("SLURM_CPUS_PER_TASK")
+    if per_task is not None and cores <= per_task:
+        return cores
+    ranks = ranks_per_node() if ranks is None else ranks
+    return max(1, cores // max(1, ranks or 1))
+
+
+def default_workers(ranks: int | None = None) -> int:
+    """``num_workers`` left unset and not tuned: one per core of :func:`cores_per_rank`, up to
+    :data:`MAX_DEFAULT_WORKERS`."""
+    return min(cores_per_rank(ranks), MAX_DEFAULT_WORKERS)
 
 
 def cuda_device() -> str:

@@ -101,7 +101,7 @@ class Loader(LoaderAttributes):
         # Options left unset take what `gpupipe tune` recorded for this machine and pipeline, else defaults.
         key = tune_key(pipeline.views, config.batch_size, backend.name, device)
         self._run_config, workers, self.tuned = resolve_tuned(config, key)
-        self.num_workers = min(_cpu_count(), 8) if workers is None else workers
+        self.num_workers = _dist.default_workers() if workers is None else workers
         self.epoch = 0
         self._finished: int | None = None  # the epoch that ran to its end, with no set_epoch since
         self._warned_advance = False
@@ -525,12 +525,3 @@ def _release(runners: list[backends.Runner], held: list[Index]) -> None:
         runner.close()
     for index in held:
         index.close()
-
-
-def _cpu_count() -> int:
-    import os
-
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - macOS
-        return os.cpu_count() or 1

@@ -13,10 +13,11 @@ pipeline's transforms.
 
 A :class:`~gpupipe.Loader` whose options leave these unset (``None``, the defaults) takes the
 recorded values for its key, logs that it did and shows them in its repr; an option set
-explicitly is never overridden, and without a record the defaults apply (``min(cores, 8)``
-workers, ``prefetch=2``, ``hw_decoder_load=0.65``). The measurement runs the loader alone: a
-training step that shares the CPU with it (a torch step on the CPU, heavy host-side logging)
-leaves it less, so tune on the machine type that trains, and re-tune after changing the pipeline.
+explicitly is never overridden, and without a record the defaults apply (a worker per core of
+the rank's share of the CPUs, up to 8; ``prefetch=2``; ``hw_decoder_load=0.65``). The
+measurement runs the loader alone: a training step that shares the CPU with it (a torch step on
+the CPU, heavy host-side logging) leaves it less, so tune on the machine type that trains, for
+the ranks per node that train, and re-tune after changing the pipeline.
 """
 
 from __future__ import annotations
@@ -31,9 +32,11 @@ from typing import Any
 import torch
 
 from ._config import DEFAULT_HW_DECODER_LOAD, DEFAULT_PREFETCH, DaliOptions
+from ._dist import MAX_DEFAULT_WORKERS, cores_per_rank, default_workers
 from ._errors import ConfigError
 from ._tuned import Tuned, machine, tune_key
 from ._tuned import record as save_record
+from ._validate import check_optional_int
 
 __all__ = ["tune", "Tuned"]
 
@@ -44,7 +47,7 @@ NEAR = 0.97  # a setting within 3% of the best is as good: the cheaper one wins 
 
 def _candidates(cores: int, backend: str) -> list[int]:
     ladder = [1, 2, 4, 6, 8, 12, 16, 24, 32] if backend == "dali" else [1, 2, 4, 6, 8, 12, 16]
-    return sorted({w for w in ladder if w <= cores} | {min(cores, 8)})
+    return sorted({w for w in ladder if w <= cores} | {min(cores, MAX_DEFAULT_WORKERS)})
 
 
 def _best(trials: list[dict[str, Any]], cost: Callable[[dict[str, Any]], float]) -> dict[str, Any]:
@@ -54,7 +57,8 @@ def _best(trials: list[dict[str, Any]], cost: Callable[[dict[str, Any]], float])
 
 
 def tune(pipeline: Any, batch_size: int, *, seconds: float = 3.0, record: bool = True,
-         progress: Callable[[dict[str, Any]], Any] | None = None, **options: Any) -> Tuned:  # fmt: skip
+         progress: Callable[[dict[str, Any]], Any] | None = None, ranks_per_node: int | None = None,
+         **options: Any) -> Tuned:  # fmt: skip
     """Measures ``pipeline`` through a :class:`~gpupipe.Loader` of ``batch_size`` with candidate
     settings and returns (and with ``record``, records for the loaders of this machine) the
     fastest: ``num_workers`` first (``prefetch=2``), then ``prefetch`` (1-4), then on a GPU with
@@ -63,16 +67,23 @@ def tune(pipeline: Any, batch_size: int, *, seconds: float = 3.0, record: bool =
     3% of each other wins. ``options``: the loader's other options (``backend``, ``device``,
     ``on_error``, ...); the tuned ones must be left unset.
 
+    ``ranks_per_node``: the training ranks that will share this node's CPUs (default: this
+    process's ``LOCAL_WORLD_SIZE`` or ``SLURM_NTASKS_PER_NODE``, else 1). The trials give one
+    process a rank's share of the cores (:func:`~gpupipe._dist.cores_per_rank`), and the record
+    is for loaders that have that share: tune with ``ranks_per_node=8`` for an 8-GPU node.
+
     Raises:
-        ConfigError: a tuned option was passed, or ``seconds`` is not positive.
+        ConfigError: a tuned option was passed, or ``seconds`` or ``ranks_per_node`` is not
+            positive.
     """
-    from ._loader import Loader, _cpu_count
+    from ._loader import Loader
 
     for name in ("num_workers", "prefetch"):
         if options.get(name) is not None:
             raise ConfigError(f"tune: {name} is what tune chooses; leave it out")
     if seconds <= 0:
         raise ConfigError(f"tune: seconds must be positive, got {seconds!r}")
+    check_optional_int("tune", ranks_per_node, "ranks_per_node", minimum=1)
     dali_options = options.pop("dali", None) or DaliOptions()
     trials: list[dict[str, Any]] = []
 
@@ -96,10 +107,10 @@ def tune(pipeline: Any, batch_size: int, *, seconds: float = 3.0, record: bool =
     from . import backends
 
     backend, device = backends.resolve(options.get("backend", "auto"), options.get("device"))
-    cores = _cpu_count()
+    cores = cores_per_rank(ranks_per_node)
     gpu_decoder = backend.name == "dali" and device.type == "cuda"
     share = DEFAULT_HW_DECODER_LOAD if gpu_decoder else None
-    default = trial(min(cores, 8), DEFAULT_PREFETCH, share)
+    default = trial(default_workers(ranks_per_node), DEFAULT_PREFETCH, share)
     workers = _best([trial(w, DEFAULT_PREFETCH, share) for w in _candidates(cores, backend.name)],
                     lambda t: t["num_workers"])["num_workers"]  # fmt: skip
     prefetch = _best([trial(workers, p, share) for p in (1, 2, 3, 4)], lambda t: t["prefetch"])["prefetch"]
@@ -110,9 +121,10 @@ def tune(pipeline: Any, batch_size: int, *, seconds: float = 3.0, record: bool =
     tuned = Tuned(chosen["num_workers"], chosen["prefetch"], chosen["hw_decoder_load"], chosen["images_per_s"],
                   default["images_per_s"], datetime.date.today().isoformat(), tuple(trials))  # fmt: skip
     if record:
-        key = tune_key(pipeline.views, batch_size, backend.name, device)
-        path = save_record(key, tuned, {"machine": machine(device), "backend": backend.name, "device": device.type,
-                                    "batch_size": batch_size, "pipeline": repr(pipeline)})  # fmt: skip
+        key = tune_key(pipeline.views, batch_size, backend.name, device, ranks=ranks_per_node)
+        about = {"machine": machine(device, ranks_per_node), "backend": backend.name, "device": device.type,
+                 "batch_size": batch_size, "pipeline": repr(pipeline)}  # fmt: skip
+        path = save_record(key, tuned, about)
         log.info("gpupipe tune: %s; recorded in %s", tuned, path)
     return tuned
 

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from ._config import DEFAULT_HW_DECODER_LOAD, DEFAULT_PREFETCH, LoaderConfig
+from ._dist import cores_per_rank
 
 __all__ = ["Tuned", "lookup", "record", "resolve", "tune_key", "tune_file", "machine"]
 
@@ -47,8 +48,10 @@ def tune_file() -> str:
     return os.path.join(root, "tune.json")
 
 
-def machine(device: torch.device) -> str:
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+def machine(device: torch.device, ranks: int | None = None) -> str:
+    """What the record's key knows of the machine: the cores a rank has (of ``ranks`` per node,
+    default :func:`~gpupipe._dist.ranks_per_node`) and the GPU model."""
+    cores = cores_per_rank(ranks)
     gpu = "no GPU"
     if device.type == "cuda":
         try:
@@ -58,10 +61,12 @@ def machine(device: torch.device) -> str:
     return f"{cores} cores, {gpu}"
 
 
-def tune_key(views: Sequence[Sequence[Any]], batch_size: int, backend: str, device: torch.device) -> str:
-    """The record's key: this machine, the backend, the device type, the batch size and the
-    pipeline's transforms (not its source: tune on a sample of the data that trains)."""
-    what = [machine(device), backend, device.type, batch_size, [[repr(t) for t in view] for view in views]]
+def tune_key(views: Sequence[Sequence[Any]], batch_size: int, backend: str, device: torch.device, *,
+             ranks: int | None = None) -> str:  # fmt: skip
+    """The record's key: this machine (a rank's share of it, of ``ranks`` per node), the backend,
+    the device type, the batch size and the pipeline's transforms (not its source: tune on a
+    sample of the data that trains)."""
+    what = [machine(device, ranks), backend, device.type, batch_size, [[repr(t) for t in view] for view in views]]
     return hashlib.sha256(json.dumps(what).encode()).hexdigest()[:24]
 
 

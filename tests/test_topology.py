@@ -153,6 +153,49 @@ class TestCollectivesDevice:
             pass
 
 
+class TestCoresPerRank:
+    """A rank's share of the CPUs: what num_workers and tune's trials default to."""
+
+    @pytest.fixture
+    def cores(self, clean_env):
+        def set_cores(n):
+            clean_env.setattr(_dist.os, "sched_getaffinity", lambda pid: set(range(n)))
+
+        return set_cores
+
+    def test_a_single_process_has_its_affinity(self, clean_env, cores):
+        cores(12)
+        assert (_dist.cpu_cores(), _dist.cores_per_rank(), _dist.default_workers()) == (12, 12, 8)
+        cores(3)
+        assert (_dist.cores_per_rank(), _dist.default_workers()) == (3, 3)
+
+    def test_torchrun_ranks_share_the_cores(self, clean_env, cores):
+        cores(32)
+        clean_env.setenv("LOCAL_WORLD_SIZE", "8")
+        assert (_dist.cores_per_rank(), _dist.default_workers()) == (4, 4)
+        assert _dist.cores_per_rank(ranks=2) == 16  # explicit, as gpupipe tune --ranks-per-node
+        cores(4)
+        assert _dist.default_workers() == 1  # never none
+
+    def test_srun_ranks_bound_to_their_cpus_keep_them(self, clean_env, cores):
+        clean_env.setenv("SLURM_NTASKS_PER_NODE", "8")
+        clean_env.setenv("SLURM_CPUS_PER_TASK", "6")
+        cores(6)  # srun bound this task to its 6
+        assert _dist.cores_per_rank() == 6
+        cores(48)  # not bound: the 8 tasks share the node's 48
+        assert _dist.cores_per_rank() == 6
+        cores(64)
+        assert _dist.cores_per_rank() == 8
+
+    def test_the_loader_defaults_to_its_share(self, clean_env, cores, shards):
+        cores(16)
+        clean_env.setenv("LOCAL_WORLD_SIZE", "4")
+        with gp.Loader(val(shards), 2, backend="torch", device="cpu") as loader:
+            assert loader.num_workers == 4
+        with gp.Loader(val(shards), 2, backend="torch", device="cpu", num_workers=1) as loader:
+            assert loader.num_workers == 1
+
+
 class TestDevicePerRank:
     """Which GPU a loader uses, decided once (_dist / backends.resolve) and used by every backend."""
 

@@ -42,7 +42,7 @@ def fake_rates(monkeypatch):
 
 
 def test_tune_records_and_loaders_take_it(backend, shards, cache, fake_rates, monkeypatch):
-    monkeypatch.setattr("gpupipe._loader._cpu_count", lambda: 2)
+    monkeypatch.setattr("gpupipe._dist.cpu_cores", lambda: 2)
     seen = fake_rates(lambda w, p: 100.0 + (30.0 if p == 3 else 0.0))  # one worker saturates
     pipe = val(shards)
     tuned = gp.tune(pipe, 4, seconds=0.1, backend=backend.backend, device=backend.device)
@@ -86,11 +86,28 @@ def test_hw_decoder_load_is_tuned_on_a_gpu_only(shards, cache, fake_rates, monke
     assert gp.tune(val(shards), 4, seconds=0.1, backend="dali", device="cpu", record=False).hw_decoder_load is None
 
 
+def test_a_tune_for_several_ranks_per_node_serves_ranks_of_that_share(shards, cache, fake_rates, clean_env):
+    """Ranks that share a node share its cores: tuned for 4 ranks on 8 cores, the trials have 2
+    cores, and the record serves loaders of 4 ranks a node, not a single process's."""
+    clean_env.setattr("gpupipe._dist.cpu_cores", lambda: 8)
+    seen = fake_rates(lambda w, p: 100.0 * w)
+    tuned = gp.tune(val(shards), 4, seconds=0.1, backend="torch", device="cpu", ranks_per_node=4)
+    assert tuned.num_workers == 2 and max(w for w, _ in seen) == 2
+    assert "2 cores" in next(iter(json.loads((cache / "tune.json").read_text()).values()))["machine"]
+    with gp.Loader(val(shards), 4, backend="torch", device="cpu", num_workers=1) as alone:  # 8 cores: no record
+        assert alone.tuned is None and alone.prefetch == 2
+    clean_env.setenv("LOCAL_WORLD_SIZE", "4")
+    with gp.Loader(val(shards), 4, backend="torch", device="cpu") as rank:
+        assert rank.tuned is not None and rank.num_workers == 2
+
+
 def test_options_that_tune_chooses_are_refused(shards):
     with pytest.raises(gp.ConfigError, match="num_workers is what tune chooses"):
         gp.tune(val(shards), 4, num_workers=2)
     with pytest.raises(gp.ConfigError, match="seconds must be positive"):
         gp.tune(val(shards), 4, seconds=0)
+    with pytest.raises(gp.ConfigError, match="ranks_per_node"):
+        gp.tune(val(shards), 4, ranks_per_node=0)
 
 
 def test_a_damaged_record_file_is_ignored_with_a_warning(shards, cache):
@@ -106,8 +123,9 @@ def test_the_command(shards, cache, capsys):
     """Real measurements, briefly: the command prints every trial and records the choice."""
     pattern = shards[0].replace("000000", "{000000..000001}")
     argv = ["tune", os.path.join(ROOT, "pipelines", "imagenet.py:val"), pattern, "--batch-size", "4", "--backend",
-            "torch", "--device", "cpu", "--seconds", "0.05"]  # fmt: skip
+            "torch", "--device", "cpu", "--seconds", "0.05", "--ranks-per-node", "2"]  # fmt: skip
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "num_workers=1 prefetch=2:" in out and "chosen: num_workers=" in out and "recorded in" in out
-    assert (cache / "tune.json").exists()
+    (entry,) = json.loads((cache / "tune.json").read_text()).values()
+    assert entry["machine"].startswith(f"{max(1, len(os.sched_getaffinity(0)) // 2)} cores, ")

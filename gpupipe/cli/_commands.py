@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from .._children import process_pool
+from .._dist import cpu_cores, default_workers
 from .._shards import ShardWriter
 from ..testing import encode_jpeg, synthetic_image
 
@@ -65,7 +66,7 @@ def make_shards(args: argparse.Namespace) -> int:
                 writer.write_all(_counted(_imagefolder_samples(args.from_imagefolder, args.quality), bar))
         else:
             jobs = [(i, args.seed, args.classes, args.quality) for i in range(args.synthetic)]
-            workers = args.workers or os.cpu_count() or 1
+            workers = args.workers or cpu_cores()
             with (
                 process_pool(workers, "gpupipe make-shards") as pool,
                 _progress(args, len(jobs), "img", "gpupipe make-shards") as bar,
@@ -105,7 +106,7 @@ def tune(args: argparse.Namespace) -> int:
               f"{trial['images_per_s']:.0f} images/s", flush=True)  # fmt: skip
 
     tuned = run_tune(pipeline, args.batch_size, seconds=args.seconds, record=not args.no_record, progress=say,
-                     backend=args.backend, device=args.device)  # fmt: skip
+                     ranks_per_node=args.ranks_per_node, backend=args.backend, device=args.device)  # fmt: skip
     print(f"chosen: {tuned}")
     if not args.no_record:
         print(f"recorded in {tune_file()}: loaders of this pipeline and batch size on this machine that leave "
@@ -114,7 +115,6 @@ def tune(args: argparse.Namespace) -> int:
 
 
 def bench(args: argparse.Namespace) -> int:
-    from .._loader import _cpu_count
     from .._pipeline import load_pipeline
     from ._bench import BASELINE, check_baseline, plot, run_baseline, run_loader, table
 
@@ -145,7 +145,7 @@ def bench(args: argparse.Namespace) -> int:
     if args.baseline:
         for size in sizes:
             for w in workers:
-                count = w if w is not None else min(8, _cpu_count())  # the Loader's default
+                count = w if w is not None else default_workers()  # the Loader's default
                 for decoder in _list(args.baseline_decoder, "--baseline-decoder", str):
                     run = run_baseline(pipeline, batch_size=size, workers=count, epochs=args.epochs,
                                        progress=progress(BASELINE), decoder=decoder)  # fmt: skip
@@ -154,7 +154,7 @@ def bench(args: argparse.Namespace) -> int:
     if len(runs) > 1:
         print(table(runs))
     if args.plot:
-        title = f"{args.pipeline} on {args.source} ({os.cpu_count()} cores)"
+        title = f"{args.pipeline} on {args.source} ({cpu_cores()} cores)"
         plot(runs, args.plot, title=title)
         print(f"plot: {args.plot}")
     if args.json:

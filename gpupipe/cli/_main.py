@@ -35,7 +35,7 @@ def _shard_arguments(p: argparse.ArgumentParser) -> None:
     """The options of the commands that read every shard (index, check)."""
     p.add_argument("--image", default="jpg;jpeg;png", help="image extensions, in order of preference")
     p.add_argument("--label", default="cls", help="label extension, or 'none' for unlabeled data")
-    p.add_argument("--workers", type=int, default=None, help="processes (default: all cores; 0: this process)")
+    p.add_argument("--workers", type=int, default=None, help="processes (default: one per usable CPU; 0: this process)")
     p.add_argument("--storage-options", metavar="JSON", help="remote shards: the fsspec filesystem's options, "
                    "e.g. '{\"endpoint_url\": \"http://host:8333\"}' (default: the driver's environment)")  # fmt: skip
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -64,7 +64,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--prefix", default="train", help="shard name prefix (default 'train')")
     p.add_argument("--quality", type=int, default=90, help="JPEG quality (default 90)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--workers", type=int, default=None, help="encoding processes (default: all cores)")
+    p.add_argument("--workers", type=int, default=None, help="encoding processes (default: one per usable CPU)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(fn=make_shards)
     i = _command(
@@ -131,7 +131,7 @@ def _parser() -> argparse.ArgumentParser:
         "and records the fastest (the cheaper of two within 3%) in $GPUPIPE_CACHE_DIR/tune.json for this "
         "machine, backend, device, batch size and pipeline. Loaders that leave those options unset then use "
         "the recorded values (their repr says tuned=<date>). Run it on the machine type that trains, with the "
-        "batch size of one rank.",
+        "batch size of one rank and the ranks per node that train.",
         "python -m gpupipe tune pipelines/imagenet.py:train 'data/train-{000000..000007}.tar' --batch-size 256 "
         "--device cuda",
     )  # fmt: skip
@@ -141,6 +141,10 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--backend", default="auto")
     t.add_argument("--device", default=None)
     t.add_argument("--seconds", type=float, default=3.0, help="measured per trial (default 3)")
+    t.add_argument("--ranks-per-node", type=int, default=None, metavar="N",
+                   help="training ranks that will share this node's CPUs, e.g. its GPUs (default: "
+                        "LOCAL_WORLD_SIZE, else SLURM_NTASKS_PER_NODE, else 1): a trial gets a rank's share of the "
+                        "cores")  # fmt: skip
     t.add_argument("--no-record", action="store_true", help="only measure and print")
     t.set_defaults(fn=tune)
     n = _command(

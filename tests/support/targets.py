@@ -10,7 +10,17 @@ import pytest
 import gpupipe as gp
 from gpupipe import backends
 
-DIST_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID")
+DIST_ENV = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "SLURM_PROCID",
+    "SLURM_NTASKS",
+    "SLURM_LOCALID",
+    "SLURM_NTASKS_PER_NODE",
+    "SLURM_CPUS_PER_TASK",
+)
 
 
 @dataclasses.dataclass(frozen=True)

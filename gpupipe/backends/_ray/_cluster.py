@@ -9,6 +9,7 @@ import os
 import threading
 
 from ..._config import RayOptions
+from ..._dist import cpu_cores
 
 __all__ = ["attach", "detach", "LOOPBACK_ENV"]
 
@@ -49,7 +50,7 @@ def attach(options: RayOptions) -> None:
         _reload_constants()
         ray.init(
             address="local",  # a new one, never a cluster some earlier process left its address of
-            num_cpus=options.local_cpus or os.cpu_count() or 1,
+            num_cpus=options.local_cpus or cpu_cores(),
             _node_ip_address="127.0.0.1",
             include_dashboard=False,
             log_to_driver=False,
