@@ -107,6 +107,17 @@ class TestWebDataset:
         with pytest.raises(gp.ShardError, match=r"bad\.tar"):
             gp.WebDataset(str(tmp_path / "bad.tar")).index()
 
+    @pytest.mark.parametrize("on_error", ["raise", "skip"])
+    def test_a_pattern_that_names_no_existing_shard_says_so(self, tmp_path, monkeypatch, on_error):
+        """Not one shard exists: a wrong path, not damage to skip, whatever the policy."""
+        monkeypatch.chdir(tmp_path)
+        with pytest.raises(gp.ShardError, match=r"none of the 3 shards exists: 'd/t-0\.tar', relative to the working "
+                           r"directory .*$") as e:  # fmt: skip
+            gp.WebDataset("d/t-{0..2}.tar").index(on_error=on_error)
+        assert e.value.kind is gp.Damage.MISSING_SHARD and "relist" not in str(e.value)
+        with pytest.raises(gp.ShardError, match=r"globs are listed with WebDataset\(\.\.\., relist=True\)"):
+            gp.WebDataset(str(tmp_path / "d" / "*.tar")).index(on_error=on_error)
+
     @pytest.mark.parametrize(
         "url, match", [("pipe:curl http://x | cat", "never runs a shell"), ("nosuch://bucket/a.tar", "local paths")]
     )

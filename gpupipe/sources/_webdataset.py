@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from .._config import OnError
-from .._errors import ConfigError, Damage, DataError, Problem, SampleError, redact, truncated, unreadable
+from .._errors import ConfigError, Damage, DataError, Problem, SampleError, ShardError, redact, truncated, unreadable
 from .._validate import check_bytes, check_enum
 from ..sidefiles._indexfile import Samples, index_file_url, read_index_file
 from ..sidefiles._mask import read_mask
@@ -184,9 +184,32 @@ class WebDataset(Source):
             shards[s] = cached_scan(storage, self.urls[s], image_exts, label_ext)
         labeled = label_ext is not None
         index = Index(shards, reader=TarReader(storage, labeled=labeled), sequential=True, labeled=labeled)  # type: ignore[arg-type]
-        if check_enum("WebDataset.index", on_error, "on_error", OnError) is OnError.RAISE:
+        policy = check_enum("WebDataset.index", on_error, "on_error", OnError)
+        try:
+            _none_missing_all(self.urls, index.problems)  # whatever the policy: skipping all leaves nothing
+        except ShardError:
+            index.close()
+            raise
+        if policy is OnError.RAISE:
             raise_first(index.problems)
         return index
+
+
+def _none_missing_all(urls: Sequence[str], problems: list[DataError]) -> None:
+    """Raises when not one of ``urls`` exists: a wrong path or pattern, not damage to skip."""
+    missing = [e for e in problems if e.kind is Damage.MISSING_SHARD]
+    if not urls or len(missing) < len(urls):
+        return
+    first = urls[0]
+    where = "" if "://" in first or os.path.isabs(first) else f", relative to the working directory {os.getcwd()}"
+    shards = f"none of the {len(urls)} shards exists" if len(urls) > 1 else "the shard does not exist"
+    hint = ""
+    if any(c in u for u in urls for c in "*?["):
+        hint = (
+            "; globs are listed with WebDataset(..., relist=True), or give a brace range "
+            "('train-{000000..000099}.tar') or a list of paths"
+        )
+    raise ShardError(f"WebDataset: {shards}: {first!r}{where}{hint}", shard=first, kind=Damage.MISSING_SHARD)
 
 
 def raise_first(problems: list[DataError]) -> None:
