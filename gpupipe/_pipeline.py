@@ -71,10 +71,7 @@ class Pipeline:
         per_source: Sequence[Sequence[Transform]] | None = None,
     ) -> None:
         if isinstance(source, (str, os.PathLike)) and os.path.isdir(source):
-            raise ConfigError(
-                f"Pipeline: {os.fspath(source)!r} is a directory; use gp.ImageFolder(root) for an "
-                "ImageFolder tree, or a shard pattern for WebDataset shards"
-            )
+            raise ConfigError(f"Pipeline: {os.fspath(source)!r} is a directory; {directory_hint(os.fspath(source))}")
         if isinstance(source, (str, os.PathLike, list, tuple)):
             source = WebDataset(source)
         if not isinstance(source, Source):
@@ -198,10 +195,49 @@ def load_pipeline(spec: str) -> Callable[..., Any]:
         if mod_spec is None or mod_spec.loader is None:
             raise ConfigError(f"pipeline file {target!r} cannot be imported")
         module = importlib.util.module_from_spec(mod_spec)
-        mod_spec.loader.exec_module(module)
+        try:
+            mod_spec.loader.exec_module(module)
+        except Exception as e:
+            raise ConfigError(f"pipeline file {target!r} failed to import: {raised(e)}") from e
     else:
-        module = importlib.import_module(target)
+        try:
+            module = importlib.import_module(target)
+        except Exception as e:
+            raise ConfigError(f"pipeline module {target!r} failed to import: {raised(e)}") from e
     fn = getattr(module, attr, None)
     if not callable(fn):
         raise ConfigError(f"{target!r} has no function {attr!r}")
     return fn
+
+
+def raised(e: BaseException) -> str:
+    """``e`` in one line, with where the user's code raised it (the innermost frame outside
+    gpupipe and Python's own machinery)."""
+    import traceback
+
+    package = os.path.dirname(os.path.abspath(__file__))
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if not f.filename.startswith((package, "<"))]
+    frames = [f for f in frames if "importlib" not in f.filename]
+    if isinstance(e, SyntaxError) and e.filename:
+        where = f" ({e.filename}:{e.lineno})"
+    else:
+        where = f" ({frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+    message = e.msg if isinstance(e, SyntaxError) else str(e)
+    return f"{type(e).__name__}: {message}{where}"
+
+
+def directory_hint(path: str) -> str:
+    """What to pass instead of the directory ``path``: its tar shards as a brace pattern (or a
+    list), else an ImageFolder."""
+    import re
+
+    tars = sorted(f for f in os.listdir(path) if f.endswith(".tar"))
+    if not tars:
+        return "use gp.ImageFolder(root) for an ImageFolder tree, or a shard pattern for WebDataset shards"
+    parts = [m.groups() for f in tars if (m := re.fullmatch(r"(.*?)(\d+)\.tar", f))]
+    if len(parts) == len(tars) and len({(prefix, len(n)) for prefix, n in parts}) == 1:
+        prefix, width, numbers = parts[0][0], len(parts[0][1]), [int(n) for _, n in parts]
+        if numbers == list(range(numbers[0], numbers[0] + len(numbers))):
+            pattern = f"{prefix}{{{numbers[0]:0{width}d}..{numbers[-1]:0{width}d}}}.tar"
+            return f"it holds {len(tars)} tar shards: give them as a pattern, {os.path.join(path, pattern)!r}"
+    return f"it holds {len(tars)} tar shards: give them as a list of paths or a brace pattern"

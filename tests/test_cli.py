@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -105,8 +106,54 @@ class TestHelp:
     def test_every_command_is_listed(self, capsys):
         with pytest.raises(SystemExit):
             main(["--help"])
-        text = capsys.readouterr().out
-        assert all(c in text for c in COMMANDS)
+        description = capsys.readouterr().out.split("positional arguments")[0]
+        assert all(f"{c} (" in description for c in COMMANDS)
+
+
+class TestPipelineAndData:
+    """What a user gives the commands that run a pipeline: a directory of shards is taken, and a
+    pipeline file's own mistakes are one line naming the file and line."""
+
+    @pytest.fixture
+    def bad(self, tmp_path):
+        (tmp_path / "bad.py").write_text(
+            "import gpupipe as gp\nfrom gpupipe import transforms as T\n\n\ndef typo(source):\n"
+            "    return gp.Pipeline(source, [T.RandomResizedCrop(sizee=224)])\n\n\ndef unknown(source):\n"
+            "    return gp.Pipeline(source, [T.Normalize(mean=[0.5], std=[0.5], foo=1)])\n"
+        )
+        (tmp_path / "broken.py").write_text("def train(s:\n")
+        return tmp_path
+
+    def test_a_directory_of_shards(self, shards, capsys):
+        folder = os.path.dirname(shards[0])
+        argv = ["bench", "pipelines/imagenet.py:val", folder, "--backend", "torch", "--workers", "0", "--epochs", "1",
+                "--batch-size", "4", "--quiet"]  # fmt: skip
+        assert main(argv) == 0
+        assert f"{len(gp.WebDataset(shards).index())} images" in capsys.readouterr().out
+
+    @pytest.mark.parametrize(
+        "spec, message",
+        [
+            ("bad.py:typo", r"pipeline .*bad\.py:typo: TypeError: RandomResizedCrop\.__init__\(\) got an unexpected "
+             r"keyword argument 'sizee' \(.*bad\.py:6\); did you mean size=\?$"),
+            ("bad.py:unknown", r"TypeError: .*'foo' \(.*bad\.py:10\); Normalize takes mean, std, inplace$"),
+            ("broken.py:train", r"pipeline file '.*broken\.py' failed to import: SyntaxError: .* \(.*broken\.py:1\)$"),
+        ],
+    )  # fmt: skip
+    def test_a_mistake_in_the_pipeline_file_is_one_line(self, bad, shards, capsys, spec, message):
+        assert main(["bench", str(bad / spec), shards[0], "--quiet"]) == 2
+        (line,) = capsys.readouterr().err.strip().splitlines()
+        assert re.search(message, line), line
+
+    def test_a_directory_gets_its_pattern(self, shards, tmp_path):
+        folder = os.path.dirname(shards[0])
+        with pytest.raises(gp.ConfigError, match=r"is a directory; it holds \d+ tar shards: give them as a pattern, "
+                           r"'.*\{0+\.\.0+\d\}\.tar'"):  # fmt: skip
+            gp.Pipeline(folder, [])
+        with pytest.raises(gp.ConfigError, match=r"use gp\.ImageFolder"):
+            gp.Pipeline(str(tmp_path), [])
+        with pytest.raises(gp.ConfigError, match="pipeline module 'no_such_module' failed to import: ModuleNotFound"):
+            gp.load_pipeline("no_such_module:train")
 
 
 class TestProgress:

@@ -91,13 +91,55 @@ def _workers(text: str) -> int | None:
     return None if text == "auto" else int(text)
 
 
+def _source(data: str) -> Any:
+    """A command's data argument: a shard pattern or URL as given; a directory, its tar shards
+    (every ``*.tar`` in it, in name order), else an ImageFolder tree."""
+    if not os.path.isdir(data):
+        return data
+    from ..sources import ImageFolder
+
+    tars = sorted(f for f in os.listdir(data) if f.endswith(".tar"))
+    return [os.path.join(data, f) for f in tars] if tars else ImageFolder(data)
+
+
+def _pipeline(spec: str, data: str) -> Any:
+    """The pipeline ``spec``'s factory makes of ``data``; its own errors (a misspelled argument in
+    the pipeline file) become one-line gpupipe errors with the file and line."""
+    from .._errors import ConfigError, GpupipeError
+    from .._pipeline import load_pipeline, raised
+
+    factory = load_pipeline(spec)
+    try:
+        return factory(_source(data))
+    except GpupipeError:
+        raise
+    except Exception as e:
+        raise ConfigError(f"pipeline {spec}: {raised(e)}{_did_you_mean(e)}") from e
+
+
+def _did_you_mean(e: Exception) -> str:
+    """For a transform given an argument it does not take: the nearest it does."""
+    import dataclasses
+    import difflib
+    import re
+
+    from .. import transforms
+
+    m = re.search(r"(\w+)\.__init__\(\) got an unexpected keyword argument '(\w+)'", str(e))
+    kind = getattr(transforms, m[1], None) if m else None
+    if m is None or not dataclasses.is_dataclass(kind):
+        return ""
+    names = [f.name for f in dataclasses.fields(kind) if not f.name.startswith("_")]
+    close = difflib.get_close_matches(m[2], names, n=1)
+    return f"; did you mean {close[0]}=?" if close else f"; {m[1]} takes {', '.join(names)}"
+
+
 def tune(args: argparse.Namespace) -> int:
     """``gpupipe tune``: measure and record the loader's throughput settings for a pipeline."""
-    from .._pipeline import load_pipeline
     from .._tune import tune as run_tune
     from .._tuned import tune_file
 
-    pipeline = load_pipeline(args.pipeline)(args.source)
+    pipeline = _pipeline(args.pipeline, args.source)
     print(f"pipeline {args.pipeline}, batch {args.batch_size}: {args.seconds:g} s per trial")
 
     def say(trial: dict[str, Any]) -> None:
@@ -115,7 +157,6 @@ def tune(args: argparse.Namespace) -> int:
 
 
 def bench(args: argparse.Namespace) -> int:
-    from .._pipeline import load_pipeline
     from ._bench import BASELINE, check_baseline, plot, run_baseline, run_loader, table
 
     logging_level = os.environ.get("GPUPIPE_LOG")
@@ -123,7 +164,7 @@ def bench(args: argparse.Namespace) -> int:
         import logging
 
         logging.basicConfig(level=logging_level.upper())
-    pipeline = load_pipeline(args.pipeline)(args.source)
+    pipeline = _pipeline(args.pipeline, args.source)
     backends = _list(args.backend, "--backend", str)
     sizes = _list(args.batch_size, "--batch-size", int)
     workers = _list(args.workers, "--workers", _workers)
@@ -267,12 +308,9 @@ def check(args: argparse.Namespace) -> int:
 def inspect(args: argparse.Namespace) -> int:
     from .. import backends
     from .._errors import ConfigError
-    from .._pipeline import load_pipeline
-    from ..sources import ImageFolder
     from ._inspect import inspect as run_inspect
 
-    source: Any = ImageFolder(args.data) if os.path.isdir(args.data) else args.data
-    pipeline = load_pipeline(args.pipeline)(source)
+    pipeline = _pipeline(args.pipeline, args.data)
     if args.compare:
         # every backend with kernels of its own (ray runs the torch backend's: the same images)
         names = [n for n in backends.names() if backends.get(n).auto and backends.get(n).available()]

@@ -1,6 +1,9 @@
 """python -m gpupipe: make-shards (write WebDataset shards), index (build the shard index cache),
-check (validate every sample), bench (images/s of a pipeline), inspect (see what a pipeline does)
-and doctor (check this machine).
+check (validate every sample), bench (images/s of a pipeline), tune (measure and record the
+loader's settings), inspect (see what a pipeline does) and doctor (check this machine).
+
+PIPELINE is a factory, file.py:function or module:function; its data argument is a shard pattern
+or URL, a directory of tar shards (every *.tar in it) or an ImageFolder tree.
 
 Exit status: 0 done; 1 check or doctor found something wrong; 2 a usage error or a gpupipe error
 (printed on one line); 130 interrupted (Ctrl-C), with every worker process ended.
@@ -101,7 +104,8 @@ def _parser() -> argparse.ArgumentParser:
         "first epoch includes start-up. --backend, --batch-size and --workers take lists (commas): every "
         "combination runs, one after another, and a table compares them. --baseline also runs the usual way "
         "(webdataset + torchvision's transforms of the same names in a torch DataLoader); --plot draws images/s "
-        "per backend and against batch size and workers (matplotlib: the plot extra).",
+        "per backend and against batch size and workers (matplotlib: the plot extra). GPUPIPE_LOG=info shows the "
+        "loaders' log (what each chose).",
         "python -m gpupipe bench pipelines/imagenet.py:train 'data/train-{000000..000007}.tar' --backend dali\n"
         "python -m gpupipe bench pipelines/imagenet.py:train 'data/train-{000000..000007}.tar' "
         "--backend torch,dali --batch-size 32,64,128 --workers 1,2 --baseline --plot bench.png",
