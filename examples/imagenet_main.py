@@ -1,6 +1,6 @@
 """The pytorch/examples ImageNet training script (``imagenet/main.py``: the same arguments,
 functions and output), migrated to gpupipe. Every line that changed is marked ``# gpupipe``;
-``docs/migrating-pytorch-examples.md`` lists them as a diff. What changed:
+``docs/guide/pytorch-examples.md`` lists them as a diff. What changed:
 
 - the datasets and DataLoaders: one ``gp.Pipeline`` per split, with torchvision's transform names,
   over an ImageFolder tree (``DATA/train``, ``DATA/val``) or WebDataset shards

@@ -43,8 +43,9 @@ class Loader(LoaderAttributes):
         **options: keyword-only options, validated together as a :class:`~gpupipe.LoaderConfig`
             (its docstring describes each): ``shuffle``, ``drop_last``, ``seed``, ``backend``,
             ``device``, ``num_workers``, ``prefetch``, ``shuffle_buffer``, ``interleave``,
-            ``shards_ahead``, ``rank``, ``world_size``, ``memory_format``, ``dali``, ``on_error``,
-            ``max_skipped``, ``max_image_pixels``, ``apply_exif_orientation``.
+            ``shards_ahead``, ``rank``, ``world_size``, ``memory_format``, ``dali``, ``ray``,
+            ``on_error``, ``max_skipped``, ``max_image_pixels``, ``apply_exif_orientation``,
+            ``worker_timeout``.
 
     Batches: iterating yields :class:`Batch` objects, which unpack as ``images, labels``
     (``images`` ``[B, C, H, W]`` of the pipeline's output dtype and ``labels`` ``[B]`` int64, both

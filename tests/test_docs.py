@@ -21,7 +21,9 @@ BLOCK = re.compile(r"(<!-- not run: [^>]*-->\s*\n)?```python\n(.*?)```", re.S)
 
 
 def pages() -> list[str]:
-    return sorted(os.path.relpath(p, DOCS) for p in glob.glob(os.path.join(DOCS, "**", "*.md"), recursive=True))
+    """The site's pages and the README, relative to docs/."""
+    found = [*glob.glob(os.path.join(DOCS, "**", "*.md"), recursive=True), os.path.join(ROOT, "README.md")]
+    return sorted(os.path.relpath(p, DOCS) for p in found)
 
 
 def blocks(page: str) -> list[str]:
@@ -32,13 +34,15 @@ def blocks(page: str) -> list[str]:
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory) -> str:
     """A directory with the shards the examples read — ``data/train-{000000..000007}.tar`` (8 x 8
-    small photos, 10 classes) and ``data/val-{000000..000001}.tar`` — and ``pipelines/``."""
+    small photos, 10 classes; also as ``.demo-data/``) and ``data/val-{000000..000001}.tar`` — and
+    ``pipelines/``."""
     import gpupipe as gp
     from gpupipe.testing import encode_jpeg, synthetic_image
 
     root = tmp_path_factory.mktemp("docs")
     os.makedirs(root / "data")
     os.symlink(os.path.join(ROOT, "pipelines"), root / "pipelines")  # the recipes, as from the repository's root
+    os.symlink("data", root / ".demo-data")  # where `make demo` writes its shards (README's example reads them)
     for split, shards in (("train", 8), ("val", 2)):
         with gp.ShardWriter(str(root / "data" / f"{split}-%06d.tar"), max_count=8) as w:
             for i in range(8 * shards):
