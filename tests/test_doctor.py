@@ -166,6 +166,11 @@ class TestGpuDecode:
         assert finding.level == Level.NOTE and "DALI for CUDA 12 comes with nvJPEG 12.4.0" in finding.message
         assert finding.fix == ("pip uninstall -y nvidia-dali-cuda120 && pip install 'gpupipe[cuda13]'" if fix else None)
 
+    def test_without_a_gpu_the_line_says_so(self):
+        env = dataclasses.replace(HEALTHY, gpus=(), driver_cuda=None, torch_sees_cuda=False)
+        assert "GPU decode   on a GPU (none here), pipelines starting with RandomResizedCrop: roi" in doctor.report(
+            env, doctor.diagnose(env))  # fmt: skip
+
     def test_no_dali_no_decode_line(self):
         env = dataclasses.replace(HEALTHY, dali=None, dali_cuda=None, nvjpeg=None)
         assert "GPU decode" not in doctor.report(env, doctor.diagnose(env))

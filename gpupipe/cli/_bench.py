@@ -37,6 +37,7 @@ class Run:
     batch_size: int
     workers: int
     epochs: list[dict[str, Any]]
+    auto: str | None = None  # why backend="auto" / device=None chose what they chose
 
     @property
     def images_per_s(self) -> float:
@@ -84,7 +85,7 @@ def run_loader(
                 yield images
 
         results = _epochs(batches, len, epochs, lambda e: progress(e, len(loader)))
-        return Run(loader.backend, loader.device, batch_size, loader.num_workers, results)
+        return Run(loader.backend, loader.device, batch_size, loader.num_workers, results, loader.chosen)
 
 
 def torchvision_equivalent(transforms: Sequence[Any]) -> Any:

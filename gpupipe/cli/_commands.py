@@ -176,11 +176,14 @@ def bench(args: argparse.Namespace) -> int:
         return lambda epoch, total: _progress(args, total, "batch", f"{name} epoch {epoch}")
 
     runs = []
+    from .. import backends as backend_table
+
     for backend in backends:
+        label = backend_table.resolve(backend, args.device)[0].name  # "auto": the backend it picks
         for size in sizes:
             for w in workers:
                 run = run_loader(pipeline, backend=backend, device=args.device, batch_size=size, workers=w,
-                                 epochs=args.epochs, progress=progress(backend))  # fmt: skip
+                                 epochs=args.epochs, progress=progress(label))  # fmt: skip
                 _say(run)
                 runs.append(run)
     if args.baseline:
@@ -218,7 +221,8 @@ def bench(args: argparse.Namespace) -> int:
 
 
 def _say(run: Any) -> None:
-    print(f"backend={run.backend} device={run.device} workers={run.workers} batch={run.batch_size}")
+    auto = f" (auto: {run.auto})" if getattr(run, "auto", None) else ""
+    print(f"backend={run.backend} device={run.device} workers={run.workers} batch={run.batch_size}{auto}")
     for e in run.epochs:
         print(
             f"epoch {e['epoch']}: {e['images']} images in {e['seconds']:.2f} s = {e['images_per_s']:.0f} images/s"

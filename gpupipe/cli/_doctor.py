@@ -307,7 +307,8 @@ def _nvjpeg_line(found: Nvjpeg | None) -> str:
 
 def _strategy_line(env: Environment) -> str:
     strategy = decode_strategy(env)
-    return (f"pipelines starting with RandomResizedCrop: {strategy.mode.value} ({strategy.reason}); "
+    where = "" if env.gpus else "on a GPU (none here), "
+    return (f"{where}pipelines starting with RandomResizedCrop: {strategy.mode.value} ({strategy.reason}); "
             "others decode whole images")  # fmt: skip
 
 
