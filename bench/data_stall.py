@@ -35,6 +35,7 @@ from _data import synthetic_shards
 from _report import publish
 
 import gpupipe as gp
+from gpupipe._dist import default_workers
 from gpupipe.cli._bench import baseline_loader
 
 
@@ -122,7 +123,7 @@ def main() -> None:
     args.image_size = args.image_size or (224 if gpu else 96)
     args.batch_size = args.batch_size or (128 if gpu else 32)
     args.steps = args.steps or (40 if gpu else 20)
-    workers = args.workers if args.workers is not None else min(8, os.cpu_count() or 1)
+    workers = args.workers if args.workers is not None else default_workers()  # the Loader's
     pattern = synthetic_shards(args.data, args.images)
     pipeline = gp.load_pipeline(os.path.join(ROOT, "pipelines/imagenet.py:train"))(pattern, size=args.image_size)
     memory_format = torch.channels_last if gpu else torch.contiguous_format

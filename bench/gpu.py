@@ -50,6 +50,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import gpupipe as gp
+from gpupipe._dist import cpu_cores, default_workers
 from gpupipe.testing import encode_jpeg, synthetic_image
 
 SETS = {"imagenet-like": (375, 500), "large": (1500, 2000)}  # (height, width)
@@ -378,7 +379,7 @@ def main() -> None:
     if args.probe:
         return _probe_child(args)
     gpu = torch.cuda.is_available() and not args.cpu
-    cores = os.cpu_count() or 1
+    cores = cpu_cores()
     # A cache of its own: a `gpupipe tune` recorded on this machine must not make the default rows tuned ones.
     os.environ["GPUPIPE_CACHE_DIR"] = cache = tempfile.mkdtemp(prefix="gpupipe-bench-gpu-cache-")
     atexit.register(shutil.rmtree, cache, ignore_errors=True)
@@ -401,7 +402,7 @@ def main() -> None:
     sets = QUICK_SETS if args.quick else SETS
     counts = {"imagenet-like": 32, "large": 16} if args.quick else {"imagenet-like": 4096, "large": 512}
     thread_counts = [2] if args.quick else [t for t in (4, 8, 16) if t <= cores] or [cores]
-    default_threads = thread_counts[0] if args.quick else min(cores, 8)
+    default_threads = thread_counts[0] if args.quick else default_workers()  # the Loader's
     started = time.perf_counter()
     made = {name: make_set(args.data, name, sets[name], counts[name], workers=min(cores, 16)) for name in sets}
     rows: list[dict[str, Any]] = []

@@ -35,6 +35,7 @@ __all__ = [
     "topology",
     "local_rank",
     "ranks_per_node",
+    "assume_ranks_per_node",
     "cpu_cores",
     "cores_per_rank",
     "default_workers",
@@ -110,11 +111,24 @@ def local_rank() -> int | None:
     return _env_int("SLURM_LOCALID") if value is None else value
 
 
+_assumed_ranks: int | None = None  # a trainer's word, where the launcher says nothing
+
+
+def assume_ranks_per_node(ranks: int | None) -> None:
+    """Records what a trainer integration knows of this node's ranks (Lightning's ``devices``),
+    for launchers that set no ``LOCAL_WORLD_SIZE`` (Lightning's own); the environment still wins."""
+    global _assumed_ranks
+    _assumed_ranks = ranks
+
+
 def ranks_per_node() -> int | None:
     """This node's number of ranks: ``LOCAL_WORLD_SIZE`` (torchrun), else
-    ``SLURM_NTASKS_PER_NODE`` (srun with ``--ntasks-per-node``), else ``None`` (unknown)."""
+    ``SLURM_NTASKS_PER_NODE`` (srun with ``--ntasks-per-node``), else what a trainer said
+    (:func:`assume_ranks_per_node`), else ``None`` (unknown)."""
     value = _env_int("LOCAL_WORLD_SIZE")
-    return _env_int("SLURM_NTASKS_PER_NODE") if value is None else value
+    if value is None:
+        value = _env_int("SLURM_NTASKS_PER_NODE")
+    return _assumed_ranks if value is None else value
 
 
 MAX_DEFAULT_WORKERS = 8  # more decoder workers per rank rarely pay on the defaults' pipelines
@@ -131,14 +145,18 @@ def cpu_cores() -> int:
 
 def cores_per_rank(ranks: int | None = None) -> int:
     """This rank's share of :func:`cpu_cores`: divided among ``ranks`` (default
-    :func:`ranks_per_node`, else 1) ranks that share them, as torchrun's do; whole where srun bound
-    the task to its own CPUs (no more of them than ``SLURM_CPUS_PER_TASK``). At least 1. E.g.
-    ``torchrun --nproc-per-node 8`` on 32 cores: 4; ``srun --ntasks-per-node 8 -c 4``, bound: 4.
+    :func:`ranks_per_node`, else 1) ranks that share them, as torchrun's do. Where the ranks are
+    srun's tasks (no ``LOCAL_WORLD_SIZE``) and srun bound each to its own CPUs (no more of them
+    than ``SLURM_CPUS_PER_TASK``), the task's CPUs are its own. At least 1. E.g.
+    ``torchrun --nproc-per-node 8`` on 32 cores (also inside one ``srun -c 32`` task): 4;
+    ``srun --ntasks-per-node 8 -c 4``, bound: 4. Ranks that a launcher binds without saying so
+    (srun without ``-c``, NUMA binding) are divided again: pass ``num_workers`` there.
     """
     cores = cpu_cores()
-    per_task = _env_int("SLURM_CPUS_PER_TASK")
-    if per_task is not None and cores <= per_task:
-        return cores
+    if ranks is None and _env_int("LOCAL_WORLD_SIZE") is None:
+        per_task = _env_int("SLURM_CPUS_PER_TASK")
+        if per_task is not None and cores <= per_task:
+            return cores
     ranks = ranks_per_node() if ranks is None else ranks
     return max(1, cores // max(1, ranks or 1))
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import _dist
 from ._errors import BackendUnavailableError, ConfigError
 from ._loader import Loader
 from ._pipeline import Pipeline
@@ -91,6 +92,9 @@ class DataModule(pl.LightningDataModule):
             raise ConfigError(f"DataModule: no {name} pipeline was given")
         if name not in self.loaders or self.loaders[name].closed:
             trainer = getattr(self, "trainer", None)
+            if trainer is not None:
+                # the node's ranks share its CPUs: Lightning's own launcher sets no LOCAL_WORLD_SIZE
+                _dist.assume_ranks_per_node(getattr(trainer, "num_devices", None))
             if options.get("device") is None and trainer is not None:
                 options = {**options, "device": str(trainer.strategy.root_device)}
             self.loaders[name] = Loader(pipeline, self.batch_sizes[name], **options)

@@ -187,6 +187,27 @@ class TestCoresPerRank:
         cores(64)
         assert _dist.cores_per_rank() == 8
 
+    def test_torchrun_inside_one_srun_task_divides_the_task(self, clean_env, cores):
+        """sbatch -c 32 (or srun -c 32) then torchrun --nproc-per-node 8: torchrun's ranks share the
+        task's 32 CPUs, and an explicit count (gpupipe tune --ranks-per-node) divides too."""
+        clean_env.setenv("SLURM_CPUS_PER_TASK", "32")
+        clean_env.setenv("SLURM_NTASKS_PER_NODE", "1")
+        cores(32)
+        assert _dist.cores_per_rank() == 32  # the one srun task, alone
+        assert _dist.cores_per_rank(ranks=8) == 4
+        clean_env.setenv("LOCAL_WORLD_SIZE", "8")
+        assert (_dist.ranks_per_node(), _dist.cores_per_rank()) == (8, 4)
+
+    def test_a_trainers_word_where_the_launcher_says_nothing(self, clean_env, cores):
+        """Lightning's own launcher sets LOCAL_RANK and WORLD_SIZE, not LOCAL_WORLD_SIZE: the
+        DataModule tells gpupipe its trainer's devices; the environment still wins."""
+        clean_env.setattr(_dist, "_assumed_ranks", None)
+        cores(16)
+        _dist.assume_ranks_per_node(4)
+        assert (_dist.ranks_per_node(), _dist.cores_per_rank()) == (4, 4)
+        clean_env.setenv("LOCAL_WORLD_SIZE", "2")
+        assert _dist.cores_per_rank() == 8
+
     def test_the_loader_defaults_to_its_share(self, clean_env, cores, shards):
         cores(16)
         clean_env.setenv("LOCAL_WORLD_SIZE", "4")

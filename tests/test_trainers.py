@@ -244,3 +244,4 @@ class TestLightning:
         got = _fit(tmp_path, "fit", devices=2)
         assert got["val_counted"] == [got["samples"]] * 3  # over both ranks, each sample once
         assert got["ranks_disjoint"]
+        assert got["ranks_per_node"] == 2  # Lightning's launcher sets no LOCAL_WORLD_SIZE: the DataModule says
