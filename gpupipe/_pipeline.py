@@ -183,6 +183,10 @@ def load_pipeline(spec: str) -> Callable[..., Any]:
     """Loads a pipeline factory by ``"path/to/file.py:function"`` (or ``"package.module:function"``).
 
     Example: ``load_pipeline("pipelines/imagenet.py:train")(source)`` returns a Pipeline.
+
+    Raises:
+        ConfigError: a malformed spec, a missing file, a file or module that fails to import
+            (the error and its line; the original chained), or no such function.
     """
     target, sep, attr = spec.rpartition(":")
     if not sep or not target or not attr:
@@ -210,14 +214,16 @@ def load_pipeline(spec: str) -> Callable[..., Any]:
     return fn
 
 
-def raised(e: BaseException) -> str:
-    """``e`` in one line, with where the user's code raised it (the innermost frame outside
-    gpupipe and Python's own machinery)."""
+def raised(e: BaseException, file: str | None = None) -> str:
+    """``e`` in one line, with where the user's code raised it: the innermost frame in ``file``
+    (the pipeline file), else the innermost outside gpupipe and Python's import machinery."""
     import traceback
 
-    package = os.path.dirname(os.path.abspath(__file__))
+    package = os.path.dirname(os.path.abspath(__file__)) + os.sep
     frames = [f for f in traceback.extract_tb(e.__traceback__) if not f.filename.startswith((package, "<"))]
     frames = [f for f in frames if "importlib" not in f.filename]
+    mine = [f for f in frames if file is not None and os.path.abspath(f.filename) == os.path.abspath(file)]
+    frames = mine or frames
     if isinstance(e, SyntaxError) and e.filename:
         where = f" ({e.filename}:{e.lineno})"
     else:
@@ -226,12 +232,21 @@ def raised(e: BaseException) -> str:
     return f"{type(e).__name__}: {message}{where}"
 
 
+def raised_in_gpupipe(e: BaseException) -> bool:
+    """Whether ``e`` was raised by gpupipe's own code (a bug of gpupipe's, not of its caller)."""
+    import traceback
+
+    package = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if not f.filename.startswith("<")]
+    return bool(frames) and frames[-1].filename.startswith(package)
+
+
 def directory_hint(path: str) -> str:
     """What to pass instead of the directory ``path``: its tar shards as a brace pattern (or a
     list), else an ImageFolder."""
     import re
 
-    tars = sorted(f for f in os.listdir(path) if f.endswith(".tar"))
+    tars = sorted(f for f in os.listdir(path) if f.endswith(".tar") and not f.startswith("."))
     if not tars:
         return "use gp.ImageFolder(root) for an ImageFolder tree, or a shard pattern for WebDataset shards"
     parts = [m.groups() for f in tars if (m := re.fullmatch(r"(.*?)(\d+)\.tar", f))]

@@ -376,3 +376,11 @@ class TestSpread:
         sd = np.sqrt(expected * (1 - r / sizes.sum()))
         assert np.abs(got - expected).max() < 6 * sd.max() + 1  # a binomial's spread, not more
         assert np.array_equal(got, spread(np.random.default_rng(1), sizes, r))  # a function of the generator
+
+
+def test_a_source_that_fails_to_index_closes_those_indexed_before_it(shards, tmp_path, monkeypatch):
+    closed = []
+    monkeypatch.setattr(gp.sources.Index, "close", lambda self: closed.append(self))
+    with pytest.raises(gp.ShardError, match="none of the 2 shards exists"):
+        gp.Mix([gp.WebDataset(shards), gp.WebDataset(str(tmp_path / "gone-{0..1}.tar"))], weights=[1, 1]).index()
+    assert len(closed) == 2  # the first source's index, and the missing one's

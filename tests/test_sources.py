@@ -118,6 +118,15 @@ class TestWebDataset:
         with pytest.raises(gp.ShardError, match=r"globs are listed with WebDataset\(\.\.\., relist=True\)"):
             gp.WebDataset(str(tmp_path / "d" / "*.tar")).index(on_error=on_error)
 
+    def test_a_urls_query_is_not_a_glob(self):
+        from gpupipe.sources._webdataset import _none_missing_all
+
+        missing: list[gp.DataError] = [gp.ShardError("gone", shard="u", kind=gp.Damage.MISSING_SHARD)]
+        with pytest.raises(gp.ShardError) as e:
+            _none_missing_all(["https://host/a.tar?X-Amz-Signature=1&x[0]=2"], missing)
+        assert "the shard does not exist: 'https://host/a.tar?" in str(e.value) and "glob" not in str(e.value)
+        assert "working directory" not in str(e.value)
+
     @pytest.mark.parametrize(
         "url, match", [("pipe:curl http://x | cat", "never runs a shell"), ("nosuch://bucket/a.tar", "local paths")]
     )

@@ -93,28 +93,36 @@ def _workers(text: str) -> int | None:
 
 def _source(data: str) -> Any:
     """A command's data argument: a shard pattern or URL as given; a directory, its tar shards
-    (every ``*.tar`` in it, in name order), else an ImageFolder tree."""
+    (every ``*.tar`` file in it, in name order, dot-files left out), else an ImageFolder tree."""
     if not os.path.isdir(data):
         return data
     from ..sources import ImageFolder
 
-    tars = sorted(f for f in os.listdir(data) if f.endswith(".tar"))
-    return [os.path.join(data, f) for f in tars] if tars else ImageFolder(data)
+    names = sorted(f for f in os.listdir(data) if not f.startswith("."))
+    tars = [os.path.join(data, f) for f in names if f.endswith(".tar") and os.path.isfile(os.path.join(data, f))]
+    if tars and any(os.path.isdir(os.path.join(data, f)) for f in names):
+        print(f"note: {data} holds tar shards and folders; reading its {len(tars)} tar shards", file=sys.stderr)
+    return tars or ImageFolder(data)
 
 
 def _pipeline(spec: str, data: str) -> Any:
     """The pipeline ``spec``'s factory makes of ``data``; its own errors (a misspelled argument in
     the pipeline file) become one-line gpupipe errors with the file and line."""
     from .._errors import ConfigError, GpupipeError
-    from .._pipeline import load_pipeline, raised
+    from .._pipeline import load_pipeline, raised, raised_in_gpupipe
 
     factory = load_pipeline(spec)
+    source = _source(data)
     try:
-        return factory(_source(data))
+        return factory(source)
     except GpupipeError:
         raise
     except Exception as e:
-        raise ConfigError(f"pipeline {spec}: {raised(e)}{_did_you_mean(e)}") from e
+        if raised_in_gpupipe(e):  # gpupipe's own bug: its traceback
+            raise
+        code = getattr(factory, "__code__", None)
+        where = raised(e, code.co_filename if code is not None else None)
+        raise ConfigError(f"pipeline {spec}: {where}{_did_you_mean(e)}") from e
 
 
 def _did_you_mean(e: Exception) -> str:
@@ -127,9 +135,9 @@ def _did_you_mean(e: Exception) -> str:
 
     m = re.search(r"(\w+)\.__init__\(\) got an unexpected keyword argument '(\w+)'", str(e))
     kind = getattr(transforms, m[1], None) if m else None
-    if m is None or not dataclasses.is_dataclass(kind):
+    if m is None or not dataclasses.is_dataclass(kind) or "Did you mean" in str(e):  # (Python 3.13+ says it)
         return ""
-    names = [f.name for f in dataclasses.fields(kind) if not f.name.startswith("_")]
+    names = [f.name for f in dataclasses.fields(kind) if f.init and not f.name.startswith("_")]
     close = difflib.get_close_matches(m[2], names, n=1)
     return f"; did you mean {close[0]}=?" if close else f"; {m[1]} takes {', '.join(names)}"
 

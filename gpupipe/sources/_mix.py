@@ -127,17 +127,24 @@ class Mix(Source):
     def index(self, *, rank: int = 0, world_size: int = 1, on_error: Any = "raise") -> Index:
         """Indexes each source, then numbers their samples one source after another."""
         sources = cast("tuple[Source, ...]", self.sources)  # (made a tuple of sources in __post_init__)
-        parts = [s.index(rank=rank, world_size=world_size, on_error=on_error) for s in sources]
-        labeled = {p.labeled for p in parts}
-        if len(labeled) > 1:
-            which = [i for i, p in enumerate(parts) if not p.labeled]
-            raise ConfigError(f"Mix: sources {which} are unlabeled and the others labeled; mix like with like")
-        sizes = [len(p) - len(p.bad) for p in parts]
-        for i, size in enumerate(sizes):
-            if size == 0:
-                raise ConfigError(f"Mix: sources[{i}] has no samples to draw from: {sources[i]!r}")
-        counts = counts_of(sizes, weights=self.weights, counts=self.counts, num_samples=self.num_samples)
-        return MixIndex(parts, counts=counts, replacement=self.replacement, label_offsets=self.label_offsets)
+        parts: list[Index] = []
+        try:
+            for s in sources:
+                parts.append(s.index(rank=rank, world_size=world_size, on_error=on_error))
+            labeled = {p.labeled for p in parts}
+            if len(labeled) > 1:
+                which = [i for i, p in enumerate(parts) if not p.labeled]
+                raise ConfigError(f"Mix: sources {which} are unlabeled and the others labeled; mix like with like")
+            sizes = [len(p) - len(p.bad) for p in parts]
+            for i, size in enumerate(sizes):
+                if size == 0:
+                    raise ConfigError(f"Mix: sources[{i}] has no samples to draw from: {sources[i]!r}")
+            counts = counts_of(sizes, weights=self.weights, counts=self.counts, num_samples=self.num_samples)
+            return MixIndex(parts, counts=counts, replacement=self.replacement, label_offsets=self.label_offsets)
+        except BaseException:
+            for p in parts:  # the sources indexed before the one that raised
+                p.close()
+            raise
 
 
 def _numbers(name: str, values: Any, n: int) -> tuple[Any, ...]:

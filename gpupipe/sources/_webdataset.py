@@ -8,6 +8,7 @@ import os
 import tarfile
 from collections.abc import Mapping, Sequence
 from typing import Any
+from urllib.parse import urlsplit
 
 import numpy as np
 
@@ -184,14 +185,14 @@ class WebDataset(Source):
             shards[s] = cached_scan(storage, self.urls[s], image_exts, label_ext)
         labeled = label_ext is not None
         index = Index(shards, reader=TarReader(storage, labeled=labeled), sequential=True, labeled=labeled)  # type: ignore[arg-type]
-        policy = check_enum("WebDataset.index", on_error, "on_error", OnError)
         try:
+            policy = check_enum("WebDataset.index", on_error, "on_error", OnError)
             _none_missing_all(self.urls, index.problems)  # whatever the policy: skipping all leaves nothing
-        except ShardError:
+            if policy is OnError.RAISE:
+                raise_first(index.problems)
+        except BaseException:
             index.close()
             raise
-        if policy is OnError.RAISE:
-            raise_first(index.problems)
         return index
 
 
@@ -204,7 +205,7 @@ def _none_missing_all(urls: Sequence[str], problems: list[DataError]) -> None:
     where = "" if "://" in first or os.path.isabs(first) else f", relative to the working directory {os.getcwd()}"
     shards = f"none of the {len(urls)} shards exists" if len(urls) > 1 else "the shard does not exist"
     hint = ""
-    if any(c in u for u in urls for c in "*?["):
+    if any(c in (urlsplit(u).path if "://" in u else u) for u in urls for c in "*?["):  # (not a URL's query)
         hint = (
             "; globs are listed with WebDataset(..., relist=True), or give a brace range "
             "('train-{000000..000099}.tar') or a list of paths"
