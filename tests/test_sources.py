@@ -107,6 +107,47 @@ class TestWebDataset:
         with pytest.raises(gp.ShardError, match=r"bad\.tar"):
             gp.WebDataset(str(tmp_path / "bad.tar")).index()
 
+    @pytest.mark.parametrize(
+        "cut, match",
+        [
+            ("in a header", r"ends inside the header after sample 's0002'"),
+            ("at a member boundary", r"ends after sample 's0002' without the tar's end-of-archive block"),
+            ("garbage after a member", r"has a header that cannot be read after sample 's0002'"),
+        ],
+    )
+    def test_a_tar_that_does_not_end_as_a_tar_ends_is_truncated(self, tmp_path, cut, match):
+        """tarfile stops silently at a header it cannot read past the first and at a missing end
+        block: the samples after the cut are lost, so the shard is truncated, never quietly short."""
+        path = str(tmp_path / "s-000000.tar")
+        with gp.ShardWriter(str(tmp_path / "s-%06d.tar")) as w:
+            for i in range(6):
+                w.write(f"s{i:04d}", {"jpg": encode_jpeg(synthetic_image(i, size=(8, 8))), "cls": i})
+        with tarfile.open(path) as tar:
+            header = next(m for m in tar if m.name == "s0003.jpg").offset  # after the 3 samples s0000..s0002
+        data = (tmp_path / "s-000000.tar").read_bytes()
+        damaged = {"in a header": data[: header + 200], "at a member boundary": data[:header],
+                   "garbage after a member": data[:header] + b"\x7f" * 4096}[cut]  # fmt: skip
+        with open(path, "wb") as f:
+            f.write(damaged)
+        with pytest.raises(gp.ShardError, match=match) as e:
+            gp.WebDataset(path).index()
+        assert e.value.kind is gp.Damage.TRUNCATED_SHARD and "its 3 complete samples before the cut" in str(e.value)
+        index = gp.WebDataset(path).index(on_error="skip")
+        assert len(index) == 3
+        index.close()
+
+    def test_one_zero_block_ends_a_tar(self, tmp_path):
+        """Writers that end with one zero block (the standard asks for two) are whole."""
+        path = str(tmp_path / "s-000000.tar")
+        with gp.ShardWriter(str(tmp_path / "s-%06d.tar")) as w:
+            w.write("a", {"jpg": encode_jpeg(synthetic_image(0, size=(8, 8))), "cls": 1})
+        with tarfile.open(path) as tar:
+            end = max(m.offset_data + -(-m.size // 512) * 512 for m in tar)
+        os.truncate(path, end + 512)
+        index = gp.WebDataset(path).index()
+        assert len(index) == 1
+        index.close()
+
     @pytest.mark.parametrize("on_error", ["raise", "skip"])
     def test_a_pattern_that_names_no_existing_shard_says_so(self, tmp_path, monkeypatch, on_error):
         """Not one shard exists: a wrong path, not damage to skip, whatever the policy."""

@@ -48,7 +48,9 @@ __all__ = [
 
 log = logging.getLogger("gpupipe")
 VERSION = "v1.2"
-SCHEMA = 2  # in the file name's hash: 2 records damage (problems.json); indexes of schema 1 are rescanned once
+# In the file name's hash: 2 records damage (problems.json); 3 checks a tar's end (a cut in a header, at
+# a member boundary, garbage after a member). Indexes of an older schema are rescanned once.
+SCHEMA = 3
 
 
 def cache_dir() -> str:

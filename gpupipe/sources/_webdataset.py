@@ -418,6 +418,22 @@ def _empty_shard(url: str, problem: Problem) -> ShardIndex:
     return ShardIndex(url, [], columns, problems=(problem,))
 
 
+def _unended(f: Any, end: int, groups: list[tuple[str, dict[str, tuple[int, int]]]]) -> str | None:
+    """Why a tar that :mod:`tarfile` read to its end did not end properly, or ``None``. tarfile
+    stops without a word at a header it cannot read past the first (cut short in a header, or
+    garbage) and at the end of the file; a whole tar goes on with a zero block (its end)."""
+    after = f"after sample {groups[-1][0]!r}" if groups else "after its first header"
+    f.seek(end)
+    block = f.read(tarfile.BLOCKSIZE)
+    if len(block) == tarfile.BLOCKSIZE and block.count(0) == tarfile.BLOCKSIZE:
+        return None
+    if not block:
+        return f"ends {after} without the tar's end-of-archive block (at byte {end}): cut at a member boundary?"
+    if len(block) < tarfile.BLOCKSIZE:
+        return f"ends inside the header {after} (at byte {end} + {len(block)})"
+    return f"has a header that cannot be read {after} (at byte {end})"
+
+
 def scan_tar(
     storage: Storage, url: str, image_exts: tuple[str, ...], label_ext: str | None, *, size: int | None = None
 ) -> tuple[ShardIndex, list[str]]:
@@ -438,8 +454,10 @@ def scan_tar(
                 size = f.seek(0, os.SEEK_END)
                 f.seek(0)
             with tarfile.open(fileobj=f, mode="r:") as tar:
+                end = 0  # where the members read so far end (the next header's offset)
                 try:
                     for m in tar:
+                        end = m.offset_data + -(-m.size // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
                         if not m.isfile():
                             continue
                         if size is not None and m.offset_data + m.size > size:
@@ -455,6 +473,8 @@ def scan_tar(
                             values[len(groups) - 1] = _label_value(member.read() if member else b"")
                 except tarfile.TarError as e:  # a header past the first cannot be read: cut short, or damaged
                     cut = f"is damaged after its last readable member ({e})"
+                if cut is None:
+                    cut = _unended(f, end, groups)
     except tarfile.TarError as e:
         kind = Damage.EMPTY_SHARD if size == 0 else Damage.UNREADABLE_SHARD
         detail = "is empty (0 bytes)" if size == 0 else f"is not a tar file: {e}"
