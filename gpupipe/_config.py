@@ -250,7 +250,10 @@ class LoaderConfig:
         max_skipped: with ``on_error="skip"``, the most samples one rank may skip in an epoch
             before a :class:`~gpupipe.DataError` stops it: a fraction of the rank's samples
             (a float in ``(0, 1)``) or a count (an int ``>= 0``); ``None``: no limit. Default
-            ``0.01``: a dataset rotting beyond 1 % fails loudly.
+            ``0.01``: a dataset rotting beyond 1 % fails loudly. Damage known when the loader
+            is made counts against the whole dataset, under either policy for samples listed
+            by ``gpupipe check``: a lost shard (missing, unreadable, empty) as many samples as
+            an intact shard holds on average, a truncated one as those it lacks of that.
         max_image_pixels: the most pixels (height x width) an image's header may declare; a
             larger image is a :class:`~gpupipe.SampleError` of kind ``"too-large"`` (raised, or
             skipped under ``on_error="skip"``) before any decoder allocates it. Default

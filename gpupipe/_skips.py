@@ -11,7 +11,7 @@ import numpy as np
 
 from ._batch import SkippedSample
 from ._config import LoaderConfig, OnError
-from ._errors import DataError
+from ._errors import Damage, DataError
 from .sources import Index
 
 __all__ = ["Skips"]
@@ -39,31 +39,37 @@ class Skips:
     def known_before(self, index: Index) -> None:
         """Records what is left out of every epoch before it runs: damage the index found (under
         ``"skip"``; ``"raise"`` raised it already) and samples listed as bad by ``gpupipe check``
-        (under either policy); logs a summary once and applies the cap to the dataset."""
+        (under either policy); logs a summary once and applies the cap to the dataset, under either
+        policy. A lost shard (missing, unreadable, empty) counts as the samples of an intact
+        shard on average, a truncated one as those it lacks of that average."""
         found, listed = index.problems, index.bad_errors()
         for error in (*found, *listed):
             self.record(error, None)
         if not (found or listed):
             return
         first = (found or listed)[0]
+        policy = "on_error='skip'" if self.config.on_error is OnError.SKIP else "listed, under either on_error"
         log.warning(
-            "gpupipe: leaving out %d damaged shards or samples found when indexing (on_error='skip') and %d "
-            "samples listed as bad by gpupipe check; loader.skipped lists them. First: %s",
+            "gpupipe: leaving out %d damaged shards or samples found when indexing and %d samples listed as bad "
+            "by gpupipe check (%s); loader.skipped lists them. First: %s",
             len(found),
             len(listed),
+            policy,
             first,
         )
-        if self.config.on_error is OnError.SKIP:
-            known = len(found) + len(listed)
-            limit = self.config.skip_limit(len(index) + sum(e.key is not None for e in found))
-            if limit is not None and known > limit:
-                raise DataError(
-                    f"the dataset has {known} damaged shards or samples known before the first epoch, more than "
-                    f"max_skipped={self.config.max_skipped!r} allows ({limit}). First: {first}. "
-                    "`python -m gpupipe check` lists them all.",
-                    shard=first.shard,
-                    key=first.key,
-                )
+        samples = sum(e.key is not None for e in found) + len(listed)
+        lost, shards = lost_in_shards(index)
+        limit = self.config.skip_limit(len(index) + samples - len(listed) + lost)
+        if limit is not None and samples + lost > limit:
+            what = f"{samples} damaged samples" + (f" and {shards} damaged shards (about {lost} samples)" if shards
+                                                   else "")  # fmt: skip
+            raise DataError(
+                f"the dataset has {what} known before the first epoch, more than "
+                f"max_skipped={self.config.max_skipped!r} allows ({limit}). First: {first}. "
+                "`python -m gpupipe check` lists them all.",
+                shard=first.shard,
+                key=first.key,
+            )
 
     def mark(
         self, skipped: tuple[tuple[int, DataError], ...], valid: np.ndarray, epoch: int, limit: int | None
@@ -95,3 +101,20 @@ class Skips:
         before = {where: r for where, r in self.records.items() if r.epoch is None}
         self.records = {**before, **{(r.shard, r.key): r for r in records}}
         self.in_epoch = int(state.get("skipped_in_epoch", 0))
+
+
+WHOLE = (Damage.MISSING_SHARD, Damage.UNREADABLE_SHARD, Damage.EMPTY_SHARD)
+
+
+def lost_in_shards(index: Index) -> tuple[int, int]:
+    """``(samples, shards)``: about how many samples ``index``'s damaged shards lost (a lost shard,
+    an intact shard's samples on average; a truncated one, what it lacks of that), and how many
+    shards are damaged. ``(0, 0)`` where none is."""
+    kinds = [{p.kind for p in s.problems if p.key is None} for s in index.shards]
+    whole = sum(bool(k & set(WHOLE)) for k in kinds)
+    cut = [len(s) for s, k in zip(index.shards, kinds, strict=True) if Damage.TRUNCATED_SHARD in k]
+    intact = [len(s) for s, k in zip(index.shards, kinds, strict=True) if not k]
+    if not (whole or cut):
+        return 0, 0
+    mean = sum(intact) / len(intact) if intact else max(cut, default=0)
+    return round(whole * mean + sum(max(0.0, mean - n) for n in cut)), whole + len(cut)

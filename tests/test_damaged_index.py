@@ -112,8 +112,21 @@ class TestSkip:
         assert sorted(keys) == sorted(key(n) for n in GOOD) and len(lengths) == 1
 
     def test_the_cap_counts_the_damage_known_before_the_epoch(self, backend, corpus):
-        with pytest.raises(gp.DataError, match="6 damaged shards or samples known before the first epoch"):
-            backend.loader(pipeline(corpus), 4, num_workers=0, on_error="skip", max_skipped=5)
+        """A lost shard counts as an intact shard's samples on average (4.5 here), a truncated one
+        as those it lacks (1.5): 3 samples + about 10 in shards."""
+        with pytest.raises(gp.DataError, match=r"3 damaged samples and 3 damaged shards \(about 10 samples\) known "
+                           r"before the first epoch, more than max_skipped=12 allows \(12\)"):  # fmt: skip
+            backend.loader(pipeline(corpus), 4, num_workers=0, on_error="skip", max_skipped=12)
+        backend.loader(pipeline(corpus), 4, num_workers=0, on_error="skip", max_skipped=13).close()
+
+    def test_lost_shards_count_by_their_samples(self, backend, tmp_path):
+        """5 of 20 shards missing is a quarter of the data, not 5 samples: over the default 1%."""
+        urls = write_webdataset_shards(str(tmp_path), (6,) * 15, prefix="part")
+        urls += [str(tmp_path / f"gone-{i}.tar") for i in range(5)]
+        with pytest.raises(gp.DataError, match=r"0 damaged samples and 5 damaged shards \(about 30 samples\)"):
+            backend.loader(pipeline(urls), 4, num_workers=0, on_error="skip")
+        with backend.loader(pipeline(urls), 4, num_workers=0, on_error="skip", max_skipped=0.3) as loader:
+            assert loader.num_samples == 90
 
     def test_an_empty_tar_and_a_file_that_is_not_a_tar(self, backend, corpus, tmp_path):
         members = tmp_path / "none.tar"
@@ -152,6 +165,13 @@ class TestCheckedList:
             assert all("gpupipe check" in s.reason and s.kind == "undecodable" for s in loader.skipped)
         assert sorted(got) == sorted(key(n) for n in range(12) if n not in (7, 10))
 
+    @pytest.mark.parametrize("on_error", ["raise", "skip"])
+    def test_the_cap_holds_for_listed_samples_under_both_policies(self, backend, clean, on_error):
+        listed(clean[1], {1: "corrupt", 4: "corrupt"})
+        with pytest.raises(gp.DataError, match=r"2 damaged samples known before the first epoch, more than "
+                           r"max_skipped=1 allows \(1\)"):  # fmt: skip
+            backend.loader(pipeline(clean), 4, num_workers=0, on_error=on_error, max_skipped=1)
+
     def test_a_list_for_another_version_of_the_shard_is_ignored(self, backend, clean, caplog):
         listed(clean[0], {0: "corrupt"})
         with open(clean[0], "ab") as f:
@@ -164,7 +184,7 @@ class TestCheckedList:
         listed(clean[0], {2: "corrupt"})
 
         def make():
-            return backend.loader(pipeline(clean), 4, num_workers=0, shuffle=True, seed=1)
+            return backend.loader(pipeline(clean), 4, num_workers=0, shuffle=True, seed=1, max_skipped=None)
 
         states, _ = check_exact_resume(make, epoch=2)
         assert states[0]["plan"]["mask"].startswith("1:")
