@@ -74,8 +74,14 @@ class CheckReport:
     def summary(self, first: int = 3) -> str:
         """A few lines for people: totals, then per kind the count, the first keys and the shards."""
         bad = sum(f.sample is not None for f in self.findings)
+        left = len(self.findings) - bad
         lines = [f"checked {self.samples} samples in {self.shards} shards: " + ("all good" if self.ok else
-                 f"{len(self.findings)} problems ({bad} numbered samples listed as bad)")]  # fmt: skip
+                 f"{_count(len(self.findings), 'problem')}: {bad} of them numbered samples, which a bad-sample list "
+                 "beside their shard leaves out of every loader")]  # fmt: skip
+        if left:
+            lines.append(f"  {left} not listable (damaged shards; samples without image or label, or with a repeated "
+                         "key, which the index does not number): loaders with on_error='raise' refuse the dataset "
+                         "until they are mended; on_error='skip' leaves them out")  # fmt: skip
         for kind, n in self.counts().items():
             found = [f for f in self.findings if f.kind.value == kind]
             shards = sorted({f.shard for f in found})
@@ -83,7 +89,8 @@ class CheckReport:
             lines.append(
                 f"  {kind}: {n}"
                 + (f"; first keys {', '.join(repr(k) for k in keys)}" if keys else "")
-                + f"; in {len(shards)} shards: {', '.join(shards[:first])}{' ...' if len(shards) > first else ''}"
+                + f"; in {_count(len(shards), 'shard')}: {', '.join(shards[:first])}"
+                + (" ..." if len(shards) > first else "")
             )
         if self.findings:
             lines.append(f"  first: {self.findings[0].message}")
@@ -101,6 +108,10 @@ class CheckReport:
             "written": list(self.written),
             "removed": list(self.removed),
         }
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 _Job = tuple[str, tuple[str, ...], "str | None", "int | None", "WebDataset"]

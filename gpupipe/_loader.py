@@ -301,6 +301,16 @@ class Loader(LoaderAttributes):
         that grows (``WebDataset(..., relist=True)``), a new epoch lists its shards again: the
         epoch reads those present now, and ``len(loader)`` follows (docs/guide/growing.md)."""
         check_int("Loader.set_epoch", epoch, "epoch", minimum=0)
+        if self._resume_at is not None and self._resume_at[0] != epoch and 0 < self._resume_at[1] < len(self):
+            # a mid-epoch position dropped (one at an epoch's start or end drops nothing)
+            warnings.warn(
+                f"Loader.set_epoch({epoch}) after load_state_dict() of a state in epoch {self._resume_at[0]} "
+                f"(batch {self._resume_at[1]}): the loaded position is dropped and epoch {epoch} starts from its "
+                f"first batch. To resume, call set_epoch({self._resume_at[0]}) (or none) before iterating",
+                UserWarning,
+                stacklevel=2,
+            )
+            self._resume_at, self._layout = None, None
         if self._listing is not None and epoch != self._listed_epoch and not self.closed:  # a growing source
             self._relist(listing_of(self.pipeline.source, self._topo, self._device))
             self._listed_epoch = epoch

@@ -68,6 +68,9 @@ class TestCheck:
         report = gp.check([*urls, cut, str(tmp_path / "gone.tar")], workers=0)
         assert report.counts() == {"no-image": 1, "truncated-shard": 1, "missing-shard": 1}
         assert all(f.sample is None for f in report.findings) and not report.written
+        assert "3 problems: 0 of them numbered samples" in report.summary()
+        assert "3 not listable" in report.summary() and "on_error='raise' refuse the dataset" in report.summary()
+        assert "in 1 shard: " in report.summary()
 
     def test_in_parallel_the_same_report(self, damaged):
         serial = gp.check(damaged, workers=0, write=False)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 
 import gpupipe as gp
@@ -42,6 +44,28 @@ class TestResume:
         assert resumed.seed != run.seed
         resumed.load_state_dict(state)
         assert resumed.seed == run.seed and [b.keys for b in resumed] == rest
+
+    def test_another_epoch_after_loading_a_state_warns(self, backend, uneven_shards, clean_env):
+        """An off-by-one start epoch after load_state_dict would drop the resume silently."""
+        run = backend.loader(val(uneven_shards), 3, shuffle=True, seed=0, num_workers=0)
+        run.set_epoch(1)
+        next(iter(run))
+        state = run.state_dict()
+        resumed = backend.loader(val(uneven_shards), 3, shuffle=True, seed=0, num_workers=0)
+        resumed.load_state_dict(state)
+        resumed.set_epoch(1)  # the state's own epoch: kept, no warning
+        assert resumed.state_dict()["batches_yielded"] == 1
+        with pytest.warns(UserWarning, match=r"set_epoch\(0\) after load_state_dict\(\) of a state in epoch 1 "
+                          r"\(batch 1\): the loaded position is dropped"):  # fmt: skip
+            resumed.set_epoch(0)
+        assert len(list(resumed)) == len(resumed)  # epoch 0, whole
+        done = backend.loader(val(uneven_shards), 3, shuffle=True, seed=0, num_workers=0)
+        list(done)
+        after = backend.loader(val(uneven_shards), 3, shuffle=True, seed=0, num_workers=0)
+        after.load_state_dict(done.state_dict())  # saved at the end of epoch 0: going on with 1 drops nothing
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            after.set_epoch(1)
 
     def test_state_after_an_epoch(self, backend, uneven_shards, clean_env):
         run = backend.loader(val(uneven_shards), 4, seed=0, num_workers=0)

@@ -159,6 +159,15 @@ class TestWebDataset:
         with pytest.raises(gp.ShardError, match=r"globs are listed with WebDataset\(\.\.\., relist=True\)"):
             gp.WebDataset(str(tmp_path / "d" / "*.tar")).index(on_error=on_error)
 
+    def test_a_gzipped_tar_under_a_tar_name_says_so(self, tmp_path, shards):
+        import gzip
+
+        path = tmp_path / "a.tar"
+        with open(shards[0], "rb") as f:
+            path.write_bytes(gzip.compress(f.read()))
+        with pytest.raises(gp.ShardError, match=r"not a tar file: .*; it is gzip-compressed: name it \.tar\.gz"):
+            gp.WebDataset(str(path)).index()
+
     def test_a_urls_query_is_not_a_glob(self):
         from gpupipe.sources._webdataset import _none_missing_all
 

@@ -218,8 +218,9 @@ def raise_first(problems: list[DataError]) -> None:
     if not problems:
         return
     first = problems[0]
+    n = len(problems) - 1
     more = (
-        f" ({len(problems) - 1} more problems in this dataset: `python -m gpupipe check` lists them all; "
+        f" ({n} more problem{'' if n == 1 else 's'} in this dataset: `python -m gpupipe check` lists them all; "
         "Loader(on_error='skip') leaves them out)"
         if len(problems) > 1
         else ""
@@ -418,6 +419,15 @@ def _empty_shard(url: str, problem: Problem) -> ShardIndex:
     return ShardIndex(url, [], columns, problems=(problem,))
 
 
+def _gzip(storage: Storage, url: str) -> bool:
+    """Whether the shard starts as a gzip stream does (a compressed tar under a .tar name)."""
+    try:
+        with storage.open_shard(url) as f:
+            return bool(f.read(2) == b"\x1f\x8b")
+    except OSError:
+        return False
+
+
 def _unended(f: Any, end: int, groups: list[tuple[str, dict[str, tuple[int, int]]]]) -> str | None:
     """Why a tar that :mod:`tarfile` read to its end did not end properly, or ``None``. tarfile
     stops without a word at a header it cannot read past the first (cut short in a header, or
@@ -477,7 +487,8 @@ def scan_tar(
                     cut = _unended(f, end, groups)
     except tarfile.TarError as e:
         kind = Damage.EMPTY_SHARD if size == 0 else Damage.UNREADABLE_SHARD
-        detail = "is empty (0 bytes)" if size == 0 else f"is not a tar file: {e}"
+        gzipped = "; it is gzip-compressed: name it .tar.gz (or .tgz)" if _gzip(storage, url) else ""
+        detail = "is empty (0 bytes)" if size == 0 else f"is not a tar file: {e}{gzipped}"
         return _empty_shard(url, Problem(kind, None, detail)), []
     except OSError as e:
         return _empty_shard(url, Problem(Damage.UNREADABLE_SHARD, None, f"cannot be read: {e}")), []
