@@ -32,6 +32,7 @@ EXIF orientation is ignored by default, as torchvision and Pillow do (the pixels
 from __future__ import annotations
 
 import io
+import re
 import warnings
 
 import numpy as np
@@ -118,6 +119,14 @@ def check_pixels(size: tuple[int, int] | None, max_pixels: int | None, *, shard:
         )
 
 
+def _said(e: Exception) -> str:
+    """What a decoder said, without the C++ source location torch's errors carry
+    (``decode_jpeg, /__w/vision/.../decode_jpeg.cpp:171, Image is incomplete``) or a backtrace."""
+    text = str(e).split("\nException raised from", 1)[0].strip().splitlines()
+    said = text[0] if text else ""
+    return re.sub(r"^\w+, \S+\.(?:cpp|cc|h|cu):\d+, ", "", said)
+
+
 def decode_rgb(
     data: bytes,
     *,
@@ -139,7 +148,7 @@ def decode_rgb(
         raise
     except Exception as e:
         raise SampleError(
-            f"cannot decode the image of sample {key!r} in shard {shard!r}: {type(e).__name__}: {e}",
+            f"cannot decode the image of sample {key!r} in shard {shard!r}: {type(e).__name__}: {_said(e)}",
             shard=shard,
             key=key,
             kind=Damage.UNDECODABLE,

@@ -40,7 +40,14 @@ class TestTable:
     def test_auto_falls_back_in_table_order(self, shards, monkeypatch):
         monkeypatch.setattr(type(backends.get("dali")), "available", lambda self: False)
         loader = gp.Loader(gp.Pipeline(shards, [T.CenterCrop(8)]), 2, device="cpu", num_workers=0)
-        assert loader.backend == "torch"
+        assert loader.backend == "torch" and loader.chosen == "backend torch: dali not available"
+
+    def test_auto_says_why(self):
+        dali = backends.get("dali")
+        backend, device = backends.resolve("auto", "cpu")
+        expected = "the first available of dali, torch" if dali.available() else "dali not available"
+        assert backends.why("auto", "cpu", backend, device) == f"backend {backend.name}: {expected}"
+        assert backends.why("torch", "cpu", backends.get("torch"), device) is None  # both given: nothing to say
 
     def test_an_unavailable_backend_says_what_to_install(self, shards, monkeypatch):
         monkeypatch.setattr(type(backends.get("dali")), "available", lambda self: False)

@@ -117,3 +117,13 @@ def test_a_tar_member_named_jpg_that_is_a_tar(tmp_path):
     urls = write_webdataset_shards(str(tmp_path), (2,), prefix="t", patch={0: {"jpg": inner.read_bytes()}})
     report = gp.check(urls, workers=0, write=False)
     assert [(f.key, f.kind.value) for f in report.findings] == [(key(0), "undecodable")]
+
+
+def test_a_decoders_message_without_its_source_location():
+    """torchvision's errors carry 'decode_jpeg, /__w/vision/.../decode_jpeg.cpp:171, ': left out."""
+    from gpupipe._decode import decode_rgb
+
+    with pytest.raises(gp.SampleError) as e:
+        decode_rgb(truncated_jpeg(1), shard="s.tar", key="k")
+    assert e.value.kind is gp.Damage.UNDECODABLE and ".cpp" not in str(e.value) and "__w" not in str(e.value)
+    assert str(e.value).startswith("cannot decode the image of sample 'k' in shard 's.tar': ")

@@ -137,5 +137,7 @@ def why(name: str, device: str | torch.device | None, backend: Backend, dev: tor
     if name == "auto":
         before = list(TABLE)[: list(TABLE).index(backend.name)]
         missing = [n for n in before if get(n).auto and (not get(n).available() or dev.type not in get(n).devices)]
-        parts.append(f"backend {backend.name}: " + (f"{', '.join(missing)} not available" if missing else "the first"))
+        order = ", ".join(n for n in TABLE if get(n).auto)
+        parts.append(f"backend {backend.name}: " + (f"{', '.join(missing)} not available" if missing else
+                                                    f"the first available of {order}"))  # fmt: skip
     return "; ".join(parts) or None
