@@ -136,6 +136,24 @@ class TestWebDataset:
         assert len(index) == 3
         index.close()
 
+    @pytest.mark.parametrize("fmt", [tarfile.GNU_FORMAT, tarfile.PAX_FORMAT, tarfile.USTAR_FORMAT])
+    def test_whole_tars_of_every_format_are_whole(self, tmp_path, fmt):
+        """Directories, links, long names (GNU and pax extended headers) and an empty last member
+        end where tarfile says: no false truncation."""
+        path = tmp_path / "w.tar"
+        jpeg = encode_jpeg(synthetic_image(0, size=(8, 8)))
+        long = "d/" + "x" * (60 if fmt == tarfile.USTAR_FORMAT else 150)
+        with tarfile.open(path, "w", format=fmt) as tar:
+            for name, data, kind in [("d", b"", tarfile.DIRTYPE), (f"{long}.jpg", jpeg, tarfile.REGTYPE),
+                                     (f"{long}.cls", b"3", tarfile.REGTYPE), ("link", b"", tarfile.SYMTYPE),
+                                     ("empty.txt", b"", tarfile.REGTYPE)]:  # fmt: skip
+                info = tarfile.TarInfo(name)
+                info.type, info.size, info.linkname = kind, len(data), "d" if kind == tarfile.SYMTYPE else ""
+                tar.addfile(info, io.BytesIO(data) if data else None)
+        index = gp.WebDataset(str(path)).index(on_error="skip")
+        assert len(index) == 1 and not [p for p in index.problems if p.kind is gp.Damage.TRUNCATED_SHARD]
+        index.close()
+
     def test_one_zero_block_ends_a_tar(self, tmp_path):
         """Writers that end with one zero block (the standard asks for two) are whole."""
         path = str(tmp_path / "s-000000.tar")

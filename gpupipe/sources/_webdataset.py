@@ -464,10 +464,8 @@ def scan_tar(
                 size = f.seek(0, os.SEEK_END)
                 f.seek(0)
             with tarfile.open(fileobj=f, mode="r:") as tar:
-                end = 0  # where the members read so far end (the next header's offset)
                 try:
                     for m in tar:
-                        end = m.offset_data + -(-m.size // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
                         if not m.isfile():
                             continue
                         if size is not None and m.offset_data + m.size > size:
@@ -483,8 +481,8 @@ def scan_tar(
                             values[len(groups) - 1] = _label_value(member.read() if member else b"")
                 except tarfile.TarError as e:  # a header past the first cannot be read: cut short, or damaged
                     cut = f"is damaged after its last readable member ({e})"
-                if cut is None:
-                    cut = _unended(f, end, groups)
+                if cut is None:  # tarfile's offset: where it read the header that ended the members
+                    cut = _unended(f, tar.offset, groups)
     except tarfile.TarError as e:
         kind = Damage.EMPTY_SHARD if size == 0 else Damage.UNREADABLE_SHARD
         gzipped = "; it is gzip-compressed: name it .tar.gz (or .tgz)" if _gzip(storage, url) else ""
