@@ -147,7 +147,8 @@ class RayOptions:
         num_cpus: CPUs each batch's task reserves on the cluster. Default 1.
         in_flight: batches submitted ahead per rank (backpressure: at most this many batches
             in the cluster or its object store for one loader). ``None`` (default): twice the
-            loader's ``num_workers``, at least 2.
+            loader's ``num_workers`` where it is given, else twice this process's CPUs up to 8
+            (not a rank's share: the tasks run on the cluster), at least 2.
         timeout: seconds a rank waits for one batch before a :class:`~gpupipe.WorkerError`
             (a cluster without free CPUs, a lost node whose tasks cannot be placed). Default 300.
         max_retries: times a batch's task is run again after its worker or node died (Ray's

@@ -33,6 +33,7 @@ import numpy as np
 import ray
 import torch
 
+from ..._dist import default_workers
 from ..._errors import ClosedError, WorkerError
 from ..._pipeline import Pipeline
 from ..._plan import RankPlan
@@ -158,7 +159,9 @@ class RayRunner:
         _cluster.attach(self.options)
         self._attached = True
         try:
-            self.in_flight = self.options.in_flight or max(2, 2 * spec.workers)
+            # the tasks run on the cluster: a default num_workers (a rank's share of this node) is not their measure
+            workers = spec.workers if spec.config.num_workers is not None else default_workers(ranks=1)
+            self.in_flight = self.options.in_flight or max(2, 2 * workers)
             views = spec.views
             self._finish: tuple[tuple[Transform, ...], ...] = tuple(() for _ in spec.views)
             if normalizes_on_rank(self.options.normalize_on_rank, spec.device):
