@@ -48,7 +48,7 @@ class Skips:
         if not (found or listed):
             return
         first = (found or listed)[0]
-        policy = "on_error='skip'" if self.config.on_error is OnError.SKIP else "listed, under either on_error"
+        policy = "on_error='skip'" if self.config.on_error is OnError.SKIP else "on_error='raise': the listed ones only"
         log.warning(
             "gpupipe: leaving out %d damaged shards or samples found when indexing and %d samples listed as bad "
             "by gpupipe check (%s); loader.skipped lists them. First: %s",
