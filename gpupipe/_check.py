@@ -24,7 +24,7 @@ from typing import Any
 from ._children import process_pool
 from ._decode import MAX_IMAGE_PIXELS, verdicts
 from ._dist import cpu_cores
-from ._errors import ConfigError, Damage, DataError, Problem, redact
+from ._errors import ConfigError, Damage, DataError, Problem, counted, redact
 from .sidefiles._mask import mask_url, write_mask
 from .sources import WebDataset
 
@@ -76,7 +76,7 @@ class CheckReport:
         bad = sum(f.sample is not None for f in self.findings)
         left = len(self.findings) - bad
         lines = [f"checked {self.samples} samples in {self.shards} shards: " + ("all good" if self.ok else
-                 f"{_count(len(self.findings), 'problem')}: {bad} of them numbered samples, which a bad-sample list "
+                 f"{counted(len(self.findings), 'problem')}: {bad} of them numbered samples, which a bad-sample list "
                  "beside their shard leaves out of every loader")]  # fmt: skip
         if left:
             lines.append(f"  {left} not listable (damaged shards; samples without image or label, or with a repeated "
@@ -89,7 +89,7 @@ class CheckReport:
             lines.append(
                 f"  {kind}: {n}"
                 + (f"; first keys {', '.join(repr(k) for k in keys)}" if keys else "")
-                + f"; in {_count(len(shards), 'shard')}: {', '.join(shards[:first])}"
+                + f"; in {counted(len(shards), 'shard')}: {', '.join(shards[:first])}"
                 + (" ..." if len(shards) > first else "")
             )
         if self.findings:
@@ -108,10 +108,6 @@ class CheckReport:
             "written": list(self.written),
             "removed": list(self.removed),
         }
-
-
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 _Job = tuple[str, tuple[str, ...], "str | None", "int | None", "WebDataset"]

@@ -32,11 +32,17 @@ __all__ = [
     "SHARD_DAMAGE",
     "truncated",
     "unreadable",
+    "counted",
 ]
 
 
 _CREDENTIALS = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://)[^/\s@'\"]+@")
 _QUERY = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://[^\s?#'\"]*)\?[^\s#'\"]*")
+
+
+def counted(n: int, noun: str) -> str:
+    """``"1 shard"``, ``"3 shards"``: a count and its noun, for messages."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def redact(text: str) -> str:

@@ -214,14 +214,20 @@ def load_pipeline(spec: str) -> Callable[..., Any]:
     return fn
 
 
+_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep  # gpupipe's own files
+
+
+def _frames(e: BaseException) -> list[Any]:
+    """``e``'s traceback, outermost first, without generated code (``<string>``, ``<frozen ...>``)."""
+    import traceback
+
+    return [f for f in traceback.extract_tb(e.__traceback__) if not f.filename.startswith("<")]
+
+
 def raised(e: BaseException, file: str | None = None) -> str:
     """``e`` in one line, with where the user's code raised it: the innermost frame in ``file``
     (the pipeline file), else the innermost outside gpupipe and Python's import machinery."""
-    import traceback
-
-    package = os.path.dirname(os.path.abspath(__file__)) + os.sep
-    frames = [f for f in traceback.extract_tb(e.__traceback__) if not f.filename.startswith((package, "<"))]
-    frames = [f for f in frames if "importlib" not in f.filename]
+    frames = [f for f in _frames(e) if not f.filename.startswith(_PACKAGE) and "importlib" not in f.filename]
     mine = [f for f in frames if file is not None and os.path.abspath(f.filename) == os.path.abspath(file)]
     frames = mine or frames
     if isinstance(e, SyntaxError) and e.filename:
@@ -234,11 +240,17 @@ def raised(e: BaseException, file: str | None = None) -> str:
 
 def raised_in_gpupipe(e: BaseException) -> bool:
     """Whether ``e`` was raised by gpupipe's own code (a bug of gpupipe's, not of its caller)."""
-    import traceback
+    frames = _frames(e)
+    return bool(frames) and frames[-1].filename.startswith(_PACKAGE)
 
-    package = os.path.dirname(os.path.abspath(__file__)) + os.sep
-    frames = [f for f in traceback.extract_tb(e.__traceback__) if not f.filename.startswith("<")]
-    return bool(frames) and frames[-1].filename.startswith(package)
+
+def tar_files(path: str) -> list[str]:
+    """The names of the tar shards in directory ``path``, sorted: files named ``*.tar``, dot-files
+    (macOS's ``._x.tar``) left out."""
+    return sorted(
+        f for f in os.listdir(path)
+        if f.endswith(".tar") and not f.startswith(".") and os.path.isfile(os.path.join(path, f))
+    )  # fmt: skip
 
 
 def directory_hint(path: str) -> str:
@@ -246,7 +258,7 @@ def directory_hint(path: str) -> str:
     list), else an ImageFolder."""
     import re
 
-    tars = sorted(f for f in os.listdir(path) if f.endswith(".tar") and not f.startswith("."))
+    tars = tar_files(path)
     if not tars:
         return "use gp.ImageFolder(root) for an ImageFolder tree, or a shard pattern for WebDataset shards"
     parts = [m.groups() for f in tars if (m := re.fullmatch(r"(.*?)(\d+)\.tar", f))]

@@ -11,7 +11,7 @@ import numpy as np
 
 from ._batch import SkippedSample
 from ._config import LoaderConfig, OnError
-from ._errors import Damage, DataError
+from ._errors import SHARD_DAMAGE, Damage, DataError
 from .sources import Index
 
 __all__ = ["Skips"]
@@ -103,7 +103,7 @@ class Skips:
         self.in_epoch = int(state.get("skipped_in_epoch", 0))
 
 
-WHOLE = (Damage.MISSING_SHARD, Damage.UNREADABLE_SHARD, Damage.EMPTY_SHARD)
+WHOLE = SHARD_DAMAGE - {Damage.TRUNCATED_SHARD}  # a shard lost whole: missing, unreadable, empty
 
 
 def lost_in_shards(index: Index) -> tuple[int, int]:
@@ -111,7 +111,7 @@ def lost_in_shards(index: Index) -> tuple[int, int]:
     an intact shard's samples on average; a truncated one, what it lacks of that), and how many
     shards are damaged. ``(0, 0)`` where none is."""
     kinds = [{p.kind for p in s.problems if p.key is None} for s in index.shards]
-    whole = sum(bool(k & set(WHOLE)) for k in kinds)
+    whole = sum(bool(k & WHOLE) for k in kinds)
     cut = [len(s) for s, k in zip(index.shards, kinds, strict=True) if Damage.TRUNCATED_SHARD in k]
     intact = [len(s) for s, k in zip(index.shards, kinds, strict=True) if not k]
     if not (whole or cut):

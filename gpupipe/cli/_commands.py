@@ -96,11 +96,11 @@ def _source(data: str) -> Any:
     (every ``*.tar`` file in it, in name order, dot-files left out), else an ImageFolder tree."""
     if not os.path.isdir(data):
         return data
+    from .._pipeline import tar_files
     from ..sources import ImageFolder
 
-    names = sorted(f for f in os.listdir(data) if not f.startswith("."))
-    tars = [os.path.join(data, f) for f in names if f.endswith(".tar") and os.path.isfile(os.path.join(data, f))]
-    if tars and any(os.path.isdir(os.path.join(data, f)) for f in names):
+    tars = [os.path.join(data, f) for f in tar_files(data)]
+    if tars and any(os.path.isdir(os.path.join(data, f)) for f in os.listdir(data) if not f.startswith(".")):
         print(f"note: {data} holds tar shards and folders; reading its {len(tars)} tar shards", file=sys.stderr)
     return tars or ImageFolder(data)
 
@@ -229,7 +229,7 @@ def bench(args: argparse.Namespace) -> int:
 
 
 def _say(run: Any) -> None:
-    auto = f" (auto: {run.auto})" if getattr(run, "auto", None) else ""
+    auto = f" (auto: {run.auto})" if run.auto else ""
     print(f"backend={run.backend} device={run.device} workers={run.workers} batch={run.batch_size}{auto}")
     for e in run.epochs:
         print(

@@ -13,7 +13,18 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from .._config import OnError
-from .._errors import ConfigError, Damage, DataError, Problem, SampleError, ShardError, redact, truncated, unreadable
+from .._errors import (
+    ConfigError,
+    Damage,
+    DataError,
+    Problem,
+    SampleError,
+    ShardError,
+    counted,
+    redact,
+    truncated,
+    unreadable,
+)
 from .._validate import check_bytes, check_enum
 from ..sidefiles._indexfile import Samples, index_file_url, read_index_file
 from ..sidefiles._mask import read_mask
@@ -218,9 +229,8 @@ def raise_first(problems: list[DataError]) -> None:
     if not problems:
         return
     first = problems[0]
-    n = len(problems) - 1
     more = (
-        f" ({n} more problem{'' if n == 1 else 's'} in this dataset: `python -m gpupipe check` lists them all; "
+        f" ({counted(len(problems) - 1, 'more problem')} in this dataset: `python -m gpupipe check` lists them all; "
         "Loader(on_error='skip') leaves them out)"
         if len(problems) > 1
         else ""
