@@ -17,28 +17,41 @@ ROOT = os.path.join(os.path.dirname(__file__), "..")
 pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
 
 
-def dry_run(cuda: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["make", "-n", "-B", ".venv/.installed", f"CUDA={cuda}"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=60)  # fmt: skip
+def dry_run(cuda: str, target: str = ".venv/.installed") -> subprocess.CompletedProcess:
+    return subprocess.run(["make", "-n", "-B", target, f"CUDA={cuda}"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60)  # fmt: skip
 
 
 @pytest.mark.parametrize("cuda", ["12", "12.4", "12.8"])
 def test_a_cuda_12_driver_gets_cuda_12_builds(cuda):
-    out = dry_run(cuda).stdout
-    assert "pip install -q torch torchvision --index-url https://download.pytorch.org/whl/cu126" in out
-    assert "grep -v '^torch' constraints.txt > .venv/constraints-cuda12.txt" in out  # not PyPI's CUDA 13 pins
-    assert "-c .venv/constraints-cuda12.txt -e '.[dev,cuda12,cupy12]'" in out
+    for target, extras in ((".venv/.installed", "cuda12,cupy12"), (".venv/.installed-dev", "dev,cuda12,cupy12")):
+        out = dry_run(cuda, target).stdout
+        assert "pip install -q torch torchvision --index-url https://download.pytorch.org/whl/cu126" in out
+        assert "grep -v '^torch' constraints.txt > .venv/constraints-cuda12.txt" in out  # not PyPI's CUDA 13 pins
+        assert f"-c .venv/constraints-cuda12.txt -e '.[{extras}]'" in out
 
 
 @pytest.mark.parametrize("cuda", ["13", "13.0", "14.1"])
 def test_a_cuda_13_driver_gets_cuda_13_builds(cuda):
     out = dry_run(cuda).stdout
-    assert "-c constraints.txt -e '.[dev,cuda13,cupy13]'" in out and "--index-url" not in out
+    assert "-c constraints.txt -e '.[cuda13,cupy13]'" in out and "--index-url" not in out
+    assert "-c constraints.txt -e '.[dev,cuda13,cupy13]'" in dry_run(cuda, ".venv/.installed-dev").stdout
 
 
 def test_no_driver_installs_what_ci_runs():
-    out = dry_run("").stdout
+    out = dry_run("", "test").stdout
     assert "-c constraints.txt -e '.[dev,cuda12]'" in out and "--index-url" not in out
+
+
+@pytest.mark.parametrize("cuda", ["", "12.4", "13.0"])
+def test_the_demo_installs_the_runtime_only_and_the_tests_add_the_dev_tools(cuda):
+    def installs(target: str) -> list[str]:
+        return [line for line in dry_run(cuda, target).stdout.splitlines() if "pip install" in line and " -e " in line]
+
+    assert len(installs("demo")) == 1 and "dev" not in installs("demo")[0]
+    assert len(installs("bench-gpu")) == 1 and "dev" not in installs("bench-gpu")[0]
+    for target in ("test", "lint", "docs", "test-gpu"):  # one install: the runtime with the dev tools
+        assert len(installs(target)) == 1 and "-e '.[dev," in installs(target)[0], target
 
 
 def test_an_old_driver_is_refused_with_the_way_out():
