@@ -34,14 +34,24 @@ from __future__ import annotations
 import io
 import re
 import warnings
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
 from ._errors import Damage, SampleError
-from ._imageinfo import MAX_IMAGE_PIXELS, header_size, image_format, jpeg_frame
+from ._imageinfo import MAX_IMAGE_PIXELS, header_size, image_format, jpeg_walk, png_animated
 
-__all__ = ["decode_rgb", "verdicts", "check_header", "check_pixels", "MAX_IMAGE_PIXELS"]
+__all__ = [
+    "decode_rgb",
+    "verdicts",
+    "transcoded",
+    "Header",
+    "read_header",
+    "check_header",
+    "check_pixels",
+    "MAX_IMAGE_PIXELS",
+]
 
 _LOSSLESS_JPEG = frozenset((0xC3, 0xC7, 0xCB, 0xCF))
 
@@ -80,18 +90,27 @@ def _refused(message: str, kind: Damage, *, shard: str, key: str) -> SampleError
     return SampleError(f"the image of sample {key!r} in shard {shard!r} {message}", shard=shard, key=key, kind=kind)
 
 
-def check_header(data: bytes | memoryview, max_pixels: int | None, *, shard: str, key: str) -> tuple[int, int] | None:
+class Header(NamedTuple):
+    """What an accepted image's first bytes say (:func:`read_header`)."""
+
+    size: tuple[int, int] | None  # (height, width) as declared; None where gpupipe cannot tell
+    format: str | None  # gpupipe._imageinfo.image_format's name; None: a format only Pillow knows
+    irregular: bool  # decoders disagree on it: junk bytes before a JPEG's frame header, an animated PNG
+
+
+def read_header(data: bytes | memoryview, max_pixels: int | None, *, shard: str, key: str) -> Header:
     """The rules an image's first bytes decide (module docstring): raises ``SampleError`` for an
     empty image, an unsupported format or kind of JPEG, or a declared size over ``max_pixels``;
-    returns the ``(height, width)`` the header declares (``None`` where gpupipe cannot tell)."""
+    returns what the header says (one pass over it)."""
     if not len(data):
         raise _refused("is empty", Damage.EMPTY_IMAGE, shard=shard, key=key)
     fmt = image_format(data)
+    irregular = False
     if fmt == "gif":
         raise _refused("is a GIF, which gpupipe does not accept (DALI's decoders do not read GIF): convert it to "
                        "PNG or JPEG", Damage.UNSUPPORTED, shard=shard, key=key)  # fmt: skip
     if fmt == "jpeg":
-        frame = jpeg_frame(data)
+        frame, irregular = jpeg_walk(data)
         if frame is None:
             raise _refused("is a JPEG without a frame header (damaged or cut short)", Damage.UNDECODABLE, shard=shard,
                            key=key)  # fmt: skip
@@ -101,9 +120,18 @@ def check_header(data: bytes | memoryview, max_pixels: int | None, *, shard: str
         if frame[3] != 8:
             raise _refused(f"is a {frame[3]}-bit JPEG; gpupipe accepts 8-bit JPEGs", Damage.UNSUPPORTED,
                            shard=shard, key=key)  # fmt: skip
-    size = header_size(data)
+        size: tuple[int, int] | None = (frame[0], frame[1])
+    else:
+        size = header_size(data)
+        irregular = fmt == "png" and png_animated(data)
     check_pixels(size, max_pixels, shard=shard, key=key)
-    return size
+    return Header(size, fmt, irregular)
+
+
+def check_header(data: bytes | memoryview, max_pixels: int | None, *, shard: str, key: str) -> tuple[int, int] | None:
+    """:func:`read_header`'s rules; returns the ``(height, width)`` the header declares
+    (``None`` where gpupipe cannot tell)."""
+    return read_header(data, max_pixels, shard=shard, key=key).size
 
 
 def check_pixels(size: tuple[int, int] | None, max_pixels: int | None, *, shard: str, key: str) -> None:
@@ -163,11 +191,13 @@ def decode_rgb(
 Suspect = tuple[bytes, str, str]  # (encoded image, shard, key)
 
 
-def _verdict(item: tuple[Suspect, int | None, tuple[int, int] | None]) -> tuple[int, int] | tuple[str, str]:
-    """In the sandbox's child: the decoded size, or the refusal as ``(kind, message)``."""
-    (data, shard, key), max_pixels, size = item
+def _verdict(item: tuple[Suspect, int | None, tuple[int, int] | None, str | None]) -> Any:
+    """In the sandbox's child: the decoded size (or, with a ``ppm`` mode, the pixels as a binary
+    PPM: ``"exif"`` turned upright, ``"plain"`` as stored), or the refusal as ``(kind, message)``."""
+    (data, shard, key), max_pixels, size, ppm = item
     try:
-        image = decode_rgb(data, shard=shard, key=key, max_pixels=max_pixels)
+        exif = ppm == "exif"
+        image = decode_rgb(data, shard=shard, key=key, max_pixels=max_pixels, apply_exif_orientation=exif)
     except SampleError as e:
         return (e.kind or Damage.UNDECODABLE).value, str(e)
     decoded = (int(image.shape[-2]), int(image.shape[-1]))
@@ -175,7 +205,25 @@ def _verdict(item: tuple[Suspect, int | None, tuple[int, int] | None]) -> tuple[
         message = (f"the image of sample {key!r} in shard {shard!r} declares {size[0]}x{size[1]} pixels in its "
                    f"header but decodes to {decoded[0]}x{decoded[1]}")  # fmt: skip
         return Damage.UNDECODABLE.value, message
+    if ppm:
+        return b"P6\n%d %d\n255\n" % (decoded[1], decoded[0]) + image.permute(1, 2, 0).contiguous().numpy().tobytes()
     return decoded
+
+
+def _sandboxed(suspects: list[Suspect], items: list[Any]) -> list[Any]:
+    """``_verdict`` of each item in the sandbox: its value, or the ``SampleError`` of its refusal
+    (a crash or a hang included)."""
+    from ._sandbox import guarded_map
+
+    found: list[Any] = []
+    for (_, shard, key), outcome in zip(suspects, guarded_map(_verdict, items), strict=True):
+        if not outcome.ok:
+            found.append(_refused(f"cannot be decoded: {outcome.reason()}", Damage.UNDECODABLE, shard=shard, key=key))
+        elif isinstance(outcome.value, tuple) and isinstance(outcome.value[0], str):
+            found.append(SampleError(outcome.value[1], shard=shard, key=key, kind=Damage(outcome.value[0])))
+        else:
+            found.append(outcome.value)
+    return found
 
 
 def verdicts(
@@ -188,15 +236,21 @@ def verdicts(
     (``gpupipe._sandbox``): a decoder that crashes on one, or hangs, makes that sample undecodable
     instead of ending this process. ``sizes``: the size each must decode to (its header's, where
     the DALI backend cut windows from it), or ``None``."""
-    from ._sandbox import guarded_map
+    items = [(s, max_pixels, None if sizes is None else sizes[i], None) for i, s in enumerate(suspects)]
+    return [found if isinstance(found, SampleError) else None for found in _sandboxed(suspects, items)]
 
-    items = [(s, max_pixels, None if sizes is None else sizes[i]) for i, s in enumerate(suspects)]
-    found: list[SampleError | None] = []
-    for (_, shard, key), outcome in zip(suspects, guarded_map(_verdict, items), strict=True):
-        if not outcome.ok:
-            found.append(_refused(f"cannot be decoded: {outcome.reason()}", Damage.UNDECODABLE, shard=shard, key=key))
-        elif isinstance(outcome.value, tuple) and isinstance(outcome.value[0], str):
-            found.append(SampleError(outcome.value[1], shard=shard, key=key, kind=Damage(outcome.value[0])))
-        else:
-            found.append(None)
-    return found
+
+def transcoded(
+    suspects: list[Suspect],
+    *,
+    max_pixels: int | None = MAX_IMAGE_PIXELS,
+    sizes: list[tuple[int, int] | None] | None = None,
+    apply_exif_orientation: bool = False,
+) -> list[bytes | SampleError]:
+    """Each suspect decoded by :func:`decode_rgb` in a child process, as :func:`verdicts` does: the
+    ``SampleError`` of its refusal, or its pixels as a binary PPM (``P6``, 8-bit RGB) — which any
+    decoder reads exactly (the DALI backend feeds it in place of a file DALI's decoders do not
+    read). ``apply_exif_orientation``: the pixels turned upright."""
+    mode = "exif" if apply_exif_orientation else "plain"
+    return _sandboxed(suspects, [(s, max_pixels, None if sizes is None or apply_exif_orientation else sizes[i], mode)
+                                 for i, s in enumerate(suspects)])  # fmt: skip

@@ -12,7 +12,7 @@ import io
 import struct
 import warnings
 
-__all__ = ["image_size", "header_size", "image_format", "jpeg_frame", "MAX_IMAGE_PIXELS"]
+__all__ = ["image_size", "header_size", "image_format", "jpeg_frame", "jpeg_walk", "png_animated", "MAX_IMAGE_PIXELS"]
 
 MAX_IMAGE_PIXELS = 89_478_485  # Pillow's Image.MAX_IMAGE_PIXELS (about 0.25 GB as RGB)
 
@@ -28,10 +28,17 @@ def jpeg_frame(data: bytes | memoryview) -> tuple[int, int, int, int] | None:
     Read as libjpeg reads it: bytes between segments that are not a marker are skipped (libjpeg
     warns "extraneous bytes before marker" and decodes on), so one junk byte cannot hide a
     declared size from the pixel limit."""
-    i, n = 2, len(data)
+    return jpeg_walk(data)[0]
+
+
+def jpeg_walk(data: bytes | memoryview) -> tuple[tuple[int, int, int, int] | None, bool]:
+    """:func:`jpeg_frame`'s frame header, and whether bytes that belong to no segment lie before
+    it (junk libjpeg skips; nvImageCodec's parser refuses the file)."""
+    i, n, junk = 2, len(data), False
     while i + 4 <= n:
         if data[i] != 0xFF:  # junk between segments: on to the next 0xFF
             i += 1
+            junk = True
             continue
         marker = data[i + 1]
         if marker == 0xFF:  # fill byte
@@ -41,16 +48,30 @@ def jpeg_frame(data: bytes | memoryview) -> tuple[int, int, int, int] | None:
             i += 2
             continue
         if marker in (0xD9, 0xDA):  # end of image, or start of scan before any frame header
-            return None
+            return None, junk
         (length,) = struct.unpack_from(">H", data, i + 2)
         if marker in _SOF:
             if i + 9 > n:
-                return None
+                return None, junk
             precision = data[i + 4]
             height, width = struct.unpack_from(">HH", data, i + 5)
-            return height, width, marker, precision
+            return (height, width, marker, precision), junk
         i += 2 + length
-    return None
+    return None, junk
+
+
+def png_animated(data: bytes | memoryview) -> bool:
+    """Whether a PNG is an animation (APNG: an ``acTL`` chunk before its image data)."""
+    i, n = 8, len(data)
+    while i + 8 <= n:
+        (length,) = struct.unpack_from(">I", data, i)
+        kind = bytes(data[i + 4 : i + 8])
+        if kind == b"acTL":
+            return True
+        if kind == b"IDAT" or kind == b"IEND":
+            return False
+        i += 12 + length
+    return False
 
 
 def _jpeg(data: bytes | memoryview) -> tuple[int, int] | None:

@@ -1,10 +1,11 @@
-"""One verdict per file (issue 24): the generated corpus of odd files (``tests/support/corpus.py``: other
-formats named ``.jpg``, animations, damaged PNGs that crash torchvision's decoder, lossless and
-12-bit JPEGs, decompression bombs) through every backend at batch sizes 1, 16 and 64, under
-``skip`` and ``raise``, each run in a child process so that a crash fails a test instead of ending
-the test run: every good file delivered, exactly the bad ones skipped with the same kinds on every
-backend and batch size, ``raise`` naming the first bad file, and ``gpupipe check`` listing exactly
-the set the loaders skip."""
+"""One verdict per file (issues 24 and 36): the generated corpus of odd files
+(``tests/support/corpus.py``: other formats named ``.jpg``, animations, damaged PNGs that crash
+torchvision's decoder, lossless and 12-bit JPEGs, decompression bombs, files DALI's decoders refuse
+and gpupipe's reads, several bad files in one batch and in the short last one) through every
+backend at batch sizes 1, 16 and 64, under ``skip`` and ``raise``, each run in a child process so
+that a crash fails a test instead of ending the test run: every good file delivered, exactly the
+bad ones skipped with the same kinds on every backend, batch size and DALI decode, ``raise``
+naming the first bad file, and ``gpupipe check`` listing exactly the set the loaders skip."""
 
 from __future__ import annotations
 
@@ -52,6 +53,16 @@ def test_skip_leaves_out_exactly_the_bad_files(shard, backend, batch, workers):
     assert sorted(result["delivered"]) == sorted(k for k, v in verdicts.items() if v is None)
 
 
+@pytest.mark.skipif("dali" not in BACKENDS, reason="needs DALI")
+@pytest.mark.parametrize(("decode", "batch"), [("center", 16), ("center", 64), ("resize", 1), ("resize", 64)])
+def test_dali_skips_the_same_whatever_it_decodes(shard, decode, batch):
+    """Resize + CenterCrop and Resize((h, w)) decode whole images (not a region): the same verdicts."""
+    path, verdicts = shard
+    result = run([path, "dali", str(batch), "skip", "1", "cpu", decode])
+    assert result["skipped"] == {key: verdict for key, verdict in verdicts.items() if verdict}
+    assert sorted(result["delivered"]) == sorted(k for k, v in verdicts.items() if v is None)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("batch", [1, 16, 64])
 @pytest.mark.parametrize("on_error", ["skip", "raise"])
@@ -74,6 +85,8 @@ def test_raise_names_the_first_bad_file(shard, backend, batch):
     result = run([path, backend, str(batch), "raise", "1"])
     first = next(key for key, verdict in verdicts.items() if verdict)
     assert result["raised"]["key"] == first and result["raised"]["kind"] == verdicts[first]
+    if batch == 1:  # every file before it delivered: those DALI's decoders refuse too
+        assert result["delivered"] == list(verdicts)[: list(verdicts).index(first)]
 
 
 def test_check_lists_the_set_the_loaders_skip(shard):

@@ -107,11 +107,12 @@ def test_check_reports_a_file_that_crashes_the_decoder(crashing_decoder, tmp_pat
 
 
 def test_dali_names_a_sample_that_crashes_gpupipes_decoder(crashing_decoder, tmp_path):
-    """DALI fails on a batch; gpupipe decodes the batch's samples to find the bad one, and one of
-    them kills its decoder: that one is skipped (or named), this process lives."""
+    """DALI fails on a batch; gpupipe decodes the samples it fails on to judge them, and one of them
+    kills its decoder: that one is skipped (or named), this process lives."""
     pytest.importorskip("nvidia.dali")
-    bad = truncated_jpeg(1)  # DALI fails on it: the batch is searched
-    urls = write_webdataset_shards(str(tmp_path), (8,), prefix="d", patch={1: {"jpg": bad}, 2: {"jpg": crasher()}})
+    bad = truncated_jpeg(1)  # DALI fails on it, and on the (cut) crasher: the batch is searched
+    cut = crasher()[: len(crasher()) // 2]
+    urls = write_webdataset_shards(str(tmp_path), (8,), prefix="d", patch={1: {"jpg": bad}, 2: {"jpg": cut}})
     pipe = gp.Pipeline(urls, [gp.transforms.Resize((16, 16))])
     with gp.Loader(pipe, 4, backend="dali", device="cpu", on_error="skip", max_skipped=None) as loader:
         valid = [v for b in loader for v in b.valid.tolist()]

@@ -105,6 +105,46 @@ def _without_sof(data: bytes) -> bytes:
     return data[:sof] + data[sof + 2 + length :]
 
 
+def _junk_before(data: bytes, marker: int, junk: bytes = b"\x00") -> bytes:
+    """``junk`` before the first segment of ``marker``: libjpeg skips it (a warning) and decodes
+    on; nvImageCodec refuses the file."""
+    at = data.index(bytes((0xFF, marker)))
+    return data[:at] + junk + data[at:]
+
+
+def _short_app14(data: bytes) -> bytes:
+    """An Adobe APP14 segment whose length is one byte short, so its last byte is junk before the
+    next marker (photo tools write such files)."""
+    body = b"Adobe\x00\x64\x00\x00\x00\x00\x01"
+    return data[:2] + b"\xff\xee" + struct.pack(">H", len(body) + 1) + body + data[2:]
+
+
+def _bmp16(image: Image.Image) -> bytes:
+    """A 16-bit (5-5-5) uncompressed BMP: Pillow reads it, DALI's BMP decoder does not."""
+    a = np.asarray(image.convert("RGB")).astype(np.uint16)
+    h, w, _ = a.shape
+    pixels = ((a[..., 0] >> 3) << 10) | ((a[..., 1] >> 3) << 5) | (a[..., 2] >> 3)
+    pad = b"\0" * (-(w * 2) % 4)
+    data = b"".join(pixels[y].astype("<u2").tobytes() + pad for y in range(h - 1, -1, -1))
+    info = struct.pack("<IiiHHIIiiII", 40, w, h, 1, 16, 0, len(data), 2835, 2835, 0, 0)
+    return b"BM" + struct.pack("<IHHI", 14 + 40 + len(data), 0, 0, 54) + info + data
+
+
+def _bmp_rle4() -> bytes:
+    """A 4x4 BMP in 4-bit run-length encoding: Pillow reads it, DALI's BMP decoder does not."""
+    palette = b"".join(bytes((i * 16, 255 - i * 16, i * 8, 0)) for i in range(16))
+    rows = b"\x04\x12\x00\x00" * 4 + b"\x00\x01"  # each row 4 pixels of colours 1, 2; end of bitmap
+    info = struct.pack("<IiiHHIIiiII", 40, 4, 4, 1, 4, 2, len(rows), 2835, 2835, 16, 0)
+    offset = 14 + 40 + len(palette)
+    return b"BM" + struct.pack("<IHHI", offset + len(rows), 0, 0, offset) + info + palette + rows
+
+
+def _apng() -> bytes:
+    out = io.BytesIO()
+    _photo(1).save(out, "PNG", save_all=True, append_images=[_photo(2)], duration=100)
+    return out.getvalue()
+
+
 def _png_bomb(height: int = 30000, width: int = 30000) -> bytes:
     """A tiny PNG whose header declares ``height`` x ``width``."""
     good = _png_chunks(_save(_photo(4, size=(8, 8)), "PNG"))
@@ -118,6 +158,7 @@ def corpus() -> dict[str, tuple[bytes, str | None]]:
     exif = Image.Exif()
     exif[0x0112] = 6
     jpeg = encode_jpeg(synthetic_image(1, size=SIZE), quality=90)
+    png = _save(Image.fromarray(np.random.default_rng(1).integers(0, 255, (*SIZE, 3), dtype=np.uint8)), "PNG")
     files: dict[str, tuple[bytes, str | None]] = {
         # good: what datasets hold
         "jpeg": (jpeg, None),
@@ -136,6 +177,24 @@ def corpus() -> dict[str, tuple[bytes, str | None]]:
         "bmp": (_save(photo, "BMP"), None),
         "tiff": (_save(photo, "TIFF"), None),
         "ppm": (_save(photo, "PPM"), None),
+        # good, though DALI's decoders refuse them: delivered as gpupipe's decoder reads them (on
+        # DALI, as PPMs: backends/_dali/_fallback.py). nvImageCodec's parser refuses most; fed to
+        # DALI at a batch of 32 or more, one of those killed the process.
+        "jpeg-junk-before-dqt": (_junk_before(jpeg, 0xDB, b"hello"), None),  # seen in the header
+        "jpeg-short-app14": (_short_app14(jpeg), None),  # seen in the header
+        "jpeg-junk-before-dht": (_junk_before(jpeg, 0xC4), None),  # found when DALI fails
+        "jpeg-junk-before-sos": (_junk_before(jpeg, 0xDA, b"\x00\x00"), None),  # found when DALI fails
+        "bmp-16-bit": (_bmp16(photo), None),
+        "bmp-rle4": (_bmp_rle4(), None),
+        "tiff-1-bit": (_save(photo.convert("1"), "TIFF"), None),
+        "tiff-32-bit-int": (_save(photo.convert("I"), "TIFF"), None),
+        "png-no-iend": (png[:-12], None),
+        "png-animated": (_apng(), None),  # its first frame, as Pillow reads it
+        "jpeg2000": (_save(photo, "JPEG2000"), None),  # never given to DALI: its decoder crashed on one
+        "tga": (_save(photo, "TGA"), None),  # formats only Pillow reads
+        "pcx": (_save(photo, "PCX"), None),
+        "sgi": (_save(photo, "SGI"), None),
+        "ico": (_save(photo, "ICO", sizes=[(32, 32)]), None),
         # refused
         "empty": (b"", "empty-image"),
         "text": (b"this is not an image, whatever its name says\n" * 4, "undecodable"),
@@ -150,6 +209,14 @@ def corpus() -> dict[str, tuple[bytes, str | None]]:
         "jpeg-bomb-after-junk": (_junk_before_sof(_patched_sof(size=(20000, 20000))), "too-large"),
         "jpeg-no-frame": (_without_sof(jpeg), "undecodable"),
         "png-bomb": (_png_bomb(), "too-large"),
+        # refused, last: some in the short last batch of 16, several in one batch
+        "jpeg-400-mpx": (_save(Image.new("L", (20000, 20000), 128), "JPEG", quality=50), "too-large"),
+        "png-cut-in-idat": (png[: len(png) // 2], "undecodable"),
+        "tga-truncated": (_save(photo, "TGA")[:1000], "undecodable"),
+        "zero-bytes": (b"", "empty-image"),
+        "json": (b'{"caption": "a photo of a cat", "width": 64}', "undecodable"),
+        "gif-last": (_save(_photo(3), "GIF"), "unsupported-format"),
+        "jpeg-last": (_save(_photo(4), "JPEG", quality=90), None),  # good, in the short last batch of 16
     }
     return files
 
@@ -187,7 +254,12 @@ from gpupipe import transforms as T
 
 shard, backend, batch, on_error = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 device = sys.argv[6] if len(sys.argv) > 6 else "cpu"
-pipe = gp.Pipeline(gp.WebDataset([shard]), [T.RandomResizedCrop(16), T.RandomHorizontalFlip()])
+steps = {  # the decode each makes on DALI: a region, the whole image resized, the whole image to a size
+    "crop": [T.RandomResizedCrop(16), T.RandomHorizontalFlip()],
+    "center": [T.Resize(20), T.CenterCrop(16)],
+    "resize": [T.Resize((16, 16))],
+}[sys.argv[7] if len(sys.argv) > 7 else "crop"]
+pipe = gp.Pipeline(gp.WebDataset([shard]), steps)
 result = {"delivered": [], "skipped": {}, "raised": None}
 try:
     with gp.Loader(pipe, batch, backend=backend, device=device, num_workers=int(sys.argv[5]), on_error=on_error,

@@ -55,7 +55,8 @@ def explain_failure(error: RuntimeError, candidates: Iterable[RawSample], *, bat
     for bad in verdicts([(raw.data, raw.shard, raw.key) for raw in raws], max_pixels=None):
         if bad is not None:
             return SampleError(f"{bad} (DALI: {detail})", shard=bad.shard, key=bad.key, kind=bad.kind)
+    which = f"batch {batch} (or one of the {ahead} after it), whose samples" if ahead else (
+        f"batch {batch}, whose samples each pass the graph alone and")  # fmt: skip
     return RuntimeError(
-        f"DALI failed on batch {batch} (or one of the {ahead} after it), whose samples gpupipe's decoder reads "
-        f"fine, so the failure is not known to be bad data: {detail}"
+        f"DALI failed on {which} gpupipe's decoder reads fine, so the failure is not known to be bad data: {detail}"
     )

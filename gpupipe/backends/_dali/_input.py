@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from ..._decode import check_header
+from ..._decode import check_header, read_header, transcoded
 from ..._errors import Damage, DataError, SampleError, truncated, unreadable
 from ..._imageinfo import MAX_IMAGE_PIXELS
 from ..._plan import RankPlan
@@ -33,6 +33,7 @@ from ...storage import MappedFile
 from ...transforms import Transform
 from .._base import donor, fill
 from ._context import Lowered
+from ._fallback import native, parsed, ppm_size
 from ._host import SOURCE, HostEnv, evaluate, failures
 
 __all__ = ["READ_THREADS", "FeedBatch", "Buffers", "Maps", "BatchReader"]
@@ -103,6 +104,7 @@ class FeedBatch(NamedTuple):
     sizes: np.ndarray  # int64 [B, 2]: each image's (height, width), from its header
     skipped: tuple[tuple[int, Any], ...]  # (position, DataError) of samples left out (skip), sorted
     token: object  # the batch's identity for use counting: a retried copy (decode failure, skip) shares it
+    decoded: frozenset[int] = frozenset()  # positions fed gpupipe's decoding (a PPM) instead of the file
 
     @staticmethod
     def release(maps: Iterable[MappedFile], buffer: np.ndarray | None, buffers: Buffers, event: Any = None) -> None:
@@ -187,8 +189,10 @@ class BatchReader:
     def __init__(self, index: Index, plan: RankPlan, lowered: Lowered,
                  views: tuple[tuple[Transform, ...], ...],
                  buffers: Buffers, maps: Maps | None, pool: ThreadPoolExecutor, ahead: int,
-                 skip: bool = False, max_pixels: int | None = MAX_IMAGE_PIXELS) -> None:  # fmt: skip
+                 skip: bool = False, max_pixels: int | None = MAX_IMAGE_PIXELS,
+                 exif: bool = False) -> None:  # fmt: skip
         self.index, self.plan, self.lowered, self.views = index, plan, lowered, views
+        self.exif = exif
         self.by_source = any(feed.value is SOURCE for feed in lowered.feeds.values())  # a per_source graph
         self.max_pixels = max_pixels
         self.buffers, self.maps, self.pool, self.ahead, self.skip = buffers, maps, pool, ahead, skip
@@ -264,7 +268,8 @@ class BatchReader:
                 if rest:
                     buffer = self._read_ranges(where, rest, shards, views, bad)
             keys, drawn = list(where.keys), self.plan.drawn(b)
-            sizes = self._sizes(views, keys, shards, bad)
+            sizes, foreign = self._sizes(views, keys, shards, bad)
+            decoded = self.decode_foreign(foreign, views, keys, shards, sizes, bad)
             env = self.env(drawn, sizes)
             if self.lowered.host_checks:
                 for i, message in failures(self.lowered.host_checks, env, len(samples)).items():
@@ -285,7 +290,7 @@ class BatchReader:
             raise
         skipped = tuple(sorted(bad.items()))
         return FeedBatch(b, samples, keys, shards, labels, encoded, buffer, tuple(maps), fed, views, sizes, skipped,
-                         object())  # fmt: skip
+                         object(), decoded)  # fmt: skip
 
     def substitute(self, bad: dict[int, Any], draws: np.ndarray, views: list[Any], labels: np.ndarray | None,
                    keys: list[str], shards: list[str],
@@ -307,18 +312,27 @@ class BatchReader:
         fill(bad, (views, keys, shards, drawn, labels, sizes), (view, key, shard, number, label, size))
         return labels, drawn
 
-    def _sizes(self, views: list[Any], keys: list[str], shards: list[str], bad: dict[int, DataError]) -> np.ndarray:
+    def _sizes(self, views: list[Any], keys: list[str], shards: list[str],
+               bad: dict[int, DataError]) -> tuple[np.ndarray, list[int]]:  # fmt: skip
         """Each image's ``(height, width)`` from its header (int64 ``[B, 2]``; zeros for samples
-        already bad), a few microseconds a sample, in the reading threads. Applies the header's
-        rules of every backend (``gpupipe._decode.check_header``: formats, the pixel limit) before
-        DALI's decoders see the image, and — where the graph's geometry is computed here — refuses
-        images whose header declares no size."""
+        already bad), a few microseconds a sample, in the reading threads; and the positions of
+        the images DALI's decoders are not given (``_fallback``: not a format they read, or one
+        nvImageCodec's parser refuses or sizes otherwise; decoded by gpupipe, their sizes then).
+        Applies the header's rules of every backend (``gpupipe._decode.read_header``:
+        formats, the pixel limit) before DALI's decoders see the image, and — where the graph's
+        geometry is computed here — refuses images whose header declares no size."""
         sizes = np.zeros((len(views), 2), np.int64)
+        foreign = []
         for i, view in enumerate(views):
             if i in bad:
                 continue
             try:
-                size = check_header(memoryview(view), self.max_pixels, shard=shards[i], key=keys[i])
+                header = read_header(memoryview(view), self.max_pixels, shard=shards[i], key=keys[i])
+                dali = parsed(view) if native(header) else None
+                if dali is None or (header.size is not None and dali != header.size):
+                    foreign.append(i)  # never given to DALI (see _fallback)
+                    continue
+                size: tuple[int, int] | None = dali
                 if self.lowered.host_geometry and (size is None or not all(size)):
                     raise SampleError.at(
                         "the image's header declares no size (not an image, or a corrupt header)",
@@ -329,7 +343,26 @@ class BatchReader:
                 continue
             if size is not None:
                 sizes[i] = size
-        return sizes
+        return sizes, foreign
+
+    def decode_foreign(self, positions: list[int], views: list[Any], keys: list[str], shards: list[str],
+                       sizes: np.ndarray, bad: dict[int, DataError]) -> frozenset[int]:  # fmt: skip
+        """Decodes the images at ``positions`` with gpupipe's decoder, in a child process
+        (``_fallback``): a refused one is bad (its verdict as on the torch backend), a read one's
+        view becomes its pixels as a PPM, and its size the decoded one. Returns the positions read."""
+        if not positions:
+            return frozenset()
+        suspects = [(bytes(views[i]), shards[i], keys[i]) for i in positions]
+        decoded = set()
+        for i, out in zip(positions, transcoded(suspects, max_pixels=self.max_pixels, apply_exif_orientation=self.exif),
+                          strict=True):  # fmt: skip
+            if isinstance(out, DataError):
+                self._bad(bad, i, out)
+                continue
+            views[i] = np.frombuffer(out, np.uint8)
+            sizes[i] = ppm_size(out)
+            decoded.add(i)
+        return frozenset(decoded)
 
     def env(self, samples: np.ndarray, sizes: np.ndarray) -> HostEnv:
         """What the graph's host values see of a batch of ``samples``: their sizes and their
@@ -352,23 +385,22 @@ class BatchReader:
         return evaluate(self.lowered.feeds, self.env(samples, sizes), len(samples))
 
     def spare(self) -> tuple[np.ndarray, int, str, str, int, tuple[int, int]]:
-        """A good sample of the epoch (its bytes copied, label, key, shard, draw number, size), for
-        a batch whose every sample is bad: the first of the plan that reads and decodes."""
-        from ..._decode import check_header, verdicts
-
+        """A good sample of the epoch (its pixels as a PPM, label, key, shard, draw number, size),
+        for a batch whose every sample is bad: the first of the plan that reads and decodes."""
         if self._spare is None:
             draws = self.plan.samples if self.plan.draws is None else self.plan.draws
             for s, d in zip(self.plan.samples.tolist(), draws.tolist(), strict=True):
                 try:
                     raw = self.index.read(s)
-                    size = check_header(raw.data, self.max_pixels, shard=raw.shard, key=raw.key)
+                    check_header(raw.data, self.max_pixels, shard=raw.shard, key=raw.key)
                 except DataError:
                     continue
-                if size is None or verdicts([(raw.data, raw.shard, raw.key)], max_pixels=self.max_pixels,
-                                            sizes=[size])[0] is not None:  # fmt: skip
+                out = transcoded([(raw.data, raw.shard, raw.key)], max_pixels=self.max_pixels,
+                                 apply_exif_orientation=self.exif)[0]  # fmt: skip
+                if isinstance(out, DataError):
                     continue
-                data = np.frombuffer(raw.data, np.uint8).copy()
-                self._spare = (data, raw.label if raw.label is not None else 0, raw.key, raw.shard, d, size)
+                label = raw.label if raw.label is not None else 0
+                self._spare = (np.frombuffer(out, np.uint8), label, raw.key, raw.shard, d, ppm_size(out))
                 break
             else:
                 raise DataError("on_error='skip': no sample of this rank's epoch can be read")

@@ -1,8 +1,13 @@
 """Runs a compiled pipeline with DALI and hands batches to torch through DLPack.
 
 One DALI pipeline per loader: built with the runner and reused for every epoch, validation pass
-and resume (rebuilt only after DALI failed, or for a plan with larger batches). It has no random
-operator and no callback: the runner feeds every input of each iteration itself.
+and resume (rebuilt only after a failure that is not bad data, or for a plan with larger
+batches). It has no random operator and no callback: the runner feeds every input of each
+iteration itself.
+
+Files DALI's decoders do not read never reach them (``_fallback``: decoded by gpupipe in a child
+process, fed as PPMs); a batch DALI fails on anyway is probed sample by sample at batch size 1 and
+fed again (:meth:`DaliRunner._retry`), so each file gets the torch backend's verdict.
 
 Input path (per batch, never per sample on the training thread; ``_input``):
 
@@ -72,6 +77,7 @@ from ..._plan import RankPlan
 from .._base import RawBatch, Runs, RunSpec, donor, fill, to_device
 from ._compiler import Ctx, Lowered
 from ._failures import device_failure, explain_failure
+from ._fallback import Probe
 from ._graph import LIVE_RUNNERS, Graph, IterationFailed, define_graph
 from ._input import READ_THREADS, BatchReader, Buffers, FeedBatch, Maps
 from ._proto import operator_count
@@ -110,14 +116,22 @@ class DaliRunner:
 
     # -------------------------------------------------------------------- graph --
     def _build(self, batch_size: int) -> Graph:
+        pipe, lowered = self._pipeline(batch_size, self.prefetch, self.num_threads)
+        self.operators, self.host_geometry, self.fused = operator_count(pipe), lowered.host_geometry, lowered.decode
+        self.builds += 1
+        self.max_batch = batch_size
+        return Graph(pipe, lowered, self.prefetch)
+
+    def _pipeline(self, batch_size: int, prefetch: int, threads: int) -> Any:
+        """The runner's DALI pipeline, built: ``(pipe, lowered)``."""
         gpu = self.device.type == "cuda"
-        pipe, lowered = define_graph(
+        defined = define_graph(
             self.views,
             gpu=gpu,
             device_id=(self.device.index or 0) if gpu else None,
             batch_size=batch_size,
-            num_threads=self.num_threads,
-            prefetch=self.prefetch,
+            num_threads=threads,
+            prefetch=prefetch,
             seed=self.seed & 0x7FFFFFFF,
             channels_last=self.channels_last,
             decoder_args=self.decoder_args,
@@ -127,11 +141,12 @@ class DaliRunner:
             decode=self.strategy.mode if self.strategy is not None else DecodeMode.ROI,
             per_source=self.per_source,
         )
-        pipe.build()
-        self.operators, self.host_geometry, self.fused = operator_count(pipe), lowered.host_geometry, lowered.decode
-        self.builds += 1
-        self.max_batch = batch_size
-        return Graph(pipe, lowered, self.prefetch)
+        defined.pipe.build()
+        return defined
+
+    def _probe(self) -> Any:
+        """The graph at batch size 1, for :class:`Probe` (one thread, no prefetch)."""
+        return self._pipeline(1, 1, 1).pipe
 
     # --------------------------------------------------------------------- run --
     def run(self, plan: RankPlan, start: int) -> Iterator[RawBatch]:
@@ -149,10 +164,13 @@ class DaliRunner:
         graph = self._graph
         maps = Maps(self.index.reader.storage) if self.mapped else None
         reader = BatchReader(self.index, plan, graph.lowered, self.views, self._buffers, maps, self._pool,
-                        ahead=self.prefetch + 1, skip=self.skip, max_pixels=self.max_pixels)  # fmt: skip
+                             ahead=self.prefetch + 1, skip=self.skip, max_pixels=self.max_pixels,
+                             exif=self.exif)  # fmt: skip
+        probe = Probe(self._probe)  # built if DALI fails on a batch
         fed, limit, error = start, plan.num_batches, None  # feeding stops at `limit`: an unreadable batch
         failed = False
         ready: dict[int, tuple[FeedBatch, Any]] = {}  # popped ahead of their turn (behind a retried batch)
+        due: dict[int, Exception] = {}  # what a batch raises when its turn comes (DALI failed on it)
         try:
             for b in range(start, plan.num_batches):
                 if self._closed:  # closed from another thread while this epoch runs
@@ -173,24 +191,28 @@ class DaliRunner:
                     assert error is not None
                     raise error
                 stream = consumer_stream(self.device)  # torch's current stream, asked for each batch
-                while b not in ready:
+                while b not in ready and b not in due:
                     try:
                         with on_device(self.device):  # DALI reads torch's default stream (0) as the current device's
                             popped, repeat, outputs = graph.pop(stream)
                     except IterationFailed as f:
-                        if not self.skip or not self._retry(graph, reader, f):
-                            failed = True
-                            raise self._locate_bad_sample(f.error, plan, b) from f.error
+                        problem = self._retry(graph, reader, f, probe)
+                        if problem is not None:
+                            due[f.batch.b] = problem
                         continue
                     self._release(graph, popped, stream)
                     if not repeat:
                         ready[popped.b] = (popped, outputs)
+                if b in due:
+                    failed = True
+                    raise due[b]
                 batch, outputs = ready.pop(b)
                 views = len(graph.lowered.images)
                 images = tuple(self._to_torch(view) for view in outputs[:views])
                 yield self._deliver(graph.lowered, batch, images, outputs[views] if len(outputs) > views else None)
         finally:
             reader.close()
+            probe.close()
             if failed or graph.broken or not self._drain(graph):
                 self._graph = None  # DALI failed, or a call failed midway: a fresh pipeline next epoch
                 for batch in graph.abandon():  # after the shutdown: no thread reads them any more
@@ -279,51 +301,64 @@ class DaliRunner:
         label_tensor = None if labels is None else to_device(torch.from_numpy(labels), self.device)
         return RawBatch(images, label_tensor, keys, tuple(sorted(skipped.items())))
 
-    def _retry(self, graph: Graph, reader: BatchReader, failure: IterationFailed) -> bool:
-        """With ``skip``, after DALI failed on a batch: finds the samples gpupipe's decoder rejects
-        and feeds the batch again with copies of a good sample in their places (it comes out
-        after the iterations already scheduled, which wait for it). ``False`` if the failure is
-        not known to be bad data (then it is raised)."""
+    def _retry(self, graph: Graph, reader: BatchReader, failure: IterationFailed, probe: Probe) -> Exception | None:
+        """After DALI failed on a batch: finds the samples it fails on — each of the batch's samples
+        run alone through the same graph (``_fallback.Probe``) — and decodes them with gpupipe's
+        decoder. The batch is fed again (it comes out after the iterations already scheduled,
+        which wait for it) with the pixels of those gpupipe reads (as on the torch backend) and,
+        with ``skip``, a copy of a good sample in the place of those it refuses. Returns ``None``
+        if it was fed again, else what the batch raises when due: the first refused sample's error
+        without ``skip``; a device failure; or, if no sample fails alone and gpupipe's decoder
+        reads them all, a ``RuntimeError``: the failure is not known to be bad data."""
         from nvidia.dali.tensors import TensorCPU
 
         batch = failure.batch
+        graph.recover()  # the failed iteration is gone: the graph runs on
         if failure.repeat:  # a padding iteration nobody sees
-            graph.recover()
             self._release(graph, batch, None)
-            return True
-        if device_failure(failure.error, batch=batch.b) is not None:
-            return False
-        from ..._decode import verdicts
+            return None
+        problem: Exception | None = device_failure(failure.error, batch=batch.b)
+        skipped = dict(batch.skipped)
+        views, sizes, bad = list(batch.views), batch.sizes.copy(), dict[int, Any]()
+        decoded = frozenset[int]()
+        if problem is None:
+            suspects = [i for i in range(len(views)) if i not in skipped and i not in batch.decoded]
+            refused = probe.refused(batch.encoded, batch.feeds, suspects, batch=batch.b)
+            if refused:
+                decoded = reader.decode_foreign(refused, views, batch.keys, batch.shards, sizes, bad)
+            else:  # none fails alone: what gpupipe's decoder refuses (as before the probe existed)
+                from ..._decode import verdicts
 
-        bad: dict[int, Any] = dict(batch.skipped)
-        suspects = [i for i in range(len(batch.views)) if i not in bad]
-        sizes = [(int(batch.sizes[i, 0]), int(batch.sizes[i, 1])) if graph.lowered.host_geometry else None
-                 for i in suspects]  # fmt: skip
-        found = verdicts([(bytes(batch.views[i]), batch.shards[i], batch.keys[i]) for i in suspects],
-                         max_pixels=self.max_pixels, sizes=sizes)  # fmt: skip
-        bad.update({i: error for i, error in zip(suspects, found, strict=True) if error is not None})
-        if len(bad) == len(batch.skipped):
-            return False
-        views, keys, shards, sizes = list(batch.views), list(batch.keys), list(batch.shards), batch.sizes.copy()
-        labels, drawn = reader.substitute(bad, reader.plan.drawn(batch.b), views, batch.labels, keys, shards, sizes)
+                found = verdicts([(bytes(views[i]), batch.shards[i], batch.keys[i]) for i in suspects],
+                                 max_pixels=self.max_pixels,
+                                 sizes=[self._size(batch, i) for i in suspects])  # fmt: skip
+                bad = {i: e for i, e in zip(suspects, found, strict=True) if e is not None}
+                if not bad:
+                    problem = explain_failure(failure.error, (), batch=batch.b, ahead=0)
+            if bad and not self.skip:
+                problem = bad[min(bad)]
+        if problem is not None:
+            self._release(graph, batch, None)
+            return problem
+        bad.update(skipped)
+        keys, shards, labels, drawn = list(batch.keys), list(batch.shards), batch.labels, reader.plan.drawn(batch.b)
+        if bad:
+            labels, drawn = reader.substitute(bad, drawn, views, batch.labels, keys, shards, sizes)
         encoded = [TensorCPU(view) for view in views]
         fixed = batch._replace(keys=keys, shards=shards, labels=labels, encoded=encoded, views=views, sizes=sizes,
-                               feeds=reader.feeds(drawn, sizes), skipped=tuple(sorted(bad.items())))  # fmt: skip
-        graph.recover()
+                               feeds=reader.feeds(drawn, sizes), skipped=tuple(sorted(bad.items())),
+                               decoded=batch.decoded | decoded)  # fmt: skip
         graph.push(fixed)  # shares the batch's buffer and maps (same token): they stay
         self._release(graph, batch, None)
-        return True
+        return None
+
+    def _size(self, batch: FeedBatch, i: int) -> tuple[int, int] | None:
+        """The size sample ``i`` must decode to: its header's, where the graph's geometry is cut from it."""
+        return (int(batch.sizes[i, 0]), int(batch.sizes[i, 1])) if self.host_geometry else None
 
     def _to_torch(self, images: Any) -> torch.Tensor:
         out = torch.from_dlpack(images.as_tensor())
         return out.permute(0, 3, 1, 2) if self.channels_last else out
-
-    def _locate_bad_sample(self, error: RuntimeError, plan: RankPlan, batch: int) -> Exception:
-        """The exception to raise for a DALI failure on ``batch``: the failing sample may be in it
-        or in one DALI was already preparing (``prefetch`` ahead). The pipeline is not reused."""
-        last = min(plan.num_batches, batch + self.prefetch + 1)
-        candidates = (self.index.read(int(s)) for b in range(batch, last) for s in plan.batch(b)[0])
-        return explain_failure(error, candidates, batch=batch, ahead=self.prefetch)
 
 
 def consumer_stream(device: torch.device) -> Any:

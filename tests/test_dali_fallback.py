@@ -1,0 +1,194 @@
+"""Issue 36: what DALI's decoders do not read is delivered as gpupipe's decoder reads it
+(``gpupipe/backends/_dali/_fallback.py``): the header's routing, nvImageCodec's parser as the gate
+in front of DALI, the PPM that carries gpupipe's pixels into the graph, and the probe that finds
+the samples a failed batch fails on. The corpus runs through every backend in
+``tests/test_odd_files.py``."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import gpupipe as gp
+from gpupipe import transforms as T
+from gpupipe._decode import decode_rgb, read_header, transcoded
+from gpupipe.backends._dali import _fallback
+
+from .support.corpus import corpus
+
+pytest.importorskip("nvidia.dali")
+
+FILES = {name: data for name, (data, _) in corpus().items()}
+
+
+def header(name: str):
+    return read_header(FILES[name], None, shard="s.tar", key=name)
+
+
+class TestRouting:
+    """Which files DALI's decoders are given, from the header alone."""
+
+    @pytest.mark.parametrize("name", ["jpeg", "jpeg-progressive", "png", "webp", "bmp", "tiff", "ppm"])
+    def test_the_formats_dali_reads_go_to_dali(self, name):
+        assert _fallback.native(header(name))
+
+    @pytest.mark.parametrize("name", ["jpeg-junk-before-dqt", "jpeg-short-app14"])
+    def test_junk_before_the_frame_header_is_irregular(self, name):
+        got = header(name)
+        assert got.format == "jpeg" and got.irregular and not _fallback.native(got)
+        assert got.size == header("jpeg").size  # the size libjpeg reads past the junk
+
+    def test_an_animated_png_is_irregular(self):
+        assert header("png-animated").irregular and not header("png").irregular
+
+    @pytest.mark.parametrize("name", ["jpeg2000", "tga", "pcx", "sgi", "ico"])
+    def test_other_formats_and_jpeg_2000_never_reach_dali(self, name):
+        assert not _fallback.native(header(name))
+
+
+class TestParsed:
+    """nvImageCodec's parser (DALI's decoders parse with it first) decides what reaches DALI."""
+
+    @pytest.mark.parametrize("name", ["jpeg", "jpeg-cmyk", "png-palette", "webp-lossless", "bmp", "tiff", "ppm"])
+    def test_what_it_reads_has_the_headers_size(self, name):
+        assert _fallback.parsed(FILES[name]) == header(name).size
+
+    @pytest.mark.parametrize(
+        "name", ["jpeg-junk-before-dht", "jpeg-junk-before-sos", "bmp-16-bit", "bmp-rle4", "tiff-1-bit",
+                 "tiff-32-bit-int", "png-no-iend"],
+    )  # fmt: skip
+    def test_what_it_refuses_or_dali_cannot_take(self, name):
+        assert _fallback.native(header(name)) and _fallback.parsed(FILES[name]) is None
+
+    def test_a_view_of_a_larger_buffer(self):
+        data = FILES["jpeg"]
+        buffer = np.zeros(len(data) + 64, np.uint8)
+        buffer[32 : 32 + len(data)] = np.frombuffer(data, np.uint8)
+        assert _fallback.parsed(buffer[32 : 32 + len(data)]) == header("jpeg").size
+
+
+class TestTranscoded:
+    """gpupipe's pixels, as a PPM, come out of DALI's decoders exactly."""
+
+    def decode_with_dali(self, encoded: list[bytes], start=(0, 0), shape=None):
+        from nvidia.dali import fn, pipeline_def, types
+
+        @pipeline_def(batch_size=len(encoded), num_threads=1, device_id=None, prefetch_queue_depth=1)
+        def pipe():
+            data = fn.external_source(name="data", dtype=types.UINT8)
+            whole = fn.decoders.image(data, device="cpu", output_type=types.RGB)
+            if shape is None:
+                return whole
+            return whole, fn.decoders.image_slice(data, device="cpu", output_type=types.RGB, start=list(start),
+                                                  shape=list(shape), axis_names="HW")  # fmt: skip
+
+        p = pipe()
+        p.build()
+        p.feed_input("data", [np.frombuffer(e, np.uint8) for e in encoded])
+        return [np.asarray(out.as_tensor()) for out in p.run()]
+
+    @pytest.mark.parametrize("name", ["jpeg-junk-before-dht", "bmp-rle4", "tiff-1-bit", "png-animated", "tga"])
+    def test_whole_and_region_decode_to_gpupipes_pixels(self, name):
+        (ppm,) = transcoded([(FILES[name], "s.tar", name)])
+        assert isinstance(ppm, bytes) and ppm.startswith(b"P6\n")
+        expected = decode_rgb(FILES[name], shard="s.tar", key=name).permute(1, 2, 0).numpy()
+        h, w = _fallback.ppm_size(ppm)
+        assert (h, w) == expected.shape[:2]
+        whole, region = self.decode_with_dali([ppm], start=(1, 1), shape=(h - 2, w - 2))
+        assert np.array_equal(whole[0], expected) and np.array_equal(region[0], expected[1 : h - 1, 1 : w - 1])
+
+    def test_upright_with_exif_orientation(self):
+        (ppm,) = transcoded([(FILES["jpeg-exif-rotated"], "s.tar", "k")], apply_exif_orientation=True)
+        assert isinstance(ppm, bytes)
+        expected = decode_rgb(FILES["jpeg-exif-rotated"], shard="s.tar", key="k", apply_exif_orientation=True)
+        assert _fallback.ppm_size(ppm) == tuple(expected.shape[1:])
+        assert np.array_equal(self.decode_with_dali([ppm])[0][0], expected.permute(1, 2, 0).numpy())
+
+    @pytest.mark.parametrize(("name", "kind"), [("png-cut-in-idat", gp.Damage.UNDECODABLE),
+                                                ("tga-truncated", gp.Damage.UNDECODABLE),
+                                                ("png-bad-filter", gp.Damage.UNDECODABLE)])  # fmt: skip
+    def test_a_refused_file_is_its_verdict(self, name, kind):
+        (out,) = transcoded([(FILES[name], "s.tar", name)])
+        assert isinstance(out, gp.SampleError) and (out.key, out.shard, out.kind) == (name, "s.tar", kind)
+
+
+def shard_of(tmp_path, names: list[str]) -> str:
+    import webdataset as wds
+
+    path = str(tmp_path / "odd-000000.tar")
+    with wds.TarWriter(path) as sink:
+        for i, name in enumerate(names):
+            sink.write({"__key__": f"{i:03d}-{name}", "jpg": FILES[name], "cls": b"1"})
+    return path
+
+
+class TestProbe:
+    """A file DALI fails on after it was fed — here one the parser gate is told to let through, at
+    a batch under 32, where DALI 2.4 fails cleanly — is found by the probe and decoded by gpupipe."""
+
+    @pytest.fixture
+    def lenient_gate(self, monkeypatch):
+        """The gate lets every file through that has a header size (as before issue 36)."""
+        from gpupipe.backends._dali import _input
+
+        monkeypatch.setattr(_input, "parsed", lambda view: read_header(view, None, shard="", key="").size)
+
+    @pytest.mark.parametrize("on_error", ["skip", "raise"])
+    def test_a_file_dali_refuses_is_delivered_as_gpupipe_reads_it(self, tmp_path, lenient_gate, on_error):
+        names = ["jpeg", "jpeg-junk-before-dht", "bmp-rle4", "jpeg-progressive", "tiff-1-bit", "png"]
+        pipe = gp.Pipeline(gp.WebDataset([shard_of(tmp_path, names)]), [T.Resize((16, 16))])
+        with gp.Loader(pipe, 4, backend="dali", device="cpu", on_error=on_error, num_workers=1) as loader:
+            got = {k: image for b in loader for k, image in zip(b.keys, b.images, strict=True)}
+            assert not loader.skipped and getattr(loader._runner, "builds", None) == 1  # no rebuild: it ran on
+        with gp.Loader(pipe, 4, backend="torch", on_error=on_error, num_workers=0) as loader:
+            expected = {k: image for b in loader for k, image in zip(b.keys, b.images, strict=True)}
+        assert got.keys() == expected.keys()
+        for key in expected:  # resized by each backend's own kernel: parity as tests/test_dali.py checks it
+            assert (got[key].float() - expected[key].float()).abs().mean() <= 2.5, key
+
+    def test_a_file_both_refuse_is_skipped_or_raised(self, tmp_path, lenient_gate):
+        names = ["jpeg", "jpeg-junk-before-dht", "jpeg-truncated", "png", "jpeg-progressive"]
+        pipe = gp.Pipeline(gp.WebDataset([shard_of(tmp_path, names)]), [T.RandomResizedCrop(16)])
+        with gp.Loader(pipe, 5, backend="dali", device="cpu", on_error="skip", max_skipped=None) as loader:
+            delivered = [k for b in loader for k, v in zip(b.keys, b.valid.tolist(), strict=True) if v]
+            assert [s.key for s in loader.skipped] == ["002-jpeg-truncated"]
+        assert sorted(delivered) == sorted(f"{i:03d}-{n}" for i, n in enumerate(names) if n != "jpeg-truncated")
+        with (
+            gp.Loader(pipe, 5, backend="dali", device="cpu", on_error="raise") as loader,
+            pytest.raises(gp.SampleError) as raised,
+        ):
+            list(loader)
+        assert raised.value.key == "002-jpeg-truncated" and raised.value.kind == gp.Damage.UNDECODABLE
+
+    def test_the_probe_names_the_failing_positions(self):
+        from nvidia.dali import fn, pipeline_def, types
+        from nvidia.dali.tensors import TensorCPU
+
+        @pipeline_def(batch_size=1, num_threads=1, device_id=None, prefetch_queue_depth=1)
+        def pipe():
+            data = fn.external_source(name="encoded", dtype=types.UINT8, no_copy=True)
+            return fn.decoders.image(data, device="cpu", output_type=types.RGB)
+
+        def define():
+            p = pipe()
+            p.build()
+            return p
+
+        names = ["jpeg", "jpeg-junk-before-dht", "png", "bmp-16-bit", "jpeg-truncated"]
+        encoded = [TensorCPU(np.frombuffer(FILES[n], np.uint8)) for n in names]
+        probe = _fallback.Probe(define)
+        assert probe.refused(encoded, {}, range(len(names)), batch=0) == [1, 3, 4]
+        assert probe.refused(encoded, {}, [0, 2], batch=0) == []  # the pipeline is used on after failures
+        probe.close()
+
+
+def test_the_corpus_decodes_like_torch_where_dali_is_given_the_file(tmp_path):
+    """The files that reach DALI's decoders come out as on torch (each backend's own resize)."""
+    names = ["jpeg", "png", "png-palette", "webp-lossless", "bmp", "tiff", "ppm"]
+    pipe = gp.Pipeline(gp.WebDataset([shard_of(tmp_path, names)]), [T.Resize((24, 24))])
+    out = {}
+    for backend in ("dali", "torch"):
+        with gp.Loader(pipe, 7, backend=backend, device="cpu", num_workers=0 if backend == "torch" else 1) as loader:
+            out[backend] = torch.cat([b.images for b in loader])
+    assert (out["dali"].float() - out["torch"].float()).abs().mean(dim=(1, 2, 3)).max() <= 2.5
