@@ -11,12 +11,16 @@ prefetch 2, the page cache warm:
 - ``gpupipe``: the DALI backend's runner, as a loader runs it — the epoch plan (shuffled, as for
   training), the index, reader threads that hand each batch over as views of the shards mapped
   under read leases (``pread`` into a reused buffer where no lease can be had), zero-copy
-  feeding, the random-factor draws of the ImageNet train recipe, labels and keys per batch, and
-  the pixel-limit check of each image's header (about 2.5-3 us a sample of Python; it touches
-  each sample's first page, a page fault this pass-through bench counts to gpupipe's threads,
-  which in training DALI's decoder takes anyway);
-- ``gpupipe, pread``: the same with the shards read by ``pread`` into a reused buffer, as for a
-  GPU pipeline or shards that cannot be leased;
+  feeding, the random-factor draws of the ImageNet train recipe and the crop windows computed
+  from the images' sizes, labels and keys per batch. Each image's header was read and checked
+  (gpupipe's rules, nvImageCodec's parser) in the warm-up epoch: the runner remembers the sizes
+  (``backends/_dali/_headers.py``), as in every epoch of a training run after its first;
+- ``gpupipe, headers read``: the same, with the headers read and checked again in every epoch,
+  as in a run's first epoch (a few microseconds a sample of Python, and each sample's first page
+  touched: a page fault this pass-through bench counts to gpupipe's threads, which in training
+  DALI's decoder takes anyway);
+- ``gpupipe, pread``: the same as ``gpupipe`` with the shards read by ``pread`` into a reused
+  buffer, as for a GPU pipeline or shards that cannot be leased;
 - ``dali reader``: ``fn.readers.webdataset`` (C++), reading the same shards in file order with
   gpupipe's cached DALI-format index files.
 
@@ -103,7 +107,7 @@ class Gpupipe:
     """The DALI backend's runner; ``mapped=False`` forces its ``pread`` path (GPU pipelines, and
     shards without a read lease)."""
 
-    def __init__(self, urls: list[str], *, mapped: bool = True) -> None:
+    def __init__(self, urls: list[str], *, mapped: bool = True, headers: bool = False) -> None:
         import torch
 
         import gpupipe as gp
@@ -116,8 +120,8 @@ class Gpupipe:
         train = gp.load_pipeline(os.path.join(ROOT, "pipelines", "imagenet.py:train"))
         spec = RunSpec(self.index, train(urls).views, config, torch.device("cpu"), THREADS, 0, 0)
         self.runner = DaliRunner(spec, graph=lambda encoded, ctx: pass_through(encoded, ctx, factors=True))
-        self.runner.mapped = mapped
-        self.name = "gpupipe" if mapped else "gpupipe, pread"
+        self.runner.mapped, self.headers = mapped, headers
+        self.name = "gpupipe, headers read" if headers else "gpupipe" if mapped else "gpupipe, pread"
         self.spec = PlanSpec(len(self.index), 1, BATCH, True, True, 1000, 8)
         self.plan = lambda epoch: rank_plan(
             self.index.shard_sizes, self.spec, sequential=True, seed=0, epoch=epoch, rank=0
@@ -125,9 +129,13 @@ class Gpupipe:
         self.epoch = 0
 
     def epoch_run(self) -> tuple[int, int]:
+        from gpupipe.backends._dali._headers import Sizes
+
         self.epoch += 1
         n = nbytes = 0
         plan = self.plan(self.epoch)
+        if self.headers:  # a run's first epoch: no size known
+            self.runner._sizes = Sizes(self.runner.index)
         for batch in self.runner.run(plan, 0):
             n += len(batch.keys)
             nbytes += int(batch.images[0][:, 0].sum())
@@ -184,9 +192,14 @@ class DaliReader:
         del self.pipe
 
 
-def timed(reader) -> dict[str, float]:
+def timed(reader, epochs: int) -> dict[str, float]:
+    """``epochs`` epochs of ``reader`` timed together (CPU times come in 10 ms ticks: a measure of
+    a few ticks is as coarse as 25%)."""
     cpu0, (user0, sys0), t0 = process_cpu(), python_cpu(), time.perf_counter()
-    n, nbytes = reader.epoch_run()
+    n = nbytes = 0
+    for _ in range(epochs):
+        got, size = reader.epoch_run()
+        n, nbytes = n + got, nbytes + size
     wall = time.perf_counter() - t0
     user, system = python_cpu()
     return {
@@ -202,6 +215,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--images", type=int, default=3072)
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--epochs", type=int, default=None,
+                        help="epochs per round and reader (default: enough for 40k images)")  # fmt: skip
     parser.add_argument("--data", default=os.path.join(ROOT, ".bench-data", "input-path"))
     parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
     args = parser.parse_args()
@@ -212,13 +227,15 @@ def main() -> None:
             while f.read(1 << 24):
                 pass
     size_mb = sum(os.path.getsize(u) for u in urls) / 1e6
-    readers: list[Gpupipe | DaliReader] = [Gpupipe(urls), Gpupipe(urls, mapped=False), DaliReader(urls)]
+    readers: list[Gpupipe | DaliReader] = [Gpupipe(urls), Gpupipe(urls, headers=True), Gpupipe(urls, mapped=False),
+                                           DaliReader(urls)]  # fmt: skip
+    epochs = args.epochs or max(1, -(-40_000 // args.images))
     for r in readers:  # warm-up epoch: builds, first allocations
         r.epoch_run()
     results: dict[str, list[dict[str, float]]] = {r.name: [] for r in readers}
     for _ in range(args.rounds):
         for r in readers:
-            results[r.name].append(timed(r))
+            results[r.name].append(timed(r, epochs))
     for r in readers:
         r.close()
 
@@ -229,12 +246,15 @@ def main() -> None:
             for name in results]  # fmt: skip
     ratio = medians["gpupipe"]["images/s"] / medians["dali reader"]["images/s"]
     intro = (
-        f"`python bench/input_path.py --images {args.images} --rounds {args.rounds}` on {platform.node()} "
+        f"`python bench/input_path.py --images {args.images} --rounds {args.rounds}"
+        f"{f' --epochs {args.epochs}' if args.epochs else ''}` on {platform.node()} "
         f"({os.cpu_count()} CPUs, {platform.processor() or platform.machine()}), no GPU. {len(urls)} shards, "
         f"{size_mb:.0f} MB, JPEGs of ~{size_mb * 1e6 / args.images / 1e3:.0f} KB (500x375). Batch {BATCH}, "
         f"{THREADS} threads each, prefetch {PREFETCH}, decode replaced by a pass-through; medians of "
-        f"{args.rounds} interleaved rounds of one epoch each. gpupipe's epochs are shuffled (the training "
-        "plan) and include the train recipe's random-factor draws; DALI's reader reads in file order. "
+        f"{args.rounds} interleaved rounds of {epochs} epoch(s) each. gpupipe's epochs are shuffled (the training "
+        "plan) and include the train recipe's random-factor draws and crop windows; their images' "
+        "headers were read in the warm-up epoch, as after a training run's first epoch ('headers read': read "
+        "again every epoch, as in the first); DALI's reader reads in file order. "
         "'Python threads' are the threads that run Python (the iterating thread and gpupipe's readers): "
         "user time is interpreter work under the GIL, system time the kernel's (mapping shards, or "
         "copying file pages into batch buffers where a shard cannot be mapped). CPU times come from "

@@ -20,6 +20,7 @@ drawing as a pipeline of that one transform list does) — computed by a counter
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import numpy as np
@@ -37,11 +38,14 @@ def _mix(z: np.ndarray) -> np.ndarray:
     return z ^ (z >> np.uint64(31))
 
 
-def _key(seed: int, epoch: int, step: int, view: int) -> np.ndarray:
+@functools.lru_cache(maxsize=1024)
+def _key(seed: int, epoch: int, step: int, view: int) -> np.uint64:
+    """The stream of ``(seed, epoch, step, view)`` (remembered: a batch asks for it once per step,
+    and a few small NumPy operations cost more than the batch's own draws)."""
     key = np.zeros(1, np.uint64)
     for part in (seed, epoch, step) if view == 0 else (seed, epoch, step, view):
         key = _mix(key ^ np.array([part & _MASK], np.uint64))
-    return key
+    return key[0]
 
 
 def uniforms(

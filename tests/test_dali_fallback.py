@@ -61,6 +61,19 @@ class TestParsed:
     def test_what_it_refuses_or_dali_cannot_take(self, name):
         assert _fallback.native(header(name)) and _fallback.parsed(FILES[name]) is None
 
+    def test_without_nvimagecodecs_module_the_header_decides_and_says_so(self, monkeypatch, caplog):
+        import sys
+
+        import nvidia
+
+        monkeypatch.setattr(_fallback, "_nvimgcodec", None)
+        monkeypatch.setitem(sys.modules, "nvidia.nvimgcodec", None)  # import fails
+        monkeypatch.delattr(nvidia, "nvimgcodec", raising=False)
+        assert _fallback.parsed(FILES["jpeg-junk-before-dht"]) == header("jpeg").size
+        assert _fallback.parsed(FILES["png"]) == header("png").size
+        (record,) = [r for r in caplog.records if "nvidia.nvimgcodec" in r.getMessage()]  # said once
+        assert "install nvidia-nvimgcodec-cu12" in record.getMessage()
+
     def test_a_view_of_a_larger_buffer(self):
         data = FILES["jpeg"]
         buffer = np.zeros(len(data) + 64, np.uint8)
@@ -130,9 +143,9 @@ class TestProbe:
     @pytest.fixture
     def lenient_gate(self, monkeypatch):
         """The gate lets every file through that has a header size (as before issue 36)."""
-        from gpupipe.backends._dali import _input
+        from gpupipe.backends._dali import _headers
 
-        monkeypatch.setattr(_input, "parsed", lambda view: read_header(view, None, shard="", key="").size)
+        monkeypatch.setattr(_headers, "parsed", lambda view: read_header(view, None, shard="", key="").size)
 
     @pytest.mark.parametrize("on_error", ["skip", "raise"])
     def test_a_file_dali_refuses_is_delivered_as_gpupipe_reads_it(self, tmp_path, lenient_gate, on_error):
@@ -192,3 +205,66 @@ def test_the_corpus_decodes_like_torch_where_dali_is_given_the_file(tmp_path):
         with gp.Loader(pipe, 7, backend=backend, device="cpu", num_workers=0 if backend == "torch" else 1) as loader:
             out[backend] = torch.cat([b.images for b in loader])
     assert (out["dali"].float() - out["torch"].float()).abs().mean(dim=(1, 2, 3)).max() <= 2.5
+
+
+class TestHeadersReadOnce:
+    """Issue 36, the input path: a sample's header is read once in a runner's life; later epochs
+    gather the sizes from memory (no Python per sample, no page touched), and the samples that
+    failed are judged again each epoch (their verdict is counted every epoch)."""
+
+    def test_the_second_epoch_reads_only_the_bad_headers(self, tmp_path, monkeypatch):
+        from gpupipe.backends._dali import _headers
+
+        calls: list[str] = []
+        real = _headers.read_header
+
+        def counted(view, *args, key, **kwargs):
+            calls.append(key)
+            return real(view, *args, key=key, **kwargs)
+
+        monkeypatch.setattr(_headers, "read_header", counted)
+        names = ["jpeg", "png", "text", "jpeg-progressive", "bmp-rle4", "webp", "gif", "tiff"]
+        pipe = gp.Pipeline(gp.WebDataset([shard_of(tmp_path, names)]), [T.RandomResizedCrop(16)])
+        epochs = []
+        with gp.Loader(pipe, 3, backend="dali", device="cpu", on_error="skip", max_skipped=None) as loader:
+            for epoch in range(2):
+                loader.set_epoch(epoch)
+                calls.clear()
+                images = torch.cat([b.images[b.valid] for b in loader])
+                epochs.append((sorted(calls), sorted(str(s.key) for s in loader.skipped), images))
+        first, second = epochs
+        assert first[0] == sorted(f"{i:03d}-{n}" for i, n in enumerate(names))
+        assert second[0] == ["002-text", "004-bmp-rle4", "006-gif"]  # bad, or decoded by gpupipe each epoch
+        assert first[1] == second[1] == ["002-text", "006-gif"]
+        assert first[2].shape == second[2].shape == (6, 3, 16, 16)
+
+    def test_what_is_remembered_is_bounded(self, tmp_path):
+        from gpupipe.backends._dali._headers import Sizes
+
+        index = gp.WebDataset([shard_of(tmp_path, ["jpeg"] * 4)]).index()
+        sizes = Sizes(index)
+        sizes.LIMIT = 3  # an index over the limit is remembered by shard
+        where = index.locate_batch(np.arange(4))
+        sizes.remember(where, np.arange(4), np.array([[1, 2], [3, 4], [5, 6], [7, 8]]), np.array([0, 2]))
+        assert sizes.known(where, np.arange(4)).tolist() == [[1, 2], [0, 0], [5, 6], [0, 0]]
+        sizes.LIMIT = 2  # a shard of 4 is over it; the last shard is kept
+        sizes.remember(where, np.arange(4), np.array([[1, 2], [3, 4], [5, 6], [7, 8]]), np.array([1]))
+        assert sizes.known(where, np.arange(4)).tolist() == [[1, 2], [3, 4], [5, 6], [0, 0]]
+
+
+class TestFeed:
+    def test_another_dali_goes_through_feed_input(self):
+        from gpupipe.backends._dali._graph import feed
+
+        class Pipe:
+            _pipe = object()  # no SetExternalTensorInput
+
+            def __init__(self):
+                self.fed = []
+
+            def feed_input(self, name, data):
+                self.fed.append((name, data))
+
+        pipe = Pipe()
+        feed(pipe, "encoded", [1, 2])
+        assert pipe.fed == [("encoded", [1, 2])]

@@ -464,16 +464,17 @@ class TestFailuresMidway:
             fresh.set_epoch(1)
             expected = [(b.keys, b.images.clone()) for b in fresh]
         with make() as loader:
-            pipe = loader._runner._graph.pipe
-            feed, calls = pipe.feed_input, []
+            from gpupipe.backends._dali import _graph
 
-            def interrupted(name, data, *args, **kwargs):
+            feed, calls = _graph.feed, []
+
+            def interrupted(pipe, name, data):
                 calls.append(name)
                 if len(calls) == 5:  # batch 2's factors, after its images were fed
                     raise KeyboardInterrupt
-                return feed(name, data, *args, **kwargs)
+                return feed(pipe, name, data)
 
-            monkeypatch.setattr(pipe, "feed_input", interrupted)
+            monkeypatch.setattr(_graph, "feed", interrupted)
             with pytest.raises(KeyboardInterrupt):
                 list(loader)
             loader.set_epoch(1)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 import collections
+import operator
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple, Protocol
@@ -275,9 +276,9 @@ class Index:
         for group in groups:
             detail = self.shard(int(shard[group[0]]))
             rows = local[group]
-            shard_keys = detail.keys
-            for j, i in zip(group.tolist(), rows.tolist(), strict=True):
-                keys[j] = shard_keys[i]
+            got = operator.itemgetter(*rows.tolist())(detail.keys) if len(rows) > 1 else (detail.keys[int(rows[0])],)
+            for j, key in zip(group.tolist(), got, strict=True):
+                keys[j] = key
             columns = detail.detail()[1]
             if labels is not None:
                 labels = labels if "label" in columns else None

@@ -24,15 +24,19 @@ exactly, so the sample takes the same graph (and the same random draws) as every
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from ..._decode import Header
+from ..._imageinfo import header_size
 from ._failures import device_failure
 
 __all__ = ["NATIVE", "native", "parsed", "ppm_size", "Probe"]
+
+log = logging.getLogger("gpupipe")
 
 # Formats DALI's decoders read (nvImageCodec: libjpeg-turbo or nvJPEG, libpng, libwebp, OpenCV's
 # BMP and PNM, libtiff); the variants of them it refuses are found by the Probe. Not JPEG 2000.
@@ -54,9 +58,16 @@ def parsed(data: Any) -> tuple[int, int] | None:
     microseconds (C++), in the reader threads."""
     global _nvimgcodec
     if _nvimgcodec is None:
-        from nvidia import nvimgcodec  # installed with DALI
-
+        try:
+            from nvidia import nvimgcodec  # installed with DALI (nvidia-nvimgcodec-cu12 / -cu13)
+        except ImportError:
+            log.warning("gpupipe: nvImageCodec's Python module (nvidia.nvimgcodec) is not installed: files DALI's "
+                        "decoders cannot parse reach them, and a batch of 32 or more holding one can crash DALI "
+                        "2.4; install nvidia-nvimgcodec-cu12 (or -cu13)")  # fmt: skip
+            nvimgcodec = False
         _nvimgcodec = nvimgcodec
+    if _nvimgcodec is False:
+        return header_size(data)
     try:
         stream = _nvimgcodec.CodeStream(data)
         if str(stream.dtype) not in _DALI_DTYPES:
@@ -90,7 +101,7 @@ class Probe:
         for i in positions:
             pipe.feed_input("encoded", [encoded[i]])
             for name, value in feeds.items():
-                pipe.feed_input(name, value[i : i + 1])
+                pipe.feed_input(name, np.ascontiguousarray(value[i : i + 1]))
             try:
                 outputs = pipe.run()
             except RuntimeError as e:

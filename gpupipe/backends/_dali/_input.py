@@ -16,6 +16,7 @@ import collections
 import contextlib
 import mmap
 import threading
+import time
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, NamedTuple
@@ -23,8 +24,8 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from ..._decode import check_header, read_header, transcoded
-from ..._errors import Damage, DataError, SampleError, truncated, unreadable
+from ..._decode import check_header, transcoded
+from ..._errors import DataError, SampleError, truncated, unreadable
 from ..._imageinfo import MAX_IMAGE_PIXELS
 from ..._plan import RankPlan
 from ..._random import step_factors
@@ -33,7 +34,8 @@ from ...storage import MappedFile
 from ...transforms import Transform
 from .._base import donor, fill
 from ._context import Lowered
-from ._fallback import native, parsed, ppm_size
+from ._fallback import ppm_size
+from ._headers import Headers, Sizes
 from ._host import SOURCE, HostEnv, evaluate, failures
 
 __all__ = ["READ_THREADS", "FeedBatch", "Buffers", "Maps", "BatchReader"]
@@ -127,9 +129,11 @@ class Maps:
     """
 
     MAX_OPEN = 64
+    SWEEP_EVERY = 0.05  # seconds
 
     def __init__(self, storage: Any) -> None:
         self.storage = storage
+        self._swept = -float("inf")
         self._maps: collections.OrderedDict[str, MappedFile | None] = collections.OrderedDict()
         self._lock = threading.Lock()
 
@@ -155,7 +159,14 @@ class Maps:
         """Retires the maps whose lease is breaking (a writer waits): the unused ones' leases go
         now; and forgets the maps the storage dropped (those of shards it let go: a cached shard
         evicted meanwhile frees its disk space once the batches using it are done; read again, it
-        is mapped again). Called once per batch read."""
+        is mapped again). Called for each batch read, it looks at most every :attr:`SWEEP_EVERY`
+        seconds (a lease check is a system call per map; a writer waits for a breaking lease up
+        to the kernel's lease-break-time, 45 s by default; the maps a batch uses are checked
+        when it is read and fed anyway)."""
+        now = time.monotonic()
+        if now - self._swept < self.SWEEP_EVERY:
+            return
+        self._swept = now
         with self._lock:
             maps = [m for m in self._maps.values() if m is not None]
         for mapped in maps:
@@ -177,22 +188,25 @@ class BatchReader:
     """Reads the plan's batches ahead of DALI in :data:`READ_THREADS` threads (not a
     ``gpupipe.sources.Reader``: it reads through the source's index).
 
-    Each image's size is read from its header, and every input the graph takes besides the
-    encoded images is computed here for the whole batch (``Lowered.feeds``: random factors, crop
-    windows, resize sizes). A sample that cannot be used (its shard unreadable or truncated there,
-    its label not an integer, its image's header declaring more than ``max_pixels`` or no size at
-    all, a host check of the graph failing: too small for a crop) raises its ``DataError`` when
-    its batch is due, or with ``skip`` is left out: its place holds a copy of a good sample of the
-    batch (:meth:`substitute`) and the batch lists it.
+    Each image's size is read from its header (once in the runner's life: ``_headers``), and every
+    input the graph takes besides the encoded images is computed here for the whole batch
+    (``Lowered.feeds``: random factors, crop windows, resize sizes). A sample that cannot be used
+    (its shard unreadable or truncated there, its label not an integer, its image's header
+    declaring more than ``max_pixels`` or no size at all, a file gpupipe's decoder refuses where
+    DALI's are not given it, a host check of the graph failing: too small for a crop) raises its
+    ``DataError`` when its batch is due, or with ``skip`` is left out: its place holds a copy of
+    a good sample of the batch (:meth:`substitute`) and the batch lists it.
     """
 
     def __init__(self, index: Index, plan: RankPlan, lowered: Lowered,
                  views: tuple[tuple[Transform, ...], ...],
                  buffers: Buffers, maps: Maps | None, pool: ThreadPoolExecutor, ahead: int,
                  skip: bool = False, max_pixels: int | None = MAX_IMAGE_PIXELS,
-                 exif: bool = False) -> None:  # fmt: skip
+                 exif: bool = False, sizes: Sizes | None = None) -> None:  # fmt: skip
         self.index, self.plan, self.lowered, self.views = index, plan, lowered, views
         self.exif = exif
+        self.headers = Headers(sizes if sizes is not None else Sizes(index), host_geometry=lowered.host_geometry,
+                               max_pixels=max_pixels, exif=exif)  # fmt: skip
         self.by_source = any(feed.value is SOURCE for feed in lowered.feeds.values())  # a per_source graph
         self.max_pixels = max_pixels
         self.buffers, self.maps, self.pool, self.ahead, self.skip = buffers, maps, pool, ahead, skip
@@ -268,8 +282,7 @@ class BatchReader:
                 if rest:
                     buffer = self._read_ranges(where, rest, shards, views, bad)
             keys, drawn = list(where.keys), self.plan.drawn(b)
-            sizes, foreign = self._sizes(views, keys, shards, bad)
-            decoded = self.decode_foreign(foreign, views, keys, shards, sizes, bad)
+            sizes, decoded = self.headers.sizes(where, samples, views, shards, bad)
             env = self.env(drawn, sizes)
             if self.lowered.host_checks:
                 for i, message in failures(self.lowered.host_checks, env, len(samples)).items():
@@ -311,58 +324,6 @@ class BatchReader:
         drawn = draws.copy()
         fill(bad, (views, keys, shards, drawn, labels, sizes), (view, key, shard, number, label, size))
         return labels, drawn
-
-    def _sizes(self, views: list[Any], keys: list[str], shards: list[str],
-               bad: dict[int, DataError]) -> tuple[np.ndarray, list[int]]:  # fmt: skip
-        """Each image's ``(height, width)`` from its header (int64 ``[B, 2]``; zeros for samples
-        already bad), a few microseconds a sample, in the reading threads; and the positions of
-        the images DALI's decoders are not given (``_fallback``: not a format they read, or one
-        nvImageCodec's parser refuses or sizes otherwise; decoded by gpupipe, their sizes then).
-        Applies the header's rules of every backend (``gpupipe._decode.read_header``:
-        formats, the pixel limit) before DALI's decoders see the image, and — where the graph's
-        geometry is computed here — refuses images whose header declares no size."""
-        sizes = np.zeros((len(views), 2), np.int64)
-        foreign = []
-        for i, view in enumerate(views):
-            if i in bad:
-                continue
-            try:
-                header = read_header(memoryview(view), self.max_pixels, shard=shards[i], key=keys[i])
-                dali = parsed(view) if native(header) else None
-                if dali is None or (header.size is not None and dali != header.size):
-                    foreign.append(i)  # never given to DALI (see _fallback)
-                    continue
-                size: tuple[int, int] | None = dali
-                if self.lowered.host_geometry and (size is None or not all(size)):
-                    raise SampleError.at(
-                        "the image's header declares no size (not an image, or a corrupt header)",
-                        shard=shards[i], key=keys[i], kind=Damage.UNDECODABLE,
-                    )  # fmt: skip
-            except DataError as e:
-                self._bad(bad, i, e)
-                continue
-            if size is not None:
-                sizes[i] = size
-        return sizes, foreign
-
-    def decode_foreign(self, positions: list[int], views: list[Any], keys: list[str], shards: list[str],
-                       sizes: np.ndarray, bad: dict[int, DataError]) -> frozenset[int]:  # fmt: skip
-        """Decodes the images at ``positions`` with gpupipe's decoder, in a child process
-        (``_fallback``): a refused one is bad (its verdict as on the torch backend), a read one's
-        view becomes its pixels as a PPM, and its size the decoded one. Returns the positions read."""
-        if not positions:
-            return frozenset()
-        suspects = [(bytes(views[i]), shards[i], keys[i]) for i in positions]
-        decoded = set()
-        for i, out in zip(positions, transcoded(suspects, max_pixels=self.max_pixels, apply_exif_orientation=self.exif),
-                          strict=True):  # fmt: skip
-            if isinstance(out, DataError):
-                self._bad(bad, i, out)
-                continue
-            views[i] = np.frombuffer(out, np.uint8)
-            sizes[i] = ppm_size(out)
-            decoded.add(i)
-        return frozenset(decoded)
 
     def env(self, samples: np.ndarray, sizes: np.ndarray) -> HostEnv:
         """What the graph's host values see of a batch of ``samples``: their sizes and their

@@ -79,6 +79,7 @@ from ._compiler import Ctx, Lowered
 from ._failures import device_failure, explain_failure
 from ._fallback import Probe
 from ._graph import LIVE_RUNNERS, Graph, IterationFailed, define_graph
+from ._headers import Sizes
 from ._input import READ_THREADS, BatchReader, Buffers, FeedBatch, Maps
 from ._proto import operator_count
 from ._strategy import choose, nvjpeg_version
@@ -106,6 +107,7 @@ class DaliRunner:
         self._runs = Runs()
         self._closed = False
         self._buffers = Buffers(pinned=self.device.type == "cuda")
+        self._sizes = Sizes(self.index)  # the images' sizes, read once (_headers)
         # A CPU pipeline reads views of mapped shards (no copy); a GPU pipeline reads into pinned
         # buffers, so that the decoder's copies to the device are asynchronous.
         self.mapped = self.device.type == "cpu"
@@ -165,7 +167,7 @@ class DaliRunner:
         maps = Maps(self.index.reader.storage) if self.mapped else None
         reader = BatchReader(self.index, plan, graph.lowered, self.views, self._buffers, maps, self._pool,
                              ahead=self.prefetch + 1, skip=self.skip, max_pixels=self.max_pixels,
-                             exif=self.exif)  # fmt: skip
+                             exif=self.exif, sizes=self._sizes)  # fmt: skip
         probe = Probe(self._probe)  # built if DALI fails on a batch
         fed, limit, error = start, plan.num_batches, None  # feeding stops at `limit`: an unreadable batch
         failed = False
@@ -325,7 +327,7 @@ class DaliRunner:
             suspects = [i for i in range(len(views)) if i not in skipped and i not in batch.decoded]
             refused = probe.refused(batch.encoded, batch.feeds, suspects, batch=batch.b)
             if refused:
-                decoded = reader.decode_foreign(refused, views, batch.keys, batch.shards, sizes, bad)
+                decoded = reader.headers.decode_foreign(refused, views, batch.keys, batch.shards, sizes, bad)
             else:  # none fails alone: what gpupipe's decoder refuses (as before the probe existed)
                 from ..._decode import verdicts
 
