@@ -20,7 +20,9 @@ class Batch:
     Attributes:
         images: ``[B, C, H, W]`` tensor on the loader's device; for a pipeline of views
             (``Pipeline(source, views=[...])``), a tuple of such tensors, one per view.
-        labels: ``[B]`` int64 tensor on the loader's device; ``None`` for unlabeled sources.
+        labels: ``[B]`` int64 tensor on the loader's device; ``None`` for unlabeled sources. With a
+            pipeline's ``batch_transform`` (MixUp, CutMix), float32 soft targets ``[B,
+            num_classes]``.
         keys: the ``B`` sample keys (list of str), in batch order.
         valid: ``[B]`` bool tensor on the loader's device, ``False`` for padding: the repeated
             sample that evens out the ranks' lengths when ``drop_last=False`` (see

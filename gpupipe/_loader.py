@@ -24,6 +24,7 @@ from ._trainers import LoaderAttributes
 from ._tuned import resolve as resolve_tuned
 from ._tuned import tune_key
 from ._validate import check_int
+from .backends._batchwise import apply_batch
 from .sources import Index
 from .sources._mix import MixIndex
 from .storage._prefetch import prefetcher
@@ -115,6 +116,8 @@ class Loader(LoaderAttributes):
         self._listed_epoch = 0  # the epoch whose listing of a growing source is indexed
         self._use(index_source(pipeline.source, listing_of(pipeline.source, topo, device), config, topo, seed=self.seed,
                                device=device, skips=self._skips, shards_ahead=self._shards_ahead()))  # fmt: skip
+        if pipeline.batch_transform is not None and not self.index.labeled:
+            raise ConfigError(f"Loader: {type(pipeline.batch_transform).__name__} mixes labels: the source has none")
         if self._len == 0:
             warnings.warn(
                 f"Loader: drop_last=True with {len(self.index)} samples, batch_size={config.batch_size} "
@@ -446,7 +449,11 @@ class Loader(LoaderAttributes):
                     self._skips.mark(skipped, valid, epoch, limit)
                 self._yielded = shift + b + 1
                 images = views if self.pipeline.has_views else views[0]
-                yield Batch(images, labels, keys, backends.to_device(torch.from_numpy(valid), device))
+                mask = backends.to_device(torch.from_numpy(valid), device)
+                if self.pipeline.batch_transform is not None and labels is not None:  # MixUp, CutMix: on the device
+                    images, labels = apply_batch(self.pipeline.batch_transform, views[0], labels, mask, seed=self.seed,
+                                                 epoch=epoch, rank=self.rank, batch=shift + b)  # fmt: skip
+                yield Batch(images, labels, keys, mask)
         finally:
             if fetch is not None:
                 fetch.close()

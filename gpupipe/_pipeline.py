@@ -9,7 +9,7 @@ from typing import Any
 
 from ._errors import ConfigError, PipelineError
 from .sources import Source, WebDataset
-from .transforms import ImageSpec, Transform
+from .transforms import BatchTransform, ImageSpec, Transform
 
 __all__ = ["Pipeline", "load_pipeline"]
 
@@ -35,6 +35,12 @@ class Pipeline:
             resolution). Every list must end in the same shape and dtype: the loader yields one
             ``images, labels`` batch, ``[B, C, H, W]``, its rows from the sources' lists. Draws are
             keyed by ``(seed, epoch, sample, source, step)``. Default: ``None``.
+        batch_transform: keyword-only: a batch transform applied to each whole batch after
+            batching, on the loader's device: :class:`~gpupipe.transforms.MixUp`,
+            :class:`~gpupipe.transforms.CutMix`, or a
+            :class:`~gpupipe.transforms.RandomChoice` of them. The loader's labels are then
+            float32 soft targets ``[B, num_classes]``. Its draws are keyed by ``(seed, epoch,
+            rank, batch)``. Not with ``views``. Default: ``None``.
 
     The pipeline is checked when constructed: every step must accept what the step before gives
     (``Normalize`` needs a float image, saturation needs 3 channels, …). :attr:`output_specs`
@@ -69,6 +75,7 @@ class Pipeline:
         *,
         views: Sequence[Sequence[Transform]] | None = None,
         per_source: Sequence[Sequence[Transform]] | None = None,
+        batch_transform: BatchTransform | None = None,
     ) -> None:
         if isinstance(source, (str, os.PathLike)) and os.path.isdir(source):
             raise ConfigError(f"Pipeline: {os.fspath(source)!r} is a directory; {directory_hint(os.fspath(source))}")
@@ -99,6 +106,7 @@ class Pipeline:
         if self.per_source and len({str(specs[-1]) for specs in self.view_specs}) > 1:
             ends = ", ".join(f"per_source[{i}]: {specs[-1]}" for i, specs in enumerate(self.view_specs))
             raise PipelineError(f"Pipeline: every per_source list must end in the same shape and dtype ({ends})")
+        self.batch_transform = _batch_transform(batch_transform, self)
 
     @staticmethod
     def _per_source(source: Source, transforms: Sequence[Transform], views: Any, per_source: Any) -> Any:
@@ -163,6 +171,21 @@ class Pipeline:
         outputs = ", ".join(str(s) for s in self.output_specs)
         what = "per_source" if self.per_source else "views"
         return f"Pipeline({self.source!r}, {what}=[\n  {lists}]) -> ({outputs})"
+
+
+def _batch_transform(t: Any, pipeline: Pipeline) -> BatchTransform | None:
+    if t is None:
+        return None
+    if not isinstance(t, BatchTransform):
+        raise ConfigError("Pipeline: batch_transform must be a gpupipe.transforms.MixUp, CutMix or RandomChoice of "
+                          f"them, got {type(t).__name__}")  # fmt: skip
+    if pipeline.has_views:
+        raise ConfigError("Pipeline: batch_transform mixes one image per sample: not with views=[...]")
+    try:
+        t.output_spec(pipeline.output_spec)
+    except ConfigError as e:
+        raise PipelineError(f"Pipeline: batch_transform: {e}") from None
+    return t
 
 
 def _transform_list(transforms: Any, name: str) -> tuple[Transform, ...]:

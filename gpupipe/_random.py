@@ -25,7 +25,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["uniforms", "step_factors", "factors"]
+__all__ = ["uniforms", "step_factors", "factors", "batch_generator"]
 
 _MASK = (1 << 64) - 1
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -73,3 +73,12 @@ def factors(
 ) -> list:
     """For each step of ``transforms`` (view ``view``'s list): :func:`step_factors`."""
     return [step_factors(t, seed, epoch, samples, step, view) for step, t in enumerate(transforms)]
+
+
+def batch_generator(seed: int, epoch: int, rank: int, batch: int) -> np.random.Generator:
+    """The generator of one batch's batch-level draws (MixUp's λ, CutMix's box, the choice between
+    them): a pure function of ``(seed, epoch, rank, batch)``, ``batch`` the batch's position in the
+    rank's epoch, so a resumed epoch draws what the interrupted one did. (Beta variates take a
+    varying number of uniforms: a seeded NumPy generator, not the counter-based uniforms.)"""
+    entropy = [seed & _MASK, epoch, rank, batch, 0x6D6978]  # the last: this stream's own tag
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence(entropy)))

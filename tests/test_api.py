@@ -25,7 +25,8 @@ def test_transforms_api():
     assert sorted(T.__all__) == sorted([
         "Transform", "ImageSpec", "InterpolationMode", "RandomResizedCrop", "Resize", "CenterCrop", "RandomCrop",
         "RandomHorizontalFlip", "RandomVerticalFlip", "ColorJitter", "RandomGrayscale", "GaussianBlur",
-        "RandomSolarize", "RandomApply", "ToDtype", "Normalize", "Arithmetic", "ArrayFunction",
+        "RandomSolarize", "RandomApply", "ToDtype", "Normalize", "Arithmetic", "ArrayFunction", "BatchTransform",
+        "BatchMode", "MixUp", "CutMix", "RandomChoice",
     ])  # fmt: skip
     assert all(hasattr(T, name) for name in T.__all__)
 

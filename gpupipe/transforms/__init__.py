@@ -14,6 +14,7 @@ Example:
 
 from ._apply import RandomApply
 from ._base import ImageSpec, InterpolationMode, Transform
+from ._batch import BatchMode, BatchTransform, CutMix, MixUp, RandomChoice
 from ._color import ColorJitter, GaussianBlur, Normalize, RandomGrayscale, RandomSolarize, ToDtype
 from ._custom import Arithmetic, ArrayFunction
 from ._spatial import (
@@ -44,4 +45,9 @@ __all__ = [
     "Normalize",
     "Arithmetic",
     "ArrayFunction",
+    "BatchTransform",
+    "BatchMode",
+    "MixUp",
+    "CutMix",
+    "RandomChoice",
 ]

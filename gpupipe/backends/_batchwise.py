@@ -1,0 +1,71 @@
+"""Batch transforms (``gpupipe.transforms.MixUp``, ``CutMix``, ``RandomChoice``) applied to a
+delivered batch on the loader's device: one torch kernel for every backend, after batching, never
+per-sample Python.
+
+The parameters come from :meth:`BatchTransform.sample` with the batch's generator
+(``gpupipe._random.batch_generator``); :func:`mix` applies them. Only valid rows (``batch.valid``)
+mix: each with the valid row before it (the first with the last), as torchvision's
+``roll(1, 0)`` pairs them; padding and skipped samples are neither mixed nor partners, and keep
+their own (one-hot) labels. With every row valid this is torchvision's ``MixUp``/``CutMix``
+exactly (tested).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .._random import batch_generator
+from ..transforms._batch import BatchTransform, MixParams
+
+__all__ = ["apply_batch", "mix", "soft_labels"]
+
+
+def apply_batch(t: BatchTransform, images: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor, *, seed: int,
+                epoch: int, rank: int, batch: int) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """``t`` on one batch (images ``[B, C, H, W]``, class labels ``[B]``, ``valid`` ``[B]``):
+    images of the same shape and float32 soft labels ``[B, num_classes]``."""
+    rng = batch_generator(seed, epoch, rank, batch)
+    params = t.sample(rng, images.shape[0], images.shape[-2], images.shape[-1])
+    assert t.num_classes is not None  # checked when constructed
+    return mix(images, labels, valid, params, num_classes=t.num_classes, smoothing=t.label_smoothing)
+
+
+def soft_labels(labels: torch.Tensor, num_classes: int, smoothing: float = 0.0) -> torch.Tensor:
+    """Class indices ``[B]`` as float32 ``[B, num_classes]`` one-hot rows, smoothed as timm does
+    (``1 − ε + ε/K`` and ``ε/K``)."""
+    out = torch.nn.functional.one_hot(labels, num_classes).float()
+    return out * (1.0 - smoothing) + smoothing / num_classes if smoothing else out
+
+
+def mix(images: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor, params: MixParams, *, num_classes: int,
+        smoothing: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Applies ``params`` to the valid rows (in place on ``images``); returns the images and the
+    soft labels."""
+    soft = soft_labels(labels, num_classes, smoothing)
+    rows = torch.nonzero(valid.cpu()).flatten()
+    if len(rows) < 2:  # a sample alone mixes with itself: unchanged
+        return images, soft
+    device = images.device
+    partner = rows.roll(1)
+    index, other = rows.to(device), partner.to(device)
+    lam = torch.as_tensor(params.lam[rows.numpy()], dtype=torch.float64)
+    keep = lam.to(torch.float32).to(device)[:, None]  # the weights as torchvision's scalars give them
+    give = (1.0 - lam).to(torch.float32).to(device)[:, None]
+    soft[index] = soft[other].mul(give).add_(soft[index].mul(keep))
+    mine, theirs = images[index], images[other]
+    cut = torch.as_tensor(params.cut[rows.numpy()])
+    out = mine.clone()
+    if (~cut).any():
+        blend = torch.nonzero(~cut).flatten().to(device)
+        shape = (-1,) + (1,) * (images.dim() - 1)
+        out[blend] = theirs[blend].mul(give[blend].view(shape)).add_(mine[blend].mul(keep[blend].view(shape)))
+    if cut.any():
+        boxes = torch.as_tensor(params.box[rows.numpy()], device=device)
+        height, width = images.shape[-2], images.shape[-1]
+        ys = torch.arange(height, device=device)[None, :, None]
+        xs = torch.arange(width, device=device)[None, None, :]
+        x1, y1, x2, y2 = (boxes[:, i, None, None] for i in range(4))
+        inside = (ys >= y1) & (ys < y2) & (xs >= x1) & (xs < x2) & cut.to(device)[:, None, None]
+        out = torch.where(inside[:, None], theirs, out)
+    images[index] = out
+    return images, soft

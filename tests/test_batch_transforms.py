@@ -1,0 +1,237 @@
+"""Issue 37, batch transforms: MixUp, CutMix and RandomChoice of them, as torchvision v2 applies
+them (one λ per batch, the neighbour as partner, CutMix's λ corrected to its box), timm's
+per-sample mode and label smoothing, drawn from ``(seed, epoch, rank, batch)``, and padding kept
+out of real samples."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from torchvision.transforms import v2
+
+import gpupipe as gp
+from gpupipe import transforms as T
+from gpupipe._random import batch_generator
+from gpupipe.backends._batchwise import apply_batch, mix, soft_labels
+from gpupipe.transforms._batch import MixParams
+
+from .support.data import write_webdataset_shards
+
+K = 10
+
+
+def batch(n: int = 8, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.rand(n, 3, 10, 12, generator=g), torch.randint(0, K, (n,), generator=g)
+
+
+def all_valid(n: int) -> torch.Tensor:
+    return torch.ones(n, dtype=torch.bool)
+
+
+class TestMixUp:
+    def test_equals_torchvisions_for_the_same_lambda(self):
+        images, labels = batch()
+        lam = 0.3141
+        params = MixParams(np.full(8, lam), np.zeros(8, bool), np.zeros((8, 4), np.int64))
+        got, soft = mix(images.clone(), labels, all_valid(8), params, num_classes=K)
+        tv = v2.MixUp(alpha=1.0, num_classes=K)
+        p = {"lam": lam, "labels": labels, "batch_size": 8}
+        assert torch.equal(got, tv.transform(images, p)) and torch.equal(soft, tv.transform(labels, p))
+
+    def test_a_uint8_image_is_refused(self, tmp_path):
+        with pytest.raises(gp.PipelineError, match="MixUp blends images: it needs a float image"):
+            gp.Pipeline(["a.tar"], [T.Resize(8)], batch_transform=T.MixUp(num_classes=K))
+
+    @pytest.mark.parametrize(("kwargs", "message"), [
+        (dict(alpha=0.0, num_classes=K), "alpha must be a number > 0"),
+        (dict(alpha=1.0), "num_classes is required"),
+        (dict(num_classes=0), "num_classes must be an int >= 1"),
+        (dict(num_classes=K, label_smoothing=1.0), r"label_smoothing must be in \[0, 1\)"),
+        (dict(num_classes=K, mode="pair"), "mode"),
+    ])  # fmt: skip
+    def test_arguments_are_checked(self, kwargs, message):
+        with pytest.raises(gp.ConfigError, match=message):
+            T.MixUp(**kwargs)
+
+    def test_arguments_are_keyword_only_as_torchvisions(self):
+        with pytest.raises(TypeError):
+            T.MixUp(1.0, K)  # type: ignore[call-arg]
+
+
+class TestCutMix:
+    def test_the_box_and_corrected_lambda_are_torchvisions(self, monkeypatch):
+        """Given the same λ and centre, torchvision's CutMix makes the same box and λ."""
+        for seed in range(40):
+            rng = batch_generator(seed, 0, 0, 0)
+            params = T.CutMix(alpha=0.7, num_classes=K).sample(rng, 4, 37, 53)
+            rng = batch_generator(seed, 0, 0, 0)
+            lam, r_x, r_y = rng.beta(0.7, 0.7), int(rng.integers(53)), int(rng.integers(37))
+            tv = v2.CutMix(alpha=0.7, num_classes=K)
+            drawn = torch.tensor(lam)
+            monkeypatch.setattr(tv, "_dist", type("Dist", (), {"sample": lambda self, shape, _d=drawn: _d})())
+            centres = iter([torch.tensor([r_x]), torch.tensor([r_y])])
+            monkeypatch.setattr(torch, "randint", lambda high, size, _c=centres: next(_c))
+            expected = tv.make_params([torch.zeros(4, 3, 37, 53)])
+            monkeypatch.undo()
+            assert tuple(params.box[0]) == expected["box"] and params.lam[0] == expected["lam_adjusted"]
+            assert params.cut.all() and (params.box == params.box[0]).all()
+
+    def test_applied_as_torchvision_applies_it(self):
+        images, labels = batch(seed=3)
+        params = T.CutMix(num_classes=K).sample(batch_generator(1, 2, 3, 4), 8, 10, 12)
+        got, soft = mix(images.clone(), labels, all_valid(8), params, num_classes=K)
+        p = {"box": tuple(int(v) for v in params.box[0]), "lam_adjusted": float(params.lam[0]), "labels": labels,
+             "batch_size": 8}  # fmt: skip
+        tv = v2.CutMix(num_classes=K)
+        assert torch.equal(got, tv.transform(images, p)) and torch.equal(soft, tv.transform(labels, p))
+
+    def test_any_dtype(self):
+        images = (batch()[0] * 255).to(torch.uint8)
+        params = T.CutMix(num_classes=K).sample(batch_generator(0, 0, 0, 1), 8, 10, 12)
+        got, _ = mix(images.clone(), batch()[1], all_valid(8), params, num_classes=K)
+        assert got.dtype == torch.uint8
+
+
+class TestRandomChoice:
+    def test_one_of_them_per_batch_uniform_by_default(self):
+        choice = T.RandomChoice([T.MixUp(num_classes=K), T.CutMix(num_classes=K)])
+        cuts = np.array([choice.sample(batch_generator(0, 0, 0, b), 4, 8, 8).cut.all() for b in range(2000)])
+        chi2 = ((cuts.sum() - 1000) ** 2 + ((~cuts).sum() - 1000) ** 2) / 1000
+        assert chi2 < 10.8  # p = 0.001, 1 degree of freedom
+
+    def test_p_and_each_sample_its_own_in_elem_mode(self):
+        choice = T.RandomChoice([T.MixUp(num_classes=K, mode="elem"), T.CutMix(num_classes=K, mode="elem")],
+                                p=[0.2, 0.8])  # fmt: skip
+        params = choice.sample(batch_generator(5, 0, 0, 0), 4000, 8, 8)
+        blended = params.lam[~params.cut]  # CutMix's λ on an 8x8 image takes few values
+        assert abs(params.cut.mean() - 0.8) < 0.03 and len(set(blended.tolist())) == len(blended) > 700
+        x1, y1, x2, y2 = params.box[params.cut].T
+        assert (params.box[~params.cut] == 0).all() and np.array_equal(params.lam[params.cut],
+                                                                       1 - (x2 - x1) * (y2 - y1) / 64)  # fmt: skip
+
+    @pytest.mark.parametrize("members", [
+        [T.MixUp(num_classes=K), T.CutMix(num_classes=K + 1)],
+        [T.MixUp(num_classes=K), T.CutMix(num_classes=K, mode="elem")],
+    ])  # fmt: skip
+    def test_members_must_agree(self, members):
+        with pytest.raises(gp.ConfigError, match="must share"):
+            T.RandomChoice(members)
+
+    def test_per_sample_transforms_are_not_supported_yet(self):
+        with pytest.raises(gp.ConfigError, match="not supported yet"):
+            T.RandomChoice([T.RandomHorizontalFlip()])  # type: ignore[list-item]
+
+
+class TestDraws:
+    @pytest.mark.parametrize("alpha", [0.2, 1.0])
+    def test_lambda_is_beta_alpha_alpha(self, alpha):
+        lam = np.array([T.MixUp(alpha=alpha, num_classes=K).sample(batch_generator(7, e, 0, b), 1, 4, 4).lam[0]
+                        for e in range(4) for b in range(1000)])  # fmt: skip
+        reference = np.sort(np.random.default_rng(123).beta(alpha, alpha, size=20000))
+        cdf = np.searchsorted(reference, np.sort(lam), side="right") / len(reference)
+        ks = np.max(np.abs(cdf - np.arange(1, len(lam) + 1) / len(lam)))
+        assert ks < 1.63 * math.sqrt((len(lam) + len(reference)) / (len(lam) * len(reference)))  # p = 0.01
+        assert abs(lam.var() - 1 / (4 * (2 * alpha + 1))) < 0.01
+
+    def test_keyed_by_seed_epoch_rank_and_batch_only(self):
+        t = T.MixUp(num_classes=K, mode="elem")
+
+        def lam(*key):
+            return t.sample(batch_generator(*key), 16, 8, 8).lam
+
+        assert np.array_equal(lam(1, 2, 3, 4), lam(1, 2, 3, 4))
+        others = [lam(2, 2, 3, 4), lam(1, 3, 3, 4), lam(1, 2, 4, 4), lam(1, 2, 3, 5)]
+        assert all(not np.array_equal(lam(1, 2, 3, 4), o) for o in others)
+
+
+class TestPadding:
+    """Rows that are not valid (padding, skipped samples) are neither mixed nor partners."""
+
+    @pytest.mark.parametrize("t", [T.MixUp(num_classes=K), T.CutMix(num_classes=K, mode="elem")])
+    def test_only_valid_rows_mix_with_the_valid_row_before(self, t):
+        images, labels = batch(8, seed=5)
+        valid = torch.tensor([True, False, True, True, False, True, True, False])
+        params = t.sample(batch_generator(0, 0, 0, 9), 8, 10, 12)
+        got, soft = mix(images.clone(), labels, valid, params, num_classes=K)
+        rows = [0, 2, 3, 5, 6]
+        expected_images, expected_soft = mix(images[rows].clone(), labels[rows], all_valid(5),
+                                             MixParams(*(f[rows] for f in params)), num_classes=K)  # fmt: skip
+        assert torch.equal(got[rows], expected_images) and torch.equal(soft[rows], expected_soft)
+        padding = [1, 4, 7]
+        assert torch.equal(got[padding], images[padding]) and torch.equal(
+            soft[padding], soft_labels(labels[padding], K)
+        )
+
+    def test_a_lone_valid_sample_is_unchanged(self):
+        images, labels = batch(4)
+        valid = torch.tensor([False, True, False, False])
+        got, soft = apply_batch(T.MixUp(num_classes=K), images.clone(), labels, valid, seed=0, epoch=0, rank=0, batch=0)
+        assert torch.equal(got, images) and torch.equal(soft, soft_labels(labels, K))
+
+
+def test_label_smoothing_is_timms():
+    labels = torch.tensor([0, 3])
+    soft = soft_labels(labels, 4, 0.1)
+    assert torch.allclose(soft, torch.tensor([[0.925, 0.025, 0.025, 0.025], [0.025, 0.025, 0.025, 0.925]]))
+    images, labels = batch()
+    _, mixed = apply_batch(T.CutMix(num_classes=K, label_smoothing=0.1), images, labels, all_valid(8), seed=0,
+                           epoch=0, rank=0, batch=0)  # fmt: skip
+    assert torch.allclose(mixed.sum(1), torch.ones(8)) and mixed.min() >= 0.01 - 1e-7
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory) -> list[str]:
+    return write_webdataset_shards(str(tmp_path_factory.mktemp("mix")), (12, 12), prefix="mix")
+
+
+class TestInALoader:
+    def pipeline(self, shards, **kwargs):
+        mixing = T.RandomChoice([T.MixUp(alpha=0.2, num_classes=K), T.CutMix(alpha=1.0, num_classes=K)])
+        return gp.Pipeline(shards, [T.Resize((16, 16)), T.ToDtype(torch.float32, scale=True)], batch_transform=mixing,
+                           **kwargs)  # fmt: skip
+
+    def labels(self, loader) -> list[torch.Tensor]:
+        return [labels for _, labels in loader]
+
+    @pytest.mark.parametrize("backend", ["torch", "dali"])
+    def test_soft_labels_the_same_on_every_backend(self, shards, backend):
+        if backend == "dali":
+            pytest.importorskip("nvidia.dali")
+        pipe = self.pipeline(shards)
+        with gp.Loader(pipe, 5, backend="torch", num_workers=0, seed=1) as reference:
+            expected = self.labels(reference)
+        with gp.Loader(pipe, 5, backend=backend, device="cpu", seed=1, num_workers=1) as loader:
+            got = self.labels(loader)
+        assert [tuple(g.shape) for g in got] == [(5, K)] * 4 + [(4, K)] and all(g.dtype == torch.float32 for g in got)
+        assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))
+        assert all(torch.allclose(g.sum(1), torch.ones(len(g))) for g in got)
+
+    def test_a_resumed_epoch_mixes_as_the_uninterrupted_one(self, shards):
+        pipe = self.pipeline(shards)
+        with gp.Loader(pipe, 4, backend="torch", num_workers=0, seed=2) as loader:
+            loader.set_epoch(1)
+            whole = [(x.clone(), y.clone()) for x, y in loader]
+        with gp.Loader(pipe, 4, backend="torch", num_workers=0, seed=2) as loader:
+            loader.set_epoch(1)
+            run = iter(loader)
+            for _ in range(2):
+                next(run)
+            state = loader.state_dict()
+        with gp.Loader(pipe, 4, backend="torch", num_workers=0, seed=2) as loader:
+            loader.load_state_dict(state)
+            rest = [(x.clone(), y.clone()) for x, y in loader]
+        assert len(rest) == len(whole) - 2
+        assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(rest, whole[2:], strict=True))
+
+    def test_an_unlabeled_source_and_views_are_refused(self, shards):
+        import gpupipe.sources as S
+
+        unlabeled = S.WebDataset(shards, label=None)
+        with pytest.raises(gp.ConfigError, match="mixes labels: the source has none"):
+            gp.Loader(self.pipeline(unlabeled), 4, backend="torch", num_workers=0)
+        with pytest.raises(gp.ConfigError, match="not with views"):
+            gp.Pipeline(shards, views=[[T.ToDtype(torch.float32)]] * 2, batch_transform=T.CutMix(num_classes=K))
