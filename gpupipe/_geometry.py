@@ -43,6 +43,8 @@ __all__ = [
     "resized_crop_window",
     "resized_crop_windows",
     "crop_start",
+    "erasing_window",
+    "erasing_windows",
 ]
 
 ATTEMPTS = 10  # RandomResizedCrop's tries before its central-crop fallback (torchvision's number)
@@ -199,3 +201,41 @@ def crop_start(u: Any, room: Any) -> Any:
     one). Ints in, an int out; arrays in, an int64 array out."""
     start = np.minimum(np.floor(np.asarray(u, dtype=np.float64) * np.asarray(room, dtype=np.float64)), room - 1)
     return start.astype(np.int64) if isinstance(start, np.ndarray) and start.ndim else int(start)
+
+
+def erasing_window(height: int, width: int, factors: Sequence[float]) -> tuple[int, int, int, int] | None:
+    """``(top, left, h, w)`` of ``RandomErasing``'s box on a ``height x width`` image, or ``None``
+    where no attempt fits. ``factors``: :data:`ATTEMPTS` area fractions, as many aspect ratios,
+    then ``u_top, u_left``. torchvision's rule: the sides are ``round(sqrt(area * r))`` and
+    ``round(sqrt(area / r))`` (Python's round, half to even) of ``area = fraction * height *
+    width``; the first box smaller than the image on both sides is placed uniformly."""
+    n, area = ATTEMPTS, height * width
+    for k in range(n):
+        erase_area = area * factors[k]
+        h = round(math.sqrt(erase_area * factors[n + k]))
+        w = round(math.sqrt(erase_area / factors[n + k]))
+        if h < height and w < width:
+            return crop_start(factors[2 * n], height - h + 1), crop_start(factors[2 * n + 1], width - w + 1), h, w
+    return None
+
+
+def erasing_windows(height: Any, width: Any, factors: np.ndarray) -> np.ndarray:
+    """:func:`erasing_window` for a batch (``RandomErasing.sample``'s factors ``[B, F]``, the coin
+    first): int64 ``[B, 4]`` rows ``(top, left, h, w)``, ``h = w = 0`` where nothing is erased.
+    The same float64 operations (tested against it)."""
+    n = ATTEMPTS
+    factors = np.asarray(factors, dtype=np.float64)
+    batch = len(factors)
+    h_img = np.broadcast_to(np.asarray(height, dtype=np.int64), (batch,))[:, None]
+    w_img = np.broadcast_to(np.asarray(width, dtype=np.int64), (batch,))[:, None]
+    erase_area = (h_img * w_img).astype(np.float64) * factors[:, 1 : 1 + n]
+    aspect = factors[:, 1 + n : 1 + 2 * n]
+    hs = np.round(np.sqrt(erase_area * aspect)).astype(np.int64)
+    ws = np.round(np.sqrt(erase_area / aspect)).astype(np.int64)
+    fits = (hs < h_img) & (ws < w_img)
+    erase = fits.any(axis=1) & (factors[:, 0] != 0)
+    rows, first = np.arange(batch), fits.argmax(axis=1)
+    h, w = np.where(erase, hs[rows, first], 0), np.where(erase, ws[rows, first], 0)
+    top = crop_start(factors[:, 1 + 2 * n], h_img[:, 0] - h + 1)
+    left = crop_start(factors[:, 2 + 2 * n], w_img[:, 0] - w + 1)
+    return np.stack([np.where(erase, top, 0), np.where(erase, left, 0), h, w], axis=1)

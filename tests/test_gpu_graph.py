@@ -77,6 +77,11 @@ MATRIX: dict[str, list[list[T.Transform]]] = {
         [FLOAT, T.Normalize(**IMAGENET), T.GaussianBlur(3)],  # not last: lowered alone, not fused
     ],
     "Arithmetic": [[FLOAT, AddMult(add=-0.5, mult=2.0)]],
+    "RandomErasing": [
+        [T.RandomResizedCrop(64), T.RandomHorizontalFlip(), FLOAT, T.Normalize(**IMAGENET), T.RandomErasing()],
+        [T.CenterCrop(64), T.RandomErasing(value=(1, 2, 3))],  # uint8, after the transpose to CHW
+        [T.CenterCrop(64), T.RandomErasing(p=1.0, value=9), FLOAT],  # before the fused tail, on HWC
+    ],
 }
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")

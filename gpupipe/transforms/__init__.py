@@ -17,6 +17,7 @@ from ._base import ImageSpec, InterpolationMode, Transform
 from ._batch import BatchMode, BatchTransform, CutMix, MixUp, RandomChoice
 from ._color import ColorJitter, GaussianBlur, Normalize, RandomGrayscale, RandomSolarize, ToDtype
 from ._custom import Arithmetic, ArrayFunction
+from ._erasing import RandomErasing
 from ._spatial import (
     CenterCrop,
     RandomCrop,
@@ -41,6 +42,7 @@ __all__ = [
     "GaussianBlur",
     "RandomSolarize",
     "RandomApply",
+    "RandomErasing",
     "ToDtype",
     "Normalize",
     "Arithmetic",

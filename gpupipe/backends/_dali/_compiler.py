@@ -64,6 +64,7 @@ _KEEPS_SIZE = (
     T.RandomSolarize,
     T.RandomApply,
     T.Arithmetic,
+    T.RandomErasing,
 )
 
 
@@ -159,16 +160,27 @@ def _lower_images(
             fused.append(ctx.decode if ctx.device == "gpu" else DecodeMode.ROI)
     else:
         img = decode(encoded, ctx)
-    tail = _fusable_tail([t for _, t in steps])
-    for ctx.step, t in steps[: len(steps) - len(tail)]:
+    end = len(steps)  # trailing erasing runs after the fused tail, on its output (RandomErasing after Normalize)
+    while end and type(steps[end - 1][1]) is T.RandomErasing:
+        end -= 1
+    tail = _fusable_tail([t for _, t in steps[:end]])
+    for ctx.step, t in steps[: end - len(tail)]:
         size, ctx.resized = ctx.size, None
         img = LOWERINGS.lookup(t)(t, img, ctx)
         spec = t.output_spec(spec)
         ctx.dtype, ctx.channels = spec.dtype, spec.channels
         ctx.size = _size_after(t, spec, size, ctx)
     if tail:
-        return _crop_mirror_normalize(steps[len(steps) - len(tail) :], img, ctx, channels_last=channels_last)
-    return img if channels_last else ctx.fn.transpose(img, device=ctx.device, perm=[2, 0, 1], output_layout="CHW")
+        img = _crop_mirror_normalize(steps[end - len(tail) : end], img, ctx, channels_last=channels_last)
+        for t in tail:
+            spec = t.output_spec(spec)
+        ctx.dtype, ctx.channels = spec.dtype, spec.channels
+        ctx.size = (spec.height, spec.width) if spec.fixed_size else ctx.size
+    elif not channels_last:
+        img = ctx.fn.transpose(img, device=ctx.device, perm=[2, 0, 1], output_layout="CHW")
+    for ctx.step, t in steps[end:]:  # RandomErasing keeps the size, in either layout
+        img = LOWERINGS.lookup(t)(t, img, ctx)
+    return img
 
 
 def _size_after(t: T.Transform, spec: T.ImageSpec, before: tuple[Any, Any] | None, ctx: Ctx) -> tuple[Any, Any] | None:

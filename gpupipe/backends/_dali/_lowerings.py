@@ -24,6 +24,7 @@ from ..._geometry import (
     crop_padding,
     crop_start,
     crop_too_large,
+    erasing_windows,
     resize_empty,
     resize_size,
     resized_crop_windows,
@@ -259,6 +260,27 @@ def _array_function(t: T.ArrayFunction, img: Any, ctx: Ctx) -> Any:
         return t.apply(image, xp)
 
     return ctx.fn.python_function(img, function=run, device=ctx.device, batch_processing=False, output_layouts="HWC")
+
+
+@LOWERINGS.register(
+    T.RandomErasing,
+    unsupported=lambda t: "value='random' (N(0, 1) noise) runs on the torch backend only, for now" if t.noise else None,
+)
+def _random_erasing(t: T.RandomErasing, img: Any, ctx: Ctx) -> Any:
+    """The box computed on the host from the image's size and the sample's factors
+    (``gpupipe._geometry.erasing_windows``: a zero-sized box where nothing is erased), then
+    ``erase`` filling it with ``value`` (one number, or one per channel)."""
+    height, width = ctx.shape(img)
+    if not all(isinstance(v, (int, HostValue)) for v in (height, width)):
+        raise BackendUnavailableError(
+            "RandomErasing on the DALI backend needs the image's size known outside the graph: put it after a step "
+            "that fixes the size (a crop), or with apply_exif_orientation=False"
+        )
+    box = HostValue(erasing_windows, height, width, ctx.host_random())
+    anchor = ctx.arg_vector([box[0], box[1]], np.float32)
+    shape = ctx.arg_vector([box[2], box[3]], np.float32)
+    fill = t.value[0] if len(t.value) == 1 else list(t.value)
+    return ctx.fn.erase(img, device=ctx.device, anchor=anchor, shape=shape, axis_names="HW", fill_value=fill)
 
 
 # The lowerings fusion stands in for (see _compiler._builtin).

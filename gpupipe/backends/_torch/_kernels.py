@@ -20,6 +20,7 @@ from ... import transforms as T
 from ..._geometry import center_crop_anchor, resize_empty, resize_size
 from ...transforms._apply import RandomApplyParams
 from ...transforms._color import BlurParams, ColorJitterParams, GrayscaleParams, SolarizeParams
+from ...transforms._erasing import ErasingParams
 from ...transforms._spatial import CropParams, FlipParams, RandomCropParams
 from .._registry import Registry, inner_unsupported
 
@@ -144,6 +145,18 @@ def _reflect101(n: int, pad: int) -> torch.Tensor:
 @LOWERINGS.register(T.RandomSolarize)
 def _solarize(t: T.RandomSolarize, img: torch.Tensor, p: SolarizeParams) -> torch.Tensor:
     return F.solarize(img, t.threshold) if p.apply else img
+
+
+@LOWERINGS.register(T.RandomErasing)
+def _random_erasing(t: T.RandomErasing, img: torch.Tensor, p: ErasingParams) -> torch.Tensor:
+    if not p.erase:
+        return img
+    if t.noise:  # N(0, 1) per erased value, from the sample's own seed
+        generator = torch.Generator().manual_seed(p.seed)
+        value = torch.empty([img.shape[0], p.h, p.w], dtype=torch.float32).normal_(generator=generator)
+    else:
+        value = torch.tensor(t.value)[:, None, None]
+    return F.erase(img, p.top, p.left, p.h, p.w, value)
 
 
 @LOWERINGS.register(T.RandomApply, unsupported=lambda t: inner_unsupported(LOWERINGS, t.transforms))
