@@ -26,7 +26,8 @@ def test_transforms_api():
         "Transform", "ImageSpec", "InterpolationMode", "RandomResizedCrop", "Resize", "CenterCrop", "RandomCrop",
         "RandomHorizontalFlip", "RandomVerticalFlip", "ColorJitter", "RandomGrayscale", "GaussianBlur",
         "RandomSolarize", "RandomApply", "ToDtype", "Normalize", "Arithmetic", "ArrayFunction", "BatchTransform",
-        "BatchMode", "MixUp", "CutMix", "RandomChoice", "RandomErasing",
+        "BatchMode", "MixUp", "CutMix", "RandomChoice", "RandomErasing", "RandomInvert", "RandomPosterize",
+        "RandomAutocontrast",
     ])  # fmt: skip
     assert all(hasattr(T, name) for name in T.__all__)
 

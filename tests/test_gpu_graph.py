@@ -77,6 +77,9 @@ MATRIX: dict[str, list[list[T.Transform]]] = {
         [FLOAT, T.Normalize(**IMAGENET), T.GaussianBlur(3)],  # not last: lowered alone, not fused
     ],
     "Arithmetic": [[FLOAT, AddMult(add=-0.5, mult=2.0)]],
+    "RandomInvert": [[T.RandomInvert()], [FLOAT, T.RandomInvert(p=0.2)]],
+    "RandomPosterize": [[T.RandomPosterize(3)], [FLOAT, T.RandomPosterize(1, p=1.0)]],
+    "RandomAutocontrast": [[T.RandomAutocontrast()], [T.CenterCrop(32), FLOAT, T.RandomAutocontrast(p=0.2)]],
     "RandomErasing": [
         [T.RandomResizedCrop(64), T.RandomHorizontalFlip(), FLOAT, T.Normalize(**IMAGENET), T.RandomErasing()],
         [T.CenterCrop(64), T.RandomErasing(value=(1, 2, 3))],  # uint8, after the transpose to CHW

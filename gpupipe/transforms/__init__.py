@@ -26,6 +26,7 @@ from ._spatial import (
     RandomVerticalFlip,
     Resize,
 )
+from ._tone import RandomAutocontrast, RandomInvert, RandomPosterize
 
 __all__ = [
     "Transform",
@@ -43,6 +44,9 @@ __all__ = [
     "RandomSolarize",
     "RandomApply",
     "RandomErasing",
+    "RandomInvert",
+    "RandomPosterize",
+    "RandomAutocontrast",
     "ToDtype",
     "Normalize",
     "Arithmetic",

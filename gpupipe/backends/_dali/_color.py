@@ -1,5 +1,5 @@
 """The DALI backend's photometric lowerings: ColorJitter, RandomGrayscale, GaussianBlur,
-RandomSolarize and RandomApply.
+RandomSolarize, RandomInvert, RandomPosterize, RandomAutocontrast and RandomApply.
 
 ``ColorJitter`` follows torchvision's kernels (``torchvision.transforms.v2.functional``), written
 as DALI arithmetic on the image's channels, per sample:
@@ -175,6 +175,57 @@ def _solarize(t: T.RandomSolarize, img: Any, ctx: Ctx) -> Any:
         x = to_float(ctx, img) if ctx.dtype == torch.float16 else img
         solarized = where(x >= t.threshold, 1.0 - x, x)
     return _select(ctx, ctx.decision(), solarized, img)
+
+
+def _lookup(ctx: Ctx, img: Any, table: Any) -> Any:
+    """A uint8 image through a 256-entry table (exact)."""
+    values = [float(table(v)) for v in range(256)]
+    return ctx.fn.lookup_table(img, device=ctx.device, keys=list(range(256)), values=values, dtype=ctx.types.UINT8)
+
+
+@LOWERINGS.register(T.RandomInvert)
+def _invert(t: T.RandomInvert, img: Any, ctx: Ctx) -> Any:
+    """``255 - v`` through a table (uint8), ``1 - v`` (float); the decision selects."""
+    if ctx.dtype == torch.uint8:
+        inverted = _lookup(ctx, img, lambda v: 255 - v)
+    else:
+        inverted = 1.0 - (to_float(ctx, img) if ctx.dtype == torch.float16 else img)
+    return _select(ctx, ctx.decision(), inverted, img)
+
+
+@LOWERINGS.register(T.RandomPosterize)
+def _posterize(t: T.RandomPosterize, img: Any, ctx: Ctx) -> Any:
+    """``v & mask`` through a table (uint8), ``floor(v · levels)`` clamped, over levels (float)."""
+    import nvidia.dali.math as dmath
+
+    if ctx.dtype == torch.uint8:
+        mask = ((1 << t.bits) - 1) << (8 - t.bits)
+        posterized = _lookup(ctx, img, lambda v: v & mask)
+    else:
+        levels = float(1 << t.bits)
+        x = to_float(ctx, img) if ctx.dtype == torch.float16 else img
+        posterized = dmath.clamp(dmath.floor(x * levels), 0.0, levels - 1) * (1.0 / levels)
+    return _select(ctx, ctx.decision(), posterized, img)
+
+
+@LOWERINGS.register(T.RandomAutocontrast)
+def _autocontrast(t: T.RandomAutocontrast, img: Any, ctx: Ctx) -> Any:
+    """torchvision's arithmetic in float32: each channel's min and max over the image, ``(v − min)
+    / ((max − min) · (1 / bound))`` clamped to ``[0, bound]`` (a flat channel: min 0, scale 1),
+    floored back to uint8 (``.to(uint8)`` truncates; the values are not negative)."""
+    import nvidia.dali.math as dmath
+
+    fn, types = ctx.fn, ctx.types
+    bound = 255.0 if ctx.dtype == torch.uint8 else 1.0
+    x = fn.cast(img, dtype=types.FLOAT, device=ctx.device) if ctx.dtype in (torch.uint8, torch.float16) else img
+    low = fn.reductions.min(x, axis_names="HW", keep_dims=True, device=ctx.device)
+    high = fn.reductions.max(x, axis_names="HW", keep_dims=True, device=ctx.device)
+    flat = fn.cast(high == low, dtype=types.FLOAT, device=ctx.device)
+    inv_scale = (high - low) * np.float32(1.0 / bound)
+    out = dmath.clamp((x - low * (1.0 - flat)) / (inv_scale + flat * (1.0 - inv_scale)), 0.0, bound)
+    if ctx.dtype == torch.uint8:
+        out = fn.cast(dmath.floor(out), dtype=types.UINT8, device=ctx.device)
+    return _select(ctx, ctx.decision(), out, img)
 
 
 @LOWERINGS.register(T.RandomApply, unsupported=lambda t: inner_unsupported(LOWERINGS, t.transforms))

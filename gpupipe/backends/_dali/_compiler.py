@@ -65,6 +65,9 @@ _KEEPS_SIZE = (
     T.RandomApply,
     T.Arithmetic,
     T.RandomErasing,
+    T.RandomInvert,
+    T.RandomPosterize,
+    T.RandomAutocontrast,
 )
 
 

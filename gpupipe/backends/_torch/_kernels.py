@@ -22,6 +22,7 @@ from ...transforms._apply import RandomApplyParams
 from ...transforms._color import BlurParams, ColorJitterParams, GrayscaleParams, SolarizeParams
 from ...transforms._erasing import ErasingParams
 from ...transforms._spatial import CropParams, FlipParams, RandomCropParams
+from ...transforms._tone import CoinParams
 from .._registry import Registry, inner_unsupported
 
 __all__ = ["LOWERINGS", "apply_pipeline"]
@@ -145,6 +146,21 @@ def _reflect101(n: int, pad: int) -> torch.Tensor:
 @LOWERINGS.register(T.RandomSolarize)
 def _solarize(t: T.RandomSolarize, img: torch.Tensor, p: SolarizeParams) -> torch.Tensor:
     return F.solarize(img, t.threshold) if p.apply else img
+
+
+@LOWERINGS.register(T.RandomInvert)
+def _invert(t: T.RandomInvert, img: torch.Tensor, p: CoinParams) -> torch.Tensor:
+    return F.invert(img) if p.apply else img
+
+
+@LOWERINGS.register(T.RandomPosterize)
+def _posterize(t: T.RandomPosterize, img: torch.Tensor, p: CoinParams) -> torch.Tensor:
+    return F.posterize(img, t.bits) if p.apply else img
+
+
+@LOWERINGS.register(T.RandomAutocontrast)
+def _autocontrast(t: T.RandomAutocontrast, img: torch.Tensor, p: CoinParams) -> torch.Tensor:
+    return F.autocontrast(img) if p.apply else img
 
 
 @LOWERINGS.register(T.RandomErasing)

@@ -1,0 +1,82 @@
+"""Tone transforms with a probability: RandomInvert, RandomPosterize, RandomAutocontrast
+(torchvision v2's; the building blocks of the augmentation policies)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from .._errors import ConfigError
+from ._base import Coin, ImageSpec, Transform, check_channels
+
+__all__ = ["RandomInvert", "RandomPosterize", "RandomAutocontrast", "CoinParams"]
+
+
+class CoinParams(NamedTuple):
+    """One sample's decision: whether the transform acts."""
+
+    apply: bool
+
+
+class _Coined(Coin, Transform):
+    """A transform that acts on a sample with probability ``p``: one draw, its decision."""
+
+    random = True
+    draws = 1
+
+    def sample(self, u: np.ndarray) -> np.ndarray:
+        """``[..., 1]``: 1.0 where the transform acts (``u < p``)."""
+        return self._coin(u)
+
+    def make_params(self, height: int, width: int, factors: np.ndarray) -> CoinParams:
+        return CoinParams(bool(factors[0]))
+
+
+@dataclasses.dataclass(frozen=True)
+class RandomInvert(_Coined):
+    """Inverts the image with probability ``p`` (default 0.5): ``255 - v`` (uint8), ``1 - v``
+    (float). Shapes and dtype unchanged; exact on every backend."""
+
+    p: float = 0.5
+
+    def __post_init__(self) -> None:
+        self._check_p()
+
+
+@dataclasses.dataclass(frozen=True)
+class RandomPosterize(_Coined):
+    """Keeps the ``bits`` most significant bits of each value with probability ``p`` (default
+    0.5): ``v & mask`` on uint8, ``floor(v · 2^bits) / 2^bits`` (clamped) on a float image, as
+    torchvision. ``bits`` in ``[0, 8]``. Shapes and dtype unchanged; exact on every backend."""
+
+    bits: int
+    p: float = 0.5
+
+    def __post_init__(self) -> None:
+        if isinstance(self.bits, bool) or not isinstance(self.bits, int) or not 0 <= self.bits <= 8:
+            raise ConfigError(f"RandomPosterize: bits must be an int in [0, 8], got {self.bits!r}")
+        self._check_p()
+
+    def output_spec(self, spec: ImageSpec) -> ImageSpec:
+        if spec.dtype not in (torch.uint8, torch.float32, torch.float64, torch.float16):
+            raise self._fail(f"takes a uint8 or float image, got {spec}")
+        return spec
+
+
+@dataclasses.dataclass(frozen=True)
+class RandomAutocontrast(_Coined):
+    """Stretches each channel to the full range with probability ``p`` (default 0.5): ``(v − min)
+    / ((max − min) / bound)``, clamped (a flat channel is kept), as torchvision computes it in
+    float32 (a uint8 image truncated back). 1 or 3 channels. Exact on every backend."""
+
+    p: float = 0.5
+
+    def __post_init__(self) -> None:
+        self._check_p()
+
+    def output_spec(self, spec: ImageSpec) -> ImageSpec:
+        check_channels(self, spec, (1, 3))
+        return spec
