@@ -26,7 +26,7 @@ from ._spatial import (
     RandomVerticalFlip,
     Resize,
 )
-from ._tone import RandomAutocontrast, RandomInvert, RandomPosterize
+from ._tone import RandomAdjustSharpness, RandomAutocontrast, RandomInvert, RandomPosterize
 
 __all__ = [
     "Transform",
@@ -47,6 +47,7 @@ __all__ = [
     "RandomInvert",
     "RandomPosterize",
     "RandomAutocontrast",
+    "RandomAdjustSharpness",
     "ToDtype",
     "Normalize",
     "Arithmetic",

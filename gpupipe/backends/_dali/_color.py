@@ -1,5 +1,6 @@
 """The DALI backend's photometric lowerings: ColorJitter, RandomGrayscale, GaussianBlur,
-RandomSolarize, RandomInvert, RandomPosterize, RandomAutocontrast and RandomApply.
+RandomSolarize, RandomInvert, RandomPosterize, RandomAutocontrast, RandomAdjustSharpness and
+RandomApply.
 
 ``ColorJitter`` follows torchvision's kernels (``torchvision.transforms.v2.functional``), written
 as DALI arithmetic on the image's channels, per sample:
@@ -223,6 +224,47 @@ def _autocontrast(t: T.RandomAutocontrast, img: Any, ctx: Ctx) -> Any:
     flat = fn.cast(high == low, dtype=types.FLOAT, device=ctx.device)
     inv_scale = (high - low) * np.float32(1.0 / bound)
     out = dmath.clamp((x - low * (1.0 - flat)) / (inv_scale + flat * (1.0 - inv_scale)), 0.0, bound)
+    if ctx.dtype == torch.uint8:
+        out = fn.cast(dmath.floor(out), dtype=types.UINT8, device=ctx.device)
+    return _select(ctx, ctx.decision(), out, img)
+
+
+_A, _B = np.float32(1.0 / 13.0), np.float32(5.0 / 13.0)
+_SMOOTH = np.array([[_A, _A, _A], [_A, _B, _A], [_A, _A, _A]], np.float32)  # torchvision's float32 kernel
+
+
+def round_half_even(ctx: Ctx, x: Any) -> Any:
+    """torch's ``round`` (half to even) of a float32 node: DALI's math has no rounding."""
+    import nvidia.dali.math as dmath
+
+    up = dmath.floor(x + 0.5)
+    tie = ctx.fn.cast((up - x) == 0.5, dtype=ctx.types.FLOAT, device=ctx.device)
+    odd = up - 2.0 * dmath.floor(up * 0.5)
+    return up - tie * odd
+
+
+@LOWERINGS.register(T.RandomAdjustSharpness)
+def _sharpness(t: T.RandomAdjustSharpness, img: Any, ctx: Ctx) -> Any:
+    """torchvision's adjust_sharpness: the 3x3 smoothing (``filter``; rounded half to even for
+    uint8) blended into the interior — a mask of the interior (ones of ``(h - 2, w - 2)`` padded
+    by a pixel of zeros) keeps the border — clamped, floored back to uint8; the coin selects."""
+    import nvidia.dali.math as dmath
+
+    fn, types = ctx.fn, ctx.types
+    bound = 255.0 if ctx.dtype == torch.uint8 else 1.0
+    height, width = ctx.shape(img)
+    ops = ctx.ops(height, width)
+    x = fn.cast(img, dtype=types.FLOAT, device=ctx.device) if ctx.dtype in (torch.uint8, torch.float16) else img
+    smooth = fn.filter(x, types.Constant(_SMOOTH), border="clamp", device=ctx.device)
+    if ctx.dtype == torch.uint8:
+        smooth = round_half_even(ctx, smooth)
+    inner = ctx.arg_vector([ops.max(height - 2, 0), ops.max(width - 2, 0), 1], np.int32)
+    mask = fn.slice(fn.ones(shape=inner, dtype=types.FLOAT, device="cpu"), start=[-1, -1],
+                    shape=ctx.arg_vector([height, width], np.int32), axes=[0, 1], out_of_bounds_policy="pad",
+                    fill_values=0.0)  # fmt: skip
+    if ctx.device == "gpu":
+        mask = mask.gpu()
+    out = dmath.clamp(x + mask * ((1.0 - t.sharpness_factor) * (smooth - x)), 0.0, bound)
     if ctx.dtype == torch.uint8:
         out = fn.cast(dmath.floor(out), dtype=types.UINT8, device=ctx.device)
     return _select(ctx, ctx.decision(), out, img)

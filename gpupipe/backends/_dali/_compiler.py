@@ -68,6 +68,7 @@ _KEEPS_SIZE = (
     T.RandomInvert,
     T.RandomPosterize,
     T.RandomAutocontrast,
+    T.RandomAdjustSharpness,
 )
 
 

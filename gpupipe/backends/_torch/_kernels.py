@@ -163,6 +163,11 @@ def _autocontrast(t: T.RandomAutocontrast, img: torch.Tensor, p: CoinParams) -> 
     return F.autocontrast(img) if p.apply else img
 
 
+@LOWERINGS.register(T.RandomAdjustSharpness)
+def _sharpness(t: T.RandomAdjustSharpness, img: torch.Tensor, p: CoinParams) -> torch.Tensor:
+    return F.adjust_sharpness(img, t.sharpness_factor) if p.apply else img
+
+
 @LOWERINGS.register(T.RandomErasing)
 def _random_erasing(t: T.RandomErasing, img: torch.Tensor, p: ErasingParams) -> torch.Tensor:
     if not p.erase:
