@@ -45,6 +45,7 @@ __all__ = [
     "crop_start",
     "erasing_window",
     "erasing_windows",
+    "rotation_matrices",
 ]
 
 ATTEMPTS = 10  # RandomResizedCrop's tries before its central-crop fallback (torchvision's number)
@@ -239,3 +240,20 @@ def erasing_windows(height: Any, width: Any, factors: np.ndarray) -> np.ndarray:
     top = crop_start(factors[:, 1 + 2 * n], h_img[:, 0] - h + 1)
     left = crop_start(factors[:, 2 + 2 * n], w_img[:, 0] - w + 1)
     return np.stack([np.where(erase, top, 0), np.where(erase, left, 0), h, w], axis=1)
+
+
+def rotation_matrices(height: Any, width: Any, angles: np.ndarray, center: Sequence[float] | None) -> np.ndarray:
+    """float64 ``[B, 6]``: for each image, the affine map from an output point to the source point
+    its value comes from — ``(M11, M12, M13, M21, M22, M23)``, coordinates from the top-left
+    corner of the top-left pixel (DALI's ``warp_affine``) — of a rotation by ``angles`` degrees
+    counter-clockwise about ``center`` (``(x, y)`` from that corner; ``None``: the image's centre,
+    ``(width / 2, height / 2)``), as torchvision's ``rotate`` samples: ``src = R(−angle) (dst − c) + c``."""
+    angles = np.asarray(angles, dtype=np.float64)
+    batch = len(angles)
+    h = np.broadcast_to(np.asarray(height, dtype=np.float64), (batch,))
+    w = np.broadcast_to(np.asarray(width, dtype=np.float64), (batch,))
+    cx, cy = (w / 2, h / 2) if center is None else (np.full(batch, center[0]), np.full(batch, center[1]))
+    theta = np.radians(angles)
+    cos, sin = np.cos(theta), np.sin(theta)  # with y down, the inverse of a counter-clockwise turn
+    m11, m12, m21, m22 = cos, -sin, sin, cos
+    return np.stack([m11, m12, cx - m11 * cx - m12 * cy, m21, m22, cy - m21 * cx - m22 * cy], axis=1)

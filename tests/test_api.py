@@ -27,7 +27,7 @@ def test_transforms_api():
         "RandomHorizontalFlip", "RandomVerticalFlip", "ColorJitter", "RandomGrayscale", "GaussianBlur",
         "RandomSolarize", "RandomApply", "ToDtype", "Normalize", "Arithmetic", "ArrayFunction", "BatchTransform",
         "BatchMode", "MixUp", "CutMix", "RandomChoice", "RandomErasing", "RandomInvert", "RandomPosterize",
-        "RandomAutocontrast", "RandomAdjustSharpness",
+        "RandomAutocontrast", "RandomAdjustSharpness", "RandomRotation",
     ])  # fmt: skip
     assert all(hasattr(T, name) for name in T.__all__)
 

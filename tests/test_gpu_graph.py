@@ -81,6 +81,10 @@ MATRIX: dict[str, list[list[T.Transform]]] = {
     "RandomPosterize": [[T.RandomPosterize(3)], [FLOAT, T.RandomPosterize(1, p=1.0)]],
     "RandomAutocontrast": [[T.RandomAutocontrast()], [T.CenterCrop(32), FLOAT, T.RandomAutocontrast(p=0.2)]],
     "RandomAdjustSharpness": [[T.RandomAdjustSharpness(2.0)], [FLOAT, T.RandomAdjustSharpness(0.5, p=1.0)]],
+    "RandomRotation": [
+        [T.RandomRotation(30)],
+        [T.CenterCrop(64), FLOAT, T.RandomRotation(90, interpolation="bilinear")],
+    ],
     "RandomErasing": [
         [T.RandomResizedCrop(64), T.RandomHorizontalFlip(), FLOAT, T.Normalize(**IMAGENET), T.RandomErasing()],
         [T.CenterCrop(64), T.RandomErasing(value=(1, 2, 3))],  # uint8, after the transpose to CHW

@@ -12,6 +12,7 @@ Example:
     ...          T.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])]
 """
 
+from ._affine import RandomRotation
 from ._apply import RandomApply
 from ._base import ImageSpec, InterpolationMode, Transform
 from ._batch import BatchMode, BatchTransform, CutMix, MixUp, RandomChoice
@@ -48,6 +49,7 @@ __all__ = [
     "RandomPosterize",
     "RandomAutocontrast",
     "RandomAdjustSharpness",
+    "RandomRotation",
     "ToDtype",
     "Normalize",
     "Arithmetic",

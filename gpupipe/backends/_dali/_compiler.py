@@ -69,7 +69,7 @@ _KEEPS_SIZE = (
     T.RandomPosterize,
     T.RandomAutocontrast,
     T.RandomAdjustSharpness,
-)
+)  # (RandomRotation keeps it too, with expand=False: see _size_after)
 
 
 def lower(
@@ -194,7 +194,8 @@ def _size_after(t: T.Transform, spec: T.ImageSpec, before: tuple[Any, Any] | Non
         return spec.height, spec.width
     if ctx.resized is not None and before is not None:
         return ctx.resized
-    return before if isinstance(t, _KEEPS_SIZE) else None
+    keeps = isinstance(t, _KEEPS_SIZE) or (isinstance(t, T.RandomRotation) and not t.expand)
+    return before if keeps else None
 
 
 # ------------------------------------------------------------------------ fusion --

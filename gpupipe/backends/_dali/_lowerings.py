@@ -28,6 +28,7 @@ from ..._geometry import (
     resize_empty,
     resize_size,
     resized_crop_windows,
+    rotation_matrices,
 )
 from ._context import LOWERINGS, Ctx, dali_type, scaled_to_uint8, to_float
 from ._host import HostValue
@@ -270,17 +271,45 @@ def _random_erasing(t: T.RandomErasing, img: Any, ctx: Ctx) -> Any:
     """The box computed on the host from the image's size and the sample's factors
     (``gpupipe._geometry.erasing_windows``: a zero-sized box where nothing is erased), then
     ``erase`` filling it with ``value`` (one number, or one per channel)."""
-    height, width = ctx.shape(img)
-    if not all(isinstance(v, (int, HostValue)) for v in (height, width)):
-        raise BackendUnavailableError(
-            "RandomErasing on the DALI backend needs the image's size known outside the graph: put it after a step "
-            "that fixes the size (a crop), or with apply_exif_orientation=False"
-        )
+    height, width = _host_size(ctx, img, "RandomErasing")
     box = HostValue(erasing_windows, height, width, ctx.host_random())
     anchor = ctx.arg_vector([box[0], box[1]], np.float32)
     shape = ctx.arg_vector([box[2], box[3]], np.float32)
     fill = t.value[0] if len(t.value) == 1 else list(t.value)
     return ctx.fn.erase(img, device=ctx.device, anchor=anchor, shape=shape, axis_names="HW", fill_value=fill)
+
+
+def _rotation_unsupported(t: T.RandomRotation) -> str | None:
+    if t.expand:
+        return "expand=True (a size per sample) runs on the torch backend only, for now"
+    if isinstance(t.fill, tuple) and len(set(t.fill)) > 1:
+        return "a fill per channel: DALI's warp_affine fills every channel with one value"
+    return None
+
+
+@LOWERINGS.register(T.RandomRotation, unsupported=_rotation_unsupported)
+def _rotation(t: T.RandomRotation, img: Any, ctx: Ctx) -> Any:
+    """``warp_affine`` with torchvision's inverse map (``gpupipe._geometry.rotation_matrices``),
+    computed on the host from the image's size and the sample's angle, fed as a ``[2, 3]`` matrix."""
+    height, width = _host_size(ctx, img, "RandomRotation")
+    angles = ctx.host_random()[0]
+    matrices = HostValue(lambda h, w, a: rotation_matrices(h, w, a, t.center), height, width, angles)
+    matrix = ctx.fn.reshape(ctx.arg_vector([matrices[k] for k in range(6)], np.float32), shape=[2, 3])
+    fill = t.fill[0] if isinstance(t.fill, tuple) else t.fill
+    interp = ctx.types.INTERP_NN if t.interpolation == T.InterpolationMode.NEAREST else ctx.types.INTERP_LINEAR
+    return ctx.fn.warp_affine(img, matrix=matrix, fill_value=fill, interp_type=interp, device=ctx.device)
+
+
+def _host_size(ctx: Ctx, img: Any, name: str) -> tuple[Any, Any]:
+    """The image's size as the host knows it (ints or host values), for a lowering that computes
+    its per-sample arguments there."""
+    height, width = ctx.shape(img)
+    if not all(isinstance(v, (int, HostValue)) for v in (height, width)):
+        raise BackendUnavailableError(
+            f"{name} on the DALI backend needs the image's size known outside the graph: put it after a step that "
+            "fixes the size (a crop), or with apply_exif_orientation=False"
+        )
+    return height, width
 
 
 # The lowerings fusion stands in for (see _compiler._builtin).

@@ -18,6 +18,7 @@ from torchvision.transforms.v2 import functional as F
 
 from ... import transforms as T
 from ..._geometry import center_crop_anchor, resize_empty, resize_size
+from ...transforms._affine import RotationParams
 from ...transforms._apply import RandomApplyParams
 from ...transforms._color import BlurParams, ColorJitterParams, GrayscaleParams, SolarizeParams
 from ...transforms._erasing import ErasingParams
@@ -166,6 +167,13 @@ def _autocontrast(t: T.RandomAutocontrast, img: torch.Tensor, p: CoinParams) -> 
 @LOWERINGS.register(T.RandomAdjustSharpness)
 def _sharpness(t: T.RandomAdjustSharpness, img: torch.Tensor, p: CoinParams) -> torch.Tensor:
     return F.adjust_sharpness(img, t.sharpness_factor) if p.apply else img
+
+
+@LOWERINGS.register(T.RandomRotation)
+def _rotation(t: T.RandomRotation, img: torch.Tensor, p: RotationParams) -> torch.Tensor:
+    fill = list(t.fill) if isinstance(t.fill, tuple) else t.fill
+    center = list(t.center) if t.center is not None else None
+    return F.rotate(img, p.angle, interpolation=_interp(t.interpolation), expand=t.expand, center=center, fill=fill)
 
 
 @LOWERINGS.register(T.RandomErasing)

@@ -1,0 +1,128 @@
+"""Issue 37's geometric building block RandomRotation: torchvision's kernel and sampler on the
+torch backend, ``warp_affine`` with the same inverse map on DALI (nearest neighbour the same but
+for ties; bilinear the same inside the image, apart at the edge it shares with the fill)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torchvision.transforms import v2
+
+import gpupipe as gp
+from gpupipe import transforms as T
+from gpupipe.testing import encode_jpeg, synthetic_image
+
+from .support.checkers import (
+    check_invalid,
+    check_torchvision_signature,
+    check_transform,
+    drawn_params,
+    reference_outputs,
+    run_dali,
+)
+
+FLOAT = T.ToDtype(torch.float32, scale=True)
+
+
+class TestRandomRotation:
+    @pytest.mark.parametrize(("kwargs", "name"), [
+        (dict(degrees=-5), "degrees"),
+        (dict(degrees=(10, -10)), "degrees"),
+        (dict(degrees=10, interpolation="bicubic"), "interpolation"),
+        (dict(degrees=10, expand=1), "expand"),
+        (dict(degrees=10, center=(1, 2, 3)), "center"),
+        (dict(degrees=10, fill="black"), "fill"),
+    ])  # fmt: skip
+    def test_invalid_arguments(self, kwargs, name):
+        check_invalid(lambda: T.RandomRotation(**kwargs), name)
+
+    def test_signature_is_torchvision(self):
+        check_torchvision_signature(T.RandomRotation, v2.RandomRotation)
+
+    @pytest.mark.parametrize("kwargs", [
+        dict(degrees=45),
+        dict(degrees=(-180, 180), interpolation="bilinear", fill=(10, 20, 30)),
+        dict(degrees=30, expand=True),
+        dict(degrees=90, center=(12.5, 40)),
+    ])  # fmt: skip
+    def test_matches_torchvision(self, photo, kwargs):
+        t = T.RandomRotation(**kwargs)
+
+        def reference(img, p):
+            fill = list(t.fill) if isinstance(t.fill, tuple) else t.fill
+            center = list(t.center) if t.center else None
+            mode = v2.InterpolationMode(T.InterpolationMode(t.interpolation).value)
+            return v2.functional.rotate(img, p.angle, interpolation=mode,
+                                        expand=t.expand, center=center, fill=fill)  # fmt: skip
+
+        check_transform(t, photo, reference, seeds=range(4))
+
+    def test_the_angle_is_uniform(self):
+        angles = np.array([p.angle for p in drawn_params(T.RandomRotation((-30, 60)), 8, 8, 5000)])
+        counts = np.histogram(angles, bins=9, range=(-30, 60))[0]
+        assert angles.min() >= -30 and angles.max() < 60
+        assert ((counts - 5000 / 9) ** 2 / (5000 / 9)).sum() < 26.1  # chi-square, 8 degrees of freedom, p = 0.001
+
+    def test_expand_makes_the_size_vary(self):
+        pipe = gp.Pipeline(["a.tar"], [T.RandomRotation(30, expand=True), T.CenterCrop(32)])
+        assert str(pipe.specs[1]) == "[3, ?, ?] uint8" and str(pipe.output_spec) == "[3, 32, 32] uint8"
+
+
+@pytest.fixture(scope="module")
+def photos() -> list[bytes]:
+    return [encode_jpeg(synthetic_image(50 + i, size=(60 + 5 * i, 90 - 3 * i))) for i in range(12)]
+
+
+def differences(steps, photos, scale=1.0):
+    """Per image, the absolute differences torch vs DALI-CPU (max over channels), in 0-255 units."""
+    ref, got = reference_outputs(steps, photos), run_dali(steps, photos)
+    return [((r.double() - g.double()) * scale).abs().max(0).values for r, g in zip(ref, got, strict=True)]
+
+
+class TestRandomRotationOnDali:
+    @pytest.fixture(autouse=True)
+    def _dali(self):
+        pytest.importorskip("nvidia.dali")
+
+    @pytest.mark.parametrize("steps", [
+        [T.RandomRotation(180)],
+        [T.RandomRotation((-45, 45), fill=128)],
+        [T.RandomRotation(180, center=(3.5, 7)), T.CenterCrop(40)],
+    ])  # fmt: skip
+    def test_nearest_picks_the_same_pixels_but_at_ties(self, photos, steps):
+        """Measured: 1 to 2 values in 100,000 differ (a source point halfway between two pixels:
+        torch rounds half to even, DALI takes the pixel it falls in)."""
+        share = np.mean([float((d > 0).double().mean()) for d in differences(steps, photos)])
+        assert share < 1e-4
+
+    @pytest.mark.parametrize("steps", [
+        [T.RandomRotation(30, interpolation="bilinear")],
+        [FLOAT, T.RandomRotation(90, interpolation="bilinear", center=(10, 20))],
+    ])  # fmt: skip
+    def test_bilinear_agrees_inside_and_differs_at_the_edge_with_the_fill(self, photos, steps):
+        """torchvision blends the fill in through a bilinear mask of the image, DALI through the
+        taps that fall outside it: where the source is not wholly inside the image (and a pixel
+        around) they differ, up to 64 here; everywhere else by the last rounding at most."""
+        from gpupipe.backends._torch._kernels import apply_pipeline
+
+        from .support.checkers import sample_factors
+
+        scale = 255.0 if steps[0] is FLOAT else 1.0
+        drawn = sample_factors(steps, len(photos))
+        edges = 0
+        for i, (d, r) in enumerate(zip(differences(steps, photos, scale), reference_outputs(steps, photos),
+                                       strict=True)):  # fmt: skip
+            ones = torch.ones(3, *r.shape[-2:])
+            coverage = apply_pipeline(steps[-1:], ones, [drawn[-1][i]])[0]
+            edge = torch.nn.functional.max_pool2d((coverage < 1 - 1e-6)[None, None].double(), 3, 1, 1)[0, 0] > 0
+            assert float(d[~edge].max()) <= 1.0 + 1e-6
+            edges += int(float(d[edge].max()) > 1)
+        assert edges  # the edge does differ
+
+    @pytest.mark.parametrize("t", [T.RandomRotation(10, expand=True), T.RandomRotation(10, fill=(1, 2, 3))])
+    def test_what_dali_does_not_take_is_refused_at_build(self, t):
+        from gpupipe import backends
+
+        with pytest.raises(gp.UnsupportedTransformError, match="RandomRotation"):
+            backends.get("dali").check([t])
