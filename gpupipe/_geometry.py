@@ -46,6 +46,7 @@ __all__ = [
     "erasing_window",
     "erasing_windows",
     "rotation_matrices",
+    "affine_matrices",
 ]
 
 ATTEMPTS = 10  # RandomResizedCrop's tries before its central-crop fallback (torchvision's number)
@@ -242,18 +243,44 @@ def erasing_windows(height: Any, width: Any, factors: np.ndarray) -> np.ndarray:
     return np.stack([np.where(erase, top, 0), np.where(erase, left, 0), h, w], axis=1)
 
 
-def rotation_matrices(height: Any, width: Any, angles: np.ndarray, center: Sequence[float] | None) -> np.ndarray:
+def affine_matrices(
+    height: Any,
+    width: Any,
+    angle: np.ndarray,
+    translate: tuple[Any, Any] = (0, 0),
+    scale: Any = 1.0,
+    shear: tuple[Any, Any] = (0.0, 0.0),
+    center: Sequence[float] | None = None,
+) -> np.ndarray:
     """float64 ``[B, 6]``: for each image, the affine map from an output point to the source point
     its value comes from — ``(M11, M12, M13, M21, M22, M23)``, coordinates from the top-left
-    corner of the top-left pixel (DALI's ``warp_affine``) — of a rotation by ``angles`` degrees
-    counter-clockwise about ``center`` (``(x, y)`` from that corner; ``None``: the image's centre,
-    ``(width / 2, height / 2)``), as torchvision's ``rotate`` samples: ``src = R(−angle) (dst − c) + c``."""
-    angles = np.asarray(angles, dtype=np.float64)
-    batch = len(angles)
+    corner of the top-left pixel (DALI's ``warp_affine``) — of torchvision's ``affine``: a
+    rotation by ``angle`` degrees (clockwise), shears of ``shear`` degrees along x and y, a
+    ``scale``, about ``center`` (``(x, y)`` from that corner; ``None``: the image's centre), then a
+    translation by ``translate`` pixels. Every argument is per image (``[B]``) or one for all.
+
+    The forward map is ``p ↦ K + T + s·R·Sh·(p − K)``; with the rotation-and-shear matrix
+    ``[[a, b], [c, d]]`` of determinant 1 (``a = cos(r − y) / cos(y)``, ``b = −cos(r − y)·tan(x) /
+    cos(y) − sin(r)``, ``c = sin(r − y) / cos(y)``, ``d = −sin(r − y)·tan(x) / cos(y) + cos(r)``
+    for angle ``r`` and shears ``x``, ``y``), the inverse is ``[[d, −b], [−c, a]] / s``."""
+    r = np.radians(np.asarray(angle, dtype=np.float64))
+    batch = len(r)
     h = np.broadcast_to(np.asarray(height, dtype=np.float64), (batch,))
     w = np.broadcast_to(np.asarray(width, dtype=np.float64), (batch,))
-    cx, cy = (w / 2, h / 2) if center is None else (np.full(batch, center[0]), np.full(batch, center[1]))
-    theta = np.radians(angles)
-    cos, sin = np.cos(theta), np.sin(theta)  # with y down, the inverse of a counter-clockwise turn
-    m11, m12, m21, m22 = cos, -sin, sin, cos
-    return np.stack([m11, m12, cx - m11 * cx - m12 * cy, m21, m22, cy - m21 * cx - m22 * cy], axis=1)
+    sx, sy = (np.radians(np.asarray(v, dtype=np.float64)) for v in shear)
+    a = np.cos(r - sy) / np.cos(sy)
+    b = -np.cos(r - sy) * np.tan(sx) / np.cos(sy) - np.sin(r)
+    c = np.sin(r - sy) / np.cos(sy)
+    d = -np.sin(r - sy) * np.tan(sx) / np.cos(sy) + np.cos(r)
+    s = np.asarray(scale, dtype=np.float64)
+    m11, m12, m21, m22 = d / s, -b / s, -c / s, a / s
+    kx, ky = (w / 2, h / 2) if center is None else (np.full(batch, center[0]), np.full(batch, center[1]))
+    ox, oy = kx + np.asarray(translate[0], dtype=np.float64), ky + np.asarray(translate[1], dtype=np.float64)
+    m11, m12, m21, m22 = (np.broadcast_to(m, (batch,)) for m in (m11, m12, m21, m22))
+    return np.stack([m11, m12, kx - m11 * ox - m12 * oy, m21, m22, ky - m21 * ox - m22 * oy], axis=1)
+
+
+def rotation_matrices(height: Any, width: Any, angles: np.ndarray, center: Sequence[float] | None) -> np.ndarray:
+    """:func:`affine_matrices` of ``rotate``: ``angles`` degrees counter-clockwise (an affine
+    rotation by minus them) about ``center``."""
+    return affine_matrices(height, width, -np.asarray(angles, dtype=np.float64), center=center)

@@ -126,3 +126,75 @@ class TestRandomRotationOnDali:
 
         with pytest.raises(gp.UnsupportedTransformError, match="RandomRotation"):
             backends.get("dali").check([t])
+
+
+class TestRandomAffine:
+    @pytest.mark.parametrize(("kwargs", "name"), [
+        (dict(degrees=-1), "degrees"),
+        (dict(degrees=0, translate=(0.5, 1.5)), "translate"),
+        (dict(degrees=0, scale=(0.0, 1.0)), "scale"),
+        (dict(degrees=0, scale=(1.2, 0.8)), "scale"),
+        (dict(degrees=0, shear=(1, 2, 3)), "shear"),
+        (dict(degrees=0, shear=(10, -10)), "shear"),
+        (dict(degrees=0, interpolation="bicubic"), "interpolation"),
+        (dict(degrees=0, center=(1,)), "center"),
+    ])  # fmt: skip
+    def test_invalid_arguments(self, kwargs, name):
+        check_invalid(lambda: T.RandomAffine(**kwargs), name)
+
+    def test_signature_is_torchvision(self):
+        check_torchvision_signature(T.RandomAffine, v2.RandomAffine)
+
+    @pytest.mark.parametrize("kwargs", [
+        dict(degrees=30, translate=(0.1, 0.2), scale=(0.8, 1.2), shear=10),
+        dict(degrees=0, shear=(-5, 5, -20, 20), interpolation="bilinear", fill=(9, 8, 7)),
+        dict(degrees=(10, 40), scale=(0.5, 0.6), center=(3, 90.5)),
+    ])  # fmt: skip
+    def test_matches_torchvision(self, photo, kwargs):
+        t = T.RandomAffine(**kwargs)
+
+        def reference(img, p):
+            fill = list(t.fill) if isinstance(t.fill, tuple) else t.fill
+            mode = v2.InterpolationMode(T.InterpolationMode(t.interpolation).value)
+            return v2.functional.affine(img, angle=p.angle, translate=list(p.translate), scale=p.scale,
+                                        shear=list(p.shear), interpolation=mode, fill=fill,
+                                        center=list(t.center) if t.center else None)  # fmt: skip
+
+        check_transform(t, photo, reference, seeds=range(4))
+
+    def test_the_draws_follow_torchvisions_laws(self):
+        t = T.RandomAffine(degrees=(-10, 30), translate=(0.25, 0.5), scale=(0.5, 2.0), shear=(-5, 5, 10, 20))
+        params = drawn_params(t, 100, 80, 4000)
+        tx = np.array([p.translate[0] for p in params])
+        ty = np.array([p.translate[1] for p in params])
+        assert tx.min() >= -20 and tx.max() <= 20 and ty.min() >= -50 and ty.max() <= 50  # ±0.25·80, ±0.5·100
+        assert abs(tx.mean()) < 0.6 and abs(ty.mean()) < 1.5
+        for values, lo, hi in ([p.angle for p in params], -10, 30), ([p.scale for p in params], 0.5, 2.0), \
+                ([p.shear[0] for p in params], -5, 5), ([p.shear[1] for p in params], 10, 20):  # fmt: skip
+            v = np.array(values)
+            assert v.min() >= lo and v.max() < hi and abs(v.mean() - (lo + hi) / 2) < 0.03 * (hi - lo)
+
+    def test_a_number_for_shear_is_x_only(self):
+        assert T.RandomAffine(0, shear=7).shear == (-7.0, 7.0)
+        assert all(p.shear[1] == 0 for p in drawn_params(T.RandomAffine(0, shear=7), 10, 10, 50))
+
+
+class TestRandomAffineOnDali:
+    @pytest.fixture(autouse=True)
+    def _dali(self):
+        pytest.importorskip("nvidia.dali")
+
+    @pytest.mark.parametrize("steps", [
+        [T.RandomAffine(degrees=30, translate=(0.1, 0.2), scale=(0.8, 1.2), shear=10)],
+        [T.RandomAffine(degrees=0, shear=(-5, 5, -20, 20), fill=128), T.CenterCrop(40)],
+        [T.RandomAffine(degrees=(10, 40), scale=(0.5, 0.6), center=(3, 30.5))],
+    ])  # fmt: skip
+    def test_nearest_picks_the_same_pixels_but_at_ties(self, photos, steps):
+        share = np.mean([float((d > 0).double().mean()) for d in differences(steps, photos)])
+        assert share < 1e-4
+
+    def test_a_fill_per_channel_is_refused_at_build(self):
+        from gpupipe import backends
+
+        with pytest.raises(gp.UnsupportedTransformError, match="RandomAffine"):
+            backends.get("dali").check([T.RandomAffine(10, fill=(1, 2, 3))])

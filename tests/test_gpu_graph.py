@@ -85,6 +85,7 @@ MATRIX: dict[str, list[list[T.Transform]]] = {
         [T.RandomRotation(30)],
         [T.CenterCrop(64), FLOAT, T.RandomRotation(90, interpolation="bilinear")],
     ],
+    "RandomAffine": [[T.RandomAffine(20, translate=(0.1, 0.1), scale=(0.9, 1.1), shear=(1, 2, 3, 4))]],
     "RandomErasing": [
         [T.RandomResizedCrop(64), T.RandomHorizontalFlip(), FLOAT, T.Normalize(**IMAGENET), T.RandomErasing()],
         [T.CenterCrop(64), T.RandomErasing(value=(1, 2, 3))],  # uint8, after the transpose to CHW

@@ -12,7 +12,7 @@ Example:
     ...          T.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])]
 """
 
-from ._affine import RandomRotation
+from ._affine import RandomAffine, RandomRotation
 from ._apply import RandomApply
 from ._base import ImageSpec, InterpolationMode, Transform
 from ._batch import BatchMode, BatchTransform, CutMix, MixUp, RandomChoice
@@ -50,6 +50,7 @@ __all__ = [
     "RandomAutocontrast",
     "RandomAdjustSharpness",
     "RandomRotation",
+    "RandomAffine",
     "ToDtype",
     "Normalize",
     "Arithmetic",

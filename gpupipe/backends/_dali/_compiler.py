@@ -69,6 +69,7 @@ _KEEPS_SIZE = (
     T.RandomPosterize,
     T.RandomAutocontrast,
     T.RandomAdjustSharpness,
+    T.RandomAffine,
 )  # (RandomRotation keeps it too, with expand=False: see _size_after)
 
 

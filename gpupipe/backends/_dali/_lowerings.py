@@ -20,6 +20,7 @@ from ... import transforms as T
 from ..._errors import BackendUnavailableError
 from ..._geometry import (
     ATTEMPTS,
+    affine_matrices,
     center_crop_anchor,
     crop_padding,
     crop_start,
@@ -279,21 +280,39 @@ def _random_erasing(t: T.RandomErasing, img: Any, ctx: Ctx) -> Any:
     return ctx.fn.erase(img, device=ctx.device, anchor=anchor, shape=shape, axis_names="HW", fill_value=fill)
 
 
-def _rotation_unsupported(t: T.RandomRotation) -> str | None:
-    if t.expand:
+def _warp_unsupported(t: T.RandomRotation | T.RandomAffine) -> str | None:
+    if isinstance(t, T.RandomRotation) and t.expand:
         return "expand=True (a size per sample) runs on the torch backend only, for now"
     if isinstance(t.fill, tuple) and len(set(t.fill)) > 1:
         return "a fill per channel: DALI's warp_affine fills every channel with one value"
     return None
 
 
-@LOWERINGS.register(T.RandomRotation, unsupported=_rotation_unsupported)
+@LOWERINGS.register(T.RandomRotation, unsupported=_warp_unsupported)
 def _rotation(t: T.RandomRotation, img: Any, ctx: Ctx) -> Any:
     """``warp_affine`` with torchvision's inverse map (``gpupipe._geometry.rotation_matrices``),
-    computed on the host from the image's size and the sample's angle, fed as a ``[2, 3]`` matrix."""
+    computed on the host from the image's size and the sample's angle."""
     height, width = _host_size(ctx, img, "RandomRotation")
-    angles = ctx.host_random()[0]
-    matrices = HostValue(lambda h, w, a: rotation_matrices(h, w, a, t.center), height, width, angles)
+    matrices = HostValue(lambda h, w, f: rotation_matrices(h, w, f[:, 0], t.center), height, width, ctx.host_random())
+    return _warp(t, img, ctx, matrices)
+
+
+@LOWERINGS.register(T.RandomAffine, unsupported=_warp_unsupported)
+def _affine(t: T.RandomAffine, img: Any, ctx: Ctx) -> Any:
+    """``warp_affine`` with torchvision's inverse map (``gpupipe._geometry.affine_matrices``),
+    computed on the host from the image's size and the sample's angle, translation (rounded to
+    whole pixels as the torch backend rounds it), scale and shears."""
+    height, width = _host_size(ctx, img, "RandomAffine")
+
+    def matrices_of(h: Any, w: Any, f: np.ndarray) -> np.ndarray:
+        translate = t.translation(h, w, f[:, 1], f[:, 2])
+        return affine_matrices(h, w, f[:, 0], translate, f[:, 3], (f[:, 4], f[:, 5]), t.center)
+
+    return _warp(t, img, ctx, HostValue(matrices_of, height, width, ctx.host_random()))
+
+
+def _warp(t: T.RandomRotation | T.RandomAffine, img: Any, ctx: Ctx, matrices: HostValue) -> Any:
+    """``warp_affine`` of ``img`` by per-sample ``[B, 6]`` host matrices, fed as ``[2, 3]``."""
     matrix = ctx.fn.reshape(ctx.arg_vector([matrices[k] for k in range(6)], np.float32), shape=[2, 3])
     fill = t.fill[0] if isinstance(t.fill, tuple) else t.fill
     interp = ctx.types.INTERP_NN if t.interpolation == T.InterpolationMode.NEAREST else ctx.types.INTERP_LINEAR

@@ -18,7 +18,7 @@ from torchvision.transforms.v2 import functional as F
 
 from ... import transforms as T
 from ..._geometry import center_crop_anchor, resize_empty, resize_size
-from ...transforms._affine import RotationParams
+from ...transforms._affine import AffineParams, RotationParams
 from ...transforms._apply import RandomApplyParams
 from ...transforms._color import BlurParams, ColorJitterParams, GrayscaleParams, SolarizeParams
 from ...transforms._erasing import ErasingParams
@@ -174,6 +174,14 @@ def _rotation(t: T.RandomRotation, img: torch.Tensor, p: RotationParams) -> torc
     fill = list(t.fill) if isinstance(t.fill, tuple) else t.fill
     center = list(t.center) if t.center is not None else None
     return F.rotate(img, p.angle, interpolation=_interp(t.interpolation), expand=t.expand, center=center, fill=fill)
+
+
+@LOWERINGS.register(T.RandomAffine)
+def _affine(t: T.RandomAffine, img: torch.Tensor, p: AffineParams) -> torch.Tensor:
+    fill = list(t.fill) if isinstance(t.fill, tuple) else t.fill
+    center = list(t.center) if t.center is not None else None
+    return F.affine(img, angle=p.angle, translate=list(p.translate), scale=p.scale, shear=list(p.shear),
+                    interpolation=_interp(t.interpolation), fill=fill, center=center)  # fmt: skip
 
 
 @LOWERINGS.register(T.RandomErasing)
