@@ -28,7 +28,7 @@ def test_transforms_api():
         "RandomSolarize", "RandomApply", "ToDtype", "Normalize", "Arithmetic", "ArrayFunction", "BatchTransform",
         "BatchMode", "MixUp", "CutMix", "RandomChoice", "RandomErasing", "RandomInvert", "RandomPosterize",
         "RandomAutocontrast", "RandomAdjustSharpness", "RandomRotation",
-        "RandomAffine",
+        "RandomAffine", "RandomEqualize",
     ])  # fmt: skip
     assert all(hasattr(T, name) for name in T.__all__)
 

@@ -86,6 +86,7 @@ MATRIX: dict[str, list[list[T.Transform]]] = {
         [T.CenterCrop(64), FLOAT, T.RandomRotation(90, interpolation="bilinear")],
     ],
     "RandomAffine": [[T.RandomAffine(20, translate=(0.1, 0.1), scale=(0.9, 1.1), shear=(1, 2, 3, 4))]],
+    "RandomEqualize": [[T.RandomEqualize()], [FLOAT, T.RandomEqualize(p=1.0)]],
     "RandomErasing": [
         [T.RandomResizedCrop(64), T.RandomHorizontalFlip(), FLOAT, T.Normalize(**IMAGENET), T.RandomErasing()],
         [T.CenterCrop(64), T.RandomErasing(value=(1, 2, 3))],  # uint8, after the transpose to CHW

@@ -27,7 +27,7 @@ from ._spatial import (
     RandomVerticalFlip,
     Resize,
 )
-from ._tone import RandomAdjustSharpness, RandomAutocontrast, RandomInvert, RandomPosterize
+from ._tone import RandomAdjustSharpness, RandomAutocontrast, RandomEqualize, RandomInvert, RandomPosterize
 
 __all__ = [
     "Transform",
@@ -49,6 +49,7 @@ __all__ = [
     "RandomPosterize",
     "RandomAutocontrast",
     "RandomAdjustSharpness",
+    "RandomEqualize",
     "RandomRotation",
     "RandomAffine",
     "ToDtype",

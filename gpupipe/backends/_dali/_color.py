@@ -1,6 +1,6 @@
 """The DALI backend's photometric lowerings: ColorJitter, RandomGrayscale, GaussianBlur,
-RandomSolarize, RandomInvert, RandomPosterize, RandomAutocontrast, RandomAdjustSharpness and
-RandomApply.
+RandomSolarize, RandomInvert, RandomPosterize, RandomAutocontrast, RandomAdjustSharpness,
+RandomEqualize and RandomApply.
 
 ``ColorJitter`` follows torchvision's kernels (``torchvision.transforms.v2.functional``), written
 as DALI arithmetic on the image's channels, per sample:
@@ -268,6 +268,19 @@ def _sharpness(t: T.RandomAdjustSharpness, img: Any, ctx: Ctx) -> Any:
     if ctx.dtype == torch.uint8:
         out = fn.cast(dmath.floor(out), dtype=types.UINT8, device=ctx.device)
     return _select(ctx, ctx.decision(), out, img)
+
+
+@LOWERINGS.register(T.RandomEqualize)
+def _equalize(t: T.RandomEqualize, img: Any, ctx: Ctx) -> Any:
+    """DALI's ``equalize`` (OpenCV's table, not PIL's: see RandomEqualize), a float image through
+    uint8 and back as torchvision does; the coin selects."""
+    fn, types = ctx.fn, ctx.types
+    if ctx.dtype == torch.uint8:
+        return _select(ctx, ctx.decision(), fn.equalize(img, device=ctx.device), img)
+    x = to_float(ctx, img) if ctx.dtype == torch.float16 else img
+    as_uint8 = fn.cast(scaled_to_uint8(x), dtype=types.UINT8, device=ctx.device)
+    equalized = fn.cast(fn.equalize(as_uint8, device=ctx.device), dtype=types.FLOAT, device=ctx.device) / 255.0
+    return _select(ctx, ctx.decision(), equalized, img)
 
 
 @LOWERINGS.register(T.RandomApply, unsupported=lambda t: inner_unsupported(LOWERINGS, t.transforms))

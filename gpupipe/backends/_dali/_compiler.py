@@ -70,6 +70,7 @@ _KEEPS_SIZE = (
     T.RandomAutocontrast,
     T.RandomAdjustSharpness,
     T.RandomAffine,
+    T.RandomEqualize,
 )  # (RandomRotation keeps it too, with expand=False: see _size_after)
 
 

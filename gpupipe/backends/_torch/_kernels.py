@@ -184,6 +184,11 @@ def _affine(t: T.RandomAffine, img: torch.Tensor, p: AffineParams) -> torch.Tens
                     interpolation=_interp(t.interpolation), fill=fill, center=center)  # fmt: skip
 
 
+@LOWERINGS.register(T.RandomEqualize)
+def _equalize(t: T.RandomEqualize, img: torch.Tensor, p: CoinParams) -> torch.Tensor:
+    return F.equalize(img) if p.apply else img
+
+
 @LOWERINGS.register(T.RandomErasing)
 def _random_erasing(t: T.RandomErasing, img: torch.Tensor, p: ErasingParams) -> torch.Tensor:
     if not p.erase:
