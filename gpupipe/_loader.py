@@ -95,8 +95,8 @@ class Loader(LoaderAttributes):
         topo = _dist.topology(config.rank, config.world_size)
         self.pipeline = pipeline
         self.rank, self.world_size = topo.rank, topo.world_size
-        backend, device = backends.resolve(config.backend, config.device)
-        self.chosen = backends.why(config.backend, config.device, backend, device)  # auto's reasons, if any
+        backend, device = backends.resolve(config.backend, config.device, pipeline.views)
+        self.chosen = backends.why(config.backend, config.device, backend, device, pipeline.views)  # auto's reasons
         _check_runnable(pipeline, backend)
         self.seed = _dist.shared_seed(config.seed, topo, shuffle=config.shuffle, device=device)
         self.backend, self.device = backend.name, str(device)

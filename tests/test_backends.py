@@ -49,6 +49,19 @@ class TestTable:
         assert backends.why("auto", "cpu", backend, device) == f"backend {backend.name}: {expected}"
         assert backends.why("torch", "cpu", backends.get("torch"), device) is None  # both given: nothing to say
 
+    def test_auto_skips_a_backend_that_cannot_run_a_step(self, shards):
+        """A step the DALI backend does not take (yet) makes auto the torch backend, and says so;
+        asked for by name, the DALI backend still refuses the step."""
+        pytest.importorskip("nvidia.dali")
+        pipe = gp.Pipeline(shards, [T.CenterCrop(8), T.ToDtype(torch.float32), T.RandomErasing(value="random")])
+        with gp.Loader(pipe, 2, device="cpu", num_workers=0) as loader:
+            assert loader.backend == "torch"
+            assert loader.chosen == ("backend torch: dali cannot run step 2, RandomErasing: value='random' (N(0, 1) "
+                                     "noise) runs on the torch backend only, for now")  # fmt: skip
+            assert next(iter(loader)).images.shape == (2, 3, 8, 8)
+        with pytest.raises(gp.UnsupportedTransformError, match=r"pipeline step 2\): value='random'"):
+            gp.Loader(pipe, 2, backend="dali", device="cpu")
+
     def test_an_unavailable_backend_says_what_to_install(self, shards, monkeypatch):
         monkeypatch.setattr(type(backends.get("dali")), "available", lambda self: False)
         with pytest.raises(gp.BackendUnavailableError, match=r"backend='dali' needs NVIDIA DALI: pip install"):

@@ -14,11 +14,12 @@ one is that module plus an entry in :data:`TABLE`. Modules are imported on first
 from __future__ import annotations
 
 import importlib
+import re
 from typing import Any
 
 import torch
 
-from .._errors import BackendUnavailableError, ConfigError
+from .._errors import BackendUnavailableError, ConfigError, UnsupportedTransformError
 from ._base import Backend, RawBatch, Runner, RunSpec, to_device
 
 __all__ = [
@@ -99,13 +100,17 @@ def register_lowering(transform_type: type, *, backend: str, replace: bool = Fal
     return get(backend).lowerings.register(transform_type, replace=replace)
 
 
-def resolve(name: str, device: str | torch.device | None) -> tuple[Backend, torch.device]:
+def resolve(name: str, device: str | torch.device | None, views: Any = ()) -> tuple[Backend, torch.device]:
     """The backend and device for the requested ones: ``"auto"`` picks the first available backend
-    of the table that delivers to the device; ``None`` picks ``cuda`` when present, else ``cpu``;
-    ``"cuda"`` means this process's GPU (``LOCAL_RANK`` under torchrun).
+    of the table that delivers to the device and runs every step of ``views`` (the pipeline's
+    transform lists; a step the DALI backend cannot run, such as ``RandomErasing(value="random")``,
+    makes it the torch backend); ``None`` picks ``cuda`` when present, else ``cpu``; ``"cuda"``
+    means this process's GPU (``LOCAL_RANK`` under torchrun).
 
     Raises:
         BackendUnavailableError: the backend's libraries or the device are not present.
+        UnsupportedTransformError: with ``"auto"``, no available backend runs every step (the
+            first one's reason).
     """
     dev = torch.device(device if device is not None else "cuda" if torch.cuda.is_available() else "cpu")
     if dev.type == "cuda" and not torch.cuda.is_available():
@@ -115,10 +120,16 @@ def resolve(name: str, device: str | torch.device | None) -> tuple[Backend, torc
 
         dev = torch.device(cuda_device())
     if name == "auto":
+        refused: UnsupportedTransformError | None = None
         for candidate in TABLE:
             backend = get(candidate)
             if backend.auto and dev.type in backend.devices and backend.available():
-                return backend, dev
+                reason = _cannot_run(backend, views)
+                if reason is None:
+                    return backend, dev
+                refused = refused or reason
+        if refused is not None:
+            raise refused
         raise BackendUnavailableError(f"Loader: no backend available for device {str(dev)!r}")
     backend = get(name)
     if not backend.available():
@@ -128,16 +139,38 @@ def resolve(name: str, device: str | torch.device | None) -> tuple[Backend, torc
     return backend, dev
 
 
-def why(name: str, device: str | torch.device | None, backend: Backend, dev: torch.device) -> str | None:
+def why(
+    name: str, device: str | torch.device | None, backend: Backend, dev: torch.device, views: Any = ()
+) -> str | None:
     """Why :func:`resolve` chose ``backend`` and ``dev`` where it chose (``backend="auto"``,
     ``device=None``), in a few words for the loader's repr and log; ``None`` where both were given."""
     parts = []
     if device is None:
         parts.append(f"device {dev.type}: {'CUDA is available' if dev.type == 'cuda' else 'no CUDA'}")
     if name == "auto":
-        before = list(TABLE)[: list(TABLE).index(backend.name)]
-        missing = [n for n in before if get(n).auto and (not get(n).available() or dev.type not in get(n).devices)]
+        before = [get(n) for n in list(TABLE)[: list(TABLE).index(backend.name)] if get(n).auto]
+        missing = [b.name for b in before if not b.available() or dev.type not in b.devices]
+        cannot = [f"{b.name} cannot run {_step_of(_cannot_run(b, views))}" for b in before
+                  if b.name not in missing and _cannot_run(b, views) is not None]  # fmt: skip
         order = ", ".join(n for n in TABLE if get(n).auto)
-        parts.append(f"backend {backend.name}: " + (f"{', '.join(missing)} not available" if missing else
+        reasons = ([f"{', '.join(missing)} not available"] if missing else []) + cannot
+        parts.append(f"backend {backend.name}: " + ("; ".join(reasons) if reasons else
                                                     f"the first available of {order}"))  # fmt: skip
     return "; ".join(parts) or None
+
+
+def _cannot_run(backend: Backend, views: Any) -> UnsupportedTransformError | None:
+    """Why ``backend`` cannot run a step of ``views``, or ``None``."""
+    try:
+        for steps in views:
+            backend.check(steps)
+    except UnsupportedTransformError as e:
+        return e
+    return None
+
+
+def _step_of(error: UnsupportedTransformError | None) -> str:
+    """The step an error names and why, in a few words: ``step 2, RandomErasing: value='random' …``."""
+    text = str(error)
+    found = re.match(r"the \w+ backend cannot run (\w+)\(.*\) \(pipeline step (\d+)\): (.*)", text, re.DOTALL)
+    return f"step {found[2]}, {found[1]}: {found[3]}" if found else text

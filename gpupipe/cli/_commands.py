@@ -187,7 +187,7 @@ def bench(args: argparse.Namespace) -> int:
     from .. import backends as backend_table
 
     for backend in backends:
-        label = backend_table.resolve(backend, args.device)[0].name  # "auto": the backend it picks
+        label = backend_table.resolve(backend, args.device, pipeline.views)[0].name  # "auto": the one it picks
         for size in sizes:
             for w in workers:
                 run = run_loader(pipeline, backend=backend, device=args.device, batch_size=size, workers=w,
