@@ -90,7 +90,20 @@ def _lam(t: Any, rng: np.random.Generator, batch: int) -> np.ndarray:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class MixUp(BatchTransform):
+class _Mixing(BatchTransform):
+    """MixUp's and CutMix's arguments (see :class:`MixUp`)."""
+
+    alpha: float = 1.0
+    num_classes: int | None = None
+    label_smoothing: float = 0.0
+    mode: BatchMode | str = BatchMode.BATCH
+
+    def __post_init__(self) -> None:
+        _check_common(self)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MixUp(_Mixing):
     """Blends each sample with its neighbour in the batch: ``x = λ·x + (1 − λ)·x_prev``, and so
     their labels (torchvision's ``MixUp``; the partner of sample ``i`` is sample ``i − 1``, the
     first's the last).
@@ -110,14 +123,6 @@ class MixUp(BatchTransform):
     docs.
     """
 
-    alpha: float = 1.0
-    num_classes: int | None = None
-    label_smoothing: float = 0.0
-    mode: BatchMode | str = BatchMode.BATCH
-
-    def __post_init__(self) -> None:
-        _check_common(self)
-
     def output_spec(self, spec: ImageSpec) -> ImageSpec:
         if not spec.dtype.is_floating_point:
             raise ConfigError(f"MixUp blends images: it needs a float image, got {spec} (put it after ToDtype(float))")
@@ -128,7 +133,7 @@ class MixUp(BatchTransform):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class CutMix(BatchTransform):
+class CutMix(_Mixing):
     """Pastes a box of each sample's neighbour into it, and mixes their labels by the box's share
     of the image (torchvision's ``CutMix``: λ ~ Beta(alpha, alpha), a centre uniform over the
     pixels, half-sides ``int(0.5·sqrt(1 − λ)·W)`` and ``…·H``, the box clipped to the image and λ
@@ -137,14 +142,6 @@ class CutMix(BatchTransform):
     Args: as :class:`MixUp` (``alpha``, ``num_classes``, ``label_smoothing``, ``mode``). Any
     image dtype.
     """
-
-    alpha: float = 1.0
-    num_classes: int | None = None
-    label_smoothing: float = 0.0
-    mode: BatchMode | str = BatchMode.BATCH
-
-    def __post_init__(self) -> None:
-        _check_common(self)
 
     def sample(self, rng: np.random.Generator, batch: int, height: int, width: int) -> MixParams:
         lam = _lam(self, rng, batch)
@@ -176,7 +173,7 @@ class RandomChoice(BatchTransform):
 
     def __post_init__(self) -> None:
         members = tuple(self.transforms)
-        if not members or not all(isinstance(t, (MixUp, CutMix)) for t in members):
+        if not members or not all(isinstance(t, _Mixing) for t in members):
             raise ConfigError(
                 "RandomChoice: transforms must be MixUp and CutMix instances (a choice among per-sample transforms "
                 f"is not supported yet), got {[type(t).__name__ for t in members]}"

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 import numpy as np
 import torch
@@ -30,7 +30,15 @@ class CoinParams(NamedTuple):
 
 
 class _Coined(Coin, Transform):
-    """A transform that acts on a sample with probability ``p``: one draw, its decision."""
+    """A transform that acts on a sample with probability ``p``: one draw, its decision. A
+    subclass with ``channels`` takes images of those channel counts only."""
+
+    channels: ClassVar[tuple[int, ...] | None] = None
+
+    def output_spec(self, spec: ImageSpec) -> ImageSpec:
+        if self.channels is not None:
+            check_channels(self, spec, self.channels)
+        return spec
 
     random = True
     draws = 1
@@ -81,13 +89,10 @@ class RandomAutocontrast(_Coined):
     float32 (a uint8 image truncated back). 1 or 3 channels. Exact on every backend."""
 
     p: float = 0.5
+    channels = (1, 3)
 
     def __post_init__(self) -> None:
         self._check_p()
-
-    def output_spec(self, spec: ImageSpec) -> ImageSpec:
-        check_channels(self, spec, (1, 3))
-        return spec
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,6 +111,7 @@ class RandomAdjustSharpness(_Coined):
 
     sharpness_factor: float
     p: float = 0.5
+    channels = (1, 3)
 
     def __post_init__(self) -> None:
         if not (is_number(self.sharpness_factor) and self.sharpness_factor >= 0):
@@ -113,10 +119,6 @@ class RandomAdjustSharpness(_Coined):
                               f"{self.sharpness_factor!r}")  # fmt: skip
         self._set("sharpness_factor", float(self.sharpness_factor))
         self._check_p()
-
-    def output_spec(self, spec: ImageSpec) -> ImageSpec:
-        check_channels(self, spec, (1, 3))
-        return spec
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,10 +129,7 @@ class RandomEqualize(_Coined):
     most); on smaller images further (5.5 at 40 x 56); a flat channel is kept by both."""
 
     p: float = 0.5
+    channels = (1, 3)
 
     def __post_init__(self) -> None:
         self._check_p()
-
-    def output_spec(self, spec: ImageSpec) -> ImageSpec:
-        check_channels(self, spec, (1, 3))
-        return spec

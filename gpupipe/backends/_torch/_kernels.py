@@ -10,6 +10,7 @@ parameters the output equals what the torchvision v2 transform gives.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -149,24 +150,22 @@ def _solarize(t: T.RandomSolarize, img: torch.Tensor, p: SolarizeParams) -> torc
     return F.solarize(img, t.threshold) if p.apply else img
 
 
-@LOWERINGS.register(T.RandomInvert)
-def _invert(t: T.RandomInvert, img: torch.Tensor, p: CoinParams) -> torch.Tensor:
-    return F.invert(img) if p.apply else img
+# The tone transforms: torchvision's kernel where the sample's coin says so (CoinParams).
+_TONE: dict[type, Any] = {
+    T.RandomInvert: lambda t, img: F.invert(img),
+    T.RandomPosterize: lambda t, img: F.posterize(img, t.bits),
+    T.RandomAutocontrast: lambda t, img: F.autocontrast(img),
+    T.RandomAdjustSharpness: lambda t, img: F.adjust_sharpness(img, t.sharpness_factor),
+    T.RandomEqualize: lambda t, img: F.equalize(img),
+}
 
 
-@LOWERINGS.register(T.RandomPosterize)
-def _posterize(t: T.RandomPosterize, img: torch.Tensor, p: CoinParams) -> torch.Tensor:
-    return F.posterize(img, t.bits) if p.apply else img
+def _tone(t: T.Transform, img: torch.Tensor, p: CoinParams) -> torch.Tensor:
+    return _TONE[type(t)](t, img) if p.apply else img
 
 
-@LOWERINGS.register(T.RandomAutocontrast)
-def _autocontrast(t: T.RandomAutocontrast, img: torch.Tensor, p: CoinParams) -> torch.Tensor:
-    return F.autocontrast(img) if p.apply else img
-
-
-@LOWERINGS.register(T.RandomAdjustSharpness)
-def _sharpness(t: T.RandomAdjustSharpness, img: torch.Tensor, p: CoinParams) -> torch.Tensor:
-    return F.adjust_sharpness(img, t.sharpness_factor) if p.apply else img
+for _kind in _TONE:
+    LOWERINGS.register(_kind)(_tone)
 
 
 @LOWERINGS.register(T.RandomRotation)
@@ -182,11 +181,6 @@ def _affine(t: T.RandomAffine, img: torch.Tensor, p: AffineParams) -> torch.Tens
     center = list(t.center) if t.center is not None else None
     return F.affine(img, angle=p.angle, translate=list(p.translate), scale=p.scale, shear=list(p.shear),
                     interpolation=_interp(t.interpolation), fill=fill, center=center)  # fmt: skip
-
-
-@LOWERINGS.register(T.RandomEqualize)
-def _equalize(t: T.RandomEqualize, img: torch.Tensor, p: CoinParams) -> torch.Tensor:
-    return F.equalize(img) if p.apply else img
 
 
 @LOWERINGS.register(T.RandomErasing)
