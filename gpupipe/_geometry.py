@@ -250,7 +250,7 @@ def affine_matrices(
     translate: tuple[Any, Any] = (0, 0),
     scale: Any = 1.0,
     shear: tuple[Any, Any] = (0.0, 0.0),
-    center: Sequence[float] | None = None,
+    center: Sequence[Any] | None = None,
 ) -> np.ndarray:
     """float64 ``[B, 6]``: for each image, the affine map from an output point to the source point
     its value comes from — ``(M11, M12, M13, M21, M22, M23)``, coordinates from the top-left

@@ -1,4 +1,6 @@
-"""The standard torchvision ImageNet recipes, in the gpupipe DSL.
+"""The standard torchvision ImageNet recipes, in the gpupipe DSL: the classic ``train``/``val``
+(2017) and torchvision's ``IMAGENET1K_V2`` recipe (``train_v2``/``val_v2``: TrivialAugmentWide,
+RandomErasing, MixUp/CutMix at 176 px, validated at 232 → 224).
 
 Load by path: ``gp.load_pipeline("pipelines/imagenet.py:train")(source)``, or from the CLI:
 ``python -m gpupipe bench pipelines/imagenet.py:train 'data/train-{000000..000007}.tar'``.
@@ -41,3 +43,60 @@ def val(source, size=224, resize=256):
             T.Normalize(mean=MEAN, std=STD),
         ],
     )
+
+
+# torchvision's reference script's --auto-augment values.
+AUTO_AUGMENT = {
+    "ta_wide": lambda interpolation: T.TrivialAugmentWide(interpolation=interpolation),
+    "ra": lambda interpolation: T.RandAugment(interpolation=interpolation),
+    "augmix": lambda interpolation: T.AugMix(interpolation=interpolation),
+    "imagenet": lambda interpolation: T.AutoAugment(T.AutoAugmentPolicy.IMAGENET, interpolation=interpolation),
+    "cifar10": lambda interpolation: T.AutoAugment(T.AutoAugmentPolicy.CIFAR10, interpolation=interpolation),
+    "svhn": lambda interpolation: T.AutoAugment(T.AutoAugmentPolicy.SVHN, interpolation=interpolation),
+}
+
+
+def train_v2(
+    source,
+    size=176,
+    *,
+    auto_augment="ta_wide",
+    random_erase=0.1,
+    mixup_alpha=0.2,
+    cutmix_alpha=1.0,
+    num_classes=1000,
+    label_smoothing=0.0,
+):
+    """torchvision's ResNet-50 ``IMAGENET1K_V2`` training recipe (references/classification:
+    ``--auto-augment ta_wide --random-erase 0.1 --mixup-alpha 0.2 --cutmix-alpha 1.0
+    --train-crop-size 176``): RandomResizedCrop(size, bilinear) + flip, the ``auto_augment``
+    policy (``None``: none), float and ImageNet normalisation, RandomErasing(``random_erase``);
+    per batch, one of MixUp and CutMix (the labels become soft targets ``[B, num_classes]``).
+
+    ``label_smoothing``: smoothed targets here; torchvision's script smooths in its loss
+    instead (``--label-smoothing 0.1``), so keep 0 with a loss that smooths.
+
+    Output ``[3, size, size]`` float32."""
+    steps = [T.RandomResizedCrop(size, interpolation="bilinear"), T.RandomHorizontalFlip()]
+    if auto_augment is not None:
+        if auto_augment not in AUTO_AUGMENT:
+            raise gp.ConfigError(f"train_v2: auto_augment must be one of {sorted(AUTO_AUGMENT)} or None, "
+                                 f"got {auto_augment!r}")  # fmt: skip
+        steps.append(AUTO_AUGMENT[auto_augment]("bilinear"))
+    steps += [T.ToDtype(torch.float32, scale=True), T.Normalize(mean=MEAN, std=STD)]
+    if random_erase:
+        steps.append(T.RandomErasing(p=random_erase))
+    mixing = [
+        cls(alpha=alpha, num_classes=num_classes, label_smoothing=label_smoothing)
+        for cls, alpha in ((T.MixUp, mixup_alpha), (T.CutMix, cutmix_alpha))
+        if alpha
+    ]
+    batch = None if not mixing else mixing[0] if len(mixing) == 1 else T.RandomChoice(mixing)
+    return gp.Pipeline(source, steps, batch_transform=batch)
+
+
+def val_v2(source, size=224, resize=232):
+    """The ``IMAGENET1K_V2`` weights' evaluation: Resize(232, bilinear) + CenterCrop(224).
+
+    Output ``[3, size, size]`` float32."""
+    return val(source, size=size, resize=resize)

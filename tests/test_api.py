@@ -28,7 +28,8 @@ def test_transforms_api():
         "RandomSolarize", "RandomApply", "ToDtype", "Normalize", "Arithmetic", "ArrayFunction", "BatchTransform",
         "BatchMode", "MixUp", "CutMix", "RandomChoice", "RandomErasing", "RandomInvert", "RandomPosterize",
         "RandomAutocontrast", "RandomAdjustSharpness", "RandomRotation",
-        "RandomAffine", "RandomEqualize",
+        "RandomAffine", "RandomEqualize", "TrivialAugmentWide", "RandAugment", "AutoAugment",
+        "AutoAugmentPolicy", "AugMix",
     ])  # fmt: skip
     assert all(hasattr(T, name) for name in T.__all__)
 

@@ -87,6 +87,12 @@ MATRIX: dict[str, list[list[T.Transform]]] = {
     ],
     "RandomAffine": [[T.RandomAffine(20, translate=(0.1, 0.1), scale=(0.9, 1.1), shear=(1, 2, 3, 4))]],
     "RandomEqualize": [[T.RandomEqualize()], [FLOAT, T.RandomEqualize(p=1.0)]],
+    "TrivialAugmentWide": [
+        [T.TrivialAugmentWide()],
+        [T.CenterCrop(48), T.TrivialAugmentWide(interpolation="bilinear"), FLOAT],
+    ],
+    "RandAugment": [[T.CenterCrop(48), T.RandAugment(num_ops=3, fill=5)]],
+    "AutoAugment": [[T.AutoAugment()], [T.CenterCrop(40), T.AutoAugment(policy="cifar10")]],
     "RandomErasing": [
         [T.RandomResizedCrop(64), T.RandomHorizontalFlip(), FLOAT, T.Normalize(**IMAGENET), T.RandomErasing()],
         [T.CenterCrop(64), T.RandomErasing(value=(1, 2, 3))],  # uint8, after the transpose to CHW
@@ -133,6 +139,7 @@ def gpu_graph(steps, **kwargs):
 def test_the_matrix_covers_every_transform():
     defined = {n for n in T.__all__ if isinstance(getattr(T, n), type) and issubclass(getattr(T, n), T.Transform)}
     not_serializable = {"ArrayFunction"}  # DALI cannot serialize python_function: test_array_function below
+    not_serializable |= {"AugMix"}  # no DALI lowering yet: refused at build (test_policies)
     assert defined - {"Transform"} <= set(MATRIX) | not_serializable, defined - set(MATRIX)
 
 

@@ -19,6 +19,7 @@ from ._batch import BatchMode, BatchTransform, CutMix, MixUp, RandomChoice
 from ._color import ColorJitter, GaussianBlur, Normalize, RandomGrayscale, RandomSolarize, ToDtype
 from ._custom import Arithmetic, ArrayFunction
 from ._erasing import RandomErasing
+from ._policies import AugMix, AutoAugment, AutoAugmentPolicy, RandAugment, TrivialAugmentWide
 from ._spatial import (
     CenterCrop,
     RandomCrop,
@@ -52,6 +53,11 @@ __all__ = [
     "RandomEqualize",
     "RandomRotation",
     "RandomAffine",
+    "TrivialAugmentWide",
+    "RandAugment",
+    "AutoAugment",
+    "AutoAugmentPolicy",
+    "AugMix",
     "ToDtype",
     "Normalize",
     "Arithmetic",

@@ -5,7 +5,7 @@ torch through DLPack. DALI itself is imported only when a graph is built."""
 from __future__ import annotations
 
 from .._base import Backend, Runner, RunSpec
-from . import _color, _lowerings  # noqa: F401 - register the lowerings
+from . import _color, _lowerings, _policies  # noqa: F401 - register the lowerings
 from ._context import LOWERINGS
 
 __all__ = ["BACKEND", "DaliBackend"]

@@ -153,12 +153,19 @@ def _gaussian_blur(t: T.GaussianBlur, img: Any, ctx: Ctx) -> Any:
 
 def _select(ctx: Ctx, decision: Any, a: Any, b: Any) -> Any:
     """Per sample ``a if decision else b`` (``decision``: int32 0/1 per sample; ``a`` and ``b``
-    HWC images of the same shape): ``b`` and ``a`` (cast like ``b``) stacked, and the sample's one
-    sliced out — exact for every dtype, and three copies where arithmetic blending takes more
-    passes (DALI 2.4 has no per-sample select outside its conditionals)."""
+    HWC images of the same shape): :func:`select`."""
+    return select(ctx, decision, b, a)
+
+
+def select(ctx: Ctx, index: Any, *candidates: Any) -> Any:
+    """Per sample ``candidates[index]`` (``index``: int32 per sample; HWC images of one shape, each
+    cast like the first): the candidates stacked, and the sample's one sliced out — exact for every
+    dtype, and three copies where arithmetic blending takes more passes (DALI 2.4 has no per-sample
+    select outside its conditionals)."""
     fn, types = ctx.fn, ctx.types
-    both = fn.stack(b, fn.cast_like(a, b, device=ctx.device), device=ctx.device)
-    one = fn.slice(both, fn.stack(decision), fn.constant(idata=[1], dtype=types.INT32), axes=[0], device=ctx.device)
+    first = candidates[0]
+    both = fn.stack(first, *(fn.cast_like(c, first, device=ctx.device) for c in candidates[1:]), device=ctx.device)
+    one = fn.slice(both, fn.stack(index), fn.constant(idata=[1], dtype=types.INT32), axes=[0], device=ctx.device)
     return fn.reshape(fn.squeeze(one, axes=[0], device=ctx.device), layout="HWC", device=ctx.device)
 
 
@@ -211,9 +218,14 @@ def _posterize(t: T.RandomPosterize, img: Any, ctx: Ctx) -> Any:
 
 @LOWERINGS.register(T.RandomAutocontrast)
 def _autocontrast(t: T.RandomAutocontrast, img: Any, ctx: Ctx) -> Any:
-    """torchvision's arithmetic in float32: each channel's min and max over the image, ``(v − min)
-    / ((max − min) · (1 / bound))`` clamped to ``[0, bound]`` (a flat channel: min 0, scale 1),
-    floored back to uint8 (``.to(uint8)`` truncates; the values are not negative)."""
+    """:func:`autocontrasted`; the coin selects."""
+    return _select(ctx, ctx.decision(), autocontrasted(ctx, img), img)
+
+
+def autocontrasted(ctx: Ctx, img: Any) -> Any:
+    """torchvision's autocontrast in float32: each channel's min and max over the image, ``(v −
+    min) / ((max − min) · (1 / bound))`` clamped to ``[0, bound]`` (a flat channel: min 0, scale
+    1), floored back to uint8 (``.to(uint8)`` truncates; the values are not negative)."""
     import nvidia.dali.math as dmath
 
     fn, types = ctx.fn, ctx.types
@@ -226,7 +238,7 @@ def _autocontrast(t: T.RandomAutocontrast, img: Any, ctx: Ctx) -> Any:
     out = dmath.clamp((x - low * (1.0 - flat)) / (inv_scale + flat * (1.0 - inv_scale)), 0.0, bound)
     if ctx.dtype == torch.uint8:
         out = fn.cast(dmath.floor(out), dtype=types.UINT8, device=ctx.device)
-    return _select(ctx, ctx.decision(), out, img)
+    return out
 
 
 _A, _B = np.float32(1.0 / 13.0), np.float32(5.0 / 13.0)
@@ -245,9 +257,16 @@ def round_half_even(ctx: Ctx, x: Any) -> Any:
 
 @LOWERINGS.register(T.RandomAdjustSharpness)
 def _sharpness(t: T.RandomAdjustSharpness, img: Any, ctx: Ctx) -> Any:
-    """torchvision's adjust_sharpness: the 3x3 smoothing (``filter``; rounded half to even for
-    uint8) blended into the interior — a mask of the interior (ones of ``(h - 2, w - 2)`` padded
-    by a pixel of zeros) keeps the border — clamped, floored back to uint8; the coin selects."""
+    """:func:`sharpened` by ``1 - sharpness_factor``; the coin selects."""
+    return _select(ctx, ctx.decision(), sharpened(ctx, img, float(np.float32(1.0 - t.sharpness_factor))), img)
+
+
+def sharpened(ctx: Ctx, img: Any, alpha: Any) -> Any:
+    """torchvision's adjust_sharpness with ``alpha = 1 - sharpness_factor`` (a number, or a
+    float32 per-sample argument): the 3x3 smoothing (``filter``; rounded half to even for uint8)
+    blended into the interior — a mask of the interior (ones of ``(h - 2, w - 2)`` padded by a
+    pixel of zeros) keeps the border — clamped, floored back to uint8. ``alpha`` 0 keeps every
+    value exactly."""
     import nvidia.dali.math as dmath
 
     fn, types = ctx.fn, ctx.types
@@ -264,10 +283,10 @@ def _sharpness(t: T.RandomAdjustSharpness, img: Any, ctx: Ctx) -> Any:
                     fill_values=0.0)  # fmt: skip
     if ctx.device == "gpu":
         mask = mask.gpu()
-    out = dmath.clamp(x + mask * ((1.0 - t.sharpness_factor) * (smooth - x)), 0.0, bound)
+    out = dmath.clamp(x + mask * (alpha * (smooth - x)), 0.0, bound)
     if ctx.dtype == torch.uint8:
         out = fn.cast(dmath.floor(out), dtype=types.UINT8, device=ctx.device)
-    return _select(ctx, ctx.decision(), out, img)
+    return out
 
 
 @LOWERINGS.register(T.RandomEqualize)

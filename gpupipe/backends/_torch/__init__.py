@@ -4,6 +4,7 @@ batches moved to the loader's device."""
 from __future__ import annotations
 
 from .._base import Backend, Runner, RunSpec
+from . import _policies  # noqa: F401 - register the policies
 from ._kernels import LOWERINGS
 
 __all__ = ["BACKEND", "TorchBackend"]
