@@ -227,6 +227,12 @@ class LoaderConfig:
             this many samples. Default 4096.
         interleave: with ``shuffle=True`` on tar shards, each rank reads this many shards at once,
             evenly interleaved, before the buffer mixes them. Default 64.
+        repeats: repeated augmentation (torchvision's ``--ra-reps``, timm's ``RepeatAugSampler``):
+            each epoch takes ``1 / repeats`` of the samples, each ``repeats`` times, its copies on
+            neighbouring ranks in the same step (one rank: side by side in a batch), each copy
+            with its own augmentation draws. The epoch keeps its length (``len(loader)`` is
+            unchanged) and resumes exactly, elastic resume included. Default 1: none. Not with
+            a :class:`~gpupipe.Mix` (which repeats by its own counts).
         shards_ahead: remote shards only: how many shards beyond those the epoch has reached are
             downloaded ahead into the node's shard cache (each process keeps the shards it
             reads at once, plus these, plus one, at hand). ``None`` (default): ``interleave`` with ``shuffle=True``
@@ -288,6 +294,7 @@ class LoaderConfig:
     prefetch: int | None = None
     shuffle_buffer: int = 4096
     interleave: int = 64
+    repeats: int = 1
     shards_ahead: int | None = None
     rank: int | None = None
     world_size: int | None = None
@@ -315,6 +322,7 @@ class LoaderConfig:
         check_optional_int(owner, self.prefetch, "prefetch", minimum=1)
         check_int(owner, self.shuffle_buffer, "shuffle_buffer", minimum=1)
         check_int(owner, self.interleave, "interleave", minimum=1)
+        check_int(owner, self.repeats, "repeats", minimum=1)
         check_optional_int(owner, self.shards_ahead, "shards_ahead", minimum=0)
         check_optional_int(owner, self.rank, "rank")
         check_optional_int(owner, self.world_size, "world_size")

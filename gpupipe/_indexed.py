@@ -76,7 +76,10 @@ def index_source(
             interleave=config.interleave,
             mask=mask_digest(excluded),
             mix=mix_digest(mix, index.shard_sizes) if mix is not None else "",
+            repeats=config.repeats,
         )
+        if mix is not None and config.repeats > 1:
+            raise ConfigError("Loader: repeats takes one source, not a gp.Mix (a Mix repeats by its own counts)")
         _dist.check_same(
             topo,
             "the loader's plan",

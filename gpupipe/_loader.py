@@ -44,7 +44,7 @@ class Loader(LoaderAttributes):
         **options: keyword-only options, validated together as a :class:`~gpupipe.LoaderConfig`
             (its docstring describes each): ``shuffle``, ``drop_last``, ``seed``, ``backend``,
             ``device``, ``num_workers``, ``prefetch``, ``shuffle_buffer``, ``interleave``,
-            ``shards_ahead``, ``rank``, ``world_size``, ``memory_format``, ``dali``, ``ray``,
+            ``repeats``, ``shards_ahead``, ``rank``, ``world_size``, ``memory_format``, ``dali``, ``ray``,
             ``on_error``, ``max_skipped``, ``max_image_pixels``, ``apply_exif_orientation``,
             ``worker_timeout``.
 

@@ -33,6 +33,8 @@ __all__ = [
     "elastic_plan",
     "unexcluded",
     "good_sizes",
+    "repeated_plan",
+    "per_rank",
 ]
 
 
@@ -71,7 +73,8 @@ class PlanSpec:
     (known bad); ``mask`` is a digest of the excluded sample numbers (``""``: none), so that ranks
     with different bad-sample lists, or a state saved under another list, are told apart.
     ``mix`` is a digest of a :class:`~gpupipe.Mix`'s per-epoch counts (``""``: no mix); its
-    epochs then draw ``num_samples`` entries of those counts.
+    epochs then draw ``num_samples`` entries of those counts. ``repeats``: repeated augmentation
+    (:func:`repeated_plan`).
     """
 
     num_samples: int
@@ -83,6 +86,7 @@ class PlanSpec:
     interleave: int
     mask: str = ""
     mix: str = ""
+    repeats: int = 1
 
     @property
     def num_batches(self) -> int:
@@ -147,7 +151,12 @@ class RankPlan:
 
     def drawn(self, b: int) -> np.ndarray:
         """The numbers batch ``b``'s augmentation is drawn from (see ``draws``)."""
-        return (self.samples if self.draws is None else self.draws)[self._slice(b)]
+        return self.drawn_all[self._slice(b)]
+
+    @property
+    def drawn_all(self) -> np.ndarray:
+        """The draw numbers of every position (see ``draws``)."""
+        return self.samples if self.draws is None else self.draws
 
 
 def _pieces(shard_sizes: np.ndarray, offsets: np.ndarray, order: np.ndarray, start: int, stop: int) -> list[np.ndarray]:
@@ -201,6 +210,9 @@ def rank_plan(
     plan is drawn over the remaining samples, shard by shard, as if each shard held only those,
     and its positions are then mapped back to the index's sample numbers."""
     shard_sizes = np.asarray(shard_sizes, dtype=np.int64)
+    if spec.repeats > 1:
+        return repeated_plan(shard_sizes, spec, sequential=sequential, seed=seed, epoch=epoch, rank=rank,
+                             excluded=excluded)  # fmt: skip
     if excluded is not None and len(excluded):
         excluded = np.asarray(excluded, dtype=np.int64)
         plan = rank_plan(good_sizes(shard_sizes, excluded), spec, sequential=sequential, seed=seed, epoch=epoch,
@@ -231,6 +243,50 @@ def rank_plan(
     # past the excluded ones by the caller)
     mine, valid = _padded(mine, math.ceil(total / world_size), None)
     return RankPlan(mine, valid, batch_size, batches, seed, epoch)
+
+
+def per_rank(spec: PlanSpec) -> int:
+    """Positions each rank's epoch holds: ``num_batches * batch_size`` under ``drop_last``, else
+    ``ceil(num_samples / world_size)`` (the padded length)."""
+    if spec.drop_last:
+        return spec.num_batches * spec.batch_size
+    return math.ceil(spec.num_samples / spec.world_size)
+
+
+def repeated_plan(
+    shard_sizes: np.ndarray,
+    spec: PlanSpec,
+    *,
+    sequential: bool,
+    seed: int,
+    epoch: int,
+    rank: int,
+    excluded: np.ndarray | None = None,
+) -> RankPlan:
+    """Repeated augmentation (``Loader(..., repeats=R)``, torchvision's ``RASampler``): the epoch
+    keeps its length (:func:`per_rank` positions on each rank, ``T`` in all) and takes
+    ``ceil(T / R)`` samples, every ``R``-th of the unrepeated epoch's order (its plan at one rank)
+    from a drawn offset, each ``R`` times in a row; position ``j`` of that sequence goes to rank
+    ``j % world_size``, so that a sample's copies land on ``R`` neighbouring ranks in the same
+    step (with one rank: side by side in one batch). Copy ``k`` of sample ``s`` draws its
+    augmentation from ``s + k * N`` (``N``: the index's samples): each copy its own. Every
+    position is valid: no padding."""
+    repeats, world = spec.repeats, spec.world_size
+    single = dataclasses.replace(spec, world_size=1, drop_last=False, repeats=1)
+    order = rank_plan(shard_sizes, single, sequential=sequential, seed=seed, epoch=epoch, rank=0,
+                      excluded=excluded).samples  # fmt: skip
+    count = per_rank(spec)
+    total = count * world
+    # every R-th of the order from a drawn offset: a prefix would favour the shards read first
+    offset = int(_rng(seed, epoch, 0x7265).integers(repeats))
+    strided = np.concatenate([order[offset::repeats], np.delete(order, np.s_[offset::repeats])])
+    picked = np.resize(strided, math.ceil(total / repeats))  # (short by a few: the next ones)
+    samples = np.repeat(picked, repeats)[:total]
+    copies = np.arange(total, dtype=np.int64) % repeats
+    draws = samples + copies * int(np.sum(shard_sizes))
+    mine = slice(rank, total, world)
+    return RankPlan(samples[mine], np.ones(count, bool), spec.batch_size, spec.num_batches, seed, epoch,
+                    draws[mine])  # fmt: skip
 
 
 def good_sizes(shard_sizes: np.ndarray, excluded: np.ndarray) -> np.ndarray:
@@ -303,8 +359,8 @@ class Layout:
 
 def valid_count(spec: PlanSpec, rank: int) -> int:
     """How many samples (padding excluded) ``rank`` yields in a whole epoch planned by ``spec``."""
-    if spec.drop_last:
-        return spec.num_batches * spec.batch_size
+    if spec.drop_last or spec.repeats > 1:
+        return per_rank(spec)
     start, stop = rank_range(spec.num_samples, rank, spec.world_size)
     return stop - start
 
@@ -378,8 +434,8 @@ def elastic_plan(
     ends = np.cumsum([b - a for a, b in layout.ranges])
     total = int(ends[-1]) if len(ends) else 0
     start, stop = rank_range(total, rank, spec.world_size)
-    plans: dict[int, np.ndarray] = {}
-    pieces = []
+    plans: dict[int, RankPlan] = {}
+    pieces, drawn = [], []
     for a, b in _cut(layout.ranges, ends, start, stop):
         while a < b:
             r = int(np.searchsorted(rank_ends, a, side="right"))
@@ -387,15 +443,20 @@ def elastic_plan(
             hi = min(b, int(rank_ends[r]))
             if r not in plans:
                 plans[r] = rank_plan(shard_sizes, first, sequential=sequential, seed=seed, epoch=epoch, rank=r,
-                                     excluded=excluded).samples  # fmt: skip
-            pieces.append(plans[r][a - base : hi - base])
+                                     excluded=excluded)  # fmt: skip
+            pieces.append(plans[r].samples[a - base : hi - base])
+            drawn.append(plans[r].drawn_all[a - base : hi - base])
             a = hi
     mine = np.concatenate(pieces) if pieces else np.zeros(0, np.int64)
     batch_size = spec.batch_size
     slots = math.ceil(total / spec.world_size)
     batches = math.ceil(slots / batch_size)
-    mine, valid = _padded(mine, batches * batch_size if spec.drop_last else slots, excluded)
-    return RankPlan(mine, valid, batch_size, batches, seed, epoch)
+    length = batches * batch_size if spec.drop_last else slots
+    padded, valid = _padded(mine, length, excluded)
+    draws = None
+    if first.repeats > 1:  # the copies' own draw numbers; the padding draws as its sample
+        draws = np.concatenate([np.concatenate(drawn) if drawn else np.zeros(0, np.int64), padded[len(mine) :]])
+    return RankPlan(padded, valid, batch_size, batches, seed, epoch, draws)
 
 
 def _first_good(excluded: np.ndarray | None) -> np.ndarray:

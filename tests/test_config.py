@@ -108,6 +108,7 @@ class TestStateVersions:
             interleave=64,
             mask="",
             mix="",
+            repeats=1,
         )
 
     def test_a_state_of_another_format_is_refused(self, shards):
