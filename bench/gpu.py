@@ -10,8 +10,9 @@ then ``--epochs`` timed ones:
 - ``by hand``: NVIDIA's documented ResNet-50 pipelines (``bench/dali_by_hand.py``), train and val,
   over an ImageFolder copy of the images, through ``DALIGenericIterator``; ``by hand, fancy`` is
   the train one with fancy upsampling, as gpupipe decodes by default (parity with torchvision);
-- gpupipe's ``pipelines/imagenet.py`` train and val recipes and ``pipelines/ssl.py``'s DINO, over
-  the tar shards, through ``gp.Loader``.
+- gpupipe's ``pipelines/imagenet.py`` train and val recipes, its ``train_v2`` (torchvision's
+  IMAGENET1K_V2 recipe: TrivialAugmentWide, RandomErasing, MixUp/CutMix, at 176) and
+  ``pipelines/ssl.py``'s DINO, over the tar shards, through ``gp.Loader``.
 
 Per row: images/s, the process's CPU-seconds per 1,000 images (DALI's threads run in it), and
 where the JPEGs were decoded, from a separate probe run of a few batches with nvImageCodec's log
@@ -55,7 +56,15 @@ from gpupipe.testing import encode_jpeg, synthetic_image
 
 SETS = {"imagenet-like": (375, 500), "large": (1500, 2000)}  # (height, width)
 QUICK_SETS = {"imagenet-like": (375, 500), "large": (750, 1000)}
-RECIPES = ("by hand", "by hand, fancy", "gpupipe train", "by hand val", "gpupipe val", "gpupipe dino")
+RECIPES = (
+    "by hand",
+    "by hand, fancy",
+    "gpupipe train",
+    "by hand val",
+    "gpupipe val",
+    "gpupipe dino",
+    "gpupipe train v2",
+)
 CLASSES = 10
 
 
@@ -120,7 +129,12 @@ def batches(recipe: str, shards: list[str], folder: str, *, gpu: bool, batch: in
 
 
 def gpupipe_recipe(recipe: str, shards: list[str]) -> gp.Pipeline:
-    name = {"gpupipe train": "imagenet.py:train", "gpupipe val": "imagenet.py:val", "gpupipe dino": "ssl.py:dino"}
+    name = {
+        "gpupipe train": "imagenet.py:train",
+        "gpupipe val": "imagenet.py:val",
+        "gpupipe dino": "ssl.py:dino",
+        "gpupipe train v2": "imagenet.py:train_v2",
+    }
     return gp.load_pipeline(os.path.join(ROOT, "pipelines", name[recipe.removesuffix(", tuned")]))(shards)
 
 
@@ -268,6 +282,10 @@ TARGETS = [  # issue 23, on one H100 with ImageNet-like JPEGs and default settin
     ("train ≥ 10,000 images/s", lambda r: r["train"] >= 10_000),
     ("≤ 0.5 CPU-s per 1,000 images (train)", lambda r: r["train_cpu"] <= 0.5),
     ("ResNet-50 data stall ≤ 3%", lambda r: r["stall"] <= 3.0),
+    (
+        "V2 recipe (TrivialAugmentWide, erasing, MixUp/CutMix) ≥ 0.9× train (issue 37)",
+        lambda r: r["v2_vs_train"] >= 0.9,
+    ),
 ]
 
 
@@ -287,6 +305,7 @@ def ratios(rows: list[dict[str, Any]], stall: dict[str, Any], threads: int) -> d
         "train_vs_val": round(train["images_per_s"] / rate("gpupipe val")["images_per_s"], 3),
         "val_vs_hand_val": round(rate("gpupipe val")["images_per_s"] / rate("by hand val")["images_per_s"], 3),
         "stall": stall["stall_percent"],
+        "v2_vs_train": round(rate("gpupipe train v2")["images_per_s"] / train["images_per_s"], 3),
         "tuned_train": next((r["images_per_s"] for r in rows if r["recipe"] == "gpupipe train, tuned"), 0.0),
     }
 

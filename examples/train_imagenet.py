@@ -8,6 +8,10 @@
     # progressive resizing (FFCV): train at 160 up to epoch 65, 192 from epoch 76, validate at 224:
     torchrun --nproc_per_node=8 examples/train_imagenet.py --train ... --val ... --epochs 88 \
         --min-res 160 --max-res 192 --ramp 65 76
+    # torchvision's IMAGENET1K_V2 recipe (TrivialAugment, RandomErasing, MixUp/CutMix, repeated augmentation):
+    torchrun --nproc_per_node=8 examples/train_imagenet.py --train ... --val ... --epochs 600 \
+        --auto-augment ta_wide --random-erase 0.1 --mixup-alpha 0.2 --cutmix-alpha 1.0 --ra-reps 4 \
+        --image-size 176 --val-resize 232 --val-size 224 --label-smoothing 0.1 --lr 0.5 --weight-decay 2e-5
     # one CPU process, a small model, a few steps:
     python examples/train_imagenet.py --train 'data/train-{000000..000007}.tar' --val 'data/train-000000.tar' \\
         --arch tiny --image-size 64 --epochs 2 --num-classes 10
@@ -26,6 +30,11 @@ Loaders (``--loader``):
               ImageFolder tree through torchvision with DistributedSampler, in a torch DataLoader.
               DistributedSampler pads validation with repeated samples: they are counted, and reported.
               A resumed job restarts the interrupted epoch from its start.
+
+Augmentation (the reference script's flags): ``--auto-augment`` (ta_wide, ra, augmix, imagenet, cifar10, svhn),
+``--random-erase P``, ``--mixup-alpha``/``--cutmix-alpha`` (one of them per batch, labels as soft targets),
+``--ra-reps R`` (repeated augmentation: ``gp.Loader(repeats=R)``; gpupipe only). With gpupipe they make the
+train pipeline ``pipelines/imagenet.py:train_v2``; the dataloader applies torchvision's classes of the same names.
 
 Progressive resizing (``--min-res``, gpupipe only): the train pipeline's output size follows
 ``pipelines/lowres.py:resolution`` per epoch, set with ``loader.set_pipeline`` on the same loader.
@@ -84,6 +93,12 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
                         "FFCV's 65 and 76 of 88)")  # fmt: skip
     p.add_argument("--res-step", type=int, default=32, help="progressive resizing: sizes are multiples of this")
     p.add_argument("--val-resize", type=int, default=None, help="default image size x 8/7 (256 for 224)")
+    p.add_argument("--val-size", type=int, default=None, help="the val crop (default --image-size)")
+    p.add_argument("--auto-augment", default=None, help="ta_wide, ra, augmix, imagenet, cifar10 or svhn")
+    p.add_argument("--random-erase", type=float, default=0.0, help="RandomErasing's probability")
+    p.add_argument("--mixup-alpha", type=float, default=0.0)
+    p.add_argument("--cutmix-alpha", type=float, default=0.0)
+    p.add_argument("--ra-reps", type=int, default=1, help="repeated augmentation (gpupipe only)")
     p.add_argument("--workers", type=int, default=None, help="decode workers per rank")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--checkpoint", default=None, help="saved here (every --checkpoint-every steps, each epoch)")
@@ -113,19 +128,33 @@ class Loaders:
         self.val: Any
         self.samplers: list[Any] = []
         self._train_loader: Any = None  # webdataset: a new loader per epoch
+        self.mix: Any = None  # the dataloader's MixUp/CutMix (gpupipe's: the pipeline's batch transform)
         resize = args.val_resize or args.image_size * 8 // 7
         if args.min_res is not None and args.loader != "gpupipe":
             raise SystemExit("--min-res (progressive resizing) needs --loader gpupipe")
+        self.recipe = dict(auto_augment=args.auto_augment, random_erase=args.random_erase,
+                           mixup_alpha=args.mixup_alpha, cutmix_alpha=args.cutmix_alpha)  # fmt: skip
+        augmented = any(self.recipe.values())
+        if augmented and args.min_res is not None:
+            raise SystemExit("--min-res (pipelines/lowres.py) does not take the --auto-augment recipe flags")
+        if args.ra_reps > 1 and args.loader != "gpupipe":
+            raise SystemExit("--ra-reps (repeated augmentation) needs --loader gpupipe")
+        val_size = args.val_size or args.image_size
         if args.loader == "gpupipe":
             self._make_train = gp.load_pipeline(os.path.join(ROOT, "pipelines/lowres.py:train"))
+            if augmented:  # torchvision's V2 recipe, with these flags
+                v2_train = gp.load_pipeline(os.path.join(ROOT, "pipelines/imagenet.py:train_v2"))
+                self._make_train = lambda source, size: v2_train(source, size, num_classes=args.num_classes,
+                                                                 **self.recipe)  # fmt: skip
             self._resolution = gp.load_pipeline(os.path.join(ROOT, "pipelines/lowres.py:resolution"))
             train = self._make_train(_source(args.train), size=self.train_size(0))
             val = gp.load_pipeline(os.path.join(ROOT, "pipelines/imagenet.py:val"))(
-                _source(args.val), size=args.image_size, resize=resize
+                _source(args.val), size=val_size, resize=resize
             )
             options = dict(backend=args.backend, device=str(device), num_workers=args.workers,
                            memory_format=self.memory_format)  # fmt: skip
-            self.train = gp.Loader(train, args.batch_size, shuffle=True, drop_last=True, seed=args.seed, **options)
+            self.train = gp.Loader(train, args.batch_size, shuffle=True, drop_last=True, seed=args.seed,
+                                   repeats=args.ra_reps, **options)  # fmt: skip
             self.val = gp.Loader(val, args.batch_size, **options)
             self.val_size = len(self.val.index)
             self.steps = len(self.train)
@@ -137,10 +166,20 @@ class Loaders:
         from torchvision.transforms import v2
 
         args = self.args
+        policies = {"ta_wide": v2.TrivialAugmentWide, "ra": v2.RandAugment, "augmix": v2.AugMix}
+        policy = [] if not args.auto_augment else [
+            policies[args.auto_augment](interpolation=v2.InterpolationMode.BILINEAR) if args.auto_augment in policies
+            else v2.AutoAugment(v2.AutoAugmentPolicy(args.auto_augment), interpolation=v2.InterpolationMode.BILINEAR)
+        ]  # fmt: skip
+        erase = [v2.RandomErasing(p=args.random_erase)] if args.random_erase else []
         train_tf = v2.Compose([v2.ToImage(), v2.RandomResizedCrop(args.image_size, antialias=True),
-                               v2.RandomHorizontalFlip(), v2.ToDtype(torch.float32, scale=True),
-                               v2.Normalize(MEAN, STD)])  # fmt: skip
-        val_tf = v2.Compose([v2.ToImage(), v2.Resize(resize, antialias=True), v2.CenterCrop(args.image_size),
+                               v2.RandomHorizontalFlip(), *policy, v2.ToDtype(torch.float32, scale=True),
+                               v2.Normalize(MEAN, STD), *erase])  # fmt: skip
+        mixing = [cls(alpha=alpha, num_classes=args.num_classes) for cls, alpha in
+                  ((v2.MixUp, args.mixup_alpha), (v2.CutMix, args.cutmix_alpha)) if alpha]  # fmt: skip
+        self.mix = v2.RandomChoice(mixing) if mixing else None  # on each train batch, as the reference's collate
+        crop = args.val_size or args.image_size
+        val_tf = v2.Compose([v2.ToImage(), v2.Resize(resize, antialias=True), v2.CenterCrop(crop),
                              v2.ToDtype(torch.float32, scale=True), v2.Normalize(MEAN, STD)])  # fmt: skip
         workers = args.workers if args.workers is not None else min(8, os.cpu_count() or 1)
         # Workers start from a fork server (Python 3.14's default on Linux), not by forking this
@@ -220,7 +259,8 @@ class Loaders:
             sampler.set_epoch(epoch)
 
     def batches(self, loader: Iterable[Any]) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]:
-        """``(images, labels, valid)`` on the device; ``valid`` None where every sample counts."""
+        """``(images, labels, valid)`` on the device; ``valid`` None where every sample counts.
+        ``labels``: class indices ``[B]``, or soft targets ``[B, classes]`` after MixUp/CutMix."""
         for batch in loader:
             if isinstance(batch, gp.Batch):
                 assert batch.labels is not None  # labeled data
@@ -228,7 +268,10 @@ class Loaders:
             else:
                 images, labels = batch
                 images = images.to(self.device, non_blocking=True, memory_format=self.memory_format)
-                yield images, torch.as_tensor(labels).to(self.device, non_blocking=True), None
+                labels = torch.as_tensor(labels).to(self.device, non_blocking=True)
+                if self.mix is not None and loader is self.train:
+                    images, labels = self.mix(images, labels)
+                yield images, labels, None
 
     def state(self) -> dict | None:
         return self.train.state_dict() if isinstance(self.train, gp.Loader) else None

@@ -113,6 +113,28 @@ class TestRandomChoice:
         assert (params.box[~params.cut] == 0).all() and np.array_equal(params.lam[params.cut],
                                                                        1 - (x2 - x1) * (y2 - y1) / 64)  # fmt: skip
 
+    @pytest.mark.parametrize("mode", ["batch", "elem"])
+    def test_the_in_place_path_of_full_batches_is_row_by_row_mixing(self, mode):
+        """Every row valid (nearly every batch): one roll, in place; the same values as mixing row by
+        row with the row before (blend ``λ·x + (1 − λ)·x_prev``, or the box pasted)."""
+        choice = T.RandomChoice([T.MixUp(num_classes=K, mode=mode), T.CutMix(num_classes=K, mode=mode)])
+        for b in range(12):
+            params = choice.sample(batch_generator(3, 0, 0, b), 8, 12, 16)
+            images, labels = batch(8, seed=b)
+            images = torch.rand(8, 3, 12, 16, generator=torch.Generator().manual_seed(b))
+            got, soft = mix(images.clone(), labels, all_valid(8), params, num_classes=K)
+            for i in range(8):
+                j, lam = i - 1, float(np.float32(params.lam[i]))
+                if params.cut[i]:
+                    x1, y1, x2, y2 = params.box[i]
+                    want = images[i].clone()
+                    want[:, y1:y2, x1:x2] = images[j, :, y1:y2, x1:x2]
+                else:
+                    want = images[i] * lam + images[j] * float(np.float32(1 - params.lam[i]))
+                torch.testing.assert_close(got[i], want, rtol=0, atol=1e-6)
+                one_hot = torch.nn.functional.one_hot(labels, K).float()
+                torch.testing.assert_close(soft[i], one_hot[i] * lam + one_hot[j] * (1 - lam), rtol=0, atol=1e-6)
+
     @pytest.mark.parametrize("members", [
         [T.MixUp(num_classes=K), T.CutMix(num_classes=K + 1)],
         [T.MixUp(num_classes=K), T.CutMix(num_classes=K, mode="elem")],

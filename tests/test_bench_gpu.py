@@ -28,11 +28,11 @@ def test_the_quick_run_writes_every_row(tmp_path):
     text, result = report.read_text(), json.loads(data.read_text())
     recipes = {(r["set"], r["recipe"]) for r in result["rows"]}
     assert {("imagenet-like", r) for r in ("by hand", "by hand, fancy", "gpupipe train", "by hand val", "gpupipe val",
-                                           "gpupipe dino")} <= recipes  # fmt: skip
+                                           "gpupipe dino", "gpupipe train v2")} <= recipes  # fmt: skip
     probed = [r for r in result["rows"] if r.get("decoded")]
     assert probed and all(r["decoded"] == "hw 0% / cuda 0% / cpu 100%" for r in probed), probed  # DALI's CPU decoder
     assert all(r["images_per_s"] > 0 and r["cpu_s_per_1000"] > 0 for r in result["rows"])
-    assert {"train_vs_hand_fancy", "train_vs_val", "stall", "tuned_train"} <= set(result["headline"])
+    assert {"train_vs_hand_fancy", "train_vs_val", "stall", "tuned_train", "v2_vs_train"} <= set(result["headline"])
     (tuned,) = [r for r in result["rows"] if r["recipe"] == "gpupipe train, tuned"]
     assert "num_workers=" in tuned["tuned"] and "gpupipe train, tuned (num_workers=" in text
     assert "A smoke run" in text and "operators=7" in result["data_stall"]["loader"]

@@ -216,6 +216,22 @@ class TestBenchGrid:
         assert isinstance(apply, v2.RandomApply) and apply.p == 0.8 and isinstance(apply.transforms[0], v2.GaussianBlur)
         assert isinstance(apply.transforms[1], v2.RandomSolarize) and apply.transforms[1].threshold == 128
 
+    def test_the_baseline_takes_the_policies_and_the_batch_transforms(self):
+        from torchvision.transforms import v2
+
+        from gpupipe import transforms as T
+        from gpupipe.cli._bench import batch_equivalent, torchvision_equivalent
+
+        steps = torchvision_equivalent([T.AutoAugment("svhn", interpolation="bilinear"), T.AugMix(severity=2),
+                                        T.TrivialAugmentWide(num_magnitude_bins=11)]).transforms  # fmt: skip
+        assert steps[0].policy == v2.AutoAugmentPolicy.SVHN and steps[1].chain_depth == -1
+        assert steps[1].severity == 2 and steps[2].num_magnitude_bins == 11
+        mix = batch_equivalent(T.RandomChoice([T.MixUp(alpha=0.2, num_classes=5), T.CutMix(num_classes=5)]))
+        assert isinstance(mix, v2.RandomChoice) and [type(t) for t in mix.transforms] == [v2.MixUp, v2.CutMix]
+        assert mix.transforms[0].alpha == 0.2 and mix.transforms[1].num_classes == 5
+        with pytest.raises(gp.ConfigError, match="label smoothing"):
+            batch_equivalent(T.MixUp(num_classes=5, label_smoothing=0.1))
+
     def test_a_bad_list_is_one_line(self, capsys, shards):
         assert main(["bench", "pipelines/imagenet.py:train", shards[0], "--batch-size", "4,x"]) == 2
         assert "--batch-size must be a value or values separated by commas" in capsys.readouterr().err

@@ -4,6 +4,7 @@ processes (gloo, CPU) for both loaders, and ``examples/train.py``."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import subprocess
@@ -91,6 +92,21 @@ class TestTrainImagenet:
         # DistributedSampler pads 61 samples to 2 x 31: one sample counted twice, and said so
         assert all(e["val_counted"] == 62 and e["val_size"] == 61 for e in log["epochs"])
         assert "+1 against the 61 of the set" in log["stderr"]
+
+    @pytest.mark.parametrize("loader", ["gpupipe", "dataloader"])
+    def test_the_v2_recipe_trains(self, data, tmp_path, loader):
+        """torchvision's IMAGENET1K_V2 flags: TrivialAugmentWide, RandomErasing, MixUp or CutMix per
+        batch (soft targets into the loss), and with gpupipe repeated augmentation."""
+        flags = ["--auto-augment", "ta_wide", "--random-erase", "0.1", "--mixup-alpha", "0.2", "--cutmix-alpha",
+                 "1.0", "--val-resize", "40", "--val-size", "36"]  # fmt: skip
+        if loader == "gpupipe":
+            flags += ["--ra-reps", "2"]
+        log = train_imagenet(tmp_path, "--train", data["train"], "--val", data["val"], "--epochs", "2",
+                             "--loader", loader, *flags)  # fmt: skip
+        epochs = log["epochs"]
+        assert len(epochs) == 2 and all(math.isfinite(e["loss"]) and e["loss"] > 0 for e in epochs)
+        assert all(e["train_samples"] == 256 for e in epochs)  # the epoch keeps its length with repeats
+        assert all(e["val_counted"] >= 61 for e in epochs)
 
     def test_progressive_resizing_changes_the_train_size_per_epoch(self, data, tmp_path):
         log = train_imagenet(tmp_path, "--train", data["train"], "--val", data["val"], "--epochs", "3",

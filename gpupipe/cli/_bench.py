@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import time
 import warnings
 from collections.abc import Callable, Iterable, Sequence
@@ -105,11 +106,38 @@ def torchvision_equivalent(transforms: Sequence[Any]) -> Any:
             value = getattr(t, field.name)
             if isinstance(value, enum.Enum) and field.name == "interpolation":
                 value = v2.InterpolationMode(value.value)
+            elif isinstance(value, enum.Enum) and field.name == "policy":  # AutoAugment's
+                value = v2.AutoAugmentPolicy(value.value)
+            elif field.name == "chain_depth" and value is None:  # AugMix's random depth: torchvision's -1
+                value = -1
             elif field.name == "transforms" and isinstance(value, tuple):  # RandomApply's inner transforms
                 value = list(torchvision_equivalent(value).transforms)
             kwargs[field.name] = value
         steps.append(cls(**kwargs))
     return v2.Compose(steps)
+
+
+def batch_equivalent(t: Any) -> Any:
+    """The torchvision ``transforms.v2`` batch transform of a gpupipe one (MixUp, CutMix,
+    RandomChoice of them), or ``None``; ConfigError for what torchvision lacks (label smoothing
+    in the targets, timm's per-sample mode)."""
+    from torchvision.transforms import v2
+
+    if t is None:
+        return None
+    if hasattr(t, "transforms"):  # RandomChoice
+        return v2.RandomChoice([batch_equivalent(inner) for inner in t.transforms], p=t.p)
+    if t.label_smoothing or getattr(t.mode, "value", t.mode) != "batch":
+        raise ConfigError(f"{t!r}: torchvision's {type(t).__name__} has no label smoothing nor per-sample mode: "
+                          "no baseline")  # fmt: skip
+    return getattr(v2, type(t).__name__)(alpha=t.alpha, num_classes=t.num_classes)
+
+
+def _mixed(mix: Any, samples: list[tuple[Any, int]]) -> tuple[Any, torch.Tensor]:
+    """:func:`_collate`, then the batch transform (in the worker, as torchvision's reference
+    script does in its ``collate_fn``)."""
+    images, labels = _collate(samples)
+    return mix(images, labels)
 
 
 def run_baseline(
@@ -135,6 +163,7 @@ def check_baseline(pipeline: Pipeline) -> None:
         raise ConfigError("the DataLoader baseline reads labeled WebDataset shards")
     for steps in pipeline.views:
         torchvision_equivalent(steps)
+    batch_equivalent(pipeline.batch_transform)
 
 
 class _Views:
@@ -192,6 +221,7 @@ def baseline_loader(
         raise ConfigError("the DataLoader baseline reads WebDataset shards")
     if decoder not in ("pillow", "torchvision"):
         raise ConfigError(f"the baseline decodes with 'pillow' or 'torchvision', got {decoder!r}")
+    mix = batch_equivalent(pipeline.batch_transform)
     image_exts, label_ext = source.extensions()
     first = [v2.ToImage()] if decoder == "pillow" else []  # PIL -> uint8 tensor
     views = [v2.Compose([*first, torchvision_equivalent(steps)]) for steps in pipeline.views]
@@ -205,7 +235,7 @@ def baseline_loader(
         dataset.to_tuple(";".join(image_exts), label_ext or "cls")
         .map_tuple(_decode_torchvision if decoder == "torchvision" else (lambda image: image), _label)
         .map_tuple(transform, int)
-        .batched(batch_size, partial=False, collation_fn=_collate)
+        .batched(batch_size, partial=False, collation_fn=_collate if mix is None else functools.partial(_mixed, mix))
     )
     loader = DataLoader(dataset, batch_size=None, num_workers=workers, persistent_workers=workers > 0,
                         pin_memory=pin_memory)  # fmt: skip

@@ -274,10 +274,13 @@ def sharpened(ctx: Ctx, img: Any, alpha: Any) -> Any:
     height, width = ctx.shape(img)
     ops = ctx.ops(height, width)
     x = fn.cast(img, dtype=types.FLOAT, device=ctx.device) if ctx.dtype in (torch.uint8, torch.float16) else img
-    smooth = fn.filter(x, types.Constant(_SMOOTH), border="clamp", device=ctx.device)
+    kernel = types.Constant(_SMOOTH) if ctx.branch is None else ctx.local(fn.constant(fdata=_SMOOTH.ravel().tolist(),
+                                                                                       shape=[3, 3]))  # fmt: skip
+    smooth = fn.filter(x, kernel, border="clamp", device=ctx.device)
     if ctx.dtype == torch.uint8:
         smooth = round_half_even(ctx, smooth)
-    inner = ctx.arg_vector([ops.max(height - 2, 0), ops.max(width - 2, 0), 1], np.int32)
+    one = height * 0 + 1  # (of the image's own batch: a constant would be of the whole batch, not a branch's)
+    inner = ctx.arg_vector([ops.max(height - 2, 0), ops.max(width - 2, 0), one], np.int32)
     mask = fn.slice(fn.ones(shape=inner, dtype=types.FLOAT, device="cpu"), start=[-1, -1],
                     shape=ctx.arg_vector([height, width], np.int32), axes=[0, 1], out_of_bounds_policy="pad",
                     fill_values=0.0)  # fmt: skip

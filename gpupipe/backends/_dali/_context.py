@@ -43,7 +43,12 @@ class Check:
     message: Callable[..., str]
 
 
-_NUMPY_TO_DALI = {np.dtype(np.int32): "INT32", np.dtype(np.float32): "FLOAT", np.dtype(np.float64): "FLOAT64"}
+_NUMPY_TO_DALI = {
+    np.dtype(np.bool_): "BOOL",
+    np.dtype(np.int32): "INT32",
+    np.dtype(np.float32): "FLOAT",
+    np.dtype(np.float64): "FLOAT64",
+}
 
 
 @dataclasses.dataclass
@@ -90,6 +95,7 @@ class Ctx:
     host_checks: list[HostCheck] = dataclasses.field(default_factory=list)
     size: tuple[Any, Any] | None = None  # the node's per-sample (height, width), where known outside the graph
     resized: tuple[Any, Any] | None = None  # set by a lowering whose output size depends on the input's
+    branch: Any = None  # the predicate of the conditional branch being lowered: its samples only
     _seeds: Any = None
     _graph_factors: dict[tuple[int, int], Any] = dataclasses.field(default_factory=dict)
     _host_factors: dict[tuple[int, int], HostValue] = dataclasses.field(default_factory=dict)
@@ -178,7 +184,7 @@ class Ctx:
         operator, no arithmetic in the graph), a graph node is cast, a number stays a constant."""
         dtype = np.dtype(dtype)
         if isinstance(value, HostValue):
-            return self._feed(value, dtype, ndim=0)
+            return self.local(self._feed(value, dtype, ndim=0))
         if _is_node(value):
             return self.fn.cast(value, dtype=getattr(self.types, _NUMPY_TO_DALI[dtype]))
         return int(value) if dtype.kind == "i" else float(np.asarray(value, dtype=dtype))
@@ -188,10 +194,15 @@ class Ctx:
         one fed ``external_source`` where any is a host value, a stack of graph nodes, or a list."""
         dtype = np.dtype(dtype)
         if any(isinstance(v, HostValue) for v in values):
-            return self._feed(HostValue(_columns, *values), dtype, ndim=1)
+            return self.local(self._feed(HostValue(_columns, *values), dtype, ndim=1))
         if any(_is_node(v) for v in values):
             return self.fn.stack(*(self.arg(v, dtype) for v in values))
         return [self.arg(v, dtype) for v in values]
+
+    def local(self, node: Any) -> Any:
+        """``node`` (of the whole batch: a fed argument, a constant) for the operators being
+        lowered: inside a conditional branch (``branch``), its samples only."""
+        return node if self.branch is None else self.fn._conditional.split(node, predicate=self.branch)[0]
 
     def _feed(self, value: HostValue, dtype: np.dtype, *, ndim: int) -> Any:
         key = (id(value), dtype.str)  # the feed keeps the value: its id stays its own

@@ -3,22 +3,22 @@ graph whatever the operations and bins, each sample its own operation.
 
 The host draws every sample's operations and magnitudes (``gpupipe.transforms._policies``, the
 draws of every backend) and turns them into per-sample arguments. Each slot (one operation per
-sample) then runs every operation family of the policy once over the whole batch — the drawn one
-with its magnitude, the others as the identity, which each family keeps exactly:
+sample) runs each operation family in a conditional branch of the samples that drew it (DALI's
+``_conditional.split``/``merge``, the operators behind its ``if``; the family's fed arguments are
+split alike, ``Ctx.branch``), the other samples passing by untouched:
 
-- geometry (ShearX/Y, TranslateX/Y, Rotate): one ``warp_affine`` with the sample's inverse matrix
+- geometry (ShearX/Y, TranslateX/Y, Rotate): ``warp_affine`` with the sample's inverse matrix
   (``gpupipe._geometry.affine_matrices``; shears about the top-left corner, as torchvision's
-  policies), the identity matrix elsewhere;
+  policies);
 - Brightness, Color, Contrast: torchvision's blend ``x·f + other·(1 − f)`` with ``other`` 0, the
-  pixel's luma or the image's mean luma, ``f = 1`` elsewhere;
-- Sharpness: torchvision's interior blend with the rounded 3x3 smoothing, ``1 − f = 0`` elsewhere;
-- Posterize, Solarize, Invert: ``v & mask`` then ``v ≥ k → 255 − v`` (Invert is ``k = 0``), with
-  ``mask = 255`` and ``k = 256`` elsewhere;
-- AutoContrast and Equalize: computed on the slot's input and selected per sample.
+  pixel's luma or the image's mean luma;
+- Sharpness: torchvision's interior blend with the rounded 3x3 smoothing;
+- Posterize, Solarize, Invert: ``v & mask`` then ``v ≥ k → 255 − v`` (Invert is ``k = 0``);
+- AutoContrast; Equalize (DALI's, OpenCV's table).
 
-The graph has a fixed size: families × slots, not operations × bins. Its cost is every family on
-every sample (measured in ``bench/``); DALI's conditionals run each operation on its samples only,
-at the price of a split and a merge per operation.
+The graph has a fixed size: families × slots, not operations × bins. Running every family on
+every sample with identity arguments instead (a smaller graph: 90 operators against 124 for the
+train recipe) was 2.9x slower on the CPU: ``bench/results/2026-11-25-v2-recipe-cpu.md``.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from ... import transforms as T
 from ..._errors import BackendUnavailableError
 from ..._geometry import affine_matrices
 from ...transforms._policies import _CODE, COLOR, GEOMETRY
-from ._color import _LUMA, autocontrasted, select, sharpened
+from ._color import _LUMA, autocontrasted, sharpened
 from ._context import LOWERINGS, Ctx
 from ._host import HostValue
 
@@ -77,56 +77,92 @@ def _factor(codes: np.ndarray, mags: np.ndarray, kinds: frozenset[int]) -> tuple
 
 
 def _slot(t: Any, img: Any, ctx: Ctx, drawn: HostValue, slot: int, height: Any, width: Any) -> Any:
-    """One operation per sample: every family of the policy's space, the identity where the sample
-    drew another (module docstring)."""
-    import nvidia.dali.math as dmath
+    """One operation per sample: each family of the policy's space in a branch of its own samples
+    (DALI's ``split``/``merge``), the others passed through (module docstring)."""
+    fn = ctx.fn
 
-    fn, types, ops = ctx.fn, ctx.types, t.ops
+    def codes_of(cm: Any) -> np.ndarray:
+        return cm[0][:, slot]
 
-    def arg(value_of: Any, dtype: Any) -> Any:
-        return ctx.arg(_column(value_of, drawn, slot), dtype)
+    # torchvision keeps a 1-channel image as it is under Color (saturation): no branch for it there
+    color = COLOR if ctx.channels == 3 else COLOR - {_CODE["Color"]}
+    tone = frozenset({_CODE["Posterize"], _CODE["Solarize"], _CODE["Invert"]})
+    families = [
+        (GEOMETRY, _geometry),
+        (color, _color),
+        (frozenset({_CODE["Sharpness"]}), _sharpness),
+        (tone, _tone),
+        (frozenset({_CODE["AutoContrast"]}), _autocontrast),
+        (frozenset({_CODE["Equalize"]}), _equalize),
+    ]
+    saved = ctx.size, ctx.branch
+    for members, lower in families:
+        if not members & t.ops:
+            continue
+        member = list(members)
+        predicate = ctx.arg(HostValue(lambda cm, m=member: np.isin(codes_of(cm), m), drawn), np.bool_)
+        inside, outside = fn._conditional.split(img, predicate=predicate)
 
-    if ops & GEOMETRY:
-        matrices = HostValue(lambda h, w, cm: _matrices(h, w, cm[0][:, slot], cm[1][:, slot]), height, width, drawn)
-        matrix = fn.reshape(ctx.arg_vector([matrices[k] for k in range(6)], np.float32), shape=[2, 3])
-        fill = 0.0 if t.fill is None else t.fill[0] if isinstance(t.fill, tuple) else t.fill
-        nearest = t.interpolation == T.InterpolationMode.NEAREST
-        img = fn.warp_affine(img, matrix=matrix, fill_value=fill, device=ctx.device,
-                             interp_type=types.INTERP_NN if nearest else types.INTERP_LINEAR)  # fmt: skip
-    if ops & COLOR:
-        # torchvision keeps a 1-channel image as it is under Color (saturation): the identity here
-        kinds = COLOR if ctx.channels == 3 else COLOR - {_CODE["Color"]}
-        factors = HostValue(lambda cm: _factor(cm[0][:, slot], cm[1][:, slot], kinds), drawn)
-        f = ctx.arg(HostValue(lambda v: v[0], factors), np.float32)
-        g = ctx.arg(HostValue(lambda v: v[1], factors), np.float32)
-        x = fn.cast(img, dtype=types.FLOAT, device=ctx.device)
-        # torchvision's luma, floored (uint8), [H, W, 1]: one coord_transform (a 1-channel image is its own)
-        luma = x if ctx.channels == 1 else dmath.floor(fn.coord_transform(x, M=list(_LUMA), device=ctx.device))
-        pixel = arg(lambda c, m: (c == _CODE["Color"]).astype(np.float32), np.float32)
-        mean = arg(lambda c, m: (c == _CODE["Contrast"]).astype(np.float32), np.float32)
-        other = luma * pixel + fn.reductions.mean(luma) * mean
-        out = dmath.floor(dmath.clamp(x * f + other * g, 0.0, 255.0))
-        img = fn.cast(out, dtype=types.UINT8, device=ctx.device)
-    if _CODE["Sharpness"] in ops:
-        alpha = arg(lambda c, m: _factor(c, m, frozenset({_CODE["Sharpness"]}))[1], np.float32)
-        img = sharpened(ctx, img, alpha)
-    if ops & {_CODE["Posterize"], _CODE["Solarize"], _CODE["Invert"]}:
-        img = _tone(ctx, img, arg(_posterize_mask, np.int32), arg(_solarize_from, np.int32))
-    auto, equalize = _CODE["AutoContrast"] in ops, _CODE["Equalize"] in ops
-    if auto or equalize:
-        candidates = [img] + ([autocontrasted(ctx, img)] if auto else []) + ([fn.equalize(img, device=ctx.device)]
-                                                                           if equalize else [])  # fmt: skip
-        which = [c for c, on in ((_CODE["AutoContrast"], auto), (_CODE["Equalize"], equalize)) if on]
-        img = select(ctx, arg(lambda c, m: _index_of(c, which), np.int32), *candidates)
+        def arg(value_of: Any, dtype: Any) -> Any:
+            """A per-sample argument of the branch's samples (fed for the batch, then split)."""
+            return ctx.arg(HostValue(lambda cm: value_of(cm[0][:, slot], cm[1][:, slot]), drawn), dtype)
+
+        def matrices() -> Any:
+            value = HostValue(lambda h, w, cm: _matrices(h, w, cm[0][:, slot], cm[1][:, slot]), height, width, drawn)
+            return ctx.arg_vector([value[k] for k in range(6)], np.float32)
+
+        ctx.size, ctx.branch = None, predicate  # a branch's sizes are its own nodes', its arguments split
+        try:
+            out = lower(t, inside, ctx, arg, matrices)
+        finally:
+            ctx.size, ctx.branch = saved
+        img = fn._conditional.merge(out, outside, predicate=predicate)
     return img
 
 
-def _index_of(codes: np.ndarray, which: list[int]) -> np.ndarray:
-    """0 where the code is none of ``which``, else 1 + its position there."""
-    out = np.zeros(len(codes), dtype=np.int32)
-    for i, code in enumerate(which):
-        out[codes == code] = i + 1
-    return out
+def _geometry(t: Any, img: Any, ctx: Ctx, arg: Any, matrices: Any) -> Any:
+    """ShearX/Y, TranslateX/Y, Rotate: ``warp_affine`` by each sample's inverse map."""
+    fn, types = ctx.fn, ctx.types
+    fill = 0.0 if t.fill is None else t.fill[0] if isinstance(t.fill, tuple) else t.fill
+    nearest = t.interpolation == T.InterpolationMode.NEAREST
+    return fn.warp_affine(img, matrix=fn.reshape(matrices(), shape=[2, 3]), fill_value=fill, device=ctx.device,
+                          interp_type=types.INTERP_NN if nearest else types.INTERP_LINEAR)  # fmt: skip
+
+
+def _color(t: Any, img: Any, ctx: Ctx, arg: Any, matrices: Any) -> Any:
+    """Brightness, Color, Contrast: torchvision's blend ``x·f + other·(1 − f)``, ``other`` 0, the
+    pixel's floored luma (one ``coord_transform``) or the image's mean luma."""
+    import nvidia.dali.math as dmath
+
+    fn, types = ctx.fn, ctx.types
+    f = arg(lambda c, m: _factor(c, m, COLOR)[0], np.float32)
+    g = arg(lambda c, m: _factor(c, m, COLOR)[1], np.float32)
+    pixel = arg(lambda c, m: (c == _CODE["Color"]).astype(np.float32), np.float32)
+    mean = arg(lambda c, m: (c == _CODE["Contrast"]).astype(np.float32), np.float32)
+    x = fn.cast(img, dtype=types.FLOAT, device=ctx.device)
+    luma = x if ctx.channels == 1 else dmath.floor(fn.coord_transform(x, M=list(_LUMA), device=ctx.device))
+    other = luma * pixel + fn.reductions.mean(luma) * mean
+    return fn.cast(dmath.floor(dmath.clamp(x * f + other * g, 0.0, 255.0)), dtype=types.UINT8, device=ctx.device)
+
+
+def _sharpness(t: Any, img: Any, ctx: Ctx, arg: Any, matrices: Any) -> Any:
+    return sharpened(ctx, img, arg(lambda c, m: _factor(c, m, frozenset({_CODE["Sharpness"]}))[1], np.float32))
+
+
+def _tone(t: Any, img: Any, ctx: Ctx, arg: Any, matrices: Any) -> Any:
+    """Posterize, Solarize, Invert: ``v & mask``, then ``v ≥ start → 255 − v`` (as ``v ^ 255``)."""
+    fn, types = ctx.fn, ctx.types
+    x = fn.cast(img, dtype=types.INT32, device=ctx.device) & arg(_posterize_mask, np.int32)
+    x = x ^ ((x >= arg(_solarize_from, np.int32)) * 255)
+    return fn.cast(x, dtype=types.UINT8, device=ctx.device)
+
+
+def _autocontrast(t: Any, img: Any, ctx: Ctx, arg: Any, matrices: Any) -> Any:
+    return autocontrasted(ctx, img)
+
+
+def _equalize(t: Any, img: Any, ctx: Ctx, arg: Any, matrices: Any) -> Any:
+    return ctx.fn.equalize(img, device=ctx.device)
 
 
 def _posterize_mask(codes: np.ndarray, mags: np.ndarray) -> np.ndarray:
@@ -141,14 +177,6 @@ def _solarize_from(codes: np.ndarray, mags: np.ndarray) -> np.ndarray:
     operations."""
     threshold = np.ceil((255.0 * mags).astype(np.float32)).astype(np.int32)
     return np.where(codes == _CODE["Solarize"], threshold, np.where(codes == _CODE["Invert"], 0, 256)).astype(np.int32)
-
-
-def _tone(ctx: Ctx, img: Any, mask: Any, start: Any) -> Any:
-    """``v & mask``, then ``v ≥ start → 255 − v`` (as ``v ^ 255``), on a uint8 image."""
-    fn, types = ctx.fn, ctx.types
-    x = fn.cast(img, dtype=types.INT32, device=ctx.device) & mask
-    x = x ^ ((x >= start) * 255)
-    return fn.cast(x, dtype=types.UINT8, device=ctx.device)
 
 
 @LOWERINGS.register(T.TrivialAugmentWide, T.RandAugment, T.AutoAugment, unsupported=_unsupported)
