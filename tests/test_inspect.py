@@ -63,6 +63,18 @@ class TestInspect:
         dali, torch_ = cell(png, 0, 0, 224).astype(int), cell(png, 0, 1, 224).astype(int)
         assert np.abs(dali - torch_).mean() < 3  # side by side, the same draw
 
+    def test_the_v2_recipe_with_its_soft_labels(self, shards, tmp_path, capsys):
+        """TrivialAugmentWide, RandomErasing and MixUp/CutMix drawn, on every backend side by side;
+        a soft label shows its two heaviest classes."""
+        from gpupipe.cli._inspect import label_text
+
+        out = tmp_path / "grid.png"
+        assert main(["inspect", "pipelines/imagenet.py:train_v2", shards[0], "--samples", "2", "--draws", "2",
+                     "--compare", "--cell", "64", "--out", str(out)]) == 0  # fmt: skip
+        report = capsys.readouterr().out
+        assert "output [3, 176, 176]" in report and out.exists()
+        assert label_text([0.0, 0.13, 0.0, 0.87]) == "3: 0.87, 1: 0.13" and label_text(4) == "4"
+
     def test_a_wrong_pipeline_is_one_line(self, shards, capsys):
         assert main(["inspect", "pipelines/imagenet.py:nope", shards[0]]) == 2
         assert "has no function 'nope'" in capsys.readouterr().err

@@ -17,6 +17,7 @@ import dataclasses
 import logging
 import os
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -41,6 +42,17 @@ __all__ = ["Draws", "draw", "grid", "to_uint8"]
 
 MARGIN = 4  # pixels between cells
 LABEL_WIDTH = 150  # the left column: key and label
+
+
+def label_text(label: Any) -> str:
+    """A class index as it is; a soft target (MixUp, CutMix: a list of weights) as its classes of
+    weight, heaviest first: ``3: 0.87, 5: 0.13``."""
+    if not isinstance(label, list):
+        return str(label)
+    weights = sorted(((w, k) for k, w in enumerate(label) if w > 0.005), reverse=True)[:2]
+    return ", ".join(f"{k}: {w:.2f}" for w, k in weights)
+
+
 HEADER = 16  # the top row: column titles (two rows for a pipeline of views: the view below)
 
 
@@ -53,7 +65,7 @@ class Draws:
     images: tuple[np.ndarray, ...]  # one per view
     raw: tuple[np.ndarray, ...]  # per view, the outputs as they are, [K, N, C, H, W] float64: for differences
     keys: list[str]
-    labels: list[int] | None
+    labels: list[Any] | None  # class indices, or soft targets (lists of weights)
 
 
 # steps that move pixels without changing their values: a Normalize before them can be undone
@@ -95,7 +107,7 @@ def draw(pipeline: Pipeline, *, samples: int, draws: int, backend: str, seed: in
     shown: list[list[np.ndarray]] = [[] for _ in range(views)]
     raw: list[list[np.ndarray]] = [[] for _ in range(views)]
     keys: list[str] = []
-    labels: list[int] | None = None
+    labels: list[Any] | None = None
     with Loader(pipeline, samples, backend=backend, device=device, seed=seed, num_workers=0 if backend == "torch"
                 else None) as loader:  # fmt: skip
         name = f"{loader.backend}" if loader.device == "cpu" else f"{loader.backend}-{loader.device}"
@@ -149,7 +161,7 @@ def grid(all_draws: Sequence[Draws], *, cell: int | None = None) -> tuple[object
         y = top + MARGIN + i * (ch + MARGIN)
         pen.text((MARGIN, y), key[-22:], fill=(0, 0, 0))
         if first.labels is not None:
-            pen.text((MARGIN, y + 14), f"label {first.labels[i]}", fill=(80, 80, 80))
+            pen.text((MARGIN, y + 14), f"label {label_text(first.labels[i])}", fill=(80, 80, 80))
     outputs = ", ".join(f"[{raw.shape[2]}, {raw.shape[3]}, {raw.shape[4]}]" for raw in first.raw)
     lines = [f"{n} samples x {k} draws, output{'s' if views > 1 else ''} {outputs}, backends: "
              + ", ".join(d.backend for d in all_draws)]  # fmt: skip
