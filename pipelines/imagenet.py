@@ -1,6 +1,7 @@
 """The standard torchvision ImageNet recipes, in the gpupipe DSL: the classic ``train``/``val``
-(2017) and torchvision's ``IMAGENET1K_V2`` recipe (``train_v2``/``val_v2``: TrivialAugmentWide,
-RandomErasing, MixUp/CutMix at 176 px, validated at 232 → 224).
+(2017), torchvision's ``IMAGENET1K_V2`` recipe (``train_v2``/``val_v2``: TrivialAugmentWide,
+RandomErasing, MixUp/CutMix at 176 px, validated at 232 → 224), timm's ``rand-m9-mstd0.5-inc1``
+recipe (``train_timm``) and DeiT III's 3-Augment (``train_3augment``).
 
 Load by path: ``gp.load_pipeline("pipelines/imagenet.py:train")(source)``, or from the CLI:
 ``python -m gpupipe bench pipelines/imagenet.py:train 'data/train-{000000..000007}.tar'``.
@@ -100,3 +101,58 @@ def val_v2(source, size=224, resize=232):
 
     Output ``[3, size, size]`` float32."""
     return val(source, size=size, resize=resize)
+
+
+def train_timm(
+    source,
+    size=224,
+    *,
+    rand_augment="rand-m9-mstd0.5-inc1",
+    random_erase=0.25,
+    mixup_alpha=0.8,
+    cutmix_alpha=1.0,
+    switch_prob=0.5,
+    label_smoothing=0.1,
+    num_classes=1000,
+):
+    """timm's (and DeiT's) training transforms: RandomResizedCrop(size, bicubic) + flip, timm's
+    RandAugment ``rand-m9-mstd0.5-inc1`` (mean fill), float and ImageNet normalisation,
+    RandomErasing in pixel mode (N(0, 1) noise, ``reprob`` 0.25); per batch MixUp 0.8 or CutMix
+    1.0 (``switch_prob`` 0.5) with label smoothing 0.1 in the targets (timm's ``Mixup``).
+
+    Pixel-mode erasing runs on the torch backend: ``backend="auto"`` picks it, and says why.
+    Output ``[3, size, size]`` float32."""
+    steps = [T.RandomResizedCrop(size, interpolation="bicubic"), T.RandomHorizontalFlip()]
+    if rand_augment:
+        steps.append(T.TimmRandAugment.from_config(rand_augment))
+    steps += [T.ToDtype(torch.float32, scale=True), T.Normalize(mean=MEAN, std=STD)]
+    if random_erase:
+        steps.append(T.RandomErasing(p=random_erase, value="random"))
+    mixing = [
+        cls(alpha=alpha, num_classes=num_classes, label_smoothing=label_smoothing)
+        for cls, alpha in ((T.MixUp, mixup_alpha), (T.CutMix, cutmix_alpha))
+        if alpha
+    ]
+    batch = (
+        None
+        if not mixing
+        else mixing[0]
+        if len(mixing) == 1
+        else T.RandomChoice(mixing, p=[1 - switch_prob, switch_prob])
+    )
+    return gp.Pipeline(source, steps, batch_transform=batch)
+
+
+def train_3augment(source, size=224, *, color_jitter=0.3):
+    """DeiT III's 3-Augment: RandomResizedCrop(size, bicubic) + flip, then per sample one of
+    grayscale, solarization (threshold 128) and a Gaussian blur (σ uniform in [0.1, 2]), then
+    ColorJitter(``color_jitter`` for brightness, contrast and saturation), float and ImageNet
+    normalisation.
+
+    Output ``[3, size, size]`` float32."""
+    three = [T.RandomGrayscale(p=1.0), T.RandomSolarize(128, p=1.0), T.GaussianBlur(23, sigma=(0.1, 2.0))]
+    steps = [T.RandomResizedCrop(size, interpolation="bicubic"), T.RandomHorizontalFlip(), T.RandomChoice(three)]
+    if color_jitter:
+        steps.append(T.ColorJitter(color_jitter, color_jitter, color_jitter))
+    steps += [T.ToDtype(torch.float32, scale=True), T.Normalize(mean=MEAN, std=STD)]
+    return gp.Pipeline(source, steps)

@@ -29,7 +29,7 @@ def test_transforms_api():
         "BatchMode", "MixUp", "CutMix", "RandomChoice", "RandomErasing", "RandomInvert", "RandomPosterize",
         "RandomAutocontrast", "RandomAdjustSharpness", "RandomRotation",
         "RandomAffine", "RandomEqualize", "TrivialAugmentWide", "RandAugment", "AutoAugment",
-        "AutoAugmentPolicy", "AugMix",
+        "AutoAugmentPolicy", "AugMix", "TimmRandAugment",
     ])  # fmt: skip
     assert all(hasattr(T, name) for name in T.__all__)
 

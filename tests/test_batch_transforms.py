@@ -143,9 +143,12 @@ class TestRandomChoice:
         with pytest.raises(gp.ConfigError, match="must share"):
             T.RandomChoice(members)
 
-    def test_per_sample_transforms_are_not_supported_yet(self):
-        with pytest.raises(gp.ConfigError, match="not supported yet"):
-            T.RandomChoice([T.RandomHorizontalFlip()])  # type: ignore[list-item]
+    def test_per_sample_transforms_make_the_per_sample_choice(self):
+        """(tests/test_policies.py::TestRandomChoiceOfTransforms); not a batch transform."""
+        choice = T.RandomChoice([T.RandomHorizontalFlip()])  # type: ignore[list-item]
+        assert isinstance(choice, T.Transform) and not isinstance(choice, T.BatchTransform)
+        with pytest.raises(gp.ConfigError, match="batch_transform"):
+            gp.Pipeline(["a.tar"], [T.CenterCrop(8)], batch_transform=choice)
 
 
 class TestDraws:

@@ -93,6 +93,16 @@ MATRIX: dict[str, list[list[T.Transform]]] = {
     ],
     "RandAugment": [[T.CenterCrop(48), T.RandAugment(num_ops=3, fill=5)]],
     "AutoAugment": [[T.AutoAugment()], [T.CenterCrop(40), T.AutoAugment(policy="cifar10")]],
+    "RandomChoice": [  # of per-sample transforms: conditional branches
+        [T.RandomChoice([T.RandomGrayscale(p=1.0), T.RandomSolarize(128, p=1.0), T.GaussianBlur(9, sigma=(0.1, 2.0))])],
+        [
+            T.CenterCrop(40),
+            T.RandomChoice(
+                [T.RandomChoice([T.RandomInvert(), T.RandomEqualize()]), T.RandomAdjustSharpness(2.0)], p=[2, 1]
+            ),
+        ],
+    ],
+    "TimmRandAugment": [[T.CenterCrop(48), T.TimmRandAugment()], [T.TimmRandAugment(interpolation="nearest", fill=9)]],
     "RandomErasing": [
         [T.RandomResizedCrop(64), T.RandomHorizontalFlip(), FLOAT, T.Normalize(**IMAGENET), T.RandomErasing()],
         [T.CenterCrop(64), T.RandomErasing(value=(1, 2, 3))],  # uint8, after the transpose to CHW

@@ -28,6 +28,7 @@ from ._spatial import (
     RandomVerticalFlip,
     Resize,
 )
+from ._timm import TimmRandAugment
 from ._tone import RandomAdjustSharpness, RandomAutocontrast, RandomEqualize, RandomInvert, RandomPosterize
 
 __all__ = [
@@ -58,6 +59,7 @@ __all__ = [
     "AutoAugment",
     "AutoAugmentPolicy",
     "AugMix",
+    "TimmRandAugment",
     "ToDtype",
     "Normalize",
     "Arithmetic",

@@ -1,4 +1,5 @@
-"""RandomApply: a list of transforms applied together, with a probability."""
+"""RandomApply (a list of transforms applied together, with a probability) and RandomChoice (one
+of several transforms per sample)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import numpy as np
 from .._errors import ConfigError, PipelineError
 from ._base import Coin, ImageSpec, Transform
 
-__all__ = ["RandomApply", "RandomApplyParams"]
+__all__ = ["RandomApply", "RandomApplyParams", "RandomChoice", "RandomChoiceParams"]
 
 
 class RandomApplyParams(NamedTuple):
@@ -57,23 +58,9 @@ class RandomApply(Coin, Transform):
     draws = 1  # the instance's count is set in __post_init__
 
     def __post_init__(self) -> None:
-        name = type(self).__name__
-        steps = self.transforms
-        if isinstance(steps, (Transform, str)) or not isinstance(steps, Sequence) or not steps:
-            raise ConfigError(f"{name}: transforms must be a non-empty sequence of gpupipe transforms, got {steps!r}")
-        for i, t in enumerate(steps):
-            if not isinstance(t, Transform):
-                hint = " (use gpupipe.transforms)" if type(t).__module__.startswith("torchvision") else ""
-                raise ConfigError(f"{name}: transforms[{i}] is a {type(t).__name__}, not a gpupipe transform{hint}")
-        self._set("transforms", tuple(steps))
+        _members(self)
         self._check_p()
         self._set("draws", 1 + sum(t.draws for t in self.transforms))
-        bounds, start = [], 1
-        for t in self.transforms:  # each inner transform's columns of the factors
-            width = t.sample(np.full((1, t.draws), 0.5)).shape[-1] if t.draws else 0
-            bounds.append((start, start + width))
-            start += width
-        self._set("factor_slices", tuple(bounds))
 
     def output_spec(self, spec: ImageSpec) -> ImageSpec:
         self._check_keeps(spec, probe=False)
@@ -121,3 +108,85 @@ def _change(before: ImageSpec, after: ImageSpec | None) -> str:
     if after is None or (after.height, after.width) != (before.height, before.width):
         return "the size"
     return "the dtype" if after.dtype != before.dtype else "the number of channels"
+
+
+class RandomChoiceParams(NamedTuple):
+    """The ``chosen`` transform's index and every transform's parameters (``None`` for a
+    deterministic one), drawn whichever is chosen."""
+
+    chosen: int
+    params: tuple[Any, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class RandomChoice(Transform):
+    """One of ``transforms`` per sample, ``transforms[i]`` with probability ``p[i]`` (``None``:
+    uniform; normalized as torchvision does), as ``torchvision.transforms.v2.RandomChoice``: DeiT
+    III's 3-Augment ``RandomChoice([RandomGrayscale(p=1), RandomSolarize(128, p=1),
+    GaussianBlur(...)])``. Made by ``gpupipe.transforms.RandomChoice`` when its transforms are
+    per-sample ones (with MixUp and CutMix it is the batch transform of that name).
+
+    The transforms must keep the image's size and dtype (checked when the pipeline is built), as
+    :class:`RandomApply`'s. Randomness: the choice, then each transform's own draws (drawn for every
+    sample, chosen or not). On DALI each transform runs in a conditional branch of the samples
+    that chose it (DALI's ``split``/``merge``): each sample pays for its own transform only.
+    """
+
+    transforms: Sequence[Transform]
+    p: Sequence[float] | None = None
+    factor_slices: tuple[tuple[int, int], ...] = dataclasses.field(init=False, repr=False, compare=False)
+
+    random = True
+    draws = 1  # the instance's count is set in __post_init__
+
+    def __post_init__(self) -> None:
+        _members(self)
+        self._set("draws", 1 + sum(t.draws for t in self.transforms))
+        if self.p is not None:
+            p = [float(x) for x in self.p] if isinstance(self.p, Sequence) else []
+            if len(p) != len(self.transforms) or any(not x >= 0 for x in p) or sum(p) <= 0:
+                raise ConfigError(f"RandomChoice: p must be {len(self.transforms)} non-negative numbers, not all 0, "
+                                  f"got {self.p!r}")  # fmt: skip
+            self._set("p", tuple(x / sum(p) for x in p))
+
+    output_spec = RandomApply.output_spec
+    _check_keeps = RandomApply._check_keeps
+
+    def sample(self, u: np.ndarray) -> np.ndarray:
+        """``[..., 1 + F1 + F2 + ...]``: the chosen index, then each transform's factors."""
+        k = len(self.transforms)
+        cumulative = np.cumsum(self.p if self.p is not None else np.full(k, 1 / k))
+        index = np.minimum(np.searchsorted(cumulative, u[..., :1], side="right"), len(self.transforms) - 1)
+        parts, start = [index.astype(np.float64)], 1
+        for t in self.transforms:
+            if t.draws:
+                parts.append(np.asarray(t.sample(u[..., start : start + t.draws]), dtype=np.float64))
+                start += t.draws
+        return np.concatenate(parts, axis=-1)
+
+    def make_params(self, height: int, width: int, factors: np.ndarray) -> RandomChoiceParams:
+        params = tuple(
+            t.make_params(height, width, factors[a:b]) if t.draws else None
+            for t, (a, b) in zip(self.transforms, self.factor_slices, strict=True)
+        )
+        return RandomChoiceParams(int(factors[0]), params)
+
+
+def _members(t: Any) -> None:
+    """Checks and stores a composite transform's ``transforms`` (a tuple) and the columns of each
+    in its factors (``factor_slices``; column 0 is the composite's own decision)."""
+    name = type(t).__name__
+    steps = t.transforms
+    if isinstance(steps, (Transform, str)) or not isinstance(steps, Sequence) or not steps:
+        raise ConfigError(f"{name}: transforms must be a non-empty sequence of gpupipe transforms, got {steps!r}")
+    for i, inner in enumerate(steps):
+        if not isinstance(inner, Transform):
+            hint = " (use gpupipe.transforms)" if type(inner).__module__.startswith("torchvision") else ""
+            raise ConfigError(f"{name}: transforms[{i}] is a {type(inner).__name__}, not a gpupipe transform{hint}")
+    t._set("transforms", tuple(steps))
+    bounds, start = [], 1
+    for inner in t.transforms:  # each inner transform's columns of the factors
+        width = inner.sample(np.full((1, inner.draws), 0.5)).shape[-1] if inner.draws else 0
+        bounds.append((start, start + width))
+        start += width
+    t._set("factor_slices", tuple(bounds))

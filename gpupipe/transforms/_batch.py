@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import inspect
 import math
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -19,7 +20,7 @@ import numpy as np
 
 from .._errors import ConfigError
 from .._validate import check_enum
-from ._base import ImageSpec
+from ._base import ImageSpec, Transform
 
 __all__ = ["BatchTransform", "BatchMode", "MixUp", "CutMix", "RandomChoice", "MixParams"]
 
@@ -171,12 +172,21 @@ class RandomChoice(BatchTransform):
     transforms: Sequence[BatchTransform]
     p: Sequence[float] | None = None
 
+    def __new__(cls, transforms: Any = None, p: Any = None) -> Any:
+        """With per-sample transforms: the per-sample choice (``gpupipe.transforms._apply``), as
+        torchvision's one ``RandomChoice`` takes either."""
+        if isinstance(transforms, Sequence) and transforms and all(isinstance(t, Transform) for t in transforms):
+            from ._apply import RandomChoice as PerSample
+
+            return PerSample(transforms, p)
+        return super().__new__(cls)
+
     def __post_init__(self) -> None:
         members = tuple(self.transforms)
         if not members or not all(isinstance(t, _Mixing) for t in members):
             raise ConfigError(
-                "RandomChoice: transforms must be MixUp and CutMix instances (a choice among per-sample transforms "
-                f"is not supported yet), got {[type(t).__name__ for t in members]}"
+                "RandomChoice: transforms must be MixUp and CutMix instances (a batch's choice), or per-sample "
+                f"transforms (a sample's choice), got {[type(t).__name__ for t in members]}"
             )
         for name in ("num_classes", "label_smoothing", "mode"):
             if len({getattr(t, name) for t in members}) > 1:
@@ -203,3 +213,8 @@ class RandomChoice(BatchTransform):
         drawn = [t.sample(rng, batch, height, width) for t in self.transforms]
         return MixParams(*(np.choose(choice[:, None] if f.ndim > 1 else choice, [d[i] for d in drawn])
                            for i, f in enumerate(drawn[0])))  # fmt: skip
+
+
+# torchvision's signature, not __new__'s: (transforms, p=None)
+_init = inspect.signature(RandomChoice.__init__)
+RandomChoice.__signature__ = _init.replace(parameters=list(_init.parameters.values())[1:])  # type: ignore[attr-defined]

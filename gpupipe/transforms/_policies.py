@@ -37,11 +37,13 @@ __all__ = [
 ]
 
 # Every operation of the policies; a code is an index here.
+# (SolarizeAdd and TranslateX/YRel, a translation in fractional pixels, are timm's.)
 OPS = ("Identity", "ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate", "Brightness", "Color", "Contrast",
-       "Sharpness", "Posterize", "Solarize", "AutoContrast", "Equalize", "Invert")  # fmt: skip
+       "Sharpness", "Posterize", "Solarize", "AutoContrast", "Equalize", "Invert", "SolarizeAdd", "TranslateXRel",
+       "TranslateYRel")  # fmt: skip
 _CODE = {name: i for i, name in enumerate(OPS)}
 SIGNED = frozenset(_CODE[n] for n in OPS[1:10])  # geometry and the four colour factors
-GEOMETRY = frozenset(_CODE[n] for n in OPS[1:6])
+GEOMETRY = frozenset(_CODE[n] for n in (*OPS[1:6], "TranslateXRel", "TranslateYRel"))
 COLOR = frozenset(_CODE[n] for n in ("Brightness", "Color", "Contrast"))
 
 # torchvision's spaces, in its order (the order maps a uniform to an operation).

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from ... import transforms as T
+from ...transforms._apply import RandomChoice as SampleChoice
 from .._registry import inner_unsupported
 from ._context import LOWERINGS, Ctx, dali_type, scaled_to_uint8, to_float, where
 
@@ -165,7 +166,12 @@ def select(ctx: Ctx, index: Any, *candidates: Any) -> Any:
     fn, types = ctx.fn, ctx.types
     first = candidates[0]
     both = fn.stack(first, *(fn.cast_like(c, first, device=ctx.device) for c in candidates[1:]), device=ctx.device)
-    one = fn.slice(both, fn.stack(index), fn.constant(idata=[1], dtype=types.INT32), axes=[0], device=ctx.device)
+    length = (
+        ctx.local(fn.constant(idata=[1], dtype=types.INT32))
+        if ctx.branch
+        else fn.constant(idata=[1], dtype=types.INT32)
+    )
+    one = fn.slice(both, fn.stack(index), length, axes=[0], device=ctx.device)
     return fn.reshape(fn.squeeze(one, axes=[0], device=ctx.device), layout="HWC", device=ctx.device)
 
 
@@ -274,7 +280,7 @@ def sharpened(ctx: Ctx, img: Any, alpha: Any) -> Any:
     height, width = ctx.shape(img)
     ops = ctx.ops(height, width)
     x = fn.cast(img, dtype=types.FLOAT, device=ctx.device) if ctx.dtype in (torch.uint8, torch.float16) else img
-    kernel = types.Constant(_SMOOTH) if ctx.branch is None else ctx.local(fn.constant(fdata=_SMOOTH.ravel().tolist(),
+    kernel = types.Constant(_SMOOTH) if not ctx.branch else ctx.local(fn.constant(fdata=_SMOOTH.ravel().tolist(),
                                                                                        shape=[3, 3]))  # fmt: skip
     smooth = fn.filter(x, kernel, border="clamp", device=ctx.device)
     if ctx.dtype == torch.uint8:
@@ -315,3 +321,17 @@ def _random_apply(t: T.RandomApply, img: Any, ctx: Ctx) -> Any:
         with ctx.scoped_factors(start, stop):
             out = LOWERINGS.lookup(inner)(inner, out, ctx)
     return _select(ctx, ctx.decision(), out, img)
+
+
+@LOWERINGS.register(SampleChoice, unsupported=lambda t: inner_unsupported(LOWERINGS, t.transforms))
+def _random_choice(t: SampleChoice, img: Any, ctx: Ctx) -> Any:
+    """Each transform in a conditional branch of the samples that chose it (factor 0; DALI's
+    ``split``/``merge``), with its slice of the step's factors: each sample pays for its own."""
+    fn, choice = ctx.fn, ctx.host_random()[0]
+    for k, (inner, (start, stop)) in enumerate(zip(t.transforms, t.factor_slices, strict=True)):
+        predicate = ctx.arg(choice == k, np.bool_)
+        inside, outside = fn._conditional.split(img, predicate=predicate)
+        with ctx.branched(predicate), ctx.scoped_factors(start, stop):
+            out = LOWERINGS.lookup(inner)(inner, inside, ctx)
+        img = fn._conditional.merge(out, outside, predicate=predicate)  # (one dtype: output_spec)
+    return img

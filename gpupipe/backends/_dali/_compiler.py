@@ -69,6 +69,7 @@ _KEEPS_SIZE = (
     T.RandAugment,
     T.AutoAugment,
     T.AugMix,
+    T.TimmRandAugment,
     T.RandomInvert,
     T.RandomPosterize,
     T.RandomAutocontrast,

@@ -95,7 +95,7 @@ class Ctx:
     host_checks: list[HostCheck] = dataclasses.field(default_factory=list)
     size: tuple[Any, Any] | None = None  # the node's per-sample (height, width), where known outside the graph
     resized: tuple[Any, Any] | None = None  # set by a lowering whose output size depends on the input's
-    branch: Any = None  # the predicate of the conditional branch being lowered: its samples only
+    branch: tuple[Any, ...] = ()  # the predicates of the conditional branches being lowered, outermost first
     _seeds: Any = None
     _graph_factors: dict[tuple[int, int], Any] = dataclasses.field(default_factory=dict)
     _host_factors: dict[tuple[int, int], HostValue] = dataclasses.field(default_factory=dict)
@@ -201,8 +201,23 @@ class Ctx:
 
     def local(self, node: Any) -> Any:
         """``node`` (of the whole batch: a fed argument, a constant) for the operators being
-        lowered: inside a conditional branch (``branch``), its samples only."""
-        return node if self.branch is None else self.fn._conditional.split(node, predicate=self.branch)[0]
+        lowered: inside conditional branches (``branch``), their samples only."""
+        for predicate in self.branch:
+            node = self.fn._conditional.split(node, predicate=predicate)[0]
+        return node
+
+    @contextlib.contextmanager
+    def branched(self, predicate: Any) -> Iterator[None]:
+        """Lowers the block in the conditional branch of ``predicate`` (a per-sample boolean node
+        of the current samples): fed arguments and constants split alike (:meth:`local`), sizes
+        read from the branch's own nodes (``size`` unset). DALI's ``_conditional.split`` and
+        ``merge`` (the operators behind its ``if``) around it are the caller's."""
+        saved = self.size, self.branch
+        self.size, self.branch = None, (*self.branch, predicate)
+        try:
+            yield
+        finally:
+            self.size, self.branch = saved
 
     def _feed(self, value: HostValue, dtype: np.dtype, *, ndim: int) -> Any:
         key = (id(value), dtype.str)  # the feed keeps the value: its id stays its own

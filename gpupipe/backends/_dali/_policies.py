@@ -38,17 +38,6 @@ from ._host import HostValue
 __all__: list[str] = []
 
 
-def _unsupported(t: Any) -> str | None:
-    if isinstance(t.fill, tuple) and len(set(t.fill)) > 1:
-        return "a fill per channel: DALI's warp_affine fills every channel with one value"
-    return None
-
-
-def _column(fn: Any, drawn: HostValue, slot: int) -> HostValue:
-    """A per-sample host value: ``fn(codes, magnitudes)`` of slot ``slot``'s columns."""
-    return HostValue(lambda cm: fn(cm[0][:, slot], cm[1][:, slot]), drawn)
-
-
 def _matrices(h: Any, w: Any, codes: np.ndarray, mags: np.ndarray) -> np.ndarray:
     """``[B, 6]`` inverse maps of each sample's geometric operation (the identity for the others),
     with torchvision's arguments: shears ``atan(m)`` in degrees about ``(0, 0)``, translations
@@ -63,7 +52,9 @@ def _matrices(h: Any, w: Any, codes: np.ndarray, mags: np.ndarray) -> np.ndarray
     ww = np.broadcast_to(np.asarray(w, dtype=np.float64), (batch,))
     sheared = (codes == _CODE["ShearX"]) | (codes == _CODE["ShearY"])
     center = (np.where(sheared, 0.0, ww / 2), np.where(sheared, 0.0, hh / 2))
-    translate = (on("TranslateX", np.trunc(mags)), on("TranslateY", np.trunc(mags)))
+    # torchvision's policies translate by whole pixels, timm's (...Rel) by fractions
+    translate = (on("TranslateX", np.trunc(mags)) + on("TranslateXRel", mags),
+                 on("TranslateY", np.trunc(mags)) + on("TranslateYRel", mags))  # fmt: skip
     return affine_matrices(hh, ww, on("Rotate", -mags), translate, 1.0, (on("ShearX", shear), on("ShearY", shear)),
                            center=center)  # fmt: skip
 
@@ -86,7 +77,7 @@ def _slot(t: Any, img: Any, ctx: Ctx, drawn: HostValue, slot: int, height: Any, 
 
     # torchvision keeps a 1-channel image as it is under Color (saturation): no branch for it there
     color = COLOR if ctx.channels == 3 else COLOR - {_CODE["Color"]}
-    tone = frozenset({_CODE["Posterize"], _CODE["Solarize"], _CODE["Invert"]})
+    tone = frozenset({_CODE["Posterize"], _CODE["Solarize"], _CODE["Invert"], _CODE["SolarizeAdd"]})
     families = [
         (GEOMETRY, _geometry),
         (color, _color),
@@ -95,7 +86,6 @@ def _slot(t: Any, img: Any, ctx: Ctx, drawn: HostValue, slot: int, height: Any, 
         (frozenset({_CODE["AutoContrast"]}), _autocontrast),
         (frozenset({_CODE["Equalize"]}), _equalize),
     ]
-    saved = ctx.size, ctx.branch
     for members, lower in families:
         if not members & t.ops:
             continue
@@ -111,22 +101,39 @@ def _slot(t: Any, img: Any, ctx: Ctx, drawn: HostValue, slot: int, height: Any, 
             value = HostValue(lambda h, w, cm: _matrices(h, w, cm[0][:, slot], cm[1][:, slot]), height, width, drawn)
             return ctx.arg_vector([value[k] for k in range(6)], np.float32)
 
-        ctx.size, ctx.branch = None, predicate  # a branch's sizes are its own nodes', its arguments split
-        try:
+        with ctx.branched(predicate):
             out = lower(t, inside, ctx, arg, matrices)
-        finally:
-            ctx.size, ctx.branch = saved
         img = fn._conditional.merge(out, outside, predicate=predicate)
     return img
 
 
 def _geometry(t: Any, img: Any, ctx: Ctx, arg: Any, matrices: Any) -> Any:
-    """ShearX/Y, TranslateX/Y, Rotate: ``warp_affine`` by each sample's inverse map."""
+    """ShearX/Y, TranslateX/Y(Rel), Rotate: ``warp_affine`` by each sample's inverse map. A fill
+    per channel (DALI's takes one value): the image warped with a fourth channel of 255s, which
+    tells where (and, bilinear, how much) the source covers; the fill blended in where it does
+    not, with torchvision's formulas (nearest: the fill where the mask is below 0.5; bilinear:
+    ``(v − fill)·mask + fill``)."""
+    import nvidia.dali.math as dmath
+
     fn, types = ctx.fn, ctx.types
-    fill = 0.0 if t.fill is None else t.fill[0] if isinstance(t.fill, tuple) else t.fill
     nearest = t.interpolation == T.InterpolationMode.NEAREST
-    return fn.warp_affine(img, matrix=fn.reshape(matrices(), shape=[2, 3]), fill_value=fill, device=ctx.device,
-                          interp_type=types.INTERP_NN if nearest else types.INTERP_LINEAR)  # fmt: skip
+    interp = types.INTERP_NN if nearest else types.INTERP_LINEAR
+    matrix = fn.reshape(matrices(), shape=[2, 3])
+    fills = (0.0,) if t.fill is None else t.fill if isinstance(t.fill, tuple) else (t.fill,)
+    if len(set(fills)) == 1:
+        return fn.warp_affine(img, matrix=matrix, fill_value=fills[0], device=ctx.device, interp_type=interp)
+    ones = img[:, :, 0:1] * 0 + 255  # (of the image's own samples: a branch's)
+    both = fn.cat(img, fn.cast(ones, dtype=types.UINT8, device=ctx.device), axis=2, device=ctx.device)
+    warped = fn.warp_affine(both, matrix=matrix, fill_value=0.0, device=ctx.device, interp_type=interp)
+    rgb = fn.cast(warped[:, :, 0 : ctx.channels], dtype=types.FLOAT, device=ctx.device)
+    cover = fn.cast(warped[:, :, ctx.channels :], dtype=types.FLOAT, device=ctx.device) * np.float32(1 / 255)
+    fill = types.Constant(np.array(fills, np.float32)) if not ctx.branch else ctx.local(
+        fn.constant(fdata=list(fills), shape=[len(fills)]))  # fmt: skip
+    if nearest:
+        out = rgb + (cover < 0.5) * (fill - rgb)
+    else:
+        out = dmath.clamp((rgb - fill) * cover + fill + 0.5, 0.0, 255.0)  # torchvision's formula, rounded
+    return fn.cast(out if nearest else dmath.floor(out), dtype=types.UINT8, device=ctx.device)
 
 
 def _color(t: Any, img: Any, ctx: Ctx, arg: Any, matrices: Any) -> Any:
@@ -150,10 +157,16 @@ def _sharpness(t: Any, img: Any, ctx: Ctx, arg: Any, matrices: Any) -> Any:
 
 
 def _tone(t: Any, img: Any, ctx: Ctx, arg: Any, matrices: Any) -> Any:
-    """Posterize, Solarize, Invert: ``v & mask``, then ``v ≥ start → 255 − v`` (as ``v ^ 255``)."""
+    """Posterize, Solarize, Invert: ``v & mask``, then ``v ≥ start → 255 − v`` (as ``v ^ 255``);
+    timm's SolarizeAdd: ``min(255, v + add)`` below 128 (where its policy has it)."""
+    import nvidia.dali.math as dmath
+
     fn, types = ctx.fn, ctx.types
     x = fn.cast(img, dtype=types.INT32, device=ctx.device) & arg(_posterize_mask, np.int32)
     x = x ^ ((x >= arg(_solarize_from, np.int32)) * 255)
+    if _CODE["SolarizeAdd"] in t.ops:
+        add = arg(lambda c, m: np.where(c == _CODE["SolarizeAdd"], m, 0).astype(np.int32), np.int32)
+        x = dmath.min(x + (x < 128) * add, 255)
     return fn.cast(x, dtype=types.UINT8, device=ctx.device)
 
 
@@ -179,7 +192,7 @@ def _solarize_from(codes: np.ndarray, mags: np.ndarray) -> np.ndarray:
     return np.where(codes == _CODE["Solarize"], threshold, np.where(codes == _CODE["Invert"], 0, 256)).astype(np.int32)
 
 
-@LOWERINGS.register(T.TrivialAugmentWide, T.RandAugment, T.AutoAugment, unsupported=_unsupported)
+@LOWERINGS.register(T.TrivialAugmentWide, T.RandAugment, T.AutoAugment, T.TimmRandAugment)
 def _policy(t: Any, img: Any, ctx: Ctx) -> Any:
     """Each slot in order (:func:`_slot`), from the host's draws."""
     if t.slots == 0:

@@ -20,7 +20,8 @@ from torchvision.transforms.v2 import functional as F
 from ... import transforms as T
 from ..._geometry import center_crop_anchor, resize_empty, resize_size
 from ...transforms._affine import AffineParams, RotationParams
-from ...transforms._apply import RandomApplyParams
+from ...transforms._apply import RandomApplyParams, RandomChoiceParams
+from ...transforms._apply import RandomChoice as SampleChoice
 from ...transforms._color import BlurParams, ColorJitterParams, GrayscaleParams, SolarizeParams
 from ...transforms._erasing import ErasingParams
 from ...transforms._spatial import CropParams, FlipParams, RandomCropParams
@@ -201,6 +202,12 @@ def _random_apply(t: T.RandomApply, img: torch.Tensor, p: RandomApplyParams) -> 
         for inner, params in zip(t.transforms, p.params, strict=True):
             img = LOWERINGS.lookup(inner)(inner, img, params)
     return img
+
+
+@LOWERINGS.register(SampleChoice, unsupported=lambda t: inner_unsupported(LOWERINGS, t.transforms))
+def _random_choice(t: SampleChoice, img: torch.Tensor, p: RandomChoiceParams) -> torch.Tensor:
+    inner = t.transforms[p.chosen]
+    return LOWERINGS.lookup(inner)(inner, img, p.params[p.chosen])
 
 
 @LOWERINGS.register(T.ToDtype)

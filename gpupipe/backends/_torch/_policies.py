@@ -29,11 +29,24 @@ def _shear(x: float, y: float) -> Callable[..., torch.Tensor]:
     return shear
 
 
-def _translate(x: int, y: int) -> Callable[..., torch.Tensor]:
+def _translate(x: int, y: int, whole: bool = True) -> Callable[..., torch.Tensor]:
+    """torchvision's policies translate by ``int(m)`` pixels; timm's (``...Rel``) by ``m``."""
+
     def translate(img: torch.Tensor, m: float, **kw: Any) -> torch.Tensor:
-        return F.affine(img, angle=0.0, translate=[int(m) * x, int(m) * y], scale=1.0, shear=[0.0, 0.0], **kw)
+        by = int(m) if whole else m
+        return F.affine(img, angle=0.0, translate=[by * x, by * y], scale=1.0, shear=[0.0, 0.0], **kw)
 
     return translate
+
+
+def _solarize(img: torch.Tensor, threshold: float) -> torch.Tensor:
+    """torchvision's solarize; a threshold above the range (timm's 256 at level 0) inverts none."""
+    return img if threshold > _bound(img) else F.solarize(img, threshold)
+
+
+def _solarize_add(img: torch.Tensor, m: float, **kw: Any) -> torch.Tensor:
+    """timm's SolarizeAdd: ``min(255, v + m)`` below 128 (uint8)."""
+    return torch.where(img < 128, (img.to(torch.int32) + int(m)).clamp_(max=255).to(img.dtype), img)
 
 
 def _bound(img: torch.Tensor) -> float:
@@ -52,10 +65,13 @@ _OPS: dict[str, Callable[..., torch.Tensor]] = {
     "Contrast": lambda img, m, **kw: F.adjust_contrast(img, 1.0 + m),
     "Sharpness": lambda img, m, **kw: F.adjust_sharpness(img, 1.0 + m),
     "Posterize": lambda img, m, **kw: F.posterize(img, int(m)),
-    "Solarize": lambda img, m, **kw: F.solarize(img, _bound(img) * m),
+    "Solarize": lambda img, m, **kw: _solarize(img, _bound(img) * m),
     "AutoContrast": lambda img, m, **kw: F.autocontrast(img),
     "Equalize": lambda img, m, **kw: F.equalize(img),
     "Invert": lambda img, m, **kw: F.invert(img),
+    "SolarizeAdd": _solarize_add,
+    "TranslateXRel": _translate(1, 0, whole=False),
+    "TranslateYRel": _translate(0, 1, whole=False),
 }
 
 
@@ -72,7 +88,7 @@ def _policy(t: Any, img: torch.Tensor, p: PolicyParams | None) -> torch.Tensor:
     return img
 
 
-for _kind in (T.TrivialAugmentWide, T.RandAugment, T.AutoAugment):
+for _kind in (T.TrivialAugmentWide, T.RandAugment, T.AutoAugment, T.TimmRandAugment):
     LOWERINGS.register(_kind)(_policy)
 
 
