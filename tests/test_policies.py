@@ -506,3 +506,33 @@ class TestRecipes:
             a, b = got["torch"], got["dali"]
             assert a.keys == b.keys and torch.allclose(a.labels.float(), b.labels.float())
             assert float((a.images - b.images).abs().mean()) < 0.05  # normalized units
+
+
+class TestAgreement:
+    def test_draws_are_independent_across_samples_and_epochs(self):
+        """TrivialAugmentWide's operation of a sample in epoch 0 says nothing of its operation in
+        epoch 1, nor of the next sample's (chi-square of the 14 x 14 table, 169 d.o.f.)."""
+        from gpupipe._random import step_factors
+
+        t, n = T.TrivialAugmentWide(), 14 * 14 * 60
+        first = step_factors(t, 5, 0, np.arange(n), 2)[:, 0].astype(int)
+        later = step_factors(t, 5, 1, np.arange(n), 2)[:, 0].astype(int)
+        for a, b in ((first, later), (first[:-1], first[1:])):
+            table = np.zeros((18, 18))
+            np.add.at(table, (a, b), 1)
+            table = table[table.sum(1) > 0][:, table.sum(0) > 0]
+            expected = table.sum(1, keepdims=True) * table.sum(0, keepdims=True) / table.sum()
+            assert ((table - expected) ** 2 / expected).sum() < 230  # 169 d.o.f.: 0.999 quantile 228.5
+
+    def test_every_backend_draws_the_same(self, photos):
+        """The DALI runner's host draws (per batch, vectorized) are the torch backend's (per
+        sample): the same operations and magnitudes."""
+        from gpupipe.backends._torch._kernels import sample_factors as one_sample
+
+        for t in (T.TrivialAugmentWide(), T.RandAugment(), T.AutoAugment(), T.TimmRandAugment()):
+            batch = checkers.sample_factors([t], 32, seed=9)[0]
+            codes, mags = t.magnitudes(50, 60, batch)
+            for i in range(32):
+                alone = t.make_params(50, 60, one_sample([t], 9, 0, i)[0])
+                pairs = tuple((OPS[c], float(m)) for c, m in zip(codes[i], mags[i], strict=True) if c > 0)
+                assert alone.ops == pairs
