@@ -45,12 +45,13 @@ class RandomRotation(Transform):
         center: ``(x, y)`` of the rotation's centre, from the image's top-left corner; ``None``
             (default): the image's centre.
         fill: the value of the pixels that fall outside the source image: a number, or one per
-            channel (the DALI backend takes one number for all). Default 0.
+            channel. Default 0.
 
     On DALI: ``warp_affine`` with the same inverse matrix, computed on the host per sample.
     Nearest neighbour picks the same pixels but where a source point falls exactly halfway
-    between two (torch rounds half to even, DALI takes the pixel the point is in); bilinear
-    differs by rounding (tested with tolerances).
+    between two (torch rounds half to even, DALI takes the pixel the point is in); bilinear, and
+    a fill per channel, warp a mask channel and put the fill in as torchvision does: within one
+    unit, the fill's edge included (tested).
     """
 
     degrees: Any
@@ -134,7 +135,7 @@ class RandomAffine(Transform):
         shear: a number ``s`` (x in ``(-s, s)``), ``(min, max)`` along x, or four numbers for x
             and y. Default ``None``.
         interpolation: ``NEAREST`` (default) or ``BILINEAR``.
-        fill: outside the source: a number, or one per channel (the DALI backend: one number).
+        fill: outside the source: a number, or one per channel.
         center: ``(x, y)`` from the top-left corner; ``None`` (default): the image's centre.
 
     Shapes unchanged. On DALI: ``warp_affine`` with the same map, computed on the host (see

@@ -283,8 +283,6 @@ def _random_erasing(t: T.RandomErasing, img: Any, ctx: Ctx) -> Any:
 def _warp_unsupported(t: T.RandomRotation | T.RandomAffine) -> str | None:
     if isinstance(t, T.RandomRotation) and t.expand:
         return "expand=True (a size per sample) runs on the torch backend only, for now"
-    if isinstance(t.fill, tuple) and len(set(t.fill)) > 1:
-        return "a fill per channel: DALI's warp_affine fills every channel with one value"
     return None
 
 
@@ -312,11 +310,43 @@ def _affine(t: T.RandomAffine, img: Any, ctx: Ctx) -> Any:
 
 
 def _warp(t: T.RandomRotation | T.RandomAffine, img: Any, ctx: Ctx, matrices: HostValue) -> Any:
-    """``warp_affine`` of ``img`` by per-sample ``[B, 6]`` host matrices, fed as ``[2, 3]``."""
+    """:func:`warp` of ``img`` by per-sample ``[B, 6]`` host matrices, fed as ``[2, 3]``."""
     matrix = ctx.fn.reshape(ctx.arg_vector([matrices[k] for k in range(6)], np.float32), shape=[2, 3])
-    fill = t.fill[0] if isinstance(t.fill, tuple) else t.fill
-    interp = ctx.types.INTERP_NN if t.interpolation == T.InterpolationMode.NEAREST else ctx.types.INTERP_LINEAR
-    return ctx.fn.warp_affine(img, matrix=matrix, fill_value=fill, interp_type=interp, device=ctx.device)
+    return warp(ctx, img, matrix, t.fill, nearest=t.interpolation == T.InterpolationMode.NEAREST)
+
+
+def warp(ctx: Ctx, img: Any, matrix: Any, fill: Any, *, nearest: bool) -> Any:
+    """``warp_affine`` by ``matrix`` (the inverse map) with torchvision's fill: one value, or one
+    per channel (``None``: 0). Nearest neighbour with one value: DALI's own fill, the same as
+    torchvision's. Otherwise the image is warped with an extra channel of ones (255 for uint8),
+    which says where, and bilinear how much, the source covers, and the fill is put in as
+    torchvision's ``_apply_grid_transform`` does: where that mask is below 0.5 (nearest), or
+    ``(v − fill) · mask + fill`` rounded (bilinear)."""
+    import nvidia.dali.math as dmath
+
+    fn, types = ctx.fn, ctx.types
+    interp = types.INTERP_NN if nearest else types.INTERP_LINEAR
+    fills = (0.0,) if fill is None else tuple(fill) if isinstance(fill, tuple) else (float(fill),)
+    if nearest and len(set(fills)) == 1:
+        return fn.warp_affine(img, matrix=matrix, fill_value=fills[0], interp_type=interp, device=ctx.device)
+    uint8 = ctx.dtype == torch.uint8
+    one = 255 if uint8 else 1.0
+    channels = ctx.channels
+    mask = fn.cast_like(img[:, :, 0:1] * 0 + one, img, device=ctx.device)  # (of img's own samples: a branch's)
+    warped = fn.warp_affine(fn.cat(img, mask, axis=2, device=ctx.device), matrix=matrix, fill_value=0.0,
+                            interp_type=interp, device=ctx.device)  # fmt: skip
+    x = fn.cast(warped[:, :, 0:channels], dtype=types.FLOAT, device=ctx.device)
+    cover = fn.cast(warped[:, :, channels:], dtype=types.FLOAT, device=ctx.device) * np.float32(1 / one)
+    values = list(fills) * channels if len(fills) == 1 else list(fills)
+    paint = types.Constant(np.array(values, np.float32)) if not ctx.branch else ctx.local(
+        fn.constant(fdata=values, shape=[len(values)]))  # fmt: skip
+    if nearest:
+        out = x + (cover < 0.5) * (paint - x)
+    else:
+        out = (x - paint) * cover + paint
+        if uint8:
+            out = dmath.floor(dmath.clamp(out + 0.5, 0.0, 255.0))
+    return fn.cast(out, dtype=dali_type(ctx, ctx.dtype), device=ctx.device)
 
 
 def _host_size(ctx: Ctx, img: Any, name: str) -> tuple[Any, Any]:

@@ -34,6 +34,7 @@ from ...transforms._policies import _CODE, COLOR, GEOMETRY
 from ._color import _LUMA, autocontrasted, sharpened
 from ._context import LOWERINGS, Ctx
 from ._host import HostValue
+from ._lowerings import warp
 
 __all__: list[str] = []
 
@@ -108,32 +109,10 @@ def _slot(t: Any, img: Any, ctx: Ctx, drawn: HostValue, slot: int, height: Any, 
 
 
 def _geometry(t: Any, img: Any, ctx: Ctx, arg: Any, matrices: Any) -> Any:
-    """ShearX/Y, TranslateX/Y(Rel), Rotate: ``warp_affine`` by each sample's inverse map. A fill
-    per channel (DALI's takes one value): the image warped with a fourth channel of 255s, which
-    tells where (and, bilinear, how much) the source covers; the fill blended in where it does
-    not, with torchvision's formulas (nearest: the fill where the mask is below 0.5; bilinear:
-    ``(v − fill)·mask + fill``)."""
-    import nvidia.dali.math as dmath
-
-    fn, types = ctx.fn, ctx.types
-    nearest = t.interpolation == T.InterpolationMode.NEAREST
-    interp = types.INTERP_NN if nearest else types.INTERP_LINEAR
-    matrix = fn.reshape(matrices(), shape=[2, 3])
-    fills = (0.0,) if t.fill is None else t.fill if isinstance(t.fill, tuple) else (t.fill,)
-    if len(set(fills)) == 1:
-        return fn.warp_affine(img, matrix=matrix, fill_value=fills[0], device=ctx.device, interp_type=interp)
-    ones = img[:, :, 0:1] * 0 + 255  # (of the image's own samples: a branch's)
-    both = fn.cat(img, fn.cast(ones, dtype=types.UINT8, device=ctx.device), axis=2, device=ctx.device)
-    warped = fn.warp_affine(both, matrix=matrix, fill_value=0.0, device=ctx.device, interp_type=interp)
-    rgb = fn.cast(warped[:, :, 0 : ctx.channels], dtype=types.FLOAT, device=ctx.device)
-    cover = fn.cast(warped[:, :, ctx.channels :], dtype=types.FLOAT, device=ctx.device) * np.float32(1 / 255)
-    fill = types.Constant(np.array(fills, np.float32)) if not ctx.branch else ctx.local(
-        fn.constant(fdata=list(fills), shape=[len(fills)]))  # fmt: skip
-    if nearest:
-        out = rgb + (cover < 0.5) * (fill - rgb)
-    else:
-        out = dmath.clamp((rgb - fill) * cover + fill + 0.5, 0.0, 255.0)  # torchvision's formula, rounded
-    return fn.cast(out if nearest else dmath.floor(out), dtype=types.UINT8, device=ctx.device)
+    """ShearX/Y, TranslateX/Y(Rel), Rotate: ``warp_affine`` by each sample's inverse map, with
+    torchvision's fill (a fill per channel too: ``_lowerings.warp``)."""
+    matrix = ctx.fn.reshape(matrices(), shape=[2, 3])
+    return warp(ctx, img, matrix, t.fill, nearest=t.interpolation == T.InterpolationMode.NEAREST)
 
 
 def _color(t: Any, img: Any, ctx: Ctx, arg: Any, matrices: Any) -> Any:
