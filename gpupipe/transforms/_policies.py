@@ -356,7 +356,9 @@ class AugMix(Transform):
         fill: ``None`` (default: 0), a number, or one per channel.
 
     Draws: one uniform per sample seeds the sample's own generator (its Dirichlet weights and
-    chains), so every backend and a resumed epoch draw the same. Backends: torch only, for now.
+    chains), so every backend and a resumed epoch draw the same. On DALI each chain position is
+    a slot of :class:`TrivialAugmentWide`'s kind (each operation family in a branch of its
+    samples), and the mix is torchvision's float32 sum in the same order, truncated.
     """
 
     severity: int = 3
@@ -391,6 +393,33 @@ class AugMix(Transform):
         _Policy._check_common(self)  # type: ignore[arg-type]
 
     output_spec = _Policy.output_spec
+
+    @property
+    def ops(self) -> frozenset[int]:
+        """The codes of the operations the chains draw from."""
+        return frozenset(_CODE[n] for n in (_AUGMIX_OPS if self.all_ops else _AUGMIX_OPS[:9]))
+
+    @property
+    def depth(self) -> int:
+        """The most operations a chain applies."""
+        return self.chain_depth or 3
+
+    def drawn(self, height: Any, width: Any, factors: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """A batch's draws (``factors`` ``[B, 1]``, sizes ints or ``[B]``): codes and magnitudes
+        ``[B, mixture_width * depth]`` (chain by chain, ``-1`` past a chain's depth) and float32
+        weights ``[B, 1 + mixture_width]`` (the original's first), from :meth:`make_params`."""
+        batch, slots = len(factors), self.mixture_width * self.depth
+        codes, mags = np.full((batch, slots), -1, np.int64), np.zeros((batch, slots))
+        weights = np.zeros((batch, 1 + self.mixture_width), np.float32)
+        heights = np.broadcast_to(np.asarray(height), (batch,))
+        widths = np.broadcast_to(np.asarray(width), (batch,))
+        for b in range(batch):
+            p = self.make_params(int(heights[b]), int(widths[b]), factors[b])
+            weights[b] = (p.original, *p.weights)
+            for i, chain in enumerate(p.chains):
+                for j, (name, magnitude) in enumerate(chain):
+                    codes[b, i * self.depth + j], mags[b, i * self.depth + j] = _CODE[name], magnitude
+        return codes, mags, weights
 
     def make_params(self, height: int, width: int, factors: np.ndarray) -> AugMixParams:
         rng = np.random.default_rng(int(factors[0] * (1 << 53)))

@@ -316,8 +316,9 @@ def _warp(t: T.RandomRotation | T.RandomAffine, img: Any, ctx: Ctx, matrices: Ho
 
 
 def warp(ctx: Ctx, img: Any, matrix: Any, fill: Any, *, nearest: bool) -> Any:
-    """``warp_affine`` by ``matrix`` (the inverse map) with torchvision's fill: one value, or one
-    per channel (``None``: 0). Nearest neighbour with one value: DALI's own fill, the same as
+    """``warp_affine`` by ``matrix`` (the inverse map) with torchvision's fill: ``None`` (zeros
+    sampled outside, as torchvision without a fill: the policies' default), one value, or one per
+    channel. ``None``, or nearest neighbour with one value: DALI's own fill, the same as
     torchvision's. Otherwise the image is warped with an extra channel of ones (255 for uint8),
     which says where, and bilinear how much, the source covers, and the fill is put in as
     torchvision's ``_apply_grid_transform`` does: where that mask is below 0.5 (nearest), or
@@ -326,9 +327,12 @@ def warp(ctx: Ctx, img: Any, matrix: Any, fill: Any, *, nearest: bool) -> Any:
 
     fn, types = ctx.fn, ctx.types
     interp = types.INTERP_NN if nearest else types.INTERP_LINEAR
-    fills = (0.0,) if fill is None else tuple(fill) if isinstance(fill, tuple) else (float(fill),)
-    if nearest and len(set(fills)) == 1:
-        return fn.warp_affine(img, matrix=matrix, fill_value=fills[0], interp_type=interp, device=ctx.device)
+    if fill is None or (nearest and len(set(fill if isinstance(fill, tuple) else (fill,))) == 1):
+        # torchvision without a fill samples zeros outside (as DALI's fill 0); nearest with one
+        # value is DALI's own fill
+        value = 0.0 if fill is None else float(fill[0] if isinstance(fill, tuple) else fill)
+        return fn.warp_affine(img, matrix=matrix, fill_value=value, interp_type=interp, device=ctx.device)
+    fills = tuple(fill) if isinstance(fill, tuple) else (float(fill),)
     uint8 = ctx.dtype == torch.uint8
     one = 255 if uint8 else 1.0
     channels = ctx.channels

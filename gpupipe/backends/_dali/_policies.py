@@ -186,3 +186,31 @@ def _policy(t: Any, img: Any, ctx: Ctx) -> Any:
     for slot in range(t.slots):
         img = _slot(t, img, ctx, drawn, slot, height, width)
     return img
+
+
+@LOWERINGS.register(T.AugMix)
+def _augmix(t: T.AugMix, img: Any, ctx: Ctx) -> Any:
+    """Each chain's positions as slots (:func:`_slot`; ``-1`` past a chain's depth: no branch),
+    then torchvision's mix: ``w0 · x + Σ wi · chain_i(x)`` in float32, in that order, truncated to
+    uint8. The host draws each sample's chains and weights (:meth:`AugMix.drawn`)."""
+    import nvidia.dali.math as dmath
+
+    fn, types = ctx.fn, ctx.types
+    height, width = ctx.shape(img)
+    if not all(isinstance(v, (int, HostValue)) for v in (height, width)):
+        raise BackendUnavailableError(
+            "AugMix on the DALI backend needs the image's size known outside the graph: put it after a step that "
+            "fixes the size (a crop), or with apply_exif_orientation=False"
+        )
+    drawn = HostValue(lambda h, w, f: t.drawn(h, w, f), height, width, ctx.host_random())
+
+    def weight(k: int) -> Any:
+        return ctx.arg(HostValue(lambda d: d[2][:, k], drawn), np.float32)
+
+    mix = fn.cast(img, dtype=types.FLOAT, device=ctx.device) * weight(0)
+    for i in range(t.mixture_width):
+        aug = img
+        for j in range(t.depth):
+            aug = _slot(t, aug, ctx, drawn, i * t.depth + j, height, width)
+        mix = mix + fn.cast(aug, dtype=types.FLOAT, device=ctx.device) * weight(1 + i)
+    return fn.cast(dmath.clamp(dmath.floor(mix), 0.0, 255.0), dtype=types.UINT8, device=ctx.device)
