@@ -120,7 +120,6 @@ def train_timm(
     RandomErasing in pixel mode (N(0, 1) noise, ``reprob`` 0.25); per batch MixUp 0.8 or CutMix
     1.0 (``switch_prob`` 0.5) with label smoothing 0.1 in the targets (timm's ``Mixup``).
 
-    Pixel-mode erasing runs on the torch backend: ``backend="auto"`` picks it, and says why.
     Output ``[3, size, size]`` float32."""
     steps = [T.RandomResizedCrop(size, interpolation="bicubic"), T.RandomHorizontalFlip()]
     if rand_augment:

@@ -17,7 +17,14 @@ from gpupipe._geometry import ATTEMPTS, erasing_window, erasing_windows
 from gpupipe._random import uniforms
 from gpupipe.testing import encode_jpeg, synthetic_image
 
-from .support.checkers import check_invalid, check_torchvision_signature, check_transform, drawn_params, run_dali
+from .support.checkers import (
+    check_invalid,
+    check_torchvision_signature,
+    check_transform,
+    drawn_params,
+    reference_outputs,
+    run_dali,
+)
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
@@ -143,8 +150,33 @@ class TestOnDali:
         names = [op.schema for op in parse(graph.pipe.serialize())[0]]
         assert names.count("CropMirrorNormalize") == 1 and names[-1] == "Erase"
 
-    def test_noise_is_the_torch_backends_for_now(self):
-        from gpupipe import backends
+    @pytest.mark.parametrize("steps", [
+        [T.RandomResizedCrop(24), T.ToDtype(torch.float32, scale=True), T.Normalize([0.5] * 3, [0.25] * 3),
+         T.RandomErasing(p=0.7, value="random")],  # after the fused tail: CHW
+        [T.CenterCrop(24), T.ToDtype(torch.float32, scale=True), T.RandomErasing(p=1.0, value="random"),
+         T.GaussianBlur(3)],  # before a step: HWC
+    ])  # fmt: skip
+    def test_noise_is_the_torch_backends_own(self, steps):
+        """The host draws each box's noise with the torch backend's generator, seeded alike; DALI
+        erases the box to 0 and adds it: the same values, in either layout."""
+        images = [encode_jpeg(synthetic_image(30 + i, size=(32 + 4 * i, 40))) for i in range(8)]
+        got, want = run_dali(steps, images), reference_outputs(steps, images)
+        plain = [s if not isinstance(s, T.RandomErasing) else T.RandomErasing(p=0.0) for s in steps]
+        base = max(
+            float((g - w).abs().max())
+            for g, w in zip(run_dali(plain, images), reference_outputs(plain, images), strict=True)
+        )
+        assert max(float((g - w).abs().max()) for g, w in zip(got, want, strict=True)) <= base + 1e-5
 
-        with pytest.raises(gp.UnsupportedTransformError, match="value='random'"):
-            backends.get("dali").check([T.CenterCrop(16), T.ToDtype(torch.float32), T.RandomErasing(value="random")])
+    def test_noise_takes_a_float_image_on_dali(self):
+        with pytest.raises(gp.BackendUnavailableError, match="float image"):
+            run_dali([T.CenterCrop(16), T.RandomErasing(value="random")], [encode_jpeg(synthetic_image(1))])
+
+    def test_noise_channels_last_through_the_loader(self, shards, clean_env):
+        pipe = gp.Pipeline(shards[0], [T.CenterCrop(16), T.ToDtype(torch.float32, scale=True),
+                                       T.RandomErasing(p=1.0, value="random")])  # fmt: skip
+        got = {}
+        for backend, fmt in (("torch", torch.contiguous_format), ("dali", torch.channels_last)):
+            with gp.Loader(pipe, 4, seed=2, backend=backend, device="cpu", num_workers=1, memory_format=fmt) as loader:
+                got[backend] = next(iter(loader)).images.contiguous()
+        assert float((got["torch"] - got["dali"]).abs().max()) < 1e-5

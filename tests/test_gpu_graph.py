@@ -108,6 +108,7 @@ MATRIX: dict[str, list[list[T.Transform]]] = {
         [T.RandomResizedCrop(64), T.RandomHorizontalFlip(), FLOAT, T.Normalize(**IMAGENET), T.RandomErasing()],
         [T.CenterCrop(64), T.RandomErasing(value=(1, 2, 3))],  # uint8, after the transpose to CHW
         [T.CenterCrop(64), T.RandomErasing(p=1.0, value=9), FLOAT],  # before the fused tail, on HWC
+        [T.CenterCrop(64), FLOAT, T.Normalize(**IMAGENET), T.RandomErasing(value="random")],  # the host's noise
     ],
 }
 

@@ -189,7 +189,7 @@ class TestOnDali:
         one = count(T.TrivialAugmentWide(num_magnitude_bins=31))
         more = count(T.TrivialAugmentWide(num_magnitude_bins=101))
         two = count(T.RandAugment(num_ops=2))
-        assert one == more and two - 3 < 2 * (one - 3) and one <= 120  # 119 measured (2026-11-25)
+        assert one == more and two - 3 < 2 * (one - 3) and one <= 125  # 124 measured (2026-11-25)
 
     @pytest.mark.parametrize("t", [T.AugMix(), T.AugMix(severity=10, chain_depth=2, all_ops=False, alpha=0.3)])
     def test_augmix(self, photos, t):
@@ -500,7 +500,7 @@ class TestRecipes:
     """pipelines/imagenet.py's V2, timm and 3-Augment recipes through the loader."""
 
     @pytest.mark.parametrize(("name", "size", "soft", "dali"), [
-        ("train_v2", 176, True, True), ("train_timm", 224, True, False), ("train_3augment", 224, False, True),
+        ("train_v2", 176, True, True), ("train_timm", 224, True, True), ("train_3augment", 224, False, True),
     ])  # fmt: skip
     def test_a_recipe_runs_and_the_backends_agree(self, shards, clean_env, name, size, soft, dali):
         import os

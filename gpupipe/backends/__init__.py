@@ -103,7 +103,7 @@ def register_lowering(transform_type: type, *, backend: str, replace: bool = Fal
 def resolve(name: str, device: str | torch.device | None, views: Any = ()) -> tuple[Backend, torch.device]:
     """The backend and device for the requested ones: ``"auto"`` picks the first available backend
     of the table that delivers to the device and runs every step of ``views`` (the pipeline's
-    transform lists; a step the DALI backend cannot run, such as ``RandomErasing(value="random")``,
+    transform lists; a step the DALI backend cannot run, such as ``RandomRotation(expand=True)``,
     makes it the torch backend); ``None`` picks ``cuda`` when present, else ``cpu``; ``"cuda"``
     means this process's GPU (``LOCAL_RANK`` under torchrun).
 
@@ -170,7 +170,7 @@ def _cannot_run(backend: Backend, views: Any) -> UnsupportedTransformError | Non
 
 
 def _step_of(error: UnsupportedTransformError | None) -> str:
-    """The step an error names and why, in a few words: ``step 2, RandomErasing: value='random' …``."""
+    """The step an error names and why, in a few words: ``step 1, RandomRotation: expand=True …``."""
     text = str(error)
     found = re.match(r"the \w+ backend cannot run (\w+)\(.*\) \(pipeline step (\d+)\): (.*)", text, re.DOTALL)
     return f"step {found[2]}, {found[1]}: {found[3]}" if found else text

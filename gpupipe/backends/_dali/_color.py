@@ -251,16 +251,6 @@ _A, _B = np.float32(1.0 / 13.0), np.float32(5.0 / 13.0)
 _SMOOTH = np.array([[_A, _A, _A], [_A, _B, _A], [_A, _A, _A]], np.float32)  # torchvision's float32 kernel
 
 
-def round_half_even(ctx: Ctx, x: Any) -> Any:
-    """torch's ``round`` (half to even) of a float32 node: DALI's math has no rounding."""
-    import nvidia.dali.math as dmath
-
-    up = dmath.floor(x + 0.5)
-    tie = ctx.fn.cast((up - x) == 0.5, dtype=ctx.types.FLOAT, device=ctx.device)
-    odd = up - 2.0 * dmath.floor(up * 0.5)
-    return up - tie * odd
-
-
 @LOWERINGS.register(T.RandomAdjustSharpness)
 def _sharpness(t: T.RandomAdjustSharpness, img: Any, ctx: Ctx) -> Any:
     """:func:`sharpened` by ``1 - sharpness_factor``; the coin selects."""
@@ -269,7 +259,7 @@ def _sharpness(t: T.RandomAdjustSharpness, img: Any, ctx: Ctx) -> Any:
 
 def sharpened(ctx: Ctx, img: Any, alpha: Any) -> Any:
     """torchvision's adjust_sharpness with ``alpha = 1 - sharpness_factor`` (a number, or a
-    float32 per-sample argument): the 3x3 smoothing (``filter``; rounded half to even for uint8)
+    float32 per-sample argument): the 3x3 smoothing (``filter``; rounded for uint8)
     blended into the interior — a mask of the interior (ones of ``(h - 2, w - 2)`` padded by a
     pixel of zeros) keeps the border — clamped, floored back to uint8. ``alpha`` 0 keeps every
     value exactly."""
@@ -282,9 +272,13 @@ def sharpened(ctx: Ctx, img: Any, alpha: Any) -> Any:
     x = fn.cast(img, dtype=types.FLOAT, device=ctx.device) if ctx.dtype in (torch.uint8, torch.float16) else img
     kernel = types.Constant(_SMOOTH) if not ctx.branch else ctx.local(fn.constant(fdata=_SMOOTH.ravel().tolist(),
                                                                                        shape=[3, 3]))  # fmt: skip
-    smooth = fn.filter(x, kernel, border="clamp", device=ctx.device)
     if ctx.dtype == torch.uint8:
-        smooth = round_half_even(ctx, smooth)
+        # filtered in uint8: DALI rounds half away from zero where torch rounds half to even, but
+        # (8 neighbours + 5 · centre) / 13 of integers is never a half, float32 error included
+        smooth = fn.cast(fn.filter(img, kernel, border="clamp", device=ctx.device), dtype=types.FLOAT,
+                         device=ctx.device)  # fmt: skip
+    else:
+        smooth = fn.filter(x, kernel, border="clamp", device=ctx.device)
     one = height * 0 + 1  # (of the image's own batch: a constant would be of the whole batch, not a branch's)
     inner = ctx.arg_vector([ops.max(height - 2, 0), ops.max(width - 2, 0), one], np.int32)
     mask = fn.slice(fn.ones(shape=inner, dtype=types.FLOAT, device="cpu"), start=[-1, -1],
@@ -292,10 +286,10 @@ def sharpened(ctx: Ctx, img: Any, alpha: Any) -> Any:
                     fill_values=0.0)  # fmt: skip
     if ctx.device == "gpu":
         mask = mask.gpu()
-    out = dmath.clamp(x + mask * (alpha * (smooth - x)), 0.0, bound)
-    if ctx.dtype == torch.uint8:
-        out = fn.cast(dmath.floor(out), dtype=types.UINT8, device=ctx.device)
-    return out
+    out = x + mask * (alpha * (smooth - x))
+    if ctx.dtype == torch.uint8:  # the floor, then the saturating cast: torch's clamp and .to(uint8)
+        return fn.cast(dmath.floor(out), dtype=types.UINT8, device=ctx.device)
+    return dmath.clamp(out, 0.0, bound)
 
 
 @LOWERINGS.register(T.RandomEqualize)

@@ -189,6 +189,7 @@ def _lower_images(
         ctx.size = (spec.height, spec.width) if spec.fixed_size else ctx.size
     elif not channels_last:
         img = ctx.fn.transpose(img, device=ctx.device, perm=[2, 0, 1], output_layout="CHW")
+    ctx.layout = "HWC" if channels_last else "CHW"
     for ctx.step, t in steps[end:]:  # RandomErasing keeps the size, in either layout
         img = LOWERINGS.lookup(t)(t, img, ctx)
     return img

@@ -95,6 +95,7 @@ class Ctx:
     host_checks: list[HostCheck] = dataclasses.field(default_factory=list)
     size: tuple[Any, Any] | None = None  # the node's per-sample (height, width), where known outside the graph
     resized: tuple[Any, Any] | None = None  # set by a lowering whose output size depends on the input's
+    layout: str = "HWC"  # of the node being lowered: CHW after the fused tail (or its transpose)
     branch: tuple[Any, ...] = ()  # the predicates of the conditional branches being lowered, outermost first
     _seeds: Any = None
     _graph_factors: dict[tuple[int, int], Any] = dataclasses.field(default_factory=dict)
@@ -198,6 +199,19 @@ class Ctx:
         if any(_is_node(v) for v in values):
             return self.fn.stack(*(self.arg(v, dtype) for v in values))
         return [self.arg(v, dtype) for v in values]
+
+    def arg_tensors(self, value: HostValue, dtype: Any, layout: str) -> Any:
+        """``value`` (one array per sample, each of its own shape) as a per-sample input of
+        ``layout``: an ``external_source`` the runner feeds as a list of tensors."""
+        dtype = np.dtype(dtype)
+        key = (id(value), dtype.str)
+        if key not in self._fed:
+            name = f"arg{len(self._fed)}"
+            dali_type = getattr(self.types, _NUMPY_TO_DALI[dtype])
+            self._fed[key] = self.fn.external_source(name=name, dtype=dali_type, ndim=len(layout), layout=layout,
+                                                     device="cpu")  # fmt: skip
+            self.feeds[name] = Feed(value, dtype, ragged=layout)
+        return self.local(self._fed[key])
 
     def local(self, node: Any) -> Any:
         """``node`` (of the whole batch: a fed argument, a constant) for the operators being

@@ -235,8 +235,13 @@ class Feed:
     value: HostValue
     dtype: Any
     draw: tuple[int, int] | None = None
+    ragged: str | None = None  # the layout of a feed of one array per sample, of its own shape
 
-    def __call__(self, env: HostEnv, batch: int) -> np.ndarray:
+    def __call__(self, env: HostEnv, batch: int) -> Any:
+        if self.ragged is not None:  # DALI tensors, wrapped here: off the training thread, no copy
+            from nvidia.dali.tensors import TensorCPU
+
+            return [TensorCPU(np.ascontiguousarray(a, dtype=self.dtype), self.ragged) for a in env.value(self.value)]
         out = np.asarray(env.value(self.value), dtype=self.dtype)
         if out.ndim == 0:  # a constant the lowering gave as a host value
             out = np.full(batch, out, dtype=self.dtype)

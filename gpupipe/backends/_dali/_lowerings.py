@@ -264,20 +264,45 @@ def _array_function(t: T.ArrayFunction, img: Any, ctx: Ctx) -> Any:
     return ctx.fn.python_function(img, function=run, device=ctx.device, batch_processing=False, output_layouts="HWC")
 
 
-@LOWERINGS.register(
-    T.RandomErasing,
-    unsupported=lambda t: "value='random' (N(0, 1) noise) runs on the torch backend only, for now" if t.noise else None,
-)
+@LOWERINGS.register(T.RandomErasing)
 def _random_erasing(t: T.RandomErasing, img: Any, ctx: Ctx) -> Any:
     """The box computed on the host from the image's size and the sample's factors
     (``gpupipe._geometry.erasing_windows``: a zero-sized box where nothing is erased), then
-    ``erase`` filling it with ``value`` (one number, or one per channel)."""
+    ``erase`` filling it with ``value`` (one number, or one per channel). ``value="random"``: the
+    box erased to 0 and the sample's noise added, the very values the torch backend draws (its
+    generator, seeded alike, on the host), placed by a padding ``slice`` (a float image)."""
     height, width = _host_size(ctx, img, "RandomErasing")
-    box = HostValue(erasing_windows, height, width, ctx.host_random())
+    factors = ctx.host_random()
+    box = HostValue(erasing_windows, height, width, factors)
     anchor = ctx.arg_vector([box[0], box[1]], np.float32)
     shape = ctx.arg_vector([box[2], box[3]], np.float32)
-    fill = t.value[0] if len(t.value) == 1 else list(t.value)
-    return ctx.fn.erase(img, device=ctx.device, anchor=anchor, shape=shape, axis_names="HW", fill_value=fill)
+    if not t.noise:
+        fill = t.value[0] if len(t.value) == 1 else list(t.value)
+        return ctx.fn.erase(img, device=ctx.device, anchor=anchor, shape=shape, axis_names="HW", fill_value=fill)
+    if not ctx.dtype.is_floating_point:
+        raise BackendUnavailableError("RandomErasing(value='random') on the DALI backend takes a float image: put it "
+                                      "after ToDtype (and Normalize, as the recipes do)")  # fmt: skip
+    layout, channels = ctx.layout, ctx.channels
+    noise = ctx.arg_tensors(HostValue(lambda b, f: _noise(b, f, channels, layout), box, factors), np.float32, layout)
+    if ctx.device == "gpu":
+        noise = noise.gpu()
+    start = ctx.arg_vector([-box[0], -box[1]], np.int32)
+    canvas = ctx.fn.slice(noise, start, ctx.arg_vector([height, width], np.int32), axis_names="HW",
+                          out_of_bounds_policy="pad", fill_values=0.0, device=ctx.device)  # fmt: skip
+    erased = ctx.fn.erase(img, device=ctx.device, anchor=anchor, shape=shape, axis_names="HW", fill_value=0.0)
+    return ctx.fn.cast(erased + canvas, dtype=dali_type(ctx, ctx.dtype), device=ctx.device)
+
+
+def _noise(boxes: np.ndarray, factors: np.ndarray, channels: int, layout: str) -> list[np.ndarray]:
+    """Each sample's N(0, 1) noise for its box, ``[C, h, w]`` drawn as the torch backend draws it
+    (``torch.Generator`` seeded with ``int(u · 2**53)`` of the factors' last uniform), in
+    ``layout``."""
+    out = []
+    for (_, _, h, w), u in zip(boxes.tolist(), factors[:, -1].tolist(), strict=True):
+        generator = torch.Generator().manual_seed(int(u * 2**53))
+        values = torch.empty([channels, h, w], dtype=torch.float32).normal_(generator=generator).numpy()
+        out.append(values if layout == "CHW" else values.transpose(1, 2, 0))
+    return out
 
 
 def _warp_unsupported(t: T.RandomRotation | T.RandomAffine) -> str | None:

@@ -77,11 +77,13 @@ def _slot(t: Any, img: Any, ctx: Ctx, drawn: HostValue, slot: int, height: Any, 
         return cm[0][:, slot]
 
     # torchvision keeps a 1-channel image as it is under Color (saturation): no branch for it there
-    color = COLOR if ctx.channels == 3 else COLOR - {_CODE["Color"]}
     tone = frozenset({_CODE["Posterize"], _CODE["Solarize"], _CODE["Invert"], _CODE["SolarizeAdd"]})
     families = [
         (GEOMETRY, _geometry),
-        (color, _color),
+        (frozenset({_CODE["Brightness"]}), _brightness),
+        # torchvision keeps a 1-channel image as it is under Color (saturation): no branch there
+        (frozenset({_CODE["Color"]} if ctx.channels == 3 else ()), _saturation),
+        (frozenset({_CODE["Contrast"]}), _contrast),
         (frozenset({_CODE["Sharpness"]}), _sharpness),
         (tone, _tone),
         (frozenset({_CODE["AutoContrast"]}), _autocontrast),
@@ -115,20 +117,39 @@ def _geometry(t: Any, img: Any, ctx: Ctx, arg: Any, matrices: Any) -> Any:
     return warp(ctx, img, matrix, t.fill, nearest=t.interpolation == T.InterpolationMode.NEAREST)
 
 
-def _color(t: Any, img: Any, ctx: Ctx, arg: Any, matrices: Any) -> Any:
-    """Brightness, Color, Contrast: torchvision's blend ``x·f + other·(1 − f)``, ``other`` 0, the
-    pixel's floored luma (one ``coord_transform``) or the image's mean luma."""
+def _blended(ctx: Ctx, x: Any, other: Any, arg: Any) -> Any:
+    """torchvision's ``_blend`` of the float32 image ``x`` with ``other`` (``None``: black, as
+    brightness multiplies) by the sample's ``f``: ``x·f + other·(1 − f)``, truncated to uint8 (the
+    floor, then DALI's saturating cast: torchvision's clamp and ``.to(uint8)``)."""
     import nvidia.dali.math as dmath
 
-    fn, types = ctx.fn, ctx.types
     f = arg(lambda c, m: _factor(c, m, COLOR)[0], np.float32)
-    g = arg(lambda c, m: _factor(c, m, COLOR)[1], np.float32)
-    pixel = arg(lambda c, m: (c == _CODE["Color"]).astype(np.float32), np.float32)
-    mean = arg(lambda c, m: (c == _CODE["Contrast"]).astype(np.float32), np.float32)
-    x = fn.cast(img, dtype=types.FLOAT, device=ctx.device)
-    luma = x if ctx.channels == 1 else dmath.floor(fn.coord_transform(x, M=list(_LUMA), device=ctx.device))
-    other = luma * pixel + fn.reductions.mean(luma) * mean
-    return fn.cast(dmath.floor(dmath.clamp(x * f + other * g, 0.0, 255.0)), dtype=types.UINT8, device=ctx.device)
+    out = x * f
+    if other is not None:
+        out = out + other * arg(lambda c, m: _factor(c, m, COLOR)[1], np.float32)
+    return ctx.fn.cast(dmath.floor(out), dtype=ctx.types.UINT8, device=ctx.device)
+
+
+def _luma(ctx: Ctx, x: Any) -> Any:
+    """torchvision's luma of a float32 HWC image, floored (uint8): ``[H, W, 1]``, one
+    ``coord_transform`` (a 1-channel image is its own)."""
+    import nvidia.dali.math as dmath
+
+    return x if ctx.channels == 1 else dmath.floor(ctx.fn.coord_transform(x, M=list(_LUMA), device=ctx.device))
+
+
+def _brightness(t: Any, img: Any, ctx: Ctx, arg: Any, matrices: Any) -> Any:
+    return _blended(ctx, ctx.fn.cast(img, dtype=ctx.types.FLOAT, device=ctx.device), None, arg)
+
+
+def _saturation(t: Any, img: Any, ctx: Ctx, arg: Any, matrices: Any) -> Any:
+    x = ctx.fn.cast(img, dtype=ctx.types.FLOAT, device=ctx.device)
+    return _blended(ctx, x, _luma(ctx, x), arg)
+
+
+def _contrast(t: Any, img: Any, ctx: Ctx, arg: Any, matrices: Any) -> Any:
+    x = ctx.fn.cast(img, dtype=ctx.types.FLOAT, device=ctx.device)
+    return _blended(ctx, x, ctx.fn.reductions.mean(_luma(ctx, x)), arg)
 
 
 def _sharpness(t: Any, img: Any, ctx: Ctx, arg: Any, matrices: Any) -> Any:
