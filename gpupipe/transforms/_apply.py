@@ -89,19 +89,10 @@ class RandomApply(Coin, Transform):
     def sample(self, u: np.ndarray) -> np.ndarray:
         """``[..., 1 + F1 + F2 + ...]``: 1.0 where the transforms apply (``u < p``), then each inner
         transform's factors from its own slice of the uniforms (see :attr:`factor_slices`)."""
-        parts, start = [self._coin(u[..., :1])], 1
-        for t in self.transforms:
-            if t.draws:
-                parts.append(np.asarray(t.sample(u[..., start : start + t.draws]), dtype=np.float64))
-                start += t.draws
-        return np.concatenate(parts, axis=-1)
+        return _member_factors(self, self._coin(u[..., :1]), u)
 
     def make_params(self, height: int, width: int, factors: np.ndarray) -> RandomApplyParams:
-        params = tuple(
-            t.make_params(height, width, factors[a:b]) if t.draws else None
-            for t, (a, b) in zip(self.transforms, self.factor_slices, strict=True)
-        )
-        return RandomApplyParams(bool(factors[0]), params)
+        return RandomApplyParams(bool(factors[0]), _member_params(self, height, width, factors))
 
 
 def _change(before: ImageSpec, after: ImageSpec | None) -> str:
@@ -157,19 +148,10 @@ class RandomChoice(Transform):
         k = len(self.transforms)
         cumulative = np.cumsum(self.p if self.p is not None else np.full(k, 1 / k))
         index = np.minimum(np.searchsorted(cumulative, u[..., :1], side="right"), len(self.transforms) - 1)
-        parts, start = [index.astype(np.float64)], 1
-        for t in self.transforms:
-            if t.draws:
-                parts.append(np.asarray(t.sample(u[..., start : start + t.draws]), dtype=np.float64))
-                start += t.draws
-        return np.concatenate(parts, axis=-1)
+        return _member_factors(self, index.astype(np.float64), u)
 
     def make_params(self, height: int, width: int, factors: np.ndarray) -> RandomChoiceParams:
-        params = tuple(
-            t.make_params(height, width, factors[a:b]) if t.draws else None
-            for t, (a, b) in zip(self.transforms, self.factor_slices, strict=True)
-        )
-        return RandomChoiceParams(int(factors[0]), params)
+        return RandomChoiceParams(int(factors[0]), _member_params(self, height, width, factors))
 
 
 def _members(t: Any) -> None:
@@ -190,3 +172,22 @@ def _members(t: Any) -> None:
         bounds.append((start, start + width))
         start += width
     t._set("factor_slices", tuple(bounds))
+
+
+def _member_factors(t: Any, decision: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """A composite's factors: its ``decision`` ``[..., 1]``, then each inner transform's factors
+    from its own slice of the uniforms ``u`` (after the decision's)."""
+    parts, start = [decision], 1
+    for inner in t.transforms:
+        if inner.draws:
+            parts.append(np.asarray(inner.sample(u[..., start : start + inner.draws]), dtype=np.float64))
+            start += inner.draws
+    return np.concatenate(parts, axis=-1)
+
+
+def _member_params(t: Any, height: int, width: int, factors: np.ndarray) -> tuple[Any, ...]:
+    """Each inner transform's parameters from its columns of the factors (``None``: deterministic)."""
+    return tuple(
+        inner.make_params(height, width, factors[a:b]) if inner.draws else None
+        for inner, (a, b) in zip(t.transforms, t.factor_slices, strict=True)
+    )
