@@ -201,6 +201,16 @@ class TestBenchGrid:
         with Image.open(png) as image:
             assert image.size == (1300, 400)
 
+    def test_a_dali_run_says_its_graphs_operators(self, tmp_path, capsys):
+        """Issue 37: the operator count in the bench's output (the V2 recipe's, here)."""
+        pytest.importorskip("nvidia.dali")
+        main(["make-shards", str(tmp_path), "--synthetic", "8", "--shard-size", "8", "--workers", "1", "--quiet"])
+        argv = ["bench", "pipelines/imagenet.py:train_v2", str(tmp_path / "train-000000.tar"), "--backend", "dali",
+                "--batch-size", "4", "--workers", "1", "--epochs", "1", "--quiet"]  # fmt: skip
+        assert main(argv) == 0
+        line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("backend=dali"))
+        assert int(line.split("operators=")[1].split()[0]) > 100  # TrivialAugmentWide's branches
+
     def test_the_baseline_uses_torchvisions_transforms_of_the_same_names(self):
         from torchvision.transforms import v2
 

@@ -39,6 +39,7 @@ class Run:
     workers: int
     epochs: list[dict[str, Any]]
     auto: str | None = None  # why backend="auto" / device=None chose what they chose
+    operators: int | None = None  # the DALI graph's, where the backend has one
 
     @property
     def images_per_s(self) -> float:
@@ -86,7 +87,8 @@ def run_loader(
                 yield images
 
         results = _epochs(batches, len, epochs, lambda e: progress(e, len(loader)))
-        return Run(loader.backend, loader.device, batch_size, loader.num_workers, results, loader.chosen)
+        operators = loader._runner.describe().get("operators")  # (the loader's repr says it too)
+        return Run(loader.backend, loader.device, batch_size, loader.num_workers, results, loader.chosen, operators)
 
 
 def torchvision_equivalent(transforms: Sequence[Any]) -> Any:

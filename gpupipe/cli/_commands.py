@@ -230,7 +230,8 @@ def bench(args: argparse.Namespace) -> int:
 
 def _say(run: Any) -> None:
     auto = f" (auto: {run.auto})" if run.auto else ""
-    print(f"backend={run.backend} device={run.device} workers={run.workers} batch={run.batch_size}{auto}")
+    graph = f" operators={run.operators}" if run.operators is not None else ""
+    print(f"backend={run.backend} device={run.device} workers={run.workers} batch={run.batch_size}{graph}{auto}")
     for e in run.epochs:
         print(
             f"epoch {e['epoch']}: {e['images']} images in {e['seconds']:.2f} s = {e['images_per_s']:.0f} images/s"
