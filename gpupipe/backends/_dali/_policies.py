@@ -76,7 +76,6 @@ def _slot(t: Any, img: Any, ctx: Ctx, drawn: HostValue, slot: int, height: Any, 
     def codes_of(cm: Any) -> np.ndarray:
         return cm[0][:, slot]
 
-    # torchvision keeps a 1-channel image as it is under Color (saturation): no branch for it there
     tone = frozenset({_CODE["Posterize"], _CODE["Solarize"], _CODE["Invert"], _CODE["SolarizeAdd"]})
     families = [
         (GEOMETRY, _geometry),
