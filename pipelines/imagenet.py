@@ -57,6 +57,17 @@ AUTO_AUGMENT = {
 }
 
 
+def _mixing(mixup_alpha, cutmix_alpha, *, num_classes, label_smoothing, p=None):
+    """The batch transform of the recipes: MixUp and/or CutMix (an alpha of 0 leaves one out), one
+    of them per batch with probabilities ``p`` where both are in; ``None`` where neither is."""
+    mixing = [
+        cls(alpha=alpha, num_classes=num_classes, label_smoothing=label_smoothing)
+        for cls, alpha in ((T.MixUp, mixup_alpha), (T.CutMix, cutmix_alpha))
+        if alpha
+    ]
+    return None if not mixing else mixing[0] if len(mixing) == 1 else T.RandomChoice(mixing, p=p)
+
+
 def train_v2(
     source,
     size=176,
@@ -87,12 +98,7 @@ def train_v2(
     steps += [T.ToDtype(torch.float32, scale=True), T.Normalize(mean=MEAN, std=STD)]
     if random_erase:
         steps.append(T.RandomErasing(p=random_erase))
-    mixing = [
-        cls(alpha=alpha, num_classes=num_classes, label_smoothing=label_smoothing)
-        for cls, alpha in ((T.MixUp, mixup_alpha), (T.CutMix, cutmix_alpha))
-        if alpha
-    ]
-    batch = None if not mixing else mixing[0] if len(mixing) == 1 else T.RandomChoice(mixing)
+    batch = _mixing(mixup_alpha, cutmix_alpha, num_classes=num_classes, label_smoothing=label_smoothing)
     return gp.Pipeline(source, steps, batch_transform=batch)
 
 
@@ -127,17 +133,12 @@ def train_timm(
     steps += [T.ToDtype(torch.float32, scale=True), T.Normalize(mean=MEAN, std=STD)]
     if random_erase:
         steps.append(T.RandomErasing(p=random_erase, value="random"))
-    mixing = [
-        cls(alpha=alpha, num_classes=num_classes, label_smoothing=label_smoothing)
-        for cls, alpha in ((T.MixUp, mixup_alpha), (T.CutMix, cutmix_alpha))
-        if alpha
-    ]
-    batch = (
-        None
-        if not mixing
-        else mixing[0]
-        if len(mixing) == 1
-        else T.RandomChoice(mixing, p=[1 - switch_prob, switch_prob])
+    batch = _mixing(
+        mixup_alpha,
+        cutmix_alpha,
+        num_classes=num_classes,
+        label_smoothing=label_smoothing,
+        p=[1 - switch_prob, switch_prob],
     )
     return gp.Pipeline(source, steps, batch_transform=batch)
 

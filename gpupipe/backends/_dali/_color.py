@@ -154,24 +154,13 @@ def _gaussian_blur(t: T.GaussianBlur, img: Any, ctx: Ctx) -> Any:
 
 def _select(ctx: Ctx, decision: Any, a: Any, b: Any) -> Any:
     """Per sample ``a if decision else b`` (``decision``: int32 0/1 per sample; ``a`` and ``b``
-    HWC images of the same shape): :func:`select`."""
-    return select(ctx, decision, b, a)
-
-
-def select(ctx: Ctx, index: Any, *candidates: Any) -> Any:
-    """Per sample ``candidates[index]`` (``index``: int32 per sample; HWC images of one shape, each
-    cast like the first): the candidates stacked, and the sample's one sliced out — exact for every
-    dtype, and three copies where arithmetic blending takes more passes (DALI 2.4 has no per-sample
-    select outside its conditionals)."""
+    HWC images of the same shape): ``b`` and ``a`` (cast like ``b``) stacked, and the sample's one
+    sliced out — exact for every dtype, and three copies where arithmetic blending takes more
+    passes (DALI 2.4 has no per-sample select outside its conditionals)."""
     fn, types = ctx.fn, ctx.types
-    first = candidates[0]
-    both = fn.stack(first, *(fn.cast_like(c, first, device=ctx.device) for c in candidates[1:]), device=ctx.device)
-    length = (
-        ctx.local(fn.constant(idata=[1], dtype=types.INT32))
-        if ctx.branch
-        else fn.constant(idata=[1], dtype=types.INT32)
-    )
-    one = fn.slice(both, fn.stack(index), length, axes=[0], device=ctx.device)
+    both = fn.stack(b, fn.cast_like(a, b, device=ctx.device), device=ctx.device)
+    length = ctx.local(fn.constant(idata=[1], dtype=types.INT32))  # (a branch's samples, inside one)
+    one = fn.slice(both, fn.stack(decision), length, axes=[0], device=ctx.device)
     return fn.reshape(fn.squeeze(one, axes=[0], device=ctx.device), layout="HWC", device=ctx.device)
 
 
@@ -270,8 +259,7 @@ def sharpened(ctx: Ctx, img: Any, alpha: Any) -> Any:
     height, width = ctx.shape(img)
     ops = ctx.ops(height, width)
     x = fn.cast(img, dtype=types.FLOAT, device=ctx.device) if ctx.dtype in (torch.uint8, torch.float16) else img
-    kernel = types.Constant(_SMOOTH) if not ctx.branch else ctx.local(fn.constant(fdata=_SMOOTH.ravel().tolist(),
-                                                                                       shape=[3, 3]))  # fmt: skip
+    kernel = ctx.local(fn.constant(fdata=_SMOOTH.ravel().tolist(), shape=[3, 3]))  # (a branch's samples, inside one)
     if ctx.dtype == torch.uint8:
         # filtered in uint8: DALI rounds half away from zero where torch rounds half to even, but
         # (8 neighbours + 5 · centre) / 13 of integers is never a half, float32 error included

@@ -203,15 +203,7 @@ class Ctx:
     def arg_tensors(self, value: HostValue, dtype: Any, layout: str) -> Any:
         """``value`` (one array per sample, each of its own shape) as a per-sample input of
         ``layout``: an ``external_source`` the runner feeds as a list of tensors."""
-        dtype = np.dtype(dtype)
-        key = (id(value), dtype.str)
-        if key not in self._fed:
-            name = f"arg{len(self._fed)}"
-            dali_type = getattr(self.types, _NUMPY_TO_DALI[dtype])
-            self._fed[key] = self.fn.external_source(name=name, dtype=dali_type, ndim=len(layout), layout=layout,
-                                                     device="cpu")  # fmt: skip
-            self.feeds[name] = Feed(value, dtype, ragged=layout)
-        return self.local(self._fed[key])
+        return self.local(self._feed(value, np.dtype(dtype), ndim=len(layout), layout=layout))
 
     def local(self, node: Any) -> Any:
         """``node`` (of the whole batch: a fed argument, a constant) for the operators being
@@ -233,13 +225,16 @@ class Ctx:
         finally:
             self.size, self.branch = saved
 
-    def _feed(self, value: HostValue, dtype: np.dtype, *, ndim: int) -> Any:
+    def _feed(self, value: HostValue, dtype: np.dtype, *, ndim: int, layout: str | None = None) -> Any:
+        """The ``external_source`` fed ``value`` (once per value and dtype); ``layout``: one
+        tensor per sample, each of its own shape (a ragged feed)."""
         key = (id(value), dtype.str)  # the feed keeps the value: its id stays its own
         if key not in self._fed:
             name = f"arg{len(self._fed)}"
             dali_type = getattr(self.types, _NUMPY_TO_DALI[dtype])
-            self._fed[key] = self.fn.external_source(name=name, dtype=dali_type, ndim=ndim, device="cpu")
-            self.feeds[name] = Feed(value, dtype)
+            extra = {} if layout is None else {"layout": layout}
+            self._fed[key] = self.fn.external_source(name=name, dtype=dali_type, ndim=ndim, device="cpu", **extra)
+            self.feeds[name] = Feed(value, dtype, ragged=layout)
         return self._fed[key]
 
     @property

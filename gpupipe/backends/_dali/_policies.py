@@ -28,13 +28,12 @@ from typing import Any
 import numpy as np
 
 from ... import transforms as T
-from ..._errors import BackendUnavailableError
 from ..._geometry import affine_matrices
 from ...transforms._policies import _CODE, COLOR, GEOMETRY
 from ._color import _LUMA, autocontrasted, sharpened
 from ._context import LOWERINGS, Ctx
 from ._host import HostValue
-from ._lowerings import warp
+from ._lowerings import _host_size, warp
 
 __all__: list[str] = []
 
@@ -196,12 +195,7 @@ def _policy(t: Any, img: Any, ctx: Ctx) -> Any:
     """Each slot in order (:func:`_slot`), from the host's draws."""
     if t.slots == 0:
         return img
-    height, width = ctx.shape(img)
-    if not all(isinstance(v, (int, HostValue)) for v in (height, width)):
-        raise BackendUnavailableError(
-            f"{type(t).__name__} on the DALI backend needs the image's size known outside the graph: put it after "
-            "a step that fixes the size (a crop), or with apply_exif_orientation=False"
-        )
+    height, width = _host_size(ctx, img, type(t).__name__)
     drawn = HostValue(lambda h, w, f: t.magnitudes(h, w, f), height, width, ctx.host_random())
     for slot in range(t.slots):
         img = _slot(t, img, ctx, drawn, slot, height, width)
@@ -216,12 +210,7 @@ def _augmix(t: T.AugMix, img: Any, ctx: Ctx) -> Any:
     import nvidia.dali.math as dmath
 
     fn, types = ctx.fn, ctx.types
-    height, width = ctx.shape(img)
-    if not all(isinstance(v, (int, HostValue)) for v in (height, width)):
-        raise BackendUnavailableError(
-            "AugMix on the DALI backend needs the image's size known outside the graph: put it after a step that "
-            "fixes the size (a crop), or with apply_exif_orientation=False"
-        )
+    height, width = _host_size(ctx, img, "AugMix")
     drawn = HostValue(lambda h, w, f: t.drawn(h, w, f), height, width, ctx.host_random())
 
     def weight(k: int) -> Any:
