@@ -150,7 +150,11 @@ def train_3augment(source, size=224, *, color_jitter=0.3):
     normalisation.
 
     Output ``[3, size, size]`` float32."""
-    three = [T.RandomGrayscale(p=1.0), T.RandomSolarize(128, p=1.0), T.GaussianBlur(23, sigma=(0.1, 2.0))]
+    three: list[T.Transform] = [
+        T.RandomGrayscale(p=1.0),
+        T.RandomSolarize(128, p=1.0),
+        T.GaussianBlur(23, sigma=(0.1, 2.0)),
+    ]
     steps = [T.RandomResizedCrop(size, interpolation="bicubic"), T.RandomHorizontalFlip(), T.RandomChoice(three)]
     if color_jitter:
         steps.append(T.ColorJitter(color_jitter, color_jitter, color_jitter))

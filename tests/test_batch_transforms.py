@@ -145,10 +145,10 @@ class TestRandomChoice:
 
     def test_per_sample_transforms_make_the_per_sample_choice(self):
         """(tests/test_policies.py::TestRandomChoiceOfTransforms); not a batch transform."""
-        choice = T.RandomChoice([T.RandomHorizontalFlip()])  # type: ignore[list-item]
+        choice = T.RandomChoice([T.RandomHorizontalFlip()])
         assert isinstance(choice, T.Transform) and not isinstance(choice, T.BatchTransform)
         with pytest.raises(gp.ConfigError, match="batch_transform"):
-            gp.Pipeline(["a.tar"], [T.CenterCrop(8)], batch_transform=choice)
+            gp.Pipeline(["a.tar"], [T.CenterCrop(8)], batch_transform=choice)  # type: ignore[arg-type]
 
 
 class TestDraws:

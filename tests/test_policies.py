@@ -172,7 +172,8 @@ class TestOnDali:
             ys, xs = torch.nonzero((got.int() - want.int()).abs().amax(0), as_tuple=True)
             shear = math.degrees(math.atan(row[2] * float(np.float32(0.3 * row[1] / 9))))
             zero = np.zeros(1)
-            m = affine_matrices(*got.shape[1:], zero, (0, 0), 1.0, (np.array([shear]), zero), center=(zero, zero))[0]
+            height, width = got.shape[1:]
+            m = affine_matrices(height, width, zero, (0, 0), 1.0, (np.array([shear]), zero), center=(zero, zero))[0]
             source_x = m[0] * (xs.numpy() + 0.5) + m[1] * (ys.numpy() + 0.5) + m[2]
             assert np.abs(source_x - np.round(source_x)).max(initial=0) < 1e-6, row
             apart += len(ys)
@@ -292,7 +293,7 @@ class TestAutoAugment:
         from gpupipe.transforms._autoaugment_policies import POLICIES
 
         assert [tuple(sub) for sub in POLICIES[policy.value]] == [tuple(s) for s in v2.AutoAugment(policy)._policies]
-        assert T.AutoAugment(policy).policy.value == policy.value
+        assert T.AutoAugment(policy).policy == T.AutoAugmentPolicy(policy.value)
 
     def test_sub_policy_is_uniform_and_operations_apply_with_their_probability(self):
         from gpupipe.transforms._autoaugment_policies import POLICIES
@@ -450,7 +451,11 @@ class TestTimmRandAugment:
                     assert int(d.max()) <= 1 and float((d > 0).double().mean()) < 0.05, (name, rows[i])
 
 
-THREE_AUGMENT = [T.RandomGrayscale(p=1.0), T.RandomSolarize(128, p=1.0), T.GaussianBlur(9, sigma=(0.1, 2.0))]
+THREE_AUGMENT: list[T.Transform] = [
+    T.RandomGrayscale(p=1.0),
+    T.RandomSolarize(128, p=1.0),
+    T.GaussianBlur(9, sigma=(0.1, 2.0)),
+]
 
 
 class TestRandomChoiceOfTransforms:
@@ -482,7 +487,8 @@ class TestRandomChoiceOfTransforms:
         t = T.RandomChoice(THREE_AUGMENT)
         for seed in range(6):
             f = checkers.draw(t, seed)
-            p = t.make_params(*photo.shape[-2:], f)
+            height, width = photo.shape[-2:]
+            p = t.make_params(height, width, f)
             inner = t.transforms[p.chosen]
             want = apply_pipeline([inner], photo, [f[slice(*t.factor_slices[p.chosen])] if inner.draws else None])
             assert torch.equal(apply_pipeline([t], photo, [f]), want)
@@ -513,11 +519,13 @@ class TestRecipes:
             with gp.Loader(pipe, 4, seed=1, backend=backend, device="cpu", num_workers=1) as loader:
                 batch = next(iter(loader))
                 got[loader.backend] = batch
+                assert batch.labels is not None
                 assert tuple(batch.images.shape) == (4, 3, size, size)
                 assert batch.labels.shape == ((4, 5) if soft else (4,))
         assert ("dali" in got) == (dali and backends.get("dali").available())
         if "dali" in got:
             a, b = got["torch"], got["dali"]
+            assert a.labels is not None and b.labels is not None
             assert a.keys == b.keys and torch.allclose(a.labels.float(), b.labels.float())
             assert float((a.images - b.images).abs().mean()) < 0.05  # normalized units
 
@@ -529,8 +537,9 @@ class TestAgreement:
         from gpupipe._random import step_factors
 
         t, n = T.TrivialAugmentWide(), 14 * 14 * 60
-        first = step_factors(t, 5, 0, np.arange(n), 2)[:, 0].astype(int)
-        later = step_factors(t, 5, 1, np.arange(n), 2)[:, 0].astype(int)
+        first, later = (step_factors(t, 5, epoch, np.arange(n), 2) for epoch in (0, 1))
+        assert first is not None and later is not None
+        first, later = first[:, 0].astype(int), later[:, 0].astype(int)
         for a, b in ((first, later), (first[:-1], first[1:])):
             table = np.zeros((18, 18))
             np.add.at(table, (a, b), 1)
@@ -547,7 +556,9 @@ class TestAgreement:
             batch = checkers.sample_factors([t], 32, seed=9)[0]
             codes, mags = t.magnitudes(50, 60, batch)
             for i in range(32):
-                alone = t.make_params(50, 60, one_sample([t], 9, 0, i)[0])
+                factors = one_sample([t], 9, 0, i)[0]
+                assert factors is not None
+                alone = t.make_params(50, 60, factors)
                 pairs = tuple((OPS[c], float(m)) for c, m in zip(codes[i], mags[i], strict=True) if c > 0)
                 assert alone.ops == pairs
 

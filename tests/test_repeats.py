@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+from typing import Any
 
 import numpy as np
 import pytest
@@ -18,7 +19,7 @@ from gpupipe._plan import PlanSpec, elastic_plan, rank_plan, remaining
 from .support.checkers import check_exact_resume
 
 SIZES = np.array([7, 5, 9, 3, 6])  # 30 samples
-KW = dict(sequential=True, seed=3, epoch=1)
+KW: dict[str, Any] = dict(sequential=True, seed=3, epoch=1)
 
 
 def spec(world, batch_size, drop_last, repeats, total=30):
@@ -69,7 +70,7 @@ class TestRepeatedPlan:
         """Every R-th of the order from a drawn offset: no shard position is favoured (a prefix of
         the order would pick the ends of long shards a tenth as often)."""
         s = spec(2, 3, False, 3)
-        seen = collections.Counter()
+        seen: collections.Counter[int] = collections.Counter()
         for epoch in range(300):
             seen.update(set(np.concatenate([p.samples for p in epoch_of(s, epoch=epoch)]).tolist()))
         counts = np.array([seen[i] for i in range(30)])
@@ -92,7 +93,7 @@ class TestRepeatedPlan:
             plans = [elastic_plan(SIZES, spec(new, 3, False, 3), remaining(first, done), rank=r, **KW)
                      for r in range(new)]  # fmt: skip
             after = [(int(a), int(b)) for p in plans
-                     for a, b, v in zip(p.samples, p.draws, p.valid, strict=True) if v]  # fmt: skip
+                     for a, b, v in zip(p.samples, p.drawn_all, p.valid, strict=True) if v]  # fmt: skip
             assert sorted(before + after) == whole, (old, new, done)
 
 

@@ -14,13 +14,16 @@ import enum
 import inspect
 import math
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, overload
 
 import numpy as np
 
 from .._errors import ConfigError
 from .._validate import check_enum
 from ._base import ImageSpec, Transform
+
+if TYPE_CHECKING:
+    from ._apply import RandomChoice as PerSampleChoice
 
 __all__ = ["BatchTransform", "BatchMode", "MixUp", "CutMix", "RandomChoice", "MixParams"]
 
@@ -158,28 +161,12 @@ class CutMix(_Mixing):
 
 
 @dataclasses.dataclass(frozen=True)
-class RandomChoice(BatchTransform):
-    """One of ``transforms`` per batch, ``transforms[i]`` with probability ``p[i]`` (uniform by
-    default): torchvision's ``RandomChoice([MixUp(...), CutMix(...)])`` of its reference recipe,
-    or timm's ``switch_prob`` (``p=[1 - s, s]``). With ``"elem"`` members each sample chooses.
-
-    Args:
-        transforms: :class:`MixUp` and :class:`CutMix` instances, of one ``num_classes``,
-            ``label_smoothing`` and ``mode``.
-        p: their probabilities, summing to 1; ``None``: uniform.
-    """
+class _ChoiceFields(BatchTransform):
+    """:class:`RandomChoice`'s fields and ``__init__`` (apart, so that type checkers read the
+    choice's own ``__new__``, which makes the per-sample choice of per-sample transforms)."""
 
     transforms: Sequence[BatchTransform]
     p: Sequence[float] | None = None
-
-    def __new__(cls, transforms: Any = None, p: Any = None) -> Any:
-        """With per-sample transforms: the per-sample choice (``gpupipe.transforms._apply``), as
-        torchvision's one ``RandomChoice`` takes either."""
-        if isinstance(transforms, Sequence) and transforms and all(isinstance(t, Transform) for t in transforms):
-            from ._apply import RandomChoice as PerSample
-
-            return PerSample(transforms, p)
-        return super().__new__(cls)
 
     def __post_init__(self) -> None:
         members = tuple(self.transforms)
@@ -199,6 +186,31 @@ class RandomChoice(BatchTransform):
             if len(p) != len(members) or any(x < 0 for x in p) or abs(sum(p) - 1.0) > 1e-6:
                 raise ConfigError(f"RandomChoice: p must be {len(members)} probabilities summing to 1, got {self.p!r}")
             object.__setattr__(self, "p", tuple(p))
+
+
+class RandomChoice(_ChoiceFields):
+    """One of ``transforms`` per batch, ``transforms[i]`` with probability ``p[i]`` (uniform by
+    default): torchvision's ``RandomChoice([MixUp(...), CutMix(...)])`` of its reference recipe,
+    or timm's ``switch_prob`` (``p=[1 - s, s]``). With ``"elem"`` members each sample chooses.
+
+    Args:
+        transforms: :class:`MixUp` and :class:`CutMix` instances, of one ``num_classes``,
+            ``label_smoothing`` and ``mode``.
+        p: their probabilities, summing to 1; ``None``: uniform.
+    """
+
+    @overload
+    def __new__(cls, transforms: Sequence[BatchTransform], p: Sequence[float] | None = None) -> RandomChoice: ...
+    @overload
+    def __new__(cls, transforms: Sequence[Transform], p: Sequence[float] | None = None) -> PerSampleChoice: ...  # type: ignore[misc]
+    def __new__(cls, transforms: Any = None, p: Any = None) -> Any:
+        """With per-sample transforms: the per-sample choice (``gpupipe.transforms._apply``), as
+        torchvision's one ``RandomChoice`` takes either."""
+        if isinstance(transforms, Sequence) and transforms and all(isinstance(t, Transform) for t in transforms):
+            from ._apply import RandomChoice as PerSample
+
+            return PerSample(transforms, p)
+        return super().__new__(cls)
 
     def output_spec(self, spec: ImageSpec) -> ImageSpec:
         for t in self.transforms:
