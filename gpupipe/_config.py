@@ -209,7 +209,9 @@ class LoaderConfig:
             processes; ``"ray"``: the torch backend's kernels in Ray tasks, on a cluster's CPUs),
             or ``"auto"`` (default): the first available of DALI, torch (never Ray) that runs every
             step of the pipeline (a step DALI does not take, such as
-            ``RandomRotation(expand=True)``, makes it torch; the loader's ``chosen`` says so).
+            ``RandomRotation(expand=True)``, makes it torch; the loader's ``chosen`` says so)
+            and is not measured slower there for one of them (on the CPU, DALI for the
+            augmentation policies, ``TrivialAugmentWide`` to ``AugMix``: torch).
             The name is checked against the backend table when a loader is made.
         device: where batches are delivered: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or a
             ``torch.device``; ``None`` (default) picks ``"cuda"`` when available, else ``"cpu"``.

@@ -62,6 +62,31 @@ class TestTable:
         with pytest.raises(gp.UnsupportedTransformError, match=r"pipeline step 1\): expand=True"):
             gp.Loader(pipe, 2, backend="dali", device="cpu")
 
+    def test_auto_passes_over_a_backend_measured_slower_for_a_step(self):
+        """``Backend.slower``: DALI's CPU operators run the policies slower than the torch backend,
+        so ``auto`` picks torch for them on the CPU (a member of a composite step counts), and
+        says why; elsewhere, and where no other backend runs the pipeline, DALI stays the choice."""
+        pytest.importorskip("nvidia.dali")
+        dali = backends.get("dali")
+        views = [[T.RandomResizedCrop(8), T.RandomApply([T.TrivialAugmentWide()])]]
+        backend, device = backends.resolve("auto", "cpu", views)
+        assert backend.name == "torch"
+        assert backends.why("auto", "cpu", backend, device, views) == (
+            "backend torch: dali runs TrivialAugmentWide slower on the cpu (bench/results/2026-11-25-v2-recipe-cpu.md)"
+        )
+        assert dali.slower_step("cuda", views) is None and dali.slower_step("cpu", [[T.CenterCrop(8)]]) is None
+        assert backends.resolve("auto", "cpu", [[T.CenterCrop(8)]])[0] is dali
+        assert backends.resolve("dali", "cpu", views)[0] is dali  # named: taken as named
+
+    def test_a_slower_backend_is_still_auto_where_it_is_the_only_one(self, monkeypatch):
+        pytest.importorskip("nvidia.dali")
+        monkeypatch.setattr(type(backends.get("torch")), "available", lambda self: False)
+        views = [[T.AugMix()]]
+        backend, device = backends.resolve("auto", "cpu", views)
+        assert backend.name == "dali" and backends.why("auto", "cpu", backend, device, views) == (
+            "backend dali: the first available of dali, torch"
+        )
+
     def test_an_unavailable_backend_says_what_to_install(self, shards, monkeypatch):
         monkeypatch.setattr(type(backends.get("dali")), "available", lambda self: False)
         with pytest.raises(gp.BackendUnavailableError, match=r"backend='dali' needs NVIDIA DALI: pip install"):

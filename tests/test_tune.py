@@ -74,6 +74,17 @@ def test_the_record_belongs_to_its_pipeline_and_backend(shards, cache, fake_rate
         assert loader.tuned is None
 
 
+def test_auto_tunes_the_backend_the_loader_picks(shards, cache, fake_rates):
+    """``backend="auto"`` is resolved for the pipeline (DALI passed over for TrivialAugmentWide on
+    the CPU): the record is the one an ``auto`` loader of that pipeline finds."""
+    fake_rates(lambda w, p: 100.0 * w)
+    pipe = gp.Pipeline(shards, [gp.transforms.CenterCrop(24), gp.transforms.TrivialAugmentWide()])
+    gp.tune(pipe, 4, seconds=0.1, device="cpu")
+    (entry,) = json.loads((cache / "tune.json").read_text()).values()
+    with gp.Loader(pipe, 4, device="cpu") as loader:
+        assert entry["backend"] == loader.backend == "torch" and loader.tuned is not None
+
+
 def test_hw_decoder_load_is_tuned_on_a_gpu_only(shards, cache, fake_rates, monkeypatch):
     """The hardware decoder's share is a trial only where DALI decodes on a GPU; the cheapest share
     is the one nearest DALI's 0.65 within 3% of the best."""

@@ -120,23 +120,36 @@ def resolve(name: str, device: str | torch.device | None, views: Any = ()) -> tu
 
         dev = torch.device(cuda_device())
     if name == "auto":
-        refused: UnsupportedTransformError | None = None
-        for candidate in TABLE:
-            backend = get(candidate)
-            if backend.auto and dev.type in backend.devices and backend.available():
-                reason = _cannot_run(backend, views)
-                if reason is None:
-                    return backend, dev
-                refused = refused or reason
-        if refused is not None:
-            raise refused
-        raise BackendUnavailableError(f"Loader: no backend available for device {str(dev)!r}")
+        return _auto(dev, views), dev
     backend = get(name)
     if not backend.available():
         raise BackendUnavailableError(f"Loader: backend={name!r} needs {backend.requirement}")
     if dev.type not in backend.devices:
         raise BackendUnavailableError(f"Loader: backend={name!r} cannot deliver to {str(dev)!r}")
     return backend, dev
+
+
+def _auto(dev: torch.device, views: Any) -> Backend:
+    """``"auto"``'s choice on ``dev``: the first available backend of the table that runs every
+    step of ``views`` and is not measured slower there for one of them (``Backend.slower``); the
+    first that runs them all where every one is."""
+    refused: UnsupportedTransformError | None = None
+    fallback: Backend | None = None
+    for candidate in TABLE:
+        backend = get(candidate)
+        if backend.auto and dev.type in backend.devices and backend.available():
+            reason = _cannot_run(backend, views)
+            if reason is not None:
+                refused = refused or reason
+            elif backend.slower_step(dev.type, views) is None:
+                return backend
+            else:
+                fallback = fallback or backend
+    if fallback is not None:
+        return fallback
+    if refused is not None:
+        raise refused
+    raise BackendUnavailableError(f"Loader: no backend available for device {str(dev)!r}")
 
 
 def why(
@@ -150,10 +163,13 @@ def why(
     if name == "auto":
         before = [get(n) for n in list(TABLE)[: list(TABLE).index(backend.name)] if get(n).auto]
         missing = [b.name for b in before if not b.available() or dev.type not in b.devices]
-        cannot = [f"{b.name} cannot run {_step_of(_cannot_run(b, views))}" for b in before
-                  if b.name not in missing and _cannot_run(b, views) is not None]  # fmt: skip
+        reasons = [f"{', '.join(missing)} not available"] if missing else []
+        for b in before:
+            if b.name not in missing:
+                cannot = _cannot_run(b, views)
+                reason = f"{b.name} cannot run {_step_of(cannot)}" if cannot else b.slower_step(dev.type, views)
+                reasons += [reason] if reason else []
         order = ", ".join(n for n in TABLE if get(n).auto)
-        reasons = ([f"{', '.join(missing)} not available"] if missing else []) + cannot
         parts.append(f"backend {backend.name}: " + ("; ".join(reasons) if reasons else
                                                     f"the first available of {order}"))  # fmt: skip
     return "; ".join(parts) or None

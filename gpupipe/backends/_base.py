@@ -134,6 +134,15 @@ class Runs:
         return stopped
 
 
+def _walk(steps: Any) -> Iterator[Any]:
+    """The steps and, depth first, the members of composite ones (``RandomApply``, ``RandomChoice``)."""
+    for step in steps:
+        yield step
+        members = getattr(step, "transforms", None)
+        if isinstance(members, tuple):
+            yield from _walk(members)
+
+
 class Backend(abc.ABC):
     """One way of running pipelines. A backend module defines a subclass and an instance named
     ``BACKEND``; one entry in the table of :mod:`gpupipe.backends` makes it selectable.
@@ -144,6 +153,9 @@ class Backend(abc.ABC):
         requirement: what to install when it is not available.
         auto: whether ``backend="auto"`` may choose it (``False``: only when named).
         lowerings: transform type → lowering function, for this backend.
+        slower: ``(device type, transform types, evidence)`` entries: where the backend runs
+            those transforms measurably slower than the next backend of the table, so that
+            ``backend="auto"`` passes it over there for that backend (when it runs the pipeline).
     """
 
     name: ClassVar[str]
@@ -151,6 +163,19 @@ class Backend(abc.ABC):
     auto: ClassVar[bool] = True  # whether backend="auto" may pick it
     requirement: ClassVar[str] = ""
     lowerings: ClassVar[Registry]
+    slower: ClassVar[tuple[tuple[str, tuple[type, ...], str], ...]] = ()
+
+    def slower_step(self, device_type: str, views: Any) -> str | None:
+        """Why the next backend suits ``views`` on ``device_type`` better (a step of an entry of
+        :attr:`slower`, composite transforms' members included), in a few words; ``None``."""
+        for dev, types, evidence in self.slower:
+            if dev != device_type:
+                continue
+            for steps in views:
+                for step in _walk(steps):
+                    if isinstance(step, types):
+                        return f"{self.name} runs {type(step).__name__} slower on the {dev} ({evidence})"
+        return None
 
     def available(self) -> bool:
         """Whether the backend's libraries are installed (cheap; imports them at most once)."""
