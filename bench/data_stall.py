@@ -35,8 +35,8 @@ from _data import synthetic_shards
 from _report import publish
 
 import gpupipe as gp
-from gpupipe._dist import default_workers
 from gpupipe.cli._bench import baseline_loader
+from gpupipe.runtime._dist import default_workers
 
 
 def step_fn(args: argparse.Namespace, device: torch.device) -> Any:

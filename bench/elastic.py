@@ -4,7 +4,7 @@
     python bench/elastic.py --samples 1e8 --shards 10000 --old 64 --new 48   # smaller
     python bench/elastic.py --mix                # and a gp.Mix: a 1.28 M-sample source at 10% of the epoch
 
-No data is read: a rank's start-up cost at this scale is its epoch plan (``gpupipe._plan``), a
+No data is read: a rank's start-up cost at this scale is its epoch plan (``gpupipe.plan._plan``), a
 pure function of the shard sizes. For a few ranks of each world size this times, in this
 process, and measures the peak of what Python allocates (``tracemalloc``; NumPy's arrays
 included):
@@ -12,7 +12,7 @@ included):
 - ``rank_plan``: a rank's whole epoch at the old world size (what every start-up does);
 - ``remaining``: what an epoch stopped after ``--done`` steps leaves (one range per old rank);
 - ``elastic_plan``: a new rank's part of that, reading the old ranks' plans its part touches;
-- with ``--mix``: the same through a ``gp.Mix`` (``gpupipe._mixplan``): the epoch's draw (its
+- with ``--mix``: the same through a ``gp.Mix`` (``gpupipe.plan._mix``): the epoch's draw (its
   virtual shards; each shard's samples drawn when a rank reads it), a rank's plan, an elastic one.
 
 ``--check`` also counts, over every new rank, that no sample is lost or repeated (slow at full
@@ -36,8 +36,8 @@ sys.path.insert(0, ROOT)
 
 from _report import publish
 
-from gpupipe._mixplan import mixed_plan, select
-from gpupipe._plan import PlanSpec, elastic_plan, rank_plan, remaining
+from gpupipe.plan._mix import mixed_plan, select
+from gpupipe.plan._plan import PlanSpec, elastic_plan, rank_plan, remaining
 from gpupipe.sources._mix import MixCounts, counts_of
 
 

@@ -51,7 +51,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import gpupipe as gp
-from gpupipe._dist import cpu_cores, default_workers
+from gpupipe.runtime._dist import cpu_cores, default_workers
 from gpupipe.testing import encode_jpeg, synthetic_image
 
 SETS = {"imagenet-like": (375, 500), "large": (1500, 2000)}  # (height, width)
@@ -457,7 +457,7 @@ def main() -> None:
     head = ratios(rows, stall, threads)
     import nvidia.dali
 
-    from gpupipe._nvjpeg import in_process
+    from gpupipe.runtime._nvjpeg import in_process
 
     nvjpeg = in_process()
 

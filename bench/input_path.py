@@ -111,9 +111,9 @@ class Gpupipe:
         import torch
 
         import gpupipe as gp
-        from gpupipe._plan import PlanSpec, rank_plan
         from gpupipe.backends import RunSpec
         from gpupipe.backends._dali._runner import DaliRunner
+        from gpupipe.plan._plan import PlanSpec, rank_plan
 
         self.index = gp.WebDataset(urls).index()
         config = gp.LoaderConfig(BATCH, backend="dali", device="cpu", num_workers=THREADS, prefetch=PREFETCH)

@@ -27,7 +27,7 @@ import contextlib
 from _report import publish
 
 import gpupipe as gp
-from gpupipe._plan import PlanSpec, rank_plan
+from gpupipe.plan._plan import PlanSpec, rank_plan
 from gpupipe.testing import encode_jpeg, synthetic_image
 
 

@@ -14,14 +14,14 @@ Example:
     >>> loader = gp.Loader(pipe, batch_size=64, shuffle=True, drop_last=True, seed=0)  # doctest: +SKIP
 """
 
-from . import _nvjpeg
+from .runtime import _nvjpeg
 
 _nvjpeg.preload()  # first: before anything imports torchvision, which brings an older nvJPEG (see _nvjpeg)
 
 from . import sources, transforms
-from ._check import CheckReport, check
-from ._config import DaliOptions, DecodeMode, LoaderConfig, OnError, RayOptions
-from ._errors import (
+from .backends import register_lowering
+from .core._config import DaliOptions, DecodeMode, LoaderConfig, OnError, RayOptions
+from .core._errors import (
     BackendUnavailableError,
     ClosedError,
     ConfigError,
@@ -34,13 +34,13 @@ from ._errors import (
     UnsupportedTransformError,
     WorkerError,
 )
-from ._loader import Batch, Loader, SkippedSample
-from ._pipeline import Pipeline, load_pipeline
-from ._plan import RankPlan
-from ._shards import ShardWriter
-from ._tune import tune
-from ._tuned import Tuned
-from .backends import register_lowering
+from .core._shards import ShardWriter
+from .loader._loader import Batch, Loader, SkippedSample
+from .loader._records import Tuned
+from .loader._tune import tune
+from .pipeline._check import CheckReport, check
+from .pipeline._pipeline import Pipeline, load_pipeline
+from .plan._plan import RankPlan
 from .sources import FakeData, ImageFolder, Mix, Source, WebDataset
 
 __version__ = "0.1.0"

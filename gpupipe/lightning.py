@@ -32,10 +32,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import _dist
-from ._errors import BackendUnavailableError, ConfigError
-from ._loader import Loader
-from ._pipeline import Pipeline
+from .core._errors import BackendUnavailableError, ConfigError
+from .loader._loader import Loader
+from .pipeline._pipeline import Pipeline
+from .runtime import _dist
 
 try:
     import lightning.pytorch as pl

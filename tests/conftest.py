@@ -81,7 +81,7 @@ def image_folder(tmp_path_factory) -> str:
 @pytest.fixture(scope="session")
 def photo() -> torch.Tensor:
     """A decoded photograph-like JPEG, uint8 [3, 120, 160]."""
-    from gpupipe._decode import decode_rgb
+    from gpupipe.runtime._decode import decode_rgb
 
     data = encode_jpeg(synthetic_image(7, label=3, size=(120, 160)))
     return decode_rgb(data, shard="-", key="photo")

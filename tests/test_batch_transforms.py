@@ -14,8 +14,8 @@ from torchvision.transforms import v2
 
 import gpupipe as gp
 from gpupipe import transforms as T
-from gpupipe._random import batch_generator
 from gpupipe.backends._batchwise import apply_batch, mix, soft_labels
+from gpupipe.core._random import batch_generator
 from gpupipe.transforms._batch import MixParams
 
 from .support.data import write_webdataset_shards

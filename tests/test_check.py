@@ -121,7 +121,7 @@ def test_a_tar_member_named_jpg_that_is_a_tar(tmp_path):
 
 def test_a_decoders_message_without_its_source_location():
     """torchvision's errors carry 'decode_jpeg, /__w/vision/.../decode_jpeg.cpp:171, ': left out."""
-    from gpupipe._decode import decode_rgb
+    from gpupipe.runtime._decode import decode_rgb
 
     with pytest.raises(gp.SampleError) as e:
         decode_rgb(truncated_jpeg(1), shard="s.tar", key="k")

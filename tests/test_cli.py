@@ -28,7 +28,7 @@ def test_make_shards_synthetic(tmp_path, capsys):
     assert [index.read(i).label for i in range(10)] == [i % 3 for i in range(10)]
     sample = index.read(0)
     assert sample.data[:2] == b"\xff\xd8" and len(sample.data) > 10_000  # a real, photo-sized JPEG
-    from gpupipe._decode import decode_rgb
+    from gpupipe.runtime._decode import decode_rgb
 
     assert 300 <= min(decode_rgb(sample.data, shard="s", key="k").shape[1:]) <= 500
 

@@ -87,7 +87,7 @@ class TestSharedChecks:
         check_invalid(lambda: gp.ShardWriter(str(tmp_path / "s-%d.tar"), start=-1), "start must be an int >= 0")
 
     def test_explicit_rank(self):
-        from gpupipe import _dist
+        from gpupipe.runtime import _dist
 
         check_invalid(lambda: _dist.topology(True, 2), "rank must be an int")
         check_invalid(lambda: _dist.topology(0, 2.0), "world_size must be an int")  # type: ignore[arg-type]

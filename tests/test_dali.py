@@ -247,9 +247,9 @@ class TestRandomSampling:
         """The graph's float64 arithmetic (where only the graph knows the size: EXIF orientation)
         gives exactly ``resized_crop_window``'s windows, fallback (no attempt fits) included, on
         every image shape."""
-        from gpupipe._geometry import resized_crop_window
         from gpupipe.backends._dali._context import peek_shape
         from gpupipe.backends._dali._lowerings import _graph_crop_window as in_graph
+        from gpupipe.core._geometry import resized_crop_window
 
         rng = np.random.default_rng(3)
         sizes: list[tuple[int, int]] = [

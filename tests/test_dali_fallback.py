@@ -12,8 +12,8 @@ import torch
 
 import gpupipe as gp
 from gpupipe import transforms as T
-from gpupipe._decode import decode_rgb, read_header, transcoded
 from gpupipe.backends._dali import _fallback
+from gpupipe.runtime._decode import decode_rgb, read_header, transcoded
 
 from .support.corpus import corpus
 

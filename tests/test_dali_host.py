@@ -100,7 +100,7 @@ class TestHostGeometry:
     def test_a_sample_whose_pixels_are_not_its_headers_size_is_refused(self):
         """After DALI failed on a batch, a sample whose decoded size is not its header's (the
         windows were computed from the header) is the bad one."""
-        from gpupipe._decode import verdicts
+        from gpupipe.runtime._decode import verdicts
 
         data = encode_jpeg(synthetic_image(1, size=(30, 40)))
         assert verdicts([(data, "s.tar", "k")], max_pixels=None, sizes=[(30, 40)]) == [None]
@@ -195,7 +195,7 @@ class TestDecodeStrategy:
 
     def test_nvjpeg_is_found(self):
         """The process's nvJPEG, as DALI loads it (the CUDA 12 wheels bring 12.x; none: None)."""
-        from gpupipe._nvjpeg import in_process
+        from gpupipe.runtime._nvjpeg import in_process
 
         found = in_process()
         assert found is None or (os.path.basename(found.path).startswith("libnvjpeg") and found.version[0] >= 11)

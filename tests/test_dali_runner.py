@@ -284,9 +284,9 @@ class TestInputPath:
         are never fed without a standing lease."""
         from concurrent.futures import ThreadPoolExecutor
 
-        from gpupipe._plan import RankPlan
         from gpupipe.backends._dali._context import Lowered
         from gpupipe.backends._dali._input import BatchReader, Buffers, Maps
+        from gpupipe.plan._plan import RankPlan
         from gpupipe.sources import LocalStorage
 
         paths = write_webdataset_shards(str(tmp_path), (8,), prefix="late")

@@ -17,7 +17,7 @@ import torch
 
 import gpupipe as gp
 from gpupipe import transforms as T
-from gpupipe._errors import Problem
+from gpupipe.core._errors import Problem
 from gpupipe.sidefiles._mask import write_mask
 from gpupipe.sources import _webdataset
 
@@ -194,7 +194,7 @@ class TestCheckedList:
 
 
 def test_a_plan_without_the_excluded_samples_keeps_their_numbers():
-    from gpupipe._plan import PlanSpec, rank_plan
+    from gpupipe.plan._plan import PlanSpec, rank_plan
 
     sizes, excluded = [5, 4, 6], [1, 5, 6, 7, 8, 14]  # the whole second shard among them
     spec = PlanSpec(15 - 6, 2, 2, False, True, 4, 2)

@@ -11,9 +11,9 @@ import sys
 import pytest
 import torch
 
-from gpupipe._nvjpeg import Nvjpeg
 from gpupipe.cli import _doctor as doctor
 from gpupipe.cli._doctor import Environment, Gpu, Level
+from gpupipe.runtime._nvjpeg import Nvjpeg
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 

@@ -13,8 +13,8 @@ from torchvision.transforms import v2
 
 import gpupipe as gp
 from gpupipe import transforms as T
-from gpupipe._geometry import ATTEMPTS, erasing_window, erasing_windows
-from gpupipe._random import uniforms
+from gpupipe.core._geometry import ATTEMPTS, erasing_window, erasing_windows
+from gpupipe.core._random import uniforms
 from gpupipe.testing import encode_jpeg, synthetic_image
 
 from .support.checkers import (

@@ -1,4 +1,4 @@
-"""Geometry defined once (gpupipe._geometry): torchvision's rules on ints, the same functions on
+"""Geometry defined once (gpupipe.core._geometry): torchvision's rules on ints, the same functions on
 the DALI backend's host values (NumPy over a batch) and on DALI graph nodes giving the same
 numbers, and one decision for an image too small for its crop on every backend."""
 
@@ -14,7 +14,7 @@ from torchvision.transforms.v2.functional import _geometry as tvg
 
 import gpupipe as gp
 from gpupipe import transforms as T
-from gpupipe._geometry import (
+from gpupipe.core._geometry import (
     center_crop_anchor,
     crop_padding,
     crop_start,

@@ -251,7 +251,7 @@ class TestDaliOptions:
         assert gp.DaliOptions(affine=True).decoder_args(ranks_per_node=ranks)["affine"] is True
 
     def test_ranks_per_node_from_the_launcher(self, clean_env):
-        from gpupipe import _dist
+        from gpupipe.runtime import _dist
 
         assert _dist.ranks_per_node() is None
         clean_env.setenv("SLURM_NTASKS_PER_NODE", "4")

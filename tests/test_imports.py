@@ -16,45 +16,27 @@ from collections.abc import Iterator
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 PACKAGE = os.path.join(ROOT, "gpupipe")
 
-# Bottom up: a unit imports only from itself and the units before it. A unit is a sub-package
-# (its modules import each other freely, without cycles) or a top-level module.
+# Bottom up: a unit imports only from itself and the units below it. A unit is a folder of the
+# package (its modules import each other freely, without cycles) or one of the public modules at
+# its root; the order is the one docs/architecture.md draws.
 LAYERS = (
-    "_errors",  # the exception hierarchy, Damage, Problem: imports nothing of gpupipe
-    "_validate",
-    "_imageinfo",
-    "_random",
-    "_geometry",
-    "_children",
-    "_sandbox",
-    "_decode",
-    "_nvjpeg",
-    "_dist",
-    "_batch",
-    "_shards",
-    "_config",
-    "_tuned",
-    "testing",
+    "core",  # errors, argument checks, random draws, geometry, image headers, the batch, options
+    "runtime",  # rank/world/worker, child processes, the decoder sandbox, nvJPEG
+    "testing",  # gp.testing: fake images (public module)
     "storage",  # byte access: local, remote, the shard cache
     "transforms",  # definitions only, no backend
     "sidefiles",  # files beside the shards, over a storage
     "sources",  # the dataset formats
-    "_plan",
-    "_mixplan",  # what an epoch of a gp.Mix holds
-    "_trainers",  # the attributes trainers read on a loader
-    "_pipeline",
-    "_check",
+    "pipeline",  # gp.Pipeline and gp.check
+    "plan",  # what an epoch holds: rank and mix plans, positions, skips
     "backends",
-    "_skips",  # what a loader leaves out
-    "_resume",  # where a loader is: its saved states
-    "_indexed",  # a loader's index and plan settings, made again when a growing source changes
-    "_loader",
-    "_tune",
-    "lightning",
+    "loader",  # gp.Loader, the trainers' view of it, gp.tune and its records
+    "lightning",  # gp.lightning (public module)
     "cli",
     "__main__",
     "__init__",
 )
-PACKAGES = ("storage", "sidefiles", "sources", "transforms", "backends", "cli")
+PACKAGES = tuple(u for u in LAYERS if os.path.isdir(os.path.join(PACKAGE, u)))
 
 
 def modules() -> dict[str, str]:
@@ -115,6 +97,15 @@ class TestLayers:
         assert {unit(m) for m in modules()} == set(LAYERS)
         assert all(os.path.isdir(os.path.join(PACKAGE, p)) for p in PACKAGES)
 
+    def test_the_architecture_page_draws_these_floors(self):
+        """docs/architecture.md's table of floors is this order, folder for folder."""
+        import re
+
+        with open(os.path.join(ROOT, "docs", "architecture.md")) as f:
+            text = f.read()
+        drawn = re.findall(r"^\| [\w ]+ \| `gpupipe/(\w+)(?:/|\.py)` \|", text.split("## Layers")[1], re.M)
+        assert drawn == [u for u in LAYERS if u not in ("__main__", "__init__")]
+
     def test_imports_go_downwards(self):
         known = modules()
         upward = []
@@ -152,20 +143,21 @@ class TestLayers:
         """The checks above are not vacuous: a made-up package with both faults is caught."""
         pkg = tmp_path / "gpupipe"
         (pkg / "storage").mkdir(parents=True)
-        (pkg / "__init__.py").write_text("")
-        (pkg / "_errors.py").write_text("from .storage import _base\n")
-        (pkg / "storage" / "__init__.py").write_text("")
+        (pkg / "core").mkdir()
+        for folder in (pkg, pkg / "storage", pkg / "core"):
+            (folder / "__init__.py").write_text("")
+        (pkg / "core" / "_errors.py").write_text("from ..storage import _base\n")
         (pkg / "storage" / "_base.py").write_text(
-            "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    pass\nelse:\n    from .._errors import X\n"
+            "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    pass\nelse:\n    from ..core._errors import X\n"
         )
         monkeypatch.setattr(sys.modules[__name__], "ROOT", str(tmp_path))
         monkeypatch.setattr(sys.modules[__name__], "PACKAGE", str(pkg))
         edges = graph()
-        assert edges["gpupipe._errors"] == {"gpupipe.storage._base"}
-        assert edges["gpupipe.storage._base"] == {"gpupipe._errors"}
+        assert edges["gpupipe.core._errors"] == {"gpupipe.storage._base"}
+        assert edges["gpupipe.storage._base"] == {"gpupipe.core._errors"}
         known = modules()
-        found = list(imports("gpupipe._errors", str(pkg / "_errors.py"), known))
-        assert LAYERS.index(unit(found[0][1])) > LAYERS.index("_errors")
+        found = list(imports("gpupipe.core._errors", str(pkg / "core" / "_errors.py"), known))
+        assert LAYERS.index(unit(found[0][1])) > LAYERS.index("core")
 
 
 def test_import_gpupipe_loads_no_backend_and_no_command():

@@ -269,7 +269,7 @@ def test_a_dropped_dali_runner_frees_its_pipelines(shards, gc_off):
     from nvidia.dali import Pipeline
 
     from gpupipe import backends
-    from gpupipe._plan import PlanSpec, rank_plan
+    from gpupipe.plan._plan import PlanSpec, rank_plan
 
     index = gp.WebDataset(shards).index()
     spec = backends.RunSpec(

@@ -16,7 +16,7 @@ import torch
 
 import gpupipe as gp
 from gpupipe import transforms as T
-from gpupipe._mixplan import select
+from gpupipe.plan._mix import select
 from gpupipe.sources._mix import MixIndex, counts_of
 
 from .support.checkers import check_exact_resume
@@ -363,7 +363,7 @@ class TestSpread:
 
     @pytest.mark.parametrize("total", [10_000, 2_000_000_000], ids=["numpy", "halves"])
     def test_exact_within_bounds_and_proportional(self, total):
-        from gpupipe._mixplan import spread
+        from gpupipe.plan._mix import spread
 
         rng = np.random.default_rng(0)
         sizes = rng.integers(total // 2000, 3 * total // 2000, size=1000)

@@ -1,4 +1,4 @@
-"""Which nvJPEG DALI's GPU decoders get (``gpupipe._nvjpeg``), checked without a GPU: the dynamic
+"""Which nvJPEG DALI's GPU decoders get (``gpupipe.runtime._nvjpeg``), checked without a GPU: the dynamic
 linker answers nvImageCodec's bare-name open (``libnvjpeg.so.13``) with the first library of that
 name loaded in the process, and torchvision's CUDA wheels bring an older one under that name. The
 CUDA 13 nvJPEG package (``nvidia-nvjpeg``, a test dependency) is loaded beside torchvision's, in
@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from gpupipe import _nvjpeg
+from gpupipe.runtime import _nvjpeg
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 
@@ -30,7 +30,7 @@ needs_both = pytest.mark.skipif(
     reason="needs nvidia-nvjpeg (CUDA 13) and a torchvision CUDA 13 wheel with its own nvJPEG",
 )
 
-# Loads gpupipe/_nvjpeg.py alone (standard library only), so that torchvision is imported only
+# Loads gpupipe/runtime/_nvjpeg.py alone (standard library only), so that torchvision is imported only
 # where the script says; prints what DALI's open of libnvjpeg.so.13 would get.
 SCRIPT = """
 import importlib.util, json, sys
@@ -47,7 +47,9 @@ print(json.dumps({{"preloaded": preloaded, "path": found.path, "version": found.
 
 
 def _run(*, torchvision_first: bool, env: dict[str, str] | None = None) -> dict:
-    script = SCRIPT.format(path=os.path.join(ROOT, "gpupipe", "_nvjpeg.py"), torchvision_first=torchvision_first)
+    script = SCRIPT.format(
+        path=os.path.join(ROOT, "gpupipe", "runtime", "_nvjpeg.py"), torchvision_first=torchvision_first
+    )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
                          env={**os.environ, **(env or {})})  # fmt: skip
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -78,7 +80,7 @@ def test_the_preload_can_be_turned_off():
 def test_import_gpupipe_preloads_before_torchvision():
     """``import gpupipe`` imports torchvision itself: the preload comes first, for DALI's CUDA."""
     script = (
-        "import gpupipe, json; from gpupipe import _nvjpeg\n"
+        "import gpupipe, json; from gpupipe.runtime import _nvjpeg\n"
         "found = _nvjpeg.in_process()\n"
         "print(json.dumps({'cuda': _nvjpeg.dali_cuda(), 'preloaded': _nvjpeg.PRELOADED,"
         " 'path': found and found.path, 'shadowed': found and found.pip}))"

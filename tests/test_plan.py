@@ -13,7 +13,7 @@ import torch
 
 import gpupipe as gp
 from gpupipe import transforms as T
-from gpupipe._plan import Layout, PlanSpec, elastic_plan, rank_plan, rank_range, remaining, shard_permutation
+from gpupipe.plan._plan import Layout, PlanSpec, elastic_plan, rank_plan, rank_range, remaining, shard_permutation
 from gpupipe.testing import encode_jpeg, synthetic_image
 
 from .support.checkers import check_epoch_partition, val, yielded
@@ -333,7 +333,7 @@ class TestElastic:
     def test_a_rank_reads_only_the_old_plans_its_part_touches(self, monkeypatch):
         """Start-up stays about N / world_size per rank: 64 old ranks, 16 new ones, each new rank
         computes the plans of the ~4-5 old ranks whose remaining samples it takes."""
-        from gpupipe import _plan
+        from gpupipe.plan import _plan
 
         sizes = np.full(128, 50)
         first = _spec(int(sizes.sum()), 64, 5, False)

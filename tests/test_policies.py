@@ -100,7 +100,7 @@ def dali_vs_torch(t, photos, rows, monkeypatch):
     """DALI-CPU's and the torch backend's outputs with forced factors (one row per image)."""
     factors = forced(t, rows)
     monkeypatch.setattr(checkers, "sample_factors", lambda transforms, n, seed=0: [factors[:n]])
-    from gpupipe._decode import decode_rgb
+    from gpupipe.runtime._decode import decode_rgb
 
     images = photos[: len(rows)]
     got = run_dali([t], images)
@@ -163,7 +163,7 @@ class TestOnDali:
         values at most): torch and DALI pick either. Every value apart is such a tie."""
         import math
 
-        from gpupipe._geometry import affine_matrices
+        from gpupipe.core._geometry import affine_matrices
 
         rows = [(CODE["ShearX"], b, s, -1, 0, 1) for b in range(10) for s in (-1, 1)]
         apart = 0
@@ -437,7 +437,7 @@ class TestTimmRandAugment:
             rows = [(CODE[name], min(10.0, (i // 2) / 3 + 0.0123), -1 if i % 2 else 1, 0, 0) for i in range(62)]
             factors = np.array([r[:3] for r in rows], dtype=np.float64)
             monkeypatch.setattr(checkers, "sample_factors", lambda transforms, n, seed=0, f=factors: [f[:n]])
-            from gpupipe._decode import decode_rgb
+            from gpupipe.runtime._decode import decode_rgb
 
             got = run_dali([t], photos)
             for i, (g, e) in enumerate(zip(got, photos, strict=True)):
@@ -539,7 +539,7 @@ class TestAgreement:
     def test_draws_are_independent_across_samples_and_epochs(self):
         """TrivialAugmentWide's operation of a sample in epoch 0 says nothing of its operation in
         epoch 1, nor of the next sample's (chi-square of the 14 x 14 table, 169 d.o.f.)."""
-        from gpupipe._random import step_factors
+        from gpupipe.core._random import step_factors
 
         t, n = T.TrivialAugmentWide(), 14 * 14 * 60
         first, later = (step_factors(t, 5, epoch, np.arange(n), 2) for epoch in (0, 1))

@@ -22,7 +22,7 @@ import pytest
 
 import gpupipe as gp
 from gpupipe import transforms as T
-from gpupipe._children import POLL_S, exit_status, process_pool
+from gpupipe.runtime._children import POLL_S, exit_status, process_pool
 from gpupipe.testing import encode_jpeg, synthetic_image
 
 from .support.checkers import crasher, make_decoders_crash
@@ -277,7 +277,7 @@ def test_a_dead_worker_is_named_by_its_signal():
     SIGKILL most likely met the out-of-memory killer: the message says which, not one for both."""
     import signal
 
-    from gpupipe._children import death_cause
+    from gpupipe.runtime._children import death_cause
 
     assert "crashed in native code" in death_cause(-signal.SIGSEGV) and "gpupipe check" in death_cause(-signal.SIGSEGV)
     assert "out-of-memory killer" in death_cause(-signal.SIGKILL)
@@ -352,8 +352,8 @@ class TestWorkersFrozenAtBirth:
 
     @staticmethod
     def _freeze(monkeypatch, tmp_path, *, every: bool = False):
-        from gpupipe import _children
         from gpupipe.backends._torch import _runner
+        from gpupipe.runtime import _children
 
         marker = tmp_path / "frozen"
 

@@ -40,7 +40,7 @@ class TestRayOptions:
     def test_in_flight_is_not_a_ranks_share_of_this_node(self, shards, ray_session, clean_env):
         """The tasks run on the cluster: 4 ranks on a 16-CPU node keep 16 batches in flight each,
         not twice their 4-CPU share; a num_workers given is the measure."""
-        clean_env.setattr("gpupipe._dist.cpu_cores", lambda: 16)
+        clean_env.setattr("gpupipe.runtime._dist.cpu_cores", lambda: 16)
         clean_env.setenv("LOCAL_WORLD_SIZE", "4")
         with gp.Loader(gp.Pipeline(shards, [T.CenterCrop(8)]), 2, backend="ray") as loader:
             assert (loader.num_workers, loader._runner.in_flight) == (4, 16)  # type: ignore[attr-defined]

@@ -15,7 +15,7 @@ from PIL import Image
 import gpupipe as gp
 from gpupipe import backends
 from gpupipe import transforms as T
-from gpupipe._decode import decode_rgb
+from gpupipe.runtime._decode import decode_rgb
 from gpupipe.testing import synthetic_image
 
 from .support.checkers import check_backend_parity

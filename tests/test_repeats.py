@@ -14,7 +14,7 @@ import torch
 
 import gpupipe as gp
 from gpupipe import transforms as T
-from gpupipe._plan import PlanSpec, elastic_plan, rank_plan, remaining
+from gpupipe.plan._plan import PlanSpec, elastic_plan, rank_plan, remaining
 
 from .support.checkers import check_exact_resume
 

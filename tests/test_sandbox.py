@@ -1,4 +1,4 @@
-"""Decoding suspects in a child process (``gpupipe._sandbox``, ``gpupipe._decode.verdicts``): a
+"""Decoding suspects in a child process (``gpupipe.runtime._sandbox``, ``gpupipe.runtime._decode.verdicts``): a
 decoder that kills its process on a file (SIGSEGV) or hangs makes that file a verdict, and the
 process that asked goes on — the DALI backend naming a sample DALI failed on, and ``gpupipe
 check``, never die with a decoder. The crash is made on purpose: the decoder is replaced, before
@@ -13,9 +13,9 @@ import time
 import pytest
 
 import gpupipe as gp
-from gpupipe import _decode, _sandbox
-from gpupipe._children import fork_can_freeze, frozen_fork_cause
-from gpupipe._sandbox import guarded_map
+from gpupipe.runtime import _decode, _sandbox
+from gpupipe.runtime._children import fork_can_freeze, frozen_fork_cause
+from gpupipe.runtime._sandbox import guarded_map
 from gpupipe.testing import encode_jpeg, synthetic_image
 
 from .support.checkers import crasher, make_decoders_crash

@@ -12,7 +12,7 @@ import torch
 
 import gpupipe as gp
 from gpupipe import transforms as T
-from gpupipe._decode import decode_rgb
+from gpupipe.runtime._decode import decode_rgb
 from gpupipe.sources import split_key
 from gpupipe.testing import encode_jpeg, synthetic_image
 
@@ -321,7 +321,7 @@ class TestFakeData:
         assert batches[0].images.shape == (8, 3, 16, 16)
 
     def test_the_images_are_the_sizes_asked_and_repeat_every_distinct(self):
-        from gpupipe._decode import decode_rgb
+        from gpupipe.runtime._decode import decode_rgb
 
         index = gp.FakeData(10, image_size=(3, 30, 50), distinct=4, random_offset=1).index()
         raws = [index.read(n) for n in range(10)]

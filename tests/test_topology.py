@@ -1,4 +1,4 @@
-"""Rank discovery: the one place that knows rank, world size and local GPU (gpupipe._dist)."""
+"""Rank discovery: the one place that knows rank, world size and local GPU (gpupipe.runtime._dist)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import gpupipe as gp
-from gpupipe import _dist
+from gpupipe.runtime import _dist
 
 from .support.checkers import val
 

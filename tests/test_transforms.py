@@ -147,7 +147,7 @@ class TestCenterCrop:
 
     @pytest.mark.parametrize("crop, size", [(5, 10), (4, 9), (13, 10), (12, 9), (10, 10)])
     def test_anchor_rule(self, crop, size):
-        from gpupipe._geometry import center_crop_anchor
+        from gpupipe.core._geometry import center_crop_anchor
 
         image = torch.arange(size * size, dtype=torch.float32).reshape(1, size, size) + 1
         out = v2.functional.center_crop(image, [crop, crop])
@@ -410,7 +410,7 @@ class TestRandomApply:
         assert "factor_slices" not in repr(t)
 
     def test_draws_are_the_decision_and_the_inner_draws(self):
-        from gpupipe._random import step_factors
+        from gpupipe.core._random import step_factors
 
         inner = [self.JITTER, Posterize(bits=3), T.GaussianBlur(3), T.RandomApply([T.RandomSolarize(128)], p=0.3)]
         t = T.RandomApply(inner, p=0.8)

@@ -11,8 +11,8 @@ import os
 import pytest
 
 import gpupipe as gp
-from gpupipe import _tune
 from gpupipe.cli._main import main
+from gpupipe.loader import _tune
 
 from .support.checkers import val
 
@@ -42,7 +42,7 @@ def fake_rates(monkeypatch):
 
 
 def test_tune_records_and_loaders_take_it(backend, shards, cache, fake_rates, monkeypatch):
-    monkeypatch.setattr("gpupipe._dist.cpu_cores", lambda: 2)
+    monkeypatch.setattr("gpupipe.runtime._dist.cpu_cores", lambda: 2)
     seen = fake_rates(lambda w, p: 100.0 + (30.0 if p == 3 else 0.0))  # one worker saturates
     pipe = val(shards)
     tuned = gp.tune(pipe, 4, seconds=0.1, backend=backend.backend, device=backend.device)
@@ -100,7 +100,7 @@ def test_hw_decoder_load_is_tuned_on_a_gpu_only(shards, cache, fake_rates, monke
 def test_a_tune_for_several_ranks_per_node_serves_ranks_of_that_share(shards, cache, fake_rates, clean_env):
     """Ranks that share a node share its cores: tuned for 4 ranks on 8 cores, the trials have 2
     cores, and the record serves loaders of 4 ranks a node, not a single process's."""
-    clean_env.setattr("gpupipe._dist.cpu_cores", lambda: 8)
+    clean_env.setattr("gpupipe.runtime._dist.cpu_cores", lambda: 8)
     seen = fake_rates(lambda w, p: 100.0 * w)
     tuned = gp.tune(val(shards), 4, seconds=0.1, backend="torch", device="cpu", ranks_per_node=4)
     assert tuned.num_workers == 2 and max(w for w, _ in seen) == 2

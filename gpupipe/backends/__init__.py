@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from .._errors import BackendUnavailableError, ConfigError, UnsupportedTransformError
+from ..core._errors import BackendUnavailableError, ConfigError, UnsupportedTransformError
 from ._base import Backend, RawBatch, Runner, RunSpec, to_device
 
 __all__ = [
@@ -116,7 +116,7 @@ def resolve(name: str, device: str | torch.device | None, views: Any = ()) -> tu
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise BackendUnavailableError(f"Loader: device={str(device)!r} but CUDA is not available")
     if dev.type == "cuda" and dev.index is None:
-        from .._dist import cuda_device
+        from ..runtime._dist import cuda_device
 
         dev = torch.device(cuda_device())
     if name == "auto":

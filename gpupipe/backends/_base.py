@@ -11,9 +11,9 @@ from typing import Any, ClassVar, NamedTuple, Protocol
 
 import torch
 
-from .._config import DEFAULT_PREFETCH, LoaderConfig, OnError
-from .._errors import DataError
-from .._plan import RankPlan
+from ..core._config import DEFAULT_PREFETCH, LoaderConfig, OnError
+from ..core._errors import DataError
+from ..plan._plan import RankPlan
 from ..sources import Index
 from ..transforms import ImageSpec, Transform
 from ._registry import Registry

@@ -3,7 +3,7 @@ delivered batch on the loader's device: one torch kernel for every backend, afte
 per-sample Python.
 
 The parameters come from :meth:`BatchTransform.sample` with the batch's generator
-(``gpupipe._random.batch_generator``); :func:`mix` applies them. Only valid rows (``batch.valid``)
+(``gpupipe.core._random.batch_generator``); :func:`mix` applies them. Only valid rows (``batch.valid``)
 mix: each with the valid row before it (the first with the last), as torchvision's
 ``roll(1, 0)`` pairs them; padding and skipped samples are neither mixed nor partners, and keep
 their own (one-hot) labels. With every row valid this is torchvision's ``MixUp``/``CutMix``
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from .._random import batch_generator
+from ..core._random import batch_generator
 from ..transforms._batch import BatchTransform, MixParams
 
 __all__ = ["apply_batch", "mix", "soft_labels"]

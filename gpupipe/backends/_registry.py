@@ -6,7 +6,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from .._errors import ConfigError, UnsupportedTransformError
+from ..core._errors import ConfigError, UnsupportedTransformError
 
 __all__ = ["Registry", "Lowering", "inner_unsupported"]
 

@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
-from .._errors import ConfigError
-from .._pipeline import Pipeline
+from ..core._errors import ConfigError
+from ..pipeline._pipeline import Pipeline
 
 __all__ = ["Run", "run_loader", "run_baseline", "baseline_loader", "check_baseline", "torchvision_equivalent", "plot"]
 
@@ -73,7 +73,7 @@ def run_loader(
 ) -> Run:  # fmt: skip
     """``epochs`` shuffled epochs of ``pipeline`` through :class:`~gpupipe.Loader`.
     ``progress(epoch, batches)`` returns a progress bar (a context manager with ``update``)."""
-    from .._loader import Loader
+    from ..loader._loader import Loader
 
     with Loader(pipeline, batch_size, shuffle=True, drop_last=True, seed=0, backend=backend, device=device,
                 num_workers=workers) as loader:  # fmt: skip

@@ -13,9 +13,9 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from .._children import process_pool
-from .._dist import cpu_cores, default_workers
-from .._shards import ShardWriter
+from ..core._shards import ShardWriter
+from ..runtime._children import process_pool
+from ..runtime._dist import cpu_cores, default_workers
 from ..testing import encode_jpeg, synthetic_image
 
 __all__ = ["make_shards", "tune", "bench", "index", "check", "inspect", "doctor"]
@@ -79,7 +79,7 @@ def make_shards(args: argparse.Namespace) -> int:
 
 
 def _list(text: str, what: str, convert: Callable[[str], T]) -> list[T]:
-    from .._errors import ConfigError
+    from ..core._errors import ConfigError
 
     try:
         return [convert(part.strip()) for part in str(text).split(",") if part.strip()]
@@ -96,7 +96,7 @@ def _source(data: str) -> Any:
     (every ``*.tar`` file in it, in name order, dot-files left out), else an ImageFolder tree."""
     if not os.path.isdir(data):
         return data
-    from .._pipeline import tar_files
+    from ..pipeline._pipeline import tar_files
     from ..sources import ImageFolder
 
     tars = [os.path.join(data, f) for f in tar_files(data)]
@@ -108,8 +108,8 @@ def _source(data: str) -> Any:
 def _pipeline(spec: str, data: str) -> Any:
     """The pipeline ``spec``'s factory makes of ``data``; its own errors (a misspelled argument in
     the pipeline file) become one-line gpupipe errors with the file and line."""
-    from .._errors import ConfigError, GpupipeError
-    from .._pipeline import load_pipeline, raised, raised_in_gpupipe
+    from ..core._errors import ConfigError, GpupipeError
+    from ..pipeline._pipeline import load_pipeline, raised, raised_in_gpupipe
 
     factory = load_pipeline(spec)
     source = _source(data)
@@ -144,8 +144,8 @@ def _did_you_mean(e: Exception) -> str:
 
 def tune(args: argparse.Namespace) -> int:
     """``gpupipe tune``: measure and record the loader's throughput settings for a pipeline."""
-    from .._tune import tune as run_tune
-    from .._tuned import tune_file
+    from ..loader._records import tune_file
+    from ..loader._tune import tune as run_tune
 
     pipeline = _pipeline(args.pipeline, args.source)
     print(f"pipeline {args.pipeline}, batch {args.batch_size}: {args.seconds:g} s per trial")
@@ -243,7 +243,7 @@ def _storage_options(text: str | None) -> dict[str, Any] | None:
     """``--storage-options``: a JSON object (parsed as data, never evaluated)."""
     if text is None:
         return None
-    from .._errors import ConfigError
+    from ..core._errors import ConfigError
 
     try:
         options = json.loads(text)
@@ -300,7 +300,7 @@ def index(args: argparse.Namespace) -> int:
 
 
 def check(args: argparse.Namespace) -> int:
-    from .._check import check as run_check
+    from ..pipeline._check import check as run_check
     from ..sources import WebDataset
 
     label = None if args.label == "none" else args.label
@@ -320,7 +320,7 @@ def check(args: argparse.Namespace) -> int:
 
 def inspect(args: argparse.Namespace) -> int:
     from .. import backends
-    from .._errors import ConfigError
+    from ..core._errors import ConfigError
     from ._inspect import inspect as run_inspect
 
     pipeline = _pipeline(args.pipeline, args.data)

@@ -19,10 +19,10 @@ import re
 import sys
 from typing import Any
 
-from .._children import fork_can_freeze
-from .._config import DaliOptions, DecodeMode
-from .._nvjpeg import Nvjpeg, in_process
 from ..backends._dali._strategy import ROI_FANCY_NVJPEG, Strategy, choose
+from ..core._config import DaliOptions, DecodeMode
+from ..runtime._children import fork_can_freeze
+from ..runtime._nvjpeg import Nvjpeg, in_process
 
 __all__ = [
     "Gpu",
@@ -394,9 +394,9 @@ def run_check(env: Environment, *, images: int = 64, batch_size: int = 16, out: 
     import torch
 
     from .. import transforms as T
-    from .._loader import Loader
-    from .._pipeline import Pipeline
-    from .._shards import ShardWriter
+    from ..core._shards import ShardWriter
+    from ..loader._loader import Loader
+    from ..pipeline._pipeline import Pipeline
     from ..testing import encode_jpeg, synthetic_image
 
     steps = [T.Resize(128), T.CenterCrop(112), T.ToDtype(torch.float32, scale=True)]

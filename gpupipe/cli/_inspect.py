@@ -22,9 +22,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._errors import ConfigError
-from .._loader import Loader
-from .._pipeline import Pipeline
+from ..core._errors import ConfigError
+from ..loader._loader import Loader
+from ..pipeline._pipeline import Pipeline
 from ..transforms import (
     CenterCrop,
     Normalize,

@@ -16,8 +16,8 @@ import argparse
 import sys
 from typing import Any
 
-from .._errors import GpupipeError
-from .._imageinfo import MAX_IMAGE_PIXELS
+from ..core._errors import GpupipeError
+from ..core._imageinfo import MAX_IMAGE_PIXELS
 from ._commands import bench, check, doctor, index, inspect, make_shards, tune
 
 __all__ = ["main"]

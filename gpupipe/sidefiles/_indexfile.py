@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .._errors import Damage, Problem, redact
+from ..core._errors import Damage, Problem, redact
 from ..storage._base import Storage, beside
 
 __all__ = ["IndexFile", "Samples", "index_file_url", "read_index_file", "write_index_file"]

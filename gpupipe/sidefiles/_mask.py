@@ -23,7 +23,7 @@ import logging
 import os
 from typing import Any
 
-from .._errors import Damage, Problem, redact
+from ..core._errors import Damage, Problem, redact
 from ..storage._base import Storage, beside, write_atomic
 
 __all__ = ["mask_url", "read_mask", "write_mask", "FORMAT", "SUFFIX"]

@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from .._errors import ConfigError
-from .._validate import check_int
+from ..core._errors import ConfigError
+from ..core._validate import check_int
 from ..storage import LocalStorage, Storage
 from ._index import Index, RawSample, ShardIndex, Source
 

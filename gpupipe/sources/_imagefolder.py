@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from .._errors import ConfigError, Damage, SampleError, ShardError
+from ..core._errors import ConfigError, Damage, SampleError, ShardError
 from ..storage._base import LocalStorage, Storage
 from ._index import Index, RawSample, ShardIndex, Source
 

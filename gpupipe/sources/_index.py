@@ -17,7 +17,7 @@ from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
-from .._errors import DataError, Problem, ShardError, problem_error
+from ..core._errors import DataError, Problem, ShardError, problem_error
 from ..storage import Storage
 
 __all__ = [

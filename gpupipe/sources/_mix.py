@@ -1,6 +1,6 @@
 """Several sources in one loader: ``gp.Mix``, its index (the sources' shards one after another)
 and the storage that serves each shard from its own source's storage. Which samples of each
-source an epoch takes is the plan layer's (``gpupipe._mixplan``)."""
+source an epoch takes is the plan layer's (``gpupipe.plan._mix``)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from typing import IO, Any, NamedTuple, cast
 
 import numpy as np
 
-from .._errors import ConfigError
-from .._validate import is_int
+from ..core._errors import ConfigError
+from ..core._validate import is_int
 from ..storage import MappedFile, Stat, Storage
 from ._index import NO_LABEL, Index, Located, RawSample, ShardIndex, Source
 

@@ -30,7 +30,7 @@ import threading
 
 import numpy as np
 
-from .._errors import Damage, Problem
+from ..core._errors import Damage, Problem
 from ..storage._base import Stat, write_atomic
 
 __all__ = [

@@ -12,8 +12,8 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
-from .._config import OnError
-from .._errors import (
+from ..core._config import OnError
+from ..core._errors import (
     ConfigError,
     Damage,
     DataError,
@@ -25,7 +25,7 @@ from .._errors import (
     truncated,
     unreadable,
 )
-from .._validate import check_bytes, check_enum
+from ..core._validate import check_bytes, check_enum
 from ..sidefiles._indexfile import Samples, index_file_url, read_index_file
 from ..sidefiles._mask import read_mask
 from ..storage._base import Stat, Storage, compressed

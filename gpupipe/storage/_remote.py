@@ -24,7 +24,7 @@ import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Any, TypeVar
 
-from .._errors import ConfigError, redact
+from ..core._errors import ConfigError, redact
 from ._base import LocalStorage, Stat, Storage, compressed
 from ._cache import Entry, ShardCache, Span, covers, drop_inherited
 from ._mapped import MappedFile

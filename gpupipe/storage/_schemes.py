@@ -9,7 +9,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from .._errors import ConfigError, redact
+from ..core._errors import ConfigError, redact
 from ._base import LocalStorage, Storage, compressed
 
 __all__ = ["register_storage", "scheme_of", "storage_for", "expand_urls", "list_urls"]

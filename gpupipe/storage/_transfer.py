@@ -17,7 +17,7 @@ import zlib
 from collections.abc import Callable
 from typing import IO, Any, TypeVar
 
-from .._errors import ConfigError, redact
+from ..core._errors import ConfigError, redact
 from ._base import compressed
 
 __all__ = ["CHUNK", "Closed", "NoRanges", "retry", "download", "host"]

@@ -1,6 +1,6 @@
 """RandomRotation and RandomAffine (torchvision v2's): an angle (and a translation, scale and
 shears) per sample, applied about a centre; the map of output to source points is
-``gpupipe._geometry.affine_matrices``, for every backend."""
+``gpupipe.core._geometry.affine_matrices``, for every backend."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .._errors import ConfigError
-from .._validate import check_bool, check_range, is_number
+from ..core._errors import ConfigError
+from ..core._validate import check_bool, check_range, is_number
 from ._base import ImageSpec, InterpolationMode, Transform, check_interpolation
 
 __all__ = ["RandomRotation", "RotationParams", "RandomAffine", "AffineParams"]

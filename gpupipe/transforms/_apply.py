@@ -9,7 +9,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .._errors import ConfigError, PipelineError
+from ..core._errors import ConfigError, PipelineError
 from ._base import Coin, ImageSpec, Transform
 
 __all__ = ["RandomApply", "RandomApplyParams", "RandomChoice", "RandomChoiceParams"]

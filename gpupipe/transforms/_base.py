@@ -3,7 +3,7 @@
 A transform is a small frozen dataclass. It validates and normalises its arguments at
 construction, says what it does to the image's shape and dtype (:meth:`Transform.output_spec`) and,
 when it is random, how its parameters follow from uniform draws (:meth:`Transform.sample`,
-:meth:`Transform.make_params`). It never draws them itself (``gpupipe._random`` does, for every
+:meth:`Transform.make_params`). It never draws them itself (``gpupipe.core._random`` does, for every
 backend) and never touches pixels: backends lower it through their registries (see
 ``gpupipe/backends``).
 """
@@ -17,8 +17,8 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from .._errors import PipelineError
-from .._validate import check_enum, check_probability
+from ..core._errors import PipelineError
+from ..core._validate import check_enum, check_probability
 
 __all__ = ["Transform", "ImageSpec", "InterpolationMode"]
 

@@ -3,7 +3,7 @@ applies them in its reference scripts' collate function (and timm's ``Mixup`` in
 
 They are definitions like every transform: frozen dataclasses that validate their arguments, and
 whose parameters follow from random draws in one pure step (:meth:`BatchTransform.sample`, from a
-generator ``gpupipe._random`` keys by ``(seed, epoch, rank, batch)``). The loader applies them on
+generator ``gpupipe.core._random`` keys by ``(seed, epoch, rank, batch)``). The loader applies them on
 its device with one torch kernel for every backend (``backends/_batchwise.py``).
 """
 
@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple, overload
 
 import numpy as np
 
-from .._errors import ConfigError
-from .._validate import check_enum
+from ..core._errors import ConfigError
+from ..core._validate import check_enum
 from ._base import ImageSpec, Transform
 
 if TYPE_CHECKING:

@@ -11,8 +11,8 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from .._errors import ConfigError
-from .._validate import check_bool, check_range, is_int, is_number
+from ..core._errors import ConfigError
+from ..core._validate import check_bool, check_range, is_int, is_number
 from ._base import Coin, ImageSpec, Transform, check_channels
 
 __all__ = [

@@ -1,4 +1,4 @@
-"""RandomErasing (torchvision v2's), whose box follows from uniform draws by ``gpupipe._geometry``."""
+"""RandomErasing (torchvision v2's), whose box follows from uniform draws by ``gpupipe.core._geometry``."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .._errors import ConfigError
-from .._geometry import ATTEMPTS, erasing_window
-from .._validate import check_range
+from ..core._errors import ConfigError
+from ..core._geometry import ATTEMPTS, erasing_window
+from ..core._validate import check_range
 from ._base import Coin, ImageSpec, Transform, check_channels
 
 __all__ = ["RandomErasing", "ErasingParams"]

@@ -19,8 +19,8 @@ from typing import Any, ClassVar, NamedTuple
 import numpy as np
 import torch
 
-from .._errors import ConfigError
-from .._validate import check_bool, check_enum, is_number
+from ..core._errors import ConfigError
+from ..core._validate import check_bool, check_enum, is_number
 from ._affine import check_fill
 from ._base import ImageSpec, InterpolationMode, Transform, check_channels, check_interpolation
 

@@ -2,7 +2,7 @@
 flips.
 
 Names, argument names and defaults are torchvision.transforms.v2's; the output geometry (sizes,
-rounding, crop offsets, too-small images) is torchvision's, computed once in ``gpupipe._geometry``
+rounding, crop offsets, too-small images) is torchvision's, computed once in ``gpupipe.core._geometry``
 (the math every backend shares) and used by ``output_spec``, ``make_params`` and every backend.
 """
 
@@ -15,9 +15,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .._errors import ConfigError
-from .._geometry import ATTEMPTS, crop_padding, crop_start, crop_too_large, resize_size, resized_crop_window
-from .._validate import check_bool, check_range, check_size, is_int, is_number
+from ..core._errors import ConfigError
+from ..core._geometry import ATTEMPTS, crop_padding, crop_start, crop_too_large, resize_size, resized_crop_window
+from ..core._validate import check_bool, check_range, check_size, is_int, is_number
 from ._base import Coin, ImageSpec, InterpolationMode, Transform, check_interpolation
 
 __all__ = [
@@ -72,7 +72,7 @@ class RandomResizedCrop(Transform):
 
     Parameters follow torchvision's sampler: 10 attempts of a uniform area fraction and a
     log-uniform aspect ratio, the first that fits wins, at a uniform position; else a central crop
-    (``gpupipe._geometry.resized_crop_window``). Every backend computes the same window for the same
+    (``gpupipe.core._geometry.resized_crop_window``). Every backend computes the same window for the same
     sample; DALI fuses it with decoding (only the window is decoded).
     """
 

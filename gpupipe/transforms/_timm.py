@@ -1,6 +1,6 @@
 """timm's RandAugment (``rand-m9-mstd0.5-inc1``) on torchvision's kernels: timm's operations,
 level functions, per-operation probability and magnitude noise, drawn where every draw is drawn
-(``gpupipe._random``), lowered as torchvision's policies are (``_policies._Policy``)."""
+(``gpupipe.core._random``), lowered as torchvision's policies are (``_policies._Policy``)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from .._errors import ConfigError
-from .._validate import check_bool, check_probability, is_number
+from ..core._errors import ConfigError
+from ..core._validate import check_bool, check_probability, is_number
 from ._base import InterpolationMode
 from ._policies import _CODE, _pick, _Policy, _sign
 

@@ -9,8 +9,8 @@ from typing import ClassVar, NamedTuple
 import numpy as np
 import torch
 
-from .._errors import ConfigError
-from .._validate import is_number
+from ..core._errors import ConfigError
+from ..core._validate import is_number
 from ._base import Coin, ImageSpec, Transform, check_channels
 
 __all__ = [

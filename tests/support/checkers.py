@@ -68,7 +68,7 @@ def run_torch(t: T.Transform, image: torch.Tensor, params: Any) -> torch.Tensor:
 
 def draw(t: T.Transform, seed: int, step: int = 0):
     """One sample's random factors for ``t`` (a row of ``t.sample``), as a backend draws them."""
-    from gpupipe._random import uniforms
+    from gpupipe.core._random import uniforms
 
     return t.sample(uniforms(seed, 0, [0], step, t.draws))[0]
 
@@ -76,7 +76,7 @@ def draw(t: T.Transform, seed: int, step: int = 0):
 def drawn_params(t: T.Transform, height: int, width: int, n: int, *, seed: int = 0) -> list:
     """``t``'s parameters for ``n`` samples of a ``height x width`` image, drawn as every backend
     draws them (samples ``0..n-1``, epoch 0, step 0)."""
-    from gpupipe._random import uniforms
+    from gpupipe.core._random import uniforms
 
     return [t.make_params(height, width, f) for f in t.sample(uniforms(seed, 0, range(n), 0, t.draws))]
 
@@ -134,7 +134,7 @@ def check_invalid(factory, match: str, exc=ValueError):
 def sample_factors(transforms, n: int, *, seed: int = 0, epoch: int = 0):
     """The random factors of samples ``0..n-1``, step by step (``[n, F]`` or None), as every
     backend draws them."""
-    from gpupipe._random import factors
+    from gpupipe.core._random import factors
 
     return factors(list(transforms), seed, epoch, list(range(n)))
 
@@ -158,9 +158,9 @@ def run_dali(
     import numpy as np
     from nvidia.dali import Pipeline, fn, types
 
-    from gpupipe._imageinfo import header_size
     from gpupipe.backends._dali._compiler import Ctx, Lowered, lower
     from gpupipe.backends._dali._host import HostEnv, evaluate, failures
+    from gpupipe.core._imageinfo import header_size
 
     gpu = device == "gpu"
     pipe = Pipeline(
@@ -200,8 +200,8 @@ def run_dali(
 def reference_outputs(transforms, encoded: list[bytes], *, seed: int = 0, exif: bool = False) -> list[Any]:
     """The torch backend's (torchvision's) outputs, with the random factors ``run_dali`` feeds, and
     the SampleError message for a sample it refuses."""
-    from gpupipe._decode import decode_rgb
     from gpupipe.backends._torch._kernels import apply_pipeline
+    from gpupipe.runtime._decode import decode_rgb
 
     drawn = sample_factors(transforms, len(encoded), seed=seed)
     results: list[Any] = []

@@ -1,7 +1,7 @@
 """A corpus of odd image files, generated (no third-party files, so no licences to track): the
 cases real datasets and decoder test suites hold — other formats named ``.jpg``, animations,
 decompression bombs, damaged bitstreams that crash decoders, JPEG kinds no backend decodes — each
-with the verdict gpupipe's file-acceptance rules give it (``gpupipe/_decode.py``): ``None`` for a
+with the verdict gpupipe's file-acceptance rules give it (``gpupipe/runtime/_decode.py``): ``None`` for a
 good file, else the :class:`~gpupipe.Damage` value of its refusal. Every backend, at every batch
 size, must reach the same verdicts, and ``gpupipe check`` must list exactly the bad ones.
 

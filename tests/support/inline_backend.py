@@ -9,11 +9,11 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
-from gpupipe._decode import decode_rgb
-from gpupipe._plan import RankPlan
-from gpupipe._random import factors
 from gpupipe.backends import Backend, RawBatch, RunSpec
 from gpupipe.backends._torch._kernels import LOWERINGS, apply_pipeline
+from gpupipe.core._random import factors
+from gpupipe.plan._plan import RankPlan
+from gpupipe.runtime._decode import decode_rgb
 
 
 class InlineRunner:

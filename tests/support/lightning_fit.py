@@ -118,7 +118,7 @@ def main() -> None:
         result["train_keys"] = [model.train_keys[e] for e in sorted(model.train_keys)]
         result["epochs_set"] = model.epochs_set
         result["val_counted"] = model.val_counted
-        result["ranks_per_node"] = gp._dist.ranks_per_node()  # the launcher's, else the trainer's devices
+        result["ranks_per_node"] = gp.runtime._dist.ranks_per_node()  # the launcher's, else the trainer's devices
         gathered: list[Any] = [None] * DEVICES
         if DEVICES > 1:
             torch.distributed.all_gather_object(gathered, model.train_keys[0])

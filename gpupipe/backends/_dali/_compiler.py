@@ -16,10 +16,10 @@ node (steps 2 and 3 per view; no region-of-interest decode): the graph has one i
 view.
 
 Per-sample values come from the host (``_host``). Randomness: no DALI random operator; each random
-step's factors (``Transform.sample`` of the uniforms ``gpupipe._random`` draws from ``(seed,
+step's factors (``Transform.sample`` of the uniforms ``gpupipe.core._random`` draws from ``(seed,
 epoch, sample)``) are computed by the runner for each batch. Geometry: the images' sizes are read
 from their headers by the runner's reader threads, so crop windows, resize sizes and anchors are
-computed there with ``gpupipe._geometry`` (vectorized over the batch, the same functions and
+computed there with ``gpupipe.core._geometry`` (vectorized over the batch, the same functions and
 float64 arithmetic as the torch backend) and enter the graph as ``external_source`` arguments —
 the ImageNet train recipe is 7 operators, val 7. So the DALI backend draws what the torch backend
 draws, a resumed epoch draws what the interrupted one did, and one pipeline serves every epoch.
@@ -41,8 +41,8 @@ import numpy as np
 import torch
 
 from ... import transforms as T
-from ..._config import DecodeMode
-from ..._geometry import center_crop_anchor
+from ...core._config import DecodeMode
+from ...core._geometry import center_crop_anchor
 from ._context import DALI_OPS, LOWERINGS, Check, Ctx, Lowered, dali_type, hw, peek_shape, scaled_to_uint8
 from ._host import SOURCE
 from ._lowerings import BUILTIN, crop_window, relative_position, resize

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..._config import DecodeMode
+from ...core._config import DecodeMode
 from .._registry import Registry
 from ._host import HOST_OPS, Feed, HostCheck, HostValue, image_sizes, step_factors
 
@@ -170,8 +170,8 @@ class Ctx:
         return self.size if self.size is not None else hw(img)
 
     def ops(self, *values: Any) -> Any:
-        """The ``gpupipe._geometry`` operations for ``values``: on host values, graph nodes or ints."""
-        from ..._geometry import INT
+        """The ``gpupipe.core._geometry`` operations for ``values``: on host values, graph nodes or ints."""
+        from ...core._geometry import INT
 
         if any(isinstance(v, HostValue) for v in values):
             return HOST_OPS
@@ -333,7 +333,7 @@ def where(cond: Any, a: Any, b: Any) -> Any:
 
 
 class _DaliOps:
-    """gpupipe._geometry's operations on DALI nodes (integer arithmetic, per sample)."""
+    """gpupipe.core._geometry's operations on DALI nodes (integer arithmetic, per sample)."""
 
     where = staticmethod(where)
 

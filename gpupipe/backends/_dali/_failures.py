@@ -7,7 +7,7 @@ from collections.abc import Iterable
 
 import torch
 
-from ..._errors import SampleError
+from ...core._errors import SampleError
 from ...sources import RawSample
 
 __all__ = ["device_failure", "explain_failure"]
@@ -42,10 +42,10 @@ def explain_failure(error: RuntimeError, candidates: Iterable[RawSample], *, bat
     - out of memory (GPU or host) is ``torch.OutOfMemoryError``, as torch's own, never bad data;
     - another CUDA failure is a ``RuntimeError`` about the device;
     - otherwise the candidate samples are decoded with gpupipe's own decoder, in a child process
-      (``gpupipe._decode.verdicts``): the first it rejects is the ``SampleError``, naming shard and key;
+      (``gpupipe.runtime._decode.verdicts``): the first it rejects is the ``SampleError``, naming shard and key;
     - if it reads them all, a ``RuntimeError``: not known to be bad data.
     """
-    from ..._decode import verdicts
+    from ...runtime._decode import verdicts
 
     detail = _detail(error)
     failure = device_failure(error, batch=batch)

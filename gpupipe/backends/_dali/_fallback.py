@@ -17,7 +17,7 @@ A file takes this way when
   :class:`Probe` runs the same graph one sample at a time and names the samples it fails on.
 
 Either way the file is decoded by gpupipe's decoder in a child process
-(:func:`gpupipe._decode.transcoded`): refused, that is the sample's verdict — skipped or raised, as
+(:func:`gpupipe.runtime._decode.transcoded`): refused, that is the sample's verdict — skipped or raised, as
 on the torch backend; read, its pixels go to the graph as a binary PPM, which DALI's decoders read
 exactly, so the sample takes the same graph (and the same random draws) as every other.
 """
@@ -30,8 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from ..._decode import Header
-from ..._imageinfo import header_size
+from ...core._imageinfo import header_size
+from ...runtime._decode import Header
 from ._failures import device_failure
 
 __all__ = ["NATIVE", "native", "parsed", "ppm_size", "Probe"]
@@ -78,7 +78,7 @@ def parsed(data: Any) -> tuple[int, int] | None:
 
 
 def ppm_size(ppm: bytes | np.ndarray) -> tuple[int, int]:
-    """``(height, width)`` of a binary PPM written by :func:`gpupipe._decode.transcoded`."""
+    """``(height, width)`` of a binary PPM written by :func:`gpupipe.runtime._decode.transcoded`."""
     width, height = bytes(ppm[:40]).split(b"\n", 2)[1].split()
     return int(height), int(width)
 

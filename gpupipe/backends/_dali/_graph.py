@@ -12,7 +12,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
-from ..._config import DecodeMode
+from ...core._config import DecodeMode
 from ...transforms import Transform
 from ._compiler import Ctx, Lowered, lower
 from ._input import FeedBatch

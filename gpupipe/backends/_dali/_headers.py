@@ -2,7 +2,7 @@
 decoders are not given (``_fallback``), for a whole batch in a reader thread.
 
 A sample's header is read once in a runner's life: the first time its batch is read, its header
-is checked by gpupipe's rules (``gpupipe._decode.read_header``: formats, the pixel limit) and by
+is checked by gpupipe's rules (``gpupipe.runtime._decode.read_header``: formats, the pixel limit) and by
 nvImageCodec's parser (``_fallback.parsed``), and the size of a file that passes both is
 remembered (:class:`Sizes`). From then on the batch's sizes are gathered from memory with a few
 array operations per shard: no Python per sample, and no page of the file touched by a thread that
@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from ..._decode import read_header, transcoded
-from ..._errors import Damage, DataError, SampleError
+from ...core._errors import Damage, DataError, SampleError
+from ...runtime._decode import read_header, transcoded
 from ...sources import Index, Located
 from ._fallback import native, parsed, ppm_size
 

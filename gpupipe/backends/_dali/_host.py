@@ -8,7 +8,7 @@ vectorized over the batch with NumPy, and enters the graph as a few ``external_s
 (a crop window, a resize size, a flip decision): the train recipe becomes 7 operators.
 
 The lowerings are written once for both places. A :class:`HostValue` is a deferred NumPy
-expression over one batch: ``gpupipe._geometry``'s functions run on it with :data:`HOST_OPS`, as
+expression over one batch: ``gpupipe.core._geometry``'s functions run on it with :data:`HOST_OPS`, as
 they run on Python ints (``output_spec``, the torch backend) and on DALI nodes (``DALI_OPS``, where
 a size is known only in the graph: after a step whose output size the host cannot know, or with
 EXIF orientation applied). :meth:`Ctx.arg <gpupipe.backends._dali._compiler.Ctx.arg>` turns a
@@ -141,7 +141,7 @@ class HostValue:
 
 
 class _HostOps:
-    """``gpupipe._geometry``'s operations on host values (NumPy, vectorized over the batch)."""
+    """``gpupipe.core._geometry``'s operations on host values (NumPy, vectorized over the batch)."""
 
     @staticmethod
     def where(cond: Any, a: Any, b: Any) -> HostValue:

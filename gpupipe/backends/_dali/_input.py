@@ -24,11 +24,11 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from ..._decode import check_header, transcoded
-from ..._errors import DataError, SampleError, truncated, unreadable
-from ..._imageinfo import MAX_IMAGE_PIXELS
-from ..._plan import RankPlan
-from ..._random import step_factors
+from ...core._errors import DataError, SampleError, truncated, unreadable
+from ...core._imageinfo import MAX_IMAGE_PIXELS
+from ...core._random import step_factors
+from ...plan._plan import RankPlan
+from ...runtime._decode import check_header, transcoded
 from ...sources import NO_LABEL, Index, Located, RawSample
 from ...storage import MappedFile
 from ...transforms import Transform
@@ -233,7 +233,7 @@ class BatchReader:
         """Without ``skip``: the error of the batch's first bad sample in plan order, as the torch
         backend raises it — a sample before the first one found bad here may be one only a
         decoder refuses (DALI finds it later), so those are decoded first (an error path)."""
-        from ..._decode import verdicts
+        from ...runtime._decode import verdicts
 
         first = min(bad)
         earlier = verdicts([(bytes(views[i]), shards[i], keys[i]) for i in range(first)], max_pixels=self.max_pixels)

@@ -1,6 +1,6 @@
 """The DALI backend's geometric and dtype lowerings (photometric ones: ``_color``).
 
-Geometry is ``gpupipe._geometry``'s — the functions the torch backend and ``output_spec`` use — on
+Geometry is ``gpupipe.core._geometry``'s — the functions the torch backend and ``output_spec`` use — on
 whatever the image's size is at that step (:meth:`Ctx.shape`): host values computed per batch from
 the images' headers (the default: only the results enter the graph, through :meth:`Ctx.arg`),
 ints where the pipeline fixes the size, or DALI shape nodes where only the graph knows it (with
@@ -17,8 +17,8 @@ import numpy as np
 import torch
 
 from ... import transforms as T
-from ..._errors import BackendUnavailableError
-from ..._geometry import (
+from ...core._errors import BackendUnavailableError
+from ...core._geometry import (
     ATTEMPTS,
     affine_matrices,
     center_crop_anchor,
@@ -62,7 +62,7 @@ def resize(ctx: Ctx, img: Any, h: Any, w: Any, interpolation: T.InterpolationMod
 
 def crop_window(ctx: Ctx, height: Any, width: Any) -> tuple[Any, Any, Any, Any]:
     """``RandomResizedCrop``'s window ``(top, left, h, w)`` (step ``ctx.step``) on images of
-    ``height`` x ``width``: ``gpupipe._geometry.resized_crop_windows`` on the host, or its graph
+    ``height`` x ``width``: ``gpupipe.core._geometry.resized_crop_windows`` on the host, or its graph
     form where only the graph knows the size."""
     if not _node(height):
         window = HostValue(resized_crop_windows, height, width, ctx.host_random())
@@ -71,7 +71,7 @@ def crop_window(ctx: Ctx, height: Any, width: Any) -> tuple[Any, Any, Any, Any]:
 
 
 def _graph_crop_window(ctx: Ctx, factors: Any, height: Any, width: Any) -> tuple[Any, ...]:
-    """``gpupipe._geometry.resized_crop_window`` on graph nodes: int32 ``(top, left, h, w)`` per
+    """``gpupipe.core._geometry.resized_crop_window`` on graph nodes: int32 ``(top, left, h, w)`` per
     sample, from the step's factors (the ratio bounds come last, as float64 data) and the image's
     int32 ``height``/``width``. The same float64 operations in the same order, the attempts as
     ``[ATTEMPTS]`` vectors; the only constants are 0.5 and 1.0, exact in the float32 DALI keeps
@@ -267,7 +267,7 @@ def _array_function(t: T.ArrayFunction, img: Any, ctx: Ctx) -> Any:
 @LOWERINGS.register(T.RandomErasing)
 def _random_erasing(t: T.RandomErasing, img: Any, ctx: Ctx) -> Any:
     """The box computed on the host from the image's size and the sample's factors
-    (``gpupipe._geometry.erasing_windows``: a zero-sized box where nothing is erased), then
+    (``gpupipe.core._geometry.erasing_windows``: a zero-sized box where nothing is erased), then
     ``erase`` filling it with ``value`` (one number, or one per channel). ``value="random"``: the
     box erased to 0 and the sample's noise added, the very values the torch backend draws (its
     generator, seeded alike, on the host), placed by a padding ``slice`` (a float image)."""
@@ -313,7 +313,7 @@ def _warp_unsupported(t: T.RandomRotation | T.RandomAffine) -> str | None:
 
 @LOWERINGS.register(T.RandomRotation, unsupported=_warp_unsupported)
 def _rotation(t: T.RandomRotation, img: Any, ctx: Ctx) -> Any:
-    """``warp_affine`` with torchvision's inverse map (``gpupipe._geometry.rotation_matrices``),
+    """``warp_affine`` with torchvision's inverse map (``gpupipe.core._geometry.rotation_matrices``),
     computed on the host from the image's size and the sample's angle."""
     height, width = _host_size(ctx, img, "RandomRotation")
     matrices = HostValue(lambda h, w, f: rotation_matrices(h, w, f[:, 0], t.center), height, width, ctx.host_random())
@@ -322,7 +322,7 @@ def _rotation(t: T.RandomRotation, img: Any, ctx: Ctx) -> Any:
 
 @LOWERINGS.register(T.RandomAffine, unsupported=_warp_unsupported)
 def _affine(t: T.RandomAffine, img: Any, ctx: Ctx) -> Any:
-    """``warp_affine`` with torchvision's inverse map (``gpupipe._geometry.affine_matrices``),
+    """``warp_affine`` with torchvision's inverse map (``gpupipe.core._geometry.affine_matrices``),
     computed on the host from the image's size and the sample's angle, translation (rounded to
     whole pixels as the torch backend rounds it), scale and shears."""
     height, width = _host_size(ctx, img, "RandomAffine")

@@ -8,7 +8,7 @@ sample) runs each operation family in a conditional branch of the samples that d
 split alike, ``Ctx.branch``), the other samples passing by untouched:
 
 - geometry (ShearX/Y, TranslateX/Y, Rotate): ``warp_affine`` with the sample's inverse matrix
-  (``gpupipe._geometry.affine_matrices``; shears about the top-left corner, as torchvision's
+  (``gpupipe.core._geometry.affine_matrices``; shears about the top-left corner, as torchvision's
   policies);
 - Brightness, Color, Contrast: torchvision's blend ``x·f + other·(1 − f)`` with ``other`` 0, the
   pixel's luma or the image's mean luma;
@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from ... import transforms as T
-from ..._geometry import affine_matrices
+from ...core._geometry import affine_matrices
 from ...transforms._policies import _CODE, COLOR, GEOMETRY
 from ._color import _LUMA, autocontrasted, sharpened
 from ._context import LOWERINGS, Ctx

@@ -26,7 +26,7 @@ Input path (per batch, never per sample on the training thread; ``_input``):
   iterations left: an abandoned epoch drains them, so nothing of it leaks into the next one;
 - every other input of the graph is computed there for the whole batch (``_host``): the images'
   sizes are read from their headers, and the crop windows, resize sizes, flip decisions and other
-  per-sample arguments follow from them and from the random factors (``gpupipe._random``), each
+  per-sample arguments follow from them and from the random factors (``gpupipe.core._random``), each
   fed as one array; labels and keys never enter the graph.
 
 Exactly the samples of the plan in its order, padding and resume included, each rank reading
@@ -70,10 +70,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..._config import DecodeMode
-from ..._dist import ranks_per_node
-from ..._errors import ClosedError, SampleError
-from ..._plan import RankPlan
+from ...core._config import DecodeMode
+from ...core._errors import ClosedError, SampleError
+from ...plan._plan import RankPlan
+from ...runtime._dist import ranks_per_node
 from .._base import RawBatch, Runs, RunSpec, donor, fill, to_device
 from ._compiler import Ctx, Lowered
 from ._failures import device_failure, explain_failure
@@ -329,7 +329,7 @@ class DaliRunner:
             if refused:
                 decoded = reader.headers.decode_foreign(refused, views, batch.keys, batch.shards, sizes, bad)
             else:  # none fails alone: what gpupipe's decoder refuses (as before the probe existed)
-                from ..._decode import verdicts
+                from ...runtime._decode import verdicts
 
                 found = verdicts([(bytes(views[i]), batch.shards[i], batch.keys[i]) for i in suspects],
                                  max_pixels=self.max_pixels,

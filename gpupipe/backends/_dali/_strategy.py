@@ -12,14 +12,14 @@ with fancy upsampling. Hence :func:`choose`.
 
 The decision is a pure function of the facts (:func:`choose`), so every branch is tested on a
 machine without a GPU with made-up versions; :func:`nvjpeg_version` finds the fact in the process
-(``gpupipe._nvjpeg``: which nvJPEG DALI gets is not simply the newest installed).
+(``gpupipe.runtime._nvjpeg``: which nvJPEG DALI gets is not simply the newest installed).
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from ..._config import DaliOptions, DecodeMode
+from ...core._config import DaliOptions, DecodeMode
 
 __all__ = ["ROI_FANCY_NVJPEG", "Strategy", "choose", "nvjpeg_version"]
 
@@ -58,9 +58,9 @@ def choose(options: DaliOptions, *, nvjpeg: tuple[int, ...] | None) -> Strategy:
 
 
 def nvjpeg_version() -> tuple[int, int, int] | None:
-    """The version of the nvJPEG DALI's GPU decoders use in this process (``gpupipe._nvjpeg``),
+    """The version of the nvJPEG DALI's GPU decoders use in this process (``gpupipe.runtime._nvjpeg``),
     or ``None`` where there is none."""
-    from ..._nvjpeg import in_process
+    from ...runtime._nvjpeg import in_process
 
     found = in_process()
     return None if found is None else found.version

@@ -8,8 +8,8 @@ import logging
 import os
 import threading
 
-from ..._config import RayOptions
-from ..._dist import cpu_cores
+from ...core._config import RayOptions
+from ...runtime._dist import cpu_cores
 
 __all__ = ["attach", "detach", "LOOPBACK_ENV"]
 

@@ -33,10 +33,10 @@ import numpy as np
 import ray
 import torch
 
-from ..._dist import default_workers
-from ..._errors import ClosedError, WorkerError
-from ..._pipeline import Pipeline
-from ..._plan import RankPlan
+from ...core._errors import ClosedError, WorkerError
+from ...pipeline._pipeline import Pipeline
+from ...plan._plan import RankPlan
+from ...runtime._dist import default_workers
 from ...sources import Index
 from ...transforms import ImageSpec, Normalize, ToDtype, Transform
 from .._base import RawBatch, Runs, RunSpec

@@ -2,8 +2,8 @@
 
 Each lowering is a pure kernel ``(transform, image [C, H, W], params) -> image``; the parameters
 come from :meth:`Transform.make_params`, computed in :func:`apply_pipeline` (and nowhere else) from
-the sample's random factors, which ``gpupipe._random`` draws for every backend. Sizes
-and crop anchors come from ``gpupipe._geometry`` (as on every backend). For the same image and
+the sample's random factors, which ``gpupipe.core._random`` draws for every backend. Sizes
+and crop anchors come from ``gpupipe.core._geometry`` (as on every backend). For the same image and
 parameters the output equals what the torchvision v2 transform gives.
 """
 
@@ -18,7 +18,7 @@ from torchvision.transforms import InterpolationMode as TVInterpolation
 from torchvision.transforms.v2 import functional as F
 
 from ... import transforms as T
-from ..._geometry import center_crop_anchor, resize_empty, resize_size
+from ...core._geometry import center_crop_anchor, resize_empty, resize_size
 from ...transforms._affine import AffineParams, RotationParams
 from ...transforms._apply import RandomApplyParams, RandomChoiceParams
 from ...transforms._apply import RandomChoice as SampleChoice
@@ -41,7 +41,7 @@ def apply_pipeline(
     transforms: Sequence[T.Transform], image: torch.Tensor, factors: Sequence[np.ndarray | None]
 ) -> torch.Tensor:
     """Runs ``transforms`` on one ``[C, H, W]`` image; ``factors[i]``: step ``i``'s random factors
-    for this sample (a row of ``gpupipe._random.factors``), ``None`` for a deterministic step."""
+    for this sample (a row of ``gpupipe.core._random.factors``), ``None`` for a deterministic step."""
     for t, f in zip(transforms, factors, strict=True):
         params = t.make_params(image.shape[-2], image.shape[-1], f) if f is not None else None
         image = LOWERINGS.lookup(t)(t, image, params)
@@ -53,7 +53,7 @@ def sample_factors(
 ) -> list[np.ndarray | None]:
     """One sample's random factors for view ``view``'s ``transforms``, step by step (what the DALI
     runner feeds its graph per batch)."""
-    from ..._random import factors
+    from ...core._random import factors
 
     return [None if f is None else f[0] for f in factors(transforms, seed, epoch, [sample], view)]
 

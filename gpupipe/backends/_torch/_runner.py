@@ -15,12 +15,12 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
-from ..._children import CRASHED, Births, Stacks, death_cause, exit_status, frozen_fork_cause
-from ..._decode import decode_rgb
-from ..._errors import ClosedError, Damage, DataError, SampleError, WorkerError
-from ..._plan import RankPlan
-from ..._random import factors
-from ..._sandbox import START_TIMEOUT, STARTS
+from ...core._errors import ClosedError, Damage, DataError, SampleError, WorkerError
+from ...core._random import factors
+from ...plan._plan import RankPlan
+from ...runtime._children import CRASHED, Births, Stacks, death_cause, exit_status, frozen_fork_cause
+from ...runtime._decode import decode_rgb
+from ...runtime._sandbox import START_TIMEOUT, STARTS
 from ...sources import Index
 from ...transforms import ImageSpec, Transform
 from .._base import RawBatch, Runs, RunSpec, donor, fill
@@ -82,7 +82,7 @@ class _Samples(Dataset["Sample | _Failure"]):
 
     def __getitems__(self, items: list[Item]) -> list[Sample | _Failure]:
         """A batch's samples (DataLoader's batched fetch): the random factors of the whole batch
-        drawn at once, vectorized (``gpupipe._random``), then each sample decoded and transformed."""
+        drawn at once, vectorized (``gpupipe.core._random``), then each sample decoded and transformed."""
         draws = np.array([item[1] for item in items], dtype=np.int64)
         seed, epoch = items[0][2], items[0][3]
         drawn = [factors(steps, seed, epoch, draws, view) for view, steps in enumerate(self.views)]
@@ -124,12 +124,12 @@ class _Samples(Dataset["Sample | _Failure"]):
 
 
 def culprits(samples: _Samples, items: list[Item], timeout: float | None) -> list[str]:
-    """Each of ``items`` run again, alone, in a sandbox child (``gpupipe._sandbox``), after a
+    """Each of ``items`` run again, alone, in a sandbox child (``gpupipe.runtime._sandbox``), after a
     process running them died: those that crash it (or hang past ``timeout``, at most 60 s) are
     refused from now on (``samples.poisoned``), as undecodable, naming the signal. Returns their
     keys. The torch backend's workers and the ray backend's tasks share it, so a file gets the
     same verdict on both."""
-    from ..._sandbox import guarded_map
+    from ...runtime._sandbox import guarded_map
 
     found = []
     limit = min(timeout or 60.0, 60.0)  # a sample that takes longer alone is hung
@@ -300,7 +300,7 @@ class TorchRunner:
 
     def _culprits(self, plan: RankPlan, start: int, done: int) -> list[str]:
         """After a worker crashed: each sample of the batches in flight is run again, alone, in a
-        sandbox child (``gpupipe._sandbox``); those that crash it (or hang) are refused from now
+        sandbox child (``gpupipe.runtime._sandbox``); those that crash it (or hang) are refused from now
         on, as undecodable, naming the signal. Returns their keys."""
         ahead = max(1, self._workers) * self._prefetch + 1  # what DataLoader had sent to its workers
         items = [item for batch in self._batches.batches[done - start : done - start + ahead] for item in batch]

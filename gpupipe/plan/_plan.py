@@ -128,7 +128,7 @@ class RankPlan:
     are yielded; ``valid[i]`` is False for padding. Batch ``b`` is ``samples[b*B:(b+1)*B]``.
     ``seed`` and ``epoch`` are those the plan was drawn for (backends seed augmentation from them).
     ``draws`` (int64 ``[n]``, or ``None``: the sample numbers themselves) are the numbers each
-    position's augmentation is drawn from (``gpupipe._random``): a mix that takes a sample twice in
+    position's augmentation is drawn from (``gpupipe.core._random``): a mix that takes a sample twice in
     an epoch (``gp.Mix``) gives each copy its own.
     """
 

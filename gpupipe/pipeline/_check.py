@@ -21,12 +21,12 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from ._children import process_pool
-from ._decode import MAX_IMAGE_PIXELS, verdicts
-from ._dist import cpu_cores
-from ._errors import ConfigError, Damage, DataError, Problem, counted, redact
-from .sidefiles._mask import mask_url, write_mask
-from .sources import WebDataset
+from ..core._errors import ConfigError, Damage, DataError, Problem, counted, redact
+from ..runtime._children import process_pool
+from ..runtime._decode import MAX_IMAGE_PIXELS, verdicts
+from ..runtime._dist import cpu_cores
+from ..sidefiles._mask import mask_url, write_mask
+from ..sources import WebDataset
 
 __all__ = ["check", "CheckReport", "Finding"]
 
@@ -116,8 +116,8 @@ _Job = tuple[str, tuple[str, ...], "str | None", "int | None", "WebDataset"]
 def _check_shard(job: _Job) -> tuple[int, int | None, list[Finding]]:
     """Checks one shard; returns its sample count, its size in bytes (``None`` if it has none)
     and its findings."""
-    from .sources import storage_for
-    from .sources._webdataset import TarReader, cached_scan
+    from ..sources import storage_for
+    from ..sources._webdataset import TarReader, cached_scan
 
     url, image_exts, label_ext, max_pixels, source = job
     findings = []

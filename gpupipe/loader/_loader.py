@@ -10,24 +10,25 @@ from typing import Any
 
 import torch
 
-from . import _dist, backends
-from ._batch import Batch, SkippedSample
-from ._config import LoaderConfig, check_options
-from ._errors import ClosedError, ConfigError, GpupipeError, PipelineError
-from ._indexed import Indexed, index_source, listing_of
-from ._mixplan import Selection, mixed_plan, per_source, select
-from ._pipeline import Pipeline
-from ._plan import Layout, RankPlan, elastic_plan, rank_plan
-from ._resume import Position, layout_batches, restore, saved
-from ._skips import Skips
+from .. import backends
+from ..backends._batchwise import apply_batch
+from ..core._batch import Batch, SkippedSample
+from ..core._config import LoaderConfig, check_options
+from ..core._errors import ClosedError, ConfigError, GpupipeError, PipelineError
+from ..core._validate import check_int
+from ..pipeline._pipeline import Pipeline
+from ..plan._indexed import Indexed, index_source, listing_of
+from ..plan._mix import Selection, mixed_plan, per_source, select
+from ..plan._plan import Layout, RankPlan, elastic_plan, rank_plan
+from ..plan._resume import Position, layout_batches, restore, saved
+from ..plan._skips import Skips
+from ..runtime import _dist
+from ..sources import Index
+from ..sources._mix import MixIndex
+from ..storage._prefetch import prefetcher
+from ._records import resolve as resolve_tuned
+from ._records import tune_key
 from ._trainers import LoaderAttributes
-from ._tuned import resolve as resolve_tuned
-from ._tuned import tune_key
-from ._validate import check_int
-from .backends._batchwise import apply_batch
-from .sources import Index
-from .sources._mix import MixIndex
-from .storage._prefetch import prefetcher
 
 __all__ = ["Loader", "Batch", "SkippedSample"]  # Batch and SkippedSample: from ._batch
 
@@ -61,7 +62,7 @@ class Loader(LoaderAttributes):
     settings, is in docs/guide/distributed.md. The same ``(seed,
     epoch, world_size)`` gives every rank the same samples in the same order on every backend,
     and the same augmentation parameters per sample: drawn from ``(seed, epoch, sample)``
-    (``gpupipe._random``), whatever the backend, ``num_workers`` or rank.
+    (``gpupipe.core._random``), whatever the backend, ``num_workers`` or rank.
 
     Resuming: :meth:`state_dict` records the epoch and the batches yielded so far on this rank;
     after :meth:`load_state_dict` (and ``set_epoch`` of that same epoch) the loader yields

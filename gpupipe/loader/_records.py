@@ -1,5 +1,5 @@
 """The loader's recorded throughput settings: :class:`Tuned` records in
-``$GPUPIPE_CACHE_DIR/tune.json`` (``gpupipe tune`` writes them, ``gpupipe._tune``) and how a loader
+``$GPUPIPE_CACHE_DIR/tune.json`` (``gpupipe tune`` writes them, ``gpupipe.loader._tune``) and how a loader
 takes them for the options it leaves unset (:func:`resolve`). A leaf: the loader imports it."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from ._config import DEFAULT_HW_DECODER_LOAD, DEFAULT_PREFETCH, LoaderConfig
-from ._dist import cores_per_rank
+from ..core._config import DEFAULT_HW_DECODER_LOAD, DEFAULT_PREFETCH, LoaderConfig
+from ..runtime._dist import cores_per_rank
 
 __all__ = ["Tuned", "lookup", "record", "resolve", "tune_key", "tune_file", "machine"]
 
@@ -50,7 +50,7 @@ def tune_file() -> str:
 
 def machine(device: torch.device, ranks: int | None = None) -> str:
     """What the record's key knows of the machine: the cores a rank has (of ``ranks`` per node,
-    default :func:`~gpupipe._dist.ranks_per_node`) and the GPU model."""
+    default :func:`~gpupipe.runtime._dist.ranks_per_node`) and the GPU model."""
     cores = cores_per_rank(ranks)
     gpu = "no GPU"
     if device.type == "cuda":

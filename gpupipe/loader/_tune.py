@@ -31,12 +31,12 @@ from typing import Any
 
 import torch
 
-from ._config import DEFAULT_HW_DECODER_LOAD, DEFAULT_PREFETCH, DaliOptions
-from ._dist import MAX_DEFAULT_WORKERS, cores_per_rank, default_workers
-from ._errors import ConfigError
-from ._tuned import Tuned, machine, tune_key
-from ._tuned import record as save_record
-from ._validate import check_optional_int
+from ..core._config import DEFAULT_HW_DECODER_LOAD, DEFAULT_PREFETCH, DaliOptions
+from ..core._errors import ConfigError
+from ..core._validate import check_optional_int
+from ..runtime._dist import MAX_DEFAULT_WORKERS, cores_per_rank, default_workers
+from ._records import Tuned, machine, tune_key
+from ._records import record as save_record
 
 __all__ = ["tune", "Tuned"]
 
@@ -69,7 +69,7 @@ def tune(pipeline: Any, batch_size: int, *, seconds: float = 3.0, record: bool =
 
     ``ranks_per_node``: the training ranks that will share this node's CPUs (default: this
     process's ``LOCAL_WORLD_SIZE`` or ``SLURM_NTASKS_PER_NODE``, else 1). The trials give one
-    process a rank's share of the cores (:func:`~gpupipe._dist.cores_per_rank`), and the record
+    process a rank's share of the cores (:func:`~gpupipe.runtime._dist.cores_per_rank`), and the record
     is for loaders that have that share: tune with ``ranks_per_node=8`` for an 8-GPU node.
 
     Raises:
@@ -104,7 +104,7 @@ def tune(pipeline: Any, batch_size: int, *, seconds: float = 3.0, record: bool =
             progress(found)
         return found
 
-    from . import backends
+    from .. import backends
 
     backend, device = backends.resolve(options.get("backend", "auto"), options.get("device"), pipeline.views)
     cores = cores_per_rank(ranks_per_node)

@@ -26,7 +26,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures.process import BrokenProcessPool
 
-from ._errors import WorkerError
+from ..core._errors import WorkerError
 
 __all__ = [
     "POLL_S",

@@ -24,8 +24,8 @@ import os
 import random
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from ._errors import ConfigError
-from ._validate import check_int
+from ..core._errors import ConfigError
+from ..core._validate import check_int
 
 if TYPE_CHECKING:
     import torch

@@ -19,9 +19,9 @@ from typing import Any
 
 import numpy as np
 
+from ..sources import Index, Source
+from ..sources._mix import MixCounts, MixIndex
 from ._plan import Layout, PlanSpec, RankPlan, elastic_plan, good_sizes, rank_plan, unexcluded
-from .sources import Index, Source
-from .sources._mix import MixCounts, MixIndex
 
 __all__ = ["Selection", "select", "spread", "mix_digest", "mixed_plan", "per_source"]
 

@@ -29,8 +29,8 @@ from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
 from typing import Any, Generic, TypeVar
 
+from ..core._errors import WorkerError
 from ._children import exit_status, exit_with_parent, frozen_fork_cause
-from ._errors import WorkerError
 
 __all__ = ["Outcome", "guarded_map"]
 

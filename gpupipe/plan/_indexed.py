@@ -10,15 +10,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import _dist
-from ._config import LoaderConfig
-from ._errors import ConfigError
-from ._mixplan import mix_digest
+from ..core._config import LoaderConfig
+from ..core._errors import ConfigError
+from ..runtime import _dist
+from ..sources import Index, Source
+from ..sources._mix import MixIndex
+from ..storage._prefetch import prepare_remote
+from ._mix import mix_digest
 from ._plan import PlanSpec, mask_digest
 from ._skips import Skips
-from .sources import Index, Source
-from .sources._mix import MixIndex
-from .storage._prefetch import prepare_remote
 
 __all__ = ["Indexed", "index_source", "listing_of"]
 

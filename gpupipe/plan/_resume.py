@@ -8,9 +8,9 @@ import dataclasses
 import math
 from typing import Any, cast
 
-from ._errors import ConfigError
+from ..core._errors import ConfigError
+from ..core._validate import is_int
 from ._plan import Layout, PlanSpec, remaining
-from ._validate import is_int
 
 __all__ = ["STATE_VERSION", "ELASTIC", "Position", "restore", "saved", "layout_batches"]
 
@@ -40,7 +40,7 @@ def restore(state: Any, *, spec: PlanSpec, seed: int, seed_given: bool) -> Posit
     the skipped-sample list (a trainer that checkpoints rank 0's alone, as Lightning does, resumes
     every rank). The same plan settings: exact, this rank's own plan from that batch on. Another
     ``world_size`` or ``batch_size`` (elastic): what the saving ranks had not yet yielded is left
-    for the new ones (:func:`gpupipe._plan.remaining`).
+    for the new ones (:func:`gpupipe.plan._plan.remaining`).
 
     Raises:
         ConfigError: not a state; a state whose other plan settings (samples, ``drop_last``,

@@ -13,12 +13,12 @@ from __future__ import annotations
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from ._config import DEFAULT_PREFETCH
+from ..core._config import DEFAULT_PREFETCH
 
 if TYPE_CHECKING:
-    from ._config import LoaderConfig
+    from ..core._config import LoaderConfig
+    from ..plan._plan import PlanSpec
     from ._loader import Loader
-    from ._plan import PlanSpec
 
 __all__ = ["LoaderAttributes", "EpochSampler", "DatasetView"]
 
@@ -91,7 +91,7 @@ class LoaderAttributes:
     @property
     def sampler(self) -> EpochSampler:
         """What trainers call ``set_epoch`` on each epoch (Lightning, Accelerate), and whose
-        ``len()`` is this rank's samples per epoch, padding included (``gpupipe._trainers``)."""
+        ``len()`` is this rank's samples per epoch, padding included (``gpupipe.loader._trainers``)."""
         return EpochSampler(self)  # type: ignore[arg-type]
 
     @property

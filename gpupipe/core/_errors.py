@@ -104,7 +104,7 @@ class Damage(str, enum.Enum):
     first one is used), ``BAD_LABEL`` (not an ASCII int64), ``EMPTY_IMAGE`` (zero bytes),
     ``UNDECODABLE`` (not an image the decoders read, or corrupt), ``UNSUPPORTED`` (a format or
     kind of image gpupipe does not accept: GIF, lossless JPEG), ``TOO_LARGE`` (over the pixel
-    limit), ``TOO_SMALL`` (smaller than a transform needs). The rules: ``gpupipe/_decode.py``.
+    limit), ``TOO_SMALL`` (smaller than a transform needs). The rules: ``gpupipe/runtime/_decode.py``.
     """
 
     MISSING_SHARD = "missing-shard"

@@ -7,9 +7,9 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ._errors import ConfigError, PipelineError
-from .sources import Source, WebDataset
-from .transforms import BatchTransform, ImageSpec, Transform
+from ..core._errors import ConfigError, PipelineError
+from ..sources import Source, WebDataset
+from ..transforms import BatchTransform, ImageSpec, Transform
 
 __all__ = ["Pipeline", "load_pipeline"]
 
@@ -110,7 +110,7 @@ class Pipeline:
 
     @staticmethod
     def _per_source(source: Source, transforms: Sequence[Transform], views: Any, per_source: Any) -> Any:
-        from .sources import Mix
+        from ..sources import Mix
 
         if transforms or views is not None:
             raise ConfigError("Pipeline: give one of transforms, views=[...] and per_source=[...]")

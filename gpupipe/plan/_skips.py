@@ -9,10 +9,10 @@ from typing import Any
 
 import numpy as np
 
-from ._batch import SkippedSample
-from ._config import LoaderConfig, OnError
-from ._errors import SHARD_DAMAGE, Damage, DataError
-from .sources import Index
+from ..core._batch import SkippedSample
+from ..core._config import LoaderConfig, OnError
+from ..core._errors import SHARD_DAMAGE, Damage, DataError
+from ..sources import Index
 
 __all__ = ["Skips"]
 

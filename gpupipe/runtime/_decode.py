@@ -39,8 +39,8 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from ._errors import Damage, SampleError
-from ._imageinfo import MAX_IMAGE_PIXELS, header_size, image_format, jpeg_walk, png_animated
+from ..core._errors import Damage, SampleError
+from ..core._imageinfo import MAX_IMAGE_PIXELS, header_size, image_format, jpeg_walk, png_animated
 
 __all__ = [
     "decode_rgb",
@@ -94,7 +94,7 @@ class Header(NamedTuple):
     """What an accepted image's first bytes say (:func:`read_header`)."""
 
     size: tuple[int, int] | None  # (height, width) as declared; None where gpupipe cannot tell
-    format: str | None  # gpupipe._imageinfo.image_format's name; None: a format only Pillow knows
+    format: str | None  # gpupipe.core._imageinfo.image_format's name; None: a format only Pillow knows
     irregular: bool  # decoders disagree on it: junk bytes before a JPEG's frame header, an animated PNG
 
 
@@ -233,7 +233,7 @@ def verdicts(
     sizes: list[tuple[int, int] | None] | None = None,
 ) -> list[SampleError | None]:
     """Each suspect's verdict (``None``: good), decoded by :func:`decode_rgb` in a child process
-    (``gpupipe._sandbox``): a decoder that crashes on one, or hangs, makes that sample undecodable
+    (``gpupipe.runtime._sandbox``): a decoder that crashes on one, or hangs, makes that sample undecodable
     instead of ending this process. ``sizes``: the size each must decode to (its header's, where
     the DALI backend cut windows from it), or ``None``."""
     items = [(s, max_pixels, None if sizes is None else sizes[i], None) for i, s in enumerate(suspects)]
