@@ -103,7 +103,7 @@ def uploaded(endpoint: str, local: list[str]) -> tuple[list[str], dict]:
 def downloaded(urls: list[str], options: dict, backend: str, batch: int, world: int, work: str, parts: bool) -> int:
     """Bytes the ``world`` ranks (each its own node) download for one shuffled epoch; ``parts``:
     split shards in byte ranges (else whole)."""
-    from gpupipe.storage import _prefetch
+    from gpupipe.plan import _prefetch
 
     saved = _prefetch.PART_AT_MOST
     _prefetch.PART_AT_MOST = saved if parts else 0.0  # 0: no part is small enough

@@ -1,8 +1,8 @@
 """The package's import graph: layers that only import downwards, no cycles, and an ``import
 gpupipe`` that loads no backend library and no command-line module.
 
-Read from the sources (``ast``), every import statement counted, lazy ones inside functions too;
-only imports under ``if TYPE_CHECKING:`` are left out (they never run).
+Read from the sources (``ast``), every import statement counted: lazy ones inside functions, and
+those under ``if TYPE_CHECKING:`` too (a type that names a higher layer is knowledge of it).
 """
 
 from __future__ import annotations
@@ -62,14 +62,8 @@ def imports(module: str, path: str, known: dict[str, str]) -> Iterator[tuple[int
     """``(line, imported module)`` for each gpupipe module ``module`` imports."""
     with open(path) as f:
         tree = ast.parse(f.read())
-    unreached: set[int] = set()
-    for node in ast.walk(tree):  # the body of `if TYPE_CHECKING:` never runs (its else: does)
-        if isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
-            unreached.update(id(n) for stmt in node.body for n in ast.walk(stmt))
     package = module if path.endswith("__init__.py") else module.rpartition(".")[0]
     for node in ast.walk(tree):
-        if id(node) in unreached:
-            continue
         if isinstance(node, ast.Import):
             targets = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -148,7 +142,7 @@ class TestLayers:
             (folder / "__init__.py").write_text("")
         (pkg / "core" / "_errors.py").write_text("from ..storage import _base\n")
         (pkg / "storage" / "_base.py").write_text(
-            "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    pass\nelse:\n    from ..core._errors import X\n"
+            "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..core._errors import X\n"
         )
         monkeypatch.setattr(sys.modules[__name__], "ROOT", str(tmp_path))
         monkeypatch.setattr(sys.modules[__name__], "PACKAGE", str(pkg))

@@ -20,13 +20,13 @@ import torch
 
 import gpupipe as gp
 from gpupipe.cli._main import main
+from gpupipe.plan._prefetch import parts
 from gpupipe.sidefiles._indexfile import Samples, write_index_file
 from gpupipe.sources import LocalStorage, _webdataset
 from gpupipe.sources._index import Index, ShardIndex
 from gpupipe.sources._webdataset import shard_samples
 from gpupipe.storage._base import Stat
 from gpupipe.storage._cache import ShardCache
-from gpupipe.storage._prefetch import parts
 from gpupipe.storage._remote import RemoteStorage, canonical_url
 
 from .support.checkers import all_keys, val

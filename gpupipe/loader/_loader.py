@@ -20,12 +20,12 @@ from ..pipeline._pipeline import Pipeline
 from ..plan._indexed import Indexed, index_source, listing_of
 from ..plan._mix import Selection, mixed_plan, per_source, select
 from ..plan._plan import Layout, RankPlan, elastic_plan, rank_plan
+from ..plan._prefetch import prefetcher
 from ..plan._resume import Position, layout_batches, restore, saved
 from ..plan._skips import Skips
 from ..runtime import _dist
 from ..sources import Index
 from ..sources._mix import MixIndex
-from ..storage._prefetch import prefetcher
 from ._records import resolve as resolve_tuned
 from ._records import tune_key
 from ._trainers import LoaderAttributes

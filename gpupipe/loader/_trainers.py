@@ -11,24 +11,38 @@ the handle through which a trainer sets the epoch, and says how many samples thi
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..core._config import DEFAULT_PREFETCH
 
 if TYPE_CHECKING:
     from ..core._config import LoaderConfig
-    from ..plan._plan import PlanSpec
-    from ._loader import Loader
+    from ..pipeline._pipeline import Pipeline
+    from ..plan._plan import PlanSpec, RankPlan
 
-__all__ = ["LoaderAttributes", "EpochSampler", "DatasetView"]
+__all__ = ["Trained", "LoaderAttributes", "EpochSampler", "DatasetView"]
+
+
+class Trained(Protocol):
+    """What the sampler and dataset views read on their loader (a :class:`~gpupipe.Loader`)."""
+
+    epoch: int
+    pipeline: Pipeline
+
+    @property
+    def num_samples(self) -> int: ...
+
+    def set_epoch(self, epoch: int) -> None: ...
+
+    def plan(self, epoch: int | None = None) -> RankPlan: ...
 
 
 class _Bound:
-    def __init__(self, loader: Loader) -> None:
+    def __init__(self, loader: Trained) -> None:
         self._loader = weakref.ref(loader)  # no cycle: a dropped loader is collected (and closed) at once
 
     @property
-    def loader(self) -> Loader:
+    def loader(self) -> Trained:
         loader = self._loader()
         if loader is None:
             raise ReferenceError("the gp.Loader of this object was collected")
@@ -75,9 +89,10 @@ class DatasetView(_Bound):
         return f"<gpupipe dataset of {len(self)} samples: {self.source!r}>"
 
 
-class LoaderAttributes:
+class LoaderAttributes(Trained):
     """The attributes a :class:`~gpupipe.Loader` shows with a DataLoader's names and more, read-only
-    (the loader's :class:`~gpupipe.LoaderConfig` is the one source): what trainers read."""
+    (the loader's :class:`~gpupipe.LoaderConfig` is the one source): what trainers read. The
+    loader supplies the rest of :class:`Trained` (``epoch``, ``pipeline``, ``set_epoch``, ``plan``)."""
 
     config: LoaderConfig
     plan_spec: PlanSpec
@@ -92,7 +107,7 @@ class LoaderAttributes:
     def sampler(self) -> EpochSampler:
         """What trainers call ``set_epoch`` on each epoch (Lightning, Accelerate), and whose
         ``len()`` is this rank's samples per epoch, padding included (``gpupipe.loader._trainers``)."""
-        return EpochSampler(self)  # type: ignore[arg-type]
+        return EpochSampler(self)
 
     @property
     def batch_sampler(self) -> None:
@@ -102,7 +117,7 @@ class LoaderAttributes:
     @property
     def dataset(self) -> DatasetView:
         """``len(loader.dataset)``: the samples of an epoch over all ranks, as a DataLoader's."""
-        return DatasetView(self)  # type: ignore[arg-type]
+        return DatasetView(self)
 
     @property
     def batch_size(self) -> int:

@@ -15,9 +15,9 @@ from ..core._errors import ConfigError
 from ..runtime import _dist
 from ..sources import Index, Source
 from ..sources._mix import MixIndex
-from ..storage._prefetch import prepare_remote
 from ._mix import mix_digest
 from ._plan import PlanSpec, mask_digest
+from ._prefetch import prepare_remote
 from ._skips import Skips
 
 __all__ = ["Indexed", "index_source", "listing_of"]

@@ -5,7 +5,8 @@
   that never raise SIGBUS: ``_mapped``).
 - ``_schemes``: which storage serves a URL (:func:`register_storage` adds a scheme); any fsspec
   protocol (``https``, ``s3``, ``gs``, ...) is read through ``_remote``'s node-local shard cache
-  (``_cache``), downloaded by ``_transfer`` and ahead of the plan by ``_prefetch``.
+  (``_cache``), downloaded by ``_transfer`` and ahead, by URL, by ``_prefetch`` (which URLs: the
+  plan's, ``gpupipe.plan._prefetch``).
 
 Nothing here knows samples, labels or formats: that is :mod:`gpupipe.sources`.
 """
