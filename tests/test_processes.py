@@ -60,9 +60,9 @@ class _CrashOnce(T.ArrayFunction):
 
 @pytest.fixture
 def crashing_decoder(monkeypatch):
-    from gpupipe.backends._torch import _runner
+    from gpupipe.backends import _persample
 
-    make_decoders_crash(monkeypatch, _runner)
+    make_decoders_crash(monkeypatch, _persample)
 
 
 class TestCrashedWorkers:

@@ -37,9 +37,9 @@ def crashing_decoder() -> None:
     sends it to its workers by value)."""
     import signal
 
-    from gpupipe.backends._torch import _runner
+    from gpupipe.backends import _persample
 
-    mark, real = b"\xff\xd8\xff\xfe\x00\x08CRASH!", _runner.decode_rgb
+    mark, real = b"\xff\xd8\xff\xfe\x00\x08CRASH!", _persample.decode_rgb
 
     def decode(data, **kwargs):
         if bytes(data).startswith(mark):
@@ -48,7 +48,7 @@ def crashing_decoder() -> None:
             time.sleep(3600)
         return real(data, **kwargs)
 
-    _runner.decode_rgb = decode
+    _persample.decode_rgb = decode
 
 
 def main(out: str, shards: list[str]) -> None:

@@ -1,5 +1,5 @@
 """The Ray backend's runner: each batch of the rank's epoch plan is one Ray task, which decodes,
-transforms and collates its samples with the torch backend's code (``_Samples``, ``_Collate``) and
+transforms and collates its samples with the torch backend's code (``backends._persample``) and
 returns the batch as NumPy arrays in Ray's object store; the rank maps them as tensors (no copy on
 the CPU; one copy to a GPU).
 
@@ -40,8 +40,8 @@ from ...runtime._dist import default_workers
 from ...sources import Index
 from ...transforms import ImageSpec, Normalize, ToDtype, Transform
 from .._base import RawBatch, Runs, RunSpec
+from .._persample import Collate, Failure, Item, Samples, batch_items, culprits
 from .._torch._kernels import LOWERINGS
-from .._torch._runner import Item, _Collate, _Failure, _Samples, batch_items, culprits
 from . import _cluster
 
 __all__ = ["RayRunner", "Job", "run_batch", "split_finish", "normalizes_on_rank"]
@@ -99,28 +99,28 @@ class Job:
             )
         self.channels_last = spec.config.channels_last
 
-    def samples(self) -> _Samples:
+    def samples(self) -> Samples:
         """The torch backend's dataset of the job's samples (in the rank: to probe a batch whose
         task crashed, in a sandbox)."""
-        return _Samples(self.index, self.views, max_pixels=self.max_pixels, exif=self.exif, per_source=self.per_source)
+        return Samples(self.index, self.views, max_pixels=self.max_pixels, exif=self.exif, per_source=self.per_source)
 
-    def make(self) -> tuple[_Samples, _Collate]:
+    def make(self) -> tuple[Samples, Collate]:
         """The torch backend's pieces, in a worker process. A remote storage there pins only the
         shards of the batch at hand (``TASK_PINS``): a node's many worker processes would
         otherwise keep the whole node cache pinned, beyond its bound."""
         storage = getattr(self.index.reader, "storage", None)
         if storage is not None and storage.remote:
             storage.keep = TASK_PINS
-        return self.samples(), _Collate(self.skip, self.outputs, self.index.labeled, self.channels_last)
+        return self.samples(), Collate(self.skip, self.outputs, self.index.labeled, self.channels_last)
 
 
-_jobs: collections.OrderedDict[str, tuple[_Samples, _Collate]] = collections.OrderedDict()
+_jobs: collections.OrderedDict[str, tuple[Samples, Collate]] = collections.OrderedDict()
 
 
-def run_batch(token: str, job: list[Any], items: list[Item], poisoned: dict[int, _Failure] | None = None) -> Any:
+def run_batch(token: str, job: list[Any], items: list[Item], poisoned: dict[int, Failure] | None = None) -> Any:
     """One batch, in a Ray worker: ``(images, labels, keys, failed)`` — images as NumPy arrays
     (``[B, C, H, W]``, or ``[B, H, W, C]`` for channels_last), labels int64 ``[B]`` or None — or
-    the ``_Failure`` of a sample that cannot be used (``on_error="raise"``). ``job`` holds the
+    the ``Failure`` of a sample that cannot be used (``on_error="raise"``). ``job`` holds the
     runner's :class:`Job` reference, in a list so that Ray does not fetch it for every task.
     ``poisoned``: the batch's samples found to crash (or hang) their process, refused unread."""
     made = _jobs.get(token)
@@ -132,7 +132,7 @@ def run_batch(token: str, job: list[Any], items: list[Item], poisoned: dict[int,
     samples, collate = made
     samples.poisoned = poisoned or {}
     batch = collate(samples.__getitems__(items))
-    if isinstance(batch, _Failure):
+    if isinstance(batch, Failure):
         return batch
     images = tuple(
         (view.permute(0, 2, 3, 1) if collate.channels_last and view.dim() == 4 else view).numpy() for view in batch[0]
@@ -170,8 +170,8 @@ class RayRunner:
                 self._finish = self._finish[:1]
             self._local = Job(spec, views)
             self._job = [ray.put(self._local)]
-            self._poisoned: dict[int, _Failure] = {}  # samples that crashed (or hung) their task: refused unread
-            self._probe: _Samples | None = None
+            self._poisoned: dict[int, Failure] = {}  # samples that crashed (or hung) their task: refused unread
+            self._probe: Samples | None = None
             self._token = uuid.uuid4().hex
             self._task = ray.remote(run_batch).options(
                 num_cpus=self.options.num_cpus, max_retries=self.options.max_retries, retry_exceptions=False
@@ -209,7 +209,7 @@ class RayRunner:
                         ref, sent = self._submit(plan, b)
                 if self._closed:  # closed from another thread while this epoch runs
                     raise ClosedError("the ray runner was closed during an epoch")
-                if isinstance(result, _Failure):
+                if isinstance(result, Failure):
                     raise result.error()
                 images, labels, keys, failed = result
                 blank = len(failed) == len(keys)  # no good sample: zeros, as the torch backend's

@@ -1,0 +1,184 @@
+"""The per-sample CPU pieces the torch and ray backends share: a map-style dataset that reads,
+decodes and transforms one sample with torchvision's kernels (:class:`Samples`), the collate that
+stacks a batch (:class:`Collate`), a sample's error carried as data (:class:`Failure`), and the
+sandbox probe that finds the sample that killed a process (:func:`culprits`). The torch backend
+runs them in DataLoader workers, the ray backend in Ray tasks: a file gets the same verdict on
+both."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset, get_worker_info
+
+from ..core._errors import Damage, DataError, SampleError
+from ..core._random import factors
+from ..plan._plan import RankPlan
+from ..runtime._children import CRASHED
+from ..runtime._decode import decode_rgb
+from ..sources import Index
+from ..transforms import ImageSpec, Transform
+from ._base import RawBatch, donor, fill
+from ._torch._kernels import apply_pipeline, sample_factors
+
+__all__ = ["Item", "Sample", "Failure", "Samples", "Collate", "batch_items", "culprits"]
+
+Item = tuple[int, int, int, int]  # (sample, the number its augmentation is drawn from, seed, epoch)
+
+
+Sample = tuple[tuple[torch.Tensor, ...], "int | None", str]  # (one image per view, label, key)
+
+
+@dataclasses.dataclass(frozen=True)
+class Failure:
+    """A sample's DataError carried out of a worker process as data, so that the main process
+    raises it as it was, ``.shard`` and ``.key`` included (DataLoader's re-raise of a worker's
+    exception keeps only a message), and the same with or without workers."""
+
+    kind: type[DataError]
+    message: str
+    shard: str | None
+    key: str | None
+    damage: Damage | None = None
+
+    def error(self) -> DataError:
+        return self.kind(self.message, shard=self.shard, key=self.key, kind=self.damage)
+
+
+def batch_items(plan: RankPlan, b: int) -> list[Item]:
+    """What the workers get of batch ``b`` of ``plan``: each sample's number, draw number, seed and epoch."""
+    samples, draws = plan.batch(b)[0].tolist(), plan.drawn(b).tolist()
+    return [(s, d, plan.seed, plan.epoch) for s, d in zip(samples, draws, strict=True)]
+
+
+class Samples(Dataset["Sample | Failure"]):
+    def __init__(
+        self,
+        index: Index,
+        views: Sequence[Sequence[Transform]],
+        *,
+        max_pixels: int | None,
+        exif: bool,
+        per_source: bool = False,
+    ) -> None:
+        self.index, self.views, self.per_source = index, tuple(tuple(v) for v in views), per_source
+        self.max_pixels, self.exif = max_pixels, exif
+        self.poisoned: dict[int, Failure] = {}  # samples that killed a worker: refused from then on
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def __getitem__(self, item: Item) -> Sample | Failure:
+        sample, draw, seed, epoch = item
+        drawn = [sample_factors(steps, seed, epoch, draw, view) for view, steps in enumerate(self.views)]
+        return self._guarded(sample, drawn)
+
+    def __getitems__(self, items: list[Item]) -> list[Sample | Failure]:
+        """A batch's samples (DataLoader's batched fetch): the random factors of the whole batch
+        drawn at once, vectorized (``gpupipe.core._random``), then each sample decoded and transformed."""
+        draws = np.array([item[1] for item in items], dtype=np.int64)
+        seed, epoch = items[0][2], items[0][3]
+        drawn = [factors(steps, seed, epoch, draws, view) for view, steps in enumerate(self.views)]
+        return [
+            self._guarded(item[0], [[None if f is None else f[i] for f in view] for view in drawn])
+            for i, item in enumerate(items)
+        ]
+
+    def probe(self, item: Item) -> bool:
+        """Whether ``item`` comes out (a sample) or is refused (in a sandbox child: whether it kills
+        its process is what matters)."""
+        return not isinstance(self[item], Failure)
+
+    def _guarded(self, sample: int, drawn: list[list[np.ndarray | None]]) -> Sample | Failure:
+        poisoned = self.poisoned.get(sample)
+        if poisoned is not None:
+            return poisoned
+        try:
+            return self._sample(sample, drawn)
+        except DataError as e:
+            return Failure(type(e), str(e), e.shard, e.key, e.kind)
+
+    def _sample(self, sample: int, drawn: list[list[np.ndarray | None]]) -> Sample:
+        """``drawn[view][step]``: this sample's factors of each step of each view."""
+        raw = self.index.read(sample)
+        image = decode_rgb(
+            raw.data, shard=raw.shard, key=raw.key, max_pixels=self.max_pixels, apply_exif_orientation=self.exif
+        )
+        try:  # each view from the same decoded image, with its own draws
+            if self.per_source:  # one output: the sample's source's list (a gp.Mix's per_source)
+                source = int(self.index.source_of(np.array([sample]))[0])  # type: ignore[attr-defined]
+                outputs: tuple[torch.Tensor, ...] = (apply_pipeline(self.views[source], image, drawn[source]),)
+            else:
+                outputs = tuple(apply_pipeline(steps, image, drawn[view]) for view, steps in enumerate(self.views))
+        except ValueError as e:  # e.g. RandomCrop larger than this image
+            size = (int(image.shape[-2]), int(image.shape[-1]))
+            raise SampleError.at(str(e), shard=raw.shard, key=raw.key, size=size) from e
+        return outputs, raw.label, raw.key
+
+
+def culprits(samples: Samples, items: list[Item], timeout: float | None) -> list[str]:
+    """Each of ``items`` run again, alone, in a sandbox child (``gpupipe.runtime._sandbox``), after a
+    process running them died: those that crash it (or hang past ``timeout``, at most 60 s) are
+    refused from now on (``samples.poisoned``), as undecodable, naming the signal. Returns their
+    keys. The torch backend's workers and the ray backend's tasks share it, so a file gets the
+    same verdict on both."""
+    from ..runtime._sandbox import guarded_map
+
+    found = []
+    limit = min(timeout or 60.0, 60.0)  # a sample that takes longer alone is hung
+    for (sample, *_), outcome in zip(items, guarded_map(samples.probe, items, timeout=limit), strict=True):
+        if outcome.ok or (outcome.crashed is not None and outcome.crashed not in CRASHED):
+            continue
+        raw = samples.index.read(sample)  # readable: the reading happened before the crash
+        message = f"the image of sample {raw.key!r} in shard {raw.shard!r} cannot be decoded: {outcome.reason()}"
+        samples.poisoned[sample] = Failure(SampleError, message, raw.shard, raw.key, Damage.UNDECODABLE)
+        found.append(raw.key)
+    return found
+
+
+class Collate:
+    """Stacks a batch's samples, view by view. A sample that failed raises (its ``Failure`` is
+    the batch), or, with ``skip``, is replaced by a copy of the first good sample of the batch
+    (zeros of the outputs' shapes, label 0, if none is good) and listed by position."""
+
+    def __init__(self, skip: bool, outputs: tuple[ImageSpec, ...] | None, labeled: bool,
+                 channels_last: bool = False) -> None:  # fmt: skip
+        self.skip, self.outputs, self.labeled, self.channels_last = skip, outputs, labeled, channels_last
+
+    def __call__(self, items: list[Sample | Failure]) -> RawBatch | Failure:
+        failed = [(i, item) for i, item in enumerate(items) if isinstance(item, Failure)]
+        if failed and not self.skip:
+            return failed[0][1]
+        samples: list = list(items)
+        if failed:
+            good = donor(len(items), dict(failed))
+            fill(dict(failed), (samples,), (self._blank(failed[0][1]) if good is None else items[good],))
+        images = tuple(self._stack(view) for view in zip(*(s[0] for s in samples), strict=True))
+        labels = None if samples[0][1] is None else torch.tensor([s[1] for s in samples], dtype=torch.int64)
+        return RawBatch(images, labels, [s[2] for s in samples], tuple(failed))  # type: ignore[arg-type]
+
+    def _stack(self, view: Sequence[torch.Tensor]) -> torch.Tensor:
+        """The view's images as one ``[B, C, H, W]`` tensor, in the memory format asked for. In a
+        worker process it is written straight into shared memory, as DataLoader's own collate
+        does: the batch then crosses to the training process without another copy."""
+        first = view[0]
+        shape = (len(view), *first.shape)
+        fmt = torch.channels_last if self.channels_last and first.dim() == 3 else torch.contiguous_format
+        out = torch.empty(shape, dtype=first.dtype, memory_format=fmt)
+        if get_worker_info() is not None:
+            out.share_memory_()
+        for i, image in enumerate(view):
+            out[i].copy_(image)
+        return out
+
+    def _blank(self, failure: Failure) -> Sample:
+        if self.outputs is None or not all(spec.fixed_size for spec in self.outputs):
+            raise failure.error()
+        images = tuple(
+            torch.zeros(spec.channels, spec.height, spec.width, dtype=spec.dtype)  # type: ignore[arg-type]
+            for spec in self.outputs
+        )
+        return images, 0 if self.labeled else None, failure.key or ""
