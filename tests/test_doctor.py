@@ -41,6 +41,17 @@ class TestDiagnosis:
         assert doctor.auto_choice(CPU_ONLY)[:2] == ("dali", "cpu")
         assert doctor.auto_choice(dataclasses.replace(CPU_ONLY, dali=None, dali_cuda=None))[:2] == ("torch", "cpu")
 
+    def test_the_choice_is_the_backend_tables(self, monkeypatch):
+        """The doctor asks ``backends.auto_choice`` about the environment it describes: the table's
+        order and reasons, not a copy of the rule."""
+        from gpupipe import backends
+
+        assert doctor.auto_choice(CPU_ONLY)[2] == "torch sees no usable GPU; the first available of dali, torch"
+        no_dali = dataclasses.replace(CPU_ONLY, dali=None, dali_cuda=None)
+        assert doctor.auto_choice(no_dali)[2] == "torch sees no usable GPU; dali not available"
+        monkeypatch.setattr(backends, "TABLE", {"torch": backends.TABLE["torch"], "dali": backends.TABLE["dali"]})
+        assert doctor.auto_choice(CPU_ONLY)[:2] == ("torch", "cpu")  # the table's order decides
+
     def test_a_cuda_12_driver_with_pypis_torch(self):
         """The case of the issue: PyPI's torch is a CUDA 13 build; a CUDA 12 driver cannot run it."""
         env = dataclasses.replace(HEALTHY, driver_cuda=(12, 4), dali_cuda=12, cupy=None, torch_sees_cuda=False)

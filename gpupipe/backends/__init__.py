@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib
 import re
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -32,6 +33,7 @@ __all__ = [
     "get",
     "resolve",
     "why",
+    "auto_choice",
     "register_lowering",
     "to_device",
     "DaliContext",
@@ -120,7 +122,7 @@ def resolve(name: str, device: str | torch.device | None, views: Any = ()) -> tu
 
         dev = torch.device(cuda_device())
     if name == "auto":
-        return _auto(dev, views), dev
+        return auto_choice(dev.type, views)[0], dev
     backend = get(name)
     if not backend.available():
         raise BackendUnavailableError(f"Loader: backend={name!r} needs {backend.requirement}")
@@ -129,27 +131,51 @@ def resolve(name: str, device: str | torch.device | None, views: Any = ()) -> tu
     return backend, dev
 
 
-def _auto(dev: torch.device, views: Any) -> Backend:
-    """``"auto"``'s choice on ``dev``: the first available backend of the table that runs every
-    step of ``views`` and is not measured slower there for one of them (``Backend.slower``); the
-    first that runs them all where every one is."""
+def auto_choice(
+    device_type: str, views: Any = (), *, available: Callable[[Backend], bool] | None = None
+) -> tuple[Backend, str]:
+    """``backend="auto"``'s choice on ``device_type`` and why, in a few words: the first available
+    backend of the table that delivers there, runs every step of ``views`` and is not measured
+    slower there for one of them (``Backend.slower``); else the first that runs them all.
+    ``available`` (default: each backend's own ``available()``) lets ``gpupipe doctor`` ask about
+    an environment it describes.
+
+    Raises:
+        UnsupportedTransformError: no available backend runs every step (the first one's reason).
+        BackendUnavailableError: no backend available for the device.
+    """
+    is_available = available or (lambda b: b.available())
     refused: UnsupportedTransformError | None = None
     fallback: Backend | None = None
+    reasons: list[str] = []
+    missing: list[str] = []
     for candidate in TABLE:
         backend = get(candidate)
-        if backend.auto and dev.type in backend.devices and backend.available():
-            reason = _cannot_run(backend, views)
-            if reason is not None:
-                refused = refused or reason
-            elif backend.slower_step(dev.type, views) is None:
-                return backend
-            else:
-                fallback = fallback or backend
+        if not backend.auto:
+            continue
+        if device_type not in backend.devices or not is_available(backend):
+            missing.append(backend.name)
+            continue
+        cannot = _cannot_run(backend, views)
+        slower = None if cannot is not None else backend.slower_step(device_type, views)
+        if cannot is None and slower is None:
+            return backend, _because(missing, reasons)
+        if cannot is not None:
+            refused = refused or cannot
+            reasons.append(f"{backend.name} cannot run {_step_of(cannot)}")
+        elif fallback is None:
+            fallback = backend
+            reasons.append(str(slower))
     if fallback is not None:
-        return fallback
+        return fallback, _because([], [])
     if refused is not None:
         raise refused
-    raise BackendUnavailableError(f"Loader: no backend available for device {str(dev)!r}")
+    raise BackendUnavailableError(f"Loader: no backend available for device {device_type!r}")
+
+
+def _because(missing: list[str], reasons: list[str]) -> str:
+    found = ([f"{', '.join(missing)} not available"] if missing else []) + reasons
+    return "; ".join(found) if found else "the first available of " + ", ".join(n for n in TABLE if get(n).auto)
 
 
 def why(
@@ -161,17 +187,7 @@ def why(
     if device is None:
         parts.append(f"device {dev.type}: {'CUDA is available' if dev.type == 'cuda' else 'no CUDA'}")
     if name == "auto":
-        before = [get(n) for n in list(TABLE)[: list(TABLE).index(backend.name)] if get(n).auto]
-        missing = [b.name for b in before if not b.available() or dev.type not in b.devices]
-        reasons = [f"{', '.join(missing)} not available"] if missing else []
-        for b in before:
-            if b.name not in missing:
-                cannot = _cannot_run(b, views)
-                reason = f"{b.name} cannot run {_step_of(cannot)}" if cannot else b.slower_step(dev.type, views)
-                reasons += [reason] if reason else []
-        order = ", ".join(n for n in TABLE if get(n).auto)
-        parts.append(f"backend {backend.name}: " + ("; ".join(reasons) if reasons else
-                                                    f"the first available of {order}"))  # fmt: skip
+        parts.append(f"backend {backend.name}: {auto_choice(dev.type, views)[1]}")
     return "; ".join(parts) or None
 
 

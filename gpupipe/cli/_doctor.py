@@ -197,14 +197,18 @@ def probe(driver: CudaDriver | None = None) -> Environment:
 
 
 def auto_choice(env: Environment) -> tuple[str, str, str]:
-    """``(backend, device, why)`` for ``backend="auto", device=None`` on ``env``."""
+    """``(backend, device, why)`` for ``backend="auto", device=None`` on ``env``, for a pipeline
+    every backend runs: the backend table's own rule (``gpupipe.backends.auto_choice``), asked
+    about ``env``'s libraries."""
+    from .. import backends
+
     if env.torch_sees_cuda:
         device, why = "cuda", "CUDA is available to torch"
     else:
         device, why = "cpu", "torch sees no usable GPU"
-    if env.dali:
-        return "dali", device, f"{why}, and DALI is installed (DALI's {'GPU' if device == 'cuda' else 'CPU'} operators)"
-    return "torch", device, f"{why}, and DALI is not installed (torchvision's kernels in worker processes)"
+    installed = {"dali": env.dali is not None, "torch": env.torchvision is not None}
+    backend, because = backends.auto_choice(device, available=lambda b: installed.get(b.name, b.available()))
+    return backend.name, device, f"{why}; {because}"
 
 
 def diagnose(env: Environment) -> list[Advice]:
