@@ -96,8 +96,8 @@ def _source(data: str) -> Any:
     (every ``*.tar`` file in it, in name order, dot-files left out), else an ImageFolder tree."""
     if not os.path.isdir(data):
         return data
-    from ..pipeline._pipeline import tar_files
     from ..sources import ImageFolder
+    from ..sources._listing import tar_files
 
     tars = [os.path.join(data, f) for f in tar_files(data)]
     if tars and any(os.path.isdir(os.path.join(data, f)) for f in os.listdir(data) if not f.startswith(".")):
@@ -109,7 +109,8 @@ def _pipeline(spec: str, data: str) -> Any:
     """The pipeline ``spec``'s factory makes of ``data``; its own errors (a misspelled argument in
     the pipeline file) become one-line gpupipe errors with the file and line."""
     from ..core._errors import ConfigError, GpupipeError
-    from ..pipeline._pipeline import load_pipeline, raised, raised_in_gpupipe
+    from ..core._tracebacks import raised, raised_in_gpupipe
+    from ..pipeline._pipeline import load_pipeline
 
     factory = load_pipeline(spec)
     source = _source(data)

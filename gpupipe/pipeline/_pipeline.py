@@ -8,7 +8,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..core._errors import ConfigError, PipelineError
+from ..core._tracebacks import raised
 from ..sources import Source, WebDataset
+from ..sources._listing import directory_hint
 from ..transforms import BatchTransform, ImageSpec, Transform
 
 __all__ = ["Pipeline", "load_pipeline"]
@@ -235,59 +237,3 @@ def load_pipeline(spec: str) -> Callable[..., Any]:
     if not callable(fn):
         raise ConfigError(f"{target!r} has no function {attr!r}")
     return fn
-
-
-_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep  # gpupipe's own files
-
-
-def _frames(e: BaseException) -> list[Any]:
-    """``e``'s traceback, outermost first, without generated code (``<string>``, ``<frozen ...>``)."""
-    import traceback
-
-    return [f for f in traceback.extract_tb(e.__traceback__) if not f.filename.startswith("<")]
-
-
-def raised(e: BaseException, file: str | None = None) -> str:
-    """``e`` in one line, with where the user's code raised it: the innermost frame in ``file``
-    (the pipeline file), else the innermost outside gpupipe and Python's import machinery."""
-    frames = [f for f in _frames(e) if not f.filename.startswith(_PACKAGE) and "importlib" not in f.filename]
-    mine = [f for f in frames if file is not None and os.path.abspath(f.filename) == os.path.abspath(file)]
-    frames = mine or frames
-    if isinstance(e, SyntaxError) and e.filename:
-        where = f" ({e.filename}:{e.lineno})"
-    else:
-        where = f" ({frames[-1].filename}:{frames[-1].lineno})" if frames else ""
-    message = e.msg if isinstance(e, SyntaxError) else str(e)
-    return f"{type(e).__name__}: {message}{where}"
-
-
-def raised_in_gpupipe(e: BaseException) -> bool:
-    """Whether ``e`` was raised by gpupipe's own code (a bug of gpupipe's, not of its caller)."""
-    frames = _frames(e)
-    return bool(frames) and frames[-1].filename.startswith(_PACKAGE)
-
-
-def tar_files(path: str) -> list[str]:
-    """The names of the tar shards in directory ``path``, sorted: files named ``*.tar``, dot-files
-    (macOS's ``._x.tar``) left out."""
-    return sorted(
-        f for f in os.listdir(path)
-        if f.endswith(".tar") and not f.startswith(".") and os.path.isfile(os.path.join(path, f))
-    )  # fmt: skip
-
-
-def directory_hint(path: str) -> str:
-    """What to pass instead of the directory ``path``: its tar shards as a brace pattern (or a
-    list), else an ImageFolder."""
-    import re
-
-    tars = tar_files(path)
-    if not tars:
-        return "use gp.ImageFolder(root) for an ImageFolder tree, or a shard pattern for WebDataset shards"
-    parts = [m.groups() for f in tars if (m := re.fullmatch(r"(.*?)(\d+)\.tar", f))]
-    if len(parts) == len(tars) and len({(prefix, len(n)) for prefix, n in parts}) == 1:
-        prefix, width, numbers = parts[0][0], len(parts[0][1]), [int(n) for _, n in parts]
-        if numbers == list(range(numbers[0], numbers[0] + len(numbers))):
-            pattern = f"{prefix}{{{numbers[0]:0{width}d}..{numbers[-1]:0{width}d}}}.tar"
-            return f"it holds {len(tars)} tar shards: give them as a pattern, {os.path.join(path, pattern)!r}"
-    return f"it holds {len(tars)} tar shards: give them as a list of paths or a brace pattern"
