@@ -84,7 +84,7 @@ def test_backends_api():
 
     assert sorted(backends.__all__) == sorted([
         "TABLE", "Backend", "Runner", "RunSpec", "RawBatch", "names", "get", "resolve", "why", "register_lowering",
-        "to_device", "DaliContext",
+        "to_device", "DaliContext", "auto_choice",
     ])  # fmt: skip
     ctx = backends.DaliContext("cpu")
     assert ctx.device == "cpu" and ctx.decoder_device == "cpu" and ctx.feeds == {}
