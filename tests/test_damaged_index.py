@@ -19,7 +19,7 @@ import gpupipe as gp
 from gpupipe import transforms as T
 from gpupipe.core._errors import Problem
 from gpupipe.sidefiles._mask import write_mask
-from gpupipe.sources import _webdataset
+from gpupipe.sources import _indexing
 
 from .support.checkers import check_exact_resume
 from .support.data import write_webdataset_shards
@@ -64,7 +64,7 @@ class TestRaise:
                 backend.loader(pipeline(corpus), 4, num_workers=0)
             assert (info.value.key, info.value.shard, info.value.kind) == (key(NO_IMAGE), corpus[0], gp.Damage.NO_IMAGE)
             assert "5 more problems" in str(info.value) and "gpupipe check" in str(info.value)
-            monkeypatch.setattr(_webdataset, "scan_tar", lambda *a, **k: pytest.fail("a cached shard was scanned"))
+            monkeypatch.setattr(_indexing, "scan_tar", lambda *a, **k: pytest.fail("a cached shard was scanned"))
 
     @pytest.mark.parametrize(
         "which, kind, match",

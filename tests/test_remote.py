@@ -22,9 +22,9 @@ import gpupipe as gp
 from gpupipe.cli._main import main
 from gpupipe.plan._prefetch import parts
 from gpupipe.sidefiles._indexfile import Samples, write_index_file
-from gpupipe.sources import LocalStorage, _webdataset
+from gpupipe.sources import LocalStorage, _indexing
 from gpupipe.sources._index import Index, ShardIndex
-from gpupipe.sources._webdataset import shard_samples
+from gpupipe.sources._indexing import shard_samples
 from gpupipe.storage._base import Stat
 from gpupipe.storage._cache import ShardCache
 from gpupipe.storage._remote import RemoteStorage, canonical_url
@@ -412,7 +412,7 @@ class TestIndexFiles:
     def test_without_them_the_cost_is_said(self, served_copy, monkeypatch, tmp_path, caplog):
         srv, local = served_copy
         urls = [f"{srv.url}/{n}" for n in names(local)]
-        monkeypatch.setattr(_webdataset, "_told", False)
+        monkeypatch.setattr(_indexing, "_told", False)
         gp.WebDataset(urls, cache_dir=new_node(monkeypatch, tmp_path, "node")).index().close()
         assert caplog.text.count("without index files beside them") == 1 and "--beside" in caplog.text
         assert shard_gets(srv) == dict.fromkeys(names(local), 1)

@@ -261,7 +261,7 @@ def _index_one(job: tuple[str, tuple[str, ...], str | None, bool, dict[str, Any]
     and the index files written (0 or 1)."""
     from ..sidefiles._indexfile import write_index_file
     from ..sources import storage_for
-    from ..sources._webdataset import cached_scan, shard_samples
+    from ..sources._indexing import cached_scan, shard_samples
 
     url, image_exts, label_ext, beside, options = job
     with storage_for([url], storage_options=options) as storage:

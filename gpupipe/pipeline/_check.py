@@ -117,7 +117,8 @@ def _check_shard(job: _Job) -> tuple[int, int | None, list[Finding]]:
     """Checks one shard; returns its sample count, its size in bytes (``None`` if it has none)
     and its findings."""
     from ..sources import storage_for
-    from ..sources._webdataset import TarReader, cached_scan
+    from ..sources._indexing import cached_scan
+    from ..sources._webdataset import TarReader
 
     url, image_exts, label_ext, max_pixels, source = job
     findings = []

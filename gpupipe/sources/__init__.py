@@ -15,7 +15,8 @@ from ._fake import FakeData
 from ._imagefolder import IMG_EXTENSIONS, ImageFolder
 from ._index import NO_LABEL, Index, Located, RawSample, Reader, ShardIndex, Source
 from ._mix import Mix
-from ._webdataset import WebDataset, parse_label, split_key
+from ._tar import parse_label, split_key
+from ._webdataset import WebDataset
 
 __all__ = [
     "Source",

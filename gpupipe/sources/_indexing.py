@@ -1,0 +1,155 @@
+"""A shard's index, by the cheapest way there is: the node's index cache (``_wdsindex``), else
+the index file beside a remote shard (``sidefiles``), else its tar headers scanned (``_tar``) and
+cached; the bad-sample list ``gpupipe check`` wrote beside it applied."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from ..core._errors import Damage, Problem, redact
+from ..sidefiles._indexfile import Samples, index_file_url, read_index_file
+from ..sidefiles._mask import read_mask
+from ..storage._base import Stat, Storage
+from . import _wdsindex
+from ._index import ShardDetail, ShardIndex
+from ._tar import empty_shard, label_values, scan_tar
+
+log = logging.getLogger("gpupipe")
+
+__all__ = ["cached_scan", "shard_samples"]
+
+
+def cached_scan(
+    storage: Storage, url: str, image_exts: tuple[str, ...], label_ext: str | None, *, index_files: bool = True
+) -> ShardIndex:
+    """The index of one shard: from its cache file when there is one (details loaded lazily),
+    else (remote shards, ``index_files``) from its index file beside it, else scanned from the tar
+    headers and cached, with the damage found (``problems``)."""
+    try:
+        stat = storage.stat(url)
+    except FileNotFoundError:
+        return empty_shard(url, Problem(Damage.MISSING_SHARD, None, "does not exist"))
+    except OSError as e:
+        return empty_shard(url, Problem(Damage.UNREADABLE_SHARD, None, f"cannot be read: {e}"))
+    idx_path = _wdsindex.index_path(storage.canonical(url), stat, image_exts, label_ext)
+    size = _wdsindex.count(idx_path)
+    problems = _wdsindex.load_problems(idx_path) if size is not None else None
+    if size is not None and problems is not None:
+        loader = _CachedDetail(storage, url, idx_path, image_exts, label_ext)
+        shard = ShardIndex(url, size=size, loader=loader, dali_index=idx_path, problems=problems)
+    elif index_files and storage.remote and (found := read_index_file(
+            storage, url, size=stat.size, image_exts=image_exts, label_ext=label_ext)) is not None:  # fmt: skip
+        shard = _from_index_file(storage, url, idx_path, found.detail, found.problems, image_exts, label_ext)
+    else:
+        if storage.remote and "://" in url:  # (local compressed shards are decompressed, not downloaded)
+            _say_what_indexing_costs(url)
+        shard = _scan_and_cache(storage, url, idx_path, stat, image_exts, label_ext)
+    shard.nbytes = stat.size
+    shard.bad = read_mask(storage, url, size=stat.size, samples=len(shard), image_exts=image_exts, label_ext=label_ext)
+    return shard
+
+
+def _scan_and_cache(
+    storage: Storage, url: str, idx_path: str, stat: Stat, image_exts: tuple[str, ...], label_ext: str | None
+) -> ShardIndex:
+    labeled = label_ext is not None
+    shard, exts = scan_tar(storage, url, image_exts, label_ext, size=stat.size)
+    ranges = shard.column("label_range") if labeled else None
+    if any(p.kind is Damage.UNREADABLE_SHARD for p in shard.problems):
+        return shard  # perhaps a passing I/O error: not cached
+    if _wdsindex.save_problems(idx_path, shard.problems) and _wdsindex.save(
+        idx_path, shard.keys, exts, shard.column("image_range"), ranges
+    ):
+        shard.dali_index = idx_path
+        if labeled:
+            _wdsindex.save_labels(idx_path, shard.column("label"))
+    return shard
+
+
+def _from_index_file(
+    storage: Storage, url: str, idx_path: str, detail: Samples, problems: tuple[Problem, ...],
+    image_exts: tuple[str, ...], label_ext: str | None,
+) -> ShardIndex:  # fmt: skip
+    """A shard known from its index file, kept in the index cache like a scanned shard's."""
+    n = len(detail.keys)
+    label_range = detail.label if detail.label is not None else np.full((n, 2), -1, np.int64)
+    if detail.labels is not None:  # before the index: a reader that finds it finds the labels
+        _wdsindex.save_labels(idx_path, detail.labels)
+    if _wdsindex.save_problems(idx_path, problems) and _wdsindex.save(
+        idx_path, detail.keys, detail.exts, detail.image, detail.label
+    ):
+        loader = _CachedDetail(storage, url, idx_path, image_exts, label_ext)
+        return ShardIndex(url, size=n, loader=loader, dali_index=idx_path, problems=problems)
+    columns = {"image_range": detail.image, "label_range": label_range}
+    if detail.labels is not None:
+        columns["label"] = detail.labels
+    return ShardIndex(url, detail.keys, columns, problems=problems)
+
+
+def shard_samples(
+    storage: Storage, url: str, image_exts: tuple[str, ...], label_ext: str | None
+) -> tuple[ShardIndex, Samples | None]:
+    """The index of one shard, from the node's index cache or scanned — never from an index file
+    beside it, which may be stale (:func:`cached_scan`) — and its samples as an index file lists
+    them (``None`` for a shard that is missing or cannot be read)."""
+    shard = cached_scan(storage, url, image_exts, label_ext, index_files=False)
+    if shard.nbytes is None:
+        return shard, None
+    cached = _wdsindex.load(shard.dali_index, labeled=label_ext is not None) if shard.dali_index else None
+    if cached is not None and cached[0] == shard.keys:
+        exts = cached[1]
+    else:  # not cached (keys with whitespace, say): scanned again for each sample's extension
+        exts = scan_tar(storage, url, image_exts, label_ext, size=shard.nbytes)[1]
+    labeled = label_ext is not None
+    samples = Samples(
+        shard.keys,
+        exts,
+        shard.column("image_range"),
+        shard.column("label_range") if labeled else None,
+        shard.column("label") if labeled else None,
+    )
+    return shard, samples
+
+
+_told = False
+
+
+def _say_what_indexing_costs(url: str) -> None:
+    global _told
+    if not _told:
+        _told = True
+        log.warning(
+            "gpupipe: remote shards without index files beside them (%s and others): each is downloaded once, "
+            "through the shard cache, to count its samples. `python -m gpupipe index 'URLS' --beside` writes the "
+            "index files once, so that nodes start without downloading.",
+            redact(index_file_url(url)),
+        )
+
+
+class _CachedDetail:
+    """Loads a shard's details from its cache file (or scans the shard again if the file went away
+    or was damaged). A class, not a closure, so that an index pickles into spawned workers."""
+
+    def __init__(
+        self, storage: Storage, url: str, idx_path: str, image_exts: tuple[str, ...], label_ext: str | None
+    ) -> None:
+        self.storage, self.url, self.idx_path = storage, url, idx_path
+        self.image_exts, self.label_ext = image_exts, label_ext
+
+    def __call__(self) -> ShardDetail:
+        labeled = self.label_ext is not None
+        cached = _wdsindex.load(self.idx_path, labeled=labeled)
+        if cached is None:
+            size = self.storage.stat(self.url).size
+            return scan_tar(self.storage, self.url, self.image_exts, self.label_ext, size=size)[0].detail()
+        keys, _, image, label_range = cached
+        columns = {"image_range": image, "label_range": label_range}
+        if labeled:
+            labels = _wdsindex.load_labels(self.idx_path, len(keys))
+            if labels is None:  # its labels file is gone or damaged: parse the labels once
+                labels = label_values(self.storage, self.url, keys, label_range)
+                _wdsindex.save_labels(self.idx_path, labels)
+            columns["label"] = labels
+        return keys, columns

@@ -1,0 +1,190 @@
+"""A tar shard read by its headers: members grouped into samples by WebDataset's key rule, the
+labels parsed, and the damage found listed, not raised (the source decides)."""
+
+from __future__ import annotations
+
+import os
+import tarfile
+from typing import Any
+
+import numpy as np
+
+from ..core._errors import Damage, Problem, SampleError, unreadable
+from ..storage._base import Storage, compressed
+from ._index import NO_LABEL, ShardIndex
+
+__all__ = ["split_key", "parse_label", "scan_tar", "label_values", "empty_shard"]
+
+
+def split_key(member: str) -> tuple[str, str]:
+    """``"img/00/000123.seg.png"`` → ``("img/00/000123", "seg.png")``: WebDataset's (and DALI's)
+    rule, the key ends at the first dot of the file name; the extension is lower-cased."""
+    member = member[2:] if member.startswith("./") else member
+    head, _, name = member.rpartition("/")
+    stem, dot, ext = name.partition(".")
+    return (f"{head}/{stem}" if head else stem), ext.lower() if dot else ""
+
+
+_INT64 = (-(1 << 63) + 1, (1 << 63) - 1)  # the lowest int64 is NO_LABEL
+
+
+def parse_label(raw: bytes, *, shard: str, key: str) -> int:
+    """A ``.cls`` member's ASCII integer (an int64); SampleError naming shard and key otherwise."""
+    try:
+        value = int(raw.decode("ascii").strip())
+    except (UnicodeDecodeError, ValueError):
+        raise SampleError(
+            f"label of sample {key!r} in shard {shard!r} is not an ASCII integer: {raw[:40]!r}",
+            shard=shard,
+            key=key,
+            kind=Damage.BAD_LABEL,
+        ) from None
+    if not _INT64[0] <= value <= _INT64[1]:
+        raise SampleError(
+            f"label of sample {key!r} in shard {shard!r} is out of the int64 range: {raw[:40]!r}",
+            shard=shard,
+            key=key,
+            kind=Damage.BAD_LABEL,
+        )
+    return value
+
+
+def _label_value(raw: bytes) -> int:
+    """The label, or NO_LABEL where ``parse_label`` refuses it (it names the problem when the
+    sample is read)."""
+    try:
+        return parse_label(raw, shard="", key="")
+    except SampleError:
+        return NO_LABEL
+
+
+def label_values(storage: Storage, url: str, keys: list[str], ranges: np.ndarray) -> np.ndarray:
+    labels = np.empty(len(keys), np.int64)
+    for i, (offset, size) in enumerate(ranges.tolist()):
+        try:
+            labels[i] = _label_value(storage.read(url, offset, size))
+        except OSError as e:
+            raise unreadable(url, keys[i], e) from e
+    return labels
+
+
+def empty_shard(url: str, problem: Problem) -> ShardIndex:
+    none = np.zeros((0, 2), np.int64)
+    columns = {"image_range": none, "label_range": none, "label": np.zeros(0, np.int64)}
+    return ShardIndex(url, [], columns, problems=(problem,))
+
+
+def _gzip(storage: Storage, url: str) -> bool:
+    """Whether the shard starts as a gzip stream does (a compressed tar under a .tar name)."""
+    try:
+        with storage.open_shard(url) as f:
+            return bool(f.read(2) == b"\x1f\x8b")
+    except OSError:
+        return False
+
+
+def _unended(f: Any, end: int, groups: list[tuple[str, dict[str, tuple[int, int]]]]) -> str | None:
+    """Why a tar that :mod:`tarfile` read to its end did not end properly, or ``None``. tarfile
+    stops without a word at a header it cannot read past the first (cut short in a header, or
+    garbage) and at the end of the file; a whole tar goes on with a zero block (its end)."""
+    after = f"after sample {groups[-1][0]!r}" if groups else "after its first header"
+    f.seek(end)
+    block = f.read(tarfile.BLOCKSIZE)
+    if len(block) == tarfile.BLOCKSIZE and block.count(0) == tarfile.BLOCKSIZE:
+        return None
+    if not block:
+        return f"ends {after} without the tar's end-of-archive block (at byte {end}): cut at a member boundary?"
+    if len(block) < tarfile.BLOCKSIZE:
+        return f"ends inside the header {after} (at byte {end} + {len(block)})"
+    return f"has a header that cannot be read {after} (at byte {end})"
+
+
+def scan_tar(
+    storage: Storage, url: str, image_exts: tuple[str, ...], label_ext: str | None, *, size: int | None = None
+) -> tuple[ShardIndex, list[str]]:
+    """Reads the headers of one tar shard (not the data) and groups members into samples; returns
+    the shard's index and each sample's chosen image extension.
+
+    Damage does not raise here: it is listed in the index's ``problems`` (the source raises it
+    under ``on_error="raise"``). A sample without an accepted image or without its label, or
+    whose key came earlier in the shard, is left out of the numbering; a shard that ends inside a
+    member (``size``: the file's size, known from its stat) keeps its complete samples before the
+    cut; a shard that is not a tar file, or holds no samples, has none."""
+    groups: list[tuple[str, dict[str, tuple[int, int]]]] = []
+    values: dict[int, int] = {}  # group -> parsed label (label members are read: a few bytes each)
+    cut: str | None = None  # why the shard ends early
+    try:
+        with storage.open_shard(url) as f:
+            if compressed(url):  # the cache holds it decompressed: the tar's own size counts
+                size = f.seek(0, os.SEEK_END)
+                f.seek(0)
+            with tarfile.open(fileobj=f, mode="r:") as tar:
+                try:
+                    for m in tar:
+                        if not m.isfile():
+                            continue
+                        if size is not None and m.offset_data + m.size > size:
+                            end = m.offset_data + m.size
+                            cut = f"ends inside member {m.name!r} (the file has {size} bytes, the member ends at {end})"
+                            break
+                        key, ext = split_key(m.name)
+                        if not groups or groups[-1][0] != key or ext in groups[-1][1]:
+                            groups.append((key, {}))
+                        groups[-1][1][ext] = (m.offset_data, m.size)
+                        if ext == label_ext:
+                            member = tar.extractfile(m)
+                            values[len(groups) - 1] = _label_value(member.read() if member else b"")
+                except tarfile.TarError as e:  # a header past the first cannot be read: cut short, or damaged
+                    cut = f"is damaged after its last readable member ({e})"
+                if cut is None:  # tarfile's offset: where it read the header that ended the members
+                    cut = _unended(f, tar.offset, groups)
+    except tarfile.TarError as e:
+        kind = Damage.EMPTY_SHARD if size == 0 else Damage.UNREADABLE_SHARD
+        gzipped = "; it is gzip-compressed: name it .tar.gz (or .tgz)" if _gzip(storage, url) else ""
+        detail = "is empty (0 bytes)" if size == 0 else f"is not a tar file: {e}{gzipped}"
+        return empty_shard(url, Problem(kind, None, detail)), []
+    except OSError as e:
+        return empty_shard(url, Problem(Damage.UNREADABLE_SHARD, None, f"cannot be read: {e}")), []
+    problems: list[Problem] = []
+    if cut is not None and groups and not _complete(groups[-1][1], image_exts, label_ext):
+        groups.pop()  # the sample the cut went through
+    keys: list[str] = []
+    exts: list[str] = []
+    kept: list[int] = []
+    seen: dict[str, int] = {}
+    for g, (key, members) in enumerate(groups):
+        chosen = next((e for e in image_exts if e in members), None)
+        if key in seen:
+            detail = f"repeats the key of sample {seen[key]} of the shard; the first is used"
+            problems.append(Problem(Damage.DUPLICATE_KEY, key, detail))
+        elif chosen is None:
+            detail = f"has no image ({'/'.join(image_exts)}); it has {sorted(members) or 'no members'}"
+            problems.append(Problem(Damage.NO_IMAGE, key, detail))
+        elif label_ext is not None and label_ext not in members:
+            detail = f"has no .{label_ext} label; pass label=None for unlabeled data"
+            problems.append(Problem(Damage.NO_LABEL, key, detail))
+        else:
+            seen[key] = len(keys)
+            keys.append(key)
+            exts.append(chosen)
+            kept.append(g)
+    n = len(keys)
+    if cut is not None:
+        detail = f"is truncated: it {cut}; its {n} complete samples before the cut are usable"
+        problems.insert(0, Problem(Damage.TRUNCATED_SHARD, None, detail))
+    elif not groups:
+        problems.append(Problem(Damage.EMPTY_SHARD, None, "holds no samples"))
+    image = np.array([groups[g][1][exts[i]] for i, g in enumerate(kept)], np.int64).reshape(n, 2)
+    label = (
+        np.array([groups[g][1][label_ext] for g in kept], np.int64).reshape(n, 2)
+        if label_ext is not None
+        else np.full((n, 2), -1, np.int64)
+    )
+    columns = {"image_range": image, "label_range": label}
+    if label_ext is not None:
+        columns["label"] = np.array([values.get(g, NO_LABEL) for g in kept], dtype=np.int64)
+    return ShardIndex(url, keys, columns, problems=tuple(problems)), exts
+
+
+def _complete(members: dict[str, tuple[int, int]], image_exts: tuple[str, ...], label_ext: str | None) -> bool:
+    return any(e in members for e in image_exts) and (label_ext is None or label_ext in members)
