@@ -165,3 +165,17 @@ def test_import_gpupipe_loads_no_backend_and_no_command():
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_one_place_tells_the_index_kinds_apart():
+    """``plan/_planner.planner_for`` picks a planner by index kind; nothing else asks whether an
+    index is a mix's (``sources/_mix.py`` defines it)."""
+    asking = []
+    for module, path in modules().items():
+        if module in ("gpupipe.plan._planner", "gpupipe.sources._mix"):
+            continue
+        with open(path) as f:
+            for number, line in enumerate(f, 1):
+                if "isinstance(" in line and "MixIndex" in line:
+                    asking.append(f"{os.path.relpath(path, ROOT)}:{number}")
+    assert not asking, asking

@@ -18,14 +18,12 @@ from ..core._errors import ClosedError, ConfigError, GpupipeError, PipelineError
 from ..core._validate import check_int
 from ..pipeline._pipeline import Pipeline
 from ..plan._indexed import Indexed, index_source, listing_of
-from ..plan._mix import Selection, mixed_plan, per_source, select
-from ..plan._plan import Layout, RankPlan, elastic_plan, rank_plan
+from ..plan._plan import Layout, RankPlan
 from ..plan._prefetch import prefetcher
 from ..plan._resume import Position, layout_batches, restore, saved
 from ..plan._skips import Skips
 from ..runtime import _dist
 from ..sources import Index
-from ..sources._mix import MixIndex
 from ._records import resolve as resolve_tuned
 from ._records import tune_key
 from ._trainers import LoaderAttributes
@@ -153,10 +151,9 @@ class Loader(LoaderAttributes):
 
     def _use(self, indexed: Indexed) -> None:
         """Takes ``indexed`` as the loader's index and plan settings."""
-        self.index, self._excluded, self.plan_spec, self._listing = (
-            indexed.index, indexed.excluded, indexed.spec, indexed.listing)  # fmt: skip
+        self._indexed = indexed
+        self.index, self.plan_spec, self._listing = indexed.index, indexed.spec, indexed.listing
         self._len = self.plan_spec.num_batches
-        self._selection: Selection | None = None  # the last epoch's of a mix
 
     def _relist(self, listing: Any) -> None:
         """A growing source's ``listing`` differs from the indexed one: indexes it, and replaces
@@ -165,7 +162,7 @@ class Loader(LoaderAttributes):
             return
         indexed = index_source(self.pipeline.source, listing, self.config, self._topo, seed=self.seed,
                                device=self._device, skips=self._skips, shards_ahead=self._shards_ahead())  # fmt: skip
-        old = Indexed(self.index, self._excluded, self.plan_spec, self._listing)
+        old = self._indexed
         self._use(indexed)
         backend = backends.get(self.backend)
         runners: list[backends.Runner] = []
@@ -329,22 +326,8 @@ class Loader(LoaderAttributes):
         """This rank's plan for ``epoch`` (default: the current one): the global sample numbers it
         yields, in order, and which are padding. ``loader.index.key(n)`` names sample ``n``."""
         epoch = self.epoch if epoch is None else epoch
-        layout = self._layout_of(epoch)
-        if isinstance(self.index, MixIndex):
-            return mixed_plan(self._select(epoch), self.plan_spec, layout, sequential=self.index.sequential,
-                              rank=self.rank)  # fmt: skip
-        if layout is not None:
-            return elastic_plan(self.index.shard_sizes, self.plan_spec, layout, sequential=self.index.sequential,
-                                seed=self.seed, epoch=epoch, rank=self.rank, excluded=self._excluded)  # fmt: skip
-        return rank_plan(
-            self.index.shard_sizes,
-            self.plan_spec,
-            sequential=self.index.sequential,
-            seed=self.seed,
-            epoch=epoch,
-            rank=self.rank,
-            excluded=self._excluded,
-        )
+        return self._indexed.planner.plan(self.plan_spec, seed=self.seed, epoch=epoch, rank=self.rank,
+                                          layout=self._layout_of(epoch))  # fmt: skip
 
     def stats(self) -> dict[str, Any]:
         """What this rank's current epoch holds and has yielded, per source (a :class:`~gpupipe.Mix`'s
@@ -360,18 +343,9 @@ class Loader(LoaderAttributes):
         """
         layout = self._layout_of(self.epoch)
         done = (self._yielded - (layout.offset if layout is not None else 0)) * self.config.batch_size
-        sources = per_source(self.index, self.pipeline.source, self.plan_spec.num_samples, self.plan(), done)
+        sources = self._indexed.planner.per_source(self.pipeline.source, self.plan(), done)
         return {"epoch": self.epoch, "batches_yielded": self._yielded, "skipped": self._skips.in_epoch,
                 "sources": sources}  # fmt: skip
-
-    def _select(self, epoch: int) -> Selection:
-        """What ``epoch`` of this loader's mix holds (the last one kept)."""
-        sel = self._selection
-        if sel is None or (sel.seed, sel.epoch) != (self.seed, epoch):
-            assert isinstance(self.index, MixIndex)
-            sel = self._selection = select(self.index.mix, self.index.shard_sizes, self._excluded, seed=self.seed,
-                                           epoch=epoch)  # fmt: skip
-        return sel
 
     def __iter__(self) -> Generator[Batch, None, None]:
         """An iterator over this epoch's batches. One epoch runs at a time: starting a new

@@ -14,9 +14,8 @@ from ..core._config import LoaderConfig
 from ..core._errors import ConfigError
 from ..runtime import _dist
 from ..sources import Index, Source
-from ..sources._mix import MixIndex
-from ._mix import mix_digest
 from ._plan import PlanSpec, mask_digest
+from ._planner import Planner, planner_for
 from ._prefetch import prepare_remote
 from ._skips import Skips
 
@@ -26,11 +25,12 @@ __all__ = ["Indexed", "index_source", "listing_of"]
 @dataclasses.dataclass(frozen=True)
 class Indexed:
     """``index`` of the source (of ``listing``, where it grows); ``excluded``, its samples known
-    bad (sorted); ``spec``, the plan's settings for it."""
+    bad (sorted); ``spec``, the plan's settings for it; ``planner``, its kind's planner."""
 
     index: Index
     excluded: np.ndarray
     spec: PlanSpec
+    planner: Planner
     listing: Any = None
 
 
@@ -65,9 +65,9 @@ def index_source(
         )
         if len(index) - len(excluded) <= 0:
             raise ConfigError(f"Loader: the source has no samples: {source!r}")
-        mix = index.mix if isinstance(index, MixIndex) else None
+        planner = planner_for(index, excluded)
         spec = PlanSpec(
-            num_samples=sum(mix.counts) if mix is not None else len(index) - len(excluded),
+            num_samples=planner.num_samples,
             world_size=topo.world_size,
             batch_size=config.batch_size,
             drop_last=config.drop_last,
@@ -75,10 +75,10 @@ def index_source(
             shuffle_buffer=config.shuffle_buffer,
             interleave=config.interleave,
             mask=mask_digest(excluded),
-            mix=mix_digest(mix, index.shard_sizes) if mix is not None else "",
+            mix=planner.digest,
             repeats=config.repeats,
         )
-        if mix is not None and config.repeats > 1:
+        if planner.digest and config.repeats > 1:
             raise ConfigError("Loader: repeats takes one source, not a gp.Mix (a Mix repeats by its own counts)")
         _dist.check_same(
             topo,
@@ -89,4 +89,4 @@ def index_source(
     except BaseException:
         index.close()
         raise
-    return Indexed(index, excluded, spec, listing)
+    return Indexed(index, excluded, spec, planner, listing)

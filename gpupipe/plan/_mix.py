@@ -15,15 +15,13 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from typing import Any
 
 import numpy as np
 
-from ..sources import Index, Source
-from ..sources._mix import MixCounts, MixIndex
+from ..sources._mix import MixCounts
 from ._plan import Layout, PlanSpec, RankPlan, elastic_plan, good_sizes, rank_plan, unexcluded
 
-__all__ = ["Selection", "select", "spread", "mix_digest", "mixed_plan", "per_source"]
+__all__ = ["Selection", "select", "spread", "mix_digest", "mixed_plan"]
 
 
 def _rng(seed: int, epoch: int, *more: int) -> np.random.Generator:
@@ -175,21 +173,3 @@ def mixed_plan(selection: Selection, spec: PlanSpec, layout: Layout | None, *, s
         plan = rank_plan(selection.sizes, spec, **kw)  # type: ignore[arg-type]
     samples, draws = selection.resolve(plan.samples)
     return dataclasses.replace(plan, samples=samples, draws=draws)
-
-
-def per_source(index: Index, source: Source, num_samples: int, plan: RankPlan, done: int) -> list[dict[str, Any]]:
-    """``Loader.stats()``'s ``sources``: for each source of a mix (or the one source), its
-    samples per epoch, those in ``plan`` (padding left out) and those of its first ``done``
-    positions."""
-    valid = plan.valid
-    taken = valid & (np.arange(len(valid)) < max(done, 0))
-    if isinstance(index, MixIndex):
-        names = [repr(s) for s in source.sources]  # type: ignore[attr-defined]
-        per_epoch, of = list(index.mix.counts), index.source_of(plan.samples)
-    else:
-        names, per_epoch, of = [repr(source)], [num_samples], np.zeros(len(valid), np.int64)
-    planned, yielded = (np.bincount(of[mask], minlength=len(names)) for mask in (valid, taken))
-    return [
-        {"source": n, "per_epoch": int(e), "planned": int(p), "yielded": int(y)}
-        for n, e, p, y in zip(names, per_epoch, planned, yielded, strict=True)
-    ]
