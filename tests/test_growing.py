@@ -74,12 +74,12 @@ class TestGrowingEpochs:
         source = gp.WebDataset(os.path.join(growing, "train-*.tar"), relist=True, label=None)
         with backend.loader(pipeline(source), 2, shuffle=True, seed=1, num_workers=1) as loader:
             assert len(keys_of(loader, 0)) == 5 and len(loader) == 3
-            first_runner = loader._runners[0]
+            first_runner = loader._runners.current
             add_shard(growing, "train-b", 4)
             loader.set_epoch(0)  # the same epoch again: not listed again
-            assert len(loader) == 3 and loader._runners[0] is first_runner
+            assert len(loader) == 3 and loader._runners.current is first_runner
             assert len(keys_of(loader, 1)) == 9 and len(loader) == 5
-            assert loader._runners[0] is not first_runner and getattr(first_runner, "_closed", True)
+            assert loader._runners.current is not first_runner and getattr(first_runner, "_closed", True)
             os.remove(os.path.join(growing, "train-a.tar"))  # evicted by the producer between epochs
             assert len(keys_of(loader, 2)) == 4 and len(loader) == 2
             assert loader.stats()["sources"][0]["per_epoch"] == 4

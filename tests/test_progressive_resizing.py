@@ -80,14 +80,15 @@ class TestSetPipeline:
         train = recipe("train")
         with gp.Loader(train(shards, size=32), 4, backend="torch", device="cpu", num_workers=0) as loader:
             loader.set_pipeline(train(shards, size=48))
-            never = loader._runners[1]
+            never = loader._runners.next
             loader.set_pipeline(train(shards, size=24))
-            assert never._closed  # type: ignore[attr-defined]
+            assert never is not None and never._closed  # type: ignore[attr-defined]
             loader.set_pipeline(train(shards, size=32))  # back to the running one: nothing pending
-            assert len(loader._runners) == 1
+            assert loader._runners.next is None
             loader.set_pipeline(train(shards, size=40))
-            pending = loader._runners[1]
-        assert pending._closed  # type: ignore[attr-defined]  # closed with the loader, never run
+            pending = loader._runners.next
+            assert pending is not None
+        assert pending._closed  # closed with the loader, never run
 
     def test_a_resumed_epoch_runs_the_pipeline_set_before_it(self, backend, shards):
         train = recipe("train")

@@ -18,14 +18,14 @@ from ..core._errors import ClosedError, ConfigError, GpupipeError, PipelineError
 from ..core._validate import check_int
 from ..pipeline._pipeline import Pipeline
 from ..plan._indexed import Indexed, index_source, listing_of
-from ..plan._plan import Layout, RankPlan
+from ..plan._plan import RankPlan
 from ..plan._prefetch import prefetcher
-from ..plan._resume import Position, layout_batches, restore, saved
+from ..plan._resume import Cursor, layout_batches, restore, saved
 from ..plan._skips import Skips
 from ..runtime import _dist
-from ..sources import Index
 from ._records import resolve as resolve_tuned
 from ._records import tune_key
+from ._runners import Runners
 from ._trainers import LoaderAttributes
 
 __all__ = ["Loader", "Batch", "SkippedSample"]  # Batch and SkippedSample: from ._batch
@@ -103,16 +103,11 @@ class Loader(LoaderAttributes):
         key = tune_key(pipeline.views, config.batch_size, backend.name, device)
         self._run_config, workers, self.tuned = resolve_tuned(config, key)
         self.num_workers = _dist.default_workers() if workers is None else workers
-        self.epoch = 0
-        self._finished: int | None = None  # the epoch that ran to its end, with no set_epoch since
+        self._at = Cursor()  # the position: epoch, batches yielded, resume point, layout
         self._warned_advance = False
-        self._yielded = 0  # batches of self.epoch yielded so far
-        self._resume_at: tuple[int, int] | None = None  # (epoch, batch) set by load_state_dict
-        self._layout: tuple[int, Layout] | None = None  # (epoch, what is left of it): an elastic resume's
         self._current: weakref.ref[Generator[Batch, None, None]] | None = None  # the running iteration
         self._skips = Skips(config, self.rank)
         self._topo, self._device = topo, device
-        self._listed_epoch = 0  # the epoch whose listing of a growing source is indexed
         self._use(index_source(pipeline.source, listing_of(pipeline.source, topo, device), config, topo, seed=self.seed,
                                device=device, skips=self._skips, shards_ahead=self._shards_ahead()))  # fmt: skip
         if pipeline.batch_transform is not None and not self.index.labeled:
@@ -124,13 +119,11 @@ class Loader(LoaderAttributes):
                 stacklevel=3,
             )
         self._next_pipeline: Pipeline | None = None  # set_pipeline's, run from the next iteration
-        # the running runner, then the one set_pipeline built for the next iteration, if any; the index
-        self._runners: list[backends.Runner] = []
-        self._held = [self.index]
+        self._runners = Runners(self.index)
         # Releases the runners and the index when the loader is closed, collected, or at exit.
-        self._finalizer = weakref.finalize(self, _release, self._runners, self._held)
+        self._finalizer = weakref.finalize(self, self._runners.close)
         try:
-            self._runners.append(backend.runner(self._run_spec(pipeline)))
+            self._runners.current = backend.runner(self._run_spec(pipeline))
         except BaseException:
             self._finalizer()  # the index, now
             raise
@@ -165,22 +158,18 @@ class Loader(LoaderAttributes):
         old = self._indexed
         self._use(indexed)
         backend = backends.get(self.backend)
-        runners: list[backends.Runner] = []
+        current: backends.Runner | None = None
         try:
-            runners.append(backend.runner(self._run_spec(self.pipeline)))
-            if self._next_pipeline is not None and len(self._runners) > 1:
-                runners.append(backend.runner(self._run_spec(self._next_pipeline)))
+            current = backend.runner(self._run_spec(self.pipeline))
+            pending = self._next_pipeline is not None and self._runners.next is not None
+            upcoming = backend.runner(self._run_spec(self._next_pipeline)) if pending else None  # type: ignore[arg-type]
         except BaseException:
-            for r in runners:
-                r.close()
+            if current is not None:
+                current.close()
             indexed.index.close()
             self._use(old)
             raise
-        for r in self._runners:
-            r.close()
-        self._runners[:] = runners
-        self._held.pop().close()
-        self._held.append(indexed.index)
+        self._runners.replace(indexed.index, current, upcoming)
         log.info("gpupipe loader: rank %d, epoch %d: %d samples in %d shards (the source's shards listed again)",
                  self.rank, self.epoch, len(self.index), len(self.index.shards))  # fmt: skip
 
@@ -199,7 +188,15 @@ class Loader(LoaderAttributes):
 
     @property
     def _runner(self) -> backends.Runner:
-        return self._runners[0]
+        runner = self._runners.current
+        if runner is None:
+            raise ClosedError("this gp.Loader is closed")
+        return runner
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next iteration yields (:meth:`set_epoch`)."""
+        return self._at.epoch
 
     def set_pipeline(self, pipeline: Pipeline) -> None:
         """Runs ``pipeline`` from the next iteration (the next epoch) on, over the same source: a
@@ -236,10 +233,7 @@ class Loader(LoaderAttributes):
         same = (pipeline.views, pipeline.has_views, pipeline.per_source) == (
             self.pipeline.views, self.pipeline.has_views, self.pipeline.per_source)  # fmt: skip
         runner = None if same else backend.runner(self._run_spec(pipeline))  # fails here, if it fails
-        while len(self._runners) > 1:  # an earlier set_pipeline's, never run
-            self._runners.pop().close()
-        if runner is not None:
-            self._runners.append(runner)  # closed with the loader, if it never runs
+        self._runners.set_next(runner)  # (an earlier set_pipeline's, never run, is closed)
         self._next_pipeline = pipeline
 
     def _switch_pipeline(self) -> None:
@@ -248,8 +242,7 @@ class Loader(LoaderAttributes):
         pipeline, self._next_pipeline = self._next_pipeline, None
         if pipeline is None:
             return
-        if len(self._runners) > 1:
-            self._runners.pop(0).close()
+        if self._runners.take_next():
             log.info("gpupipe loader: rank %d runs a new pipeline from epoch %d: %s", self.rank, self.epoch, pipeline)
         self.pipeline = pipeline
 
@@ -285,11 +278,8 @@ class Loader(LoaderAttributes):
     def __len__(self) -> int:
         """Batches per epoch, the same on every rank (of an epoch resumed on another world size:
         the batches left of it, see :meth:`load_state_dict`)."""
-        layout = self._layout_of(self.epoch)
+        layout = self._at.layout
         return self._len if layout is None else layout.offset + layout_batches(self.plan_spec, layout)
-
-    def _layout_of(self, epoch: int) -> Layout | None:
-        return self._layout[1] if self._layout is not None and self._layout[0] == epoch else None
 
     @property
     def skipped(self) -> list[SkippedSample]:
@@ -302,32 +292,29 @@ class Loader(LoaderAttributes):
         that grows (``WebDataset(..., relist=True)``), a new epoch lists its shards again: the
         epoch reads those present now, and ``len(loader)`` follows (docs/guide/growing.md)."""
         check_int("Loader.set_epoch", epoch, "epoch", minimum=0)
-        if self._resume_at is not None and self._resume_at[0] != epoch and 0 < self._resume_at[1] < len(self):
+        at = self._at
+        if at.start is not None and at.epoch != epoch and 0 < at.start < len(self):
             # a mid-epoch position dropped (one at an epoch's start or end drops nothing)
             warnings.warn(
-                f"Loader.set_epoch({epoch}) after load_state_dict() of a state in epoch {self._resume_at[0]} "
-                f"(batch {self._resume_at[1]}): the loaded position is dropped and epoch {epoch} starts from its "
-                f"first batch. To resume, call set_epoch({self._resume_at[0]}) (or none) before iterating",
+                f"Loader.set_epoch({epoch}) after load_state_dict() of a state in epoch {at.epoch} "
+                f"(batch {at.start}): the loaded position is dropped and epoch {epoch} starts from its "
+                f"first batch. To resume, call set_epoch({at.epoch}) (or none) before iterating",
                 UserWarning,
                 stacklevel=2,
             )
-            self._resume_at, self._layout = None, None
-        if self._listing is not None and epoch != self._listed_epoch and not self.closed:  # a growing source
+        if self._listing is not None and epoch != at.listed and not self.closed:  # a growing source
             self._relist(listing_of(self.pipeline.source, self._topo, self._device))
-            self._listed_epoch = epoch
-        if epoch != self.epoch:
-            self._yielded = 0
+            at.listed = epoch
+        if epoch != at.epoch:
             self._skips.in_epoch = 0
-            self._layout = None  # an elastic resume's remainder is of its own epoch only
-        self.epoch = epoch
-        self._finished = None  # said explicitly: iterate this epoch
+        at.go_to(epoch)  # (another epoch drops the position in this one; said explicitly: iterate it)
 
     def plan(self, epoch: int | None = None) -> RankPlan:
         """This rank's plan for ``epoch`` (default: the current one): the global sample numbers it
         yields, in order, and which are padding. ``loader.index.key(n)`` names sample ``n``."""
         epoch = self.epoch if epoch is None else epoch
         return self._indexed.planner.plan(self.plan_spec, seed=self.seed, epoch=epoch, rank=self.rank,
-                                          layout=self._layout_of(epoch))  # fmt: skip
+                                          layout=self._at.layout_of(epoch))  # fmt: skip
 
     def stats(self) -> dict[str, Any]:
         """What this rank's current epoch holds and has yielded, per source (a :class:`~gpupipe.Mix`'s
@@ -341,10 +328,10 @@ class Loader(LoaderAttributes):
         ``skipped``, samples left out of this epoch so far (``on_error="skip"``). Computed from
         the plan when called (``O(N / world_size)``), nothing counted per batch.
         """
-        layout = self._layout_of(self.epoch)
-        done = (self._yielded - (layout.offset if layout is not None else 0)) * self.config.batch_size
+        layout = self._at.layout
+        done = (self._at.yielded - (layout.offset if layout is not None else 0)) * self.config.batch_size
         sources = self._indexed.planner.per_source(self.pipeline.source, self.plan(), done)
-        return {"epoch": self.epoch, "batches_yielded": self._yielded, "skipped": self._skips.in_epoch,
+        return {"epoch": self.epoch, "batches_yielded": self._at.yielded, "skipped": self._skips.in_epoch,
                 "sources": sources}  # fmt: skip
 
     def __iter__(self) -> Generator[Batch, None, None]:
@@ -360,7 +347,7 @@ class Loader(LoaderAttributes):
                 raise GpupipeError(
                     "this gp.Loader is being iterated in another thread: a loader runs one epoch at a time"
                 ) from None
-        if self._finished == self.epoch:  # iterated again after a whole epoch, without set_epoch
+        if self._at.finished:  # iterated again after a whole epoch, without set_epoch
             self._advance()
         self._switch_pipeline()
         iteration = self._iterate()
@@ -389,15 +376,12 @@ class Loader(LoaderAttributes):
         self.set_epoch(self.epoch + 1)
 
     def _iterate(self) -> Generator[Batch, None, None]:
-        epoch, start = self.epoch, 0
-        if self._resume_at is not None and self._resume_at[0] == epoch:
-            start = self._resume_at[1]
-        self._resume_at = None
+        at = self._at
+        epoch, start = at.epoch, at.begin()
         if start == 0:
             self._skips.in_epoch = 0
-        self._yielded = start
         plan = self.plan(epoch)
-        layout = self._layout_of(epoch)
+        layout = at.layout_of(epoch)
         shift = layout.offset if layout is not None else 0  # a resumed epoch's batches count on from the saved
         start -= shift
         device = torch.device(self.device)
@@ -422,7 +406,7 @@ class Loader(LoaderAttributes):
                 valid = plan.batch(b)[1].copy()
                 if skipped:
                     self._skips.mark(skipped, valid, epoch, limit)
-                self._yielded = shift + b + 1
+                at.yielded = shift + b + 1
                 images = views if self.pipeline.has_views else views[0]
                 mask = backends.to_device(torch.from_numpy(valid), device)
                 if self.pipeline.batch_transform is not None and labels is not None:  # MixUp, CutMix: on the device
@@ -432,11 +416,11 @@ class Loader(LoaderAttributes):
         finally:
             if fetch is not None:
                 fetch.close()
-        if self._yielded == shift + plan.num_batches and not self.closed:
-            self._finished = epoch  # ran to its end: a new iteration without set_epoch is the next epoch
-        if self.closed and self._yielded < shift + plan.num_batches:
+        if at.yielded == shift + plan.num_batches and not self.closed and at.epoch == epoch:
+            at.finished = True  # ran to its end: a new iteration without set_epoch is the next epoch
+        if self.closed and at.yielded < shift + plan.num_batches:
             raise ClosedError(
-                f"this gp.Loader was closed during an epoch, after {self._yielded} of its {shift + plan.num_batches} "
+                f"this gp.Loader was closed during an epoch, after {at.yielded} of its {shift + plan.num_batches} "
                 "batches"
             )
 
@@ -451,8 +435,7 @@ class Loader(LoaderAttributes):
     def state_dict(self) -> dict[str, Any]:
         """This rank's position: the epoch and the batches of it yielded so far, with the settings
         the plan depends on. Call it between batches (after a step); see :meth:`load_state_dict`."""
-        position = Position(self.epoch, self._yielded, self.seed, self._layout_of(self.epoch))
-        state = {**saved(position, self.plan_spec, self.rank), **self._skips.state()}
+        state = {**saved(self._at.position(self.seed), self.plan_spec, self.rank), **self._skips.state()}
         if self._listing is not None:  # a growing source's shards this epoch, to resume on exactly those
             state["listing"] = _nested(self._listing, list)
         return state
@@ -483,13 +466,10 @@ class Loader(LoaderAttributes):
         listing = state.get("listing") if isinstance(state, dict) else None
         if listing is not None and self._listing is not None:  # the shards the saved epoch read
             self._relist(_nested(listing, tuple))
-            self._listed_epoch = state.get("epoch", self.epoch)
+            self._at.listed = state.get("epoch", self.epoch)
         position = restore(state, spec=self.plan_spec, seed=self.seed, seed_given=self.config.seed is not None)
         self.seed = position.seed
-        self.epoch, self._yielded = position.epoch, position.batches
-        self._layout = (position.epoch, position.layout) if position.layout is not None else None
-        self._resume_at = (position.epoch, position.batches)
-        self._finished = None
+        self._at.restore(position)
         self._skips.load(state)
 
 
@@ -511,10 +491,3 @@ def _nested(value: Any, kind: type) -> Any:
     """``value`` with its tuples or lists (nested) made ``kind``: a listing saved in a state as
     lists (JSON), compared as tuples."""
     return kind(_nested(v, kind) for v in value) if isinstance(value, (list, tuple)) else value
-
-
-def _release(runners: list[backends.Runner], held: list[Index]) -> None:
-    for runner in runners:
-        runner.close()
-    for index in held:
-        index.close()

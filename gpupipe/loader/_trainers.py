@@ -26,8 +26,10 @@ __all__ = ["Trained", "LoaderAttributes", "EpochSampler", "DatasetView"]
 class Trained(Protocol):
     """What the sampler and dataset views read on their loader (a :class:`~gpupipe.Loader`)."""
 
-    epoch: int
     pipeline: Pipeline
+
+    @property
+    def epoch(self) -> int: ...
 
     @property
     def num_samples(self) -> int: ...

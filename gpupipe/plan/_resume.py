@@ -12,7 +12,7 @@ from ..core._errors import ConfigError
 from ..core._validate import is_int
 from ._plan import Layout, PlanSpec, remaining
 
-__all__ = ["STATE_VERSION", "ELASTIC", "Position", "restore", "saved", "layout_batches"]
+__all__ = ["STATE_VERSION", "ELASTIC", "Position", "Cursor", "restore", "saved", "layout_batches"]
 
 STATE_VERSION = 2
 ELASTIC = frozenset({"world_size", "batch_size"})  # what may change between saving and resuming
@@ -27,6 +27,54 @@ class Position:
     batches: int
     seed: int
     layout: Layout | None = None
+
+
+@dataclasses.dataclass
+class Cursor:
+    """A loader's live position, in one place:
+
+    - ``epoch``: the epoch the next iteration yields;
+    - ``yielded``: its batches yielded so far (after an elastic resume, counted on from those the
+      saving run yielded);
+    - ``start``: the batch the next iteration of ``epoch`` starts from, set by a restore
+      (``None``: its first);
+    - ``layout``: what an elastic resume leaves of ``epoch`` (``None``: the whole epoch);
+    - ``finished``: ``epoch`` ran to its end, with no ``set_epoch`` since;
+    - ``listed``: the epoch whose listing of a growing source the index is of.
+    """
+
+    epoch: int = 0
+    yielded: int = 0
+    start: int | None = None
+    layout: Layout | None = None
+    finished: bool = False
+    listed: int = 0
+
+    def layout_of(self, epoch: int) -> Layout | None:
+        """What is left of ``epoch`` (an elastic resume's, of its own epoch only), else ``None``."""
+        return self.layout if epoch == self.epoch else None
+
+    def go_to(self, epoch: int) -> None:
+        """``set_epoch``: another epoch drops the position in this one (its resume point and
+        layout); the same epoch keeps it. Either way the epoch is to be iterated."""
+        if epoch != self.epoch:
+            self.yielded, self.start, self.layout = 0, None, None
+        self.epoch, self.finished = epoch, False
+
+    def restore(self, position: Position) -> None:
+        """Goes to a saved ``position``: its next iteration starts after the batches yielded."""
+        self.epoch, self.yielded, self.start = position.epoch, position.batches, position.batches
+        self.layout, self.finished = position.layout, False
+
+    def begin(self) -> int:
+        """An iteration of ``epoch`` starts: the batch it starts from (the restored one, once)."""
+        start, self.start = self.start or 0, None
+        self.yielded = start
+        return start
+
+    def position(self, seed: int) -> Position:
+        """The position to save (with the ``seed`` the plan is drawn with)."""
+        return Position(self.epoch, self.yielded, seed, self.layout)
 
 
 def layout_batches(spec: PlanSpec, layout: Layout) -> int:
