@@ -36,8 +36,9 @@ sys.path.insert(0, ROOT)
 
 from _report import publish
 
+from gpupipe.plan._elastic import elastic_plan, remaining
 from gpupipe.plan._mix import mixed_plan, select
-from gpupipe.plan._plan import PlanSpec, elastic_plan, rank_plan, remaining
+from gpupipe.plan._plan import PlanSpec, rank_plan
 from gpupipe.sources._mix import MixCounts, counts_of
 
 

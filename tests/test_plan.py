@@ -13,7 +13,8 @@ import torch
 
 import gpupipe as gp
 from gpupipe import transforms as T
-from gpupipe.plan._plan import Layout, PlanSpec, elastic_plan, rank_plan, rank_range, remaining, shard_permutation
+from gpupipe.plan._elastic import Layout, elastic_plan, remaining
+from gpupipe.plan._plan import PlanSpec, rank_plan, rank_range, shard_permutation
 from gpupipe.testing import encode_jpeg, synthetic_image
 
 from .support.checkers import check_epoch_partition, val, yielded
@@ -333,20 +334,20 @@ class TestElastic:
     def test_a_rank_reads_only_the_old_plans_its_part_touches(self, monkeypatch):
         """Start-up stays about N / world_size per rank: 64 old ranks, 16 new ones, each new rank
         computes the plans of the ~4-5 old ranks whose remaining samples it takes."""
-        from gpupipe.plan import _plan
+        from gpupipe.plan import _elastic
 
         sizes = np.full(128, 50)
         first = _spec(int(sizes.sum()), 64, 5, False)
         layout = remaining(first, 3)
         computed = []
-        real = _plan.rank_plan
+        real = _elastic.rank_plan
 
         def counted(*args, **kwargs):
             computed.append(kwargs["rank"])
             return real(*args, **kwargs)
 
-        monkeypatch.setattr(_plan, "rank_plan", counted)
-        _plan.elastic_plan(sizes, _spec(int(sizes.sum()), 16, 5, False), layout, rank=7, **self.KW)
+        monkeypatch.setattr(_elastic, "rank_plan", counted)
+        _elastic.elastic_plan(sizes, _spec(int(sizes.sum()), 16, 5, False), layout, rank=7, **self.KW)
         assert 4 <= len(set(computed)) <= 5 and computed == sorted(set(computed))
 
     def test_a_layout_round_trips(self):

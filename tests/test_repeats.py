@@ -14,7 +14,8 @@ import torch
 
 import gpupipe as gp
 from gpupipe import transforms as T
-from gpupipe.plan._plan import PlanSpec, elastic_plan, rank_plan, remaining
+from gpupipe.plan._elastic import elastic_plan, remaining
+from gpupipe.plan._plan import PlanSpec, rank_plan
 
 from .support.checkers import check_exact_resume
 

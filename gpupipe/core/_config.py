@@ -357,6 +357,14 @@ class LoaderConfig:
             return None
         return int(cap) if is_int(cap) else int(cap * samples)
 
+    def remote_ahead(self) -> int:
+        """Remote shards downloaded ahead of those the epoch has needed: ``shards_ahead``, by
+        default a whole next interleave group when shuffling (a rank reads ``interleave`` shards
+        at once), else a few."""
+        if self.shards_ahead is not None:
+            return self.shards_ahead
+        return self.interleave if self.shuffle else 4
+
     @property
     def channels_last(self) -> bool:
         return self.memory_format == torch.channels_last

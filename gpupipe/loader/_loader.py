@@ -14,13 +14,13 @@ from .. import backends
 from ..backends._batchwise import apply_batch
 from ..core._batch import Batch, SkippedSample
 from ..core._config import LoaderConfig, check_options
-from ..core._errors import ClosedError, ConfigError, GpupipeError, PipelineError
+from ..core._errors import ClosedError, ConfigError, GpupipeError
 from ..core._validate import check_int
-from ..pipeline._pipeline import Pipeline
+from ..pipeline._pipeline import Pipeline, check_runnable
 from ..plan._indexed import Indexed, index_source, listing_of
 from ..plan._plan import RankPlan
 from ..plan._prefetch import prefetcher
-from ..plan._resume import Cursor, layout_batches, restore, saved
+from ..plan._resume import Cursor, layout_batches, nested, restore, saved
 from ..plan._skips import Skips
 from ..runtime import _dist
 from ._records import resolve as resolve_tuned
@@ -96,7 +96,7 @@ class Loader(LoaderAttributes):
         self.rank, self.world_size = topo.rank, topo.world_size
         backend, device = backends.resolve(config.backend, config.device, pipeline.views)
         self.chosen = backends.why(config.backend, config.device, backend, device, pipeline.views)  # auto's reasons
-        _check_runnable(pipeline, backend)
+        check_runnable(pipeline, backend)
         self.seed = _dist.shared_seed(config.seed, topo, shuffle=config.shuffle, device=device)
         self.backend, self.device = backend.name, str(device)
         # Options left unset take what `gpupipe tune` recorded for this machine and pipeline, else defaults.
@@ -109,7 +109,7 @@ class Loader(LoaderAttributes):
         self._skips = Skips(config, self.rank)
         self._topo, self._device = topo, device
         self._use(index_source(pipeline.source, listing_of(pipeline.source, topo, device), config, topo, seed=self.seed,
-                               device=device, skips=self._skips, shards_ahead=self._shards_ahead()))  # fmt: skip
+                               device=device, skips=self._skips))  # fmt: skip
         if pipeline.batch_transform is not None and not self.index.labeled:
             raise ConfigError(f"Loader: {type(pipeline.batch_transform).__name__} mixes labels: the source has none")
         if self._len == 0:
@@ -127,18 +127,9 @@ class Loader(LoaderAttributes):
         except BaseException:
             self._finalizer()  # the index, now
             raise
-        log.info(
-            "gpupipe loader: rank %d/%d (%s), %d samples in %d shards, backend=%s, device=%s, %d batches/epoch, %s",
-            self.rank,
-            self.world_size,
-            topo.origin,
-            len(self.index),
-            len(self.index.shards),
-            self.backend,
-            self.device,
-            self._len,
-            ", ".join(f"{k}={v}" for k, v in self._runner.describe().items()),
-        )
+        log.info("gpupipe loader: rank %d/%d (%s), %d samples in %d shards, backend=%s, device=%s, %d batches/epoch, "
+                 "%s", self.rank, self.world_size, topo.origin, len(self.index), len(self.index.shards), self.backend,
+                 self.device, self._len, ", ".join(f"{k}={v}" for k, v in self._runner.describe().items()))  # fmt: skip
         if self.tuned is not None:
             log.info("gpupipe loader: settings left unset are gpupipe tune's: %s", self.tuned)
 
@@ -154,7 +145,7 @@ class Loader(LoaderAttributes):
         if listing == self._listing:
             return
         indexed = index_source(self.pipeline.source, listing, self.config, self._topo, seed=self.seed,
-                               device=self._device, skips=self._skips, shards_ahead=self._shards_ahead())  # fmt: skip
+                               device=self._device, skips=self._skips)  # fmt: skip
         old = self._indexed
         self._use(indexed)
         backend = backends.get(self.backend)
@@ -227,7 +218,7 @@ class Loader(LoaderAttributes):
                 f"{self.pipeline.source!r}; a loader's index and plan belong to its source: build a new gp.Loader"
             )
         backend = backends.get(self.backend)
-        _check_runnable(pipeline, backend)
+        check_runnable(pipeline, backend)
         if self.closed:
             raise ClosedError("this gp.Loader is closed")
         same = (pipeline.views, pipeline.has_views, pipeline.per_source) == (
@@ -387,7 +378,7 @@ class Loader(LoaderAttributes):
         device = torch.device(self.device)
         limit = self.config.skip_limit(int(plan.valid.sum()))
         size = self.config.batch_size
-        fetch = prefetcher(self.index, plan.samples[start * size :], size, self._shards_ahead())
+        fetch = prefetcher(self.index, plan.samples[start * size :], size, self.config.remote_ahead())
         try:
             if fetch is not None:
                 fetch.advance(0)
@@ -424,20 +415,12 @@ class Loader(LoaderAttributes):
                 "batches"
             )
 
-    def _shards_ahead(self) -> int:
-        """Remote shards downloaded ahead of those the epoch has needed: ``shards_ahead``, by
-        default a whole next interleave group when shuffling (a rank reads ``interleave`` shards
-        at once), else a few."""
-        if self.config.shards_ahead is not None:
-            return self.config.shards_ahead
-        return self.config.interleave if self.config.shuffle else 4
-
     def state_dict(self) -> dict[str, Any]:
         """This rank's position: the epoch and the batches of it yielded so far, with the settings
         the plan depends on. Call it between batches (after a step); see :meth:`load_state_dict`."""
         state = {**saved(self._at.position(self.seed), self.plan_spec, self.rank), **self._skips.state()}
         if self._listing is not None:  # a growing source's shards this epoch, to resume on exactly those
-            state["listing"] = _nested(self._listing, list)
+            state["listing"] = nested(self._listing, list)
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -465,29 +448,9 @@ class Loader(LoaderAttributes):
         """
         listing = state.get("listing") if isinstance(state, dict) else None
         if listing is not None and self._listing is not None:  # the shards the saved epoch read
-            self._relist(_nested(listing, tuple))
+            self._relist(nested(listing, tuple))
             self._at.listed = state.get("epoch", self.epoch)
         position = restore(state, spec=self.plan_spec, seed=self.seed, seed_given=self.config.seed is not None)
         self.seed = position.seed
         self._at.restore(position)
         self._skips.load(state)
-
-
-def _check_runnable(pipeline: Pipeline, backend: backends.Backend) -> None:
-    """Raises unless every output of ``pipeline`` has a fixed size (batching needs one) and
-    ``backend`` can run every step of every view: before anything is built or read."""
-    for i, output in enumerate(pipeline.output_specs):
-        if not output.fixed_size:
-            which = f"view {i}'s output size" if pipeline.has_views else "the pipeline's output size"
-            raise PipelineError(
-                f"{which} varies ({output}); batching needs a fixed size: end it "
-                "with CenterCrop, RandomCrop, RandomResizedCrop or Resize((h, w))"
-            )
-    for steps in pipeline.views:
-        backend.check(steps)
-
-
-def _nested(value: Any, kind: type) -> Any:
-    """``value`` with its tuples or lists (nested) made ``kind``: a listing saved in a state as
-    lists (JSON), compared as tuples."""
-    return kind(_nested(v, kind) for v in value) if isinstance(value, (list, tuple)) else value

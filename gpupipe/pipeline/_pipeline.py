@@ -13,7 +13,7 @@ from ..sources import Source, WebDataset
 from ..sources._listing import directory_hint
 from ..transforms import BatchTransform, ImageSpec, Transform
 
-__all__ = ["Pipeline", "load_pipeline"]
+__all__ = ["Pipeline", "load_pipeline", "check_runnable"]
 
 
 class Pipeline:
@@ -237,3 +237,18 @@ def load_pipeline(spec: str) -> Callable[..., Any]:
     if not callable(fn):
         raise ConfigError(f"{target!r} has no function {attr!r}")
     return fn
+
+
+def check_runnable(pipeline: Pipeline, backend: Any) -> None:
+    """Raises unless every output of ``pipeline`` has a fixed size (batching needs one) and
+    ``backend`` (a ``gpupipe.backends.Backend``) can run every step of every view: before anything
+    is built or read."""
+    for i, output in enumerate(pipeline.output_specs):
+        if not output.fixed_size:
+            which = f"view {i}'s output size" if pipeline.has_views else "the pipeline's output size"
+            raise PipelineError(
+                f"{which} varies ({output}); batching needs a fixed size: end it "
+                "with CenterCrop, RandomCrop, RandomResizedCrop or Resize((h, w))"
+            )
+    for steps in pipeline.views:
+        backend.check(steps)

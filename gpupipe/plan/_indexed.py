@@ -49,7 +49,6 @@ def index_source(
     seed: int,
     device: torch.device,
     skips: Skips,
-    shards_ahead: int,
 ) -> Indexed:
     """Indexes ``source`` (of ``listing``), records what it leaves out in ``skips``, readies a
     remote storage, and checks that every rank made the same plan settings."""
@@ -60,7 +59,7 @@ def index_source(
         prepare_remote(
             index,
             at_once=config.interleave if config.shuffle else 1,
-            ahead=shards_ahead,
+            ahead=config.remote_ahead(),
             local_ranks=_dist.ranks_per_node() or 1,
         )
         if len(index) - len(excluded) <= 0:

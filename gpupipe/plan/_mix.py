@@ -19,7 +19,8 @@ import hashlib
 import numpy as np
 
 from ..sources._mix import MixCounts
-from ._plan import Layout, PlanSpec, RankPlan, elastic_plan, good_sizes, rank_plan, unexcluded
+from ._elastic import Layout, elastic_plan
+from ._plan import PlanSpec, RankPlan, good_sizes, rank_plan, unexcluded
 
 __all__ = ["Selection", "select", "spread", "mix_digest", "mixed_plan"]
 

@@ -13,8 +13,9 @@ import numpy as np
 
 from ..sources import Index, Source
 from ..sources._mix import MixIndex
+from ._elastic import Layout, elastic_plan
 from ._mix import Selection, mix_digest, mixed_plan, select
-from ._plan import Layout, PlanSpec, RankPlan, elastic_plan, rank_plan
+from ._plan import PlanSpec, RankPlan, rank_plan
 
 __all__ = ["Planner", "ShardPlanner", "MixPlanner", "planner_for"]
 

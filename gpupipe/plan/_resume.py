@@ -1,6 +1,6 @@
 """Where a loader is in its epochs, as saved by ``Loader.state_dict`` and restored by
 ``Loader.load_state_dict``: on the same ranks (exact, mid-epoch), or elastically on another world
-size or batch size (what is left of the epoch split over the new ranks, ``_plan.remaining``)."""
+size or batch size (what is left of the epoch split over the new ranks, ``_elastic.remaining``)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ from typing import Any, cast
 
 from ..core._errors import ConfigError
 from ..core._validate import is_int
-from ._plan import Layout, PlanSpec, remaining
+from ._elastic import Layout, remaining
+from ._plan import PlanSpec
 
-__all__ = ["STATE_VERSION", "ELASTIC", "Position", "Cursor", "restore", "saved", "layout_batches"]
+__all__ = ["STATE_VERSION", "ELASTIC", "Position", "Cursor", "restore", "saved", "layout_batches", "nested"]
 
 STATE_VERSION = 2
 ELASTIC = frozenset({"world_size", "batch_size"})  # what may change between saving and resuming
@@ -88,7 +89,7 @@ def restore(state: Any, *, spec: PlanSpec, seed: int, seed_given: bool) -> Posit
     the skipped-sample list (a trainer that checkpoints rank 0's alone, as Lightning does, resumes
     every rank). The same plan settings: exact, this rank's own plan from that batch on. Another
     ``world_size`` or ``batch_size`` (elastic): what the saving ranks had not yet yielded is left
-    for the new ones (:func:`gpupipe.plan._plan.remaining`).
+    for the new ones (:func:`gpupipe.plan._elastic.remaining`).
 
     Raises:
         ConfigError: not a state; a state whose other plan settings (samples, ``drop_last``,
@@ -135,3 +136,9 @@ def saved(position: Position, spec: PlanSpec, rank: int) -> dict[str, Any]:
         "plan": spec.as_dict(),
         "layout": position.layout.as_dict() if position.layout is not None else None,
     }
+
+
+def nested(value: Any, kind: type) -> Any:
+    """``value`` with its tuples or lists (nested) made ``kind``: a listing saved in a state as
+    lists (JSON), compared as tuples."""
+    return kind(nested(v, kind) for v in value) if isinstance(value, (list, tuple)) else value
