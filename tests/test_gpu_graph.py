@@ -136,7 +136,7 @@ def define(steps, *, gpu=True, channels_last=False, dali=None, ranks_per_node=No
 
     views = [steps] if views is None else views
     for view in views:
-        backends.get("dali").check(view)  # as the Loader does first
+        backends.get("dali").require_supported(view)  # as the Loader does first
     decoder_args = (dali or gp.DaliOptions()).decoder_args(ranks_per_node=ranks_per_node)
     return define_graph(views, gpu=gpu, device_id=None, batch_size=4, num_threads=2, prefetch=2, seed=1,
                         channels_last=channels_last, decoder_args=decoder_args)  # fmt: skip

@@ -79,9 +79,9 @@ class TestTopology:
         clean_env.setattr(_dist, "_dist", lambda: FakeDist())
         topo = _dist.topology()
         assert topo == (0, 2, "torch.distributed")
-        _dist.check_same(topo, "the plan", {"samples": 10})  # the same everywhere: fine
+        _dist.require_same(topo, "the plan", {"samples": 10})  # the same everywhere: fine
         with pytest.raises(gp.ConfigError, match=r"the plan differs between ranks \(shards: 4 here, 3 on rank 1\)"):
-            _dist.check_same(topo, "the plan", {"samples": 10, "shards": 4})
+            _dist.require_same(topo, "the plan", {"samples": 10, "shards": 4})
 
     def test_random_seed_needs_torch_distributed(self, clean_env, shards):
         clean_env.setenv("RANK", "0")
@@ -128,7 +128,7 @@ class TestCollectivesDevice:
         clean_env.setattr(_dist, "_dist", lambda: dist)
         topo = _dist.topology()
         assert _dist.shared_seed(None, topo, shuffle=True, device=torch.device("cuda:2")) == 12345
-        _dist.check_same(topo, "the plan", {"samples": 10}, device=torch.device("cuda:2"))
+        _dist.require_same(topo, "the plan", {"samples": 10}, device=torch.device("cuda:2"))
         assert dist.devices == [("broadcast", 2), ("all_gather", 2)]
         assert fake_cuda.current == 0  # the caller's current device is left as it was
 

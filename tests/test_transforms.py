@@ -507,11 +507,11 @@ class TestRandomApply:
         steps = [T.CenterCrop(16), T.RandomApply([self.JITTER, NoLowering()])]
         for name in ("torch", "dali"):
             with pytest.raises(gp.UnsupportedTransformError, match=r"RandomApply.*step 1.*transforms\[1\].*NoLowering"):
-                backends.get(name).check(steps)
+                backends.get(name).require_supported(steps)
         reflect = T.RandomApply([T.RandomApply([T.RandomCrop(16, padding=2, padding_mode="reflect")])])
-        backends.get("torch").check([T.CenterCrop(16), reflect])
+        backends.get("torch").require_supported([T.CenterCrop(16), reflect])
         with pytest.raises(gp.UnsupportedTransformError, match=r"RandomApply.*step 1.*padding_mode='reflect'"):
-            backends.get("dali").check([T.CenterCrop(16), reflect])
+            backends.get("dali").require_supported([T.CenterCrop(16), reflect])
 
 
 class TestToDtype:

@@ -195,7 +195,7 @@ def _cannot_run(backend: Backend, views: Any) -> UnsupportedTransformError | Non
     """Why ``backend`` cannot run a step of ``views``, or ``None``."""
     try:
         for steps in views:
-            backend.check(steps)
+            backend.require_supported(steps)
     except UnsupportedTransformError as e:
         return e
     return None

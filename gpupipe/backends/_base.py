@@ -181,10 +181,10 @@ class Backend(abc.ABC):
         """Whether the backend's libraries are installed (cheap; imports them at most once)."""
         return True
 
-    def check(self, transforms: Sequence[Transform]) -> None:
+    def require_supported(self, transforms: Sequence[Transform]) -> None:
         """Raises UnsupportedTransformError, naming the step, if a transform (or one of its options)
         cannot run on this backend: before any data is read."""
-        self.lowerings.check(transforms)
+        self.lowerings.require_supported(transforms)
 
     @abc.abstractmethod
     def runner(self, spec: RunSpec) -> Runner:

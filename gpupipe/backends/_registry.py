@@ -71,7 +71,7 @@ class Registry:
         """The lowering function of ``transform``; UnsupportedTransformError if there is none."""
         return self._entry(transform, position).fn
 
-    def check(self, transforms: Sequence[Any]) -> None:
+    def require_supported(self, transforms: Sequence[Any]) -> None:
         """Raises UnsupportedTransformError, naming the transform and its step, if one has no
         lowering or has options the backend cannot run."""
         for i, t in enumerate(transforms):

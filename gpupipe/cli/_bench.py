@@ -23,7 +23,7 @@ import torch
 from ..core._errors import ConfigError
 from ..pipeline._pipeline import Pipeline
 
-__all__ = ["Run", "run_loader", "run_baseline", "baseline_loader", "check_baseline", "torchvision_equivalent", "plot"]
+__all__ = ["Run", "run_loader", "run_baseline", "baseline_loader", "require_baseline", "torchvision_equivalent", "plot"]
 
 BASELINE = "dataloader"  # the baseline's name in tables and plots
 
@@ -153,7 +153,7 @@ def run_baseline(
     return Run(name, "cpu", batch_size, workers, results)
 
 
-def check_baseline(pipeline: Pipeline) -> None:
+def require_baseline(pipeline: Pipeline) -> None:
     """ConfigError unless the baseline can run this pipeline (before anything else runs)."""
     from ..sources import WebDataset
 

@@ -166,7 +166,7 @@ def tune(args: argparse.Namespace) -> int:
 
 
 def bench(args: argparse.Namespace) -> int:
-    from ._bench import BASELINE, check_baseline, plot, run_baseline, run_loader, table
+    from ._bench import BASELINE, plot, require_baseline, run_baseline, run_loader, table
 
     logging_level = os.environ.get("GPUPIPE_LOG")
     if logging_level:
@@ -178,7 +178,7 @@ def bench(args: argparse.Namespace) -> int:
     sizes = _list(args.batch_size, "--batch-size", int)
     workers = _list(args.workers, "--workers", _workers)
     if args.baseline:
-        check_baseline(pipeline)
+        require_baseline(pipeline)
     print(f"pipeline {args.pipeline}: output {', '.join(map(str, pipeline.output_specs))}")
 
     def progress(name: str) -> Callable[[int, int], Any]:

@@ -10,9 +10,9 @@ import torch
 
 from ._errors import ConfigError
 from ._imageinfo import MAX_IMAGE_PIXELS
-from ._validate import check_bool, check_enum, check_int, check_optional_int, check_probability, is_int, is_number
+from ._validate import is_int, is_number, valid_bool, valid_enum, valid_int, valid_optional_int, valid_probability
 
-__all__ = ["LoaderConfig", "DaliOptions", "RayOptions", "OnError", "DecodeMode", "check_options"]
+__all__ = ["LoaderConfig", "DaliOptions", "RayOptions", "OnError", "DecodeMode", "valid_options"]
 
 
 class OnError(str, enum.Enum):
@@ -104,10 +104,10 @@ class DaliOptions:
 
     def __post_init__(self) -> None:
         owner = "DaliOptions"
-        object.__setattr__(self, "decode", check_enum(owner, self.decode, "decode", DecodeMode))
-        check_bool(owner, self.jpeg_fancy_upsampling, "jpeg_fancy_upsampling")
+        object.__setattr__(self, "decode", valid_enum(owner, self.decode, "decode", DecodeMode))
+        valid_bool(owner, self.jpeg_fancy_upsampling, "jpeg_fancy_upsampling")
         if self.hw_decoder_load is not None:
-            share = check_probability(owner, self.hw_decoder_load, "hw_decoder_load")
+            share = valid_probability(owner, self.hw_decoder_load, "hw_decoder_load")
             object.__setattr__(self, "hw_decoder_load", share)
         for name in (
             "device_memory_padding",
@@ -115,10 +115,10 @@ class DaliOptions:
             "preallocate_width_hint",
             "preallocate_height_hint",
         ):
-            check_int(owner, getattr(self, name), name, minimum=0)
+            valid_int(owner, getattr(self, name), name, minimum=0)
         if self.affine is not None:
-            check_bool(owner, self.affine, "affine")
-        check_bool(owner, self.color_twist, "color_twist")
+            valid_bool(owner, self.affine, "affine")
+        valid_bool(owner, self.color_twist, "color_twist")
 
     def decoder_args(self, *, ranks_per_node: int | None) -> dict[str, Any]:
         """The arguments of DALI's ``mixed`` decoders, for a job with ``ranks_per_node`` local
@@ -179,11 +179,11 @@ class RayOptions:
             raise ConfigError(f"{owner}: address must be a Ray address or None, got {self.address!r}")
         if not (is_number(self.num_cpus) and self.num_cpus > 0):
             raise ConfigError(f"{owner}: num_cpus must be a number > 0, got {self.num_cpus!r}")
-        check_optional_int(owner, self.in_flight, "in_flight", minimum=1)
+        valid_optional_int(owner, self.in_flight, "in_flight", minimum=1)
         if not (is_number(self.timeout) and self.timeout > 0):
             raise ConfigError(f"{owner}: timeout must be a number of seconds > 0, got {self.timeout!r}")
-        check_int(owner, self.max_retries, "max_retries", minimum=0)
-        check_optional_int(owner, self.local_cpus, "local_cpus", minimum=1)
+        valid_int(owner, self.max_retries, "max_retries", minimum=0)
+        valid_optional_int(owner, self.local_cpus, "local_cpus", minimum=1)
         if self.normalize_on_rank is not None and not isinstance(self.normalize_on_rank, bool):
             raise ConfigError(f"{owner}: normalize_on_rank must be True, False or None, got {self.normalize_on_rank!r}")
 
@@ -311,23 +311,23 @@ class LoaderConfig:
 
     def __post_init__(self) -> None:
         owner = "Loader"
-        check_int(owner, self.batch_size, "batch_size", minimum=1)
-        check_bool(owner, self.shuffle, "shuffle")
-        check_bool(owner, self.drop_last, "drop_last")
-        check_optional_int(owner, self.seed, "seed")
+        valid_int(owner, self.batch_size, "batch_size", minimum=1)
+        valid_bool(owner, self.shuffle, "shuffle")
+        valid_bool(owner, self.drop_last, "drop_last")
+        valid_optional_int(owner, self.seed, "seed")
         if not isinstance(self.backend, str) or not self.backend:
             # the name is checked against the backend table by gpupipe.backends, which knows it
             raise ConfigError(f"{owner}: backend must be a backend's name or 'auto', got {self.backend!r}")
         if self.device is not None:
             object.__setattr__(self, "device", _check_device(owner, self.device))
-        check_optional_int(owner, self.num_workers, "num_workers", minimum=0)
-        check_optional_int(owner, self.prefetch, "prefetch", minimum=1)
-        check_int(owner, self.shuffle_buffer, "shuffle_buffer", minimum=1)
-        check_int(owner, self.interleave, "interleave", minimum=1)
-        check_int(owner, self.repeats, "repeats", minimum=1)
-        check_optional_int(owner, self.shards_ahead, "shards_ahead", minimum=0)
-        check_optional_int(owner, self.rank, "rank")
-        check_optional_int(owner, self.world_size, "world_size")
+        valid_optional_int(owner, self.num_workers, "num_workers", minimum=0)
+        valid_optional_int(owner, self.prefetch, "prefetch", minimum=1)
+        valid_int(owner, self.shuffle_buffer, "shuffle_buffer", minimum=1)
+        valid_int(owner, self.interleave, "interleave", minimum=1)
+        valid_int(owner, self.repeats, "repeats", minimum=1)
+        valid_optional_int(owner, self.shards_ahead, "shards_ahead", minimum=0)
+        valid_optional_int(owner, self.rank, "rank")
+        valid_optional_int(owner, self.world_size, "world_size")
         if self.memory_format not in _MEMORY_FORMATS:
             raise ConfigError(
                 f"{owner}: memory_format must be torch.contiguous_format or torch.channels_last, "
@@ -337,9 +337,9 @@ class LoaderConfig:
             raise ConfigError(f"{owner}: dali must be a gp.DaliOptions, got {self.dali!r}")
         if not isinstance(self.ray, RayOptions):
             raise ConfigError(f"{owner}: ray must be a gp.RayOptions, got {self.ray!r}")
-        object.__setattr__(self, "on_error", check_enum(owner, self.on_error, "on_error", OnError))
-        check_optional_int(owner, self.max_image_pixels, "max_image_pixels", minimum=1)
-        check_bool(owner, self.apply_exif_orientation, "apply_exif_orientation")
+        object.__setattr__(self, "on_error", valid_enum(owner, self.on_error, "on_error", OnError))
+        valid_optional_int(owner, self.max_image_pixels, "max_image_pixels", minimum=1)
+        valid_bool(owner, self.apply_exif_orientation, "apply_exif_orientation")
         if self.worker_timeout is not None and not (is_number(self.worker_timeout) and self.worker_timeout > 0):
             raise ConfigError(f"{owner}: worker_timeout must be None or a number of seconds > 0, got "
                               f"{self.worker_timeout!r}")  # fmt: skip
@@ -401,7 +401,7 @@ DATALOADER_ONLY = {
 }
 
 
-def check_options(owner: str, options: dict[str, Any]) -> None:
+def valid_options(owner: str, options: dict[str, Any]) -> None:
     """Refuses options ``LoaderConfig`` does not have, one line each: a torch DataLoader argument
     says what to do instead, a misspelling the nearest option."""
     import difflib

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from ._errors import ConfigError
-from ._validate import check_int
+from ._validate import valid_int
 
 __all__ = ["ShardWriter"]
 
@@ -39,8 +39,8 @@ class ShardWriter:
     def __init__(self, pattern: str, *, max_count: int = 1000, start: int = 0) -> None:
         if "%" not in pattern:
             raise ConfigError(f"ShardWriter: pattern needs a %d field for the shard number, got {pattern!r}")
-        self.max_count = check_int("ShardWriter", max_count, "max_count", minimum=1)
-        self.next_shard = check_int("ShardWriter", start, "start", minimum=0)
+        self.max_count = valid_int("ShardWriter", max_count, "max_count", minimum=1)
+        self.next_shard = valid_int("ShardWriter", start, "start", minimum=0)
         self.pattern = pattern
         self.shards: list[str] = []
         self._tar: tarfile.TarFile | None = None

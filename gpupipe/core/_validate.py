@@ -19,13 +19,13 @@ __all__ = [
     "is_int",
     "is_number",
     "invalid",
-    "check_int",
-    "check_optional_int",
-    "check_bool",
-    "check_size",
-    "check_range",
-    "check_probability",
-    "check_enum",
+    "valid_int",
+    "valid_optional_int",
+    "valid_bool",
+    "valid_size",
+    "valid_range",
+    "valid_probability",
+    "valid_enum",
 ]
 
 E = TypeVar("E", bound=enum.Enum)
@@ -46,7 +46,7 @@ def is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def check_int(owner: str, value: Any, name: str, *, minimum: int | None = None) -> int:
+def valid_int(owner: str, value: Any, name: str, *, minimum: int | None = None) -> int:
     """An int (not a bool), at least ``minimum`` when given."""
     if not is_int(value) or (minimum is not None and value < minimum):
         expected = "an int" if minimum is None else "a positive int" if minimum == 1 else f"an int >= {minimum}"
@@ -54,8 +54,8 @@ def check_int(owner: str, value: Any, name: str, *, minimum: int | None = None) 
     return int(value)
 
 
-def check_optional_int(owner: str, value: Any, name: str, *, minimum: int | None = None) -> int | None:
-    """``None``, or an int as :func:`check_int`."""
+def valid_optional_int(owner: str, value: Any, name: str, *, minimum: int | None = None) -> int | None:
+    """``None``, or an int as :func:`valid_int`."""
     if value is None:
         return None
     if not is_int(value) or (minimum is not None and value < minimum):
@@ -64,13 +64,13 @@ def check_optional_int(owner: str, value: Any, name: str, *, minimum: int | None
     return int(value)
 
 
-def check_bool(owner: str, value: Any, name: str) -> bool:
+def valid_bool(owner: str, value: Any, name: str) -> bool:
     if not isinstance(value, bool):
         raise invalid(owner, name, "True or False", value)
     return value
 
 
-def check_size(owner: str, value: Any, name: str = "size") -> tuple[int, int]:
+def valid_size(owner: str, value: Any, name: str = "size") -> tuple[int, int]:
     """``int`` or a sequence of one or two positive ints → ``(h, w)``."""
     expected = "a positive int or a sequence of one or two positive ints (h, w)"
     if is_int(value):
@@ -84,7 +84,7 @@ def check_size(owner: str, value: Any, name: str = "size") -> tuple[int, int]:
     return (int(value[0]), int(value[1]))
 
 
-def check_range(
+def valid_range(
     owner: str,
     value: Any,
     name: str,
@@ -105,13 +105,13 @@ def check_range(
     return (lo, hi)
 
 
-def check_probability(owner: str, value: Any, name: str = "p") -> float:
+def valid_probability(owner: str, value: Any, name: str = "p") -> float:
     if not (is_number(value) and 0.0 <= value <= 1.0):
         raise invalid(owner, name, "a number in [0, 1]", value)
     return float(value)
 
 
-def check_enum(owner: str, value: Any, name: str, kind: type[E]) -> E:
+def valid_enum(owner: str, value: Any, name: str, kind: type[E]) -> E:
     """A member of ``kind``, or the value of one (so that another library's enum with the same
     string values, such as torchvision's ``InterpolationMode``, is accepted)."""
     raw = getattr(value, "value", value)
@@ -126,7 +126,7 @@ _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}  # fmt: skip
 
 
-def check_bytes(owner: str, value: Any, name: str) -> int | None:
+def valid_bytes(owner: str, value: Any, name: str) -> int | None:
     """A size in bytes: an int, or a string with a unit (``"500GB"``, ``"1.5 TB"``, ``"800MiB"``;
     decimal units as disks are sold, binary ones with ``i``); ``None`` passes."""
     if value is None:
@@ -141,4 +141,4 @@ def check_bytes(owner: str, value: Any, name: str) -> int | None:
                 f"{owner}: {name} must be bytes as an int or a string like '500GB', '1.5TB' or '800MiB', got {value!r}"
             )
         value = int(float(match.group(1)) * _UNITS[unit])
-    return check_int(owner, value, name, minimum=1)
+    return valid_int(owner, value, name, minimum=1)

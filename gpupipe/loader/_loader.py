@@ -13,10 +13,10 @@ import torch
 from .. import backends
 from ..backends._batchwise import apply_batch
 from ..core._batch import Batch, SkippedSample
-from ..core._config import LoaderConfig, check_options
+from ..core._config import LoaderConfig, valid_options
 from ..core._errors import ClosedError, ConfigError, GpupipeError
-from ..core._validate import check_int
-from ..pipeline._pipeline import Pipeline, check_runnable
+from ..core._validate import valid_int
+from ..pipeline._pipeline import Pipeline, require_runnable
 from ..plan._indexed import Indexed, index_source, listing_of
 from ..plan._plan import RankPlan
 from ..plan._prefetch import prefetcher
@@ -75,7 +75,7 @@ class Loader(LoaderAttributes):
     """
 
     def __init__(self, pipeline: Pipeline, batch_size: int, **options: Any) -> None:
-        check_options("Loader", options)
+        valid_options("Loader", options)
         self._init(pipeline, LoaderConfig(batch_size, **options))
 
     @classmethod
@@ -96,7 +96,7 @@ class Loader(LoaderAttributes):
         self.rank, self.world_size = topo.rank, topo.world_size
         backend, device = backends.resolve(config.backend, config.device, pipeline.views)
         self.chosen = backends.why(config.backend, config.device, backend, device, pipeline.views)  # auto's reasons
-        check_runnable(pipeline, backend)
+        require_runnable(pipeline, backend)
         self.seed = _dist.shared_seed(config.seed, topo, shuffle=config.shuffle, device=device)
         self.backend, self.device = backend.name, str(device)
         # Options left unset take what `gpupipe tune` recorded for this machine and pipeline, else defaults.
@@ -218,7 +218,7 @@ class Loader(LoaderAttributes):
                 f"{self.pipeline.source!r}; a loader's index and plan belong to its source: build a new gp.Loader"
             )
         backend = backends.get(self.backend)
-        check_runnable(pipeline, backend)
+        require_runnable(pipeline, backend)
         if self.closed:
             raise ClosedError("this gp.Loader is closed")
         same = (pipeline.views, pipeline.has_views, pipeline.per_source) == (
@@ -282,7 +282,7 @@ class Loader(LoaderAttributes):
         """Sets the epoch whose order (and augmentation) the next iteration yields. For a source
         that grows (``WebDataset(..., relist=True)``), a new epoch lists its shards again: the
         epoch reads those present now, and ``len(loader)`` follows (docs/guide/growing.md)."""
-        check_int("Loader.set_epoch", epoch, "epoch", minimum=0)
+        valid_int("Loader.set_epoch", epoch, "epoch", minimum=0)
         at = self._at
         if at.start is not None and at.epoch != epoch and 0 < at.start < len(self):
             # a mid-epoch position dropped (one at an epoch's start or end drops nothing)

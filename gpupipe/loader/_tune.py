@@ -33,7 +33,7 @@ import torch
 
 from ..core._config import DEFAULT_HW_DECODER_LOAD, DEFAULT_PREFETCH, DaliOptions
 from ..core._errors import ConfigError
-from ..core._validate import check_optional_int
+from ..core._validate import valid_optional_int
 from ..runtime._dist import MAX_DEFAULT_WORKERS, cores_per_rank, default_workers
 from ._records import Tuned, machine, tune_key
 from ._records import record as save_record
@@ -83,7 +83,7 @@ def tune(pipeline: Any, batch_size: int, *, seconds: float = 3.0, record: bool =
             raise ConfigError(f"tune: {name} is what tune chooses; leave it out")
     if seconds <= 0:
         raise ConfigError(f"tune: seconds must be positive, got {seconds!r}")
-    check_optional_int("tune", ranks_per_node, "ranks_per_node", minimum=1)
+    valid_optional_int("tune", ranks_per_node, "ranks_per_node", minimum=1)
     dali_options = options.pop("dali", None) or DaliOptions()
     trials: list[dict[str, Any]] = []
 

@@ -13,7 +13,7 @@ from ..sources import Source, WebDataset
 from ..sources._listing import directory_hint
 from ..transforms import BatchTransform, ImageSpec, Transform
 
-__all__ = ["Pipeline", "load_pipeline", "check_runnable"]
+__all__ = ["Pipeline", "load_pipeline", "require_runnable"]
 
 
 class Pipeline:
@@ -103,7 +103,7 @@ class Pipeline:
         self.has_views = views is not None and not self.per_source
         what = "per_source" if self.per_source else "views"
         self.view_specs: tuple[tuple[ImageSpec, ...], ...] = tuple(
-            self._check(steps, f"{what}[{i}] " if views is not None else "") for i, steps in enumerate(self.views)
+            self._specs(steps, f"{what}[{i}] " if views is not None else "") for i, steps in enumerate(self.views)
         )
         if self.per_source and len({str(specs[-1]) for specs in self.view_specs}) > 1:
             ends = ", ".join(f"per_source[{i}]: {specs[-1]}" for i, specs in enumerate(self.view_specs))
@@ -125,7 +125,7 @@ class Pipeline:
         return per_source
 
     @staticmethod
-    def _check(transforms: tuple[Transform, ...], where: str) -> tuple[ImageSpec, ...]:
+    def _specs(transforms: tuple[Transform, ...], where: str) -> tuple[ImageSpec, ...]:
         specs = [ImageSpec()]
         for i, t in enumerate(transforms):
             try:
@@ -239,7 +239,7 @@ def load_pipeline(spec: str) -> Callable[..., Any]:
     return fn
 
 
-def check_runnable(pipeline: Pipeline, backend: Any) -> None:
+def require_runnable(pipeline: Pipeline, backend: Any) -> None:
     """Raises unless every output of ``pipeline`` has a fixed size (batching needs one) and
     ``backend`` (a ``gpupipe.backends.Backend``) can run every step of every view: before anything
     is built or read."""
@@ -251,4 +251,4 @@ def check_runnable(pipeline: Pipeline, backend: Any) -> None:
                 "with CenterCrop, RandomCrop, RandomResizedCrop or Resize((h, w))"
             )
     for steps in pipeline.views:
-        backend.check(steps)
+        backend.require_supported(steps)

@@ -79,7 +79,7 @@ def index_source(
         )
         if planner.digest and config.repeats > 1:
             raise ConfigError("Loader: repeats takes one source, not a gp.Mix (a Mix repeats by its own counts)")
-        _dist.check_same(
+        _dist.require_same(
             topo,
             "the loader's plan",
             {**spec.as_dict(), "seed": seed, "shards": len(index.shards)},

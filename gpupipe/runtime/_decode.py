@@ -1,7 +1,7 @@
 """Decoding encoded images to uint8 RGB ``[3, H, W]`` tensors on the CPU, and the rules that decide
 whether an image is accepted — one verdict per file, on every backend.
 
-The rules (:func:`check_header` reads the first, before any decoder allocates; :func:`decode_rgb`
+The rules (:func:`require_header` reads the first, before any decoder allocates; :func:`decode_rgb`
 applies them all; the DALI backend's reader applies the header ones to every sample before DALI
 sees it):
 
@@ -48,8 +48,8 @@ __all__ = [
     "transcoded",
     "Header",
     "read_header",
-    "check_header",
-    "check_pixels",
+    "require_header",
+    "require_pixels",
     "MAX_IMAGE_PIXELS",
 ]
 
@@ -80,7 +80,7 @@ def _decode_pillow(data: bytes, exif: bool, max_pixels: int | None, shard: str, 
         except Image.UnidentifiedImageError:
             raise ValueError(f"not an image in a format gpupipe reads; it starts with {data[:12]!r}") from None
         with im:
-            check_pixels((im.height, im.width), max_pixels, shard=shard, key=key)
+            require_pixels((im.height, im.width), max_pixels, shard=shard, key=key)
             im.seek(0)  # the first frame (page) of an animation or a multi-page TIFF
             rgb = (ImageOps.exif_transpose(im) if exif else im).convert("RGB")
     return torch.from_numpy(np.array(rgb)).permute(2, 0, 1).contiguous()
@@ -124,17 +124,17 @@ def read_header(data: bytes | memoryview, max_pixels: int | None, *, shard: str,
     else:
         size = header_size(data)
         irregular = fmt == "png" and png_animated(data)
-    check_pixels(size, max_pixels, shard=shard, key=key)
+    require_pixels(size, max_pixels, shard=shard, key=key)
     return Header(size, fmt, irregular)
 
 
-def check_header(data: bytes | memoryview, max_pixels: int | None, *, shard: str, key: str) -> tuple[int, int] | None:
+def require_header(data: bytes | memoryview, max_pixels: int | None, *, shard: str, key: str) -> tuple[int, int] | None:
     """:func:`read_header`'s rules; returns the ``(height, width)`` the header declares
     (``None`` where gpupipe cannot tell)."""
     return read_header(data, max_pixels, shard=shard, key=key).size
 
 
-def check_pixels(size: tuple[int, int] | None, max_pixels: int | None, *, shard: str, key: str) -> None:
+def require_pixels(size: tuple[int, int] | None, max_pixels: int | None, *, shard: str, key: str) -> None:
     """Raises SampleError (``Damage.TOO_LARGE``) where ``size`` (height, width) exceeds
     ``max_pixels`` (``None``: no limit)."""
     if size is not None and max_pixels is not None and size[0] * size[1] > max_pixels:
@@ -166,7 +166,7 @@ def decode_rgb(
     """Decodes ``data`` to a uint8 ``[3, H, W]`` tensor by the rules of this module; raises
     SampleError naming shard and key, and the kind of damage (empty, unsupported, undecodable,
     over ``max_pixels``)."""
-    size = check_header(data, max_pixels, shard=shard, key=key)
+    size = require_header(data, max_pixels, shard=shard, key=key)
     try:
         if decode_image is not None and image_format(data) == "jpeg":
             image = _decode_torchvision(data, apply_exif_orientation)

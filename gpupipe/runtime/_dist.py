@@ -25,7 +25,7 @@ import random
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..core._errors import ConfigError
-from ..core._validate import check_int
+from ..core._validate import valid_int
 
 if TYPE_CHECKING:
     import torch
@@ -44,7 +44,7 @@ __all__ = [
     "cuda_device",
     "collective_device",
     "shared_seed",
-    "check_same",
+    "require_same",
 ]
 
 
@@ -92,7 +92,7 @@ def topology(rank: int | None = None, world_size: int | None = None) -> Topology
             f"Loader: pass both rank and world_size, or neither (got rank={rank!r}, world_size={world_size!r})"
         )
     if rank is not None and world_size is not None:
-        return _checked(check_int("Loader", rank, "rank"), check_int("Loader", world_size, "world_size"), "explicit")
+        return _checked(valid_int("Loader", rank, "rank"), valid_int("Loader", world_size, "world_size"), "explicit")
     dist = _dist()
     if dist is not None:
         return _checked(dist.get_rank(), dist.get_world_size(), "torch.distributed")
@@ -243,7 +243,7 @@ def agreed(topo: Topology, value: Any, *, device: torch.device | None = None) ->
     return box[0]
 
 
-def check_same(topo: Topology, what: str, values: dict[str, Any], *, device: torch.device | None = None) -> None:
+def require_same(topo: Topology, what: str, values: dict[str, Any], *, device: torch.device | None = None) -> None:
     """Raises ConfigError on every rank if ``values`` differ between ranks (when torch.distributed
     is initialized): a dataset seen differently by two ranks would otherwise hang DDP.
     ``device``: the loader's (see :func:`collective_device`)."""

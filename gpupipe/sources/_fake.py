@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from ..core._errors import ConfigError
-from ..core._validate import check_int
+from ..core._validate import valid_int
 from ..storage import LocalStorage, Storage
 from ._index import Index, RawSample, ShardIndex, Source
 
@@ -44,10 +44,10 @@ class FakeData(Source):
     distinct: int = 64
 
     def __post_init__(self) -> None:
-        check_int("FakeData", self.size, "size", minimum=1)
-        check_int("FakeData", self.num_classes, "num_classes", minimum=1)
-        check_int("FakeData", self.random_offset, "random_offset", minimum=0)
-        check_int("FakeData", self.distinct, "distinct", minimum=1)
+        valid_int("FakeData", self.size, "size", minimum=1)
+        valid_int("FakeData", self.num_classes, "num_classes", minimum=1)
+        valid_int("FakeData", self.random_offset, "random_offset", minimum=0)
+        valid_int("FakeData", self.distinct, "distinct", minimum=1)
         size = tuple(self.image_size)
         if len(size) != 3 or size[0] != 3 or not all(isinstance(v, int) and v > 0 for v in size):
             raise ConfigError(f"FakeData: image_size must be (3, H, W) with H, W > 0, got {self.image_size!r}")

@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 
 from ..core._config import OnError
 from ..core._errors import ConfigError, Damage, DataError, ShardError, counted, truncated, unreadable
-from ..core._validate import check_bytes, check_enum
+from ..core._validate import valid_bytes, valid_enum
 from ..storage._base import Storage
 from ..storage._schemes import expand_urls, list_urls, storage_for
 from ._index import NO_LABEL, Index, RawSample, ShardIndex, Source
@@ -76,7 +76,7 @@ class WebDataset(Source):
     relist: bool = False
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "cache_size", check_bytes("WebDataset", self.cache_size, "cache_size"))
+        object.__setattr__(self, "cache_size", valid_bytes("WebDataset", self.cache_size, "cache_size"))
         if not isinstance(self.relist, bool):
             raise ConfigError(f"WebDataset: relist must be True or False, got {self.relist!r}")
         if self.relist:  # patterns, listed when asked (checked now: schemes served, no pipe:)
@@ -139,7 +139,7 @@ class WebDataset(Source):
         labeled = label_ext is not None
         index = Index(shards, reader=TarReader(storage, labeled=labeled), sequential=True, labeled=labeled)  # type: ignore[arg-type]
         try:
-            policy = check_enum("WebDataset.index", on_error, "on_error", OnError)
+            policy = valid_enum("WebDataset.index", on_error, "on_error", OnError)
             _none_missing_all(self.urls, index.problems)  # whatever the policy: skipping all leaves nothing
             if policy is OnError.RAISE:
                 raise_first(index.problems)

@@ -30,7 +30,7 @@ from ._cache import Entry, ShardCache, Span, covers, drop_inherited
 from ._mapped import MappedFile
 from ._transfer import NoRanges, download, host, retry
 
-__all__ = ["RemoteStorage", "canonical_url", "check_driver", "fsspec_protocol", "filesystem_for"]
+__all__ = ["RemoteStorage", "canonical_url", "require_driver", "fsspec_protocol", "filesystem_for"]
 
 log = logging.getLogger("gpupipe")
 T = TypeVar("T")
@@ -59,7 +59,7 @@ def fsspec_protocol(scheme: str) -> bool:
     return scheme in fsspec.available_protocols()
 
 
-def check_driver(protocol: str) -> None:
+def require_driver(protocol: str) -> None:
     """Imports the fsspec driver of ``protocol``, or raises a ConfigError saying what to install."""
     import fsspec
 

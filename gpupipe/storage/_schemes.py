@@ -64,13 +64,13 @@ def storage_for(
 def _served(scheme: str) -> bool:
     """Whether a storage serves ``scheme``; a ConfigError naming the package to install where
     fsspec knows the protocol but its driver is missing (``s3fs`` for ``s3://``)."""
-    from ._remote import check_driver, fsspec_protocol
+    from ._remote import fsspec_protocol, require_driver
 
     if scheme in _SCHEMES:
         return True
     if not fsspec_protocol(scheme):
         return False
-    check_driver(scheme)
+    require_driver(scheme)
     return True
 
 

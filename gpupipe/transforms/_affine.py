@@ -11,8 +11,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..core._errors import ConfigError
-from ..core._validate import check_bool, check_range, is_number
-from ._base import ImageSpec, InterpolationMode, Transform, check_interpolation
+from ..core._validate import is_number, valid_bool, valid_range
+from ._base import ImageSpec, InterpolationMode, Transform, valid_interpolation
 
 __all__ = ["RandomRotation", "RotationParams", "RandomAffine", "AffineParams"]
 
@@ -23,7 +23,7 @@ class RotationParams(NamedTuple):
     angle: float
 
 
-def check_fill(owner: str, fill: Any) -> float | tuple[float, ...]:
+def valid_fill(owner: str, fill: Any) -> float | tuple[float, ...]:
     """A number, or a non-empty sequence of numbers (one per channel)."""
     if isinstance(fill, Sequence) and not isinstance(fill, str) and fill and all(map(is_number, fill)):
         return tuple(float(f) for f in fill)
@@ -70,17 +70,17 @@ class RandomRotation(Transform):
             if degrees < 0:
                 raise ConfigError(f"{name}: degrees as a number must be non-negative, got {degrees!r}")
             degrees = (-float(degrees), float(degrees))
-        self._set("degrees", check_range(name, degrees, "degrees"))
-        self._set("interpolation", check_interpolation(name, self.interpolation))
+        self._set("degrees", valid_range(name, degrees, "degrees"))
+        self._set("interpolation", valid_interpolation(name, self.interpolation))
         if self.interpolation not in (InterpolationMode.NEAREST, InterpolationMode.BILINEAR):
             raise ConfigError(f"{name}: interpolation must be NEAREST or BILINEAR, got {self.interpolation!r}")
-        self._set("expand", check_bool(name, self.expand, "expand"))
+        self._set("expand", valid_bool(name, self.expand, "expand"))
         if self.center is not None:
             center = self.center
             if not (isinstance(center, Sequence) and len(center) == 2 and all(map(is_number, center))):
                 raise ConfigError(f"{name}: center must be None or (x, y), got {center!r}")
             self._set("center", (float(center[0]), float(center[1])))
-        self._set("fill", check_fill(name, self.fill))
+        self._set("fill", valid_fill(name, self.fill))
 
     def output_spec(self, spec: ImageSpec) -> ImageSpec:
         if isinstance(self.fill, tuple) and len(self.fill) not in (1, spec.channels):
@@ -159,16 +159,16 @@ class RandomAffine(Transform):
         if self.translate is not None:
             self._set("translate", _fractions(name, self.translate))
         if self.scale is not None:
-            scale = check_range(name, self.scale, "scale")
+            scale = valid_range(name, self.scale, "scale")
             if scale[0] <= 0:
                 raise ConfigError(f"{name}: scale values must be positive, got {self.scale!r}")
             self._set("scale", scale)
         if self.shear is not None:
             self._set("shear", _angles(name, self.shear, "shear", (2, 4)))
-        self._set("interpolation", check_interpolation(name, self.interpolation))
+        self._set("interpolation", valid_interpolation(name, self.interpolation))
         if self.interpolation not in (InterpolationMode.NEAREST, InterpolationMode.BILINEAR):
             raise ConfigError(f"{name}: interpolation must be NEAREST or BILINEAR, got {self.interpolation!r}")
-        self._set("fill", check_fill(name, self.fill))
+        self._set("fill", valid_fill(name, self.fill))
         if self.center is not None:
             center = self.center
             if not (isinstance(center, Sequence) and len(center) == 2 and all(map(is_number, center))):

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from ..core._errors import PipelineError
-from ..core._validate import check_enum, check_probability
+from ..core._validate import valid_enum, valid_probability
 
 __all__ = ["Transform", "ImageSpec", "InterpolationMode"]
 
@@ -118,7 +118,7 @@ class Coin:
     p: float
 
     def _check_p(self) -> None:
-        object.__setattr__(self, "p", check_probability(type(self).__name__, self.p))
+        object.__setattr__(self, "p", valid_probability(type(self).__name__, self.p))
 
     def _coin(self, u: np.ndarray) -> np.ndarray:
         """1.0 where the transform acts (``u < p``), else 0.0: float64, the shape of ``u``."""
@@ -128,10 +128,10 @@ class Coin:
 # ------------------------------------------------------------ transform-specific checks --
 
 
-def check_interpolation(owner: str, value: Any) -> InterpolationMode:
-    return check_enum(owner, value, "interpolation", InterpolationMode)
+def valid_interpolation(owner: str, value: Any) -> InterpolationMode:
+    return valid_enum(owner, value, "interpolation", InterpolationMode)
 
 
-def check_channels(t: Transform, spec: ImageSpec, allowed: tuple[int, ...] = (1, 3)) -> None:
+def require_channels(t: Transform, spec: ImageSpec, allowed: tuple[int, ...] = (1, 3)) -> None:
     if spec.channels not in allowed:
         raise t._fail(f"needs {' or '.join(map(str, allowed))} channels, got an image {spec}")

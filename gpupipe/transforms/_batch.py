@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, overload
 import numpy as np
 
 from ..core._errors import ConfigError
-from ..core._validate import check_enum
+from ..core._validate import valid_enum
 from ._base import ImageSpec, Transform
 
 if TYPE_CHECKING:
@@ -83,7 +83,7 @@ def _check_common(t: Any) -> None:
     if isinstance(smoothing, bool) or not isinstance(smoothing, (int, float)) or not 0.0 <= smoothing < 1.0:
         raise ConfigError(f"{name}: label_smoothing must be in [0, 1), got {smoothing!r}")
     object.__setattr__(t, "label_smoothing", float(smoothing))
-    object.__setattr__(t, "mode", check_enum(name, t.mode, "mode", BatchMode))
+    object.__setattr__(t, "mode", valid_enum(name, t.mode, "mode", BatchMode))
 
 
 def _lam(t: Any, rng: np.random.Generator, batch: int) -> np.ndarray:

@@ -12,8 +12,8 @@ import numpy as np
 import torch
 
 from ..core._errors import ConfigError
-from ..core._validate import check_bool, check_range, is_int, is_number
-from ._base import Coin, ImageSpec, Transform, check_channels
+from ..core._validate import is_int, is_number, valid_bool, valid_range
+from ._base import Coin, ImageSpec, Transform, require_channels
 
 __all__ = [
     "ColorJitter",
@@ -63,7 +63,7 @@ def _jitter_range(
         value = [center - value, center + value]
         if clip_first_on_zero:
             value[0] = max(value[0], 0.0)
-    lo, hi = check_range(owner, value, name, low=bound[0], high=bound[1])
+    lo, hi = valid_range(owner, value, name, low=bound[0], high=bound[1])
     return None if lo == hi == center else (lo, hi)
 
 
@@ -102,7 +102,7 @@ class ColorJitter(Transform):
         self._set("hue", _jitter_range(name, self.hue, "hue", center=0.0, bound=(-0.5, 0.5), clip_first_on_zero=False))
 
     def output_spec(self, spec: ImageSpec) -> ImageSpec:
-        check_channels(self, spec, (3,) if (self.saturation or self.hue) else (1, 3))
+        require_channels(self, spec, (3,) if (self.saturation or self.hue) else (1, 3))
         return spec
 
     def sample(self, u: np.ndarray) -> np.ndarray:
@@ -135,7 +135,7 @@ class RandomGrayscale(Coin, Transform):
         self._check_p()
 
     def output_spec(self, spec: ImageSpec) -> ImageSpec:
-        check_channels(self, spec)
+        require_channels(self, spec)
         return spec
 
     def sample(self, u: np.ndarray) -> np.ndarray:
@@ -179,7 +179,7 @@ class GaussianBlur(Transform):
             sigma = (sigma, sigma)
         elif isinstance(sigma, Sequence) and not isinstance(sigma, str) and len(sigma) == 1:
             sigma = (sigma[0], sigma[0])
-        sigma = check_range(name, sigma, "sigma", low=0.0)
+        sigma = valid_range(name, sigma, "sigma", low=0.0)
         if sigma[0] <= 0:
             raise ConfigError(f"{name}: sigma must be positive, got {self.sigma!r}")
         self._set("sigma", sigma)
@@ -263,7 +263,7 @@ class ToDtype(Transform):
         if self.dtype not in _DTYPES:
             names = ", ".join(f"torch.{str(d).replace('torch.', '')}" for d in _DTYPES)
             raise ConfigError(f"{name}: dtype must be one of {names}, got {self.dtype!r}")
-        check_bool(name, self.scale, "scale")
+        valid_bool(name, self.scale, "scale")
 
     def output_spec(self, spec: ImageSpec) -> ImageSpec:
         return dataclasses.replace(spec, dtype=self.dtype)
@@ -301,7 +301,7 @@ class Normalize(Transform):
             self._set(field, tuple(float(v) for v in value))
         if any(s == 0 for s in self.std):
             raise ConfigError(f"{name}: std must not contain 0, got {self.std!r}")
-        check_bool(name, self.inplace, "inplace")
+        valid_bool(name, self.inplace, "inplace")
 
     def output_spec(self, spec: ImageSpec) -> ImageSpec:
         if not spec.dtype.is_floating_point:

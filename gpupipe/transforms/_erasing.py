@@ -12,8 +12,8 @@ import numpy as np
 
 from ..core._errors import ConfigError
 from ..core._geometry import ATTEMPTS, erasing_window
-from ..core._validate import check_range
-from ._base import Coin, ImageSpec, Transform, check_channels
+from ..core._validate import valid_range
+from ._base import Coin, ImageSpec, Transform, require_channels
 
 __all__ = ["RandomErasing", "ErasingParams"]
 
@@ -62,8 +62,8 @@ class RandomErasing(Coin, Transform):
     def __post_init__(self) -> None:
         name = type(self).__name__
         self._check_p()
-        self._set("scale", check_range(name, self.scale, "scale", low=0.0, high=1.0))
-        self._set("ratio", check_range(name, self.ratio, "ratio", low=0.0, allow_equal=True))
+        self._set("scale", valid_range(name, self.scale, "scale", low=0.0, high=1.0))
+        self._set("ratio", valid_range(name, self.ratio, "ratio", low=0.0, allow_equal=True))
         if self.ratio[0] <= 0:
             raise ConfigError(f"{name}: ratio must be positive, got {self.ratio!r}")
         value = self.value
@@ -83,7 +83,7 @@ class RandomErasing(Coin, Transform):
         return self.value == "random"
 
     def output_spec(self, spec: ImageSpec) -> ImageSpec:
-        check_channels(self, spec, (1, 3))
+        require_channels(self, spec, (1, 3))
         if not self.noise and len(self.value) not in (1, spec.channels):
             raise self._fail(f"value has {len(self.value)} numbers: give 1 or {spec.channels} (its channels)")
         return spec

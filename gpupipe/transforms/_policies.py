@@ -20,9 +20,9 @@ import numpy as np
 import torch
 
 from ..core._errors import ConfigError
-from ..core._validate import check_bool, check_enum, is_number
-from ._affine import check_fill
-from ._base import ImageSpec, InterpolationMode, Transform, check_channels, check_interpolation
+from ..core._validate import is_number, valid_bool, valid_enum
+from ._affine import valid_fill
+from ._base import ImageSpec, InterpolationMode, Transform, require_channels, valid_interpolation
 
 __all__ = [
     "AutoAugmentPolicy",
@@ -133,11 +133,11 @@ class _Policy(Transform):
 
     def _check_common(self) -> None:
         name = type(self).__name__
-        self._set("interpolation", check_interpolation(name, self.interpolation))  # type: ignore[attr-defined]
+        self._set("interpolation", valid_interpolation(name, self.interpolation))  # type: ignore[attr-defined]
         if self.interpolation not in (InterpolationMode.NEAREST, InterpolationMode.BILINEAR):  # type: ignore[attr-defined]
             raise ConfigError(f"{name}: interpolation must be NEAREST or BILINEAR, got {self.interpolation!r}")  # type: ignore[attr-defined]
         if self.fill is not None:  # type: ignore[attr-defined]
-            self._set("fill", check_fill(name, self.fill))  # type: ignore[attr-defined]
+            self._set("fill", valid_fill(name, self.fill))  # type: ignore[attr-defined]
 
     @property
     def slots(self) -> int:
@@ -153,7 +153,7 @@ class _Policy(Transform):
         return frozenset(_CODE[n] for n in _RANDAUGMENT_OPS)
 
     def output_spec(self, spec: ImageSpec) -> ImageSpec:
-        check_channels(self, spec, (1, 3))
+        require_channels(self, spec, (1, 3))
         if spec.dtype != torch.uint8:
             raise self._fail(f"takes a uint8 image (torchvision's policies do): put it before ToDtype, got {spec}")
         fill = getattr(self, "fill", None)
@@ -298,7 +298,7 @@ class AutoAugment(_Policy):
     draws = 5  # the sub-policy; per operation, whether it applies and its sign
 
     def __post_init__(self) -> None:
-        self._set("policy", check_enum(type(self).__name__, self.policy, "policy", AutoAugmentPolicy))
+        self._set("policy", valid_enum(type(self).__name__, self.policy, "policy", AutoAugmentPolicy))
         self._check_common()
 
     @property
@@ -389,7 +389,7 @@ class AugMix(Transform):
         if not (is_number(self.alpha) and self.alpha > 0):
             raise ConfigError(f"{name}: alpha must be a positive number, got {self.alpha!r}")
         self._set("alpha", float(self.alpha))
-        self._set("all_ops", check_bool(name, self.all_ops, "all_ops"))
+        self._set("all_ops", valid_bool(name, self.all_ops, "all_ops"))
         _Policy._check_common(self)  # type: ignore[arg-type]
 
     output_spec = _Policy.output_spec

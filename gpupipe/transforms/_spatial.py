@@ -17,8 +17,8 @@ import numpy as np
 
 from ..core._errors import ConfigError
 from ..core._geometry import ATTEMPTS, crop_padding, crop_start, crop_too_large, resize_size, resized_crop_window
-from ..core._validate import check_bool, check_range, check_size, is_int, is_number
-from ._base import Coin, ImageSpec, InterpolationMode, Transform, check_interpolation
+from ..core._validate import is_int, is_number, valid_bool, valid_range, valid_size
+from ._base import Coin, ImageSpec, InterpolationMode, Transform, valid_interpolation
 
 __all__ = [
     "RandomResizedCrop",
@@ -88,13 +88,13 @@ class RandomResizedCrop(Transform):
 
     def __post_init__(self) -> None:
         name = type(self).__name__
-        self._set("size", check_size(name, self.size))
-        self._set("scale", check_range(name, self.scale, "scale", low=0.0, high=math.inf))
+        self._set("size", valid_size(name, self.size))
+        self._set("scale", valid_range(name, self.scale, "scale", low=0.0, high=math.inf))
         if self.scale[1] <= 0:
             raise ConfigError(f"{name}: scale must have a positive max, got {self.scale!r}")
-        self._set("ratio", check_range(name, self.ratio, "ratio", low=1e-9))
-        self._set("interpolation", check_interpolation(name, self.interpolation))
-        check_bool(name, self.antialias, "antialias")
+        self._set("ratio", valid_range(name, self.ratio, "ratio", low=1e-9))
+        self._set("interpolation", valid_interpolation(name, self.interpolation))
+        valid_bool(name, self.antialias, "antialias")
 
     def output_spec(self, spec: ImageSpec) -> ImageSpec:
         return dataclasses.replace(spec, height=self.size[0], width=self.size[1])
@@ -144,10 +144,10 @@ class Resize(Transform):
             if not is_int(self.max_size):
                 raise ConfigError(f"{name}: max_size must be an int when size is None, got {self.max_size!r}")
         elif is_int(size) or (isinstance(size, Sequence) and len(size) == 1):
-            (short, _) = check_size(name, size)
+            (short, _) = valid_size(name, size)
             size = (short,)
         else:
-            size = check_size(name, size)
+            size = valid_size(name, size)
             if self.max_size is not None:
                 raise ConfigError(
                     f"{name}: max_size is only allowed with an int size (the shorter side), got size={size}"
@@ -158,8 +158,8 @@ class Resize(Transform):
             if size is not None and self.max_size <= size[0]:
                 raise ConfigError(f"{name}: max_size={self.max_size} must be greater than size={size[0]}")
         self._set("size", size)
-        self._set("interpolation", check_interpolation(name, self.interpolation))
-        check_bool(name, self.antialias, "antialias")
+        self._set("interpolation", valid_interpolation(name, self.interpolation))
+        valid_bool(name, self.antialias, "antialias")
 
     def output_spec(self, spec: ImageSpec) -> ImageSpec:
         if self.size is not None and len(self.size) == 2:
@@ -182,7 +182,7 @@ class CenterCrop(Transform):
     size: Any
 
     def __post_init__(self) -> None:
-        self._set("size", check_size(type(self).__name__, self.size))
+        self._set("size", valid_size(type(self).__name__, self.size))
 
     def output_spec(self, spec: ImageSpec) -> ImageSpec:
         return dataclasses.replace(spec, height=self.size[0], width=self.size[1])
@@ -219,7 +219,7 @@ class RandomCrop(Transform):
 
     def __post_init__(self) -> None:
         name = type(self).__name__
-        self._set("size", check_size(name, self.size))
+        self._set("size", valid_size(name, self.size))
         padding = self.padding
         if padding is not None:
             if is_int(padding):
@@ -237,7 +237,7 @@ class RandomCrop(Transform):
                 )
             padding = None if not any(padding) else padding  # stored as (left, top, right, bottom)
         self._set("padding", padding)
-        check_bool(name, self.pad_if_needed, "pad_if_needed")
+        valid_bool(name, self.pad_if_needed, "pad_if_needed")
         fill = self.fill
         if isinstance(fill, Sequence) and not isinstance(fill, str) and all(map(is_number, fill)) and fill:
             fill = tuple(float(f) for f in fill)

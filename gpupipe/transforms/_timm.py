@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from ..core._errors import ConfigError
-from ..core._validate import check_bool, check_probability, is_number
+from ..core._validate import is_number, valid_bool, valid_probability
 from ._base import InterpolationMode
 from ._policies import _CODE, _pick, _Policy, _sign
 
@@ -76,8 +76,8 @@ class TimmRandAugment(_Policy):
             self._set(field, float(value))
         if self.magnitude > self.magnitude_max:
             raise ConfigError(f"{name}: magnitude must be at most magnitude_max, got {self.magnitude!r}")
-        self._set("increasing", check_bool(name, self.increasing, "increasing"))
-        self._set("p", check_probability(name, self.p))
+        self._set("increasing", valid_bool(name, self.increasing, "increasing"))
+        self._set("p", valid_probability(name, self.p))
         self._check_common()
         self._set("draws", 5 * self.num_ops)
 

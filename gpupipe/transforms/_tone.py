@@ -11,7 +11,7 @@ import torch
 
 from ..core._errors import ConfigError
 from ..core._validate import is_number
-from ._base import Coin, ImageSpec, Transform, check_channels
+from ._base import Coin, ImageSpec, Transform, require_channels
 
 __all__ = [
     "RandomInvert",
@@ -37,7 +37,7 @@ class _Coined(Coin, Transform):
 
     def output_spec(self, spec: ImageSpec) -> ImageSpec:
         if self.channels is not None:
-            check_channels(self, spec, self.channels)
+            require_channels(self, spec, self.channels)
         return spec
 
     random = True

@@ -28,7 +28,7 @@ from ...core._errors import DataError, SampleError, truncated, unreadable
 from ...core._imageinfo import MAX_IMAGE_PIXELS
 from ...core._random import step_factors
 from ...plan._plan import RankPlan
-from ...runtime._decode import check_header, transcoded
+from ...runtime._decode import require_header, transcoded
 from ...sources import NO_LABEL, Index, Located, RawSample
 from ...storage import MappedFile
 from ...transforms import Transform
@@ -353,7 +353,7 @@ class BatchReader:
             for s, d in zip(self.plan.samples.tolist(), draws.tolist(), strict=True):
                 try:
                     raw = self.index.read(s)
-                    check_header(raw.data, self.max_pixels, shard=raw.shard, key=raw.key)
+                    require_header(raw.data, self.max_pixels, shard=raw.shard, key=raw.key)
                 except DataError:
                     continue
                 out = transcoded([(raw.data, raw.shard, raw.key)], max_pixels=self.max_pixels,

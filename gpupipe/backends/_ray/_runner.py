@@ -65,7 +65,7 @@ def split_finish(
     (the rank does not know each sample's source)."""
     tasks, finish = [], []
     for steps in views:
-        specs = Pipeline._check(steps, "")
+        specs = Pipeline._specs(steps, "")
         cut = len(steps)
         while cut and isinstance(steps[cut - 1], FINISHING):
             cut -= 1
@@ -94,7 +94,7 @@ class Job:
         self.outputs: tuple[ImageSpec, ...] | None = spec.outputs
         if spec.outputs is not None:  # what the tasks' part ends in
             self.outputs = tuple(
-                dataclasses.replace(out, dtype=Pipeline._check(steps, "")[-1].dtype)
+                dataclasses.replace(out, dtype=Pipeline._specs(steps, "")[-1].dtype)
                 for out, steps in zip(spec.outputs, views[:1] if spec.per_source else views, strict=True)
             )
         self.channels_last = spec.config.channels_last
