@@ -25,7 +25,7 @@ from _report import publish
 
 import gpupipe as gp
 from gpupipe import transforms as T
-from gpupipe.sources import LocalStorage, _wdsindex
+from gpupipe.sources import LocalStorage, _indexcache
 from gpupipe.testing import encode_jpeg, synthetic_image
 
 
@@ -52,7 +52,7 @@ def main() -> None:
             os.symlink(w.shards[0], path)
             os.link(
                 real,
-                _wdsindex.index_path(os.path.abspath(path), LocalStorage().stat(path), ("jpg", "jpeg", "png"), "cls"),
+                _indexcache.index_path(os.path.abspath(path), LocalStorage().stat(path), ("jpg", "jpeg", "png"), "cls"),
             )
             urls.append(path)
         rows = []

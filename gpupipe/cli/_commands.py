@@ -278,7 +278,7 @@ def _index_one(job: tuple[str, tuple[str, ...], str | None, bool, dict[str, Any]
 def index(args: argparse.Namespace) -> int:
     """Builds the index cache of every shard, in parallel: a large dataset's first Loader then
     starts from the cache on every rank (point ``GPUPIPE_CACHE_DIR`` at storage all nodes see)."""
-    from ..sources import WebDataset, _wdsindex
+    from ..sources import WebDataset, _indexcache
 
     options = _storage_options(args.storage_options)
     label = None if args.label == "none" else args.label
@@ -294,7 +294,7 @@ def index(args: argparse.Namespace) -> int:
     total, written = sum(n for n, _ in done), sum(w for _, w in done)
     print(
         f"{total} samples in {len(jobs)} shards, indexed in {time.perf_counter() - start:.1f} s; "
-        f"cache: {_wdsindex.cache_dir()}"
+        f"cache: {_indexcache.cache_dir()}"
         + (f"; {written} index files written beside the shards" if args.beside else "")
     )
     return 0

@@ -1,4 +1,4 @@
-"""A shard's index, by the cheapest way there is: the node's index cache (``_wdsindex``), else
+"""A shard's index, by the cheapest way there is: the node's index cache (``_indexcache``), else
 the index file beside a remote shard (``sidefiles``), else its tar headers scanned (``_tar``) and
 cached; the bad-sample list ``gpupipe check`` wrote beside it applied."""
 
@@ -12,7 +12,7 @@ from ..core._errors import Damage, Problem, redact
 from ..sidefiles._indexfile import Samples, index_file_url, read_index_file
 from ..sidefiles._mask import read_mask
 from ..storage._base import Stat, Storage
-from . import _wdsindex
+from . import _indexcache
 from ._index import ShardDetail, ShardIndex
 from ._tar import empty_shard, label_values, scan_tar
 
@@ -33,9 +33,9 @@ def cached_scan(
         return empty_shard(url, Problem(Damage.MISSING_SHARD, None, "does not exist"))
     except OSError as e:
         return empty_shard(url, Problem(Damage.UNREADABLE_SHARD, None, f"cannot be read: {e}"))
-    idx_path = _wdsindex.index_path(storage.canonical(url), stat, image_exts, label_ext)
-    size = _wdsindex.count(idx_path)
-    problems = _wdsindex.load_problems(idx_path) if size is not None else None
+    idx_path = _indexcache.index_path(storage.canonical(url), stat, image_exts, label_ext)
+    size = _indexcache.count(idx_path)
+    problems = _indexcache.load_problems(idx_path) if size is not None else None
     if size is not None and problems is not None:
         loader = _CachedDetail(storage, url, idx_path, image_exts, label_ext)
         shard = ShardIndex(url, size=size, loader=loader, dali_index=idx_path, problems=problems)
@@ -59,12 +59,12 @@ def _scan_and_cache(
     ranges = shard.column("label_range") if labeled else None
     if any(p.kind is Damage.UNREADABLE_SHARD for p in shard.problems):
         return shard  # perhaps a passing I/O error: not cached
-    if _wdsindex.save_problems(idx_path, shard.problems) and _wdsindex.save(
+    if _indexcache.save_problems(idx_path, shard.problems) and _indexcache.save(
         idx_path, shard.keys, exts, shard.column("image_range"), ranges
     ):
         shard.dali_index = idx_path
         if labeled:
-            _wdsindex.save_labels(idx_path, shard.column("label"))
+            _indexcache.save_labels(idx_path, shard.column("label"))
     return shard
 
 
@@ -76,8 +76,8 @@ def _from_index_file(
     n = len(detail.keys)
     label_range = detail.label if detail.label is not None else np.full((n, 2), -1, np.int64)
     if detail.labels is not None:  # before the index: a reader that finds it finds the labels
-        _wdsindex.save_labels(idx_path, detail.labels)
-    if _wdsindex.save_problems(idx_path, problems) and _wdsindex.save(
+        _indexcache.save_labels(idx_path, detail.labels)
+    if _indexcache.save_problems(idx_path, problems) and _indexcache.save(
         idx_path, detail.keys, detail.exts, detail.image, detail.label
     ):
         loader = _CachedDetail(storage, url, idx_path, image_exts, label_ext)
@@ -97,7 +97,7 @@ def shard_samples(
     shard = cached_scan(storage, url, image_exts, label_ext, index_files=False)
     if shard.nbytes is None:
         return shard, None
-    cached = _wdsindex.load(shard.dali_index, labeled=label_ext is not None) if shard.dali_index else None
+    cached = _indexcache.load(shard.dali_index, labeled=label_ext is not None) if shard.dali_index else None
     if cached is not None and cached[0] == shard.keys:
         exts = cached[1]
     else:  # not cached (keys with whitespace, say): scanned again for each sample's extension
@@ -140,16 +140,16 @@ class _CachedDetail:
 
     def __call__(self) -> ShardDetail:
         labeled = self.label_ext is not None
-        cached = _wdsindex.load(self.idx_path, labeled=labeled)
+        cached = _indexcache.load(self.idx_path, labeled=labeled)
         if cached is None:
             size = self.storage.stat(self.url).size
             return scan_tar(self.storage, self.url, self.image_exts, self.label_ext, size=size)[0].detail()
         keys, _, image, label_range = cached
         columns = {"image_range": image, "label_range": label_range}
         if labeled:
-            labels = _wdsindex.load_labels(self.idx_path, len(keys))
+            labels = _indexcache.load_labels(self.idx_path, len(keys))
             if labels is None:  # its labels file is gone or damaged: parse the labels once
                 labels = label_values(self.storage, self.url, keys, label_range)
-                _wdsindex.save_labels(self.idx_path, labels)
+                _indexcache.save_labels(self.idx_path, labels)
             columns["label"] = labels
         return keys, columns
