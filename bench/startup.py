@@ -25,7 +25,8 @@ from _report import publish
 
 import gpupipe as gp
 from gpupipe import transforms as T
-from gpupipe.sources import LocalStorage, _indexcache
+from gpupipe.shards import _indexcache
+from gpupipe.sources import LocalStorage
 from gpupipe.testing import encode_jpeg, synthetic_image
 
 

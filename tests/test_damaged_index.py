@@ -18,8 +18,8 @@ import torch
 import gpupipe as gp
 from gpupipe import transforms as T
 from gpupipe.core._errors import Problem
-from gpupipe.sidefiles._mask import write_mask
-from gpupipe.sources import _indexing
+from gpupipe.shards import _indexing
+from gpupipe.shards._mask import write_mask
 
 from .support.checkers import check_exact_resume
 from .support.data import write_webdataset_shards

@@ -25,7 +25,7 @@ LAYERS = (
     "testing",  # gp.testing: fake images (public module)
     "storage",  # byte access: local, remote, the shard cache
     "transforms",  # definitions only, no backend
-    "sidefiles",  # files beside the shards, over a storage
+    "shards",  # a shard's index: tar scanning, the index cache, the files beside the shards
     "sources",  # the dataset formats
     "pipeline",  # gp.Pipeline and gp.check
     "plan",  # what an epoch holds: rank and mix plans, positions, skips

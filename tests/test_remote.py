@@ -21,10 +21,12 @@ import torch
 import gpupipe as gp
 from gpupipe.cli._main import main
 from gpupipe.plan._prefetch import parts
-from gpupipe.sidefiles._indexfile import Samples, write_index_file
-from gpupipe.sources import LocalStorage, _indexing
-from gpupipe.sources._index import Index, ShardIndex
-from gpupipe.sources._indexing import shard_samples
+from gpupipe.shards import _indexing
+from gpupipe.shards._indexfile import Samples, write_index_file
+from gpupipe.shards._indexing import shard_samples
+from gpupipe.shards._shard import ShardIndex
+from gpupipe.sources import LocalStorage
+from gpupipe.sources._index import Index
 from gpupipe.storage._base import Stat
 from gpupipe.storage._cache import ShardCache
 from gpupipe.storage._remote import RemoteStorage, canonical_url
@@ -752,8 +754,8 @@ class TestSecrets:
             assert "gone.tar" in text
 
     def test_files_beside_a_shard_keep_its_query(self):
-        from gpupipe.sidefiles._indexfile import index_file_url
-        from gpupipe.sidefiles._mask import mask_url
+        from gpupipe.shards._indexfile import index_file_url
+        from gpupipe.shards._mask import mask_url
 
         assert index_file_url("https://h/a.tar?sig=1") == "https://h/a.tar.gpupipe.json?sig=1"
         assert mask_url("https://h/a.tar?sig=1") == "https://h/a.tar.bad.json?sig=1"

@@ -275,7 +275,7 @@ class TestDecode:
 
 class TestIndexCache:
     def test_written_once_reused_and_rebuilt_when_the_shard_changes(self, tmp_path, monkeypatch):
-        from gpupipe.sources import _indexing as _sources
+        from gpupipe.shards import _indexing as _sources
 
         path = str(tmp_path / "s-%d.tar")
         with gp.ShardWriter(path) as w:

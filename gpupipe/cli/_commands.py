@@ -259,9 +259,9 @@ def _storage_options(text: str | None) -> dict[str, Any] | None:
 def _index_one(job: tuple[str, tuple[str, ...], str | None, bool, dict[str, Any] | None]) -> tuple[int, int]:
     """Indexes one shard; with ``beside``, writes its index file next to it. Returns the samples
     and the index files written (0 or 1)."""
-    from ..sidefiles._indexfile import write_index_file
+    from ..shards._indexfile import write_index_file
+    from ..shards._indexing import cached_scan, shard_samples
     from ..sources import storage_for
-    from ..sources._indexing import cached_scan, shard_samples
 
     url, image_exts, label_ext, beside, options = job
     with storage_for([url], storage_options=options) as storage:
@@ -278,7 +278,8 @@ def _index_one(job: tuple[str, tuple[str, ...], str | None, bool, dict[str, Any]
 def index(args: argparse.Namespace) -> int:
     """Builds the index cache of every shard, in parallel: a large dataset's first Loader then
     starts from the cache on every rank (point ``GPUPIPE_CACHE_DIR`` at storage all nodes see)."""
-    from ..sources import WebDataset, _indexcache
+    from ..shards import _indexcache
+    from ..sources import WebDataset
 
     options = _storage_options(args.storage_options)
     label = None if args.label == "none" else args.label

@@ -7,7 +7,7 @@ keys), then every sample: its label (an ASCII int64), its image header against t
 rules and the pixel limit, and a full decode with the decoder the torch backend uses (and the DALI
 backend uses to name a sample DALI refused), in a child process: a decoder that crashes on a file
 makes it a finding instead of ending the check. Numbered samples found bad are written to ``<shard>.bad.json``
-(``sidefiles/_mask.py``); what the index itself refuses is not numbered and stays in the index's
+(``shards/_mask.py``); what the index itself refuses is not numbered and stays in the index's
 record (the loaders raise it, or skip it under ``on_error="skip"``).
 """
 
@@ -25,7 +25,7 @@ from ..core._errors import ConfigError, Damage, DataError, Problem, counted, red
 from ..runtime._children import process_pool
 from ..runtime._decode import MAX_IMAGE_PIXELS, verdicts
 from ..runtime._dist import cpu_cores
-from ..sidefiles._mask import mask_url, write_mask
+from ..shards._mask import mask_url, write_mask
 from ..sources import WebDataset
 
 __all__ = ["check", "CheckReport", "Finding"]
@@ -116,8 +116,8 @@ _Job = tuple[str, tuple[str, ...], "str | None", "int | None", "WebDataset"]
 def _check_shard(job: _Job) -> tuple[int, int | None, list[Finding]]:
     """Checks one shard; returns its sample count, its size in bytes (``None`` if it has none)
     and its findings."""
+    from ..shards._indexing import cached_scan
     from ..sources import storage_for
-    from ..sources._indexing import cached_scan
     from ..sources._webdataset import TarReader
 
     url, image_exts, label_ext, max_pixels, source = job

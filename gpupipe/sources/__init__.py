@@ -1,5 +1,6 @@
 """Data sources: the dataset formats, over the storage layer (:mod:`gpupipe.storage`, whose
-names are re-exported here) and the side files beside the shards (:mod:`gpupipe.sidefiles`).
+names are re-exported here) and a shard's index (:mod:`gpupipe.shards`: tar scanning, the index
+cache, the files beside the shards).
 
 - :class:`Index` — a source's samples numbered ``0..N-1``, shard by shard (:class:`ShardIndex`),
   with no I/O of its own: a :class:`Reader` given by the source reads samples through a storage.
@@ -10,12 +11,13 @@ names are re-exported here) and the side files beside the shards (:mod:`gpupipe.
   A new source subclasses :class:`Source`.
 """
 
+from ..shards._shard import NO_LABEL, RawSample, Reader, ShardIndex
+from ..shards._tar import parse_label, split_key
 from ..storage import LocalStorage, Stat, Storage, expand_urls, register_storage, storage_for
 from ._fake import FakeData
 from ._imagefolder import IMG_EXTENSIONS, ImageFolder
-from ._index import NO_LABEL, Index, Located, RawSample, Reader, ShardIndex, Source
+from ._index import Index, Located, Source
 from ._mix import Mix
-from ._tar import parse_label, split_key
 from ._webdataset import WebDataset
 
 __all__ = [

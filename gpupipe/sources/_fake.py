@@ -10,8 +10,9 @@ import numpy as np
 
 from ..core._errors import ConfigError
 from ..core._validate import valid_int
+from ..shards._shard import RawSample, ShardIndex
 from ..storage import LocalStorage, Storage
-from ._index import Index, RawSample, ShardIndex, Source
+from ._index import Index, Source
 
 __all__ = ["FakeData"]
 

@@ -9,8 +9,9 @@ from typing import Any
 import numpy as np
 
 from ..core._errors import ConfigError, Damage, SampleError, ShardError
+from ..shards._shard import RawSample, ShardIndex
 from ..storage._base import LocalStorage, Storage
-from ._index import Index, RawSample, ShardIndex, Source
+from ._index import Index, Source
 
 __all__ = ["ImageFolder", "IMG_EXTENSIONS"]
 

@@ -14,8 +14,9 @@ import numpy as np
 
 from ..core._errors import ConfigError
 from ..core._validate import is_int
+from ..shards._shard import NO_LABEL, RawSample, ShardIndex
 from ..storage import MappedFile, Stat, Storage
-from ._index import NO_LABEL, Index, Located, RawSample, ShardIndex, Source
+from ._index import Index, Located, Source
 
 __all__ = ["Mix", "MixIndex", "MixCounts", "counts_of"]
 

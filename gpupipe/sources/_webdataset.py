@@ -11,11 +11,12 @@ from urllib.parse import urlsplit
 from ..core._config import OnError
 from ..core._errors import ConfigError, Damage, DataError, ShardError, counted, truncated, unreadable
 from ..core._validate import valid_bytes, valid_enum
+from ..shards._indexing import cached_scan
+from ..shards._shard import NO_LABEL, RawSample, ShardIndex
+from ..shards._tar import parse_label
 from ..storage._base import Storage
 from ..storage._schemes import expand_urls, list_urls, storage_for
-from ._index import NO_LABEL, Index, RawSample, ShardIndex, Source
-from ._indexing import cached_scan
-from ._tar import parse_label
+from ._index import Index, Source
 
 __all__ = ["WebDataset", "TarReader", "raise_first"]
 

@@ -11,7 +11,7 @@ import numpy as np
 
 from ..core._errors import Damage, Problem, SampleError, unreadable
 from ..storage._base import Storage, compressed
-from ._index import NO_LABEL, ShardIndex
+from ._shard import NO_LABEL, ShardIndex
 
 __all__ = ["split_key", "parse_label", "scan_tar", "label_values", "empty_shard"]
 

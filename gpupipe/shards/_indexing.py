@@ -1,5 +1,5 @@
 """A shard's index, by the cheapest way there is: the node's index cache (``_indexcache``), else
-the index file beside a remote shard (``sidefiles``), else its tar headers scanned (``_tar``) and
+the index file beside a remote shard (``_indexfile``), else its tar headers scanned (``_tar``) and
 cached; the bad-sample list ``gpupipe check`` wrote beside it applied."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ import logging
 import numpy as np
 
 from ..core._errors import Damage, Problem, redact
-from ..sidefiles._indexfile import Samples, index_file_url, read_index_file
-from ..sidefiles._mask import read_mask
 from ..storage._base import Stat, Storage
 from . import _indexcache
-from ._index import ShardDetail, ShardIndex
+from ._indexfile import Samples, index_file_url, read_index_file
+from ._mask import read_mask
+from ._shard import ShardDetail, ShardIndex
 from ._tar import empty_shard, label_values, scan_tar
 
 log = logging.getLogger("gpupipe")
