@@ -105,6 +105,9 @@ class Damage(str, enum.Enum):
     ``UNDECODABLE`` (not an image the decoders read, or corrupt), ``UNSUPPORTED`` (a format or
     kind of image gpupipe does not accept: GIF, lossless JPEG), ``TOO_LARGE`` (over the pixel
     limit), ``TOO_SMALL`` (smaller than a transform needs). The rules: ``gpupipe/runtime/_decode.py``.
+    Fields beyond the image and its class (``gpupipe/core/_fields.py``): ``MISSING_FIELD`` (absent,
+    under ``missing="error"``), ``BAD_FIELD`` (over its size limit, not UTF-8 or JSON, a ``.npy``
+    that is truncated or an object array).
     """
 
     MISSING_SHARD = "missing-shard"
@@ -120,6 +123,8 @@ class Damage(str, enum.Enum):
     UNSUPPORTED = "unsupported-format"
     TOO_LARGE = "too-large"
     TOO_SMALL = "too-small"
+    MISSING_FIELD = "missing-field"
+    BAD_FIELD = "bad-field"
 
     def __str__(self) -> str:
         return self.value
