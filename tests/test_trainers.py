@@ -65,6 +65,28 @@ class TestBatch:
         assert same(b, plus)
         assert same(b, b.to("cpu", non_blocking=True))
 
+    def test_fields_by_name_travel_with_it(self):
+        """``batch["name"]`` reads a field; copies, pickles, pytree maps, the trainers' collection
+        functions and ``to`` keep the fields, tensors moved and lists as they are."""
+        from accelerate.utils import send_to_device
+        from lightning.pytorch.utilities import move_data_to_device
+        from torch.utils import _pytree
+
+        b = batch()
+        b.fields.update(text=["x", "y", "z"], depth=torch.ones(3, 2))
+        assert (
+            b["text"] == ["x", "y", "z"] and b["depth"] is b.fields["depth"] and "fields=['text', 'depth']" in repr(b)
+        )
+        with pytest.raises(KeyError, match=r"no field 'mask'; its fields: 'text', 'depth'"):
+            b["mask"]
+        with pytest.raises(KeyError, match="the source gives none"):
+            batch()["text"]
+        for other in (copy.deepcopy(b), pickle.loads(pickle.dumps(b)), move_data_to_device(b, torch.device("cpu")),
+                      send_to_device(b, "cpu"), b.to("cpu"), _pytree.tree_map(lambda x: x, b)):  # fmt: skip
+            assert same(b, other) and other["text"] == b["text"] and torch.equal(other["depth"], b["depth"])
+        doubled = _pytree.tree_map(lambda x: x * 2 if isinstance(x, torch.Tensor) and x.dtype != torch.bool else x, b)
+        assert torch.equal(doubled["depth"], b["depth"] * 2)
+
 
 class TestEpochs:
     def test_iterating_again_goes_on_with_the_next_epoch_and_warns_once(self, backend, shards):

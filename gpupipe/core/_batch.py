@@ -29,6 +29,9 @@ class Batch:
             :class:`Loader`) and the places of skipped samples. Mask it out of metrics and of the
             batch size you log: ``correct[batch.valid].sum()``, ``batch.valid.sum()``.
         views: the images as a tuple, one ``[B, C, H, W]`` per view, whichever the pipeline.
+        fields: the sample's other fields by name (a source's ``fields=``; empty otherwise), each
+            batched as its kind says: a list of ``B`` values (text, JSON), or a tensor with the
+            batch first. ``batch["text"]`` reads one.
 
     Trainers handle it whole: it is a dataclass, so Lightning's and Accelerate's collection
     functions (``apply_to_collection``, ``move_data_to_device``, ``send_to_device``) rebuild it
@@ -39,12 +42,21 @@ class Batch:
     labels: torch.Tensor | None
     keys: list[str]
     valid: torch.Tensor
+    fields: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def __iter__(self) -> Iterator[Any]:
         yield self.images
         yield self.labels
 
-    def __getitem__(self, index: int) -> Any:
+    def __getitem__(self, index: int | str) -> Any:
+        """``batch[0]``, ``batch[1]``: the images and labels (as unpacked); ``batch["name"]``: a
+        field (``KeyError`` naming the fields there are)."""
+        if isinstance(index, str):
+            try:
+                return self.fields[index]
+            except KeyError:
+                there = ", ".join(map(repr, self.fields)) or "none: the source gives none (fields=)"
+                raise KeyError(f"the batch has no field {index!r}; its fields: {there}") from None
         return (self.images, self.labels)[index]
 
     def __len__(self) -> int:
@@ -65,21 +77,25 @@ class Batch:
                 return tuple(move(v) for v in x)
             return x.to(device, non_blocking=non_blocking) if isinstance(x, torch.Tensor) else x
 
-        return Batch(move(self.images), move(self.labels), self.keys, move(self.valid))
+        return Batch(move(self.images), move(self.labels), self.keys, move(self.valid),
+                     {name: move(value) for name, value in self.fields.items()})  # fmt: skip
 
     def __repr__(self) -> str:
         shapes = [tuple(v.shape) for v in self.views]
         images = shapes[0] if len(shapes) == 1 else shapes
-        return f"Batch(images={images}, keys={len(self.keys)}, valid={int(self.valid.sum())})"
+        fields = f", fields={list(self.fields)}" if self.fields else ""
+        return f"Batch(images={images}, keys={len(self.keys)}, valid={int(self.valid.sum())}{fields})"
 
 
 def _flatten(batch: Batch) -> tuple[list[Any], Any]:
-    return [batch.images, batch.labels, batch.valid], batch.keys
+    names = tuple(batch.fields)
+    return [batch.images, batch.labels, batch.valid, *(batch.fields[n] for n in names)], (batch.keys, names)
 
 
-def _unflatten(children: Any, keys: Any) -> Batch:
-    images, labels, valid = children
-    return Batch(images, labels, keys, valid)
+def _unflatten(children: Any, context: Any) -> Batch:
+    keys, names = context
+    images, labels, valid, *values = children
+    return Batch(images, labels, keys, valid, dict(zip(names, values, strict=True)))
 
 
 try:  # torch.utils._pytree: tree_map and friends see through a Batch, keeping its keys
