@@ -235,6 +235,34 @@ class TestInALoader:
         assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))
         assert all(torch.allclose(g.sum(1), torch.ones(len(g))) for g in got)
 
+    def test_on_the_cpu_the_torch_backend_mixes_where_it_batches(self, shards, monkeypatch):
+        """The torch backend applies the batch transform in its worker (one thread, as
+        torchvision's reference collate does), not on the training thread, whose intra-op threads
+        would contend with the workers; the batches are those the loader's own mixing gives (the
+        inline test backend's, same kernels)."""
+        from gpupipe import backends
+        from gpupipe.loader import _loader
+
+        monkeypatch.setitem(backends.TABLE, "inline", "tests.support.inline_backend")
+        pipe = self.pipeline(shards)
+        with gp.Loader(pipe, 5, backend="inline", device="cpu", seed=3) as loader:
+            loader.set_epoch(2)
+            want = [(x.clone(), y.clone()) for x, y in loader]
+        in_loader: list[int] = []
+        real = _loader.apply_batch
+
+        def counted(*args, **kwargs):
+            in_loader.append(1)
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(_loader, "apply_batch", counted)
+        for workers in (0, 1):
+            with gp.Loader(pipe, 5, backend="torch", device="cpu", seed=3, num_workers=workers) as loader:
+                loader.set_epoch(2)
+                got = [(x.clone(), y.clone()) for x, y in loader]
+            assert in_loader == [] and len(got) == len(want)
+            assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(got, want, strict=True))
+
     def test_a_resumed_epoch_mixes_as_the_uninterrupted_one(self, shards):
         pipe = self.pipeline(shards)
         with gp.Loader(pipe, 4, backend="torch", num_workers=0, seed=2) as loader:

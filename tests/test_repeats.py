@@ -84,6 +84,15 @@ class TestRepeatedPlan:
         plans = epoch_of(s, excluded=excluded)
         assert not set(np.concatenate([p.samples for p in plans]).tolist()) & set(excluded.tolist())
 
+    def test_an_elastic_plan_numbers_its_batches_on(self):
+        """``RankPlan.batch_offset``: an elastic plan's batch 0 is the batch after those yielded
+        before the stop (batch transforms draw from the batch's number in its epoch)."""
+        first = spec(2, 3, False, 1)
+        for done in range(first.num_batches + 1):
+            layout = remaining(first, done)
+            assert elastic_plan(SIZES, spec(3, 3, False, 1), layout, rank=1, **KW).batch_offset == layout.offset == done
+        assert epoch_of(first)[0].batch_offset == 0
+
     @pytest.mark.parametrize(("old", "new"), [(2, 3), (3, 1), (1, 4), (4, 2)])
     def test_elastic_resume_yields_the_rest_once_with_the_same_draws(self, old, new):
         first = spec(old, 2, False, 3)

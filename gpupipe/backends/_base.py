@@ -15,7 +15,7 @@ from ..core._config import DEFAULT_PREFETCH, LoaderConfig, OnError
 from ..core._errors import DataError
 from ..plan._plan import RankPlan
 from ..sources import Index
-from ..transforms import ImageSpec, Transform
+from ..transforms import BatchTransform, ImageSpec, Transform
 from ._registry import Registry
 
 __all__ = ["Backend", "Runner", "RunSpec", "RawBatch", "Runs", "to_device", "donor", "fill"]
@@ -37,12 +37,17 @@ class RawBatch(NamedTuple):
     With ``on_error="skip"``, ``skipped`` lists the batch positions of the samples that could not
     be used, with their errors; each such position holds a copy of another sample (its image,
     label and key), which the loader marks invalid.
+
+    ``mixed``: the runner applied the pipeline's batch transform (``RunSpec.batch_transform``)
+    already, where it batched (the torch backend's CPU workers): ``labels`` are soft targets
+    ``[B, num_classes]`` and the loader leaves the batch as it is.
     """
 
     images: tuple[torch.Tensor, ...]  # one [B, C, H, W] per view, on the loader's device (channels-last if asked)
     labels: torch.Tensor | None  # [B] int64 on the loader's device; None for unlabeled sources
     keys: list[str]
     skipped: tuple[tuple[int, DataError], ...] = ()
+    mixed: bool = False
 
 
 def donor(size: int, bad: Container[int]) -> int | None:
@@ -78,6 +83,7 @@ class RunSpec:
     seed: int  # the loader's seed when built; each plan carries the seed it was drawn for
     outputs: tuple[ImageSpec, ...] | None = None  # each view's output image (fixed size); None: no pipeline
     per_source: bool = False  # views are a gp.Mix's per-source lists: one output, each sample its source's
+    batch_transform: BatchTransform | None = None  # MixUp/CutMix: a runner may apply it where it batches
 
     @property
     def prefetch(self) -> int:

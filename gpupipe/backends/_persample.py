@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -20,13 +21,36 @@ from ..plan._plan import RankPlan
 from ..runtime._children import CRASHED
 from ..runtime._decode import decode_rgb
 from ..sources import Index
-from ..transforms import ImageSpec, Transform
+from ..transforms import BatchTransform, ImageSpec, Transform
 from ._base import RawBatch, donor, fill
 from ._torch._kernels import apply_pipeline, sample_factors
 
-__all__ = ["Item", "Sample", "Failure", "Samples", "Collate", "batch_items", "culprits"]
+__all__ = ["Item", "Sample", "Failure", "Samples", "Collate", "BatchItems", "batch_items", "culprits"]
 
 Item = tuple[int, int, int, int]  # (sample, the number its augmentation is drawn from, seed, epoch)
+
+
+class BatchItems(list):
+    """A batch's items (or, once fetched, its samples), with what a batch transform applied where
+    the batch is collated needs: the batch's number in its epoch, its seed, epoch and rank, and
+    which positions are padding (``valid``)."""
+
+    def __init__(self, items: Sequence[Any], *, number: int, seed: int, epoch: int, rank: int,
+                 valid: Sequence[bool]) -> None:  # fmt: skip
+        super().__init__(items)
+        self.number, self.seed, self.epoch, self.rank, self.valid = number, seed, epoch, rank, list(valid)
+
+    def like(self, items: Sequence[Any]) -> BatchItems:
+        """``items`` with this batch's context."""
+        return BatchItems(items, number=self.number, seed=self.seed, epoch=self.epoch, rank=self.rank,
+                          valid=self.valid)  # fmt: skip
+
+    def __reduce__(self) -> Any:
+        return (_batch_items, (list(self), self.number, self.seed, self.epoch, self.rank, self.valid))
+
+
+def _batch_items(items: list[Any], number: int, seed: int, epoch: int, rank: int, valid: list[bool]) -> BatchItems:
+    return BatchItems(items, number=number, seed=seed, epoch=epoch, rank=rank, valid=valid)
 
 
 Sample = tuple[tuple[torch.Tensor, ...], "int | None", str]  # (one image per view, label, key)
@@ -48,10 +72,13 @@ class Failure:
         return self.kind(self.message, shard=self.shard, key=self.key, kind=self.damage)
 
 
-def batch_items(plan: RankPlan, b: int) -> list[Item]:
-    """What the workers get of batch ``b`` of ``plan``: each sample's number, draw number, seed and epoch."""
-    samples, draws = plan.batch(b)[0].tolist(), plan.drawn(b).tolist()
-    return [(s, d, plan.seed, plan.epoch) for s, d in zip(samples, draws, strict=True)]
+def batch_items(plan: RankPlan, b: int, rank: int = 0) -> BatchItems:
+    """What the workers get of batch ``b`` of ``plan`` (of ``rank``): each sample's number, draw
+    number, seed and epoch, with the batch's context (:class:`BatchItems`)."""
+    (samples, valid), draws = plan.batch(b), plan.drawn(b).tolist()
+    items = [(s, d, plan.seed, plan.epoch) for s, d in zip(samples.tolist(), draws, strict=True)]
+    return BatchItems(items, number=plan.batch_offset + b, seed=plan.seed, epoch=plan.epoch, rank=rank,
+                      valid=valid.tolist())  # fmt: skip
 
 
 class Samples(Dataset["Sample | Failure"]):
@@ -82,10 +109,11 @@ class Samples(Dataset["Sample | Failure"]):
         draws = np.array([item[1] for item in items], dtype=np.int64)
         seed, epoch = items[0][2], items[0][3]
         drawn = [factors(steps, seed, epoch, draws, view) for view, steps in enumerate(self.views)]
-        return [
+        out = [
             self._guarded(item[0], [[None if f is None else f[i] for f in view] for view in drawn])
             for i, item in enumerate(items)
         ]
+        return items.like(out) if isinstance(items, BatchItems) else out
 
     def probe(self, item: Item) -> bool:
         """Whether ``item`` comes out (a sample) or is refused (in a sandbox child: whether it kills
@@ -145,8 +173,9 @@ class Collate:
     (zeros of the outputs' shapes, label 0, if none is good) and listed by position."""
 
     def __init__(self, skip: bool, outputs: tuple[ImageSpec, ...] | None, labeled: bool,
-                 channels_last: bool = False) -> None:  # fmt: skip
+                 channels_last: bool = False, mix: BatchTransform | None = None) -> None:  # fmt: skip
         self.skip, self.outputs, self.labeled, self.channels_last = skip, outputs, labeled, channels_last
+        self.mix = mix  # applied here, where a batch of BatchItems is collated (RawBatch.mixed)
 
     def __call__(self, items: list[Sample | Failure]) -> RawBatch | Failure:
         failed = [(i, item) for i, item in enumerate(items) if isinstance(item, Failure)]
@@ -158,7 +187,16 @@ class Collate:
             fill(dict(failed), (samples,), (self._blank(failed[0][1]) if good is None else items[good],))
         images = tuple(self._stack(view) for view in zip(*(s[0] for s in samples), strict=True))
         labels = None if samples[0][1] is None else torch.tensor([s[1] for s in samples], dtype=torch.int64)
-        return RawBatch(images, labels, [s[2] for s in samples], tuple(failed))  # type: ignore[arg-type]
+        keys = [s[2] for s in samples]
+        if self.mix is not None and labels is not None and isinstance(items, BatchItems):
+            from ._batchwise import apply_batch
+
+            valid = torch.tensor(items.valid, dtype=torch.bool)
+            valid[[i for i, _ in failed]] = False
+            mixed, labels = apply_batch(self.mix, images[0], labels, valid, seed=items.seed, epoch=items.epoch,
+                                        rank=items.rank, batch=items.number)  # fmt: skip
+            return RawBatch((mixed,), labels, keys, tuple(failed), mixed=True)  # type: ignore[arg-type]
+        return RawBatch(images, labels, keys, tuple(failed))  # type: ignore[arg-type]
 
     def _stack(self, view: Sequence[torch.Tensor]) -> torch.Tensor:
         """The view's images as one ``[B, C, H, W]`` tensor, in the memory format asked for. In a

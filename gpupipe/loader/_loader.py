@@ -175,6 +175,7 @@ class Loader(LoaderAttributes):
             seed=self.seed,
             outputs=pipeline.output_specs,
             per_source=pipeline.per_source,
+            batch_transform=pipeline.batch_transform,
         )
 
     @property
@@ -372,8 +373,7 @@ class Loader(LoaderAttributes):
         if start == 0:
             self._skips.in_epoch = 0
         plan = self.plan(epoch)
-        layout = at.layout_of(epoch)
-        shift = layout.offset if layout is not None else 0  # a resumed epoch's batches count on from the saved
+        shift = plan.batch_offset  # a resumed epoch's batches count on from the saved
         start -= shift
         device = torch.device(self.device)
         limit = self.config.skip_limit(int(plan.valid.sum()))
@@ -385,7 +385,7 @@ class Loader(LoaderAttributes):
             run = enumerate(self._runner.run(plan, start), start)
             while True:
                 try:
-                    b, (views, labels, keys, skipped) = next(run)
+                    b, raw = next(run)
                 except StopIteration:
                     break
                 except ValueError as e:  # close() in another thread is ending the run right now
@@ -395,15 +395,16 @@ class Loader(LoaderAttributes):
                 if fetch is not None:
                     fetch.advance(b - start + 1)
                 valid = plan.batch(b)[1].copy()
-                if skipped:
-                    self._skips.mark(skipped, valid, epoch, limit)
+                if raw.skipped:
+                    self._skips.mark(raw.skipped, valid, epoch, limit)
                 at.yielded = shift + b + 1
-                images = views if self.pipeline.has_views else views[0]
+                images, labels = raw.images if self.pipeline.has_views else raw.images[0], raw.labels
                 mask = backends.to_device(torch.from_numpy(valid), device)
-                if self.pipeline.batch_transform is not None and labels is not None:  # MixUp, CutMix: on the device
-                    images, labels = apply_batch(self.pipeline.batch_transform, views[0], labels, mask, seed=self.seed,
-                                                 epoch=epoch, rank=self.rank, batch=shift + b)  # fmt: skip
-                yield Batch(images, labels, keys, mask)
+                mixing = self.pipeline.batch_transform
+                if mixing is not None and labels is not None and not raw.mixed:  # MixUp, CutMix: on the device
+                    images, labels = apply_batch(mixing, raw.images[0], labels, mask, seed=self.seed, epoch=epoch,
+                                                 rank=self.rank, batch=shift + b)  # fmt: skip
+                yield Batch(images, labels, raw.keys, mask)
         finally:
             if fetch is not None:
                 fetch.close()

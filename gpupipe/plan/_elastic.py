@@ -159,4 +159,4 @@ def elastic_plan(
     draws = None
     if first.repeats > 1:  # the copies' own draw numbers; the padding draws as its sample
         draws = np.concatenate([np.concatenate(drawn) if drawn else np.zeros(0, np.int64), padded[len(mine) :]])
-    return RankPlan(padded, valid, batch_size, batches, seed, epoch, draws)
+    return RankPlan(padded, valid, batch_size, batches, seed, epoch, draws, batch_offset=layout.offset)

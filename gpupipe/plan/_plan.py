@@ -128,7 +128,9 @@ class RankPlan:
     ``seed`` and ``epoch`` are those the plan was drawn for (backends seed augmentation from them).
     ``draws`` (int64 ``[n]``, or ``None``: the sample numbers themselves) are the numbers each
     position's augmentation is drawn from (``gpupipe.core._random``): a mix that takes a sample twice in
-    an epoch (``gp.Mix``) gives each copy its own.
+    an epoch (``gp.Mix``) gives each copy its own. ``batch_offset``: the number in its epoch of the
+    plan's batch 0 (an elastic resume's batches count on from those yielded before the stop): batch
+    transforms draw from ``(seed, epoch, rank, batch_offset + b)``.
     """
 
     samples: np.ndarray
@@ -138,6 +140,7 @@ class RankPlan:
     seed: int = 0
     epoch: int = 0
     draws: np.ndarray | None = None
+    batch_offset: int = 0
 
     def _slice(self, b: int) -> slice:
         if not 0 <= b < self.num_batches:

@@ -49,7 +49,7 @@ class TorchRunner:
     def __init__(self, spec: RunSpec) -> None:
         self.channels_last = spec.config.channels_last
         self.device = spec.device
-        self._workers = spec.workers
+        self._workers, self._rank = spec.workers, spec.rank
         self._batches = _Batches()
         self._dataset = Samples(
             spec.index,
@@ -63,7 +63,16 @@ class TorchRunner:
         self._loader: DataLoader[Sample | Failure] | None = DataLoader(
             self._dataset,
             batch_sampler=self._batches,
-            collate_fn=Collate(spec.skip, spec.outputs, spec.index.labeled, spec.config.channels_last),
+            # MixUp/CutMix where a CPU batch is made (a worker, one thread, as torchvision's reference
+            # collate does): not on the training thread, whose intra-op threads would contend with
+            # the workers; on a GPU, the loader mixes on the device
+            collate_fn=Collate(
+                spec.skip,
+                spec.outputs,
+                spec.index.labeled,
+                spec.config.channels_last,
+                mix=spec.batch_transform if self.device.type == "cpu" else None,
+            ),
             num_workers=spec.workers,
             prefetch_factor=spec.prefetch if spec.workers else None,
             persistent_workers=spec.workers > 0,
@@ -88,7 +97,7 @@ class TorchRunner:
         return self._runs.track(self._run(self._loader, plan, start))
 
     def _run(self, loader: DataLoader, plan: RankPlan, start: int) -> Generator[RawBatch, None, None]:
-        self._batches.batches = [batch_items(plan, b) for b in range(start, plan.num_batches)]
+        self._batches.batches = [batch_items(plan, b, self._rank) for b in range(start, plan.num_batches)]
         batches = self._iterate(loader)
         done, unexplained = start, 0
         try:
@@ -124,12 +133,12 @@ class TorchRunner:
                     raise ClosedError("the torch runner was closed during an epoch")
                 if isinstance(batch, Failure):
                     raise batch.error()
-                images, labels, keys, failed = batch
-                skipped = tuple((i, f.error()) for i, f in failed)
+                images, labels = batch.images, batch.labels
+                skipped = tuple((i, f.error()) for i, f in batch.skipped)
                 if self.device.type != "cpu":
                     images = tuple(view.to(self.device, non_blocking=True) for view in images)
                     labels = None if labels is None else labels.to(self.device, non_blocking=True)
-                yield RawBatch(images, labels, keys, skipped)
+                yield RawBatch(images, labels, batch.keys, skipped, batch.mixed)
         finally:
             if self._closed:
                 self._shutdown()
