@@ -3,8 +3,9 @@ applies them in its reference scripts' collate function (and timm's ``Mixup`` in
 
 They are definitions like every transform: frozen dataclasses that validate their arguments, and
 whose parameters follow from random draws in one pure step (:meth:`BatchTransform.sample`, from a
-generator ``gpupipe.core._random`` keys by ``(seed, epoch, rank, batch)``). The loader applies them on
-its device with one torch kernel for every backend (``backends/_batchwise.py``).
+generator ``gpupipe.core._random`` keys by ``(seed, epoch, rank, batch)``). One torch kernel applies
+them for every backend (``backends/_batchwise.py``): the loader, on its device, or on the CPU the
+torch backend's workers, where they batch.
 """
 
 from __future__ import annotations
