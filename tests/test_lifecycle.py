@@ -224,13 +224,15 @@ def test_close_from_another_thread_stops_the_epoch(shards, backend):
 def test_close_while_the_run_ends_in_another_thread(shards, monkeypatch):
     """close() ends the run from another thread while the training thread asks for the next batch:
     that thread gets ClosedError, not Python's "generator already executing"."""
+    from gpupipe.backends import RawBatch
+
     loader = gp.Loader(val(shards), 1, backend="torch", device="cpu", num_workers=0)
 
     def slow_to_close(plan, start):
         def run():
             try:
                 for _ in range(start, plan.num_batches):
-                    yield torch.zeros(1, 3, 16, 16), torch.zeros(1, dtype=torch.int64), ["k"], ()
+                    yield RawBatch((torch.zeros(1, 3, 16, 16),), torch.zeros(1, dtype=torch.int64), ["k"])
             finally:
                 time.sleep(0.5)  # the closing thread is inside the run's close meanwhile
 
