@@ -261,6 +261,11 @@ class TorchRunner:
         iterator = getattr(loader, "_iterator", None)  # the persistent workers' iterator
         if iterator is not None:
             iterator._shutdown_workers()
+            # PyTorch terminates a worker that does not exit within 5 s and returns without
+            # waiting for it: wait, so that close() returns with every worker ended (under load a
+            # terminated worker was still there when the next test looked)
+            for worker in getattr(iterator, "_workers", ()):
+                worker.join(timeout=10)
             loader._iterator = None
 
 
