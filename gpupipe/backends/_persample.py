@@ -23,6 +23,7 @@ from ..runtime._decode import decode_rgb
 from ..sources import Index
 from ..transforms import BatchTransform, ImageSpec, Transform
 from ._base import RawBatch, donor, fill
+from ._batchwise import apply_batch
 from ._torch._kernels import apply_pipeline, sample_factors
 
 __all__ = ["Item", "Sample", "Failure", "Samples", "Collate", "BatchItems", "batch_items", "culprits"]
@@ -189,8 +190,6 @@ class Collate:
         labels = None if samples[0][1] is None else torch.tensor([s[1] for s in samples], dtype=torch.int64)
         keys = [s[2] for s in samples]
         if self.mix is not None and labels is not None and isinstance(items, BatchItems):
-            from ._batchwise import apply_batch
-
             valid = torch.tensor(items.valid, dtype=torch.bool)
             valid[[i for i, _ in failed]] = False
             mixed, labels = apply_batch(self.mix, images[0], labels, valid, seed=items.seed, epoch=items.epoch,

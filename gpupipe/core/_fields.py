@@ -45,6 +45,7 @@ __all__ = [
     "Label",
     "Array",
     "parse_fields",
+    "ascii_int",
     "IMAGE_EXTS",
 ]
 
@@ -56,6 +57,19 @@ _REFUSED = {  # webdataset decodes these by unpickling or torch.load: never here
     "pkl": "pickle", "pickle": "pickle", "pyd": "pickle", "pth": "torch.load", "pt": "torch.load",
 }  # fmt: skip
 _INT64 = (-(1 << 63), (1 << 63) - 1)
+
+
+def ascii_int(raw: bytes, *, low: int = _INT64[0], high: int = _INT64[1]) -> int:
+    """``raw`` as an ASCII integer in ``[low, high]`` (surrounding whitespace allowed): a ``.cls``
+    member's rule, the class label's and a :class:`Label` field's. ``ValueError`` saying what is
+    wrong (``"is not an ASCII integer"``, ``"is out of the int64 range"``) otherwise."""
+    try:
+        value = int(raw.decode("ascii").strip())
+    except (UnicodeDecodeError, ValueError):
+        raise ValueError("is not an ASCII integer") from None
+    if not low <= value <= high:
+        raise ValueError("is out of the int64 range")
+    return value
 
 
 class Missing(str, enum.Enum):
@@ -174,12 +188,9 @@ class Label(Field):
     def _decode(self, data: bytes | memoryview, *, shard: str, key: str) -> Any:
         raw = bytes(data)
         try:
-            value = int(raw.decode("ascii").strip())
-        except (UnicodeDecodeError, ValueError):
-            raise _bad(self, shard, key, f"is not an ASCII integer: {raw[:40]!r}") from None
-        if not _INT64[0] <= value <= _INT64[1]:
-            raise _bad(self, shard, key, f"is out of the int64 range: {raw[:40]!r}")
-        return value
+            return ascii_int(raw)
+        except ValueError as e:
+            raise _bad(self, shard, key, f"{e}: {raw[:40]!r}") from None
 
 
 @dataclasses.dataclass(frozen=True)

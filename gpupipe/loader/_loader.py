@@ -152,8 +152,8 @@ class Loader(LoaderAttributes):
         current: backends.Runner | None = None
         try:
             current = backend.runner(self._run_spec(self.pipeline))
-            pending = self._next_pipeline is not None and self._runners.next is not None
-            upcoming = backend.runner(self._run_spec(self._next_pipeline)) if pending else None  # type: ignore[arg-type]
+            pending = self._next_pipeline if self._runners.next is not None else None  # built, not yet run
+            upcoming = backend.runner(self._run_spec(pending)) if pending is not None else None
         except BaseException:
             if current is not None:
                 current.close()

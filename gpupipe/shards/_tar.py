@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from ..core._errors import Damage, Problem, SampleError, unreadable
+from ..core._fields import ascii_int
 from ..storage._base import Storage, compressed
 from ._shard import NO_LABEL, ShardIndex
 
@@ -25,28 +26,14 @@ def split_key(member: str) -> tuple[str, str]:
     return (f"{head}/{stem}" if head else stem), ext.lower() if dot else ""
 
 
-_INT64 = (-(1 << 63) + 1, (1 << 63) - 1)  # the lowest int64 is NO_LABEL
-
-
 def parse_label(raw: bytes, *, shard: str, key: str) -> int:
-    """A ``.cls`` member's ASCII integer (an int64); SampleError naming shard and key otherwise."""
+    """A ``.cls`` member's ASCII integer (an int64, the lowest excepted: it is ``NO_LABEL``);
+    SampleError naming shard and key otherwise."""
     try:
-        value = int(raw.decode("ascii").strip())
-    except (UnicodeDecodeError, ValueError):
-        raise SampleError(
-            f"label of sample {key!r} in shard {shard!r} is not an ASCII integer: {raw[:40]!r}",
-            shard=shard,
-            key=key,
-            kind=Damage.BAD_LABEL,
-        ) from None
-    if not _INT64[0] <= value <= _INT64[1]:
-        raise SampleError(
-            f"label of sample {key!r} in shard {shard!r} is out of the int64 range: {raw[:40]!r}",
-            shard=shard,
-            key=key,
-            kind=Damage.BAD_LABEL,
-        )
-    return value
+        return ascii_int(raw, low=NO_LABEL + 1)
+    except ValueError as e:
+        raise SampleError(f"label of sample {key!r} in shard {shard!r} {e}: {raw[:40]!r}", shard=shard, key=key,
+                          kind=Damage.BAD_LABEL) from None  # fmt: skip
 
 
 def _label_value(raw: bytes) -> int:
