@@ -289,25 +289,38 @@ TARGETS = [  # issue 23, on one H100 with ImageNet-like JPEGs and default settin
 ]
 
 
-def ratios(rows: list[dict[str, Any]], stall: dict[str, Any], threads: int) -> dict[str, float]:
-    """The headline numbers on ImageNet-like images at the default thread count, and tuned."""
+def ratios(rows: list[dict[str, Any]], stall: dict[str, Any] | None, threads: int) -> dict[str, Any]:
+    """The headline numbers on ImageNet-like images at the default thread count, and tuned; a
+    figure whose rows a run cut short (``--budget``, a lent machine's time) did not measure is None."""
 
-    def rate(recipe: str) -> dict[str, Any]:
-        return next(r for r in rows if (r["set"], r["recipe"], r["threads"]) == ("imagenet-like", recipe, threads))
+    def rate(recipe: str, key: str = "images_per_s") -> float | None:
+        want = ("imagenet-like", recipe, threads)
+        return next((r[key] for r in rows if (r["set"], r["recipe"], r["threads"]) == want), None)
+
+    def ratio(a: float | None, b: float | None) -> float | None:
+        return round(a / b, 3) if a is not None and b else None
 
     train = rate("gpupipe train")
     return {
         "threads": threads,
-        "train": train["images_per_s"],
-        "train_cpu": train["cpu_s_per_1000"],
-        "train_vs_hand": round(train["images_per_s"] / rate("by hand")["images_per_s"], 3),
-        "train_vs_hand_fancy": round(train["images_per_s"] / rate("by hand, fancy")["images_per_s"], 3),
-        "train_vs_val": round(train["images_per_s"] / rate("gpupipe val")["images_per_s"], 3),
-        "val_vs_hand_val": round(rate("gpupipe val")["images_per_s"] / rate("by hand val")["images_per_s"], 3),
-        "stall": stall["stall_percent"],
-        "v2_vs_train": round(rate("gpupipe train v2")["images_per_s"] / train["images_per_s"], 3),
-        "tuned_train": next((r["images_per_s"] for r in rows if r["recipe"] == "gpupipe train, tuned"), 0.0),
+        "train": train,
+        "train_cpu": rate("gpupipe train", "cpu_s_per_1000"),
+        "train_vs_hand": ratio(train, rate("by hand")),
+        "train_vs_hand_fancy": ratio(train, rate("by hand, fancy")),
+        "train_vs_val": ratio(train, rate("gpupipe val")),
+        "val_vs_hand_val": ratio(rate("gpupipe val"), rate("by hand val")),
+        "stall": stall["stall_percent"] if stall else None,
+        "v2_vs_train": ratio(rate("gpupipe train v2"), train),
+        "tuned_train": next((r["images_per_s"] for r in rows if r["recipe"] == "gpupipe train, tuned"), None),
     }
+
+
+def verdict(test: Any, head: dict[str, Any]) -> str:
+    """``MET``, ``MISS`` or ``----`` (not measured: a run cut short) for one target."""
+    try:
+        return "MET " if test(head) else "MISS"
+    except TypeError:  # a None figure
+        return "----"
 
 
 def stem_of(out: str, date: str, device: str, *, quick: bool) -> str:
@@ -316,8 +329,8 @@ def stem_of(out: str, date: str, device: str, *, quick: bool) -> str:
     return os.path.join(out, f"{date}-{slug}-{'quick' if quick else 'gpu'}")
 
 
-def write(out: str, meta: dict[str, Any], rows: list[dict[str, Any]], stall: dict[str, Any],
-          head: dict[str, float]) -> str:  # fmt: skip
+def write(out: str, meta: dict[str, Any], rows: list[dict[str, Any]], stall: dict[str, Any] | None,
+          head: dict[str, Any]) -> str:  # fmt: skip
     os.makedirs(out, exist_ok=True)
     stem = stem_of(out, meta["date"], meta["device"], quick=meta["quick"])
     with open(stem + ".json", "w") as f:
@@ -335,10 +348,12 @@ def write(out: str, meta: dict[str, Any], rows: list[dict[str, Any]], stall: dic
     headline = ", ".join(f"{k} {v}" for k, v in head.items())
     lines += ["", f"ResNet-50 data stall ({stall['arch']}, batch {stall['batch_size']}): ceiling "
               f"{stall['ceiling']:.0f} images/s, fed by gpupipe {stall['fed']:.0f}, data wait "
-              f"{stall['wait_percent']}%, stall {stall['stall_percent']}%; loader: `{stall['loader']}`", "",
+              f"{stall['wait_percent']}%, stall {stall['stall_percent']}%; loader: `{stall['loader']}`"
+              if stall else "ResNet-50 data stall: not measured (the run was cut short)", "",
               f"Headline (ImageNet-like, {head['threads']} threads): {headline}",
               "", "| target (issue 23) | met |", "|---|---|"]  # fmt: skip
-    lines += [f"| {name} | {'yes' if test(head) else 'no'} |" for name, test in TARGETS]
+    met = {"MET ": "yes", "MISS": "no", "----": "not measured"}
+    lines += [f"| {name} | {met[verdict(test, head)]} |" for name, test in TARGETS]
     if not meta["device"].startswith("NVIDIA"):
         lines += ["", "The targets are for one H100 (16 cores); on this machine they are shown, not expected."]
     with open(stem + ".md", "w") as f:
@@ -356,10 +371,13 @@ def plot(rows: list[dict[str, Any]], path: str, *, title: str) -> None:
         print(f"no plot ({path}): matplotlib is not installed", flush=True)
         return
 
+    sets = list(dict.fromkeys(r["set"] for r in rows))
+    if not sets:
+        print(f"no plot ({path}): no row was measured", flush=True)
+        return
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    sets = list(dict.fromkeys(r["set"] for r in rows))
     fig, axes = plt.subplots(1, len(sets), figsize=(7 * len(sets), 4), constrained_layout=True, squeeze=False)
     for ax, name in zip(axes[0], sets, strict=True):
         mine = [r for r in rows if r["set"] == name]
@@ -390,6 +408,17 @@ def main() -> None:
     )
     parser.add_argument("--batch-size", type=int, default=None, help="default: 256 on a GPU, 16 with --quick")
     parser.add_argument("--cpu", action="store_true", help="DALI's CPU operators even where there is a GPU")
+    parser.add_argument("--sets", default=None, help="comma-separated sets of images (default: imagenet-like,large)")
+    parser.add_argument(
+        "--threads",
+        default=None,
+        help="comma-separated thread counts (default: 4,8,16 up to the cores); with --report: the headline's",
+    )
+    parser.add_argument("--budget", type=float, default=None,
+                        help="seconds: no row starts after them; the report has what was measured")  # fmt: skip
+    parser.add_argument(
+        "--report", metavar="PARTIAL", help="write the report of a run cut short from its .partial.jsonl"
+    )
     parser.add_argument("--probe", help=argparse.SUPPRESS)
     parser.add_argument("--probe-shards", help=argparse.SUPPRESS)
     parser.add_argument("--probe-folder", help=argparse.SUPPRESS)
@@ -397,6 +426,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.probe:
         return _probe_child(args)
+    if args.report:
+        return report_of_partial(args.report, args.out, threads=int(args.threads) if args.threads else None)
     gpu = torch.cuda.is_available() and not args.cpu
     cores = cpu_cores()
     # A cache of its own: a `gpupipe tune` recorded on this machine must not make the default rows tuned ones.
@@ -405,10 +436,41 @@ def main() -> None:
     date = datetime.date.today().isoformat()
     device = torch.cuda.get_device_name() if gpu else f"{cores}-core CPU (DALI CPU operators)"
     os.makedirs(args.out, exist_ok=True)
-    # Each row as it is measured, so that a run cut short (a lent machine's 10-minute command) leaves them.
+    batch = args.batch_size or (16 if args.quick else 256)
+    epochs = args.epochs or (1 if args.quick else 2)
+    all_sets = QUICK_SETS if args.quick else SETS
+    sets = {name: all_sets[name] for name in (args.sets.split(",") if args.sets else all_sets)}
+    counts = {"imagenet-like": 32, "large": 16} if args.quick else {"imagenet-like": 4096, "large": 512}
+    if args.threads:
+        thread_counts = [int(t) for t in args.threads.split(",")]
+    else:
+        thread_counts = [2] if args.quick else [t for t in (4, 8, 16) if t <= cores] or [cores]
+    default_threads = thread_counts[0] if args.quick else default_workers()  # the Loader's
+    started = time.perf_counter()
+    import nvidia.dali
+
+    from gpupipe.runtime._nvjpeg import in_process
+
+    nvjpeg = in_process()
+    meta = {
+        "date": date,
+        "device": device,
+        "cpus": cores,
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "dali": nvidia.dali.__version__,
+        "nvjpeg (in process)": f"{nvjpeg} ({nvjpeg.path})" if nvjpeg else None,
+        "batch_size": batch,
+        "images": {name: counts[name] for name in sets},
+        "seconds": None,
+        "default_threads": default_threads,
+        "quick": args.quick,
+    }
+    # Each row as it is measured, so that a run cut short (a lent machine's 10-minute command) leaves
+    # them: `--report` writes the report from this file.
     partial = stem_of(args.out, date, device, quick=args.quick) + ".partial.jsonl"
-    with open(partial, "w"):
-        pass
+    with open(partial, "w") as f:
+        f.write(json.dumps({"meta": meta}) + "\n")
 
     def emit(row: dict[str, Any]) -> None:
         line = json.dumps({k: v for k, v in row.items() if k != "decoder_lines"})
@@ -416,20 +478,20 @@ def main() -> None:
         with open(partial, "a") as f:
             f.write(line + "\n")
 
-    batch = args.batch_size or (16 if args.quick else 256)
-    epochs = args.epochs or (1 if args.quick else 2)
-    sets = QUICK_SETS if args.quick else SETS
-    counts = {"imagenet-like": 32, "large": 16} if args.quick else {"imagenet-like": 4096, "large": 512}
-    thread_counts = [2] if args.quick else [t for t in (4, 8, 16) if t <= cores] or [cores]
-    default_threads = thread_counts[0] if args.quick else default_workers()  # the Loader's
-    started = time.perf_counter()
+    def in_budget() -> bool:
+        return args.budget is None or time.perf_counter() - started < args.budget
+
     made = {name: make_set(args.data, name, sets[name], counts[name], workers=min(cores, 16)) for name in sets}
     rows: list[dict[str, Any]] = []
+    stall: dict[str, Any] | None = None
+    # The headline first (ImageNet-like rows, tuned, the data stall), then the other sets.
     for name, (shards, folder, kb) in made.items():
         size = sets[name]
         for recipe in RECIPES:
             if recipe == "gpupipe dino" and name == "large":
                 continue  # ten crops of 3 Mpx images: the set's point is decoding, not multi-crop
+            if not in_budget():
+                break
             probed = not args.quick or recipe in ("by hand, fancy", "gpupipe train")  # CI: the parser, kept working
             found = probe(recipe, shards, folder, gpu=gpu, batch=batch, threads=default_threads) if probed else {}
             for threads in thread_counts:
@@ -441,46 +503,63 @@ def main() -> None:
                 }
                 emit(row)
                 rows.append(row)
-    # Tuned against default: gp.tune's choice for the train recipe (not recorded), measured as a row.
-    shards, folder, kb = made["imagenet-like"]
-    tuned = gp.tune(gpupipe_recipe("gpupipe train", shards), batch, seconds=0.5 if args.quick else 2.0, record=False,
-                    backend="dali", device="cuda" if gpu else "cpu")  # fmt: skip
-    row = {"set": "imagenet-like", "image": f"{sets['imagenet-like'][1]}x{sets['imagenet-like'][0]}, {kb:.0f} KB",
-           **measure("gpupipe train, tuned", shards, folder, gpu=gpu, batch=batch, threads=tuned.num_workers,
-                     epochs=epochs, prefetch=tuned.prefetch, hw_decoder_load=tuned.hw_decoder_load),
-           "tuned": str(tuned)}  # fmt: skip
-    emit(row)
-    rows.append(row)
-    stall = data_stall(made["imagenet-like"][0], gpu=gpu, quick=args.quick)
-    emit({"data_stall": stall})
+        if name != "imagenet-like":
+            continue
+        if in_budget():
+            # Tuned against default: gp.tune's choice for the train recipe (not recorded), measured as a row.
+            tuned = gp.tune(gpupipe_recipe("gpupipe train", shards), batch, seconds=0.5 if args.quick else 2.0,
+                            record=False, backend="dali", device="cuda" if gpu else "cpu")  # fmt: skip
+            row = {"set": name, "image": f"{size[1]}x{size[0]}, {kb:.0f} KB",
+                   **measure("gpupipe train, tuned", shards, folder, gpu=gpu, batch=batch, threads=tuned.num_workers,
+                             epochs=epochs, prefetch=tuned.prefetch, hw_decoder_load=tuned.hw_decoder_load),
+                   "tuned": str(tuned)}  # fmt: skip
+            emit(row)
+            rows.append(row)
+        if in_budget():
+            stall = data_stall(shards, gpu=gpu, quick=args.quick)
+            emit({"data_stall": stall})
+    meta["seconds"] = round(time.perf_counter() - started)
     threads = default_threads if default_threads in thread_counts else thread_counts[-1]
-    head = ratios(rows, stall, threads)
-    import nvidia.dali
-
-    from gpupipe.runtime._nvjpeg import in_process
-
-    nvjpeg = in_process()
-
-    meta = {
-        "date": date,
-        "device": device,
-        "cpus": cores,
-        "python": sys.version.split()[0],
-        "torch": torch.__version__,
-        "dali": nvidia.dali.__version__,
-        "nvjpeg (in process)": f"{nvjpeg} ({nvjpeg.path})" if nvjpeg else None,
-        "batch_size": batch,
-        "images": counts,
-        "seconds": round(time.perf_counter() - started),
-        "quick": args.quick,
-    }
-    stem = write(args.out, meta, rows, stall, head)
+    finish(args.out, meta, rows, stall, threads)
     os.remove(partial)  # all of it is in the .json now
+
+
+def finish(out: str, meta: dict[str, Any], rows: list[dict[str, Any]], stall: dict[str, Any] | None,
+           threads: int) -> None:  # fmt: skip
+    """Writes the report and prints the targets."""
+    head = ratios(rows, stall, threads)
+    stem = write(out, meta, rows, stall, head)
     wrote = ", ".join(stem + suffix for suffix in (".md", ".json", ".png") if os.path.exists(stem + suffix))
     print(f"wrote {wrote} in {meta['seconds']} s")
     for name, test in TARGETS:
-        print(f"{'MET ' if test(head) else 'MISS'} {name}")
+        print(f"{verdict(test, head)} {name}")
     print("headline:", json.dumps(head))
+
+
+def report_of_partial(path: str, out: str, *, threads: int | None = None) -> None:
+    """The report of a run cut short, from the rows its ``.partial.jsonl`` kept (``--report``).
+    A file from before the meta line was written names only the date and the device (its name)."""
+    meta: dict[str, Any] = {}
+    rows: list[dict[str, Any]] = []
+    stall = None
+    with open(path) as f:
+        for line in f:
+            item = json.loads(line)
+            if "meta" in item:
+                meta = item["meta"]
+            elif "data_stall" in item:
+                stall = item["data_stall"]
+            else:
+                rows.append(item)
+    if not meta:
+        stem = os.path.basename(path).removesuffix(".partial.jsonl")
+        date, slug = stem[:10], stem[11:].removesuffix("-gpu").removesuffix("-quick")
+        meta = {"date": date, "device": slug, "quick": stem.endswith("-quick")}
+    meta["seconds"] = meta.get("seconds") or "(cut short)"
+    meta["cut short"] = "the report of the rows measured before the run ended"
+    measured = sorted({r["threads"] for r in rows})
+    threads = threads or meta.get("default_threads") or measured[-1]
+    finish(out, meta, rows, stall, threads)
 
 
 if __name__ == "__main__":

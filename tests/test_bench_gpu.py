@@ -41,6 +41,37 @@ def test_the_quick_run_writes_every_row(tmp_path):
     assert f"wrote {report}, {data}, {report.with_suffix('.png')}" in proc.stdout
 
 
+class TestCutShort:
+    """A lent machine's command has a time limit: a run that ends early still leaves its report."""
+
+    def test_past_the_budget_no_row_starts_and_the_report_says_not_measured(self, tmp_path):
+        argv = [sys.executable, os.path.join(ROOT, "bench", "gpu.py"), "--quick", "--cpu", "--budget", "0",
+                "--data", str(tmp_path / "d"), "--out", str(tmp_path / "out")]  # fmt: skip
+        proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        (data,) = (tmp_path / "out").glob("*-quick.json")
+        result = json.loads(data.read_text())
+        assert result["rows"] == [] and result["data_stall"] is None and result["headline"]["train"] is None
+        assert "---- train ≥ 10,000 images/s" in proc.stdout and "no row was measured" in proc.stdout
+        assert "| train ≥ 0.8× val | not measured |" in data.with_suffix(".md").read_text()
+
+    def test_the_report_of_a_partial_file(self, tmp_path):
+        from gpu import RECIPES, report_of_partial
+
+        meta = {"date": "2026-11-26", "device": "NVIDIA X", "default_threads": 8, "quick": False}
+        rows = [{"set": "imagenet-like", "recipe": r, "threads": t, "images_per_s": 1000.0 * (i + 1),
+                 "cpu_s_per_1000": 0.4, "image": "500x375, 99 KB"}
+                for i, r in enumerate(RECIPES) for t in (4, 8)]  # fmt: skip
+        partial = tmp_path / "2026-11-26-nvidia-x-gpu.partial.jsonl"
+        partial.write_text("\n".join(json.dumps(x) for x in [{"meta": meta}, *rows]) + "\n")
+        report_of_partial(str(partial), str(tmp_path / "out"))
+        result = json.loads((tmp_path / "out" / "2026-11-26-nvidia-x-gpu.json").read_text())
+        head = result["headline"]
+        assert head["threads"] == 8 and head["train"] == 3000.0 and head["train_vs_hand_fancy"] == 1.5
+        assert head["v2_vs_train"] == round(7000 / 3000, 3) and head["stall"] is None and head["tuned_train"] is None
+        assert len(result["rows"]) == 2 * len(RECIPES) and "cut short" in result["meta"]
+
+
 def test_decode_shares_from_the_log():
     """On a GPU the hardware decoder's batches are not logged: its share is the rest."""
     from gpu import decode_shares

@@ -164,9 +164,13 @@ class TestParity:
     )
     def test_hue_of_float_images_outside_0_1_is_torchvisions(self, device, photos, before):
         """torchvision's saturation (range / max) and its clamping of p, q, t to [0, 1], as they
-        are: exact on values outside [0, 1] too."""
-        check_backend_parity([*before, T.ColorJitter(hue=0.2)], photos, device=device, unit=1.0, mean_tol=1e-4,
-                             max_tol=1e-3)  # fmt: skip
+        are: exact on values outside [0, 1] too. On the GPU, nvJPEG's pixels differ from
+        libjpeg-turbo's by a level here and there (H200, 2026-11-26: up to 0.026 on the 0-255
+        scale, mean 0.005, for these photos); hue carries that difference, and only that, through."""
+        decode = (0.0, 0.0) if device == "cpu" else check_backend_parity(before, photos, device=device, unit=1.0,
+                                                                         mean_tol=1.0, max_tol=2.5)  # fmt: skip
+        check_backend_parity([*before, T.ColorJitter(hue=0.2)], photos, device=device, unit=1.0,
+                             mean_tol=1e-4 + 2 * decode[0], max_tol=1e-3 + 2 * decode[1])  # fmt: skip
 
     @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
     def test_color_jitter_on_float_images(self, device, photos, dtype):
