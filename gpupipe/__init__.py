@@ -18,7 +18,7 @@ from .runtime import _nvjpeg
 
 _nvjpeg.preload()  # first: before anything imports torchvision, which brings an older nvJPEG (see _nvjpeg)
 
-from . import sources, transforms
+from . import fields, sources, transforms
 from .backends import register_lowering
 from .core._config import DaliOptions, DecodeMode, LoaderConfig, OnError, RayOptions
 from .core._errors import (
@@ -71,6 +71,7 @@ __all__ = [
     "Tuned",
     "transforms",
     "sources",
+    "fields",
     "GpupipeError",
     "ConfigError",
     "PipelineError",

@@ -14,9 +14,9 @@ def test_top_level_api():
         "SkippedSample", "Damage", "RankPlan",
         "Source", "WebDataset", "ImageFolder", "FakeData", "Mix",
         "load_pipeline", "check", "CheckReport",
-        "register_lowering", "ShardWriter", "tune", "Tuned", "transforms", "sources", "GpupipeError", "ConfigError",
-        "PipelineError", "UnsupportedTransformError", "BackendUnavailableError", "ClosedError", "WorkerError",
-        "DataError", "ShardError", "SampleError", "__version__",
+        "register_lowering", "ShardWriter", "tune", "Tuned", "transforms", "sources", "fields", "GpupipeError",
+        "ConfigError", "PipelineError", "UnsupportedTransformError", "BackendUnavailableError", "ClosedError",
+        "WorkerError", "DataError", "ShardError", "SampleError", "__version__",
     ])  # fmt: skip
     assert all(hasattr(gp, name) for name in gp.__all__)
 
@@ -32,6 +32,11 @@ def test_transforms_api():
         "AutoAugmentPolicy", "AugMix", "TimmRandAugment",
     ])  # fmt: skip
     assert all(hasattr(T, name) for name in T.__all__)
+
+
+def test_fields_api():
+    assert sorted(gp.fields.__all__) == sorted(["Field", "Image", "Text", "Json", "Label", "Array", "Missing"])
+    assert all(hasattr(gp.fields, name) for name in gp.fields.__all__)
 
 
 def test_sources_api():

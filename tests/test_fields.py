@@ -11,6 +11,7 @@ import tarfile
 
 import numpy as np
 import pytest
+import torch
 
 import gpupipe as gp
 from gpupipe.core import _fields as F
@@ -181,3 +182,178 @@ class TestParseFields:
         e = F.Text("txt;text").missing_error("caption", shard="s.tar", key="k1")
         assert e.kind is gp.Damage.MISSING_FIELD and e.shard == "s.tar" and e.key == "k1"
         assert "has no 'caption' field (txt/text)" in str(e)
+
+
+# ------------------------------------------------------------ through a WebDataset --
+
+
+def _jpeg(i: int) -> bytes:
+    from gpupipe.testing import encode_jpeg, synthetic_image
+
+    return encode_jpeg(synthetic_image(i, size=(40, 48)))
+
+
+def shard_with_fields(tmp_path, n: int = 10, *, drop: dict[int, str] | None = None,
+                      replace: dict[int, dict] | None = None) -> str:  # fmt: skip
+    """One shard by webdataset's writer: ``n`` samples ``k000..`` of jpg, cls, txt, json and npy;
+    ``drop`` leaves a member out of a sample, ``replace`` gives a sample other members (bytes)."""
+    path = str(tmp_path / "fields-000000.tar")
+    with wds.TarWriter(path) as sink:
+        for i in range(n):
+            sample = {"__key__": f"k{i:03d}", "jpg": _jpeg(i), "cls": i % 3, "txt": f"caption {i}, ünï",
+                      "json": {"i": i, "tags": ["t"] * (i % 4)}, "npy": np.arange(6, dtype=np.float32) * i}  # fmt: skip
+            if drop and i in drop:
+                del sample[drop[i]]
+            sample.update((replace or {}).get(i, {}))
+            sink.write(sample)
+    return path
+
+
+FIELDS = {"image": "jpg", "label": "cls", "text": "txt", "meta": "json", "emb": "npy"}
+
+
+def read_all(source, *, backend: str = "torch", workers: int = 0, on_error: str = "raise", batch_size: int = 4):
+    """Every batch's keys, labels and fields, in order (no shuffle)."""
+    pipe = gp.Pipeline(source, [gp.transforms.CenterCrop(32)])
+    out = []
+    options = {"max_skipped": 0.5} if on_error == "skip" else {}
+    with gp.Loader(pipe, batch_size, backend=backend, num_workers=workers, shuffle=False, on_error=on_error,
+                   **options) as loader:  # fmt: skip
+        for batch in loader:
+            out.append(batch)
+    return out
+
+
+class TestWebDatasetFields:
+    """``gp.WebDataset(..., fields=)`` read through the torch backend: values as webdataset's
+    decoders give them, batched by kind, with the image and label as before."""
+
+    @pytest.mark.parametrize("workers", [0, 2])
+    def test_values_are_webdatasets(self, tmp_path, workers):
+        path = shard_with_fields(tmp_path)
+        batches = read_all(gp.WebDataset(path, fields=FIELDS), workers=workers)
+        expected: dict[str, dict] = {}
+        with tarfile.open(path) as tar:  # webdataset's decoders on the members its writer wrote
+            for m in tar:
+                key, _, ext = m.name.partition(".")
+                if ext != "jpg":
+                    expected.setdefault(key, {})[ext] = reference(ext, tar.extractfile(m).read())  # type: ignore[union-attr]
+        seen = 0
+        for batch in batches:
+            images, labels = batch
+            assert images.shape[1:] == (3, 32, 32) and isinstance(batch["text"], list)
+            assert isinstance(batch["emb"], torch.Tensor) and batch["emb"].shape == (len(batch.keys), 6)
+            for j, key in enumerate(batch.keys):
+                ref = expected[key]
+                assert int(labels[j]) == ref["cls"] and batch["text"][j] == ref["txt"]
+                assert batch["meta"][j] == ref["json"]
+                assert np.array_equal(batch["emb"][j].numpy(), ref["npy"])
+                seen += 1
+        assert seen == 10 and set(batches[0].fields) == {"text", "meta", "emb"}
+
+    def test_the_cached_index_reads_the_same_and_other_fields_get_their_own(self, tmp_path):
+        path = shard_with_fields(tmp_path)
+        first = read_all(gp.WebDataset(path, fields=FIELDS))
+        again = gp.WebDataset(path, fields=FIELDS).index()
+        assert again.shards[0].lazy  # from the node's index cache
+        second = read_all(gp.WebDataset(path, fields=FIELDS))
+        assert [b["meta"] for b in first] == [b["meta"] for b in second]
+        assert all(torch.equal(a["emb"], b["emb"]) for a, b in zip(first, second, strict=True))
+        fewer = read_all(gp.WebDataset(path, fields={"image": "jpg", "label": "cls", "text": "txt"}))
+        assert set(fewer[0].fields) == {"text"} and fewer[0]["text"] == first[0]["text"]
+        plain = read_all(gp.WebDataset(path))
+        assert plain[0].fields == {} and [b.keys for b in plain] == [b.keys for b in first]
+
+    def test_a_label_field_an_unlabeled_source_and_arrays_of_several_shapes(self, tmp_path):
+        path = str(tmp_path / "x-000000.tar")
+        with wds.TarWriter(path) as sink:
+            for i in range(4):
+                sink.write({"__key__": f"k{i}", "png": _jpeg(i), "idx": str(10 + i).encode(),
+                            "npy": np.ones((i + 1, 2), np.int16)})  # fmt: skip
+        (batch,) = read_all(gp.WebDataset(path, fields={"image": "png;jpg", "id": gp.fields.Label("idx"),
+                                                        "boxes": "npy"}))  # fmt: skip
+        assert batch.labels is None and batch["id"].tolist() == [10, 11, 12, 13]
+        assert [tuple(b.shape) for b in batch["boxes"]] == [(1, 2), (2, 2), (3, 2), (4, 2)]
+        assert all(b.dtype == torch.int16 for b in batch["boxes"])
+
+
+class TestMissingAndBadFields:
+    def test_missing_error_names_shard_and_key_or_is_skipped_and_counted(self, tmp_path):
+        path = shard_with_fields(tmp_path, drop={3: "txt"})
+        with pytest.raises(gp.SampleError, match=r"'k003'.*has no 'text' field") as e:
+            gp.WebDataset(path, fields=FIELDS).index()
+        assert e.value.kind is gp.Damage.MISSING_FIELD and e.value.shard == path
+        index = gp.WebDataset(path, fields=FIELDS).index(on_error="skip")
+        assert len(index) == 9 and [p.kind for p in index.problems] == [gp.Damage.MISSING_FIELD]
+        keys = [k for b in read_all(gp.WebDataset(path, fields=FIELDS), on_error="skip") for k in b.keys]
+        assert "k003" not in keys and len(keys) == 9
+
+    def test_missing_skip_leaves_the_sample_out_without_raising(self, tmp_path):
+        path = shard_with_fields(tmp_path, drop={3: "txt"})
+        fields = {**FIELDS, "text": gp.fields.Text("txt", missing="skip")}
+        index = gp.WebDataset(path, fields=fields).index()  # on_error="raise": no error
+        assert len(index) == 9 and "missing='skip'" in str(index.problems[0])
+
+    def test_missing_empty_gives_the_empty_value(self, tmp_path):
+        path = shard_with_fields(tmp_path, drop={1: "txt", 2: "json", 5: "npy"})
+        e = "empty"
+        fields = {"image": "jpg", "label": "cls", "text": gp.fields.Text("txt", missing=e),
+                  "meta": gp.fields.Json("json", missing=e), "emb": gp.fields.Array("npy", missing=e)}  # fmt: skip
+        batches = read_all(gp.WebDataset(path, fields=fields))
+        text = [t for b in batches for t in b["text"]]
+        meta = [m for b in batches for m in b["meta"]]
+        assert (
+            text[1] == "" and text[0] == "caption 0, ünï" and meta[2] is None and meta[3] == {"i": 3, "tags": ["t"] * 3}
+        )
+        assert [tuple(e.shape) for e in batches[1]["emb"]] == [(6,), (0,), (6,), (6,)]  # k005: empty
+
+    @pytest.mark.parametrize(
+        ("member", "match"),
+        [
+            ({"json": b'{"i": 1,'}, "is not JSON"),
+            ({"txt": b"\xff\xfe"}, "is not UTF-8 text"),
+            ({"npy": pickle.dumps([1, 2])}, "is not a .npy array"),
+        ],
+        ids=["json", "text", "npy"],
+    )
+    def test_a_bad_field_raises_naming_the_sample_or_is_skipped(self, tmp_path, member, match):
+        path = shard_with_fields(tmp_path, replace={6: member})
+        with pytest.raises(gp.SampleError, match=f"{match}") as e:
+            read_all(gp.WebDataset(path, fields=FIELDS))
+        assert (e.value.key, e.value.shard, e.value.kind) == ("k006", path, gp.Damage.BAD_FIELD)
+        batches = read_all(gp.WebDataset(path, fields=FIELDS), on_error="skip")
+        valid = [k for b in batches for k, v in zip(b.keys, b.valid.tolist(), strict=True) if v]
+        assert "k006" not in valid and len(valid) == 9
+
+    def test_over_max_bytes_is_refused_before_it_is_read(self, tmp_path):
+        path = shard_with_fields(tmp_path, replace={2: {"txt": b"x" * 100}})
+        fields = {**FIELDS, "text": gp.fields.Text("txt", max_bytes=64)}
+        with pytest.raises(gp.SampleError, match=r"'k002'.*is 100 bytes, over its max_bytes=64"):
+            read_all(gp.WebDataset(path, fields=fields))
+
+
+class TestFieldsConfig:
+    def test_backends_that_do_not_read_fields_say_so_and_auto_picks_torch(self, tmp_path):
+        pytest.importorskip("nvidia.dali")
+        path = shard_with_fields(tmp_path, n=4)
+        pipe = gp.Pipeline(gp.WebDataset(path, fields=FIELDS), [gp.transforms.CenterCrop(32)])
+        with pytest.raises(gp.UnsupportedTransformError, match="dali backend does not read a source's fields="):
+            gp.Loader(pipe, 4, backend="dali", device="cpu")
+        with gp.Loader(pipe, 4, device="cpu") as loader:
+            assert loader.backend == "torch" and "dali does not read fields= yet" in (loader.chosen or "")
+        assert pipe.fields == ("text", "meta", "emb")
+
+    def test_refused_declarations(self, tmp_path):
+        path = shard_with_fields(tmp_path, n=2)
+        with pytest.raises(gp.ConfigError, match="exactly one image field"):
+            gp.WebDataset(path, fields={"label": "cls", "text": "txt"})
+        with pytest.raises(gp.ConfigError, match="exactly one image field"):
+            gp.WebDataset(path, fields={"a": "jpg", "b": "png"})
+        with pytest.raises(gp.ConfigError, match="not also as image= and label="):
+            gp.WebDataset(path, image="png", fields={"image": "jpg"})
+        with pytest.raises(gp.ConfigError, match="the class label"):
+            gp.WebDataset(path, fields={"image": "jpg", "label": "txt"})
+        with pytest.raises(gp.ConfigError, match="a Mix does not read them"):
+            gp.Mix([gp.WebDataset(path, fields=FIELDS), gp.WebDataset(path)])
+        source = gp.WebDataset(path, fields={"image": "jpg;png", "label": "cls", "text": "txt"})
+        assert source.image == "jpg;png" and source.label == "cls" and list(source.extra_fields()) == ["text"]

@@ -21,6 +21,7 @@ PACKAGE = os.path.join(ROOT, "gpupipe")
 # its root; the order is the one docs/architecture.md draws.
 LAYERS = (
     "core",  # errors, argument checks, random draws, geometry, image headers, the batch, options
+    "fields",  # gp.fields: a sample's fields beyond image and label (public module)
     "runtime",  # rank/world/worker, child processes, the decoder sandbox, nvJPEG
     "testing",  # gp.testing: fake images (public module)
     "storage",  # byte access: local, remote, the shard cache

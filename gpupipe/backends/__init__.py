@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import importlib
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -102,12 +102,15 @@ def register_lowering(transform_type: type, *, backend: str, replace: bool = Fal
     return get(backend).lowerings.register(transform_type, replace=replace)
 
 
-def resolve(name: str, device: str | torch.device | None, views: Any = ()) -> tuple[Backend, torch.device]:
+def resolve(
+    name: str, device: str | torch.device | None, views: Any = (), *, fields: Sequence[str] = ()
+) -> tuple[Backend, torch.device]:
     """The backend and device for the requested ones: ``"auto"`` picks the first available backend
     of the table that delivers to the device and runs every step of ``views`` (the pipeline's
     transform lists; a step the DALI backend cannot run, such as ``RandomRotation(expand=True)``,
     makes it the torch backend); ``None`` picks ``cuda`` when present, else ``cpu``; ``"cuda"``
-    means this process's GPU (``LOCAL_RANK`` under torchrun).
+    means this process's GPU (``LOCAL_RANK`` under torchrun). ``fields``: the source's fields
+    beyond image and label (``Pipeline.fields``), which only some backends read.
 
     Raises:
         BackendUnavailableError: the backend's libraries or the device are not present.
@@ -122,7 +125,7 @@ def resolve(name: str, device: str | torch.device | None, views: Any = ()) -> tu
 
         dev = torch.device(cuda_device())
     if name == "auto":
-        return auto_choice(dev.type, views)[0], dev
+        return auto_choice(dev.type, views, fields=fields)[0], dev
     backend = get(name)
     if not backend.available():
         raise BackendUnavailableError(f"Loader: backend={name!r} needs {backend.requirement}")
@@ -132,7 +135,11 @@ def resolve(name: str, device: str | torch.device | None, views: Any = ()) -> tu
 
 
 def auto_choice(
-    device_type: str, views: Any = (), *, available: Callable[[Backend], bool] | None = None
+    device_type: str,
+    views: Any = (),
+    *,
+    available: Callable[[Backend], bool] | None = None,
+    fields: Sequence[str] = (),
 ) -> tuple[Backend, str]:
     """``backend="auto"``'s choice on ``device_type`` and why, in a few words: the first available
     backend of the table that delivers there, runs every step of ``views`` and is not measured
@@ -156,13 +163,15 @@ def auto_choice(
         if device_type not in backend.devices or not is_available(backend):
             missing.append(backend.name)
             continue
-        cannot = _cannot_run(backend, views)
+        cannot = _cannot_run(backend, views, fields)
         slower = None if cannot is not None else backend.slower_step(device_type, views)
         if cannot is None and slower is None:
             return backend, _because(missing, reasons)
         if cannot is not None:
             refused = refused or cannot
-            reasons.append(f"{backend.name} cannot run {_step_of(cannot)}")
+            unread = str(cannot).startswith(f"the {backend.name} backend does not read a source's fields=")
+            reasons.append(f"{backend.name} does not read fields= yet" if unread else
+                           f"{backend.name} cannot run {_step_of(cannot)}")  # fmt: skip
         elif fallback is None:
             fallback = backend
             reasons.append(str(slower))
@@ -179,21 +188,23 @@ def _because(missing: list[str], reasons: list[str]) -> str:
 
 
 def why(
-    name: str, device: str | torch.device | None, backend: Backend, dev: torch.device, views: Any = ()
-) -> str | None:
+    name: str, device: str | torch.device | None, backend: Backend, dev: torch.device, views: Any = (),
+    *, fields: Sequence[str] = (),
+) -> str | None:  # fmt: skip
     """Why :func:`resolve` chose ``backend`` and ``dev`` where it chose (``backend="auto"``,
     ``device=None``), in a few words for the loader's repr and log; ``None`` where both were given."""
     parts = []
     if device is None:
         parts.append(f"device {dev.type}: {'CUDA is available' if dev.type == 'cuda' else 'no CUDA'}")
     if name == "auto":
-        parts.append(f"backend {backend.name}: {auto_choice(dev.type, views)[1]}")
+        parts.append(f"backend {backend.name}: {auto_choice(dev.type, views, fields=fields)[1]}")
     return "; ".join(parts) or None
 
 
-def _cannot_run(backend: Backend, views: Any) -> UnsupportedTransformError | None:
-    """Why ``backend`` cannot run a step of ``views``, or ``None``."""
+def _cannot_run(backend: Backend, views: Any, fields: Sequence[str] = ()) -> UnsupportedTransformError | None:
+    """Why ``backend`` cannot run a step of ``views`` or read the source's ``fields``, or ``None``."""
     try:
+        backend.require_fields(fields)
         for steps in views:
             backend.require_supported(steps)
     except UnsupportedTransformError as e:

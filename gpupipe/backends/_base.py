@@ -6,13 +6,13 @@ from __future__ import annotations
 import abc
 import dataclasses
 import weakref
-from collections.abc import Container, Generator, Iterable, Iterator, Sequence
+from collections.abc import Container, Generator, Iterable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar, NamedTuple, Protocol
 
 import torch
 
 from ..core._config import DEFAULT_PREFETCH, LoaderConfig, OnError
-from ..core._errors import DataError
+from ..core._errors import DataError, UnsupportedTransformError
 from ..plan._plan import RankPlan
 from ..sources import Index
 from ..transforms import BatchTransform, ImageSpec, Transform
@@ -48,6 +48,7 @@ class RawBatch(NamedTuple):
     keys: list[str]
     skipped: tuple[tuple[int, DataError], ...] = ()
     mixed: bool = False
+    fields: Mapping[str, Any] | None = None  # the source's other fields by name (Batch.fields); None: none
 
 
 def donor(size: int, bad: Container[int]) -> int | None:
@@ -170,6 +171,7 @@ class Backend(abc.ABC):
     requirement: ClassVar[str] = ""
     lowerings: ClassVar[Registry]
     slower: ClassVar[tuple[tuple[str, tuple[type, ...], str], ...]] = ()
+    reads_fields: ClassVar[bool] = False  # whether it reads a source's fields= (Batch.fields)
 
     def slower_step(self, device_type: str, views: Any) -> str | None:
         """Why the next backend suits ``views`` on ``device_type`` better (a step of an entry of
@@ -191,6 +193,15 @@ class Backend(abc.ABC):
         """Raises UnsupportedTransformError, naming the step, if a transform (or one of its options)
         cannot run on this backend: before any data is read."""
         self.lowerings.require_supported(transforms)
+
+    def require_fields(self, fields: Sequence[str]) -> None:
+        """Raises UnsupportedTransformError if the pipeline's source has ``fields`` (beyond image
+        and label) and this backend does not read them."""
+        if fields and not self.reads_fields:
+            raise UnsupportedTransformError(
+                f"the {self.name} backend does not read a source's fields= yet ({', '.join(map(repr, fields))}): "
+                "backend='torch' does (backend='auto' picks it)"
+            )
 
     @abc.abstractmethod
     def runner(self, spec: RunSpec) -> Runner:

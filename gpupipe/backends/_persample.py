@@ -8,7 +8,7 @@ both."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -16,11 +16,12 @@ import torch
 from torch.utils.data import Dataset, get_worker_info
 
 from ..core._errors import Damage, DataError, SampleError
+from ..core._fields import Array, Field, Label
 from ..core._random import factors
 from ..plan._plan import RankPlan
 from ..runtime._children import CRASHED
 from ..runtime._decode import decode_rgb
-from ..sources import Index
+from ..sources import Index, RawSample
 from ..transforms import BatchTransform, ImageSpec, Transform
 from ._base import RawBatch, donor, fill
 from ._batchwise import apply_batch
@@ -54,7 +55,8 @@ def _batch_items(items: list[Any], number: int, seed: int, epoch: int, rank: int
     return BatchItems(items, number=number, seed=seed, epoch=epoch, rank=rank, valid=valid)
 
 
-Sample = tuple[tuple[torch.Tensor, ...], "int | None", str]  # (one image per view, label, key)
+# (one image per view, label, key, the other fields' values by name or None)
+Sample = tuple[tuple[torch.Tensor, ...], "int | None", str, "dict[str, Any] | None"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,6 +135,7 @@ class Samples(Dataset["Sample | Failure"]):
     def _sample(self, sample: int, drawn: list[list[np.ndarray | None]]) -> Sample:
         """``drawn[view][step]``: this sample's factors of each step of each view."""
         raw = self.index.read(sample)
+        values = field_values(self.index.fields, raw)
         image = decode_rgb(
             raw.data, shard=raw.shard, key=raw.key, max_pixels=self.max_pixels, apply_exif_orientation=self.exif
         )
@@ -145,7 +148,43 @@ class Samples(Dataset["Sample | Failure"]):
         except ValueError as e:  # e.g. RandomCrop larger than this image
             size = (int(image.shape[-2]), int(image.shape[-1]))
             raise SampleError.at(str(e), shard=raw.shard, key=raw.key, size=size) from e
-        return outputs, raw.label, raw.key
+        return outputs, raw.label, raw.key, values
+
+
+def field_values(fields: Mapping[str, Field], raw: RawSample) -> dict[str, Any] | None:
+    """The values of a sample's ``fields`` (``Index.fields``) from its member bytes, decoded
+    safely (``gpupipe.core._fields``); a field without a member gets its empty value. ``None``
+    for a source without fields."""
+    if not fields:
+        return None
+    stored = raw.fields or {}
+    return {
+        name: field.empty() if stored.get(name) is None else field.decode(stored[name], shard=raw.shard, key=raw.key)  # type: ignore[arg-type]
+        for name, field in fields.items()
+    }
+
+
+def batch_fields(fields: Mapping[str, Field], values: Sequence[dict[str, Any] | None]) -> dict[str, Any]:
+    """A batch's field values by name: a ``Label`` field's as an int64 ``[B]`` tensor, an
+    ``Array`` field's as one ``[B, ...]`` tensor where every sample's has the same shape and dtype
+    (else a list of tensors), text and JSON values as lists. Arrays are copied out of the shard's
+    bytes (torch wants writable memory)."""
+    out: dict[str, Any] = {}
+    for name, field in fields.items():
+        column = [v[name] if v is not None else field.empty() for v in values]
+        if isinstance(field, Label) and all(isinstance(v, int) for v in column):
+            out[name] = torch.tensor(column, dtype=torch.int64)
+        elif isinstance(field, Array):
+            same = all(v.shape == column[0].shape and v.dtype == column[0].dtype for v in column)
+            try:
+                out[name] = (
+                    torch.from_numpy(np.stack(column)) if same else [torch.from_numpy(np.array(v)) for v in column]
+                )
+            except TypeError:  # a dtype torch has no tensor of: NumPy arrays, as read
+                out[name] = [np.array(v) for v in column]
+        else:
+            out[name] = column
+    return out
 
 
 def culprits(samples: Samples, items: list[Item], timeout: float | None) -> list[str]:
@@ -174,8 +213,10 @@ class Collate:
     (zeros of the outputs' shapes, label 0, if none is good) and listed by position."""
 
     def __init__(self, skip: bool, outputs: tuple[ImageSpec, ...] | None, labeled: bool,
-                 channels_last: bool = False, mix: BatchTransform | None = None) -> None:  # fmt: skip
+                 channels_last: bool = False, mix: BatchTransform | None = None,
+                 fields: Mapping[str, Field] | None = None) -> None:  # fmt: skip
         self.skip, self.outputs, self.labeled, self.channels_last = skip, outputs, labeled, channels_last
+        self.fields = dict(fields or {})  # the source's fields beyond image and label (Index.fields)
         self.mix = mix  # applied here, where a batch of BatchItems is collated (RawBatch.mixed)
 
     def __call__(self, items: list[Sample | Failure]) -> RawBatch | Failure:
@@ -189,13 +230,14 @@ class Collate:
         images = tuple(self._stack(view) for view in zip(*(s[0] for s in samples), strict=True))
         labels = None if samples[0][1] is None else torch.tensor([s[1] for s in samples], dtype=torch.int64)
         keys = [s[2] for s in samples]
+        fields = batch_fields(self.fields, [s[3] for s in samples]) if self.fields else None
         if self.mix is not None and labels is not None and isinstance(items, BatchItems):
             valid = torch.tensor(items.valid, dtype=torch.bool)
             valid[[i for i, _ in failed]] = False
             mixed, labels = apply_batch(self.mix, images[0], labels, valid, seed=items.seed, epoch=items.epoch,
                                         rank=items.rank, batch=items.number)  # fmt: skip
-            return RawBatch((mixed,), labels, keys, tuple(failed), mixed=True)  # type: ignore[arg-type]
-        return RawBatch(images, labels, keys, tuple(failed))  # type: ignore[arg-type]
+            return RawBatch((mixed,), labels, keys, tuple(failed), mixed=True, fields=fields)  # type: ignore[arg-type]
+        return RawBatch(images, labels, keys, tuple(failed), fields=fields)  # type: ignore[arg-type]
 
     def _stack(self, view: Sequence[torch.Tensor]) -> torch.Tensor:
         """The view's images as one ``[B, C, H, W]`` tensor, in the memory format asked for. In a
@@ -218,4 +260,5 @@ class Collate:
             torch.zeros(spec.channels, spec.height, spec.width, dtype=spec.dtype)  # type: ignore[arg-type]
             for spec in self.outputs
         )
-        return images, 0 if self.labeled else None, failure.key or ""
+        values = {name: field.empty() for name, field in self.fields.items()} if self.fields else None
+        return images, 0 if self.labeled else None, failure.key or "", values

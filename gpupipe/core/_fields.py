@@ -113,7 +113,7 @@ class Field:
 
     def decode(self, data: bytes | memoryview, *, shard: str, key: str) -> Any:
         """The value of the member's ``data``; :class:`~gpupipe.SampleError` if it is bad."""
-        self._fits(data, shard=shard, key=key)
+        self.require_fits(len(data), shard=shard, key=key)
         return self._decode(data, shard=shard, key=key)
 
     def empty(self) -> Any:
@@ -128,10 +128,12 @@ class Field:
     def _decode(self, data: bytes | memoryview, *, shard: str, key: str) -> Any:
         return bytes(data)
 
-    def _fits(self, data: bytes | memoryview, *, shard: str, key: str) -> None:
+    def require_fits(self, size: int, *, shard: str, key: str) -> None:
+        """Raises the bad field's error if a member of ``size`` bytes is over ``max_bytes``:
+        checked before the member is read."""
         assert isinstance(self.max_bytes, int)
-        if len(data) > self.max_bytes:
-            raise _bad(self, shard, key, f"is {len(data)} bytes, over its max_bytes={self.max_bytes}")
+        if size > self.max_bytes:
+            raise _bad(self, shard, key, f"is {size} bytes, over its max_bytes={self.max_bytes}")
 
 
 @dataclasses.dataclass(frozen=True)

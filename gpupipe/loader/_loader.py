@@ -94,8 +94,10 @@ class Loader(LoaderAttributes):
         topo = _dist.topology(config.rank, config.world_size)
         self.pipeline = pipeline
         self.rank, self.world_size = topo.rank, topo.world_size
-        backend, device = backends.resolve(config.backend, config.device, pipeline.views)
-        self.chosen = backends.why(config.backend, config.device, backend, device, pipeline.views)  # auto's reasons
+        backend, device = backends.resolve(config.backend, config.device, pipeline.views, fields=pipeline.fields)
+        self.chosen = backends.why(
+            config.backend, config.device, backend, device, pipeline.views, fields=pipeline.fields
+        )  # auto's reasons; fmt: skip
         require_runnable(pipeline, backend)
         self.seed = _dist.shared_seed(config.seed, topo, shuffle=config.shuffle, device=device)
         self.backend, self.device = backend.name, str(device)
@@ -404,7 +406,7 @@ class Loader(LoaderAttributes):
                 if mixing is not None and labels is not None and not raw.mixed:  # MixUp, CutMix: on the device
                     images, labels = apply_batch(mixing, raw.images[0], labels, mask, seed=self.seed, epoch=epoch,
                                                  rank=self.rank, batch=shift + b)  # fmt: skip
-                yield Batch(images, labels, raw.keys, mask)
+                yield Batch(images, labels, raw.keys, mask, dict(raw.fields or {}))
         finally:
             if fetch is not None:
                 fetch.close()

@@ -151,6 +151,13 @@ class Pipeline:
         return 0
 
     @property
+    def fields(self) -> tuple[str, ...]:
+        """The names of the source's fields beyond the image and the label (``WebDataset(...,
+        fields=)``), which each batch carries (``batch["text"]``); empty for most sources."""
+        extra = getattr(self.source, "extra_fields", None)
+        return tuple(extra()) if extra is not None else ()
+
+    @property
     def output_specs(self) -> tuple[ImageSpec, ...]:
         """Shape and dtype of each view's output image (one for a single transform list, or
         ``per_source`` lists); ``height``/``width`` are None where they vary."""
@@ -250,5 +257,6 @@ def require_runnable(pipeline: Pipeline, backend: Any) -> None:
                 f"{which} varies ({output}); batching needs a fixed size: end it "
                 "with CenterCrop, RandomCrop, RandomResizedCrop or Resize((h, w))"
             )
+    backend.require_fields(pipeline.fields)
     for steps in pipeline.views:
         backend.require_supported(steps)

@@ -27,11 +27,13 @@ import logging
 import os
 import re
 import threading
+from collections.abc import Sequence
 
 import numpy as np
 
 from ..core._errors import Damage, Problem
 from ..storage._base import Stat, write_atomic
+from ._shard import FieldMembers
 
 __all__ = [
     "cache_dir",
@@ -58,9 +60,12 @@ def cache_dir() -> str:
     return os.path.join(root, "wds-index")
 
 
-def index_path(canonical: str, stat: Stat, image_exts: tuple[str, ...], label_ext: str | None) -> str:
-    """The cache file of the shard ``canonical`` (its storage's canonical URL) at ``stat``."""
-    ident = f"{canonical}|{';'.join(image_exts)}|{label_ext}|{SCHEMA}".encode()
+def index_path(canonical: str, stat: Stat, image_exts: tuple[str, ...], label_ext: str | None,
+               fields: tuple[FieldMembers, ...] = ()) -> str:  # fmt: skip
+    """The cache file of the shard ``canonical`` (its storage's canonical URL) at ``stat``: one
+    per set of members asked for (image and label extensions, the fields and their policies)."""
+    asked = "".join(f"|{f.name}={';'.join(f.exts)}/{f.missing}" for f in fields)
+    ident = f"{canonical}|{';'.join(image_exts)}|{label_ext}|{SCHEMA}{asked}".encode()
     digest = hashlib.sha1(ident).hexdigest()[:20]
     name = re.sub(r"[^A-Za-z0-9._-]", "_", canonical.rpartition("/")[2].rpartition(".")[0]) or "shard"
     version = (
@@ -71,9 +76,11 @@ def index_path(canonical: str, stat: Stat, image_exts: tuple[str, ...], label_ex
     return os.path.join(cache_dir(), f"{name}-{digest}-{stat.size}-{version}.idx")
 
 
-def save(path: str, keys: list[str], image_exts: list[str], image: np.ndarray, label: np.ndarray | None) -> bool:
-    # image, label: [N, 2] offset and size of each sample's chosen image and its label
-    """Writes an index atomically; returns False (and logs why) where it cannot."""
+def save(path: str, keys: list[str], image_exts: list[str], image: np.ndarray, label: np.ndarray | None,
+         fields: Sequence[tuple[FieldMembers, np.ndarray]] = ()) -> bool:  # fmt: skip
+    # image, label, each field's ranges: [N, 2] offset and size of each sample's member ((-1, -1): none)
+    """Writes an index atomically; returns False (and logs why) where it cannot. A field's
+    member is listed under the field's first extension."""
     if any(any(c.isspace() for c in k) for k in keys):
         log.warning(
             "gpupipe: %s has sample keys with whitespace, which DALI's index format cannot hold; "
@@ -86,6 +93,9 @@ def save(path: str, keys: list[str], image_exts: list[str], image: np.ndarray, l
         line = f"{image_exts[i]} {image[i, 0]} {image[i, 1]} {key}.{image_exts[i]}"
         if label is not None:
             line += f" cls {label[i, 0]} {label[i, 1]} {key}.cls"
+        for field, ranges in fields:
+            if ranges[i, 1] >= 0:
+                line += f" {field.exts[0]} {ranges[i, 0]} {ranges[i, 1]} {key}.{field.exts[0]}"
         lines.append(line + "\n")
     return _write_atomic(path, "".join(lines).encode())
 
@@ -102,9 +112,12 @@ def count(path: str) -> int | None:
     return int(header[1])
 
 
-def load(path: str, labeled: bool) -> tuple[list[str], list[str], np.ndarray, np.ndarray] | None:
+def load(
+    path: str, labeled: bool, fields: tuple[FieldMembers, ...] = ()
+) -> tuple[list[str], list[str], np.ndarray, np.ndarray, dict[str, np.ndarray]] | None:
     """Reads an index written by :func:`save`: keys, image extensions, image and label ranges
-    (``[N, 2]``); ``None`` if absent or unreadable."""
+    (``[N, 2]``) and each field's (by name, ``(-1, -1)`` where absent); ``None`` if absent or
+    unreadable, or if it lists a member it should not."""
     try:
         with open(path) as f:
             header = f.readline().split()
@@ -114,8 +127,12 @@ def load(path: str, labeled: bool) -> tuple[list[str], list[str], np.ndarray, np
             rows = [line.split() for line in f]
     except (OSError, ValueError):
         return None
-    width = 8 if labeled else 4
-    if len(rows) != n or any(len(r) != width for r in rows):
+    fixed = 8 if labeled else 4
+    if (
+        len(rows) != n
+        or any(len(r) < fixed or len(r) % 4 for r in rows)
+        or (labeled and any(r[4] != "cls" for r in rows))
+    ):
         return None
     keys = [r[3][: -len(r[0]) - 1] for r in rows]
     exts = [r[0] for r in rows]
@@ -125,7 +142,15 @@ def load(path: str, labeled: bool) -> tuple[list[str], list[str], np.ndarray, np
         if labeled
         else np.full((n, 2), -1, np.int64)
     )
-    return keys, exts, image, label
+    column = {f.exts[0]: i for i, f in enumerate(fields)}
+    ranges = np.full((len(fields), n, 2), -1, np.int64)
+    for s, row in enumerate(rows):
+        for g in range(fixed, len(row), 4):
+            i = column.get(row[g])
+            if i is None:
+                return None
+            ranges[i, s] = (int(row[g + 1]), int(row[g + 2]))
+    return keys, exts, image, label, {f.name: ranges[i] for i, f in enumerate(fields)}
 
 
 # np.load parses a .npy header with ast.literal_eval, and CPython before 3.11.8 / 3.12.1 can raise

@@ -13,7 +13,7 @@ from ..storage._base import Stat, Storage
 from . import _indexcache
 from ._indexfile import Samples, index_file_url, read_index_file
 from ._mask import read_mask
-from ._shard import ShardDetail, ShardIndex
+from ._shard import FieldMembers, ShardDetail, ShardIndex, field_column
 from ._tar import empty_shard, label_values, scan_tar
 
 log = logging.getLogger("gpupipe")
@@ -22,45 +22,59 @@ __all__ = ["cached_scan", "shard_samples"]
 
 
 def cached_scan(
-    storage: Storage, url: str, image_exts: tuple[str, ...], label_ext: str | None, *, index_files: bool = True
+    storage: Storage,
+    url: str,
+    image_exts: tuple[str, ...],
+    label_ext: str | None,
+    *,
+    index_files: bool = True,
+    fields: tuple[FieldMembers, ...] = (),
 ) -> ShardIndex:
     """The index of one shard: from its cache file when there is one (details loaded lazily),
     else (remote shards, ``index_files``) from its index file beside it, else scanned from the tar
-    headers and cached, with the damage found (``problems``)."""
+    headers and cached, with the damage found (``problems``). ``fields``: the members beyond image
+    and label to index (their ranges are columns, :func:`field_column`); index files beside remote
+    shards do not list them, so such shards are scanned."""
     try:
         stat = storage.stat(url)
     except FileNotFoundError:
-        return empty_shard(url, Problem(Damage.MISSING_SHARD, None, "does not exist"))
+        return empty_shard(url, Problem(Damage.MISSING_SHARD, None, "does not exist"), fields)
     except OSError as e:
-        return empty_shard(url, Problem(Damage.UNREADABLE_SHARD, None, f"cannot be read: {e}"))
-    idx_path = _indexcache.index_path(storage.canonical(url), stat, image_exts, label_ext)
+        return empty_shard(url, Problem(Damage.UNREADABLE_SHARD, None, f"cannot be read: {e}"), fields)
+    idx_path = _indexcache.index_path(storage.canonical(url), stat, image_exts, label_ext, fields)
     size = _indexcache.count(idx_path)
     problems = _indexcache.load_problems(idx_path) if size is not None else None
     if size is not None and problems is not None:
-        loader = _CachedDetail(storage, url, idx_path, image_exts, label_ext)
+        loader = _CachedDetail(storage, url, idx_path, image_exts, label_ext, fields)
         shard = ShardIndex(url, size=size, loader=loader, dali_index=idx_path, problems=problems)
-    elif index_files and storage.remote and (found := read_index_file(
+    elif index_files and not fields and storage.remote and (found := read_index_file(
             storage, url, size=stat.size, image_exts=image_exts, label_ext=label_ext)) is not None:  # fmt: skip
         shard = _from_index_file(storage, url, idx_path, found.detail, found.problems, image_exts, label_ext)
     else:
         if storage.remote and "://" in url:  # (local compressed shards are decompressed, not downloaded)
             _say_what_indexing_costs(url)
-        shard = _scan_and_cache(storage, url, idx_path, stat, image_exts, label_ext)
+        shard = _scan_and_cache(storage, url, idx_path, stat, image_exts, label_ext, fields)
     shard.nbytes = stat.size
     shard.bad = read_mask(storage, url, size=stat.size, samples=len(shard), image_exts=image_exts, label_ext=label_ext)
     return shard
 
 
 def _scan_and_cache(
-    storage: Storage, url: str, idx_path: str, stat: Stat, image_exts: tuple[str, ...], label_ext: str | None
-) -> ShardIndex:
+    storage: Storage, url: str, idx_path: str, stat: Stat, image_exts: tuple[str, ...], label_ext: str | None,
+    fields: tuple[FieldMembers, ...] = (),
+) -> ShardIndex:  # fmt: skip
     labeled = label_ext is not None
-    shard, exts = scan_tar(storage, url, image_exts, label_ext, size=stat.size)
+    shard, exts = scan_tar(storage, url, image_exts, label_ext, size=stat.size, fields=fields)
     ranges = shard.column("label_range") if labeled else None
     if any(p.kind is Damage.UNREADABLE_SHARD for p in shard.problems):
         return shard  # perhaps a passing I/O error: not cached
     if _indexcache.save_problems(idx_path, shard.problems) and _indexcache.save(
-        idx_path, shard.keys, exts, shard.column("image_range"), ranges
+        idx_path,
+        shard.keys,
+        exts,
+        shard.column("image_range"),
+        ranges,
+        [(f, shard.column(field_column(f.name))) for f in fields],
     ):
         shard.dali_index = idx_path
         if labeled:
@@ -97,7 +111,7 @@ def shard_samples(
     shard = cached_scan(storage, url, image_exts, label_ext, index_files=False)
     if shard.nbytes is None:
         return shard, None
-    cached = _indexcache.load(shard.dali_index, labeled=label_ext is not None) if shard.dali_index else None
+    cached = _indexcache.load(shard.dali_index, label_ext is not None) if shard.dali_index else None
     if cached is not None and cached[0] == shard.keys:
         exts = cached[1]
     else:  # not cached (keys with whitespace, say): scanned again for each sample's extension
@@ -133,19 +147,22 @@ class _CachedDetail:
     or was damaged). A class, not a closure, so that an index pickles into spawned workers."""
 
     def __init__(
-        self, storage: Storage, url: str, idx_path: str, image_exts: tuple[str, ...], label_ext: str | None
-    ) -> None:
+        self, storage: Storage, url: str, idx_path: str, image_exts: tuple[str, ...], label_ext: str | None,
+        fields: tuple[FieldMembers, ...] = (),
+    ) -> None:  # fmt: skip
         self.storage, self.url, self.idx_path = storage, url, idx_path
-        self.image_exts, self.label_ext = image_exts, label_ext
+        self.image_exts, self.label_ext, self.fields = image_exts, label_ext, fields
 
     def __call__(self) -> ShardDetail:
         labeled = self.label_ext is not None
-        cached = _indexcache.load(self.idx_path, labeled=labeled)
+        cached = _indexcache.load(self.idx_path, labeled, self.fields)
         if cached is None:
             size = self.storage.stat(self.url).size
-            return scan_tar(self.storage, self.url, self.image_exts, self.label_ext, size=size)[0].detail()
-        keys, _, image, label_range = cached
+            scanned = scan_tar(self.storage, self.url, self.image_exts, self.label_ext, size=size, fields=self.fields)
+            return scanned[0].detail()
+        keys, _, image, label_range, ranges = cached
         columns = {"image_range": image, "label_range": label_range}
+        columns.update({field_column(name): r for name, r in ranges.items()})
         if labeled:
             labels = _indexcache.load_labels(self.idx_path, len(keys))
             if labels is None:  # its labels file is gone or damaged: parse the labels once

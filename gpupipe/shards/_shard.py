@@ -12,18 +12,37 @@ import numpy as np
 from ..core._errors import DataError, Problem, ShardError, problem_error
 from ..storage import Storage
 
-__all__ = ["NO_LABEL", "RawSample", "ShardDetail", "ShardIndex", "Reader"]
+__all__ = ["NO_LABEL", "RawSample", "ShardDetail", "ShardIndex", "Reader", "FieldMembers", "field_column"]
 
 NO_LABEL = np.iinfo(np.int64).min  # in a parsed ``label`` column: the label member is not an integer
 
 
 class RawSample(NamedTuple):
-    """One sample as stored: encoded image bytes and the label (``None`` for unlabeled data)."""
+    """One sample as stored: encoded image bytes, the label (``None`` for unlabeled data) and,
+    for a source with ``fields=``, each other field's member bytes by name (``None``: absent,
+    under ``missing="empty"``)."""
 
     key: str
     shard: str
     data: bytes
     label: int | None
+    fields: Mapping[str, bytes | None] | None = None
+
+
+class FieldMembers(NamedTuple):
+    """A field beyond the image and the label, as a shard's index knows it: its name, the member
+    extensions it is read from (the first present) and what a sample without one is
+    (``"error"``, ``"skip"``, ``"empty"``: ``gpupipe.core._fields.Missing``)."""
+
+    name: str
+    exts: tuple[str, ...]
+    missing: str
+
+
+def field_column(name: str) -> str:
+    """The index column of the field ``name``'s member ranges: int64 ``[N, 2]`` offset and size,
+    ``(-1, -1)`` where the sample has none."""
+    return f"field:{name}"
 
 
 ShardDetail = tuple[list[str], Mapping[str, np.ndarray]]  # keys, per-sample columns (first axis: sample)

@@ -12,9 +12,9 @@ import numpy as np
 from ..core._errors import Damage, Problem, SampleError, unreadable
 from ..core._fields import ascii_int
 from ..storage._base import Storage, compressed
-from ._shard import NO_LABEL, ShardIndex
+from ._shard import NO_LABEL, FieldMembers, ShardIndex, field_column
 
-__all__ = ["split_key", "parse_label", "scan_tar", "label_values", "empty_shard"]
+__all__ = ["split_key", "parse_label", "scan_tar", "label_values", "empty_shard", "missing_field"]
 
 
 def split_key(member: str) -> tuple[str, str]:
@@ -55,9 +55,10 @@ def label_values(storage: Storage, url: str, keys: list[str], ranges: np.ndarray
     return labels
 
 
-def empty_shard(url: str, problem: Problem) -> ShardIndex:
+def empty_shard(url: str, problem: Problem, fields: tuple[FieldMembers, ...] = ()) -> ShardIndex:
     none = np.zeros((0, 2), np.int64)
     columns = {"image_range": none, "label_range": none, "label": np.zeros(0, np.int64)}
+    columns.update({field_column(f.name): none for f in fields})
     return ShardIndex(url, [], columns, problems=(problem,))
 
 
@@ -86,8 +87,20 @@ def _unended(f: Any, end: int, groups: list[tuple[str, dict[str, tuple[int, int]
     return f"has a header that cannot be read {after} (at byte {end})"
 
 
+def missing_field(field: FieldMembers) -> str:
+    """The detail of a sample without ``field``'s member (a ``Damage.MISSING_FIELD`` problem)."""
+    why = "; missing='skip' leaves such samples out" if field.missing == "skip" else ""
+    return f"has no {field.name!r} field ({'/'.join(field.exts)}){why}"
+
+
 def scan_tar(
-    storage: Storage, url: str, image_exts: tuple[str, ...], label_ext: str | None, *, size: int | None = None
+    storage: Storage,
+    url: str,
+    image_exts: tuple[str, ...],
+    label_ext: str | None,
+    *,
+    size: int | None = None,
+    fields: tuple[FieldMembers, ...] = (),
 ) -> tuple[ShardIndex, list[str]]:
     """Reads the headers of one tar shard (not the data) and groups members into samples; returns
     the shard's index and each sample's chosen image extension.
@@ -129,9 +142,9 @@ def scan_tar(
         kind = Damage.EMPTY_SHARD if size == 0 else Damage.UNREADABLE_SHARD
         gzipped = "; it is gzip-compressed: name it .tar.gz (or .tgz)" if _gzip(storage, url) else ""
         detail = "is empty (0 bytes)" if size == 0 else f"is not a tar file: {e}{gzipped}"
-        return empty_shard(url, Problem(kind, None, detail)), []
+        return empty_shard(url, Problem(kind, None, detail), fields), []
     except OSError as e:
-        return empty_shard(url, Problem(Damage.UNREADABLE_SHARD, None, f"cannot be read: {e}")), []
+        return empty_shard(url, Problem(Damage.UNREADABLE_SHARD, None, f"cannot be read: {e}"), fields), []
     problems: list[Problem] = []
     if cut is not None and groups and not _complete(groups[-1][1], image_exts, label_ext):
         groups.pop()  # the sample the cut went through
@@ -150,6 +163,8 @@ def scan_tar(
         elif label_ext is not None and label_ext not in members:
             detail = f"has no .{label_ext} label; pass label=None for unlabeled data"
             problems.append(Problem(Damage.NO_LABEL, key, detail))
+        elif (absent := _absent(members, fields)) is not None:
+            problems.append(Problem(Damage.MISSING_FIELD, key, missing_field(absent)))
         else:
             seen[key] = len(keys)
             keys.append(key)
@@ -170,7 +185,15 @@ def scan_tar(
     columns = {"image_range": image, "label_range": label}
     if label_ext is not None:
         columns["label"] = np.array([values.get(g, NO_LABEL) for g in kept], dtype=np.int64)
+    for field in fields:
+        found = [next((groups[g][1][e] for e in field.exts if e in groups[g][1]), (-1, -1)) for g in kept]
+        columns[field_column(field.name)] = np.array(found, np.int64).reshape(n, 2)
     return ShardIndex(url, keys, columns, problems=tuple(problems)), exts
+
+
+def _absent(members: dict[str, tuple[int, int]], fields: tuple[FieldMembers, ...]) -> FieldMembers | None:
+    """The first of ``fields`` the sample must have (``missing`` not ``"empty"``) and has not."""
+    return next((f for f in fields if f.missing != "empty" and not any(e in members for e in f.exts)), None)
 
 
 def _complete(members: dict[str, tuple[int, int]], image_exts: tuple[str, ...], label_ext: str | None) -> bool:

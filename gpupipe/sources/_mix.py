@@ -87,6 +87,8 @@ class Mix(Source):
         for i, s in enumerate(sources):
             if not isinstance(s, Source) or isinstance(s, Mix):
                 raise ConfigError(f"Mix: sources[{i}] must be a source other than a Mix, got {type(s).__name__}")
+            if getattr(s, "extra_fields", dict)():
+                raise ConfigError(f"Mix: sources[{i}] has fields= beyond image and label: a Mix does not read them yet")
         object.__setattr__(self, "sources", sources)
         n = len(sources)
         if self.weights is not None and self.counts is not None:

@@ -10,10 +10,11 @@ from urllib.parse import urlsplit
 
 from ..core._config import OnError
 from ..core._errors import ConfigError, Damage, DataError, ShardError, counted, truncated, unreadable
+from ..core._fields import Field, Image, Label, Missing, parse_fields
 from ..core._validate import valid_bytes, valid_enum
 from ..shards._indexing import cached_scan
-from ..shards._shard import NO_LABEL, RawSample, ShardIndex
-from ..shards._tar import parse_label
+from ..shards._shard import NO_LABEL, FieldMembers, RawSample, ShardIndex, field_column
+from ..shards._tar import missing_field, parse_label
 from ..storage._base import Storage
 from ..storage._schemes import expand_urls, list_urls, storage_for
 from ._index import Index, Source
@@ -60,6 +61,19 @@ class WebDataset(Source):
             the shards are fixed when the source is made. Write each shard under another name and
             rename it when complete (a half-written shard matching the pattern is read as
             damaged). See docs/guide/growing.md.
+        fields: the sample's members by name, as WebDataset's ``to_tuple``/``rename`` read them:
+            ``{"image": "jpg;png", "label": "cls", "text": "txt", "meta": "json", "emb": "npy"}``.
+            A value is extensions (their kind says how they are decoded: images, ``cls``,
+            ``txt``, ``json``, ``npy``) or a field of ``gpupipe.fields`` (``Text``, ``Json``,
+            ``Label``, ``Array``, ``Image``) for its options: ``missing`` (``"error"``, ``"skip"``,
+            ``"empty"``), ``max_bytes``, an array's ``dtype`` and ``shape``. The one ``Image``
+            field replaces ``image=``; a ``Label`` field named ``"label"`` replaces ``label=``
+            (without one the source is unlabeled). The others come with each batch by name
+            (``batch["text"]``: a list of str; ``batch["meta"]``: a list of dicts; an array field
+            of one shape: a ``[B, ...]`` tensor, else a list; a ``Label``: int64 ``[B]``), decoded
+            in the torch backend's workers, never by unpickling. Default ``None``: image and
+            label only. The DALI backend does not read fields yet (``backend="auto"`` then picks
+            torch).
 
     A sample is a run of consecutive members sharing a key: the member path up to the first dot of
     its file name (``img/00/000123.jpg`` → ``img/00/000123``). Members of other extensions are
@@ -75,8 +89,11 @@ class WebDataset(Source):
     cache_dir: str | None = None
     cache_size: int | str | None = None
     relist: bool = False
+    fields: Mapping[str, Any] | None = dataclasses.field(default=None, hash=False)
 
     def __post_init__(self) -> None:
+        if self.fields is not None:
+            self._take_fields()
         object.__setattr__(self, "cache_size", valid_bytes("WebDataset", self.cache_size, "cache_size"))
         if not isinstance(self.relist, bool):
             raise ConfigError(f"WebDataset: relist must be True or False, got {self.relist!r}")
@@ -89,6 +106,33 @@ class WebDataset(Source):
         _split_exts(self.image, "image")
         if self.label is not None:
             _split_exts(self.label, "label")
+
+    def _take_fields(self) -> None:
+        """``fields=``: parsed; the image field becomes ``image``, a ``Label`` named ``"label"``
+        becomes ``label``, the rest are :meth:`extra_fields`."""
+        fields = parse_fields(self.fields)  # type: ignore[arg-type]
+        images = [name for name, f in fields.items() if isinstance(f, Image)]
+        if len(images) != 1:
+            raise ConfigError(
+                f"WebDataset: fields= needs exactly one image field (jpg, png, ... or gp.fields.Image), got "
+                f"{images or 'none'}: a source without images comes with a later gpupipe"
+            )
+        if self.image != "jpg;jpeg;png" or (self.label != "cls" and self.label is not None):
+            raise ConfigError("WebDataset: give the image and the label in fields=, not also as image= and label=")
+        label = fields.get("label")
+        if label is not None and not isinstance(label, Label):
+            raise ConfigError(f"WebDataset: fields['label'] is the class label: an integer member (cls), got {label}")
+        if label is not None and (len(label.exts) != 1 or label.missing is not Missing.ERROR):
+            raise ConfigError("WebDataset: fields['label'] (the class label) is one extension, and every sample has it")
+        object.__setattr__(self, "image", ";".join(fields[images[0]].exts))
+        object.__setattr__(self, "label", label.exts[0] if label is not None else None)
+        object.__setattr__(self, "fields", fields)
+
+    def extra_fields(self) -> dict[str, Field]:
+        """The fields beyond the image and the class label, by name (empty without ``fields=``)."""
+        if not self.fields:
+            return {}
+        return {n: f for n, f in self.fields.items() if not isinstance(f, Image) and not (n == "label" and self.label)}
 
     def listing(self) -> tuple[str, ...] | None:
         """With ``relist=True``: the shards that match ``urls`` now (``None`` otherwise)."""
@@ -130,20 +174,24 @@ class WebDataset(Source):
         if self.relist:
             return self.with_listing(self.listing()).index(rank=rank, world_size=world_size, on_error=on_error)
         image_exts, label_ext = self.extensions()
+        extra = self.extra_fields()
+        members = tuple(FieldMembers(n, tuple(f.exts), Missing(f.missing).value) for n, f in extra.items())
         storage = self.storage()
         n = len(self.urls)
         first = rank * n // max(1, world_size)
         shards: list[ShardIndex | None] = [None] * n
         for i in range(n):
             s = (first + i) % n
-            shards[s] = cached_scan(storage, self.urls[s], image_exts, label_ext)
+            shards[s] = cached_scan(storage, self.urls[s], image_exts, label_ext, fields=members)
         labeled = label_ext is not None
-        index = Index(shards, reader=TarReader(storage, labeled=labeled), sequential=True, labeled=labeled)  # type: ignore[arg-type]
+        reader = TarReader(storage, labeled=labeled, fields=extra)
+        index = Index(shards, reader=reader, sequential=True, labeled=labeled, fields=extra)  # type: ignore[arg-type]
         try:
             policy = valid_enum("WebDataset.index", on_error, "on_error", OnError)
             _none_missing_all(self.urls, index.problems)  # whatever the policy: skipping all leaves nothing
-            if policy is OnError.RAISE:
-                raise_first(index.problems)
+            if policy is OnError.RAISE:  # (a field with missing="skip" leaves its samples out under both)
+                skipped = {missing_field(m) for m in members if m.missing == Missing.SKIP.value}
+                raise_first([e for e in index.problems if not _detail_in(e, skipped)])
         except BaseException:
             index.close()
             raise
@@ -167,6 +215,11 @@ def _none_missing_all(urls: Sequence[str], problems: list[DataError]) -> None:
     raise ShardError(f"WebDataset: {shards}: {first!r}{where}{hint}", shard=first, kind=Damage.MISSING_SHARD)
 
 
+def _detail_in(error: DataError, details: set[str]) -> bool:
+    """Whether ``error`` is a missing field's whose detail is one of ``details``."""
+    return error.kind is Damage.MISSING_FIELD and any(str(error).endswith(d) for d in details)
+
+
 def raise_first(problems: list[DataError]) -> None:
     """Raises the first of ``problems`` (if any), saying how many more there are."""
     if not problems:
@@ -182,10 +235,11 @@ def raise_first(problems: list[DataError]) -> None:
 
 
 class TarReader:
-    """Reads a sample's image and label members by the byte ranges in its shard's index."""
+    """Reads a sample's image and label members, and the ``fields`` named (their bytes,
+    undecoded), by the byte ranges in its shard's index."""
 
-    def __init__(self, storage: Storage, *, labeled: bool) -> None:
-        self.storage, self.labeled = storage, labeled
+    def __init__(self, storage: Storage, *, labeled: bool, fields: Mapping[str, Field] | None = None) -> None:
+        self.storage, self.labeled, self.fields = storage, labeled, dict(fields or {})
 
     def _read(self, shard: ShardIndex, offset: int, size: int, key: str) -> bytes:
         try:
@@ -207,7 +261,15 @@ class TarReader:
             if label == NO_LABEL:  # not parsed, or not an integer: read it (again, for the error's detail)
                 offset, size = shard.column("label_range")[i]
                 label = parse_label(self._read(shard, int(offset), int(size), key), shard=shard.path, key=key)
-        return RawSample(key, shard.path, data, label)
+        fields: dict[str, bytes | None] | None = None
+        if self.fields:
+            fields = {}
+            for name, field in self.fields.items():
+                offset, size = shard.column(field_column(name))[i]
+                if size >= 0:  # (over its size limit: refused before it is read)
+                    field.require_fits(int(size), shard=shard.path, key=key)
+                fields[name] = None if size < 0 else self._read(shard, int(offset), int(size), key)
+        return RawSample(key, shard.path, data, label, fields)
 
     def close(self) -> None:
         self.storage.close()

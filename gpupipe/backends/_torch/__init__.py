@@ -14,6 +14,7 @@ class TorchBackend(Backend):
     name = "torch"
     requirement = "torch and torchvision"
     lowerings = LOWERINGS
+    reads_fields = True
 
     def runner(self, spec: RunSpec) -> Runner:
         from ._runner import TorchRunner

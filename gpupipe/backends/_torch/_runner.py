@@ -10,6 +10,7 @@ import signal
 from collections.abc import Generator, Iterator
 from typing import Any
 
+import torch
 from torch.utils.data import DataLoader
 
 from ...core._errors import ClosedError, WorkerError
@@ -72,6 +73,7 @@ class TorchRunner:
                 spec.index.labeled,
                 spec.config.channels_last,
                 mix=spec.batch_transform if self.device.type == "cpu" else None,
+                fields=spec.index.fields,
             ),
             num_workers=spec.workers,
             prefetch_factor=spec.prefetch if spec.workers else None,
@@ -135,10 +137,14 @@ class TorchRunner:
                     raise batch.error()
                 images, labels = batch.images, batch.labels
                 skipped = tuple((i, f.error()) for i, f in batch.skipped)
+                fields = batch.fields
                 if self.device.type != "cpu":
                     images = tuple(view.to(self.device, non_blocking=True) for view in images)
                     labels = None if labels is None else labels.to(self.device, non_blocking=True)
-                yield RawBatch(images, labels, batch.keys, skipped, batch.mixed)
+                    if fields:
+                        fields = {n: v.to(self.device, non_blocking=True) if isinstance(v, torch.Tensor) else v
+                                  for n, v in fields.items()}  # fmt: skip
+                yield RawBatch(images, labels, batch.keys, skipped, batch.mixed, fields)
         finally:
             if self._closed:
                 self._shutdown()

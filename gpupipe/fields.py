@@ -1,0 +1,23 @@
+"""A sample's fields beyond the image and its class, for ``gp.WebDataset(..., fields={...})``.
+
+A field is given as extensions (``"txt"``, ``"json;jsn"``: their kind says how the member is
+decoded) or as one of these, for its options::
+
+    gp.WebDataset("data/{000000..000099}.tar", fields={
+        "image": "jpg;png",
+        "label": "cls",
+        "caption": gp.fields.Text("txt", missing="empty"),
+        "meta": gp.fields.Json("json", max_bytes="64KB"),
+        "embedding": gp.fields.Array("npy", dtype="float32", shape=(512,)),
+    })
+
+Decoding is safe: ``.npy`` through NumPy's format reader (never unpickled), JSON and text with
+size limits, and pickles (``pyd``, ``pth``) refused. A missing or bad field is a bad sample under
+``on_error``, counted as a bad image is.
+"""
+
+from __future__ import annotations
+
+from .core._fields import Array, Field, Image, Json, Label, Missing, Text
+
+__all__ = ["Field", "Image", "Text", "Json", "Label", "Array", "Missing"]
