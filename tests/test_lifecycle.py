@@ -14,6 +14,7 @@ import sys
 import textwrap
 import threading
 import time
+import weakref
 
 import pytest
 import torch
@@ -390,3 +391,33 @@ def test_a_forked_child_never_shuts_down_the_parents_dali_runner(shards, tmp_pat
         gc.collect()
 
     _in_a_forked_child(drop_the_error)
+
+
+def test_a_loader_collected_inside_threadings_locks_does_not_deadlock(shards):
+    """The garbage collector runs in whatever thread allocates, even inside ``threading``'s own
+    locks: on Python 3.11 a thread being started holds ``_shutdown_locks_lock`` while it allocates,
+    and joining a thread takes that lock again. A dropped loader collected there must not join its
+    threads (found as a hung suite, 2026-11-26: a DALI loader's reader pool, joined from its
+    finalizer inside a new thread's start)."""
+    pytest.importorskip("nvidia.dali")
+    lock = getattr(threading, "_shutdown_locks_lock", None)
+    if lock is None:
+        pytest.skip("this Python's threading has no _shutdown_locks_lock")
+    loader = gp.Loader(val(shards), 4, backend="dali", device="cpu", num_workers=1)
+    next(iter(loader))  # the reader threads run
+    ref = weakref.ref(loader)
+
+    def collect_holding_the_lock() -> None:
+        nonlocal loader
+        with lock:
+            del loader  # (the finalizer runs here, as the collector would run it)
+
+    done = threading.Thread(target=collect_holding_the_lock, daemon=True)
+    done.start()
+    done.join(timeout=60)
+    assert not done.is_alive(), "the dropped loader's close joined a thread inside threading's lock"
+    assert ref() is None
+    deadline = time.monotonic() + 10  # its reader threads, told to end, end on their own
+    while any(t.name.startswith("gpupipe-read") for t in threading.enumerate()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("gpupipe-read")]

@@ -4,7 +4,9 @@ its :class:`Runner` (runs epoch plans, then is closed)."""
 from __future__ import annotations
 
 import abc
+import contextlib
 import dataclasses
+import threading
 import weakref
 from collections.abc import Container, Generator, Iterable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar, NamedTuple, Protocol
@@ -28,6 +30,29 @@ def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     if device.type == "cpu":
         return tensor
     return tensor.pin_memory().to(device, non_blocking=True)
+
+
+_COLLECTING = threading.local()
+
+
+@contextlib.contextmanager
+def collecting() -> Iterator[None]:
+    """Runners closed in this block are closed by the garbage collector (a loader dropped without
+    ``close()``). The collector runs in whatever thread allocates, even inside ``threading``'s own
+    locks (a thread being started holds ``_shutdown_locks_lock`` on Python 3.11, and joining a
+    thread takes it again): a runner closed here must not wait for its threads to end. They are
+    told to end, and do, on their own."""
+    before = getattr(_COLLECTING, "on", False)
+    _COLLECTING.on = True
+    try:
+        yield
+    finally:
+        _COLLECTING.on = before
+
+
+def in_collection() -> bool:
+    """Whether this thread is closing runners for the garbage collector (:func:`collecting`)."""
+    return bool(getattr(_COLLECTING, "on", False))
 
 
 class RawBatch(NamedTuple):

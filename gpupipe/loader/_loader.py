@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from .. import backends
+from ..backends._base import collecting
 from ..backends._batchwise import apply_batch
 from ..core._batch import Batch, SkippedSample
 from ..core._config import LoaderConfig, valid_options
@@ -122,12 +123,12 @@ class Loader(LoaderAttributes):
             )
         self._next_pipeline: Pipeline | None = None  # set_pipeline's, run from the next iteration
         self._runners = Runners(self.index)
-        # Releases the runners and the index when the loader is closed, collected, or at exit.
-        self._finalizer = weakref.finalize(self, self._runners.close)
+        # Releases the runners and the index when the loader is collected, or at exit (close(): now).
+        self._finalizer = weakref.finalize(self, _collected, self._runners)
         try:
             self._runners.current = backend.runner(self._run_spec(pipeline))
         except BaseException:
-            self._finalizer()  # the index, now
+            self.close()  # the index, now
             raise
         log.info("gpupipe loader: rank %d/%d (%s), %d samples in %d shards, backend=%s, device=%s, %d batches/epoch, "
                  "%s", self.rank, self.world_size, topo.origin, len(self.index), len(self.index.shards), self.backend,
@@ -257,7 +258,8 @@ class Loader(LoaderAttributes):
         """Ends the loader's worker processes, threads and DALI pipeline, stops an unfinished
         epoch and closes its shard files. Idempotent; iterating a closed loader raises
         :class:`~gpupipe.ClosedError`."""
-        self._finalizer()
+        if self._finalizer.detach() is not None:
+            self._runners.close()
 
     @property
     def closed(self) -> bool:
@@ -457,3 +459,10 @@ class Loader(LoaderAttributes):
         self.seed = position.seed
         self._at.restore(position)
         self._skips.load(state)
+
+
+def _collected(runners: Runners) -> None:
+    """A loader dropped without ``close()``, collected (or alive at exit): its runners and index
+    closed without waiting for threads (``backends._base.collecting``)."""
+    with collecting():
+        runners.close()

@@ -74,7 +74,7 @@ from ...core._config import DecodeMode
 from ...core._errors import ClosedError, SampleError
 from ...plan._plan import RankPlan
 from ...runtime._dist import ranks_per_node
-from .._base import RawBatch, Runs, RunSpec, donor, fill, to_device
+from .._base import RawBatch, Runs, RunSpec, donor, fill, in_collection, to_device
 from ._compiler import Ctx, Lowered
 from ._failures import device_failure, explain_failure
 from ._fallback import Probe
@@ -263,14 +263,16 @@ class DaliRunner:
 
     def close(self) -> None:
         """Stops an unfinished epoch and drops the pipeline, which shuts it down (a run executing in
-        another thread stops at its next batch), and ends the reader threads. In a forked child it
-        does nothing: the pipeline and the threads are the parent's."""
+        another thread stops at its next batch), and ends the reader threads: waits for them, unless
+        the garbage collector closes it (``_base.collecting``: the collector may run inside
+        ``threading``'s locks, which a join takes). In a forked child it does nothing: the pipeline
+        and the threads are the parent's."""
         if os.getpid() != self._pid:
             return
         self._closed = True
         self._runs.close()
         self._graph = None
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._pool.shutdown(wait=not in_collection(), cancel_futures=True)
 
     def _deliver(self, lowered: Lowered, batch: FeedBatch, images: tuple[torch.Tensor, ...], checks: Any) -> RawBatch:
         """The batch as yielded. A sample that failed a check the graph computed (too small for a
