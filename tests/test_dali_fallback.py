@@ -127,12 +127,13 @@ class TestTranscoded:
 
 
 def shard_of(tmp_path, names: list[str]) -> str:
+    """One shard of ``names``' files, each with a ``txt`` member holding its key."""
     import webdataset as wds
 
     path = str(tmp_path / "odd-000000.tar")
     with wds.TarWriter(path) as sink:
         for i, name in enumerate(names):
-            sink.write({"__key__": f"{i:03d}-{name}", "jpg": FILES[name], "cls": b"1"})
+            sink.write({"__key__": f"{i:03d}-{name}", "jpg": FILES[name], "cls": b"1", "txt": f"{i:03d}-{name}"})
     return path
 
 
@@ -173,6 +174,17 @@ class TestProbe:
         ):
             list(loader)
         assert raised.value.key == "002-jpeg-truncated" and raised.value.kind == gp.Damage.UNDECODABLE
+
+    def test_fields_follow_the_donor_of_a_file_both_refuse(self, tmp_path, lenient_gate):
+        """A sample the probe finds bad after it was fed stands in as its donor: fields too."""
+        names = ["jpeg", "jpeg-junk-before-dht", "jpeg-truncated", "png", "jpeg-progressive"]
+        source = gp.WebDataset([shard_of(tmp_path, names)], fields={"image": "jpg", "label": "cls", "text": "txt"})
+        pipe = gp.Pipeline(source, [T.RandomResizedCrop(16)])
+        with gp.Loader(pipe, 5, backend="dali", device="cpu", on_error="skip", max_skipped=None) as loader:
+            (batch,) = list(loader)
+        valid = batch.valid.tolist()
+        assert valid.count(False) == 1 and batch["text"][valid.index(False)] == batch["text"][valid.index(True)]
+        assert all(t == k for t, k, v in zip(batch["text"], batch.keys, valid, strict=True) if v)
 
     def test_the_probe_names_the_failing_positions(self):
         from nvidia.dali import fn, pipeline_def, types

@@ -4,6 +4,7 @@ writer wrote, and on bad members: each refused with one verdict naming the shard
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import json
 import pickle
@@ -212,26 +213,36 @@ def shard_with_fields(tmp_path, n: int = 10, *, drop: dict[int, str] | None = No
 FIELDS = {"image": "jpg", "label": "cls", "text": "txt", "meta": "json", "emb": "npy"}
 
 
-def read_all(source, *, backend: str = "torch", workers: int = 0, on_error: str = "raise", batch_size: int = 4):
-    """Every batch's keys, labels and fields, in order (no shuffle)."""
+BACKENDS = ["torch", pytest.param("dali", marks=pytest.mark.skipif(
+    importlib.util.find_spec("nvidia.dali") is None, reason="needs DALI"))]  # fmt: skip
+
+
+def read_all(source, *, backend: str = "torch", workers: int = 0, on_error: str = "raise", batch_size: int = 4,
+             shuffle: bool = False):  # fmt: skip
+    """Every batch of an epoch (DALI: its CPU operators)."""
     pipe = gp.Pipeline(source, [gp.transforms.CenterCrop(32)])
     out = []
-    options = {"max_skipped": 0.5} if on_error == "skip" else {}
-    with gp.Loader(pipe, batch_size, backend=backend, num_workers=workers, shuffle=False, on_error=on_error,
-                   **options) as loader:  # fmt: skip
+    options: dict = {"max_skipped": 0.5} if on_error == "skip" else {}
+    if backend == "dali":
+        options["device"] = "cpu"
+    with gp.Loader(pipe, batch_size, backend=backend, num_workers=workers or (1 if backend == "dali" else 0),
+                   shuffle=shuffle, seed=3, on_error=on_error, **options) as loader:  # fmt: skip
         for batch in loader:
             out.append(batch)
     return out
 
 
 class TestWebDatasetFields:
-    """``gp.WebDataset(..., fields=)`` read through the torch backend: values as webdataset's
-    decoders give them, batched by kind, with the image and label as before."""
+    """``gp.WebDataset(..., fields=)`` read through the torch backend (in its workers) and the DALI
+    backend (in its reader threads): values as webdataset's decoders give them, batched by kind,
+    with the image and label as before, the same on both."""
 
-    @pytest.mark.parametrize("workers", [0, 2])
-    def test_values_are_webdatasets(self, tmp_path, workers):
+    @pytest.mark.parametrize(("backend", "workers"), [("torch", 0), ("torch", 2), ("dali", 2)])
+    def test_values_are_webdatasets(self, tmp_path, backend, workers):
+        if backend == "dali":
+            pytest.importorskip("nvidia.dali")
         path = shard_with_fields(tmp_path)
-        batches = read_all(gp.WebDataset(path, fields=FIELDS), workers=workers)
+        batches = read_all(gp.WebDataset(path, fields=FIELDS), backend=backend, workers=workers)
         expected: dict[str, dict] = {}
         with tarfile.open(path) as tar:  # webdataset's decoders on the members its writer wrote
             for m in tar:
@@ -250,6 +261,14 @@ class TestWebDatasetFields:
                 assert np.array_equal(batch["emb"][j].numpy(), ref["npy"])
                 seen += 1
         assert seen == 10 and set(batches[0].fields) == {"text", "meta", "emb"}
+
+    def test_the_same_batches_on_every_backend(self, tmp_path):
+        pytest.importorskip("nvidia.dali")
+        path = shard_with_fields(tmp_path, n=13)
+        got = {b: read_all(gp.WebDataset(path, fields=FIELDS), backend=b, shuffle=True) for b in ("torch", "dali")}
+        for t, d in zip(got["torch"], got["dali"], strict=True):
+            assert t.keys == d.keys and t["text"] == d["text"] and t["meta"] == d["meta"]
+            assert torch.equal(t["emb"], d["emb"]) and torch.equal(t.labels, d.labels)
 
     def test_the_cached_index_reads_the_same_and_other_fields_get_their_own(self, tmp_path):
         path = shard_with_fields(tmp_path)
@@ -316,14 +335,19 @@ class TestMissingAndBadFields:
         ],
         ids=["json", "text", "npy"],
     )
-    def test_a_bad_field_raises_naming_the_sample_or_is_skipped(self, tmp_path, member, match):
+    @pytest.mark.parametrize("backend", BACKENDS)
+    def test_a_bad_field_raises_naming_the_sample_or_is_skipped(self, tmp_path, member, match, backend):
         path = shard_with_fields(tmp_path, replace={6: member})
         with pytest.raises(gp.SampleError, match=f"{match}") as e:
-            read_all(gp.WebDataset(path, fields=FIELDS))
+            read_all(gp.WebDataset(path, fields=FIELDS), backend=backend)
         assert (e.value.key, e.value.shard, e.value.kind) == ("k006", path, gp.Damage.BAD_FIELD)
-        batches = read_all(gp.WebDataset(path, fields=FIELDS), on_error="skip")
+        batches = read_all(gp.WebDataset(path, fields=FIELDS), on_error="skip", backend=backend)
         valid = [k for b in batches for k, v in zip(b.keys, b.valid.tolist(), strict=True) if v]
         assert "k006" not in valid and len(valid) == 9
+        (batch,) = [b for b in batches if not bool(b.valid.all())]
+        bad, good = batch.valid.tolist().index(False), batch.valid.tolist().index(True)
+        assert batch["text"][bad] == batch["text"][good] and batch["meta"][bad] == batch["meta"][good]
+        assert torch.equal(batch["emb"][bad], batch["emb"][good])  # the donor's, as its image and label
 
     def test_over_max_bytes_is_refused_before_it_is_read(self, tmp_path):
         path = shard_with_fields(tmp_path, replace={2: {"txt": b"x" * 100}})
@@ -333,15 +357,20 @@ class TestMissingAndBadFields:
 
 
 class TestFieldsConfig:
-    def test_backends_that_do_not_read_fields_say_so_and_auto_picks_torch(self, tmp_path):
-        pytest.importorskip("nvidia.dali")
+    def test_a_backend_that_does_not_read_fields_says_so_and_auto_passes_it_by(self, tmp_path, monkeypatch):
+        from gpupipe import backends
+
         path = shard_with_fields(tmp_path, n=4)
         pipe = gp.Pipeline(gp.WebDataset(path, fields=FIELDS), [gp.transforms.CenterCrop(32)])
-        with pytest.raises(gp.UnsupportedTransformError, match="dali backend does not read a source's fields="):
-            gp.Loader(pipe, 4, backend="dali", device="cpu")
-        with gp.Loader(pipe, 4, device="cpu") as loader:
-            assert loader.backend == "torch" and "dali does not read fields= yet" in (loader.chosen or "")
         assert pipe.fields == ("text", "meta", "emb")
+        if importlib.util.find_spec("ray") is not None:
+            with pytest.raises(gp.UnsupportedTransformError, match="ray backend does not read a source's fields="):
+                gp.Loader(pipe, 4, backend="ray", device="cpu")
+        first = backends.get(next(iter(backends.TABLE)))
+        monkeypatch.setattr(type(first), "reads_fields", False)  # as if the first backend did not read them
+        if first.available():
+            chosen, why = backends.auto_choice("cpu", pipe.views, fields=pipe.fields)
+            assert chosen.name != first.name and f"{first.name} does not read fields= yet" in why
 
     def test_refused_declarations(self, tmp_path):
         path = shard_with_fields(tmp_path, n=2)

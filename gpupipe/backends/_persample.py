@@ -16,15 +16,16 @@ import torch
 from torch.utils.data import Dataset, get_worker_info
 
 from ..core._errors import Damage, DataError, SampleError
-from ..core._fields import Array, Field, Label
+from ..core._fields import Field
 from ..core._random import factors
 from ..plan._plan import RankPlan
 from ..runtime._children import CRASHED
 from ..runtime._decode import decode_rgb
-from ..sources import Index, RawSample
+from ..sources import Index
 from ..transforms import BatchTransform, ImageSpec, Transform
 from ._base import RawBatch, donor, fill
 from ._batchwise import apply_batch
+from ._fields import batch_fields, empty_values, field_values
 from ._torch._kernels import apply_pipeline, sample_factors
 
 __all__ = ["Item", "Sample", "Failure", "Samples", "Collate", "BatchItems", "batch_items", "culprits"]
@@ -135,7 +136,7 @@ class Samples(Dataset["Sample | Failure"]):
     def _sample(self, sample: int, drawn: list[list[np.ndarray | None]]) -> Sample:
         """``drawn[view][step]``: this sample's factors of each step of each view."""
         raw = self.index.read(sample)
-        values = field_values(self.index.fields, raw)
+        values = field_values(self.index.fields, raw.fields, shard=raw.shard, key=raw.key)
         image = decode_rgb(
             raw.data, shard=raw.shard, key=raw.key, max_pixels=self.max_pixels, apply_exif_orientation=self.exif
         )
@@ -149,42 +150,6 @@ class Samples(Dataset["Sample | Failure"]):
             size = (int(image.shape[-2]), int(image.shape[-1]))
             raise SampleError.at(str(e), shard=raw.shard, key=raw.key, size=size) from e
         return outputs, raw.label, raw.key, values
-
-
-def field_values(fields: Mapping[str, Field], raw: RawSample) -> dict[str, Any] | None:
-    """The values of a sample's ``fields`` (``Index.fields``) from its member bytes, decoded
-    safely (``gpupipe.core._fields``); a field without a member gets its empty value. ``None``
-    for a source without fields."""
-    if not fields:
-        return None
-    stored = raw.fields or {}
-    return {
-        name: field.empty() if stored.get(name) is None else field.decode(stored[name], shard=raw.shard, key=raw.key)  # type: ignore[arg-type]
-        for name, field in fields.items()
-    }
-
-
-def batch_fields(fields: Mapping[str, Field], values: Sequence[dict[str, Any] | None]) -> dict[str, Any]:
-    """A batch's field values by name: a ``Label`` field's as an int64 ``[B]`` tensor, an
-    ``Array`` field's as one ``[B, ...]`` tensor where every sample's has the same shape and dtype
-    (else a list of tensors), text and JSON values as lists. Arrays are copied out of the shard's
-    bytes (torch wants writable memory)."""
-    out: dict[str, Any] = {}
-    for name, field in fields.items():
-        column = [v[name] if v is not None else field.empty() for v in values]
-        if isinstance(field, Label) and all(isinstance(v, int) for v in column):
-            out[name] = torch.tensor(column, dtype=torch.int64)
-        elif isinstance(field, Array):
-            same = all(v.shape == column[0].shape and v.dtype == column[0].dtype for v in column)
-            try:
-                out[name] = (
-                    torch.from_numpy(np.stack(column)) if same else [torch.from_numpy(np.array(v)) for v in column]
-                )
-            except TypeError:  # a dtype torch has no tensor of: NumPy arrays, as read
-                out[name] = [np.array(v) for v in column]
-        else:
-            out[name] = column
-    return out
 
 
 def culprits(samples: Samples, items: list[Item], timeout: float | None) -> list[str]:
@@ -260,5 +225,5 @@ class Collate:
             torch.zeros(spec.channels, spec.height, spec.width, dtype=spec.dtype)  # type: ignore[arg-type]
             for spec in self.outputs
         )
-        values = {name: field.empty() for name, field in self.fields.items()} if self.fields else None
+        values = empty_values(self.fields) if self.fields else None
         return images, 0 if self.labeled else None, failure.key or "", values

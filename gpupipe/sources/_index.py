@@ -172,6 +172,14 @@ class Index:
         s, i = self.locate(sample)
         return self.reader.read(self.shard(s), i)
 
+    def read_fields(self, sample: int) -> dict[str, bytes | None] | None:
+        """The bytes of sample ``sample``'s :attr:`fields` by name (``None``: no member), without
+        its image; ``None`` for a source without fields."""
+        if not self.fields:
+            return None
+        s, i = self.locate(sample)
+        return self.reader.read_fields(self.shard(s), i)  # type: ignore[attr-defined]
+
 
 class Source(abc.ABC):
     """Base class of data sources: a cheap, picklable description whose :meth:`index` reads the

@@ -71,9 +71,9 @@ class WebDataset(Source):
             (without one the source is unlabeled). The others come with each batch by name
             (``batch["text"]``: a list of str; ``batch["meta"]``: a list of dicts; an array field
             of one shape: a ``[B, ...]`` tensor, else a list; a ``Label``: int64 ``[B]``), decoded
-            in the torch backend's workers, never by unpickling. Default ``None``: image and
-            label only. The DALI backend does not read fields yet (``backend="auto"`` then picks
-            torch).
+            in the torch backend's workers or the DALI backend's reader threads (the same values),
+            never by unpickling. Default ``None``: image and label only. The Ray backend does not
+            read fields yet.
 
     A sample is a run of consecutive members sharing a key: the member path up to the first dot of
     its file name (``img/00/000123.jpg`` → ``img/00/000123``). Members of other extensions are
@@ -261,15 +261,18 @@ class TarReader:
             if label == NO_LABEL:  # not parsed, or not an integer: read it (again, for the error's detail)
                 offset, size = shard.column("label_range")[i]
                 label = parse_label(self._read(shard, int(offset), int(size), key), shard=shard.path, key=key)
-        fields: dict[str, bytes | None] | None = None
-        if self.fields:
-            fields = {}
-            for name, field in self.fields.items():
-                offset, size = shard.column(field_column(name))[i]
-                if size >= 0:  # (over its size limit: refused before it is read)
-                    field.require_fits(int(size), shard=shard.path, key=key)
-                fields[name] = None if size < 0 else self._read(shard, int(offset), int(size), key)
-        return RawSample(key, shard.path, data, label, fields)
+        return RawSample(key, shard.path, data, label, self.read_fields(shard, i) if self.fields else None)
+
+    def read_fields(self, shard: ShardIndex, i: int) -> dict[str, bytes | None]:
+        """The bytes of sample ``i``'s fields by name (``None``: no member); a member over its
+        field's ``max_bytes`` is refused before it is read."""
+        key, fields = shard.keys[i], dict[str, bytes | None]()
+        for name, field in self.fields.items():
+            offset, size = shard.column(field_column(name))[i]
+            if size >= 0:
+                field.require_fits(int(size), shard=shard.path, key=key)
+            fields[name] = None if size < 0 else self._read(shard, int(offset), int(size), key)
+        return fields
 
     def close(self) -> None:
         self.storage.close()

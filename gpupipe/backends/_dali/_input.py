@@ -33,6 +33,7 @@ from ...sources import NO_LABEL, Index, Located, RawSample
 from ...storage import MappedFile
 from ...transforms import Transform
 from .._base import donor, fill
+from .._fields import batch_fields, empty_values, field_values
 from ._context import Lowered
 from ._fallback import ppm_size
 from ._headers import Headers, Sizes
@@ -107,6 +108,7 @@ class FeedBatch(NamedTuple):
     skipped: tuple[tuple[int, Any], ...]  # (position, DataError) of samples left out (skip), sorted
     token: object  # the batch's identity for use counting: a retried copy (decode failure, skip) shares it
     decoded: frozenset[int] = frozenset()  # positions fed gpupipe's decoding (a PPM) instead of the file
+    fields: dict[str, Any] | None = None  # the source's other fields, batched (backends._fields), by name
 
     @staticmethod
     def release(maps: Iterable[MappedFile], buffer: np.ndarray | None, buffers: Buffers, event: Any = None) -> None:
@@ -282,6 +284,7 @@ class BatchReader:
                 if rest:
                     buffer = self._read_ranges(where, rest, shards, views, bad)
             keys, drawn = list(where.keys), self.plan.drawn(b)
+            values = self._fields(samples, keys, shards, bad) if index.fields else None
             sizes, decoded = self.headers.sizes(where, samples, views, shards, bad)
             env = self.env(drawn, sizes)
             if self.lowered.host_checks:
@@ -294,6 +297,9 @@ class BatchReader:
             if bad:
                 labels, drawn = self.substitute(bad, drawn, views, labels, keys, shards, sizes)
                 env = self.env(drawn, sizes)
+                if values is not None:  # the donor's fields, as its image and label
+                    good = donor(len(views), bad)
+                    fill(bad, (values,), (values[good] if good is not None else empty_values(index.fields),))
             from nvidia.dali.tensors import TensorCPU  # wrapped here, off the training thread; no copy
 
             encoded = [TensorCPU(view) for view in views]
@@ -302,8 +308,23 @@ class BatchReader:
             FeedBatch.release(maps, buffer, self.buffers)
             raise
         skipped = tuple(sorted(bad.items()))
+        fields = batch_fields(index.fields, values) if values is not None else None
         return FeedBatch(b, samples, keys, shards, labels, encoded, buffer, tuple(maps), fed, views, sizes, skipped,
-                         object(), decoded)  # fmt: skip
+                         object(), decoded, fields)  # fmt: skip
+
+    def _fields(self, samples: np.ndarray, keys: list[str], shards: list[str],
+                bad: dict[int, DataError]) -> list[dict[str, Any] | None]:  # fmt: skip
+        """Each sample's field values, read and decoded here (a reader thread: not the training
+        thread); a sample whose field is bad is recorded in ``bad``, its values ``None``."""
+        out: list[dict[str, Any] | None] = []
+        for i, s in enumerate(samples.tolist()):
+            try:
+                stored = self.index.read_fields(s)
+                out.append(field_values(self.index.fields, stored, shard=shards[i], key=keys[i]))
+            except DataError as e:
+                self._bad(bad, i, e)
+                out.append(None)
+        return out
 
     def substitute(self, bad: dict[int, Any], draws: np.ndarray, views: list[Any], labels: np.ndarray | None,
                    keys: list[str], shards: list[str],

@@ -75,6 +75,7 @@ from ...core._errors import ClosedError, SampleError
 from ...plan._plan import RankPlan
 from ...runtime._dist import ranks_per_node
 from .._base import RawBatch, Runs, RunSpec, donor, fill, in_collection, to_device
+from .._fields import refill
 from ._compiler import Ctx, Lowered
 from ._failures import device_failure, explain_failure
 from ._fallback import Probe
@@ -98,6 +99,7 @@ class DaliRunner:
         self.channels_last = spec.config.channels_last
         self.device, self.rank, self.seed = spec.device, spec.rank, spec.seed
         self.skip = spec.skip
+        self._fields = spec.index.fields  # the source's other fields (read by the reader threads)
         self.exif, self.max_pixels = spec.config.apply_exif_orientation, spec.config.max_image_pixels
         self.decoder_args = spec.config.dali.decoder_args(ranks_per_node=ranks_per_node())
         self.color_twist = spec.config.dali.color_twist
@@ -279,7 +281,7 @@ class DaliRunner:
         transform) raises its error, or with ``skip`` is left out: its images (every view), label
         and key are replaced by those of the batch's first good sample (zeros if none is), as are
         those of the samples left out before (their donor may be the one that failed)."""
-        skipped, labels, keys = dict(batch.skipped), batch.labels, batch.keys
+        skipped, labels, keys, fields = dict(batch.skipped), batch.labels, batch.keys, batch.fields
         failures = lowered.failures(np.asarray(checks.as_tensor())) if checks is not None else []
         new = {}
         for b, size, message in failures:
@@ -294,6 +296,7 @@ class DaliRunner:
             skipped.update(new)
             positions = sorted(skipped)
             good = donor(len(keys), skipped)
+            fields = refill(fields, positions, good, self._fields)
             if good is None:
                 for view in images:
                     view[positions] = 0
@@ -303,7 +306,9 @@ class DaliRunner:
                 columns, values = (*images, keys, labels), (*(view[good].clone() for view in images), keys[good], label)
                 fill(positions, columns, values)
         label_tensor = None if labels is None else to_device(torch.from_numpy(labels), self.device)
-        return RawBatch(images, label_tensor, keys, tuple(sorted(skipped.items())))
+        if fields:
+            fields = {n: to_device(v, self.device) if isinstance(v, torch.Tensor) else v for n, v in fields.items()}
+        return RawBatch(images, label_tensor, keys, tuple(sorted(skipped.items())), fields=fields)
 
     def _retry(self, graph: Graph, reader: BatchReader, failure: IterationFailed, probe: Probe) -> Exception | None:
         """After DALI failed on a batch: finds the samples it fails on — each of the batch's samples
@@ -346,12 +351,14 @@ class DaliRunner:
             return problem
         bad.update(skipped)
         keys, shards, labels, drawn = list(batch.keys), list(batch.shards), batch.labels, reader.plan.drawn(batch.b)
+        fields = batch.fields
         if bad:
             labels, drawn = reader.substitute(bad, drawn, views, batch.labels, keys, shards, sizes)
+            fields = refill(fields, sorted(bad), donor(len(views), bad), self._fields)
         encoded = [TensorCPU(view) for view in views]
         fixed = batch._replace(keys=keys, shards=shards, labels=labels, encoded=encoded, views=views, sizes=sizes,
                                feeds=reader.feeds(drawn, sizes), skipped=tuple(sorted(bad.items())),
-                               decoded=batch.decoded | decoded)  # fmt: skip
+                               decoded=batch.decoded | decoded, fields=fields)  # fmt: skip
         graph.push(fixed)  # shares the batch's buffer and maps (same token): they stay
         self._release(graph, batch, None)
         return None
