@@ -18,6 +18,6 @@ size limits, and pickles (``pyd``, ``pth``) refused. A missing or bad field is a
 
 from __future__ import annotations
 
-from .core._fields import Array, Field, Image, Json, Label, Missing, Text
+from .core._fields import Array, Field, Image, Json, Label, Missing, Padded, Text
 
-__all__ = ["Field", "Image", "Text", "Json", "Label", "Array", "Missing"]
+__all__ = ["Field", "Image", "Text", "Json", "Label", "Array", "Missing", "Padded"]

@@ -35,7 +35,9 @@ def test_transforms_api():
 
 
 def test_fields_api():
-    assert sorted(gp.fields.__all__) == sorted(["Field", "Image", "Text", "Json", "Label", "Array", "Missing"])
+    assert sorted(gp.fields.__all__) == sorted(
+        ["Field", "Image", "Text", "Json", "Label", "Array", "Missing", "Padded"]
+    )
     assert all(hasattr(gp.fields, name) for name in gp.fields.__all__)
 
 

@@ -294,6 +294,29 @@ class TestWebDatasetFields:
         assert batch.labels is None and batch["id"].tolist() == [10, 11, 12, 13]
         assert [tuple(b.shape) for b in batch["boxes"]] == [(1, 2), (2, 2), (3, 2), (4, 2)]
         assert all(b.dtype == torch.int16 for b in batch["boxes"])
+        moved = batch.to("cpu")
+        assert isinstance(moved["boxes"], list) and moved["id"].tolist() == [10, 11, 12, 13]
+
+    @pytest.mark.parametrize("backend", BACKENDS)
+    def test_arrays_of_several_shapes_padded_with_their_lengths(self, tmp_path, backend):
+        path = str(tmp_path / "x-000000.tar")
+        with wds.TarWriter(path) as sink:
+            for i in range(4):
+                boxes = np.arange(4 * (i + 1), dtype=np.float32).reshape(i + 1, 4)
+                sink.write({"__key__": f"k{i}", "jpg": _jpeg(i), "cls": i, "npy": boxes})
+        fields = {"image": "jpg", "label": "cls", "boxes": gp.fields.Array("npy", pad=-1)}
+        (batch,) = read_all(gp.WebDataset(path, fields=fields), backend=backend)
+        padded = batch["boxes"]
+        assert isinstance(padded, gp.fields.Padded) and padded.data.shape == (4, 4, 4)
+        assert padded.lengths.tolist() == [[1, 4], [2, 4], [3, 4], [4, 4]] and padded.data.dtype == torch.float32
+        for j, key in enumerate(batch.keys):
+            k = int(key[1:]) + 1
+            assert torch.equal(padded.data[j, :k], torch.arange(4 * k, dtype=torch.float32).reshape(k, 4))
+            assert bool((padded.data[j, k:] == -1).all())
+        moved = batch.to("cpu")
+        assert isinstance(moved["boxes"], gp.fields.Padded) and torch.equal(moved["boxes"].data, padded.data)
+        with pytest.raises(gp.ConfigError, match="pad must be a number"):
+            gp.fields.Array("npy", pad="zero")  # type: ignore[arg-type]
 
 
 class TestMissingAndBadFields:
@@ -370,13 +393,12 @@ class TestFieldsConfig:
         monkeypatch.setattr(type(first), "reads_fields", False)  # as if the first backend did not read them
         if first.available():
             chosen, why = backends.auto_choice("cpu", pipe.views, fields=pipe.fields)
-            assert chosen.name != first.name and f"{first.name} does not read fields= yet" in why
+            assert chosen.name != first.name and f"{first.name} does not read a source's fields= yet" in why
 
     def test_refused_declarations(self, tmp_path):
         path = shard_with_fields(tmp_path, n=2)
-        with pytest.raises(gp.ConfigError, match="exactly one image field"):
-            gp.WebDataset(path, fields={"label": "cls", "text": "txt"})
-        with pytest.raises(gp.ConfigError, match="exactly one image field"):
+        assert not gp.WebDataset(path, fields={"label": "cls", "text": "txt"}).has_image  # fields alone
+        with pytest.raises(gp.ConfigError, match="takes one image field"):
             gp.WebDataset(path, fields={"a": "jpg", "b": "png"})
         with pytest.raises(gp.ConfigError, match="not also as image= and label="):
             gp.WebDataset(path, image="png", fields={"image": "jpg"})
@@ -386,3 +408,78 @@ class TestFieldsConfig:
             gp.Mix([gp.WebDataset(path, fields=FIELDS), gp.WebDataset(path)])
         source = gp.WebDataset(path, fields={"image": "jpg;png", "label": "cls", "text": "txt"})
         assert source.image == "jpg;png" and source.label == "cls" and list(source.extra_fields()) == ["text"]
+
+
+class TestCheckKnowsFields:
+    def test_a_bad_field_is_found_listed_and_left_out_by_loaders_of_those_fields(self, tmp_path):
+        path = shard_with_fields(tmp_path, replace={6: {"json": b'{"i": 6,'}}, drop={2: "txt"})
+        source = gp.WebDataset(path, fields=FIELDS)
+        report = gp.check(source, workers=0)
+        kinds = {f.key: f.kind for f in report.findings}
+        assert kinds == {"k002": gp.Damage.MISSING_FIELD, "k006": gp.Damage.BAD_FIELD}, report.summary()
+        assert report.written == (path + ".bad.json",)
+        with open(report.written[0]) as f:
+            assert json.load(f)["fields"] == "text=txt/error,meta=json/error,emb=npy/error"
+        keys = [k for b in read_all(gp.WebDataset(path, fields=FIELDS), on_error="skip") for k in b.keys]
+        assert sorted(keys) == [f"k{i:03d}" for i in range(10) if i not in (2, 6)]  # k006: the list; k002: the index
+        plain = [k for b in read_all(gp.WebDataset(path)) for k in b.keys]  # the list is not for loaders without fields
+        assert sorted(plain) == [f"k{i:03d}" for i in range(10)]
+        assert gp.check(gp.WebDataset(path), workers=0, write=False).ok  # image and label alone: sound
+
+    def test_the_command_line_indexes_and_checks_fields(self, tmp_path, capsys, monkeypatch):
+        from gpupipe.cli._main import main
+
+        monkeypatch.setenv("GPUPIPE_CACHE_DIR", str(tmp_path / "cache"))
+        path = shard_with_fields(tmp_path, replace={6: {"json": b"[1, "}})
+        assert main(["index", path, "--workers", "0", "--image", "jpg", "--fields", "text=txt,meta=json,emb=npy"]) == 0
+        index = gp.WebDataset(path, fields=FIELDS).index()
+        assert index.shards[0].lazy and "10 samples in 1 shards" in capsys.readouterr().out  # from the cache
+        assert main(["check", path, "--workers", "0", "--fields", "text=txt, meta=json ,emb=npy", "--no-write"]) == 1
+        assert "k006" in capsys.readouterr().out
+        assert main(["check", path, "--workers", "0", "--no-write"]) == 0  # without the fields: sound
+        assert main(["check", path, "--fields", "text", "--no-write"]) != 0
+        assert "NAME=EXTS pairs" in capsys.readouterr().err
+
+
+class TestWithoutImages:
+    """A source of fields alone (``.npy`` arrays, the project's seed): no image member, no
+    transforms; ``images`` is ``None`` and the arrays come batched."""
+
+    def arrays(self, tmp_path, n: int = 10, shape=(3, 5)) -> str:
+        path = str(tmp_path / "arrays-000000.tar")
+        with wds.TarWriter(path) as sink:
+            for i in range(n):
+                sink.write({"__key__": f"a{i:03d}", "npy": np.full(shape, i, np.float32), "cls": i % 4})
+        return path
+
+    @pytest.mark.parametrize("workers", [0, 2])
+    def test_arrays_and_labels_batched(self, tmp_path, workers):
+        path = self.arrays(tmp_path)
+        source = gp.WebDataset(path, fields={"x": gp.fields.Array("npy", dtype="float32"), "label": "cls"})
+        assert not source.has_image and source.extensions() == ((), "cls")
+        pipe = gp.Pipeline(source)
+        assert pipe.output_specs == () and not pipe.has_image
+        with gp.Loader(pipe, 4, num_workers=workers, shuffle=True, seed=1) as loader:
+            assert loader.backend == "torch"  # auto: the one backend that runs a source without images
+            batches = list(loader)
+        seen = []
+        for batch in batches:
+            images, labels = batch
+            assert images is None and batch["x"].shape == (len(batch.keys), 3, 5) and "images=None" in repr(batch)
+            for j, key in enumerate(batch.keys):
+                i = int(key[1:])
+                assert bool((batch["x"][j] == i).all()) and int(labels[j]) == i % 4
+                seen.append(i)
+        assert sorted(seen) == list(range(10))
+        assert gp.check(source, workers=0, write=False).ok  # no image to decode
+        cached = gp.WebDataset(path, fields={"x": "npy", "label": "cls"}).index()
+        assert cached.shards[0].lazy and len(cached) == 10 and not cached.images  # its index from the cache
+
+    def test_refused_where_it_cannot_run(self, tmp_path):
+        path = self.arrays(tmp_path, n=4)
+        source = gp.WebDataset(path, fields={"x": "npy"})
+        with pytest.raises(gp.ConfigError, match="have no image"):
+            gp.Pipeline(source, [gp.transforms.CenterCrop(2)])
+        if importlib.util.find_spec("nvidia.dali") is not None:
+            with pytest.raises(gp.UnsupportedTransformError, match="dali backend does not read a source without"):
+                gp.Loader(gp.Pipeline(source), 2, backend="dali", device="cpu")

@@ -103,7 +103,7 @@ def register_lowering(transform_type: type, *, backend: str, replace: bool = Fal
 
 
 def resolve(
-    name: str, device: str | torch.device | None, views: Any = (), *, fields: Sequence[str] = ()
+    name: str, device: str | torch.device | None, views: Any = (), *, fields: Sequence[str] = (), images: bool = True
 ) -> tuple[Backend, torch.device]:
     """The backend and device for the requested ones: ``"auto"`` picks the first available backend
     of the table that delivers to the device and runs every step of ``views`` (the pipeline's
@@ -125,7 +125,7 @@ def resolve(
 
         dev = torch.device(cuda_device())
     if name == "auto":
-        return auto_choice(dev.type, views, fields=fields)[0], dev
+        return auto_choice(dev.type, views, fields=fields, images=images)[0], dev
     backend = get(name)
     if not backend.available():
         raise BackendUnavailableError(f"Loader: backend={name!r} needs {backend.requirement}")
@@ -140,6 +140,7 @@ def auto_choice(
     *,
     available: Callable[[Backend], bool] | None = None,
     fields: Sequence[str] = (),
+    images: bool = True,
 ) -> tuple[Backend, str]:
     """``backend="auto"``'s choice on ``device_type`` and why, in a few words: the first available
     backend of the table that delivers there, runs every step of ``views`` and is not measured
@@ -163,14 +164,15 @@ def auto_choice(
         if device_type not in backend.devices or not is_available(backend):
             missing.append(backend.name)
             continue
-        cannot = _cannot_run(backend, views, fields)
+        cannot = _cannot_run(backend, views, fields, images)
         slower = None if cannot is not None else backend.slower_step(device_type, views)
         if cannot is None and slower is None:
             return backend, _because(missing, reasons)
         if cannot is not None:
             refused = refused or cannot
-            unread = str(cannot).startswith(f"the {backend.name} backend does not read a source's fields=")
-            reasons.append(f"{backend.name} does not read fields= yet" if unread else
+            text, prefix = str(cannot), f"the {backend.name} backend does not read a source"
+            unread = text.partition(": backend=")[0].removeprefix(f"the {backend.name} backend ")
+            reasons.append(f"{backend.name} {unread}" if text.startswith(prefix) else
                            f"{backend.name} cannot run {_step_of(cannot)}")  # fmt: skip
         elif fallback is None:
             fallback = backend
@@ -189,7 +191,7 @@ def _because(missing: list[str], reasons: list[str]) -> str:
 
 def why(
     name: str, device: str | torch.device | None, backend: Backend, dev: torch.device, views: Any = (),
-    *, fields: Sequence[str] = (),
+    *, fields: Sequence[str] = (), images: bool = True,
 ) -> str | None:  # fmt: skip
     """Why :func:`resolve` chose ``backend`` and ``dev`` where it chose (``backend="auto"``,
     ``device=None``), in a few words for the loader's repr and log; ``None`` where both were given."""
@@ -197,14 +199,17 @@ def why(
     if device is None:
         parts.append(f"device {dev.type}: {'CUDA is available' if dev.type == 'cuda' else 'no CUDA'}")
     if name == "auto":
-        parts.append(f"backend {backend.name}: {auto_choice(dev.type, views, fields=fields)[1]}")
+        parts.append(f"backend {backend.name}: {auto_choice(dev.type, views, fields=fields, images=images)[1]}")
     return "; ".join(parts) or None
 
 
-def _cannot_run(backend: Backend, views: Any, fields: Sequence[str] = ()) -> UnsupportedTransformError | None:
-    """Why ``backend`` cannot run a step of ``views`` or read the source's ``fields``, or ``None``."""
+def _cannot_run(
+    backend: Backend, views: Any, fields: Sequence[str] = (), images: bool = True
+) -> UnsupportedTransformError | None:
+    """Why ``backend`` cannot run a step of ``views`` or read the source (its ``fields``, samples
+    without ``images``), or ``None``."""
     try:
-        backend.require_fields(fields)
+        backend.require_fields(fields, images=images)
         for steps in views:
             backend.require_supported(steps)
     except UnsupportedTransformError as e:

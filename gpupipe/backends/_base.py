@@ -197,6 +197,7 @@ class Backend(abc.ABC):
     lowerings: ClassVar[Registry]
     slower: ClassVar[tuple[tuple[str, tuple[type, ...], str], ...]] = ()
     reads_fields: ClassVar[bool] = False  # whether it reads a source's fields= (Batch.fields)
+    imageless: ClassVar[bool] = False  # whether it runs a source of fields alone (no image per sample)
 
     def slower_step(self, device_type: str, views: Any) -> str | None:
         """Why the next backend suits ``views`` on ``device_type`` better (a step of an entry of
@@ -219,9 +220,15 @@ class Backend(abc.ABC):
         cannot run on this backend: before any data is read."""
         self.lowerings.require_supported(transforms)
 
-    def require_fields(self, fields: Sequence[str]) -> None:
+    def require_fields(self, fields: Sequence[str], *, images: bool = True) -> None:
         """Raises UnsupportedTransformError if the pipeline's source has ``fields`` (beyond image
-        and label) and this backend does not read them."""
+        and label) and this backend does not read them, or has no images (``images`` false) and
+        this backend needs one per sample."""
+        if not images and not self.imageless:
+            raise UnsupportedTransformError(
+                f"the {self.name} backend does not read a source without images (fields= without an image "
+                "field) yet: backend='torch' does (backend='auto' picks it)"
+            )
         if fields and not self.reads_fields:
             raise UnsupportedTransformError(
                 f"the {self.name} backend does not read a source's fields= yet ({', '.join(map(repr, fields))}): "

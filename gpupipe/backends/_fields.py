@@ -9,24 +9,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..core._fields import Array, Field, Label
+from ..core._errors import DataError
+from ..core._fields import Array, Field, Label, Padded, field_values
 
 __all__ = ["field_values", "batch_fields", "empty_values", "refill"]
-
-
-def field_values(fields: Mapping[str, Field], stored: Mapping[str, bytes | None] | None, *, shard: str,
-                 key: str) -> dict[str, Any] | None:  # fmt: skip
-    """The values of a sample's ``fields`` (``Index.fields``) from its members' bytes
-    (``stored``, by name), decoded safely (``gpupipe.core._fields``); a field without a member
-    gets its empty value. ``None`` for a source without fields."""
-    if not fields:
-        return None
-    stored = stored or {}
-    out = {}
-    for name, field in fields.items():
-        data = stored.get(name)
-        out[name] = field.empty() if data is None else field.decode(data, shard=shard, key=key)
-    return out
 
 
 def batch_fields(fields: Mapping[str, Field], values: Sequence[dict[str, Any] | None]) -> dict[str, Any]:
@@ -39,6 +25,8 @@ def batch_fields(fields: Mapping[str, Field], values: Sequence[dict[str, Any] | 
         column = [v[name] if v is not None else field.empty() for v in values]
         if isinstance(field, Label) and all(isinstance(v, int) for v in column):
             out[name] = torch.tensor(column, dtype=torch.int64)
+        elif isinstance(field, Array) and field.pad is not None:
+            out[name] = _padded(name, field.pad, column)
         elif isinstance(field, Array):
             same = all(v.shape == column[0].shape and v.dtype == column[0].dtype for v in column)
             try:
@@ -50,6 +38,23 @@ def batch_fields(fields: Mapping[str, Field], values: Sequence[dict[str, Any] | 
         else:
             out[name] = column
     return out
+
+
+def _padded(name: str, pad: float, column: Sequence[np.ndarray]) -> Padded:
+    """A batch's arrays in one tensor (:class:`Padded`): each at the start of its row, ``pad``
+    beyond. An empty array (a missing field's) takes the others' rank."""
+    ndim = max(v.ndim for v in column)
+    column = [v.reshape((0,) * ndim) if v.size == 0 and v.ndim != ndim else v for v in column]
+    if any(v.ndim != ndim for v in column):
+        raise DataError(f"the {name!r} field's arrays have different ranks in one batch "
+                        f"({sorted({v.ndim for v in column})}): they cannot be padded into one tensor")  # fmt: skip
+    largest = tuple(max(v.shape[d] for v in column) for d in range(ndim))
+    data = np.full((len(column), *largest), pad, dtype=np.result_type(*column))
+    for i, v in enumerate(column):
+        where: tuple[Any, ...] = (i, *(slice(0, n) for n in v.shape))
+        data[where] = v
+    lengths = np.array([v.shape for v in column], np.int64).reshape(len(column), ndim)
+    return Padded(torch.from_numpy(data), torch.from_numpy(lengths))
 
 
 def empty_values(fields: Mapping[str, Field]) -> dict[str, Any]:
@@ -67,7 +72,12 @@ def refill(fields: dict[str, Any] | None, positions: Sequence[int], good: int | 
     at = list(positions)
     out: dict[str, Any] = {}
     for name, column in fields.items():
-        if isinstance(column, torch.Tensor):
+        if isinstance(column, Padded):
+            data, lengths = column.data.clone(), column.lengths.clone()
+            data[at] = 0 if good is None else data[good]
+            lengths[at] = 0 if good is None else lengths[good]
+            column = Padded(data, lengths)
+        elif isinstance(column, torch.Tensor):
             column = column.clone()
             column[at] = 0 if good is None else column[good]
         else:

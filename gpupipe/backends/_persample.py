@@ -137,6 +137,8 @@ class Samples(Dataset["Sample | Failure"]):
         """``drawn[view][step]``: this sample's factors of each step of each view."""
         raw = self.index.read(sample)
         values = field_values(self.index.fields, raw.fields, shard=raw.shard, key=raw.key)
+        if not self.index.images:  # a source of fields alone
+            return (), raw.label, raw.key, values
         image = decode_rgb(
             raw.data, shard=raw.shard, key=raw.key, max_pixels=self.max_pixels, apply_exif_orientation=self.exif
         )

@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from ..core._errors import ConfigError
 from ..core._shards import ShardWriter
 from ..runtime._children import process_pool
 from ..runtime._dist import cpu_cores, default_workers
@@ -256,17 +257,18 @@ def _storage_options(text: str | None) -> dict[str, Any] | None:
     return options
 
 
-def _index_one(job: tuple[str, tuple[str, ...], str | None, bool, dict[str, Any] | None]) -> tuple[int, int]:
+def _index_one(job: tuple[str, tuple[str, ...], str | None, bool, dict[str, Any] | None, tuple[Any, ...]]
+               ) -> tuple[int, int]:  # fmt: skip
     """Indexes one shard; with ``beside``, writes its index file next to it. Returns the samples
     and the index files written (0 or 1)."""
     from ..shards._indexfile import write_index_file
     from ..shards._indexing import cached_scan, shard_samples
     from ..sources import storage_for
 
-    url, image_exts, label_ext, beside, options = job
+    url, image_exts, label_ext, beside, options, fields = job
     with storage_for([url], storage_options=options) as storage:
-        if not beside:
-            return len(cached_scan(storage, url, image_exts, label_ext)), 0
+        if not beside or fields:  # (index files beside the shards do not list fields)
+            return len(cached_scan(storage, url, image_exts, label_ext, fields=fields)), 0
         shard, samples = shard_samples(storage, url, image_exts, label_ext)
         if samples is None or shard.nbytes is None:  # missing or unreadable: nothing to describe
             return len(shard), 0
@@ -275,16 +277,36 @@ def _index_one(job: tuple[str, tuple[str, ...], str | None, bool, dict[str, Any]
         return len(shard), 1
 
 
+def _webdataset(urls: Any, args: argparse.Namespace, options: dict[str, Any] | None) -> Any:
+    """The WebDataset of ``--image``, ``--label`` and ``--fields 'text=txt,meta=json'``."""
+    from ..sources import WebDataset
+
+    label = None if args.label == "none" else args.label
+    if not args.fields:
+        return WebDataset(urls, image=args.image, label=label, storage_options=options)
+    fields: dict[str, str] = {"image": args.image}
+    if label is not None:
+        fields["label"] = label
+    for part in args.fields.split(","):
+        name, eq, exts = part.partition("=")
+        if not eq or not name.strip() or not exts.strip():
+            raise ConfigError(
+                f"--fields: give NAME=EXTS pairs separated by ',' (e.g. 'text=txt,meta=json'), got {part!r}"
+            )
+        fields[name.strip()] = exts.strip()
+    return WebDataset(urls, fields=fields, storage_options=options)
+
+
 def index(args: argparse.Namespace) -> int:
     """Builds the index cache of every shard, in parallel: a large dataset's first Loader then
     starts from the cache on every rank (point ``GPUPIPE_CACHE_DIR`` at storage all nodes see)."""
     from ..shards import _indexcache
-    from ..sources import WebDataset
 
     options = _storage_options(args.storage_options)
-    label = None if args.label == "none" else args.label
-    source = WebDataset(args.source, image=args.image, label=label, storage_options=options)
-    jobs = [(u, *source.extensions(), args.beside, options) for u in source.urls]
+    source = _webdataset(args.source, args, options)
+    if args.beside and args.fields:
+        raise ConfigError("gpupipe index: --beside writes index files without fields; index --fields into the cache")
+    jobs = [(u, *source.extensions(), args.beside, options, source.field_members()) for u in source.urls]
     start = time.perf_counter()
     with _progress(args, len(jobs), "shard", "gpupipe index") as bar:
         if args.workers == 0:
@@ -303,11 +325,9 @@ def index(args: argparse.Namespace) -> int:
 
 def check(args: argparse.Namespace) -> int:
     from ..pipeline._check import check as run_check
-    from ..sources import WebDataset
 
-    label = None if args.label == "none" else args.label
     options = _storage_options(args.storage_options)
-    source = WebDataset(args.shards, image=args.image, label=label, storage_options=options)
+    source = _webdataset(args.shards, args, options)
     limit = None if args.max_image_pixels == 0 else args.max_image_pixels
     report = run_check(
         source, workers=args.workers, write=not args.no_write, progress=not args.quiet, max_image_pixels=limit

@@ -38,6 +38,8 @@ def _shard_arguments(p: argparse.ArgumentParser) -> None:
     """The options of the commands that read every shard (index, check)."""
     p.add_argument("--image", default="jpg;jpeg;png", help="image extensions, in order of preference")
     p.add_argument("--label", default="cls", help="label extension, or 'none' for unlabeled data")
+    p.add_argument("--fields", metavar="NAME=EXTS,...", help="the other fields a loader reads (WebDataset("
+                   "fields=)), e.g. 'text=txt,meta=json,emb=npy': indexed, and decoded by check")  # fmt: skip
     p.add_argument("--workers", type=int, default=None, help="processes (default: one per usable CPU; 0: this process)")
     p.add_argument("--storage-options", metavar="JSON", help="remote shards: the fsspec filesystem's options, "
                    "e.g. '{\"endpoint_url\": \"http://host:8333\"}' (default: the driver's environment)")  # fmt: skip

@@ -69,20 +69,24 @@ class Batch:
         return self.images if isinstance(self.images, tuple) else (self.images,)
 
     def to(self, device: Any, *, non_blocking: bool = False) -> Batch:
-        """The batch with its tensors on ``device`` (images, labels and ``valid``; keys as they are).
+        """The batch with its tensors on ``device`` (images, labels, ``valid`` and the fields'
+        tensors; keys, text and JSON as they are).
         Trainers move a batch with this method (Lightning's ``batch_to_device``)."""
 
         def move(x: Any) -> Any:
-            if isinstance(x, tuple):
-                return tuple(move(v) for v in x)
+            if isinstance(x, tuple):  # views; a field's Padded (a named tuple) stays one
+                moved = [move(v) for v in x]
+                return type(x)(*moved) if hasattr(x, "_fields") else tuple(moved)
+            if isinstance(x, list):  # a field's list of tensors (lists of str or dicts are kept)
+                return [move(v) for v in x] if any(isinstance(v, torch.Tensor) for v in x) else x
             return x.to(device, non_blocking=non_blocking) if isinstance(x, torch.Tensor) else x
 
         return Batch(move(self.images), move(self.labels), self.keys, move(self.valid),
                      {name: move(value) for name, value in self.fields.items()})  # fmt: skip
 
     def __repr__(self) -> str:
-        shapes = [tuple(v.shape) for v in self.views]
-        images = shapes[0] if len(shapes) == 1 else shapes
+        shapes = [tuple(v.shape) for v in self.views if v is not None]
+        images = None if not shapes else shapes[0] if len(shapes) == 1 else shapes
         fields = f", fields={list(self.fields)}" if self.fields else ""
         return f"Batch(images={images}, keys={len(self.keys)}, valid={int(self.valid.sum())}{fields})"
 

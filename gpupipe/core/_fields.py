@@ -29,7 +29,7 @@ import enum
 import json
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
@@ -37,6 +37,7 @@ from ._errors import ConfigError, Damage, SampleError
 from ._validate import valid_bytes, valid_enum
 
 __all__ = [
+    "Padded",
     "Missing",
     "Field",
     "Image",
@@ -45,6 +46,7 @@ __all__ = [
     "Label",
     "Array",
     "parse_fields",
+    "field_values",
     "ascii_int",
     "IMAGE_EXTS",
 ]
@@ -70,6 +72,15 @@ def ascii_int(raw: bytes, *, low: int = _INT64[0], high: int = _INT64[1]) -> int
     if not low <= value <= high:
         raise ValueError("is out of the int64 range")
     return value
+
+
+class Padded(NamedTuple):
+    """Arrays of different shapes in one batch (``Array(..., pad=value)``): ``data``
+    ``[B, *largest]``, each sample's array at its start and ``pad`` beyond it; ``lengths`` int64
+    ``[B, ndim]``, each array's shape. ``Batch.to`` moves both."""
+
+    data: Any  # torch.Tensor [B, *largest]
+    lengths: Any  # torch.Tensor int64 [B, ndim]
 
 
 class Missing(str, enum.Enum):
@@ -203,10 +214,16 @@ class Array(Field):
 
     Args:
         dtype, shape: what every sample's array must be (``None``: any); a mismatch is a bad field.
+        pad: how a batch holds arrays whose shapes differ. ``None`` (default): a list of
+            tensors (a batch of one shape is one ``[B, ...]`` tensor). A number: always a
+            :class:`Padded` ``(data, lengths)``, ``data`` ``[B, *largest]`` filled with ``pad``
+            beyond each array, ``lengths`` int64 ``[B, ndim]`` each array's shape (boxes:
+            ``Array("npy", pad=0)`` gives ``[B, K, 4]`` and how many ``K`` each sample has).
     """
 
     dtype: Any = None
     shape: tuple[int, ...] | None = None
+    pad: float | None = None
 
     kind: ClassVar[str] = "array"
     default_max_bytes: ClassVar[int] = 1 << 31
@@ -226,6 +243,8 @@ class Array(Field):
             if shape is None or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape):
                 raise ConfigError(f"Array: shape must be a tuple of ints >= 0, got {self.shape!r}")
             object.__setattr__(self, "shape", shape)
+        if self.pad is not None and (isinstance(self.pad, bool) or not isinstance(self.pad, (int, float))):
+            raise ConfigError(f"Array: pad must be a number (the value beyond each array) or None, got {self.pad!r}")
 
     def empty(self) -> Any:
         return np.zeros((0,), self.dtype if self.dtype is not None else np.float32)
@@ -340,4 +359,19 @@ def parse_fields(fields: Mapping[str, Any]) -> dict[str, Field]:
                 raise ConfigError(f"fields: .{ext} is read by both {owner[ext]!r} and {name!r}")
             owner[ext] = name
         out[name] = field
+    return out
+
+
+def field_values(fields: Mapping[str, Field], stored: Mapping[str, bytes | None] | None, *, shard: str,
+                 key: str) -> dict[str, Any] | None:  # fmt: skip
+    """The values of a sample's ``fields`` (``Index.fields``) from its members' bytes
+    (``stored``, by name), decoded safely (``gpupipe.core._fields``); a field without a member
+    gets its empty value. ``None`` for a source without fields."""
+    if not fields:
+        return None
+    stored = stored or {}
+    out = {}
+    for name, field in fields.items():
+        data = stored.get(name)
+        out[name] = field.empty() if data is None else field.decode(data, shard=shard, key=key)
     return out

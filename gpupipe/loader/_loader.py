@@ -95,10 +95,9 @@ class Loader(LoaderAttributes):
         topo = _dist.topology(config.rank, config.world_size)
         self.pipeline = pipeline
         self.rank, self.world_size = topo.rank, topo.world_size
-        backend, device = backends.resolve(config.backend, config.device, pipeline.views, fields=pipeline.fields)
-        self.chosen = backends.why(
-            config.backend, config.device, backend, device, pipeline.views, fields=pipeline.fields
-        )  # auto's reasons; fmt: skip
+        needs = {"fields": pipeline.fields, "images": pipeline.has_image}  # what the source asks of a backend
+        backend, device = backends.resolve(config.backend, config.device, pipeline.views, **needs)  # type: ignore[arg-type]
+        self.chosen = backends.why(config.backend, config.device, backend, device, pipeline.views, **needs)  # type: ignore[arg-type]
         require_runnable(pipeline, backend)
         self.seed = _dist.shared_seed(config.seed, topo, shuffle=config.shuffle, device=device)
         self.backend, self.device = backend.name, str(device)
@@ -402,7 +401,8 @@ class Loader(LoaderAttributes):
                 if raw.skipped:
                     self._skips.mark(raw.skipped, valid, epoch, limit)
                 at.yielded = shift + b + 1
-                images, labels = raw.images if self.pipeline.has_views else raw.images[0], raw.labels
+                images = raw.images if self.pipeline.has_views else raw.images[0] if raw.images else None
+                labels = raw.labels
                 mask = backends.to_device(torch.from_numpy(valid), device)
                 mixing = self.pipeline.batch_transform
                 if mixing is not None and labels is not None and not raw.mixed:  # MixUp, CutMix: on the device

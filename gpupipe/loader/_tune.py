@@ -107,7 +107,11 @@ def tune(pipeline: Any, batch_size: int, *, seconds: float = 3.0, record: bool =
     from .. import backends
 
     backend, device = backends.resolve(
-        options.get("backend", "auto"), options.get("device"), pipeline.views, fields=pipeline.fields
+        options.get("backend", "auto"),
+        options.get("device"),
+        pipeline.views,
+        fields=pipeline.fields,
+        images=pipeline.has_image,
     )
     cores = cores_per_rank(ranks_per_node)
     gpu_decoder = backend.name == "dali" and device.type == "cuda"

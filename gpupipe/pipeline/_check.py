@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..core._errors import ConfigError, Damage, DataError, Problem, counted, redact
+from ..core._fields import field_values
 from ..runtime._children import process_pool
 from ..runtime._decode import MAX_IMAGE_PIXELS, verdicts
 from ..runtime._dist import cpu_cores
@@ -121,26 +122,29 @@ def _check_shard(job: _Job) -> tuple[int, int | None, list[Finding]]:
     from ..sources._webdataset import TarReader
 
     url, image_exts, label_ext, max_pixels, source = job
+    extra, members = source.extra_fields(), source.field_members()
     findings = []
     where = redact(url)  # what reports show: no credentials or signatures
     with storage_for([url], storage_options=source.storage_options, cache_dir=source.cache_dir) as storage:
-        shard = cached_scan(storage, url, image_exts, label_ext)
+        shard = cached_scan(storage, url, image_exts, label_ext, fields=members)
         for error in shard.errors():
             findings.append(Finding(where, error.key, None, error.kind or Damage.UNREADABLE_SHARD, str(error)))
         if not len(shard):
             return 0, None, findings
         size = storage.stat(url).size
-        reader = TarReader(storage, labeled=label_ext is not None)
+        reader = TarReader(storage, labeled=label_ext is not None, fields=extra)
         for first in range(0, len(shard), _CHUNK):  # read a chunk, then decode it in a child process
             numbers, suspects = [], []
             for i in range(first, min(first + _CHUNK, len(shard))):
                 try:
                     raw = reader.read(shard, i)
+                    field_values(extra, raw.fields, shard=url, key=raw.key)  # a bad field: as the loaders decode it
                 except DataError as e:
                     findings.append(Finding(where, shard.keys[i], i, e.kind or Damage.UNDECODABLE, str(e)))
                     continue
-                numbers.append(i)
-                suspects.append((raw.data, url, raw.key))
+                if image_exts:  # (a source of fields alone has no image to decode)
+                    numbers.append(i)
+                    suspects.append((raw.data, url, raw.key))
             for i, refused in zip(numbers, verdicts(suspects, max_pixels=max_pixels), strict=True):
                 if refused is not None:
                     findings.append(Finding(where, shard.keys[i], i, refused.kind or Damage.UNDECODABLE, str(refused)))
@@ -210,7 +214,7 @@ def check(
                 continue
             stale = os.path.exists(mask_url(path))
             target = write_mask(path, url, size=size, samples=samples, image_exts=image_exts, label_ext=label_ext,
-                                bad=listed)  # fmt: skip
+                                bad=listed, fields=source.field_members())  # fmt: skip
             if target is not None:
                 written.append(target)
             elif stale:

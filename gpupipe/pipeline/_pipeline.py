@@ -89,6 +89,10 @@ class Pipeline:
                 f"list of shard paths, got {type(source).__name__}"
             )
         self.source = source
+        self.has_image = bool(getattr(source, "has_image", True))  # not: a source of fields alone
+        if not self.has_image and (transforms or views is not None or per_source is not None or batch_transform):
+            raise ConfigError("Pipeline: the source's samples have no image (fields= without an image field): "
+                              "give no transforms, views, per_source or batch_transform")  # fmt: skip
         self.per_source = per_source is not None
         if per_source is not None:
             views = self._per_source(source, transforms, views, per_source)
@@ -160,7 +164,10 @@ class Pipeline:
     @property
     def output_specs(self) -> tuple[ImageSpec, ...]:
         """Shape and dtype of each view's output image (one for a single transform list, or
-        ``per_source`` lists); ``height``/``width`` are None where they vary."""
+        ``per_source`` lists); ``height``/``width`` are None where they vary. None for a source
+        without images."""
+        if not self.has_image:
+            return ()
         if self.per_source:
             return (self.view_specs[0][-1],)
         return tuple(specs[-1] for specs in self.view_specs)
@@ -257,6 +264,6 @@ def require_runnable(pipeline: Pipeline, backend: Any) -> None:
                 f"{which} varies ({output}); batching needs a fixed size: end it "
                 "with CenterCrop, RandomCrop, RandomResizedCrop or Resize((h, w))"
             )
-    backend.require_fields(pipeline.fields)
+    backend.require_fields(pipeline.fields, images=pipeline.has_image)
     for steps in pipeline.views:
         backend.require_supported(steps)

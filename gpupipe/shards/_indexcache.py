@@ -53,6 +53,7 @@ VERSION = "v1.2"
 # In the file name's hash: 2 records damage (problems.json); 3 checks a tar's end (a cut in a header, at
 # a member boundary, garbage after a member). Indexes of an older schema are rescanned once.
 SCHEMA = 3
+_NO_IMAGE = "none"  # a sample's image member in the index of a source without images (its range: -1 -1)
 
 
 def cache_dir() -> str:
@@ -90,7 +91,8 @@ def save(path: str, keys: list[str], image_exts: list[str], image: np.ndarray, l
         return False
     lines = [f"{VERSION} {len(keys)}\n"]
     for i, key in enumerate(keys):
-        line = f"{image_exts[i]} {image[i, 0]} {image[i, 1]} {key}.{image_exts[i]}"
+        ext = image_exts[i] or _NO_IMAGE
+        line = f"{ext} {image[i, 0]} {image[i, 1]} {key}.{ext}"
         if label is not None:
             line += f" cls {label[i, 0]} {label[i, 1]} {key}.cls"
         for field, ranges in fields:
@@ -135,7 +137,7 @@ def load(
     ):
         return None
     keys = [r[3][: -len(r[0]) - 1] for r in rows]
-    exts = [r[0] for r in rows]
+    exts = ["" if r[0] == _NO_IMAGE else r[0] for r in rows]
     image = np.array([[int(r[1]), int(r[2])] for r in rows], dtype=np.int64).reshape(n, 2)
     label = (
         np.array([[int(r[5]), int(r[6])] for r in rows], dtype=np.int64).reshape(n, 2)

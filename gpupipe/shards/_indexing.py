@@ -55,7 +55,8 @@ def cached_scan(
             _say_what_indexing_costs(url)
         shard = _scan_and_cache(storage, url, idx_path, stat, image_exts, label_ext, fields)
     shard.nbytes = stat.size
-    shard.bad = read_mask(storage, url, size=stat.size, samples=len(shard), image_exts=image_exts, label_ext=label_ext)
+    shard.bad = read_mask(storage, url, size=stat.size, samples=len(shard), image_exts=image_exts, label_ext=label_ext,
+                          fields=fields)  # fmt: skip
     return shard
 
 

@@ -6,7 +6,10 @@ every rank and node sees the same list. A loader leaves the listed samples out o
 either ``on_error`` policy, without renumbering the others: sample numbers are the index's, so
 plans and saved loader states keep their meaning. A list applies only to the shard it was written
 for: the shard's size, its sample count and the image and label extensions must match, else the
-list is ignored with a warning (run ``gpupipe check`` again).
+list is ignored with a warning (run ``gpupipe check`` again). A list written for a source with
+``fields=`` names them (``"fields"``: each field's name, extensions and missing policy, as the
+index numbers samples by them and a bad field is a bad sample there only); it applies to loaders
+of those fields alone, and a list without ``"fields"`` to loaders without fields.
 
 Format (JSON)::
 
@@ -25,6 +28,7 @@ from typing import Any
 
 from ..core._errors import Damage, Problem, redact
 from ..storage._base import Storage, beside, write_atomic
+from ._shard import FieldMembers
 
 __all__ = ["mask_url", "read_mask", "write_mask", "FORMAT", "SUFFIX"]
 
@@ -41,8 +45,20 @@ def _exts(image_exts: tuple[str, ...], label_ext: str | None) -> tuple[str, str 
     return ";".join(image_exts), label_ext
 
 
+def _fields_id(fields: tuple[FieldMembers, ...]) -> str:
+    """The fields a list was written for, as its ``"fields"`` entry (``""``: none)."""
+    return ",".join(f"{f.name}={';'.join(f.exts)}/{f.missing}" for f in fields)
+
+
 def read_mask(
-    storage: Storage, url: str, *, size: int, samples: int, image_exts: tuple[str, ...], label_ext: str | None
+    storage: Storage,
+    url: str,
+    *,
+    size: int,
+    samples: int,
+    image_exts: tuple[str, ...],
+    label_ext: str | None,
+    fields: tuple[FieldMembers, ...] = (),
 ) -> tuple[tuple[int, Problem], ...]:
     """The bad samples listed for shard ``url`` (``(sample number, problem)``, sorted), or ``()``
     where there is no list, or it was written for another version of the shard (a warning)."""
@@ -68,6 +84,8 @@ def read_mask(
                 where, doc["size"], doc["samples"], doc["image"], doc["label"], size, samples, image, label,
             )  # fmt: skip
             return ()
+        if doc.get("fields", "") != _fields_id(fields):  # (no warning: other fields, another list's reader)
+            return ()
         listed = f"is listed as bad in {where} (by gpupipe check): "
         bad = sorted(
             (int(r["sample"]), Problem(Damage(r["kind"]), str(r["key"]), listed + str(r["detail"]))) for r in doc["bad"]
@@ -89,6 +107,7 @@ def write_mask(
     image_exts: tuple[str, ...],
     label_ext: str | None,
     bad: list[tuple[int, Problem]],
+    fields: tuple[FieldMembers, ...] = (),
 ) -> str | None:
     """Writes (atomically) or, for a shard without bad samples, removes the local bad-sample list
     of the shard at ``path``; returns the file written, or ``None``."""
@@ -106,6 +125,7 @@ def write_mask(
         "samples": samples,
         "image": image,
         "label": label,
+        **({"fields": _fields_id(fields)} if fields else {}),
         "bad": [{"sample": n, "key": p.key, "kind": p.kind.value, "detail": p.detail} for n, p in sorted(bad)],
     }
     write_atomic(target, json.dumps(doc, indent=1).encode())

@@ -153,7 +153,7 @@ def scan_tar(
     kept: list[int] = []
     seen: dict[str, int] = {}
     for g, (key, members) in enumerate(groups):
-        chosen = next((e for e in image_exts if e in members), None)
+        chosen = next((e for e in image_exts if e in members), None) if image_exts else ""  # "": no image asked
         if key in seen:
             detail = f"repeats the key of sample {seen[key]} of the shard; the first is used"
             problems.append(Problem(Damage.DUPLICATE_KEY, key, detail))
@@ -176,7 +176,9 @@ def scan_tar(
         problems.insert(0, Problem(Damage.TRUNCATED_SHARD, None, detail))
     elif not groups:
         problems.append(Problem(Damage.EMPTY_SHARD, None, "holds no samples"))
-    image = np.array([groups[g][1][exts[i]] for i, g in enumerate(kept)], np.int64).reshape(n, 2)
+    image = np.array([groups[g][1][exts[i]] if exts[i] else (-1, -1) for i, g in enumerate(kept)], np.int64).reshape(
+        n, 2
+    )
     label = (
         np.array([groups[g][1][label_ext] for g in kept], np.int64).reshape(n, 2)
         if label_ext is not None
@@ -197,4 +199,4 @@ def _absent(members: dict[str, tuple[int, int]], fields: tuple[FieldMembers, ...
 
 
 def _complete(members: dict[str, tuple[int, int]], image_exts: tuple[str, ...], label_ext: str | None) -> bool:
-    return any(e in members for e in image_exts) and (label_ext is None or label_ext in members)
+    return (not image_exts or any(e in members for e in image_exts)) and (label_ext is None or label_ext in members)

@@ -61,6 +61,8 @@ class Index:
         sequential: ``True`` where shards are best read front to back (tar files); ``False`` where
             every sample is its own file (ImageFolder).
         labeled: whether samples carry labels.
+        images: whether samples have an image (``False``: a source of fields alone, ``.npy``
+            arrays say; ``RawSample.data`` is then empty).
         fields: the samples' fields beyond the image and the label (a source's ``fields=``), by
             name: how each is decoded (``gpupipe.core._fields.Field``); empty for most sources.
         shard_sizes: int64 ``[S]``, samples per shard; ``offsets``: int64 ``[S + 1]``, cumulative.
@@ -71,12 +73,13 @@ class Index:
     MAX_LOADED = 1024  # lazily loaded shard details kept per process
 
     def __init__(self, shards: list[ShardIndex], *, reader: Reader, sequential: bool, labeled: bool,
-                 fields: dict[str, Any] | None = None) -> None:  # fmt: skip
+                 fields: dict[str, Any] | None = None, images: bool = True) -> None:  # fmt: skip
         self.shards = shards
         self.reader = reader
         self.sequential = sequential
         self.labeled = labeled
         self.fields: dict[str, Any] = dict(fields or {})  # name -> gpupipe.core._fields.Field, beyond image and label
+        self.images = images  # whether samples have an image (not: a source of fields alone)
         self.shard_sizes = np.array([len(s) for s in shards], dtype=np.int64)
         self.offsets = np.concatenate([[0], np.cumsum(self.shard_sizes)]).astype(np.int64)
         self._init_process_state()

@@ -66,14 +66,15 @@ class WebDataset(Source):
             A value is extensions (their kind says how they are decoded: images, ``cls``,
             ``txt``, ``json``, ``npy``) or a field of ``gpupipe.fields`` (``Text``, ``Json``,
             ``Label``, ``Array``, ``Image``) for its options: ``missing`` (``"error"``, ``"skip"``,
-            ``"empty"``), ``max_bytes``, an array's ``dtype`` and ``shape``. The one ``Image``
-            field replaces ``image=``; a ``Label`` field named ``"label"`` replaces ``label=``
-            (without one the source is unlabeled). The others come with each batch by name
-            (``batch["text"]``: a list of str; ``batch["meta"]``: a list of dicts; an array field
-            of one shape: a ``[B, ...]`` tensor, else a list; a ``Label``: int64 ``[B]``), decoded
-            in the torch backend's workers or the DALI backend's reader threads (the same values),
-            never by unpickling. Default ``None``: image and label only. The Ray backend does not
-            read fields yet.
+            ``"empty"``), ``max_bytes``, an array's ``dtype``, ``shape`` and ``pad``. The one
+            ``Image`` field replaces ``image=``; without one, samples have no image (a pipeline of
+            fields alone, ``.npy`` arrays say: ``images`` is ``None``). A ``Label`` field named
+            ``"label"`` replaces ``label=`` (without one the source is unlabeled). The others come
+            with each batch by name: ``batch["text"]`` a list of str, ``batch["meta"]`` a list of
+            dicts, an array field of one shape a ``[B, ...]`` tensor (else a list, or
+            ``Padded``), a ``Label`` int64 ``[B]``. They are decoded in the torch backend's
+            workers or the DALI backend's reader threads (the same values), never by unpickling.
+            Default ``None``: image and label only. The Ray backend does not read fields yet.
 
     A sample is a run of consecutive members sharing a key: the member path up to the first dot of
     its file name (``img/00/000123.jpg`` → ``img/00/000123``). Members of other extensions are
@@ -103,7 +104,8 @@ class WebDataset(Source):
             object.__setattr__(self, "urls", tuple(os.fspath(u) for u in patterns))
         else:
             object.__setattr__(self, "urls", tuple(expand_urls(self.urls)))
-        _split_exts(self.image, "image")
+        if self.has_image:
+            _split_exts(self.image, "image")
         if self.label is not None:
             _split_exts(self.label, "label")
 
@@ -112,10 +114,9 @@ class WebDataset(Source):
         becomes ``label``, the rest are :meth:`extra_fields`."""
         fields = parse_fields(self.fields)  # type: ignore[arg-type]
         images = [name for name, f in fields.items() if isinstance(f, Image)]
-        if len(images) != 1:
+        if len(images) > 1:
             raise ConfigError(
-                f"WebDataset: fields= needs exactly one image field (jpg, png, ... or gp.fields.Image), got "
-                f"{images or 'none'}: a source without images comes with a later gpupipe"
+                f"WebDataset: fields= takes one image field (jpg, png, ... or gp.fields.Image), got {images}"
             )
         if self.image != "jpg;jpeg;png" or (self.label != "cls" and self.label is not None):
             raise ConfigError("WebDataset: give the image and the label in fields=, not also as image= and label=")
@@ -124,7 +125,7 @@ class WebDataset(Source):
             raise ConfigError(f"WebDataset: fields['label'] is the class label: an integer member (cls), got {label}")
         if label is not None and (len(label.exts) != 1 or label.missing is not Missing.ERROR):
             raise ConfigError("WebDataset: fields['label'] (the class label) is one extension, and every sample has it")
-        object.__setattr__(self, "image", ";".join(fields[images[0]].exts))
+        object.__setattr__(self, "image", ";".join(fields[images[0]].exts) if images else "")
         object.__setattr__(self, "label", label.exts[0] if label is not None else None)
         object.__setattr__(self, "fields", fields)
 
@@ -133,6 +134,10 @@ class WebDataset(Source):
         if not self.fields:
             return {}
         return {n: f for n, f in self.fields.items() if not isinstance(f, Image) and not (n == "label" and self.label)}
+
+    def field_members(self) -> tuple[FieldMembers, ...]:
+        """The :meth:`extra_fields` as a shard's index knows them (name, extensions, missing)."""
+        return tuple(FieldMembers(n, tuple(f.exts), Missing(f.missing).value) for n, f in self.extra_fields().items())
 
     def listing(self) -> tuple[str, ...] | None:
         """With ``relist=True``: the shards that match ``urls`` now (``None`` otherwise)."""
@@ -156,9 +161,16 @@ class WebDataset(Source):
             cache_size=self.cache_size,  # type: ignore[arg-type]  # an int after __post_init__
         )
 
+    @property
+    def has_image(self) -> bool:
+        """Whether samples have an image: not for ``fields=`` without an image field (arrays, text)."""
+        return self.fields is None or bool(self.image)
+
     def extensions(self) -> tuple[tuple[str, ...], str | None]:
-        """The image extensions, in order of preference, and the label extension (``None``)."""
-        return _split_exts(self.image, "image"), (self.label.lstrip(".").lower() if self.label else None)
+        """The image extensions, in order of preference (none for a source without images), and
+        the label extension (``None``)."""
+        image = _split_exts(self.image, "image") if self.has_image else ()
+        return image, (self.label.lstrip(".").lower() if self.label else None)
 
     def index(self, *, rank: int = 0, world_size: int = 1, on_error: OnError | str = OnError.RAISE) -> Index:
         """Indexes the shards. Cached shards cost one header line each (their details load when
@@ -174,8 +186,7 @@ class WebDataset(Source):
         if self.relist:
             return self.with_listing(self.listing()).index(rank=rank, world_size=world_size, on_error=on_error)
         image_exts, label_ext = self.extensions()
-        extra = self.extra_fields()
-        members = tuple(FieldMembers(n, tuple(f.exts), Missing(f.missing).value) for n, f in extra.items())
+        extra, members = self.extra_fields(), self.field_members()
         storage = self.storage()
         n = len(self.urls)
         first = rank * n // max(1, world_size)
@@ -185,7 +196,8 @@ class WebDataset(Source):
             shards[s] = cached_scan(storage, self.urls[s], image_exts, label_ext, fields=members)
         labeled = label_ext is not None
         reader = TarReader(storage, labeled=labeled, fields=extra)
-        index = Index(shards, reader=reader, sequential=True, labeled=labeled, fields=extra)  # type: ignore[arg-type]
+        index = Index(shards, reader=reader, sequential=True, labeled=labeled, fields=extra,  # type: ignore[arg-type]
+                      images=bool(image_exts))  # fmt: skip
         try:
             policy = valid_enum("WebDataset.index", on_error, "on_error", OnError)
             _none_missing_all(self.urls, index.problems)  # whatever the policy: skipping all leaves nothing
@@ -253,7 +265,7 @@ class TarReader:
     def read(self, shard: ShardIndex, i: int) -> RawSample:
         key = shard.keys[i]
         offset, size = shard.column("image_range")[i]
-        data = self._read(shard, int(offset), int(size), key)
+        data = self._read(shard, int(offset), int(size), key) if size >= 0 else b""  # (-1: a source without images)
         label = None
         if self.labeled:
             parsed = shard.detail()[1].get("label")  # parsed when indexed

@@ -15,6 +15,7 @@ class TorchBackend(Backend):
     requirement = "torch and torchvision"
     lowerings = LOWERINGS
     reads_fields = True
+    imageless = True
 
     def runner(self, spec: RunSpec) -> Runner:
         from ._runner import TorchRunner
