@@ -15,11 +15,14 @@ from ..core._fields import Array, Field, Label, Padded, field_values
 __all__ = ["field_values", "batch_fields", "empty_values", "refill"]
 
 
-def batch_fields(fields: Mapping[str, Field], values: Sequence[dict[str, Any] | None]) -> dict[str, Any]:
+def batch_fields(fields: Mapping[str, Field], values: Sequence[dict[str, Any] | None], *,
+                 shared: bool = False) -> dict[str, Any]:  # fmt: skip
     """A batch's field values by name: a ``Label`` field's as an int64 ``[B]`` tensor, an
     ``Array`` field's as one ``[B, ...]`` tensor where every sample's has the same shape and dtype
     (else a list of tensors), text and JSON values as lists. Arrays are copied out of the shard's
-    bytes (torch wants writable memory)."""
+    bytes (torch wants writable memory), once: ``shared`` (in a worker process) into shared
+    memory, as the images are, so that the batch crosses to the training process without
+    another copy."""
     out: dict[str, Any] = {}
     for name, field in fields.items():
         column = [v[name] if v is not None else field.empty() for v in values]
@@ -30,13 +33,24 @@ def batch_fields(fields: Mapping[str, Field], values: Sequence[dict[str, Any] | 
         elif isinstance(field, Array):
             same = all(v.shape == column[0].shape and v.dtype == column[0].dtype for v in column)
             try:
-                out[name] = (
-                    torch.from_numpy(np.stack(column)) if same else [torch.from_numpy(np.array(v)) for v in column]
-                )
+                out[name] = _stacked(column, shared) if same else [torch.from_numpy(np.array(v)) for v in column]
             except TypeError:  # a dtype torch has no tensor of: NumPy arrays, as read
                 out[name] = [np.array(v) for v in column]
         else:
             out[name] = column
+    return out
+
+
+def _stacked(column: Sequence[np.ndarray], shared: bool) -> torch.Tensor:
+    """Arrays of one shape and dtype in one ``[B, ...]`` tensor, each copied once, into shared
+    memory where ``shared``. ``TypeError`` for a dtype torch has no tensor of."""
+    dtype = torch.from_numpy(np.empty(0, column[0].dtype)).dtype
+    out = torch.empty((len(column), *column[0].shape), dtype=dtype)
+    if shared:
+        out.share_memory_()
+    rows = out.numpy()
+    for i, v in enumerate(column):
+        rows[i] = v
     return out
 
 

@@ -197,7 +197,11 @@ class Collate:
         images = tuple(self._stack(view) for view in zip(*(s[0] for s in samples), strict=True))
         labels = None if samples[0][1] is None else torch.tensor([s[1] for s in samples], dtype=torch.int64)
         keys = [s[2] for s in samples]
-        fields = batch_fields(self.fields, [s[3] for s in samples]) if self.fields else None
+        fields = (
+            batch_fields(self.fields, [s[3] for s in samples], shared=get_worker_info() is not None)
+            if self.fields
+            else None
+        )
         if self.mix is not None and labels is not None and isinstance(items, BatchItems):
             valid = torch.tensor(items.valid, dtype=torch.bool)
             valid[[i for i, _ in failed]] = False
