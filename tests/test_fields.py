@@ -404,7 +404,7 @@ class TestFieldsConfig:
             gp.WebDataset(path, image="png", fields={"image": "jpg"})
         with pytest.raises(gp.ConfigError, match="the class label"):
             gp.WebDataset(path, fields={"image": "jpg", "label": "txt"})
-        with pytest.raises(gp.ConfigError, match="a Mix does not read them"):
+        with pytest.raises(gp.ConfigError, match="other fields than sources"):
             gp.Mix([gp.WebDataset(path, fields=FIELDS), gp.WebDataset(path)])
         source = gp.WebDataset(path, fields={"image": "jpg;png", "label": "cls", "text": "txt"})
         assert source.image == "jpg;png" and source.label == "cls" and list(source.extra_fields()) == ["text"]
@@ -483,3 +483,21 @@ class TestWithoutImages:
         if importlib.util.find_spec("nvidia.dali") is not None:
             with pytest.raises(gp.UnsupportedTransformError, match="dali backend does not read a source without"):
                 gp.Loader(gp.Pipeline(source), 2, backend="dali", device="cpu")
+
+
+class TestMixOfFields:
+    @pytest.mark.parametrize("backend", BACKENDS)
+    def test_sources_with_the_same_fields_mix(self, tmp_path, backend):
+        (tmp_path / "a").mkdir()
+        (tmp_path / "b").mkdir()
+        a, b = shard_with_fields(tmp_path / "a", n=6), shard_with_fields(tmp_path / "b", n=6)
+        mix = gp.Mix([gp.WebDataset(a, fields=FIELDS), gp.WebDataset(b, fields=FIELDS)], counts=[6, 6])
+        assert list(mix.extra_fields()) == ["text", "meta", "emb"] and mix.has_image
+        seen = 0
+        for batch in read_all(mix, backend=backend):
+            for j, key in enumerate(batch.keys):
+                i = int(key[1:])
+                assert batch["text"][j] == f"caption {i}, ünï" and batch["meta"][j]["i"] == i
+                assert torch.equal(batch["emb"][j], torch.arange(6, dtype=torch.float32) * i)
+                seen += 1
+        assert seen == 12

@@ -87,9 +87,15 @@ class Mix(Source):
         for i, s in enumerate(sources):
             if not isinstance(s, Source) or isinstance(s, Mix):
                 raise ConfigError(f"Mix: sources[{i}] must be a source other than a Mix, got {type(s).__name__}")
-            if getattr(s, "extra_fields", dict)():
-                raise ConfigError(f"Mix: sources[{i}] has fields= beyond image and label: a Mix does not read them yet")
         object.__setattr__(self, "sources", sources)
+        fields: list[dict[str, Any]] = [getattr(s, "extra_fields", dict)() for s in sources]
+        images = [bool(getattr(s, "has_image", True)) for s in sources]
+        for i in range(1, len(sources)):
+            if fields[i] != fields[0] or images[i] != images[0]:
+                raise ConfigError(
+                    f"Mix: sources[{i}] has other fields than sources[0] ({sorted(fields[i])}, images {images[i]}; "
+                    f"{sorted(fields[0])}, images {images[0]}): a batch holds one set of fields"
+                )
         n = len(sources)
         if self.weights is not None and self.counts is not None:
             raise ConfigError("Mix: give weights or counts, not both")
@@ -126,6 +132,15 @@ class Mix(Source):
             return self
         sources = cast("tuple[Source, ...]", self.sources)
         return dataclasses.replace(self, sources=[s.with_listing(x) for s, x in zip(sources, listing, strict=True)])
+
+    def extra_fields(self) -> dict[str, Any]:
+        """The sources' fields beyond image and label (the same for every source)."""
+        return getattr(self.sources[0], "extra_fields", dict)()
+
+    @property
+    def has_image(self) -> bool:
+        """Whether the sources' samples have an image (the same for every source)."""
+        return bool(getattr(self.sources[0], "has_image", True))
 
     def index(self, *, rank: int = 0, world_size: int = 1, on_error: Any = "raise") -> Index:
         """Indexes each source, then numbers their samples one source after another."""
@@ -212,7 +227,8 @@ class MixIndex(Index):
         self.label_offsets = np.asarray(label_offsets if label_offsets is not None else [0] * len(parts), np.int64)
         reader = MixReader([p.reader for p in parts], {s.path: i for i, p in reversed(list(enumerate(parts)))
                                                        for s in p.shards})  # fmt: skip
-        super().__init__(shards, reader=reader, sequential=all(p.sequential for p in parts), labeled=parts[0].labeled)
+        super().__init__(shards, reader=reader, sequential=all(p.sequential for p in parts), labeled=parts[0].labeled,
+                         fields=parts[0].fields, images=parts[0].images)  # fmt: skip
 
     def source_of(self, samples: np.ndarray) -> np.ndarray:
         """The source number of each of ``samples`` (int64 ``[B]``)."""
@@ -242,6 +258,9 @@ class MixReader:
 
     def read(self, shard: ShardIndex, i: int) -> RawSample:
         return self.readers[self.owners[shard.path]].read(shard, i)
+
+    def read_fields(self, shard: ShardIndex, i: int) -> dict[str, bytes | None]:
+        return self.readers[self.owners[shard.path]].read_fields(shard, i)
 
     def close(self) -> None:
         for r in self.readers:
