@@ -267,7 +267,7 @@ def _index_one(job: tuple[str, tuple[str, ...], str | None, bool, dict[str, Any]
 
     url, image_exts, label_ext, beside, options, fields = job
     with storage_for([url], storage_options=options) as storage:
-        if not beside or fields:  # (index files beside the shards do not list fields)
+        if not beside:  # (index() refuses --beside with --fields: index files do not list fields)
             return len(cached_scan(storage, url, image_exts, label_ext, fields=fields)), 0
         shard, samples = shard_samples(storage, url, image_exts, label_ext)
         if samples is None or shard.nbytes is None:  # missing or unreadable: nothing to describe

@@ -33,7 +33,7 @@ import numpy as np
 
 from ..core._errors import Damage, Problem
 from ..storage._base import Stat, write_atomic
-from ._shard import FieldMembers
+from ._shard import FieldMembers, fields_id
 
 __all__ = [
     "cache_dir",
@@ -65,7 +65,7 @@ def index_path(canonical: str, stat: Stat, image_exts: tuple[str, ...], label_ex
                fields: tuple[FieldMembers, ...] = ()) -> str:  # fmt: skip
     """The cache file of the shard ``canonical`` (its storage's canonical URL) at ``stat``: one
     per set of members asked for (image and label extensions, the fields and their policies)."""
-    asked = "".join(f"|{f.name}={';'.join(f.exts)}/{f.missing}" for f in fields)
+    asked = f"|{fields_id(fields)}" if fields else ""
     ident = f"{canonical}|{';'.join(image_exts)}|{label_ext}|{SCHEMA}{asked}".encode()
     digest = hashlib.sha1(ident).hexdigest()[:20]
     name = re.sub(r"[^A-Za-z0-9._-]", "_", canonical.rpartition("/")[2].rpartition(".")[0]) or "shard"

@@ -28,7 +28,7 @@ from typing import Any
 
 from ..core._errors import Damage, Problem, redact
 from ..storage._base import Storage, beside, write_atomic
-from ._shard import FieldMembers
+from ._shard import FieldMembers, fields_id
 
 __all__ = ["mask_url", "read_mask", "write_mask", "FORMAT", "SUFFIX"]
 
@@ -43,11 +43,6 @@ def mask_url(url: str) -> str:
 
 def _exts(image_exts: tuple[str, ...], label_ext: str | None) -> tuple[str, str | None]:
     return ";".join(image_exts), label_ext
-
-
-def _fields_id(fields: tuple[FieldMembers, ...]) -> str:
-    """The fields a list was written for, as its ``"fields"`` entry (``""``: none)."""
-    return ",".join(f"{f.name}={';'.join(f.exts)}/{f.missing}" for f in fields)
 
 
 def read_mask(
@@ -84,7 +79,7 @@ def read_mask(
                 where, doc["size"], doc["samples"], doc["image"], doc["label"], size, samples, image, label,
             )  # fmt: skip
             return ()
-        if doc.get("fields", "") != _fields_id(fields):  # (no warning: other fields, another list's reader)
+        if doc.get("fields", "") != fields_id(fields):  # (no warning: other fields, another list's reader)
             return ()
         listed = f"is listed as bad in {where} (by gpupipe check): "
         bad = sorted(
@@ -125,7 +120,7 @@ def write_mask(
         "samples": samples,
         "image": image,
         "label": label,
-        **({"fields": _fields_id(fields)} if fields else {}),
+        **({"fields": fields_id(fields)} if fields else {}),
         "bad": [{"sample": n, "key": p.key, "kind": p.kind.value, "detail": p.detail} for n, p in sorted(bad)],
     }
     write_atomic(target, json.dumps(doc, indent=1).encode())

@@ -12,7 +12,7 @@ import numpy as np
 from ..core._errors import DataError, Problem, ShardError, problem_error
 from ..storage import Storage
 
-__all__ = ["NO_LABEL", "RawSample", "ShardDetail", "ShardIndex", "Reader", "FieldMembers", "field_column"]
+__all__ = ["NO_LABEL", "RawSample", "ShardDetail", "ShardIndex", "Reader", "FieldMembers", "field_column", "fields_id"]
 
 NO_LABEL = np.iinfo(np.int64).min  # in a parsed ``label`` column: the label member is not an integer
 
@@ -37,6 +37,12 @@ class FieldMembers(NamedTuple):
     name: str
     exts: tuple[str, ...]
     missing: str
+
+
+def fields_id(fields: tuple[FieldMembers, ...]) -> str:
+    """A set of fields as one string (``""``: none): what an index cache file is keyed on and a
+    bad-sample list names, since both number samples by the fields asked for."""
+    return ",".join(f"{f.name}={';'.join(f.exts)}/{f.missing}" for f in fields)
 
 
 def field_column(name: str) -> str:
