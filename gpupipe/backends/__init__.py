@@ -170,9 +170,8 @@ def auto_choice(
             return backend, _because(missing, reasons)
         if cannot is not None:
             refused = refused or cannot
-            text, prefix = str(cannot), f"the {backend.name} backend does not read a source"
-            unread = text.partition(": backend=")[0].removeprefix(f"the {backend.name} backend ")
-            reasons.append(f"{backend.name} {unread}" if text.startswith(prefix) else
+            unread = backend.unread(fields, images=images)
+            reasons.append(f"{backend.name} {unread}" if unread is not None else
                            f"{backend.name} cannot run {_step_of(cannot)}")  # fmt: skip
         elif fallback is None:
             fallback = backend

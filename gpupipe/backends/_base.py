@@ -220,19 +220,23 @@ class Backend(abc.ABC):
         cannot run on this backend: before any data is read."""
         self.lowerings.require_supported(transforms)
 
+    def unread(self, fields: Sequence[str], *, images: bool = True) -> str | None:
+        """What of a source this backend does not read, in a few words (``None``: it reads it
+        all): ``fields`` beyond image and label, or samples without ``images``."""
+        if not images and not self.imageless:
+            return "does not read a source without images (fields= without an image field) yet"
+        if fields and not self.reads_fields:
+            return f"does not read a source's fields= yet ({', '.join(map(repr, fields))})"
+        return None
+
     def require_fields(self, fields: Sequence[str], *, images: bool = True) -> None:
         """Raises UnsupportedTransformError if the pipeline's source has ``fields`` (beyond image
         and label) and this backend does not read them, or has no images (``images`` false) and
-        this backend needs one per sample."""
-        if not images and not self.imageless:
+        this backend needs one per sample (:meth:`unread`)."""
+        unread = self.unread(fields, images=images)
+        if unread is not None:
             raise UnsupportedTransformError(
-                f"the {self.name} backend does not read a source without images (fields= without an image "
-                "field) yet: backend='torch' does (backend='auto' picks it)"
-            )
-        if fields and not self.reads_fields:
-            raise UnsupportedTransformError(
-                f"the {self.name} backend does not read a source's fields= yet ({', '.join(map(repr, fields))}): "
-                "backend='torch' does (backend='auto' picks it)"
+                f"the {self.name} backend {unread}: backend='torch' does (backend='auto' picks it)"
             )
 
     @abc.abstractmethod

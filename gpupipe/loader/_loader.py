@@ -95,9 +95,11 @@ class Loader(LoaderAttributes):
         topo = _dist.topology(config.rank, config.world_size)
         self.pipeline = pipeline
         self.rank, self.world_size = topo.rank, topo.world_size
-        needs = {"fields": pipeline.fields, "images": pipeline.has_image}  # what the source asks of a backend
-        backend, device = backends.resolve(config.backend, config.device, pipeline.views, **needs)  # type: ignore[arg-type]
-        self.chosen = backends.why(config.backend, config.device, backend, device, pipeline.views, **needs)  # type: ignore[arg-type]
+        fields, images = pipeline.fields, pipeline.has_image  # what the source asks of a backend
+        backend, device = backends.resolve(config.backend, config.device, pipeline.views, fields=fields, images=images)
+        self.chosen = backends.why(
+            config.backend, config.device, backend, device, pipeline.views, fields=fields, images=images
+        )  # auto's reasons
         require_runnable(pipeline, backend)
         self.seed = _dist.shared_seed(config.seed, topo, shuffle=config.shuffle, device=device)
         self.backend, self.device = backend.name, str(device)
