@@ -501,3 +501,19 @@ class TestMixOfFields:
                 assert torch.equal(batch["emb"][j], torch.arange(6, dtype=torch.float32) * i)
                 seen += 1
         assert seen == 12
+
+
+def test_every_tensor_of_the_fields_is_moved_as_the_images_are():
+    """``map_tensors``: how the runners move a batch's fields to the loader's device (and how
+    ``Batch.to`` moves them): tensors, lists of tensors and ``Padded`` alike; text and JSON kept."""
+    from gpupipe.core._batch import map_tensors
+
+    t, lengths = torch.zeros(2, 3), torch.ones(2, 1, dtype=torch.int64)
+    text, meta = ["a", "b"], [{"i": 1}, {"i": 2}]
+    moved = map_tensors(
+        {"x": t, "boxes": gp.fields.Padded(t, lengths), "parts": [t, t], "text": text, "meta": meta, "none": None},
+        lambda v: v + 1,
+    )
+    assert isinstance(moved["boxes"], gp.fields.Padded) and torch.equal(moved["boxes"].lengths, lengths + 1)
+    assert all(torch.equal(v, t + 1) for v in (moved["x"], moved["boxes"].data, *moved["parts"]))
+    assert moved["text"] is text and moved["meta"] is meta and moved["none"] is None

@@ -4,12 +4,12 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
-__all__ = ["Batch", "SkippedSample"]
+__all__ = ["Batch", "SkippedSample", "map_tensors"]
 
 
 @dataclasses.dataclass(eq=False)
@@ -74,21 +74,32 @@ class Batch:
         Trainers move a batch with this method (Lightning's ``batch_to_device``)."""
 
         def move(x: Any) -> Any:
-            if isinstance(x, tuple):  # views; a field's Padded (a named tuple) stays one
-                moved = [move(v) for v in x]
-                return type(x)(*moved) if hasattr(x, "_fields") else tuple(moved)
-            if isinstance(x, list):  # a field's list of tensors (lists of str or dicts are kept)
-                return [move(v) for v in x] if any(isinstance(v, torch.Tensor) for v in x) else x
-            return x.to(device, non_blocking=non_blocking) if isinstance(x, torch.Tensor) else x
+            return map_tensors(x, lambda t: t.to(device, non_blocking=non_blocking))
 
-        return Batch(move(self.images), move(self.labels), self.keys, move(self.valid),
-                     {name: move(value) for name, value in self.fields.items()})  # fmt: skip
+        return Batch(move(self.images), move(self.labels), self.keys, move(self.valid), move(self.fields))
 
     def __repr__(self) -> str:
         shapes = [tuple(v.shape) for v in self.views if v is not None]
         images = None if not shapes else shapes[0] if len(shapes) == 1 else shapes
         fields = f", fields={list(self.fields)}" if self.fields else ""
         return f"Batch(images={images}, keys={len(self.keys)}, valid={int(self.valid.sum())}{fields})"
+
+
+def map_tensors(x: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """``x`` with ``fn`` applied to every tensor in it: a batch's images (a tensor or a tuple of
+    views) and its fields' values (a dict of tensors, lists of tensors, ``Padded`` named tuples;
+    lists of str or dicts, and other values, as they are). How batches and their fields are
+    moved to a device, by the runners and by :meth:`Batch.to`."""
+    if isinstance(x, torch.Tensor):
+        return fn(x)
+    if isinstance(x, dict):
+        return {name: map_tensors(v, fn) for name, v in x.items()}
+    if isinstance(x, tuple):  # views; a field's Padded (a named tuple) stays one
+        mapped = [map_tensors(v, fn) for v in x]
+        return type(x)(*mapped) if hasattr(x, "_fields") else tuple(mapped)
+    if isinstance(x, list) and any(isinstance(v, torch.Tensor) for v in x):  # a field's list of tensors
+        return [map_tensors(v, fn) for v in x]
+    return x
 
 
 def _flatten(batch: Batch) -> tuple[list[Any], Any]:

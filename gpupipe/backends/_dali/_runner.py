@@ -70,6 +70,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ...core._batch import map_tensors
 from ...core._config import DecodeMode
 from ...core._errors import ClosedError, SampleError
 from ...plan._plan import RankPlan
@@ -306,8 +307,7 @@ class DaliRunner:
                 columns, values = (*images, keys, labels), (*(view[good].clone() for view in images), keys[good], label)
                 fill(positions, columns, values)
         label_tensor = None if labels is None else to_device(torch.from_numpy(labels), self.device)
-        if fields:
-            fields = {n: to_device(v, self.device) if isinstance(v, torch.Tensor) else v for n, v in fields.items()}
+        fields = map_tensors(fields, lambda t: to_device(t, self.device))
         return RawBatch(images, label_tensor, keys, tuple(sorted(skipped.items())), fields=fields)
 
     def _retry(self, graph: Graph, reader: BatchReader, failure: IterationFailed, probe: Probe) -> Exception | None:

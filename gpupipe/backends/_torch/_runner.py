@@ -10,9 +10,9 @@ import signal
 from collections.abc import Generator, Iterator
 from typing import Any
 
-import torch
 from torch.utils.data import DataLoader
 
+from ...core._batch import map_tensors
 from ...core._errors import ClosedError, WorkerError
 from ...plan._plan import RankPlan
 from ...runtime._children import CRASHED, Births, Stacks, death_cause, exit_status, frozen_fork_cause
@@ -141,9 +141,7 @@ class TorchRunner:
                 if self.device.type != "cpu":
                     images = tuple(view.to(self.device, non_blocking=True) for view in images)
                     labels = None if labels is None else labels.to(self.device, non_blocking=True)
-                    if fields:
-                        fields = {n: v.to(self.device, non_blocking=True) if isinstance(v, torch.Tensor) else v
-                                  for n, v in fields.items()}  # fmt: skip
+                    fields = map_tensors(fields, lambda t: t.to(self.device, non_blocking=True))
                 yield RawBatch(images, labels, batch.keys, skipped, batch.mixed, fields)
         finally:
             if self._closed:
