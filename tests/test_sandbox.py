@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -84,6 +86,50 @@ class TestAChildThatNeverStarts:
         assert "gh-112275" in cause and (
             f"fixed in {'.'.join(map(str, fixed))}" in cause if fixed else "has the fix" in cause
         )
+
+
+class TestForksFromSeveralThreads:
+    """The DALI backend's reader threads may judge suspects at once: their sandbox forks are one
+    at a time, and a fork refused anyway is tried again (seen on an H100 with filelock 4 on
+    Python 3.12: ``RuntimeError: os.fork is unsafe while filelock is changing descriptor
+    ownership``, whose audit hook refuses a fork while another thread is inside one)."""
+
+    def test_with_filelocks_guard_every_map_gets_its_outcomes(self):
+        fork = pytest.importorskip("filelock._core._fork")  # filelock >= 4
+        script = (
+            f"import sys, threading, {fork.__name__}\n"
+            f"sys.addaudithook({fork.__name__}._audit_fork_safety)  # as filelock adds it on 3.12\n"
+            "from gpupipe.runtime._sandbox import guarded_map\n"
+            "errors = []\n"
+            "def work():\n"
+            "    for _ in range(25):\n"
+            "        try:\n"
+            "            assert [o.value for o in guarded_map(abs, [-1, -2])] == [1, 2]\n"
+            "        except Exception as e:\n"
+            "            errors.append(repr(e))\n"
+            "threads = [threading.Thread(target=work) for _ in range(4)]\n"
+            "[t.start() for t in threads]\n"
+            "[t.join() for t in threads]\n"
+            "print(errors)\n"
+        )
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=240,
+                              cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip() == "[]"
+
+    def test_a_refused_fork_is_tried_again(self, monkeypatch, caplog):
+        refusals = iter([True])
+        start = _sandbox.multiprocessing.process.BaseProcess.start
+
+        def refused_once(process):
+            if next(refusals, False):
+                raise RuntimeError("os.fork is unsafe while filelock is changing descriptor ownership")
+            start(process)
+
+        monkeypatch.setattr(_sandbox.multiprocessing.process.BaseProcess, "start", refused_once)
+        assert [o.value for o in guarded_map(_crash_or_hang, ["a", "b"])] == ["aa", "bb"]
+        (record,) = [r for r in caplog.records if "sandbox" in r.getMessage()]
+        assert "a gpupipe sandbox process could not be forked (os.fork is unsafe" in record.getMessage()
 
 
 @pytest.fixture

@@ -14,7 +14,11 @@ killed a torch-backend worker.
 
 Forked, as DataLoader's workers are: the child inherits the parent's state (``backends/_dali``
 pins DALI's pipelines in it, ``exit_with_parent`` ends it with its parent), starts in milliseconds
-and never touches CUDA.
+and never touches CUDA. The sandbox's forks are one at a time in the process (``_FORKING``): the
+DALI backend's reader threads may each be judging a suspect at once, and a fork while another
+thread is inside one is refused by libraries that guard it (filelock 4's audit hook on CPython
+3.12, with ``RuntimeError``); a fork refused anyway (by another library's fork in another thread)
+is tried again, as a child that failed to start.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import faulthandler
 import logging
 import multiprocessing
 import signal
+import threading
 import time
 from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
@@ -42,6 +47,7 @@ R = TypeVar("R")
 DEFAULT_TIMEOUT = 120.0  # seconds per item: a decode that takes longer is hung, not slow
 START_TIMEOUT = 30.0  # seconds for a child to start its first item (milliseconds when all is well)
 STARTS = 3  # children in a row that may fail to start before guarded_map gives up
+_FORKING = threading.Lock()  # one sandbox fork at a time in this process
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,7 +93,15 @@ def guarded_map(fn: Callable[[T], R], items: Sequence[T], *, timeout: float = DE
     while start < len(items):
         receive, send = context.Pipe(duplex=False)
         child = context.Process(target=_child, args=(send, fn, items, start), daemon=True, name="gpupipe-sandbox")
-        child.start()
+        try:
+            with _FORKING:
+                child.start()
+        except RuntimeError as e:  # the fork refused (an audit hook's guard): no child, no verdict
+            receive.close()
+            send.close()
+            failed_starts = _failed_start(child, f"could not be forked ({e})", failed_starts)
+            time.sleep(0.05 * failed_starts)
+            continue
         send.close()
         current, since, started = start, time.monotonic(), False
         try:
@@ -132,7 +146,8 @@ def _failed_start(child: multiprocessing.process.BaseProcess, what: str, failed:
     """A child that never started an item: no verdict on any. Logs it, or raises after
     :data:`STARTS` in a row; returns the new count."""
     failed += 1
-    message = (f"a gpupipe sandbox process (pid {child.pid}) {what} before it started its first item ({failed} of "
+    pid = "" if child.pid is None else f" (pid {child.pid})"
+    message = (f"a gpupipe sandbox process{pid} {what} before it started its first item ({failed} of "
                f"{STARTS} in a row); {frozen_fork_cause()}")  # fmt: skip
     if failed >= STARTS:
         raise WorkerError(message + ": giving up", pid=child.pid, exitcode=child.exitcode)
