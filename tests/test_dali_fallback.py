@@ -13,6 +13,7 @@ import torch
 import gpupipe as gp
 from gpupipe import transforms as T
 from gpupipe.backends._dali import _fallback
+from gpupipe.core._imageinfo import jpeg_ended
 from gpupipe.runtime._decode import decode_rgb, read_header, transcoded
 
 from .support.corpus import corpus
@@ -38,6 +39,19 @@ class TestRouting:
         got = header(name)
         assert got.format == "jpeg" and got.irregular and not _fallback.native(got)
         assert got.size == header("jpeg").size  # the size libjpeg reads past the junk
+
+    def test_a_jpeg_cut_short_is_irregular(self):
+        """nvJPEG decodes a cut JPEG without a word (seen on an H100: its missing rows grey), so
+        such a file is never given to DALI's decoders: gpupipe's decoder judges it, as on torch."""
+        got = header("jpeg-truncated")
+        assert got.format == "jpeg" and got.irregular and not _fallback.native(got)
+
+    def test_where_a_jpeg_ends(self):
+        whole = FILES["jpeg"]
+        assert jpeg_ended(whole) and jpeg_ended(whole + b"\x00" * 40 + b"\r\n") and jpeg_ended(memoryview(whole))
+        assert not jpeg_ended(whole + b"appended data") and not jpeg_ended(b"") and not jpeg_ended(b"\xd9")
+        assert not any(jpeg_ended(whole[:n]) for n in range(2, len(whole) - 1, 7))  # every cut is seen
+        assert not jpeg_ended(whole[:-1]) and not header("jpeg").irregular
 
     def test_an_animated_png_is_irregular(self):
         assert header("png-animated").irregular and not header("png").irregular
@@ -162,22 +176,22 @@ class TestProbe:
             assert (got[key].float() - expected[key].float()).abs().mean() <= 2.5, key
 
     def test_a_file_both_refuse_is_skipped_or_raised(self, tmp_path, lenient_gate):
-        names = ["jpeg", "jpeg-junk-before-dht", "jpeg-truncated", "png", "jpeg-progressive"]
+        names = ["jpeg", "jpeg-junk-before-dht", "png-cut-in-idat", "png", "jpeg-progressive"]
         pipe = gp.Pipeline(gp.WebDataset([shard_of(tmp_path, names)]), [T.RandomResizedCrop(16)])
         with gp.Loader(pipe, 5, backend="dali", device="cpu", on_error="skip", max_skipped=None) as loader:
             delivered = [k for b in loader for k, v in zip(b.keys, b.valid.tolist(), strict=True) if v]
-            assert [s.key for s in loader.skipped] == ["002-jpeg-truncated"]
-        assert sorted(delivered) == sorted(f"{i:03d}-{n}" for i, n in enumerate(names) if n != "jpeg-truncated")
+            assert [s.key for s in loader.skipped] == ["002-png-cut-in-idat"]
+        assert sorted(delivered) == sorted(f"{i:03d}-{n}" for i, n in enumerate(names) if n != "png-cut-in-idat")
         with (
             gp.Loader(pipe, 5, backend="dali", device="cpu", on_error="raise") as loader,
             pytest.raises(gp.SampleError) as raised,
         ):
             list(loader)
-        assert raised.value.key == "002-jpeg-truncated" and raised.value.kind == gp.Damage.UNDECODABLE
+        assert raised.value.key == "002-png-cut-in-idat" and raised.value.kind == gp.Damage.UNDECODABLE
 
     def test_fields_follow_the_donor_of_a_file_both_refuse(self, tmp_path, lenient_gate):
         """A sample the probe finds bad after it was fed stands in as its donor: fields too."""
-        names = ["jpeg", "jpeg-junk-before-dht", "jpeg-truncated", "png", "jpeg-progressive"]
+        names = ["jpeg", "jpeg-junk-before-dht", "png-cut-in-idat", "png", "jpeg-progressive"]
         source = gp.WebDataset([shard_of(tmp_path, names)], fields={"image": "jpg", "label": "cls", "text": "txt"})
         pipe = gp.Pipeline(source, [T.RandomResizedCrop(16)])
         with gp.Loader(pipe, 5, backend="dali", device="cpu", on_error="skip", max_skipped=None) as loader:

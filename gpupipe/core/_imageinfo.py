@@ -12,7 +12,16 @@ import io
 import struct
 import warnings
 
-__all__ = ["image_size", "header_size", "image_format", "jpeg_frame", "jpeg_walk", "png_animated", "MAX_IMAGE_PIXELS"]
+__all__ = [
+    "image_size",
+    "header_size",
+    "image_format",
+    "jpeg_frame",
+    "jpeg_walk",
+    "jpeg_ended",
+    "png_animated",
+    "MAX_IMAGE_PIXELS",
+]
 
 MAX_IMAGE_PIXELS = 89_478_485  # Pillow's Image.MAX_IMAGE_PIXELS (about 0.25 GB as RGB)
 
@@ -58,6 +67,23 @@ def jpeg_walk(data: bytes | memoryview) -> tuple[tuple[int, int, int, int] | Non
             return (height, width, marker, precision), junk
         i += 2 + length
     return None, junk
+
+
+_PADDING = b"\x00\t\n\r "  # bytes some writers leave after a JPEG's end-of-image marker
+_TAIL = 256  # how far back from a file's end its end-of-image marker is looked for
+
+
+def jpeg_ended(data: bytes | memoryview) -> bool:
+    """Whether a JPEG ends with its end-of-image marker (``FF D9``), padding after it allowed.
+
+    A JPEG cut short does not: libjpeg-turbo then refuses it ("premature end"), while nvJPEG's
+    decoders give its missing rows grey without a word. Only the last few hundred bytes are read.
+    ``FF D9`` cannot occur inside entropy-coded data (a data byte ``FF`` is followed by ``00``),
+    so the end of a cut file never passes for it."""
+    n = len(data)
+    if n >= 2 and data[n - 2] == 0xFF and data[n - 1] == 0xD9:
+        return True
+    return bytes(data[max(0, n - _TAIL) :]).rstrip(_PADDING).endswith(b"\xff\xd9")
 
 
 def png_animated(data: bytes | memoryview) -> bool:

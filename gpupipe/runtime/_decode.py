@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from ..core._errors import Damage, SampleError
-from ..core._imageinfo import MAX_IMAGE_PIXELS, header_size, image_format, jpeg_walk, png_animated
+from ..core._imageinfo import MAX_IMAGE_PIXELS, header_size, image_format, jpeg_ended, jpeg_walk, png_animated
 
 __all__ = [
     "decode_rgb",
@@ -95,7 +95,7 @@ class Header(NamedTuple):
 
     size: tuple[int, int] | None  # (height, width) as declared; None where gpupipe cannot tell
     format: str | None  # gpupipe.core._imageinfo.image_format's name; None: a format only Pillow knows
-    irregular: bool  # decoders disagree on it: junk bytes before a JPEG's frame header, an animated PNG
+    irregular: bool  # decoders disagree on it: junk before a JPEG's frame header, a JPEG cut short, an animated PNG
 
 
 def read_header(data: bytes | memoryview, max_pixels: int | None, *, shard: str, key: str) -> Header:
@@ -111,6 +111,7 @@ def read_header(data: bytes | memoryview, max_pixels: int | None, *, shard: str,
                        "PNG or JPEG", Damage.UNSUPPORTED, shard=shard, key=key)  # fmt: skip
     if fmt == "jpeg":
         frame, irregular = jpeg_walk(data)
+        irregular = irregular or not jpeg_ended(data)  # cut short: nvJPEG decodes it, libjpeg-turbo refuses it
         if frame is None:
             raise _refused("is a JPEG without a frame header (damaged or cut short)", Damage.UNDECODABLE, shard=shard,
                            key=key)  # fmt: skip
