@@ -66,6 +66,7 @@ RECIPES = (
     "gpupipe train v2",
 )
 CLASSES = 10
+HW_ONLY = "gpupipe train, hw_decoder_load=1.0"  # the row of all JPEGs to the hardware decoder
 
 
 # ------------------------------------------------------------------------------- data --
@@ -135,7 +136,7 @@ def gpupipe_recipe(recipe: str, shards: list[str]) -> gp.Pipeline:
         "gpupipe dino": "ssl.py:dino",
         "gpupipe train v2": "imagenet.py:train_v2",
     }
-    return gp.load_pipeline(os.path.join(ROOT, "pipelines", name[recipe.removesuffix(", tuned")]))(shards)
+    return gp.load_pipeline(os.path.join(ROOT, "pipelines", name[recipe.split(",")[0]]))(shards)
 
 
 def _count(images: Any) -> int:
@@ -248,9 +249,10 @@ def _probe_child(args: argparse.Namespace) -> None:
 # ------------------------------------------------------------------------ data stall --
 
 
-def data_stall(shards: list[str], *, gpu: bool, quick: bool) -> dict[str, Any]:
+def data_stall(shards: list[str], *, gpu: bool, quick: bool, hw_decoder_load: float | None = None) -> dict[str, Any]:
     """ResNet-50 (bf16, channels_last) fed by gpupipe's train recipe against the same step on a
-    batch already on the device (``bench/data_stall.py``'s step and timing)."""
+    batch already on the device (``bench/data_stall.py``'s step and timing); ``hw_decoder_load``:
+    the loader's ``DaliOptions`` share (default DALI's)."""
     import data_stall as stall
 
     args = argparse.Namespace(
@@ -265,8 +267,9 @@ def data_stall(shards: list[str], *, gpu: bool, quick: bool) -> dict[str, Any]:
     step = stall.step_fn(args, device)
     ceiling, _ = stall.timed(stall.on_device(args, device, memory_format), step, args, device)
     pipe = gp.load_pipeline(os.path.join(ROOT, "pipelines", "imagenet.py:train"))(shards, size=args.image_size)
+    dali = gp.DaliOptions(hw_decoder_load=hw_decoder_load)
     with gp.Loader(pipe, args.batch_size, shuffle=True, drop_last=True, seed=0, device=str(device),
-                   memory_format=memory_format) as loader:  # fmt: skip
+                   memory_format=memory_format, dali=dali) as loader:  # fmt: skip
         fed, wait = stall.timed(stall.endless(loader, device, memory_format), step, args, device)
         describe = repr(loader)
     return {"arch": args.arch, "batch_size": args.batch_size, "ceiling": round(ceiling, 1), "fed": round(fed, 1),
@@ -312,6 +315,9 @@ def ratios(rows: list[dict[str, Any]], stall: dict[str, Any] | None, threads: in
         "stall": stall["stall_percent"] if stall else None,
         "v2_vs_train": ratio(rate("gpupipe train v2"), train),
         "tuned_train": next((r["images_per_s"] for r in rows if r["recipe"] == "gpupipe train, tuned"), None),
+        "train_hw_only": rate(HW_ONLY),
+        "train_hw_only_cpu": rate(HW_ONLY, "cpu_s_per_1000"),
+        "stall_hw_only": (stall.get("hw_decoder_load=1.0") or {}).get("stall_percent") if stall else None,
     }
 
 
@@ -350,6 +356,9 @@ def write(out: str, meta: dict[str, Any], rows: list[dict[str, Any]], stall: dic
               f"{stall['ceiling']:.0f} images/s, fed by gpupipe {stall['fed']:.0f}, data wait "
               f"{stall['wait_percent']}%, stall {stall['stall_percent']}%; loader: `{stall['loader']}`"
               if stall else "ResNet-50 data stall: not measured (the run was cut short)", "",
+              *([f"With all JPEGs to the hardware decoder (hw_decoder_load=1.0): fed "
+                 f"{hw['fed']:.0f} images/s, stall {hw['stall_percent']}%", ""]
+                if stall and (hw := stall.get("hw_decoder_load=1.0")) else []),
               f"Headline (ImageNet-like, {head['threads']} threads): {headline}",
               "", "| target (issue 23) | met |", "|---|---|"]  # fmt: skip
     met = {"MET ": "yes", "MISS": "no", "----": "not measured"}
@@ -512,11 +521,21 @@ def main() -> None:
             row = {"set": name, "image": f"{size[1]}x{size[0]}, {kb:.0f} KB",
                    **measure("gpupipe train, tuned", shards, folder, gpu=gpu, batch=batch, threads=tuned.num_workers,
                              epochs=epochs, prefetch=tuned.prefetch, hw_decoder_load=tuned.hw_decoder_load),
-                   "tuned": str(tuned)}  # fmt: skip
+                   "tuned": str(tuned), "trials": [dict(t) for t in tuned.trials]}  # fmt: skip
+            emit(row)
+            rows.append(row)
+        if in_budget() and gpu:
+            # The hardware decoder's share alone: DALI's 0.65 against all of it, at the default threads.
+            row = {"set": name, "image": f"{size[1]}x{size[0]}, {kb:.0f} KB",
+                   **measure(HW_ONLY, shards, folder, gpu=gpu, batch=batch, threads=default_threads, epochs=epochs,
+                             hw_decoder_load=1.0)}  # fmt: skip
             emit(row)
             rows.append(row)
         if in_budget():
             stall = data_stall(shards, gpu=gpu, quick=args.quick)
+            emit({"data_stall": stall})
+        if in_budget() and gpu and stall is not None:
+            stall["hw_decoder_load=1.0"] = data_stall(shards, gpu=gpu, quick=args.quick, hw_decoder_load=1.0)
             emit({"data_stall": stall})
     meta["seconds"] = round(time.perf_counter() - started)
     threads = default_threads if default_threads in thread_counts else thread_counts[-1]

@@ -127,6 +127,8 @@ def main() -> None:
     parser.add_argument("--cpus", type=int, default=2, help="CPUs of part 1, on both backends (default 2)")
     parser.add_argument("--data", default=os.path.join(ROOT, ".bench-data", "ray"))
     parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
+    parser.add_argument("--scaling-only", action="store_true",
+                        help="only part 2, the worker-node rows (a lent machine's short command)")  # fmt: skip
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -134,7 +136,7 @@ def main() -> None:
         return
     shards = synthetic_shards(args.data, args.images)
     imagenet_images = args.imagenet_images or 4 * args.images
-    large = synthetic_shards(f"{args.data}-{imagenet_images}", imagenet_images)
+    large = shards if args.scaling_only else synthetic_shards(f"{args.data}-{imagenet_images}", imagenet_images)
     base = dict(shards=shards, epochs=args.epochs)
     imagenet, dino = "pipelines/imagenet.py:train", "pipelines/ssl.py:dino"
     rows, got = [], {}
@@ -147,6 +149,8 @@ def main() -> None:
         configs += [(f"torch, {recipe}", dict(one_node, backend="torch", **config)),
                     (f"ray, {recipe}", dict(one_node, backend="ray", **config)),
                     (f"ray actors, {recipe}", dict(one_node, backend="ray", actors=True, **config))]  # fmt: skip
+    if args.scaling_only:
+        recipes, configs = [], []
     cluster = dict(base, backend="ray", pipeline=dino, batch_size=16)
     configs += [
         ("ray, dino, 1 worker node", dict(cluster, cpus=1, nodes=1, on_rank=True)),
@@ -170,7 +174,7 @@ def main() -> None:
     per_cpu = {
         "imagenet train (128 px here)": args.cpus / got["torch, imagenet train"],
         "dino (2 x 224 + 8 x 96 px)": args.cpus / got["torch, dino"],
-    }
+    } if recipes else {}  # fmt: skip
     plan = "; ".join(
         f"{recipe}: {s * 1000:.1f} CPU-ms per image, so {H100_STEP} images/s (one H100's ResNet-50 step) take "
         f"{s * H100_STEP:.0f} CPUs"
@@ -180,14 +184,17 @@ def main() -> None:
         args.out,
         "scale-out",
         f"Ray backend, {os.cpu_count()}-core CPU",
-        f"`python bench/scale_out.py --images {args.images} --epochs {args.epochs} --cpus {args.cpus}`: "
+        f"`python bench/scale_out.py --images {args.images} --epochs {args.epochs} --cpus {args.cpus}"
+        f"{' --scaling-only' if args.scaling_only else ''}`: "
         f"synthetic photos (~500x375 JPEG), {imagenet_images} for the ImageNet rows, {args.images} for DINO's; "
         "each configuration in its own process, images/s averaged over "
         f"{args.epochs} epochs after a warm-up epoch. One node: the torch backend's worker processes against a "
         "local Ray of as many CPUs. Scaling out: a ray.cluster_utils.Cluster on 127.0.0.1, a head without CPUs "
         "and 1 or 2 worker nodes of 1 CPU each (their processes share this machine's "
         f"{os.cpu_count()} cores with the training process). Targets: ray >= 0.85x torch, 2 nodes >= 1.7x 1. "
-        f"Paper plan, from the torch backend's CPU time: {plan}.",
+        f"Paper plan, from the torch backend's CPU time: {plan}."
+        if plan
+        else "",
         ["configuration", "images/s"],
         rows,
     )

@@ -42,6 +42,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items[:] = items[chosen]
 
 
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """With ``GPUPIPE_TEST_LOG=FILE``: each failure and error appended to FILE as it happens, named
+    and with its traceback — a lent machine's command cut short by its time limit still says
+    which tests failed and why (pytest's own summary and JUnit XML are written only at the end)."""
+    path = os.environ.get("GPUPIPE_TEST_LOG")
+    if path and report.failed:
+        with open(path, "a") as f:
+            f.write(f"=== {report.when} FAILED {report.nodeid} ({report.duration:.1f} s)\n{report.longreprtext}\n\n")
+
+
 @pytest.fixture(scope="session")
 def shards(tmp_path_factory) -> list[str]:
     """3 shards of 7, 5 and 4 small synthetic-photo JPEGs; sample n has key img/SS/nnnnnn."""

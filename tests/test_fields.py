@@ -517,3 +517,27 @@ def test_every_tensor_of_the_fields_is_moved_as_the_images_are():
     assert isinstance(moved["boxes"], gp.fields.Padded) and torch.equal(moved["boxes"].lengths, lengths + 1)
     assert all(torch.equal(v, t + 1) for v in (moved["x"], moved["boxes"].data, *moved["parts"]))
     assert moved["text"] is text and moved["meta"] is meta and moved["none"] is None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_fields_arrive_on_the_gpu_with_the_images(tmp_path, backend):
+    """On a GPU, every tensor of a batch's fields is on the loader's device (arrays stacked,
+    padded arrays and their lengths, lists of arrays, labels), text and JSON as they were."""
+    path = str(tmp_path / "x-000000.tar")
+    with wds.TarWriter(path) as sink:
+        for i in range(4):
+            sink.write({"__key__": f"k{i}", "jpg": _jpeg(i), "cls": i, "txt": f"c{i}",
+                        "npy": np.ones((i + 1, 4), np.float32), "parts.npy": np.ones(i + 1, np.int16),
+                        "emb.npy": np.full(3, i, np.float32)})  # fmt: skip
+    fields = {"image": "jpg", "label": "cls", "text": "txt", "boxes": gp.fields.Array("npy", pad=-1),
+              "parts": "parts.npy", "emb": "emb.npy"}  # fmt: skip
+    pipe = gp.Pipeline(gp.WebDataset(path, fields=fields), [gp.transforms.CenterCrop(32)])
+    with gp.Loader(pipe, 4, backend=backend, device="cuda", num_workers=1, shuffle=False) as loader:
+        (batch,) = list(loader)
+    images, labels = batch
+    assert images.is_cuda and labels.is_cuda and batch["text"] == ["c0", "c1", "c2", "c3"]
+    assert batch["boxes"].data.is_cuda and batch["boxes"].lengths.is_cuda
+    assert batch["boxes"].lengths[:, 0].tolist() == [1, 2, 3, 4]
+    assert all(p.is_cuda for p in batch["parts"]) and batch["emb"].is_cuda
+    assert batch["emb"][:, 0].tolist() == [0.0, 1.0, 2.0, 3.0]

@@ -47,8 +47,11 @@ def test_tune_records_and_loaders_take_it(backend, shards, cache, fake_rates, mo
     pipe = val(shards)
     tuned = gp.tune(pipe, 4, seconds=0.1, backend=backend.backend, device=backend.device)
     assert (tuned.num_workers, tuned.prefetch) == (1, 3)  # the cheapest within 3% of the best, then prefetch 3
-    assert tuned.default_images_per_s == 100.0 and tuned.images_per_s == 130.0 and tuned.hw_decoder_load is None
-    assert sorted(seen) == [(1, 1), (1, 2), (1, 3), (1, 4), (2, 2)]  # each trial once
+    assert tuned.default_images_per_s == 100.0 and tuned.images_per_s == 130.0
+    gpu_decoder = (backend.backend, backend.device) == ("dali", "cuda")  # the hardware decoder's share is tried too
+    assert tuned.hw_decoder_load == (_tune.DEFAULT_HW_DECODER_LOAD if gpu_decoder else None)  # all as fast: DALI's
+    shares = [(1, 3)] * 4 if gpu_decoder else []  # 0.0, 0.5, 0.8, 1.0 besides the default's 0.65
+    assert sorted(seen) == sorted([(1, 1), (1, 2), (1, 3), (1, 4), (2, 2), *shares])  # each trial once
     record = json.loads((cache / "tune.json").read_text())
     (entry,) = record.values()
     assert entry["batch_size"] == 4 and entry["backend"] == backend.backend and len(entry["trials"]) == len(seen)
