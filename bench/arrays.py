@@ -7,6 +7,8 @@
 - ``gpupipe``: ``gp.WebDataset(urls, fields={"x": gp.fields.Array("npy", dtype="float32")})``
   through ``gp.Loader`` (the torch backend: the arrays are read, checked and stacked in its
   worker processes, and the batch crosses to the training process in shared memory);
+- ``gpupipe, fresh shared memory per batch``: the same, with the workers' batch buffers not reused
+  (``gpupipe/backends/_slots.py``; as before 2026-11-26);
 - ``webdataset + DataLoader``: ``wds.WebDataset(urls).decode().to_tuple("npy").batched(B)`` in a
   ``DataLoader`` with the same workers (webdataset's own ``np.load``);
 - ``dali numpy``: ``fn.readers.webdataset(ext="npy")`` and ``fn.decoders.numpy`` on DALI's CPU
@@ -60,15 +62,22 @@ def make(root: str, mb: float, samples: int, per_shard: int) -> list[str]:
         return f.read().split("\n")
 
 
-def gpupipe_epochs(urls: list[str], batch: int, workers: int) -> tuple[Callable[[], Iterator[torch.Tensor]], Any]:
+def gpupipe_epochs(urls: list[str], batch: int, workers: int, *, reuse: bool = True
+                   ) -> tuple[Callable[[], Iterator[torch.Tensor]], Any]:  # fmt: skip
     source = gp.WebDataset(urls, fields={"x": gp.fields.Array("npy", dtype="float32")})
     loader = gp.Loader(gp.Pipeline(source), batch, num_workers=workers, shuffle=True, seed=0, drop_last=True)
 
     def epoch() -> Iterator[torch.Tensor]:
+        if not reuse:  # every batch in fresh shared memory, as before the workers' buffers were reused
+            loader._runner._loader.collate_fn.slots = None  # type: ignore[attr-defined]  # before the workers fork
         for b in loader:
             yield b["x"]
 
     return epoch, loader.close
+
+
+def gpupipe_fresh_epochs(urls: list[str], batch: int, workers: int) -> tuple[Callable[[], Iterator[torch.Tensor]], Any]:
+    return gpupipe_epochs(urls, batch, workers, reuse=False)
 
 
 def webdataset_epochs(urls: list[str], batch: int, workers: int) -> tuple[Callable[[], Iterator[torch.Tensor]], Any]:
@@ -110,7 +119,12 @@ def dali_epochs(urls: list[str], batch: int, workers: int) -> tuple[Callable[[],
     return epoch, lambda: None
 
 
-ROWS = {"gpupipe": gpupipe_epochs, "webdataset + DataLoader": webdataset_epochs, "dali numpy": dali_epochs}
+ROWS = {
+    "gpupipe": gpupipe_epochs,
+    "gpupipe, fresh shared memory per batch": gpupipe_fresh_epochs,
+    "webdataset + DataLoader": webdataset_epochs,
+    "dali numpy": dali_epochs,
+}
 
 
 def timed(epoch: Callable[[], Iterator[torch.Tensor]]) -> tuple[float, float, int]:

@@ -74,6 +74,7 @@ class RawBatch(NamedTuple):
     skipped: tuple[tuple[int, DataError], ...] = ()
     mixed: bool = False
     fields: Mapping[str, Any] | None = None  # the source's other fields by name (Batch.fields); None: none
+    slot: Any = None  # the torch backend's claim on the worker buffer the batch is in (``_slots.Ticket``)
 
 
 def donor(size: int, bad: Container[int]) -> int | None:

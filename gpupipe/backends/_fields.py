@@ -3,7 +3,7 @@ backends that read them (torch, DALI) decode and batch them: the same values on 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -12,17 +12,19 @@ import torch
 from ..core._errors import DataError
 from ..core._fields import Array, Field, Label, Padded, field_values
 
+Alloc = Callable[[tuple[int, ...], torch.dtype], torch.Tensor]  # an uninitialised tensor of (shape, dtype)
+
 __all__ = ["field_values", "batch_fields", "empty_values", "refill"]
 
 
 def batch_fields(fields: Mapping[str, Field], values: Sequence[dict[str, Any] | None], *,
-                 shared: bool = False) -> dict[str, Any]:  # fmt: skip
+                 alloc: Alloc | None = None) -> dict[str, Any]:  # fmt: skip
     """A batch's field values by name: a ``Label`` field's as an int64 ``[B]`` tensor, an
     ``Array`` field's as one ``[B, ...]`` tensor where every sample's has the same shape and dtype
     (else a list of tensors), text and JSON values as lists. Arrays are copied out of the shard's
-    bytes (torch wants writable memory), once: ``shared`` (in a worker process) into shared
-    memory, as the images are, so that the batch crosses to the training process without
-    another copy."""
+    bytes (torch wants writable memory), once, into ``alloc(shape, dtype)`` where given (a worker
+    process's shared memory, as the images are, ``_slots``: the batch crosses to the training
+    process without another copy)."""
     out: dict[str, Any] = {}
     for name, field in fields.items():
         column = [v[name] if v is not None else field.empty() for v in values]
@@ -33,7 +35,7 @@ def batch_fields(fields: Mapping[str, Field], values: Sequence[dict[str, Any] | 
         elif isinstance(field, Array):
             same = all(v.shape == column[0].shape and v.dtype == column[0].dtype for v in column)
             try:
-                out[name] = _stacked(column, shared) if same else [torch.from_numpy(np.array(v)) for v in column]
+                out[name] = _stacked(column, alloc) if same else [torch.from_numpy(np.array(v)) for v in column]
             except TypeError:  # a dtype torch has no tensor of: NumPy arrays, as read
                 out[name] = [np.array(v) for v in column]
         else:
@@ -41,13 +43,12 @@ def batch_fields(fields: Mapping[str, Field], values: Sequence[dict[str, Any] | 
     return out
 
 
-def _stacked(column: Sequence[np.ndarray], shared: bool) -> torch.Tensor:
-    """Arrays of one shape and dtype in one ``[B, ...]`` tensor, each copied once, into shared
-    memory where ``shared``. ``TypeError`` for a dtype torch has no tensor of."""
+def _stacked(column: Sequence[np.ndarray], alloc: Alloc | None) -> torch.Tensor:
+    """Arrays of one shape and dtype in one ``[B, ...]`` tensor (``alloc``'s where given), each
+    copied once. ``TypeError`` for a dtype torch has no tensor of."""
     dtype = torch.from_numpy(np.empty(0, column[0].dtype)).dtype
-    out = torch.empty((len(column), *column[0].shape), dtype=dtype)
-    if shared:
-        out.share_memory_()
+    shape = (len(column), *column[0].shape)
+    out = alloc(shape, dtype) if alloc is not None else torch.empty(shape, dtype=dtype)
     rows = out.numpy()
     for i, v in enumerate(column):
         rows[i] = v

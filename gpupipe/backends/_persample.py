@@ -26,6 +26,7 @@ from ..transforms import BatchTransform, ImageSpec, Transform
 from ._base import RawBatch, donor, fill
 from ._batchwise import apply_batch
 from ._fields import batch_fields, empty_values, field_values
+from ._slots import Arena, Slots
 from ._torch._kernels import apply_pipeline, sample_factors
 
 __all__ = ["Item", "Sample", "Failure", "Samples", "Collate", "BatchItems", "batch_items", "culprits"]
@@ -181,10 +182,11 @@ class Collate:
 
     def __init__(self, skip: bool, outputs: tuple[ImageSpec, ...] | None, labeled: bool,
                  channels_last: bool = False, mix: BatchTransform | None = None,
-                 fields: Mapping[str, Field] | None = None) -> None:  # fmt: skip
+                 fields: Mapping[str, Field] | None = None, slots: Slots | None = None) -> None:  # fmt: skip
         self.skip, self.outputs, self.labeled, self.channels_last = skip, outputs, labeled, channels_last
         self.fields = dict(fields or {})  # the source's fields beyond image and label (Index.fields)
         self.mix = mix  # applied here, where a batch of BatchItems is collated (RawBatch.mixed)
+        self.slots = slots  # the workers' reusable batch buffers (``_slots``); None: fresh memory
 
     def __call__(self, items: list[Sample | Failure]) -> RawBatch | Failure:
         failed = [(i, item) for i, item in enumerate(items) if isinstance(item, Failure)]
@@ -194,32 +196,36 @@ class Collate:
         if failed:
             good = donor(len(items), dict(failed))
             fill(dict(failed), (samples,), (self._blank(failed[0][1]) if good is None else items[good],))
-        images = tuple(self._stack(view) for view in zip(*(s[0] for s in samples), strict=True))
+        worker = get_worker_info()
+        arena = None if worker is None else self.slots.arena(worker.id) if self.slots is not None else Arena.fresh()
+        images = tuple(self._stack(view, arena) for view in zip(*(s[0] for s in samples), strict=True))
         labels = None if samples[0][1] is None else torch.tensor([s[1] for s in samples], dtype=torch.int64)
         keys = [s[2] for s in samples]
-        fields = (
-            batch_fields(self.fields, [s[3] for s in samples], shared=get_worker_info() is not None)
-            if self.fields
-            else None
-        )
+        alloc = arena.empty if arena is not None else None
+        fields = batch_fields(self.fields, [s[3] for s in samples], alloc=alloc) if self.fields else None
+        slot = arena.ticket() if arena is not None else None
         if self.mix is not None and labels is not None and isinstance(items, BatchItems):
             valid = torch.tensor(items.valid, dtype=torch.bool)
             valid[[i for i, _ in failed]] = False
             mixed, labels = apply_batch(self.mix, images[0], labels, valid, seed=items.seed, epoch=items.epoch,
                                         rank=items.rank, batch=items.number)  # fmt: skip
-            return RawBatch((mixed,), labels, keys, tuple(failed), mixed=True, fields=fields)  # type: ignore[arg-type]
-        return RawBatch(images, labels, keys, tuple(failed), fields=fields)  # type: ignore[arg-type]
+            return RawBatch((mixed,), labels, keys, tuple(failed), mixed=True, fields=fields,  # type: ignore[arg-type]
+                            slot=slot)  # fmt: skip
+        return RawBatch(images, labels, keys, tuple(failed), fields=fields, slot=slot)  # type: ignore[arg-type]
 
-    def _stack(self, view: Sequence[torch.Tensor]) -> torch.Tensor:
+    def _stack(self, view: Sequence[torch.Tensor], arena: Arena | None) -> torch.Tensor:
         """The view's images as one ``[B, C, H, W]`` tensor, in the memory format asked for. In a
-        worker process it is written straight into shared memory, as DataLoader's own collate
-        does: the batch then crosses to the training process without another copy."""
+        worker process (``arena``) it is written straight into shared memory, as DataLoader's own
+        collate does, reused from batch to batch (``_slots``): the batch then crosses to the
+        training process without another copy."""
         first = view[0]
         shape = (len(view), *first.shape)
-        fmt = torch.channels_last if self.channels_last and first.dim() == 3 else torch.contiguous_format
-        out = torch.empty(shape, dtype=first.dtype, memory_format=fmt)
-        if get_worker_info() is not None:
-            out.share_memory_()
+        channels_last = self.channels_last and first.dim() == 3
+        if arena is not None:
+            out = arena.empty(shape, first.dtype, channels_last=channels_last)
+        else:
+            fmt = torch.channels_last if channels_last else torch.contiguous_format
+            out = torch.empty(shape, dtype=first.dtype, memory_format=fmt)
         for i, image in enumerate(view):
             out[i].copy_(image)
         return out

@@ -19,6 +19,7 @@ from ...runtime._children import CRASHED, Births, Stacks, death_cause, exit_stat
 from ...runtime._sandbox import START_TIMEOUT, STARTS
 from .._base import RawBatch, Runs, RunSpec
 from .._persample import Collate, Failure, Item, Sample, Samples, batch_items, culprits
+from .._slots import Slots
 
 __all__ = ["TorchRunner"]
 
@@ -61,6 +62,9 @@ class TorchRunner:
         )
         self._prefetch = spec.prefetch
         self._births = Births(spec.workers)
+        # each worker's batch buffers, reused once this process lets go of a batch (``_slots``):
+        # the batches in flight (prefetch) and two held by the training loop
+        self._slots = Slots(spec.workers, spec.prefetch + 2) if spec.workers else None
         self._loader: DataLoader[Sample | Failure] | None = DataLoader(
             self._dataset,
             batch_sampler=self._batches,
@@ -74,6 +78,7 @@ class TorchRunner:
                 spec.config.channels_last,
                 mix=spec.batch_transform if self.device.type == "cpu" else None,
                 fields=spec.index.fields,
+                slots=self._slots,
             ),
             num_workers=spec.workers,
             prefetch_factor=spec.prefetch if spec.workers else None,
@@ -259,6 +264,8 @@ class TorchRunner:
         if self._stacks is not None:
             self._stacks.close()
         self._births.close()
+        if self._slots is not None:
+            self._slots.close()
 
     @staticmethod
     def _end_workers(loader: DataLoader) -> None:
