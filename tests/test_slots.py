@@ -73,6 +73,26 @@ class TestHeldBatchesKeepTheirMemory:
             gc.collect()
             assert _flags(loader) == [[0] * 4, [0] * 4]
 
+    def test_a_forked_child_dropping_a_batch_releases_nothing(self, urls):
+        """A process forked from the training process inherits its batches; dropping them there
+        (or exiting) must not free the training process's slot."""
+        import os
+
+        with _loader(urls) as loader:
+            for epoch in range(2):
+                loader.set_epoch(epoch)
+                batches = list(loader)
+            held = _flags(loader)
+            pid = os.fork()
+            if pid == 0:  # the child: drop every batch, collect, exit as Python does
+                del batches
+                gc.collect()
+                os._exit(0 if _flags(loader) == held else 1)
+            _, status = os.waitpid(pid, 0)
+            assert os.waitstatus_to_exitcode(status) == 0 and _flags(loader) == held
+            assert sum(f for row in held for f in row) > 0
+            del batches
+
     @pytest.mark.gpu
     def test_on_the_gpu_path_the_pinned_copy_releases_it(self, urls):
         """``device="cuda"``: DataLoader's pin-memory thread copies the batch out of the slot, so

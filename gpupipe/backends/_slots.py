@@ -22,6 +22,7 @@ that died with it) stays taken: the worker allocates as before.
 
 from __future__ import annotations
 
+import os
 import uuid
 import weakref
 from typing import Any
@@ -143,5 +144,13 @@ def _adopt(pool: str, worker: int, slot: int, buffer: torch.Tensor, tensors: tup
     storage = torch.from_numpy(array).untyped_storage()
     for t in tensors:
         t.set_(storage, t.storage_offset(), t.size(), t.stride())
-    weakref.finalize(array, slots.release, worker, slot)
+    done = weakref.finalize(array, _release, slots, os.getpid(), worker, slot)
+    done.atexit = False  # at exit the slots go with the workers
     return None
+
+
+def _release(slots: Slots, pid: int, worker: int, slot: int) -> None:
+    """The batch's last user went; in a process forked from the training process (which
+    inherits the batch, and may drop it), nothing: the training process may still hold it."""
+    if os.getpid() == pid:
+        slots.release(worker, slot)
