@@ -233,3 +233,60 @@ def test_torchrun_ranks_share_one_cluster(tmp_path, shards):
     assert ranks[0]["batches"] == ranks[1]["batches"]
     keys = ranks[0]["keys"] + ranks[1]["keys"]
     assert len(keys) == len(set(keys)) == 16
+
+
+class TestFields:
+    """``WebDataset(fields=)`` on the ray backend: the torch backend's decoders and batching in the
+    tasks, the same values through the object store; a source of fields alone too."""
+
+    def test_the_same_fields_as_torch_with_a_skipped_sample(self, tmp_path, ray_session, clean_env):
+        import io
+
+        import numpy as np
+        import webdataset as wds
+
+        from gpupipe.testing import encode_jpeg, synthetic_image
+
+        from .support.data import truncated_jpeg
+
+        path = str(tmp_path / "fields-000000.tar")
+        with wds.TarWriter(path) as sink:
+            for i in range(7):
+                boxes = io.BytesIO()
+                np.save(boxes, np.full((i % 3 + 1, 4), i, np.float32))
+                jpeg = truncated_jpeg(i) if i == 4 else encode_jpeg(synthetic_image(i, size=(20, 24)))
+                sink.write({"__key__": f"k{i}", "jpg": jpeg, "cls": i % 2, "txt": f"caption {i}",
+                            "json": {"i": i}, "npy": boxes.getvalue()})  # fmt: skip
+        fields = {"image": "jpg", "label": "cls", "text": "txt", "meta": "json",
+                  "boxes": gp.fields.Array("npy", pad=-1)}  # fmt: skip
+        got = {}
+        for name in ("torch", "ray"):
+            pipe = gp.Pipeline(gp.WebDataset(path, fields=fields), [T.CenterCrop(16)])
+            with gp.Loader(pipe, 3, backend=name, num_workers=2, shuffle=True, seed=2, on_error="skip",
+                           max_skipped=None) as loader:  # fmt: skip
+                got[name] = list(loader)
+                assert [s.key for s in loader.skipped] == ["k4"]
+        for a, b in zip(got["torch"], got["ray"], strict=True):
+            assert a.keys == b.keys and a["text"] == b["text"] and a["meta"] == b["meta"]
+            assert torch.equal(a["boxes"].data, b["boxes"].data) and torch.equal(a["boxes"].lengths, b["boxes"].lengths)
+            assert torch.equal(a.images, b.images) and torch.equal(a.valid, b.valid)
+
+    def test_a_source_of_arrays_alone(self, tmp_path, ray_session, clean_env):
+        import io
+
+        import numpy as np
+        import webdataset as wds
+
+        path = str(tmp_path / "arrays-000000.tar")
+        with wds.TarWriter(path) as sink:
+            for i in range(6):
+                x = io.BytesIO()
+                np.save(x, np.full((2, 3), i, np.float32))
+                sink.write({"__key__": f"a{i}", "npy": x.getvalue(), "cls": i})
+        source = gp.WebDataset(path, fields={"x": "npy", "label": "cls"})
+        with gp.Loader(gp.Pipeline(source), 3, backend="ray", shuffle=False) as loader:
+            batches = list(loader)
+        assert all(b.images is None for b in batches)
+        assert torch.cat([b["x"][:, 0, 0] for b in batches]).tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+        labels = [b.labels for b in batches]
+        assert all(t is not None for t in labels) and torch.cat(labels).tolist() == [0, 1, 2, 3, 4, 5]  # type: ignore[arg-type]

@@ -20,6 +20,8 @@ class RayBackend(Backend):
     requirement = "ray (pip install 'gpupipe[ray]')"
     lowerings = LOWERINGS  # the torch backend's kernels
     auto = False
+    reads_fields = True  # the torch backend's decoders and batching, in the tasks
+    imageless = True
 
     def available(self) -> bool:
         return importlib.util.find_spec("ray") is not None

@@ -33,6 +33,7 @@ import numpy as np
 import ray
 import torch
 
+from ...core._batch import map_tensors
 from ...core._errors import ClosedError, WorkerError
 from ...pipeline._pipeline import Pipeline
 from ...plan._plan import RankPlan
@@ -92,7 +93,7 @@ class Job:
         self.max_pixels, self.exif = spec.config.max_image_pixels, spec.config.apply_exif_orientation
         self.per_source, self.skip = spec.per_source, spec.skip
         self.outputs: tuple[ImageSpec, ...] | None = spec.outputs
-        if spec.outputs is not None:  # what the tasks' part ends in
+        if spec.outputs:  # what the tasks' part ends in (none: a source of fields alone)
             self.outputs = tuple(
                 dataclasses.replace(out, dtype=Pipeline._specs(steps, "")[-1].dtype)
                 for out, steps in zip(spec.outputs, views[:1] if spec.per_source else views, strict=True)
@@ -111,16 +112,18 @@ class Job:
         storage = getattr(self.index.reader, "storage", None)
         if storage is not None and storage.remote:
             storage.keep = TASK_PINS
-        return self.samples(), Collate(self.skip, self.outputs, self.index.labeled, self.channels_last)
+        return self.samples(), Collate(self.skip, self.outputs, self.index.labeled, self.channels_last,
+                                       fields=self.index.fields)  # fmt: skip
 
 
 _jobs: collections.OrderedDict[str, tuple[Samples, Collate]] = collections.OrderedDict()
 
 
 def run_batch(token: str, job: list[Any], items: list[Item], poisoned: dict[int, Failure] | None = None) -> Any:
-    """One batch, in a Ray worker: ``(images, labels, keys, failed)`` — images as NumPy arrays
-    (``[B, C, H, W]``, or ``[B, H, W, C]`` for channels_last), labels int64 ``[B]`` or None — or
-    the ``Failure`` of a sample that cannot be used (``on_error="raise"``). ``job`` holds the
+    """One batch, in a Ray worker: ``(images, labels, keys, failed, fields)`` — images as NumPy
+    arrays (``[B, C, H, W]``, or ``[B, H, W, C]`` for channels_last), labels int64 ``[B]`` or
+    None, the source's other fields as the torch backend batches them (``Batch.fields``) or None —
+    or the ``Failure`` of a sample that cannot be used (``on_error="raise"``). ``job`` holds the
     runner's :class:`Job` reference, in a list so that Ray does not fetch it for every task.
     ``poisoned``: the batch's samples found to crash (or hang) their process, refused unread."""
     made = _jobs.get(token)
@@ -138,7 +141,7 @@ def run_batch(token: str, job: list[Any], items: list[Item], poisoned: dict[int,
         (view.permute(0, 2, 3, 1) if collate.channels_last and view.dim() == 4 else view).numpy() for view in batch[0]
     )
     labels = None if batch.labels is None else batch.labels.numpy()
-    return images, labels, batch.keys, batch.skipped
+    return images, labels, batch.keys, batch.skipped, batch.fields
 
 
 class _Lost(WorkerError):
@@ -211,13 +214,17 @@ class RayRunner:
                     raise ClosedError("the ray runner was closed during an epoch")
                 if isinstance(result, Failure):
                     raise result.error()
-                images, labels, keys, failed = result
+                images, labels, keys, failed, fields = result
                 blank = len(failed) == len(keys)  # no good sample: zeros, as the torch backend's
-                views = tuple(
-                    self._finished(self._tensor(a), steps, blank) for a, steps in zip(images, self._finish, strict=True)
+                views = tuple(  # (none: a source of fields alone)
+                    self._finished(self._tensor(a), steps, blank)
+                    for a, steps in zip(images, self._finish if images else (), strict=True)
                 )
                 label_tensor = None if labels is None else self._tensor(labels)
-                yield RawBatch(views, label_tensor, list(keys), tuple((i, f.error()) for i, f in failed))
+                if fields is not None and self.device.type != "cpu":
+                    fields = map_tensors(fields, lambda t: t.to(self.device))
+                yield RawBatch(views, label_tensor, list(keys), tuple((i, f.error()) for i, f in failed),
+                               fields=fields)  # fmt: skip
         finally:
             # An epoch left unfinished drops its tasks in flight (at most in_flight batches, freed as
             # they end) without ray.cancel: Ray 2.60 aborts the process that cancels a task as it
