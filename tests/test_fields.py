@@ -9,6 +9,7 @@ import io
 import json
 import pickle
 import tarfile
+from typing import Any
 
 import numpy as np
 import pytest
@@ -542,3 +543,34 @@ def test_fields_arrive_on_the_gpu_with_the_images(tmp_path, backend):
     assert batch["boxes"].lengths[:, 0].tolist() == [1, 2, 3, 4]
     assert all(p.is_cuda for p in batch["parts"]) and batch["emb"].is_cuda
     assert batch["emb"][:, 0].tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+class TestShardWriterWritesFields:
+    """``gp.ShardWriter`` encodes arrays and JSON as webdataset's writer does: its shards read the
+    same through webdataset's decoders and through ``fields=``."""
+
+    def test_as_webdataset_decodes_them(self, tmp_path):
+        array = np.arange(12, dtype=np.int16).reshape(3, 4)
+        sample: dict[str, Any] = {"npy": array, "json": {"caption": "ünï", "n": [1, 2]}, "txt": "a cat", "cls": 2,
+                                  "emb.npy": np.ones(5, np.float32)}  # fmt: skip
+        with gp.ShardWriter(str(tmp_path / "w-%06d.tar")) as w:
+            w.write("k0", sample)
+        with tarfile.open(w.shards[0]) as tar:
+            members = {m.name.partition(".")[2]: tar.extractfile(m).read() for m in tar}  # type: ignore[union-attr]
+        assert np.array_equal(reference("npy", members["npy"]), array)
+        assert reference("json", members["json"]) == sample["json"] and reference("txt", members["txt"]) == "a cat"
+        fields = {"x": "npy", "meta": "json", "text": "txt", "label": "cls", "emb": "emb.npy"}
+        with gp.Loader(gp.Pipeline(gp.WebDataset(w.shards[0], fields=fields)), 1, num_workers=0) as loader:
+            (batch,) = list(loader)
+        assert batch["x"].dtype == torch.int16 and batch["x"][0].tolist() == array.tolist()
+        assert batch["meta"] == [sample["json"]] and batch["text"] == ["a cat"]
+        assert batch.labels is not None and batch.labels.tolist() == [2]
+
+    def test_refused(self, tmp_path):
+        with gp.ShardWriter(str(tmp_path / "w-%06d.tar")) as w:
+            with pytest.raises(gp.ConfigError, match=r"Python objects, which \.npy stores pickled"):
+                w.write("k0", {"npy": np.array([{"a": 1}], dtype=object)})
+            with pytest.raises(gp.ConfigError, match="a NumPy array under an extension ending in npy"):
+                w.write("k1", {"jpg": np.zeros((2, 2), np.uint8)})
+            with pytest.raises(gp.ConfigError, match="a dict or list under one ending in json"):
+                w.write("k2", {"txt": {"a": 1}})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import os
 import tarfile
 from collections.abc import Iterable, Mapping
@@ -16,6 +17,16 @@ from ._validate import valid_int
 __all__ = ["ShardWriter"]
 
 
+def _npy(array: np.ndarray, key: str, ext: str) -> bytes:
+    """``array`` as an ``.npy`` file, never pickled."""
+    if array.dtype.hasobject:
+        raise ConfigError(f"ShardWriter: member {key}.{ext} is an array of Python objects, which .npy stores "
+                          "pickled: gpupipe never unpickles; store numbers")  # fmt: skip
+    out = io.BytesIO()
+    np.lib.format.write_array(out, np.asanyarray(array), allow_pickle=False)
+    return out.getvalue()
+
+
 class ShardWriter:
     """Writes samples into numbered tar shards in WebDataset layout.
 
@@ -26,12 +37,16 @@ class ShardWriter:
         start: number of the first shard. Default 0.
 
     Members are written in sample order, ``key.ext`` each; ``bytes`` are stored as they are,
-    ``int`` and ``str`` as ASCII/UTF-8 text (a ``.cls`` label is an ``int``). Tar headers carry no
-    time or owner, so the same samples always give the same bytes.
+    ``int`` and ``str`` as ASCII/UTF-8 text (a ``.cls`` label is an ``int``); as webdataset's
+    writer encodes them, a NumPy array under an extension ending in ``npy`` as an ``.npy`` file
+    (``allow_pickle=False``: object arrays are refused) and a dict or list under one ending in
+    ``json`` as UTF-8 JSON. Tar headers carry no time or owner, so the same samples always give
+    the same bytes.
 
     Example:
         >>> with ShardWriter("out/train-%06d.tar", max_count=256) as w:  # doctest: +SKIP
-        ...     w.write("000001", {"jpg": jpeg_bytes, "cls": 3})
+        ...     w.write("000001", {"jpg": jpeg_bytes, "cls": 3, "txt": "a cat", "json": {"w": 500},
+        ...                        "npy": np.zeros((4, 4), np.float32)})
         >>> w.shards  # doctest: +SKIP
         ['out/train-000000.tar']
     """
@@ -58,9 +73,14 @@ class ShardWriter:
                 value = str(int(value)).encode("ascii")
             elif isinstance(value, str):
                 value = value.encode("utf-8")
+            elif isinstance(value, np.ndarray) and ext.endswith("npy"):
+                value = _npy(value, key, ext)
+            elif isinstance(value, (dict, list)) and ext.endswith("json"):
+                value = json.dumps(value, ensure_ascii=False).encode("utf-8")
             elif not isinstance(value, (bytes, bytearray, memoryview)):
                 raise ConfigError(
-                    f"ShardWriter: member {key}.{ext} must be bytes, int or str, got {type(value).__name__}"
+                    f"ShardWriter: member {key}.{ext} must be bytes, int or str (a NumPy array under an "
+                    f"extension ending in npy, a dict or list under one ending in json), got {type(value).__name__}"
                 )
             info = tarfile.TarInfo(f"{key}.{ext}")
             info.size, info.mode, info.mtime = len(value), 0o444, 0
