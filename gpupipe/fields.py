@@ -9,6 +9,7 @@ decoded) or as one of these, for its options::
         "caption": gp.fields.Text("txt", missing="empty"),
         "meta": gp.fields.Json("json", max_bytes="64KB"),
         "embedding": gp.fields.Array("npy", dtype="float32", shape=(512,)),
+        "mask": gp.fields.Mask("seg.png", fill=255),  # follows the image's crops and flips
     })
 
 Decoding is safe: ``.npy`` through NumPy's format reader (never unpickled), JSON and text with
@@ -18,6 +19,6 @@ size limits, and pickles (``pyd``, ``pth``) refused. A missing or bad field is a
 
 from __future__ import annotations
 
-from .core._fields import Array, Field, Image, Json, Label, Missing, Padded, Text
+from .core._fields import Array, Field, Image, Json, Label, Mask, Missing, Padded, Text
 
-__all__ = ["Field", "Image", "Text", "Json", "Label", "Array", "Missing", "Padded"]
+__all__ = ["Field", "Image", "Text", "Json", "Label", "Array", "Mask", "Missing", "Padded"]

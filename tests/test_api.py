@@ -36,7 +36,7 @@ def test_transforms_api():
 
 def test_fields_api():
     assert sorted(gp.fields.__all__) == sorted(
-        ["Field", "Image", "Text", "Json", "Label", "Array", "Missing", "Padded"]
+        ["Field", "Image", "Text", "Json", "Label", "Array", "Mask", "Missing", "Padded"]
     )
     assert all(hasattr(gp.fields, name) for name in gp.fields.__all__)
 

@@ -16,7 +16,7 @@ import torch
 from torch.utils.data import Dataset, get_worker_info
 
 from ..core._errors import Damage, DataError, SampleError
-from ..core._fields import Field
+from ..core._fields import Field, Mask
 from ..core._random import factors
 from ..plan._plan import RankPlan
 from ..runtime._children import CRASHED
@@ -27,7 +27,7 @@ from ._base import RawBatch, donor, fill
 from ._batchwise import apply_batch
 from ._fields import batch_fields, empty_values, field_values
 from ._slots import Arena, Slots
-from ._torch._kernels import apply_pipeline, sample_factors
+from ._torch._kernels import apply_pipeline, apply_with_masks, sample_factors
 
 __all__ = ["Item", "Sample", "Failure", "Samples", "Collate", "BatchItems", "batch_items", "culprits"]
 
@@ -143,16 +143,38 @@ class Samples(Dataset["Sample | Failure"]):
         image = decode_rgb(
             raw.data, shard=raw.shard, key=raw.key, max_pixels=self.max_pixels, apply_exif_orientation=self.exif
         )
+        masks = self._masks(values, image, raw.shard, raw.key)
         try:  # each view from the same decoded image, with its own draws
-            if self.per_source:  # one output: the sample's source's list (a gp.Mix's per_source)
+            if masks:  # one view (the pipeline checked): the masks follow the image
+                output, moved = apply_with_masks(self.views[0], image, drawn[0], masks)
+                assert values is not None
+                values.update((name, mask.numpy()) for name, mask in moved.items())  # batched as arrays are
+                outputs: tuple[torch.Tensor, ...] = (output,)
+            elif self.per_source:  # one output: the sample's source's list (a gp.Mix's per_source)
                 source = int(self.index.source_of(np.array([sample]))[0])  # type: ignore[attr-defined]
-                outputs: tuple[torch.Tensor, ...] = (apply_pipeline(self.views[source], image, drawn[source]),)
+                outputs = (apply_pipeline(self.views[source], image, drawn[source]),)
             else:
                 outputs = tuple(apply_pipeline(steps, image, drawn[view]) for view, steps in enumerate(self.views))
         except ValueError as e:  # e.g. RandomCrop larger than this image
             size = (int(image.shape[-2]), int(image.shape[-1]))
             raise SampleError.at(str(e), shard=raw.shard, key=raw.key, size=size) from e
         return outputs, raw.label, raw.key, values
+
+    def _masks(self, values: dict[str, Any] | None, image: torch.Tensor, shard: str,
+               key: str) -> dict[str, tuple[torch.Tensor, int]]:  # fmt: skip
+        """The sample's masks (``gp.fields.Mask``) with their fills; each must have the image's size."""
+        if not values:
+            return {}
+        out = {}
+        for name, field in self.index.fields.items():
+            if isinstance(field, Mask) and values.get(name) is not None:
+                mask = torch.from_numpy(np.array(values[name]))
+                if tuple(mask.shape) != tuple(image.shape[-2:]):
+                    raise SampleError(f"the {name!r} mask of sample {key!r} in shard {shard!r} is "
+                                      f"{mask.shape[0]}x{mask.shape[1]}, its image {image.shape[-2]}x{image.shape[-1]}",
+                                      shard=shard, key=key, kind=Damage.BAD_FIELD)  # fmt: skip
+                out[name] = (mask, field.fill)
+        return out
 
 
 def culprits(samples: Samples, items: list[Item], timeout: float | None) -> list[str]:

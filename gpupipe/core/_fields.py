@@ -45,6 +45,7 @@ __all__ = [
     "Json",
     "Label",
     "Array",
+    "Mask",
     "parse_fields",
     "field_values",
     "ascii_int",
@@ -260,6 +261,61 @@ class Array(Field):
         return array.reshape(shape, order="F" if fortran else "C")
 
 
+_MASK_MODES = {"1": np.uint8, "L": np.uint8, "P": np.uint8, "I;16": np.int32, "I;16B": np.int32, "I": np.int32}
+
+
+@dataclasses.dataclass(frozen=True)
+class Mask(Field):
+    """A segmentation mask: a one-channel label map (PNG, 8- or 16-bit; a palette PNG gives its
+    indices, as torchvision's segmentation reference reads them), ``[H, W]`` uint8 (int32 for
+    16-bit). It must have the image's size, and follows the image through every geometric
+    transform with the image's draws, sampled nearest and filled with ``fill`` where the image
+    is padded, rotated or shifted in; other transforms leave it as it is (torchvision v2's rules
+    for ``tv_tensors.Mask``). A batch holds ``[B, H, W]`` (a list where sizes differ). Read by
+    the torch and Ray backends. Default ``max_bytes``: 256 MB; the pixel limit of images applies.
+
+    Args:
+        fill: the value brought in by padding, rotation and affine shifts (default 255, the ignore
+            index of torchvision's segmentation reference).
+    """
+
+    fill: int = 255
+
+    kind: ClassVar[str] = "mask"
+    default_max_bytes: ClassVar[int] = 256 << 20
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if isinstance(self.fill, bool) or not isinstance(self.fill, int):
+            raise ConfigError(f"Mask: fill must be an int (a label), got {self.fill!r}")
+        if self.missing == Missing.EMPTY:
+            raise ConfigError("Mask: missing='empty' has no mask of the image's size to give: use 'error' or 'skip'")
+
+    def _decode(self, data: bytes | memoryview, *, shard: str, key: str) -> Any:
+        import io
+        import warnings
+
+        from PIL import Image as PILImage
+
+        from ._imageinfo import MAX_IMAGE_PIXELS, header_size
+
+        size = header_size(bytes(data[:65536]))
+        if size is not None and size[0] * size[1] > MAX_IMAGE_PIXELS:
+            raise _bad(self, shard, key, f"declares {size[0]}x{size[1]} pixels, over the pixel limit")
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", PILImage.DecompressionBombWarning)
+                with PILImage.open(io.BytesIO(data)) as im:
+                    if im.mode not in _MASK_MODES:
+                        raise _bad(self, shard, key, f"is a {im.mode} image: a mask has one channel of labels")
+                    im.load()
+                    return np.asarray(im, dtype=_MASK_MODES[im.mode])
+        except SampleError:
+            raise
+        except Exception as e:  # Pillow's errors for a damaged or foreign file
+            raise _bad(self, shard, key, f"cannot be decoded as a mask ({type(e).__name__}: {e})") from None
+
+
 def _npy_header(field: Field, data: bytes | memoryview, *, shard: str, key: str) -> tuple[np.dtype, tuple[int, ...],
                                                                                            bool, int]:  # fmt: skip
     """The dtype, shape, order and data offset of a ``.npy`` member, checked: versions 1-3, no
@@ -340,7 +396,8 @@ def _kind_of(ext: str) -> type[Field] | None:
 def parse_fields(fields: Mapping[str, Any]) -> dict[str, Field]:
     """``{name: Field}`` of a source's ``fields=``: each value a :class:`Field`, or extensions
     whose kind says the field's (``"jpg;png"``: :class:`Image`; ``"cls"``: :class:`Label`;
-    ``"txt"``: :class:`Text`; ``"json"``: :class:`Json`; ``"npy"``: :class:`Array`).
+    ``"txt"``: :class:`Text`; ``"json"``: :class:`Json`; ``"npy"``: :class:`Array`; a mask is
+    named: ``Mask("seg.png")``).
 
     Raises:
         ConfigError: not a mapping of identifiers; an extension of no known kind, or decoded by

@@ -95,11 +95,11 @@ class Loader(LoaderAttributes):
         topo = _dist.topology(config.rank, config.world_size)
         self.pipeline = pipeline
         self.rank, self.world_size = topo.rank, topo.world_size
-        fields, images = pipeline.fields, pipeline.has_image  # what the source asks of a backend
-        backend, device = backends.resolve(config.backend, config.device, pipeline.views, fields=fields, images=images)
-        self.chosen = backends.why(
-            config.backend, config.device, backend, device, pipeline.views, fields=fields, images=images
-        )  # auto's reasons
+        fields, images, masks = pipeline.fields, pipeline.has_image, pipeline.masks  # what the source asks
+        backend, device = backends.resolve(config.backend, config.device, pipeline.views, fields=fields, images=images,
+                                           masks=masks)  # fmt: skip
+        self.chosen = backends.why(config.backend, config.device, backend, device, pipeline.views, fields=fields,
+                                   images=images, masks=masks)  # auto's reasons  # fmt: skip
         require_runnable(pipeline, backend)
         self.seed = _dist.shared_seed(config.seed, topo, shuffle=config.shuffle, device=device)
         self.backend, self.device = backend.name, str(device)

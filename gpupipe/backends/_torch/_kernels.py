@@ -9,11 +9,13 @@ parameters the output equals what the torchvision v2 transform gives.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import torch
+from torchvision import tv_tensors
 from torchvision.transforms import InterpolationMode as TVInterpolation
 from torchvision.transforms.v2 import functional as F
 
@@ -24,11 +26,12 @@ from ...transforms._apply import RandomApplyParams, RandomChoiceParams
 from ...transforms._apply import RandomChoice as SampleChoice
 from ...transforms._color import BlurParams, ColorJitterParams, GrayscaleParams, SolarizeParams
 from ...transforms._erasing import ErasingParams
+from ...transforms._masks import MASK_GEOMETRY
 from ...transforms._spatial import CropParams, FlipParams, RandomCropParams
 from ...transforms._tone import CoinParams
 from .._registry import Registry, inner_unsupported
 
-__all__ = ["LOWERINGS", "apply_pipeline"]
+__all__ = ["LOWERINGS", "apply_pipeline", "apply_with_masks"]
 
 LOWERINGS = Registry("torch")
 
@@ -46,6 +49,42 @@ def apply_pipeline(
         params = t.make_params(image.shape[-2], image.shape[-1], f) if f is not None else None
         image = LOWERINGS.lookup(t)(t, image, params)
     return image
+
+
+def apply_with_masks(
+    transforms: Sequence[T.Transform],
+    image: torch.Tensor,
+    factors: Sequence[np.ndarray | None],
+    masks: Mapping[str, tuple[torch.Tensor, int]],
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """:func:`apply_pipeline`, with ``masks`` (name: ``([H, W] mask, fill)``, the image's size)
+    moved by each geometric step with the image's parameters (``transforms._masks``): torchvision's
+    mask kernels (nearest), the mask's fill where the step brings pixels in. Returns the image and
+    the masks (``[H', W']``)."""
+    moved = {name: tv_tensors.Mask(mask[None]) for name, (mask, _) in masks.items()}
+    for t, f in zip(transforms, factors, strict=True):
+        params = t.make_params(image.shape[-2], image.shape[-1], f) if f is not None else None
+        image = LOWERINGS.lookup(t)(t, image, params)
+        for name, (_, fill) in masks.items():
+            moved[name] = _mask_step(t, moved[name], params, fill)
+    return image, {name: m.as_subclass(torch.Tensor)[0] for name, m in moved.items()}
+
+
+def _mask_step(t: T.Transform, mask: torch.Tensor, params: Any, fill: int) -> torch.Tensor:
+    """One step on a mask: a geometric one by its kernel with the image's parameters (its ``fill``
+    the mask's), inside RandomApply / RandomChoice too; any other leaves it."""
+    if isinstance(t, T.RandomApply):
+        if params.apply:
+            for inner, p in zip(t.transforms, params.params, strict=True):
+                mask = _mask_step(inner, mask, p, fill)
+        return mask
+    if isinstance(t, SampleChoice):
+        return _mask_step(t.transforms[params.chosen], mask, params.params[params.chosen], fill)
+    if not isinstance(t, MASK_GEOMETRY):
+        return mask
+    if hasattr(t, "fill"):
+        t = dataclasses.replace(t, fill=fill)  # type: ignore[call-arg]
+    return LOWERINGS.lookup(t)(t, mask, params)
 
 
 def sample_factors(

@@ -1,0 +1,44 @@
+"""How each transform treats a mask (``gp.fields.Mask``): torchvision v2's rules for
+``tv_tensors.Mask``. Geometric transforms move it with the image, with the image's draws (sampled
+nearest, the mask's own fill where they bring pixels in); the others leave it as it is; the ones
+that choose their operations per sample (the augmentation policies, AugMix) are refused, as
+torchvision's refuse masks, and so are custom functions, whose geometry gpupipe cannot follow."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ._affine import RandomAffine, RandomRotation
+from ._apply import RandomApply, RandomChoice
+from ._base import Transform
+from ._custom import ArrayFunction
+from ._policies import AugMix, AutoAugment, RandAugment, TrivialAugmentWide
+from ._spatial import CenterCrop, RandomCrop, RandomHorizontalFlip, RandomResizedCrop, RandomVerticalFlip, Resize
+from ._timm import TimmRandAugment
+
+__all__ = ["MASK_GEOMETRY", "mask_refusal"]
+
+# the transforms whose kernels move a mask with the image (each backend lowers them for masks)
+MASK_GEOMETRY: tuple[type[Transform], ...] = (
+    RandomResizedCrop, Resize, CenterCrop, RandomCrop, RandomHorizontalFlip, RandomVerticalFlip, RandomRotation,
+    RandomAffine,
+)  # fmt: skip
+
+_POLICY = "chooses its operations per sample, some of them geometric (torchvision's refuses masks too)"
+_REFUSED: dict[type[Transform], str] = {
+    **dict.fromkeys((TrivialAugmentWide, RandAugment, AutoAugment, TimmRandAugment, AugMix), _POLICY),
+    ArrayFunction: "is a function of the image whose geometry gpupipe cannot follow",
+}
+
+
+def mask_refusal(transforms: Sequence[Transform]) -> str | None:
+    """Why ``transforms`` cannot move a mask with the image (naming the step), or ``None``."""
+    for i, t in enumerate(transforms):
+        if isinstance(t, (RandomApply, RandomChoice)):
+            inner = mask_refusal(t.transforms)
+            if inner is not None:
+                return f"step {i} ({type(t).__name__}): {inner}"
+        for kind, why in _REFUSED.items():
+            if isinstance(t, kind):
+                return f"step {i} ({type(t).__name__}) {why}"
+    return None

@@ -1,0 +1,176 @@
+"""Segmentation masks (``gp.fields.Mask``, issue 39 step 3, first part): decoded safely, moved by
+every geometric transform with the image's own draws (nearest, the mask's fill), left alone by the
+others, as torchvision v2 treats ``tv_tensors.Mask``; on the torch backend (and Ray, through it)."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import gpupipe as gp
+from gpupipe import transforms as T
+from gpupipe.testing import encode_jpeg, synthetic_image
+
+from .support.checkers import Posterize
+
+NEAREST = T.InterpolationMode.NEAREST
+SIZE = (40, 52)  # (height, width)
+
+
+def _png(array: np.ndarray) -> bytes:
+    out = io.BytesIO()
+    Image.fromarray(array).save(out, "PNG")
+    return out.getvalue()
+
+
+def _label_map(i: int) -> np.ndarray:
+    """A label map with structure in both directions (so every geometry shows)."""
+    y, x = np.mgrid[: SIZE[0], : SIZE[1]]
+    return ((y // 3 * 7 + x // 4 * 3 + i) % 200).astype(np.uint8)
+
+
+@pytest.fixture(scope="module")
+def seg_shards(tmp_path_factory) -> list[str]:
+    """8 samples: a JPEG photo, its label map as PNG (``seg.png``), and the label map as a lossless
+    RGB PNG image too (``lab.png``: each channel the mask), to compare geometry with."""
+    root = tmp_path_factory.mktemp("seg")
+    with gp.ShardWriter(str(root / "seg-%06d.tar"), max_count=8) as w:
+        for i in range(8):
+            label = _label_map(i)
+            w.write(f"k{i}", {"jpg": encode_jpeg(synthetic_image(i, size=SIZE)), "seg.png": _png(label),
+                              "lab.png": _png(np.repeat(label[..., None], 3, axis=2)), "cls": i % 3})  # fmt: skip
+    return w.shards
+
+
+def _batches(source, steps, **options) -> list[gp.Batch]:
+    with gp.Loader(gp.Pipeline(source, steps), 4, shuffle=True, seed=7, num_workers=0, backend="torch",
+                   **options) as loader:  # fmt: skip
+        loader.set_epoch(1)
+        return list(loader)
+
+
+def _with_mask(urls, fill: int = 255):
+    return gp.WebDataset(urls, fields={"image": "jpg", "label": "cls", "mask": gp.fields.Mask("seg.png", fill=fill)})
+
+
+GEOMETRIES: dict[str, list[T.Transform]] = {
+    "resized crop and flips": [T.RandomResizedCrop(24, scale=(0.3, 1.0)), T.RandomHorizontalFlip(),
+                               T.RandomVerticalFlip()],
+    "rotation": [T.RandomRotation(35), T.CenterCrop(30)],
+    "rotation, expanded": [T.RandomRotation(35, expand=True), T.Resize((30, 30))],
+    "affine": [T.RandomAffine(20, translate=(0.2, 0.1), scale=(0.8, 1.2), shear=10), T.Resize(32), T.CenterCrop(28)],
+    "padded random crop": [T.RandomCrop(48, pad_if_needed=True), T.RandomApply([T.RandomRotation(15)], p=0.5)],
+    "padding": [T.RandomCrop((44, 56), padding=3)],
+}  # fmt: skip
+
+
+def _nearest(steps: list[T.Transform], fill: int) -> list[T.Transform]:
+    """The same steps sampled nearest, bringing in ``fill``: what the mask goes through."""
+    out: list[T.Transform] = []
+    for t in steps:
+        if isinstance(t, T.RandomApply):
+            out.append(T.RandomApply(_nearest(list(t.transforms), fill), p=t.p))
+            continue
+        changes: dict = {}
+        if hasattr(t, "interpolation"):
+            changes["interpolation"] = NEAREST
+        if hasattr(t, "fill"):
+            changes["fill"] = fill
+        if hasattr(t, "antialias"):
+            changes["antialias"] = False
+        out.append(dataclasses.replace(t, **changes))
+    return out
+
+
+class TestGeometry:
+    @pytest.mark.parametrize("name", list(GEOMETRIES))
+    def test_the_mask_moves_as_the_image_does_sampled_nearest(self, seg_shards, name):
+        """Each sample's mask equals its label map put through the same steps as an image, with
+        the same draws, nearest and with the mask's fill: the geometry is the image's."""
+        steps = GEOMETRIES[name]
+        got = _batches(_with_mask(seg_shards, fill=250), steps)
+        as_image = gp.WebDataset(seg_shards, fields={"image": "lab.png", "label": "cls"})
+        want = _batches(as_image, _nearest(steps, 250))
+        for a, b in zip(got, want, strict=True):
+            assert a.keys == b.keys and a["mask"].dtype == torch.uint8
+            assert a["mask"].shape == b.images.shape[:1] + b.images.shape[2:] == (4, *a.images.shape[2:])
+            assert torch.equal(a["mask"], b.images[:, 0]), name
+        if name == "padding":
+            assert any(bool((a["mask"] == 250).any()) for a in got)  # pixels brought in: the fill
+
+    def test_other_transforms_leave_it(self, seg_shards):
+        geometry = [T.RandomResizedCrop(24), T.RandomHorizontalFlip()]
+        colour = [T.ColorJitter(0.4, 0.4, 0.4, 0.1), T.GaussianBlur(3), T.RandomGrayscale(0.5),
+                  T.ToDtype(torch.float32, scale=True), T.Normalize((0.5,) * 3, (0.2,) * 3),
+                  T.RandomErasing(1.0)]  # fmt: skip
+        plain = _batches(_with_mask(seg_shards), geometry)
+        mixed = _batches(_with_mask(seg_shards), [*geometry, *colour])  # (a step's draws go by its place)
+        for a, b in zip(plain, mixed, strict=True):
+            assert torch.equal(a["mask"], b["mask"])
+
+    def test_without_transforms_and_16_bit(self, tmp_path):
+        deep = (_label_map(0).astype(np.uint16) * 300).astype(np.uint16)
+        with gp.ShardWriter(str(tmp_path / "d-%06d.tar")) as w:
+            for i in range(2):
+                w.write(f"k{i}", {"jpg": encode_jpeg(synthetic_image(i, size=SIZE)), "seg.png": _png(deep)})
+        source = gp.WebDataset(w.shards, fields={"image": "jpg", "mask": gp.fields.Mask("seg.png")})
+        (batch,) = _batches(source, [T.CenterCrop(SIZE)])
+        assert batch["mask"].dtype == torch.int32 and torch.equal(
+            batch["mask"][0], torch.from_numpy(deep.astype(np.int32))
+        )
+
+
+class TestBadMasks:
+    @pytest.mark.parametrize(("member", "match"), [
+        (_png(np.zeros((*SIZE, 3), np.uint8)), "is a RGB image: a mask has one channel"),
+        (_png(np.zeros((10, 10), np.uint8)), "is 10x10, its image 40x52"),
+        (_png(_label_map(0))[:-60], "cannot be decoded as a mask"),
+    ])  # fmt: skip
+    def test_named_and_skipped(self, tmp_path, member, match):
+        with gp.ShardWriter(str(tmp_path / "b-%06d.tar")) as w:
+            for i in range(4):
+                seg = member if i == 2 else _png(_label_map(i))
+                w.write(f"k{i}", {"jpg": encode_jpeg(synthetic_image(i, size=SIZE)), "seg.png": seg})
+        source = gp.WebDataset(w.shards, fields={"image": "jpg", "mask": gp.fields.Mask("seg.png")})
+        with pytest.raises(gp.SampleError, match=match) as raised:
+            _batches(source, [T.CenterCrop(20)])
+        assert raised.value.key == "k2" and raised.value.kind == gp.Damage.BAD_FIELD
+        with gp.Loader(gp.Pipeline(source, [T.CenterCrop(20)]), 4, on_error="skip", max_skipped=None,
+                       num_workers=0) as loader:  # fmt: skip
+            (batch,) = list(loader)
+            assert [s.key for s in loader.skipped] == ["k2"] and batch.valid.tolist() == [True, True, False, True]
+
+
+class TestRefused:
+    def test_what_cannot_follow(self, seg_shards):
+        source = _with_mask(seg_shards)
+        refused: list[tuple[list[T.Transform], str]] = [
+            ([T.RandomResizedCrop(24), T.TrivialAugmentWide()], r"step 1 \(TrivialAugmentWide\) chooses its"),
+            ([T.RandomApply([T.AugMix()])], r"step 0 \(RandomApply\): step 0 \(AugMix\)"),
+            ([T.CenterCrop(24), Posterize()], "whose geometry gpupipe cannot follow"),
+        ]
+        for steps, match in refused:
+            with pytest.raises(gp.ConfigError, match=match):
+                gp.Pipeline(source, steps)
+        with pytest.raises(gp.ConfigError, match="follow one image: not with views"):
+            gp.Pipeline(source, views=[[T.CenterCrop(24)], [T.CenterCrop(16)]])
+        with pytest.raises(gp.ConfigError, match="batch_transform mixes images, not masks"):
+            gp.Pipeline(source, [T.CenterCrop(24), T.ToDtype(torch.float32)], batch_transform=T.MixUp(num_classes=3))
+        with pytest.raises(gp.ConfigError, match="missing='empty' has no mask"):
+            gp.fields.Mask("seg.png", missing="empty")
+        with pytest.raises(gp.ConfigError, match="fill must be an int"):
+            gp.fields.Mask("seg.png", fill=0.5)  # type: ignore[arg-type]
+
+    def test_dali_does_not_move_them_yet_and_auto_picks_torch(self, seg_shards):
+        pytest.importorskip("nvidia.dali")
+        pipe = gp.Pipeline(_with_mask(seg_shards), [T.CenterCrop(24)])
+        assert pipe.masks == ("mask",)
+        with pytest.raises(gp.UnsupportedTransformError, match=r"dali backend does not move masks with the image yet"):
+            gp.Loader(pipe, 4, backend="dali", device="cpu")
+        with gp.Loader(pipe, 4, device="cpu") as loader:
+            assert loader.backend == "torch" and "dali does not move masks" in repr(loader)
