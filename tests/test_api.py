@@ -23,7 +23,8 @@ def test_top_level_api():
 
 def test_transforms_api():
     assert sorted(T.__all__) == sorted([
-        "Transform", "ImageSpec", "InterpolationMode", "RandomResizedCrop", "Resize", "CenterCrop", "RandomCrop",
+        "Transform", "ImageSpec", "InterpolationMode", "RandomResizedCrop", "Resize", "RandomResize", "CenterCrop",
+        "RandomCrop",
         "RandomHorizontalFlip", "RandomVerticalFlip", "ColorJitter", "RandomGrayscale", "GaussianBlur",
         "RandomSolarize", "RandomApply", "ToDtype", "Normalize", "Arithmetic", "ArrayFunction", "BatchTransform",
         "BatchMode", "MixUp", "CutMix", "RandomChoice", "RandomErasing", "RandomInvert", "RandomPosterize",

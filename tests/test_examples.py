@@ -188,3 +188,18 @@ def test_growing_example_trains_on_more_each_epoch(tmp_path):
     epochs = [tuple(map(int, m)) for m in re.findall(r"epoch \d+: (\d+) shards, (\d+) samples", proc.stdout)]
     assert len(epochs) == 3 and epochs == sorted(epochs), proc.stdout
     assert epochs[-1] == (4, 32) and all(n == 8 * s for s, n in epochs)
+
+
+def test_segmentation_example_learns(tmp_path):
+    """examples/train_segmentation.py: synthetic image + mask shards, a tiny network, CPU; the
+    loss falls and the pixel accuracy rises over the epochs."""
+    env = {k: v for k, v in os.environ.items() if k not in DIST_ENV}
+    argv = [sys.executable, os.path.join(ROOT, "examples", "train_segmentation.py"), "--make", str(tmp_path / "seg"),
+            "64", "--epochs", "4", "--base-size", "64", "--crop-size", "48", "--batch-size", "8",
+            "--workers", "0"]  # fmt: skip
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    epochs = [line for line in proc.stderr.splitlines() if "mean loss" in line]
+    losses = [float(line.split("mean loss ")[1].split(",")[0]) for line in epochs]
+    accuracy = [float(line.split("pixel accuracy ")[1].split()[0]) for line in epochs]
+    assert len(epochs) == 4 and losses[-1] < losses[0] and accuracy[-1] > accuracy[0]

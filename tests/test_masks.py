@@ -174,3 +174,24 @@ class TestRefused:
             gp.Loader(pipe, 4, backend="dali", device="cpu")
         with gp.Loader(pipe, 4, device="cpu") as loader:
             assert loader.backend == "torch" and "dali does not move masks" in repr(loader)
+
+
+class TestSegmentationRecipe:
+    """``pipelines/segmentation.py``: torchvision's segmentation reference presets."""
+
+    def test_train_and_val(self, seg_shards):
+        recipe = gp.load_pipeline("pipelines/segmentation.py:train")
+        pipe = recipe(seg_shards, base_size=40, crop_size=48)  # sizes 20-79: some padded
+        assert isinstance(pipe.transforms[0], T.RandomResize) and pipe.masks == ("mask",)
+        with gp.Loader(pipe, 4, num_workers=0, seed=1, shuffle=True) as loader:
+            batches = list(loader)
+        assert all(b.images.shape == (4, 3, 48, 48) and b["mask"].shape == (4, 48, 48) for b in batches)
+        padded = [b["mask"] == 255 for b in batches]
+        assert any(bool(p.any()) for p in padded)  # the crop padded the mask with the ignore index
+        for b, p in zip(batches, padded, strict=True):  # ... exactly where it padded the image with 0
+            normalized_zero = -torch.tensor((0.485, 0.456, 0.406)) / torch.tensor((0.229, 0.224, 0.225))
+            where = (b.images - normalized_zero[None, :, None, None]).abs().amax(1) < 1e-5
+            assert bool((where | ~p).all())
+        val = gp.load_pipeline("pipelines/segmentation.py:val")(seg_shards, base_size=40, crop_size=32)
+        with gp.Loader(val, 4, num_workers=0) as loader:
+            assert next(iter(loader))["mask"].shape == (4, 32, 32)

@@ -94,6 +94,42 @@ class TestRandomResizedCrop:
         assert drawn_params(t, 100, 400, 1)[0] == (0, 133, 100, 133)
 
 
+class TestRandomResize:
+    """torchvision v2's RandomResize (its segmentation reference's 0.5-2x scaling): the shorter
+    side uniform in [min_size, max_size), then torchvision's resize."""
+
+    @pytest.mark.parametrize("kwargs, name", [
+        (dict(min_size=0, max_size=10), "min_size"), (dict(min_size=10, max_size=10), "max_size"),
+        (dict(min_size=10, max_size=20.0), "max_size"),
+        (dict(min_size=10, max_size=20, interpolation=3), "interpolation"),
+    ])  # fmt: skip
+    def test_invalid_arguments(self, kwargs, name):
+        check_invalid(lambda: T.RandomResize(**kwargs), name)
+
+    def test_matches_torchvision_with_the_drawn_size(self, photo):
+        t = T.RandomResize(40, 90, antialias=False)
+        results = check_transform(t, photo, lambda img, p: v2.functional.resize(img, [p.size], antialias=False),
+                                  seeds=range(4))  # fmt: skip
+        for params, out in results:
+            assert 40 <= params.size < 90 and min(out.shape[-2:]) == params.size
+        assert not t.output_spec(T.ImageSpec(3, 100, 120)).fixed_size
+
+    def test_sizes_are_uniform(self):
+        t = T.RandomResize(10, 14)
+        sizes = t.sample(np.random.default_rng(0).random((40000, 1)))
+        counts = np.bincount(sizes[:, 0].astype(int) - 10, minlength=4)
+        assert counts.sum() == 40000 and set(np.unique(sizes)) == {10, 11, 12, 13}
+        assert abs(counts / 40000 - 0.25).max() < 0.01
+
+    def test_dali_does_not_run_it_yet(self, shards):
+        pytest.importorskip("nvidia.dali")
+        pipe = gp.Pipeline(shards, [T.RandomResize(30, 40), T.CenterCrop(24)])
+        with pytest.raises(gp.UnsupportedTransformError, match="RandomResize"):
+            gp.Loader(pipe, 4, backend="dali", device="cpu")
+        with gp.Loader(pipe, 4, device="cpu") as loader:
+            assert loader.backend == "torch" and next(iter(loader)).images.shape == (4, 3, 24, 24)
+
+
 class TestResize:
     @pytest.mark.parametrize(
         "kwargs, name",

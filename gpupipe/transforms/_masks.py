@@ -13,15 +13,23 @@ from ._apply import RandomApply, RandomChoice
 from ._base import Transform
 from ._custom import ArrayFunction
 from ._policies import AugMix, AutoAugment, RandAugment, TrivialAugmentWide
-from ._spatial import CenterCrop, RandomCrop, RandomHorizontalFlip, RandomResizedCrop, RandomVerticalFlip, Resize
+from ._spatial import (
+    CenterCrop,
+    RandomCrop,
+    RandomHorizontalFlip,
+    RandomResize,
+    RandomResizedCrop,
+    RandomVerticalFlip,
+    Resize,
+)
 from ._timm import TimmRandAugment
 
 __all__ = ["MASK_GEOMETRY", "mask_refusal"]
 
 # the transforms whose kernels move a mask with the image (each backend lowers them for masks)
 MASK_GEOMETRY: tuple[type[Transform], ...] = (
-    RandomResizedCrop, Resize, CenterCrop, RandomCrop, RandomHorizontalFlip, RandomVerticalFlip, RandomRotation,
-    RandomAffine,
+    RandomResizedCrop, Resize, RandomResize, CenterCrop, RandomCrop, RandomHorizontalFlip, RandomVerticalFlip,
+    RandomRotation, RandomAffine,
 )  # fmt: skip
 
 _POLICY = "chooses its operations per sample, some of them geometric (torchvision's refuses masks too)"

@@ -170,6 +170,57 @@ class Resize(Transform):
         return dataclasses.replace(spec, height=None, width=None)
 
 
+class ResizeParams(NamedTuple):
+    size: int  # the shorter side
+
+
+@dataclasses.dataclass(frozen=True)
+class RandomResize(Transform):
+    """Resizes the image's shorter side to a size drawn uniformly from ``min_size`` to
+    ``max_size - 1``, the longer side keeping the aspect ratio (torchvision v2's ``RandomResize``,
+    as its segmentation reference scales by 0.5-2x).
+
+    Args:
+        min_size: the smallest shorter side (included).
+        max_size: the largest shorter side (excluded), greater than ``min_size``.
+        interpolation: resampling filter. Default ``BILINEAR``.
+        antialias: low-pass filter when downscaling. Default ``True``.
+
+    Shapes: ``[C, H, W] -> [C, h, w]``, varying per sample: a crop must follow before batching.
+    Backends: torch (and Ray); the DALI backend does not run it yet (``backend="auto"`` passes it by).
+    """
+
+    min_size: int
+    max_size: int
+    _: dataclasses.KW_ONLY
+    interpolation: InterpolationMode | str = InterpolationMode.BILINEAR
+    antialias: bool = True
+
+    random = True
+    draws = 1
+
+    def __post_init__(self) -> None:
+        name = type(self).__name__
+        if not (is_int(self.min_size) and self.min_size > 0):
+            raise ConfigError(f"{name}: min_size must be a positive int, got {self.min_size!r}")
+        if not (is_int(self.max_size) and self.max_size > self.min_size):
+            raise ConfigError(f"{name}: max_size must be an int greater than min_size={self.min_size}, "
+                              f"got {self.max_size!r}")  # fmt: skip
+        self._set("interpolation", valid_interpolation(name, self.interpolation))
+        valid_bool(name, self.antialias, "antialias")
+
+    def output_spec(self, spec: ImageSpec) -> ImageSpec:
+        return dataclasses.replace(spec, height=None, width=None)
+
+    def sample(self, u: np.ndarray) -> np.ndarray:
+        """``[..., 1]``: the shorter side, an integer uniform in ``[min_size, max_size)``."""
+        span = self.max_size - self.min_size
+        return self.min_size + np.minimum(np.floor(u * span), span - 1)
+
+    def make_params(self, height: int, width: int, factors: np.ndarray) -> ResizeParams:
+        return ResizeParams(int(factors[0]))
+
+
 @dataclasses.dataclass(frozen=True)
 class CenterCrop(Transform):
     """Crops the center of the image; pads with zeros where the image is smaller than ``size``.
