@@ -37,7 +37,7 @@ def test_transforms_api():
 
 def test_fields_api():
     assert sorted(gp.fields.__all__) == sorted(
-        ["Field", "Image", "Text", "Json", "Label", "Array", "Mask", "Missing", "Padded"]
+        ["Field", "Image", "Text", "Json", "Label", "Array", "Mask", "Boxes", "BoxFormat", "Missing", "Padded"]
     )
     assert all(hasattr(gp.fields, name) for name in gp.fields.__all__)
 

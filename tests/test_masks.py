@@ -159,7 +159,7 @@ class TestRefused:
                 gp.Pipeline(source, steps)
         with pytest.raises(gp.ConfigError, match="follow one image: not with views"):
             gp.Pipeline(source, views=[[T.CenterCrop(24)], [T.CenterCrop(16)]])
-        with pytest.raises(gp.ConfigError, match="batch_transform mixes images, not masks"):
+        with pytest.raises(gp.ConfigError, match="batch_transform mixes images, not masks or boxes"):
             gp.Pipeline(source, [T.CenterCrop(24), T.ToDtype(torch.float32)], batch_transform=T.MixUp(num_classes=3))
         with pytest.raises(gp.ConfigError, match="missing='empty' has no mask"):
             gp.fields.Mask("seg.png", missing="empty")
@@ -169,11 +169,13 @@ class TestRefused:
     def test_dali_does_not_move_them_yet_and_auto_picks_torch(self, seg_shards):
         pytest.importorskip("nvidia.dali")
         pipe = gp.Pipeline(_with_mask(seg_shards), [T.CenterCrop(24)])
-        assert pipe.masks == ("mask",)
-        with pytest.raises(gp.UnsupportedTransformError, match=r"dali backend does not move masks with the image yet"):
+        assert pipe.targets == ("mask",)
+        with pytest.raises(
+            gp.UnsupportedTransformError, match=r"dali backend does not move masks and boxes with the image yet"
+        ):
             gp.Loader(pipe, 4, backend="dali", device="cpu")
         with gp.Loader(pipe, 4, device="cpu") as loader:
-            assert loader.backend == "torch" and "dali does not move masks" in repr(loader)
+            assert loader.backend == "torch" and "dali does not move masks and boxes" in repr(loader)
 
 
 class TestSegmentationRecipe:
@@ -182,7 +184,7 @@ class TestSegmentationRecipe:
     def test_train_and_val(self, seg_shards):
         recipe = gp.load_pipeline("pipelines/segmentation.py:train")
         pipe = recipe(seg_shards, base_size=40, crop_size=48)  # sizes 20-79: some padded
-        assert isinstance(pipe.transforms[0], T.RandomResize) and pipe.masks == ("mask",)
+        assert isinstance(pipe.transforms[0], T.RandomResize) and pipe.targets == ("mask",)
         with gp.Loader(pipe, 4, num_workers=0, seed=1, shuffle=True) as loader:
             batches = list(loader)
         assert all(b.images.shape == (4, 3, 48, 48) and b["mask"].shape == (4, 48, 48) for b in batches)

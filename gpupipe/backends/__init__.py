@@ -104,15 +104,16 @@ def register_lowering(transform_type: type, *, backend: str, replace: bool = Fal
 
 def resolve(
     name: str, device: str | torch.device | None, views: Any = (), *, fields: Sequence[str] = (), images: bool = True,
-    masks: Sequence[str] = (),
+    targets: Sequence[str] = (),
 ) -> tuple[Backend, torch.device]:  # fmt: skip
     """The backend and device for the requested ones: ``"auto"`` picks the first available backend
     of the table that delivers to the device and runs every step of ``views`` (the pipeline's
     transform lists; a step the DALI backend cannot run, such as ``RandomRotation(expand=True)``,
     makes it the torch backend); ``None`` picks ``cuda`` when present, else ``cpu``; ``"cuda"``
     means this process's GPU (``LOCAL_RANK`` under torchrun). ``fields``: the source's fields
-    beyond image and label (``Pipeline.fields``), which only some backends read; ``masks``: those
-    of them that are masks (``Pipeline.masks``), which only some backends transform.
+    beyond image and label (``Pipeline.fields``), which only some backends read; ``targets``: those
+    of them that follow the image's geometry (masks, boxes: ``Pipeline.targets``), which only some
+    backends transform.
 
     Raises:
         BackendUnavailableError: the backend's libraries or the device are not present.
@@ -127,7 +128,7 @@ def resolve(
 
         dev = torch.device(cuda_device())
     if name == "auto":
-        return auto_choice(dev.type, views, fields=fields, images=images, masks=masks)[0], dev
+        return auto_choice(dev.type, views, fields=fields, images=images, targets=targets)[0], dev
     backend = get(name)
     if not backend.available():
         raise BackendUnavailableError(f"Loader: backend={name!r} needs {backend.requirement}")
@@ -143,7 +144,7 @@ def auto_choice(
     available: Callable[[Backend], bool] | None = None,
     fields: Sequence[str] = (),
     images: bool = True,
-    masks: Sequence[str] = (),
+    targets: Sequence[str] = (),
 ) -> tuple[Backend, str]:
     """``backend="auto"``'s choice on ``device_type`` and why, in a few words: the first available
     backend of the table that delivers there, runs every step of ``views`` and is not measured
@@ -167,13 +168,13 @@ def auto_choice(
         if device_type not in backend.devices or not is_available(backend):
             missing.append(backend.name)
             continue
-        cannot = _cannot_run(backend, views, fields, images, masks)
+        cannot = _cannot_run(backend, views, fields, images, targets)
         slower = None if cannot is not None else backend.slower_step(device_type, views)
         if cannot is None and slower is None:
             return backend, _because(missing, reasons)
         if cannot is not None:
             refused = refused or cannot
-            unread = backend.unread(fields, images=images, masks=masks)
+            unread = backend.unread(fields, images=images, targets=targets)
             reasons.append(f"{backend.name} {unread}" if unread is not None else
                            f"{backend.name} cannot run {_step_of(cannot)}")  # fmt: skip
         elif fallback is None:
@@ -193,7 +194,7 @@ def _because(missing: list[str], reasons: list[str]) -> str:
 
 def why(
     name: str, device: str | torch.device | None, backend: Backend, dev: torch.device, views: Any = (),
-    *, fields: Sequence[str] = (), images: bool = True, masks: Sequence[str] = (),
+    *, fields: Sequence[str] = (), images: bool = True, targets: Sequence[str] = (),
 ) -> str | None:  # fmt: skip
     """Why :func:`resolve` chose ``backend`` and ``dev`` where it chose (``backend="auto"``,
     ``device=None``), in a few words for the loader's repr and log; ``None`` where both were given."""
@@ -201,18 +202,18 @@ def why(
     if device is None:
         parts.append(f"device {dev.type}: {'CUDA is available' if dev.type == 'cuda' else 'no CUDA'}")
     if name == "auto":
-        choice = auto_choice(dev.type, views, fields=fields, images=images, masks=masks)
+        choice = auto_choice(dev.type, views, fields=fields, images=images, targets=targets)
         parts.append(f"backend {backend.name}: {choice[1]}")
     return "; ".join(parts) or None
 
 
 def _cannot_run(
-    backend: Backend, views: Any, fields: Sequence[str] = (), images: bool = True, masks: Sequence[str] = ()
+    backend: Backend, views: Any, fields: Sequence[str] = (), images: bool = True, targets: Sequence[str] = ()
 ) -> UnsupportedTransformError | None:
     """Why ``backend`` cannot run a step of ``views`` or read the source (its ``fields``, samples
     without ``images``), or ``None``."""
     try:
-        backend.require_fields(fields, images=images, masks=masks)
+        backend.require_fields(fields, images=images, targets=targets)
         for steps in views:
             backend.require_supported(steps)
     except UnsupportedTransformError as e:

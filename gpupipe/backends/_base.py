@@ -199,7 +199,7 @@ class Backend(abc.ABC):
     slower: ClassVar[tuple[tuple[str, tuple[type, ...], str], ...]] = ()
     reads_fields: ClassVar[bool] = False  # whether it reads a source's fields= (Batch.fields)
     imageless: ClassVar[bool] = False  # whether it runs a source of fields alone (no image per sample)
-    reads_masks: ClassVar[bool] = False  # whether it moves Mask fields with the image (gp.fields.Mask)
+    reads_targets: ClassVar[bool] = False  # whether it moves Mask fields with the image (gp.fields.Mask)
 
     def slower_step(self, device_type: str, views: Any) -> str | None:
         """Why the next backend suits ``views`` on ``device_type`` better (a step of an entry of
@@ -222,23 +222,23 @@ class Backend(abc.ABC):
         cannot run on this backend: before any data is read."""
         self.lowerings.require_supported(transforms)
 
-    def unread(self, fields: Sequence[str], *, images: bool = True, masks: Sequence[str] = ()) -> str | None:
+    def unread(self, fields: Sequence[str], *, images: bool = True, targets: Sequence[str] = ()) -> str | None:
         """What of a source this backend does not read, in a few words (``None``: it reads it
-        all): ``fields`` beyond image and label, samples without ``images``, or ``masks`` (fields
+        all): ``fields`` beyond image and label, samples without ``images``, or ``targets`` (fields
         that follow the image's geometry)."""
         if not images and not self.imageless:
             return "does not read a source without images (fields= without an image field) yet"
         if fields and not self.reads_fields:
             return f"does not read a source's fields= yet ({', '.join(map(repr, fields))})"
-        if masks and not self.reads_masks:
-            return f"does not move masks with the image yet ({', '.join(map(repr, masks))})"
+        if targets and not self.reads_targets:
+            return f"does not move masks and boxes with the image yet ({', '.join(map(repr, targets))})"
         return None
 
-    def require_fields(self, fields: Sequence[str], *, images: bool = True, masks: Sequence[str] = ()) -> None:
+    def require_fields(self, fields: Sequence[str], *, images: bool = True, targets: Sequence[str] = ()) -> None:
         """Raises UnsupportedTransformError if the pipeline's source has ``fields`` (beyond image
         and label) and this backend does not read them, or has no images (``images`` false) and
         this backend needs one per sample (:meth:`unread`)."""
-        unread = self.unread(fields, images=images, masks=masks)
+        unread = self.unread(fields, images=images, targets=targets)
         if unread is not None:
             raise UnsupportedTransformError(
                 f"the {self.name} backend {unread}: backend='torch' does (backend='auto' picks it)"

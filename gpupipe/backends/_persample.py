@@ -16,7 +16,7 @@ import torch
 from torch.utils.data import Dataset, get_worker_info
 
 from ..core._errors import Damage, DataError, SampleError
-from ..core._fields import Field, Mask
+from ..core._fields import Boxes, BoxFormat, Field, Mask
 from ..core._random import factors
 from ..plan._plan import RankPlan
 from ..runtime._children import CRASHED
@@ -27,7 +27,7 @@ from ._base import RawBatch, donor, fill
 from ._batchwise import apply_batch
 from ._fields import batch_fields, empty_values, field_values
 from ._slots import Arena, Slots
-from ._torch._kernels import apply_pipeline, apply_with_masks, sample_factors
+from ._torch._kernels import apply_pipeline, apply_with_targets, boxes_kept, sample_factors
 
 __all__ = ["Item", "Sample", "Failure", "Samples", "Collate", "BatchItems", "batch_items", "culprits"]
 
@@ -144,11 +144,18 @@ class Samples(Dataset["Sample | Failure"]):
             raw.data, shard=raw.shard, key=raw.key, max_pixels=self.max_pixels, apply_exif_orientation=self.exif
         )
         masks = self._masks(values, image, raw.shard, raw.key)
+        boxes = {
+            name: (torch.from_numpy(np.array(values[name])), BoxFormat(field.format).value)
+            for name, field in self.index.fields.items()
+            if isinstance(field, Boxes) and values
+        }
         try:  # each view from the same decoded image, with its own draws
-            if masks:  # one view (the pipeline checked): the masks follow the image
-                output, moved = apply_with_masks(self.views[0], image, drawn[0], masks)
+            if masks or boxes:  # one view (the pipeline checked): they follow the image
+                output, moved = apply_with_targets(self.views[0], image, drawn[0], masks, boxes)
                 assert values is not None
-                values.update((name, mask.numpy()) for name, mask in moved.items())  # batched as arrays are
+                values.update((name, value.numpy()) for name, value in moved.items())  # batched as arrays are
+                for name in boxes:
+                    self._sanitize(values, name, raw.shard, raw.key)
                 outputs: tuple[torch.Tensor, ...] = (output,)
             elif self.per_source:  # one output: the sample's source's list (a gp.Mix's per_source)
                 source = int(self.index.source_of(np.array([sample]))[0])  # type: ignore[attr-defined]
@@ -159,6 +166,23 @@ class Samples(Dataset["Sample | Failure"]):
             size = (int(image.shape[-2]), int(image.shape[-1]))
             raise SampleError.at(str(e), shard=raw.shard, key=raw.key, size=size) from e
         return outputs, raw.label, raw.key, values
+
+    def _sanitize(self, values: dict[str, Any], name: str, shard: str, key: str) -> None:
+        """torchvision's ``SanitizeBoundingBoxes``: the boxes ``name`` (clamped to the image) narrower
+        or lower than the field's ``min_size`` dropped, with the same rows of its ``labels`` field."""
+        field = self.index.fields[name]
+        assert isinstance(field, Boxes)
+        keep = boxes_kept(values[name], BoxFormat(field.format).value, field.min_size)
+        values[name] = values[name][keep]
+        if field.labels is None or values.get(field.labels) is None:
+            return
+        labels = values[field.labels]
+        if len(labels) != len(keep):
+            raise SampleError(f"sample {key!r} in shard {shard!r} has {len(keep)} {name!r} boxes but "
+                              f"{len(labels)} {field.labels!r} labels", shard=shard, key=key,
+                              kind=Damage.BAD_FIELD)  # fmt: skip
+        values[field.labels] = np.asarray(labels)[keep] if isinstance(labels, np.ndarray) else [
+            v for v, k in zip(labels, keep.tolist(), strict=True) if k]  # fmt: skip
 
     def _masks(self, values: dict[str, Any] | None, image: torch.Tensor, shard: str,
                key: str) -> dict[str, tuple[torch.Tensor, int]]:  # fmt: skip

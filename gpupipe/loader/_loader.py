@@ -95,11 +95,11 @@ class Loader(LoaderAttributes):
         topo = _dist.topology(config.rank, config.world_size)
         self.pipeline = pipeline
         self.rank, self.world_size = topo.rank, topo.world_size
-        fields, images, masks = pipeline.fields, pipeline.has_image, pipeline.masks  # what the source asks
+        fields, images, targets = pipeline.fields, pipeline.has_image, pipeline.targets  # what the source asks
         backend, device = backends.resolve(config.backend, config.device, pipeline.views, fields=fields, images=images,
-                                           masks=masks)  # fmt: skip
+                                           targets=targets)  # fmt: skip
         self.chosen = backends.why(config.backend, config.device, backend, device, pipeline.views, fields=fields,
-                                   images=images, masks=masks)  # auto's reasons  # fmt: skip
+                                   images=images, targets=targets)  # auto's reasons  # fmt: skip
         require_runnable(pipeline, backend)
         self.seed = _dist.shared_seed(config.seed, topo, shuffle=config.shuffle, device=device)
         self.backend, self.device = backend.name, str(device)

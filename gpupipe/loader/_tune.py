@@ -112,7 +112,7 @@ def tune(pipeline: Any, batch_size: int, *, seconds: float = 3.0, record: bool =
         pipeline.views,
         fields=pipeline.fields,
         images=pipeline.has_image,
-        masks=pipeline.masks,
+        targets=pipeline.targets,
     )
     cores = cores_per_rank(ranks_per_node)
     gpu_decoder = backend.name == "dali" and device.type == "cuda"

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..core._errors import ConfigError, PipelineError
-from ..core._fields import Mask
+from ..core._fields import Boxes, Mask
 from ..core._tracebacks import raised
 from ..sources import Source, WebDataset
 from ..sources._listing import directory_hint
@@ -115,21 +115,23 @@ class Pipeline:
             ends = ", ".join(f"per_source[{i}]: {specs[-1]}" for i, specs in enumerate(self.view_specs))
             raise PipelineError(f"Pipeline: every per_source list must end in the same shape and dtype ({ends})")
         self.batch_transform = _batch_transform(batch_transform, self)
-        if self.masks:
-            self._require_masks_follow()
+        if self.targets:
+            self._require_targets_follow()
 
-    def _require_masks_follow(self) -> None:
-        """Masks (``gp.fields.Mask``) follow one image through its transforms (``transforms._masks``)."""
-        names = ", ".join(map(repr, self.masks))
+    def _require_targets_follow(self) -> None:
+        """Masks and boxes (``gp.fields.Mask``, ``Boxes``) follow one image through its transforms
+        (``transforms._masks``)."""
+        names = ", ".join(map(repr, self.targets))
         if not self.has_image:
-            raise ConfigError(f"Pipeline: mask fields ({names}) need the image they belong to: give an image field")
+            raise ConfigError(f"Pipeline: mask and box fields ({names}) need the image they belong to: give one")
         if self.has_views or self.per_source:
-            raise ConfigError(f"Pipeline: mask fields ({names}) follow one image: not with views=[...] or per_source")
+            raise ConfigError(f"Pipeline: mask and box fields ({names}) follow one image: not with views=[...] or "
+                              "per_source")  # fmt: skip
         if self.batch_transform is not None:
-            raise ConfigError(f"Pipeline: batch_transform mixes images, not masks ({names}): leave it out")
+            raise ConfigError(f"Pipeline: batch_transform mixes images, not masks or boxes ({names}): leave it out")
         refused = mask_refusal(self.views[0])
         if refused is not None:
-            raise ConfigError(f"Pipeline: the masks ({names}) cannot follow the image: {refused}")
+            raise ConfigError(f"Pipeline: the masks and boxes ({names}) cannot follow the image: {refused}")
 
     @staticmethod
     def _per_source(source: Source, transforms: Sequence[Transform], views: Any, per_source: Any) -> Any:
@@ -179,11 +181,11 @@ class Pipeline:
         return tuple(extra()) if extra is not None else ()
 
     @property
-    def masks(self) -> tuple[str, ...]:
-        """The names of the source's :class:`gpupipe.fields.Mask` fields, which follow the image's
-        geometric transforms."""
+    def targets(self) -> tuple[str, ...]:
+        """The names of the source's fields that follow the image's geometric transforms: its
+        :class:`gpupipe.fields.Mask` and :class:`gpupipe.fields.Boxes` fields."""
         extra = getattr(self.source, "extra_fields", None)
-        return tuple(n for n, f in (extra() if extra is not None else {}).items() if isinstance(f, Mask))
+        return tuple(n for n, f in (extra() if extra is not None else {}).items() if isinstance(f, (Mask, Boxes)))
 
     @property
     def output_specs(self) -> tuple[ImageSpec, ...]:
@@ -288,6 +290,6 @@ def require_runnable(pipeline: Pipeline, backend: Any) -> None:
                 f"{which} varies ({output}); batching needs a fixed size: end it "
                 "with CenterCrop, RandomCrop, RandomResizedCrop or Resize((h, w))"
             )
-    backend.require_fields(pipeline.fields, images=pipeline.has_image, masks=pipeline.masks)
+    backend.require_fields(pipeline.fields, images=pipeline.has_image, targets=pipeline.targets)
     for steps in pipeline.views:
         backend.require_supported(steps)

@@ -22,7 +22,7 @@ class RayBackend(Backend):
     auto = False
     reads_fields = True  # the torch backend's decoders and batching, in the tasks
     imageless = True
-    reads_masks = True
+    reads_targets = True
 
     def available(self) -> bool:
         return importlib.util.find_spec("ray") is not None

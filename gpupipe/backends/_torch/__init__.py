@@ -16,7 +16,7 @@ class TorchBackend(Backend):
     lowerings = LOWERINGS
     reads_fields = True
     imageless = True
-    reads_masks = True
+    reads_targets = True
 
     def runner(self, spec: RunSpec) -> Runner:
         from ._runner import TorchRunner

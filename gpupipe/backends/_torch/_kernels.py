@@ -31,7 +31,7 @@ from ...transforms._spatial import CropParams, FlipParams, RandomCropParams, Res
 from ...transforms._tone import CoinParams
 from .._registry import Registry, inner_unsupported
 
-__all__ = ["LOWERINGS", "apply_pipeline", "apply_with_masks"]
+__all__ = ["LOWERINGS", "apply_pipeline", "apply_with_targets", "boxes_kept"]
 
 LOWERINGS = Registry("torch")
 
@@ -51,23 +51,68 @@ def apply_pipeline(
     return image
 
 
-def apply_with_masks(
+def apply_with_targets(
     transforms: Sequence[T.Transform],
     image: torch.Tensor,
     factors: Sequence[np.ndarray | None],
     masks: Mapping[str, tuple[torch.Tensor, int]],
+    boxes: Mapping[str, tuple[torch.Tensor, str]] | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """:func:`apply_pipeline`, with ``masks`` (name: ``([H, W] mask, fill)``, the image's size)
-    moved by each geometric step with the image's parameters (``transforms._masks``): torchvision's
-    mask kernels (nearest), the mask's fill where the step brings pixels in. Returns the image and
-    the masks (``[H', W']``)."""
-    moved = {name: tv_tensors.Mask(mask[None]) for name, (mask, _) in masks.items()}
+    """:func:`apply_pipeline`, with ``masks`` (name: ``([H, W] mask, fill)``, the image's size) and
+    ``boxes`` (name: ``([K, 4] float32, format)``) moved by each geometric step with the image's
+    parameters (``transforms._masks``) through torchvision's mask kernels (nearest, the mask's fill
+    where the step brings pixels in) and box kernels (then clamped to the output image). Returns
+    the image and the targets by name (masks ``[H', W']``, boxes ``[K, 4]``: not yet sanitized)."""
+    moved: dict[str, Any] = {name: tv_tensors.Mask(mask[None]) for name, (mask, _) in masks.items()}
+    for name, (value, fmt) in (boxes or {}).items():
+        moved[name] = tv_tensors.BoundingBoxes(value, format=fmt, canvas_size=tuple(image.shape[-2:]))
     for t, f in zip(transforms, factors, strict=True):
-        params = t.make_params(image.shape[-2], image.shape[-1], f) if f is not None else None
+        size = (int(image.shape[-2]), int(image.shape[-1]))
+        params = t.make_params(size[0], size[1], f) if f is not None else None
         image = LOWERINGS.lookup(t)(t, image, params)
         for name, (_, fill) in masks.items():
             moved[name] = _mask_step(t, moved[name], params, fill)
-    return image, {name: m.as_subclass(torch.Tensor)[0] for name, m in moved.items()}
+        for name in boxes or {}:
+            moved[name] = _box_step(t, moved[name], params, size)
+    out = {name: moved[name].as_subclass(torch.Tensor)[0] for name in masks}
+    for name in boxes or {}:
+        out[name] = F.clamp_bounding_boxes(moved[name]).as_subclass(torch.Tensor)
+    return image, out
+
+
+def boxes_kept(boxes: np.ndarray, fmt: str, min_size: float) -> np.ndarray:
+    """Which of ``boxes`` (``[K, 4]`` in ``fmt``, clamped to the image) are at least ``min_size``
+    wide and high: torchvision's ``SanitizeBoundingBoxes`` rule. Bool ``[K]``."""
+    xyxy = F.convert_bounding_box_format(torch.from_numpy(np.ascontiguousarray(boxes)), old_format=fmt,
+                                         new_format="XYXY")  # fmt: skip
+    return (((xyxy[:, 2] - xyxy[:, 0]) >= min_size) & ((xyxy[:, 3] - xyxy[:, 1]) >= min_size)).numpy()
+
+
+def _box_step(t: T.Transform, boxes: torch.Tensor, params: Any, size: tuple[int, int]) -> torch.Tensor:
+    """One step on boxes (a ``tv_tensors.BoundingBoxes`` of the image's ``size`` before the
+    step): a geometric one by torchvision's box kernels with the image's parameters; any other
+    leaves them."""
+    if isinstance(t, T.RandomApply):
+        if params.apply:
+            for inner, p in zip(t.transforms, params.params, strict=True):
+                boxes = _box_step(inner, boxes, p, size)
+                size = tuple(boxes.canvas_size)  # type: ignore[attr-defined]
+        return boxes
+    if isinstance(t, SampleChoice):
+        return _box_step(t.transforms[params.chosen], boxes, params.params[params.chosen], size)
+    if not isinstance(t, MASK_GEOMETRY):
+        return boxes
+    h, w = size
+    if isinstance(t, T.Resize):  # (its kernel reads the image's size off the image)
+        return F.resize(boxes, list(resize_size(h, w, t.size, t.max_size)))
+    if isinstance(t, T.CenterCrop):
+        (ch, cw) = t.size
+        return F.crop(boxes, center_crop_anchor(ch, h), center_crop_anchor(cw, w), ch, cw)
+    if isinstance(t, T.RandomCrop):
+        if any(params.padding):
+            boxes = F.pad(boxes, list(params.padding))
+        return F.crop(boxes, params.top, params.left, params.height, params.width)
+    return LOWERINGS.lookup(t)(t, boxes, params)
 
 
 def _mask_step(t: T.Transform, mask: torch.Tensor, params: Any, fill: int) -> torch.Tensor:

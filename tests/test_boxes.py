@@ -1,0 +1,156 @@
+"""Bounding boxes (``gp.fields.Boxes``, issue 39 step 3): moved by every geometric transform with
+the image's draws through torchvision v2's box kernels, clamped, and sanitized as torchvision's
+``SanitizeBoundingBoxes`` does (with their labels); on the torch backend (and Ray, through it)."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import gpupipe as gp
+from gpupipe import transforms as T
+from gpupipe.testing import encode_jpeg, synthetic_image
+
+SIZE = (60, 80)  # (height, width)
+
+
+def _png(array: np.ndarray) -> bytes:
+    out = io.BytesIO()
+    Image.fromarray(array).save(out, "PNG")
+    return out.getvalue()
+
+
+def _box(i: int) -> np.ndarray:
+    """Sample ``i``'s box, XYXY in pixels, well inside the image."""
+    x1, y1 = 8 + 3 * i, 6 + 2 * i
+    return np.array([[x1, y1, x1 + 30 - i, y1 + 20 + i]], np.float32)
+
+
+@pytest.fixture(scope="module")
+def box_shards(tmp_path_factory) -> list[str]:
+    """10 samples: a photo, its box (``boxes.npy``, XYXY), the box's labels (``labels.npy``), and a
+    mask that is 1 exactly inside the box (``seg.png``), to check the box's geometry against."""
+    root = tmp_path_factory.mktemp("boxes")
+    with gp.ShardWriter(str(root / "b-%06d.tar"), max_count=10) as w:
+        for i in range(10):
+            box = _box(i)
+            inside = np.zeros(SIZE, np.uint8)
+            x1, y1, x2, y2 = box[0].astype(int)
+            inside[y1:y2, x1:x2] = 1
+            w.write(f"k{i}", {"jpg": encode_jpeg(synthetic_image(i, size=SIZE)), "boxes.npy": box,
+                              "labels.npy": np.array([i], np.int64), "seg.png": _png(inside)})  # fmt: skip
+    return w.shards
+
+
+def _source(urls, **box_options):
+    return gp.WebDataset(urls, fields={
+        "image": "jpg",
+        "boxes": gp.fields.Boxes("boxes.npy", labels="classes", **box_options),
+        "classes": gp.fields.Array("labels.npy"),
+        "inside": gp.fields.Mask("seg.png", fill=0),
+    })  # fmt: skip
+
+
+def _batches(source, steps, batch_size=5):
+    with gp.Loader(gp.Pipeline(source, steps), batch_size, shuffle=True, seed=3, num_workers=0) as loader:
+        loader.set_epoch(1)
+        return list(loader)
+
+
+GEOMETRIES = {
+    "flips": ([T.RandomHorizontalFlip(), T.RandomVerticalFlip(), T.CenterCrop(SIZE)], 0.0),
+    "resized crop": ([T.RandomResizedCrop((48, 64), scale=(0.6, 1.0)), T.RandomHorizontalFlip()], 1.5),
+    "resize and center crop": ([T.Resize(45), T.CenterCrop((40, 56))], 1.0),
+    "random resize and padded crop": ([T.RandomResize(40, 80), T.RandomCrop(64, pad_if_needed=True)], 1.5),
+    "rotation": ([T.RandomRotation(25), T.CenterCrop(SIZE)], 2.0),
+    "affine": ([T.RandomAffine(15, translate=(0.1, 0.1), scale=(0.9, 1.1)), T.CenterCrop(SIZE)], 2.0),
+}  # fmt: skip
+
+
+class TestGeometry:
+    @pytest.mark.parametrize("name", list(GEOMETRIES))
+    def test_the_box_encloses_the_region_it_was_drawn_around(self, box_shards, name):
+        """Each box, moved with the image, is the bounding box of the mask region that was
+        exactly inside it (nearest: within the stated pixels; rotated: torchvision's enclosing box
+        of the rotated corners, so the region lies inside it)."""
+        steps, tolerance = GEOMETRIES[name]
+        for batch in _batches(_source(box_shards), steps):
+            boxes = batch["boxes"]
+            assert isinstance(boxes, gp.fields.Padded) and boxes.data.dtype == torch.float32
+            for j in range(len(batch.keys)):
+                ys, xs = torch.nonzero(batch["inside"][j], as_tuple=True)
+                if boxes.lengths[j, 0] == 0:  # dropped: its region is (nearly) gone too
+                    assert len(xs) < 4
+                    continue
+                x1, y1, x2, y2 = boxes.data[j, 0].tolist()
+                region = (xs.min().item(), ys.min().item(), xs.max().item() + 1, ys.max().item() + 1)
+                if name in ("rotation", "affine"):  # the region inside its enclosing box
+                    assert x1 - 1 <= region[0] and y1 - 1 <= region[1] and region[2] <= x2 + 1 and region[3] <= y2 + 1
+                else:
+                    got = (x1, y1, x2, y2)
+                    assert max(abs(a - b) for a, b in zip(got, region, strict=True)) <= tolerance, (name, got, region)
+                assert batch["classes"][j].tolist() == [int(batch.keys[j][1:])]  # its label kept with it
+
+    def test_left_out_of_the_crop_dropped_with_their_labels(self, tmp_path):
+        """Boxes that a crop leaves thinner than ``min_size`` go, their labels with them; the
+        others are clamped to the image."""
+        boxes = np.array([[0, 0, 10, 10], [70, 50, 80, 60], [30, 20, 79, 59]], np.float32)  # the last clamped
+        with gp.ShardWriter(str(tmp_path / "c-%06d.tar")) as w:
+            w.write("k0", {"jpg": encode_jpeg(synthetic_image(0, size=SIZE)), "boxes.json": json.dumps(boxes.tolist()),
+                           "cls.json": ["a", "b", "c"]})  # fmt: skip
+        source = gp.WebDataset(w.shards, fields={
+            "image": "jpg", "boxes": gp.fields.Boxes("boxes.json", labels="names", min_size=2, pad=None),
+            "names": gp.fields.Json("cls.json")})  # fmt: skip
+        (batch,) = _batches(source, [T.CenterCrop((40, 60))], batch_size=1)  # window x 10..70, y 10..50
+        assert batch["names"] == [["c"]]
+        assert batch["boxes"][0].tolist() == [[20.0, 10.0, 60.0, 40.0]]
+
+    def test_formats_are_kept(self, box_shards):
+        """The same four numbers read as XYWH: flipped as XYWH boxes (x' = W - x - w), and given
+        back as XYWH."""
+        (batch,) = _batches(_source(box_shards, format="XYWH"), [T.RandomHorizontalFlip(1.0), T.CenterCrop(SIZE)],
+                            batch_size=10)  # fmt: skip
+        raw = torch.stack([torch.from_numpy(_box(int(k[1:]))[0]) for k in batch.keys])
+        x, y, w, h = raw.unbind(1)
+        left, right = (SIZE[1] - x - w).clamp(0, SIZE[1]), (SIZE[1] - x).clamp(0, SIZE[1])  # clamped to the image
+        bottom = (y + h).clamp(0, SIZE[0])
+        expected = torch.stack([left, y, right - left, bottom - y], 1)
+        assert torch.equal(batch["boxes"].data[:, 0], expected)
+
+
+class TestBadBoxes:
+    @pytest.mark.parametrize(("member", "match"), [
+        (np.zeros((2, 3), np.float32), r"shape \(2, 3\), not \[K, 4\]"),
+        (np.array([[0, 0, np.inf, 4]], np.float32), "not finite"),
+        (b"not json", "neither .npy nor a JSON list"),
+    ])  # fmt: skip
+    def test_named(self, tmp_path, member, match):
+        with gp.ShardWriter(str(tmp_path / "b-%06d.tar")) as w:
+            w.write("k0", {"jpg": encode_jpeg(synthetic_image(0, size=SIZE)), "boxes.npy": member})
+        source = gp.WebDataset(w.shards, fields={"image": "jpg", "boxes": gp.fields.Boxes("boxes.npy")})
+        with pytest.raises(gp.SampleError, match=match) as raised:
+            _batches(source, [T.CenterCrop(20)], batch_size=1)
+        assert raised.value.key == "k0" and raised.value.kind == gp.Damage.BAD_FIELD
+
+    def test_labels_that_do_not_match(self, tmp_path):
+        with gp.ShardWriter(str(tmp_path / "b-%06d.tar")) as w:
+            w.write("k0", {"jpg": encode_jpeg(synthetic_image(0, size=SIZE)), "boxes.npy": _box(0),
+                           "labels.npy": np.array([1, 2], np.int64)})  # fmt: skip
+        source = gp.WebDataset(w.shards, fields={"image": "jpg", "boxes": gp.fields.Boxes("boxes.npy", labels="l"),
+                                                 "l": gp.fields.Array("labels.npy")})  # fmt: skip
+        with pytest.raises(gp.SampleError, match="has 1 'boxes' boxes but 2 'l' labels"):
+            _batches(source, [T.CenterCrop(20)], batch_size=1)
+
+    def test_options_refused(self):
+        refused: list[tuple[dict, str]] = [(dict(format="YXYX"), "format"), (dict(min_size=-1), "min_size"),
+                              (dict(labels="not a name"), "labels"), (dict(pad="x"), "pad")]  # fmt: skip
+        for kwargs, match in refused:
+            with pytest.raises(gp.ConfigError, match=match):
+                gp.fields.Boxes("boxes.npy", **kwargs)
+        with pytest.raises(gp.ConfigError, match="labels='classes' names no field"):
+            gp.WebDataset("x.tar", fields={"image": "jpg", "boxes": gp.fields.Boxes("boxes.npy", labels="classes")})
