@@ -19,6 +19,7 @@ size limits, and pickles (``pyd``, ``pth``) refused. A missing or bad field is a
 
 from __future__ import annotations
 
-from .core._fields import Array, Boxes, BoxFormat, Field, Image, Json, Label, Mask, Missing, Padded, Text
+from .core._fields import Array, Field, Image, Json, Label, Missing, Padded, Text
+from .core._targets import Boxes, BoxFormat, Mask
 
 __all__ = ["Field", "Image", "Text", "Json", "Label", "Array", "Mask", "Boxes", "BoxFormat", "Missing", "Padded"]

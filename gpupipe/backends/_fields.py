@@ -10,7 +10,8 @@ import numpy as np
 import torch
 
 from ..core._errors import DataError
-from ..core._fields import Array, Boxes, Field, Label, Mask, Padded, field_values
+from ..core._fields import Array, Field, Label, Padded, field_values
+from ..core._targets import Boxes, Mask
 
 Alloc = Callable[[tuple[int, ...], torch.dtype], torch.Tensor]  # an uninitialised tensor of (shape, dtype)
 

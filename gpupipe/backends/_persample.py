@@ -16,8 +16,9 @@ import torch
 from torch.utils.data import Dataset, get_worker_info
 
 from ..core._errors import Damage, DataError, SampleError
-from ..core._fields import Boxes, BoxFormat, Field, Mask
+from ..core._fields import Field
 from ..core._random import factors
+from ..core._targets import Boxes, BoxFormat, Mask
 from ..plan._plan import RankPlan
 from ..runtime._children import CRASHED
 from ..runtime._decode import decode_rgb

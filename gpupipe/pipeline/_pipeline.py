@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..core._errors import ConfigError, PipelineError
-from ..core._fields import Boxes, Mask
+from ..core._targets import TARGETS
 from ..core._tracebacks import raised
 from ..sources import Source, WebDataset
 from ..sources._listing import directory_hint
@@ -185,7 +185,7 @@ class Pipeline:
         """The names of the source's fields that follow the image's geometric transforms: its
         :class:`gpupipe.fields.Mask` and :class:`gpupipe.fields.Boxes` fields."""
         extra = getattr(self.source, "extra_fields", None)
-        return tuple(n for n, f in (extra() if extra is not None else {}).items() if isinstance(f, (Mask, Boxes)))
+        return tuple(n for n, f in (extra() if extra is not None else {}).items() if isinstance(f, TARGETS))
 
     @property
     def output_specs(self) -> tuple[ImageSpec, ...]:
