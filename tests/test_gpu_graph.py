@@ -151,7 +151,8 @@ def gpu_graph(steps, **kwargs):
 def test_the_matrix_covers_every_transform():
     defined = {n for n in T.__all__ if isinstance(getattr(T, n), type) and issubclass(getattr(T, n), T.Transform)}
     not_serializable = {"ArrayFunction"}  # DALI cannot serialize python_function: test_array_function below
-    assert defined - {"Transform"} <= set(MATRIX) | not_serializable, defined - set(MATRIX)
+    not_on_dali = {"RandomResize"}  # the torch and Ray backends only, for now (refused: test_transforms.py)
+    assert defined - {"Transform"} <= set(MATRIX) | not_serializable | not_on_dali, defined - set(MATRIX)
 
 
 @pytest.mark.parametrize("channels_last", [False, True])
