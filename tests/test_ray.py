@@ -290,3 +290,28 @@ class TestFields:
         assert torch.cat([b["x"][:, 0, 0] for b in batches]).tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
         labels = [b.labels for b in batches]
         assert all(t is not None for t in labels) and torch.cat(labels).tolist() == [0, 1, 2, 3, 4, 5]  # type: ignore[arg-type]
+
+    def test_masks_and_boxes_as_torch_moves_them(self, tmp_path, ray_session, clean_env):
+        import io
+
+        import numpy as np
+        from PIL import Image
+
+        from gpupipe.testing import encode_jpeg, synthetic_image
+
+        with gp.ShardWriter(str(tmp_path / "t-%06d.tar")) as w:
+            for i in range(6):
+                mask = io.BytesIO()
+                Image.fromarray((np.arange(40 * 48).reshape(40, 48) % 11).astype(np.uint8)).save(mask, "PNG")
+                w.write(f"k{i}", {"jpg": encode_jpeg(synthetic_image(i, size=(40, 48))), "seg.png": mask.getvalue(),
+                                  "boxes.npy": np.array([[4, 4, 30, 20], [1, 30, 6, 38]], np.float32)})  # fmt: skip
+        source = gp.WebDataset(w.shards, fields={"image": "jpg", "mask": gp.fields.Mask("seg.png"),
+                                                 "boxes": gp.fields.Boxes("boxes.npy")})  # fmt: skip
+        steps = [T.RandomResizedCrop(24, scale=(0.3, 1.0)), T.RandomHorizontalFlip(), T.RandomRotation(10)]
+        got = {}
+        for name in ("torch", "ray"):
+            with gp.Loader(gp.Pipeline(source, steps), 3, backend=name, shuffle=True, seed=1, num_workers=2) as loader:
+                got[name] = list(loader)
+        for a, b in zip(got["torch"], got["ray"], strict=True):
+            assert a.keys == b.keys and torch.equal(a["mask"], b["mask"]) and torch.equal(a.images, b.images)
+            assert torch.equal(a["boxes"].data, b["boxes"].data) and torch.equal(a["boxes"].lengths, b["boxes"].lengths)
