@@ -71,6 +71,8 @@ class TestParity:
             T.Resize(160, antialias=False),
             T.Resize(640),
             [T.Resize(256), T.CenterCrop(224)],
+            [T.RandomResize(150, 400), T.CenterCrop(160)],  # a size per sample, drawn on the host
+            [T.CenterCrop(300), T.RandomResize(100, 300, antialias=False), T.RandomCrop(120, pad_if_needed=True)],
         ],
     )
     def test_resize(self, device, photos, resize):

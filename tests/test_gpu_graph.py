@@ -37,6 +37,7 @@ MATRIX: dict[str, list[list[T.Transform]]] = {
         [T.Resize(64, interpolation="nearest-exact", antialias=False)],
         [FLOAT, T.Resize(48)],  # a float image
     ],
+    "RandomResize": [[T.RandomResize(150, 300), T.CenterCrop(128)], [FLOAT, T.RandomResize(40, 80), T.CenterCrop(32)]],
     "CenterCrop": [[T.CenterCrop(224)], [T.CenterCrop((301, 299)), FLOAT]],
     "RandomCrop": [
         [T.RandomCrop(32)],  # with its per-sample too-small check
@@ -151,8 +152,7 @@ def gpu_graph(steps, **kwargs):
 def test_the_matrix_covers_every_transform():
     defined = {n for n in T.__all__ if isinstance(getattr(T, n), type) and issubclass(getattr(T, n), T.Transform)}
     not_serializable = {"ArrayFunction"}  # DALI cannot serialize python_function: test_array_function below
-    not_on_dali = {"RandomResize"}  # the torch and Ray backends only, for now (refused: test_transforms.py)
-    assert defined - {"Transform"} <= set(MATRIX) | not_serializable | not_on_dali, defined - set(MATRIX)
+    assert defined - {"Transform"} <= set(MATRIX) | not_serializable, defined - set(MATRIX)
 
 
 @pytest.mark.parametrize("channels_last", [False, True])

@@ -121,14 +121,6 @@ class TestRandomResize:
         assert counts.sum() == 40000 and set(np.unique(sizes)) == {10, 11, 12, 13}
         assert abs(counts / 40000 - 0.25).max() < 0.01
 
-    def test_dali_does_not_run_it_yet(self, shards):
-        pytest.importorskip("nvidia.dali")
-        pipe = gp.Pipeline(shards, [T.RandomResize(30, 40), T.CenterCrop(24)])
-        with pytest.raises(gp.UnsupportedTransformError, match="RandomResize"):
-            gp.Loader(pipe, 4, backend="dali", device="cpu")
-        with gp.Loader(pipe, 4, device="cpu") as loader:
-            assert loader.backend == "torch" and next(iter(loader)).images.shape == (4, 3, 24, 24)
-
 
 class TestResize:
     @pytest.mark.parametrize(

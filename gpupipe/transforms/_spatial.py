@@ -187,7 +187,8 @@ class RandomResize(Transform):
         antialias: low-pass filter when downscaling. Default ``True``.
 
     Shapes: ``[C, H, W] -> [C, h, w]``, varying per sample: a crop must follow before batching.
-    Backends: torch (and Ray); the DALI backend does not run it yet (``backend="auto"`` passes it by).
+    On DALI: ``resize`` to each sample's output size, computed on the host (the image's size must
+    be known there: not after a step whose size only the graph knows).
     """
 
     min_size: int

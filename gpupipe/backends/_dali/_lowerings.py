@@ -150,6 +150,17 @@ def _resize(t: T.Resize, img: Any, ctx: Ctx) -> Any:
     return resize(ctx, img, new_h, new_w, t.interpolation, t.antialias)
 
 
+@LOWERINGS.register(T.RandomResize)
+def _random_resize(t: T.RandomResize, img: Any, ctx: Ctx) -> Any:
+    """The shorter side to the sample's drawn size, the longer by torchvision's rule
+    (``gpupipe.core._geometry.resize_size``), computed on the host per sample."""
+    h, w = _host_size(ctx, img, "RandomResize")
+    short = HostValue(lambda f: f[:, 0].astype(np.int64), ctx.host_random())
+    new_h, new_w = resize_size(h, w, (short,), None, ctx.ops(h, w, short))  # type: ignore[arg-type]  # per sample
+    ctx.resized = (new_h, new_w)
+    return resize(ctx, img, new_h, new_w, t.interpolation, t.antialias)
+
+
 def _slice(ctx: Ctx, img: Any, top: Any, left: Any, h: int, w: int, fill: Any = 0.0) -> Any:
     return ctx.fn.slice(
         img,
