@@ -23,7 +23,8 @@ pytest.importorskip("nvidia.dali")
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 # Steps whose per-sample arguments only the host computes (from the image's size).
-HOST_ONLY = (T.RandomRotation, T.RandomAffine, T.TrivialAugmentWide, T.RandAugment, T.AutoAugment, T.TimmRandAugment)
+HOST_ONLY = (T.RandomRotation, T.RandomAffine, T.RandomResize, T.TrivialAugmentWide, T.RandAugment, T.AutoAugment,
+             T.TimmRandAugment)  # fmt: skip
 SIZES = [(375, 500), (500, 375), (120, 160), (200, 200), (120, 400), (31, 700), (64, 9)]
 
 
