@@ -4,25 +4,19 @@ the image's draws through torchvision v2's box kernels, clamped, and sanitized a
 
 from __future__ import annotations
 
-import io
 import json
 
 import numpy as np
 import pytest
 import torch
-from PIL import Image
 
 import gpupipe as gp
 from gpupipe import transforms as T
 from gpupipe.testing import encode_jpeg, synthetic_image
 
+from .support.data import encode_png
+
 SIZE = (60, 80)  # (height, width)
-
-
-def _png(array: np.ndarray) -> bytes:
-    out = io.BytesIO()
-    Image.fromarray(array).save(out, "PNG")
-    return out.getvalue()
 
 
 def _box(i: int) -> np.ndarray:
@@ -43,7 +37,7 @@ def box_shards(tmp_path_factory) -> list[str]:
             x1, y1, x2, y2 = box[0].astype(int)
             inside[y1:y2, x1:x2] = 1
             w.write(f"k{i}", {"jpg": encode_jpeg(synthetic_image(i, size=SIZE)), "boxes.npy": box,
-                              "labels.npy": np.array([i], np.int64), "seg.png": _png(inside)})  # fmt: skip
+                              "labels.npy": np.array([i], np.int64), "seg.png": encode_png(inside)})  # fmt: skip
     return w.shards
 
 

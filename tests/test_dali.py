@@ -4,7 +4,6 @@ index cache and the DLPack hand-off."""
 
 from __future__ import annotations
 
-import io
 import math
 import os
 from typing import Any
@@ -19,6 +18,7 @@ from gpupipe import transforms as T
 from gpupipe.testing import encode_jpeg, synthetic_image
 
 from .support.checkers import AddMult, EveryOtherColumn, Posterize, check_backend_parity, run_dali, sample_factors
+from .support.data import encode_png
 
 pytest.importorskip("nvidia.dali")
 
@@ -33,12 +33,7 @@ def photos() -> list[bytes]:
     return [encode_jpeg(synthetic_image(1000 + i, label=i)) for i in range(10)]
 
 
-def png(array: np.ndarray) -> bytes:
-    from PIL import Image
-
-    buf = io.BytesIO()
-    Image.fromarray(array).save(buf, format="PNG")
-    return buf.getvalue()
+png = encode_png
 
 
 def coordinates(h: int, w: int) -> np.ndarray:

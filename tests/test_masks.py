@@ -5,27 +5,20 @@ others, as torchvision v2 treats ``tv_tensors.Mask``; on the torch backend (and 
 from __future__ import annotations
 
 import dataclasses
-import io
 
 import numpy as np
 import pytest
 import torch
-from PIL import Image
 
 import gpupipe as gp
 from gpupipe import transforms as T
 from gpupipe.testing import encode_jpeg, synthetic_image
 
 from .support.checkers import Posterize
+from .support.data import encode_png
 
 NEAREST = T.InterpolationMode.NEAREST
 SIZE = (40, 52)  # (height, width)
-
-
-def _png(array: np.ndarray) -> bytes:
-    out = io.BytesIO()
-    Image.fromarray(array).save(out, "PNG")
-    return out.getvalue()
 
 
 def _label_map(i: int) -> np.ndarray:
@@ -42,8 +35,8 @@ def seg_shards(tmp_path_factory) -> list[str]:
     with gp.ShardWriter(str(root / "seg-%06d.tar"), max_count=8) as w:
         for i in range(8):
             label = _label_map(i)
-            w.write(f"k{i}", {"jpg": encode_jpeg(synthetic_image(i, size=SIZE)), "seg.png": _png(label),
-                              "lab.png": _png(np.repeat(label[..., None], 3, axis=2)), "cls": i % 3})  # fmt: skip
+            w.write(f"k{i}", {"jpg": encode_jpeg(synthetic_image(i, size=SIZE)), "seg.png": encode_png(label),
+                              "lab.png": encode_png(np.repeat(label[..., None], 3, axis=2)), "cls": i % 3})  # fmt: skip
     return w.shards
 
 
@@ -117,7 +110,7 @@ class TestGeometry:
         deep = (_label_map(0).astype(np.uint16) * 300).astype(np.uint16)
         with gp.ShardWriter(str(tmp_path / "d-%06d.tar")) as w:
             for i in range(2):
-                w.write(f"k{i}", {"jpg": encode_jpeg(synthetic_image(i, size=SIZE)), "seg.png": _png(deep)})
+                w.write(f"k{i}", {"jpg": encode_jpeg(synthetic_image(i, size=SIZE)), "seg.png": encode_png(deep)})
         source = gp.WebDataset(w.shards, fields={"image": "jpg", "mask": gp.fields.Mask("seg.png")})
         (batch,) = _batches(source, [T.CenterCrop(SIZE)])
         assert batch["mask"].dtype == torch.int32 and torch.equal(
@@ -127,14 +120,14 @@ class TestGeometry:
 
 class TestBadMasks:
     @pytest.mark.parametrize(("member", "match"), [
-        (_png(np.zeros((*SIZE, 3), np.uint8)), "is a RGB image: a mask has one channel"),
-        (_png(np.zeros((10, 10), np.uint8)), "is 10x10, its image 40x52"),
-        (_png(_label_map(0))[:-60], "cannot be decoded as a mask"),
+        (encode_png(np.zeros((*SIZE, 3), np.uint8)), "is a RGB image: a mask has one channel"),
+        (encode_png(np.zeros((10, 10), np.uint8)), "is 10x10, its image 40x52"),
+        (encode_png(_label_map(0))[:-60], "cannot be decoded as a mask"),
     ])  # fmt: skip
     def test_named_and_skipped(self, tmp_path, member, match):
         with gp.ShardWriter(str(tmp_path / "b-%06d.tar")) as w:
             for i in range(4):
-                seg = member if i == 2 else _png(_label_map(i))
+                seg = member if i == 2 else encode_png(_label_map(i))
                 w.write(f"k{i}", {"jpg": encode_jpeg(synthetic_image(i, size=SIZE)), "seg.png": seg})
         source = gp.WebDataset(w.shards, fields={"image": "jpg", "mask": gp.fields.Mask("seg.png")})
         with pytest.raises(gp.SampleError, match=match) as raised:

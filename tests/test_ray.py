@@ -292,18 +292,16 @@ class TestFields:
         assert all(t is not None for t in labels) and torch.cat(labels).tolist() == [0, 1, 2, 3, 4, 5]  # type: ignore[arg-type]
 
     def test_masks_and_boxes_as_torch_moves_them(self, tmp_path, ray_session, clean_env):
-        import io
-
         import numpy as np
-        from PIL import Image
 
         from gpupipe.testing import encode_jpeg, synthetic_image
 
+        from .support.data import encode_png
+
+        mask = encode_png((np.arange(40 * 48).reshape(40, 48) % 11).astype(np.uint8))
         with gp.ShardWriter(str(tmp_path / "t-%06d.tar")) as w:
             for i in range(6):
-                mask = io.BytesIO()
-                Image.fromarray((np.arange(40 * 48).reshape(40, 48) % 11).astype(np.uint8)).save(mask, "PNG")
-                w.write(f"k{i}", {"jpg": encode_jpeg(synthetic_image(i, size=(40, 48))), "seg.png": mask.getvalue(),
+                w.write(f"k{i}", {"jpg": encode_jpeg(synthetic_image(i, size=(40, 48))), "seg.png": mask,
                                   "boxes.npy": np.array([[4, 4, 30, 20], [1, 30, 6, 38]], np.float32)})  # fmt: skip
         source = gp.WebDataset(w.shards, fields={"image": "jpg", "mask": gp.fields.Mask("seg.png"),
                                                  "boxes": gp.fields.Boxes("boxes.npy")})  # fmt: skip
