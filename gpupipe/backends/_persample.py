@@ -148,7 +148,7 @@ class Samples(Dataset["Sample | Failure"]):
         boxes = {
             name: (torch.from_numpy(np.array(values[name])), BoxFormat(field.format).value)
             for name, field in self.index.fields.items()
-            if isinstance(field, Boxes) and values
+            if values is not None and isinstance(field, Boxes)
         }
         try:  # each view from the same decoded image, with its own draws
             if masks or boxes:  # one view (the pipeline checked): they follow the image

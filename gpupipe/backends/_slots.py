@@ -108,11 +108,10 @@ class Arena:
     def ticket(self) -> Ticket | None:
         """What the batch carries to the training process (``None``: no slot, or nothing in it);
         the slot is sized to this batch from now on if it was short."""
+        if self.slots is not None:
+            self.slots._need = max(self.slots._need, self.used)
         if self.slots is None or self.slot is None or self.buffer is None:
-            if self.slots is not None:
-                self.slots._need = max(self.slots._need, self.used)
             return None
-        self.slots._need = max(self.slots._need, self.used)
         if not self.tensors:
             self.slots.release(self.worker, self.slot)
             return None

@@ -67,13 +67,12 @@ def apply_with_targets(
     for name, (value, fmt) in (boxes or {}).items():
         moved[name] = tv_tensors.BoundingBoxes(value, format=fmt, canvas_size=tuple(image.shape[-2:]))
     for t, f in zip(transforms, factors, strict=True):
-        size = (int(image.shape[-2]), int(image.shape[-1]))
-        params = t.make_params(size[0], size[1], f) if f is not None else None
+        params = t.make_params(image.shape[-2], image.shape[-1], f) if f is not None else None
         image = LOWERINGS.lookup(t)(t, image, params)
         for name, (_, fill) in masks.items():
-            moved[name] = _mask_step(t, moved[name], params, fill)
+            moved[name] = _follow(t, moved[name], params, lambda g, m, p, fill=fill: _mask_geometry(g, m, p, fill))
         for name in boxes or {}:
-            moved[name] = _box_step(t, moved[name], params, size)
+            moved[name] = _follow(t, moved[name], params, _box_geometry)
     out = {name: moved[name].as_subclass(torch.Tensor)[0] for name in masks}
     for name in boxes or {}:
         out[name] = F.clamp_bounding_boxes(moved[name]).as_subclass(torch.Tensor)
@@ -88,22 +87,34 @@ def boxes_kept(boxes: np.ndarray, fmt: str, min_size: float) -> np.ndarray:
     return (((xyxy[:, 2] - xyxy[:, 0]) >= min_size) & ((xyxy[:, 3] - xyxy[:, 1]) >= min_size)).numpy()
 
 
-def _box_step(t: T.Transform, boxes: torch.Tensor, params: Any, size: tuple[int, int]) -> torch.Tensor:
-    """One step on boxes (a ``tv_tensors.BoundingBoxes`` of the image's ``size`` before the
-    step): a geometric one by torchvision's box kernels with the image's parameters; any other
-    leaves them."""
+def _follow(t: T.Transform, target: torch.Tensor, params: Any, geometry: Any) -> torch.Tensor:
+    """One step on a target (a ``tv_tensors`` mask or boxes): a geometric one (``transforms._masks``)
+    by ``geometry(t, target, params)`` with the image's parameters, inside RandomApply /
+    RandomChoice too; any other leaves it."""
     if isinstance(t, T.RandomApply):
         if params.apply:
             for inner, p in zip(t.transforms, params.params, strict=True):
-                boxes = _box_step(inner, boxes, p, size)
-                size = tuple(boxes.canvas_size)  # type: ignore[attr-defined]
-        return boxes
+                target = _follow(inner, target, p, geometry)
+        return target
     if isinstance(t, SampleChoice):
-        return _box_step(t.transforms[params.chosen], boxes, params.params[params.chosen], size)
-    if not isinstance(t, MASK_GEOMETRY):
-        return boxes
-    h, w = size
-    if isinstance(t, T.Resize):  # (its kernel reads the image's size off the image)
+        return _follow(t.transforms[params.chosen], target, params.params[params.chosen], geometry)
+    return geometry(t, target, params) if isinstance(t, MASK_GEOMETRY) else target
+
+
+def _mask_geometry(t: T.Transform, mask: torch.Tensor, params: Any, fill: int) -> torch.Tensor:
+    """A geometric step on a mask: the image's kernel (torchvision's dispatches to its mask kernel,
+    nearest), with the mask's ``fill``."""
+    if hasattr(t, "fill"):
+        t = dataclasses.replace(t, fill=fill)  # type: ignore[call-arg]
+    return LOWERINGS.lookup(t)(t, mask, params)
+
+
+def _box_geometry(t: T.Transform, boxes: Any, params: Any) -> torch.Tensor:
+    """A geometric step on a ``tv_tensors.BoundingBoxes`` (its ``canvas_size`` the image's size
+    before the step): torchvision's box kernels; the steps whose kernels read the size off the
+    image here, from the canvas."""
+    h, w = boxes.canvas_size
+    if isinstance(t, T.Resize):
         return F.resize(boxes, list(resize_size(h, w, t.size, t.max_size)))
     if isinstance(t, T.CenterCrop):
         (ch, cw) = t.size
@@ -113,23 +124,6 @@ def _box_step(t: T.Transform, boxes: torch.Tensor, params: Any, size: tuple[int,
             boxes = F.pad(boxes, list(params.padding))
         return F.crop(boxes, params.top, params.left, params.height, params.width)
     return LOWERINGS.lookup(t)(t, boxes, params)
-
-
-def _mask_step(t: T.Transform, mask: torch.Tensor, params: Any, fill: int) -> torch.Tensor:
-    """One step on a mask: a geometric one by its kernel with the image's parameters (its ``fill``
-    the mask's), inside RandomApply / RandomChoice too; any other leaves it."""
-    if isinstance(t, T.RandomApply):
-        if params.apply:
-            for inner, p in zip(t.transforms, params.params, strict=True):
-                mask = _mask_step(inner, mask, p, fill)
-        return mask
-    if isinstance(t, SampleChoice):
-        return _mask_step(t.transforms[params.chosen], mask, params.params[params.chosen], fill)
-    if not isinstance(t, MASK_GEOMETRY):
-        return mask
-    if hasattr(t, "fill"):
-        t = dataclasses.replace(t, fill=fill)  # type: ignore[call-arg]
-    return LOWERINGS.lookup(t)(t, mask, params)
 
 
 def sample_factors(
