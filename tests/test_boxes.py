@@ -14,6 +14,7 @@ import gpupipe as gp
 from gpupipe import transforms as T
 from gpupipe.testing import encode_jpeg, synthetic_image
 
+from .support.checkers import check_target_parity
 from .support.data import encode_png
 
 SIZE = (60, 80)  # (height, width)
@@ -50,8 +51,9 @@ def _source(urls, **box_options):
     })  # fmt: skip
 
 
-def _batches(source, steps, batch_size=5):
-    with gp.Loader(gp.Pipeline(source, steps), batch_size, shuffle=True, seed=3, num_workers=0) as loader:
+def _batches(source, steps, batch_size=5, backend="torch"):
+    with gp.Loader(gp.Pipeline(source, steps), batch_size, shuffle=True, seed=3, num_workers=0, backend=backend,
+                   device="cpu") as loader:  # fmt: skip
         loader.set_epoch(1)
         return list(loader)
 
@@ -117,28 +119,50 @@ class TestGeometry:
         assert torch.equal(batch["boxes"].data[:, 0], expected)
 
 
+class TestDali:
+    """The DALI backend moves boxes in its reader threads, from each image's size in its header,
+    with the torch backend's code: the same boxes and labels, exactly."""
+
+    @pytest.mark.parametrize("name", list(GEOMETRIES))
+    def test_the_same_boxes_as_torch(self, box_shards, name):
+        check_target_parity(_source(box_shards), GEOMETRIES[name][0], batch_size=5)
+
+    def test_unpadded_and_a_crop_too_large_for_some(self, box_shards):
+        """``pad=None`` (not padded), and a RandomCrop a sample cannot take: skipped alike on both."""
+        out = check_target_parity(_source(box_shards, pad=None), [T.RandomResize(30, 90), T.RandomCrop(56)],
+                                  batch_size=5, on_error="skip", max_skipped=None)  # fmt: skip
+        assert any(not bool(b.valid.all()) for b in out["dali"])
+        assert not isinstance(out["dali"][0]["boxes"], gp.fields.Padded)
+
+
 class TestBadBoxes:
     @pytest.mark.parametrize(("member", "match"), [
         (np.zeros((2, 3), np.float32), r"shape \(2, 3\), not \[K, 4\]"),
         (np.array([[0, 0, np.inf, 4]], np.float32), "not finite"),
         (b"not json", "neither .npy nor a JSON list"),
-    ])  # fmt: skip
-    def test_named(self, tmp_path, member, match):
+    ], ids=["shape", "inf", "not json"])  # fmt: skip
+    @pytest.mark.parametrize("backend", ["torch", "dali"])
+    def test_named(self, tmp_path, member, match, backend):
+        if backend == "dali":
+            pytest.importorskip("nvidia.dali")
         with gp.ShardWriter(str(tmp_path / "b-%06d.tar")) as w:
             w.write("k0", {"jpg": encode_jpeg(synthetic_image(0, size=SIZE)), "boxes.npy": member})
         source = gp.WebDataset(w.shards, fields={"image": "jpg", "boxes": gp.fields.Boxes("boxes.npy")})
         with pytest.raises(gp.SampleError, match=match) as raised:
-            _batches(source, [T.CenterCrop(20)], batch_size=1)
+            _batches(source, [T.CenterCrop(20)], batch_size=1, backend=backend)
         assert raised.value.key == "k0" and raised.value.kind == gp.Damage.BAD_FIELD
 
-    def test_labels_that_do_not_match(self, tmp_path):
+    @pytest.mark.parametrize("backend", ["torch", "dali"])
+    def test_labels_that_do_not_match(self, tmp_path, backend):
+        if backend == "dali":
+            pytest.importorskip("nvidia.dali")
         with gp.ShardWriter(str(tmp_path / "b-%06d.tar")) as w:
             w.write("k0", {"jpg": encode_jpeg(synthetic_image(0, size=SIZE)), "boxes.npy": _box(0),
                            "labels.npy": np.array([1, 2], np.int64)})  # fmt: skip
         source = gp.WebDataset(w.shards, fields={"image": "jpg", "boxes": gp.fields.Boxes("boxes.npy", labels="l"),
                                                  "l": gp.fields.Array("labels.npy")})  # fmt: skip
         with pytest.raises(gp.SampleError, match="has 1 'boxes' boxes but 2 'l' labels"):
-            _batches(source, [T.CenterCrop(20)], batch_size=1)
+            _batches(source, [T.CenterCrop(20)], batch_size=1, backend=backend)
 
     def test_options_refused(self):
         refused: list[tuple[dict, str]] = [(dict(format="YXYX"), "format"), (dict(min_size=-1), "min_size"),
@@ -148,3 +172,19 @@ class TestBadBoxes:
                 gp.fields.Boxes("boxes.npy", **kwargs)
         with pytest.raises(gp.ConfigError, match="labels='classes' names no field"):
             gp.WebDataset("x.tar", fields={"image": "jpg", "boxes": gp.fields.Boxes("boxes.npy", labels="classes")})
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_as_on_the_cpu(box_shards):
+    """DALI on a GPU: masks and boxes on the loader's device, equal to the torch backend's (the
+    GPU decoders' image sizes agree with the headers the host moved them by)."""
+    pytest.importorskip("nvidia.dali")
+    steps = GEOMETRIES["resized crop"][0]
+    cpu = _batches(_source(box_shards), steps)
+    with gp.Loader(gp.Pipeline(_source(box_shards), steps), 5, shuffle=True, seed=3, num_workers=0, backend="dali",
+                   device="cuda") as loader:  # fmt: skip
+        loader.set_epoch(1)
+        gpu = list(loader)
+    for a, b in zip(cpu, gpu, strict=True):
+        assert b["inside"].is_cuda and b["boxes"].data.is_cuda and a.keys == b.keys
+        assert torch.equal(a["inside"], b["inside"].cpu()) and torch.equal(a["boxes"].data, b["boxes"].data.cpu())

@@ -14,7 +14,7 @@ import gpupipe as gp
 from gpupipe import transforms as T
 from gpupipe.testing import encode_jpeg, synthetic_image
 
-from .support.checkers import Posterize
+from .support.checkers import Posterize, check_target_parity
 from .support.data import encode_png
 
 NEAREST = T.InterpolationMode.NEAREST
@@ -40,8 +40,8 @@ def seg_shards(tmp_path_factory) -> list[str]:
     return w.shards
 
 
-def _batches(source, steps, **options) -> list[gp.Batch]:
-    with gp.Loader(gp.Pipeline(source, steps), 4, shuffle=True, seed=7, num_workers=0, backend="torch",
+def _batches(source, steps, *, backend: str = "torch", **options) -> list[gp.Batch]:
+    with gp.Loader(gp.Pipeline(source, steps), 4, shuffle=True, seed=7, num_workers=0, backend=backend,
                    **options) as loader:  # fmt: skip
         loader.set_epoch(1)
         return list(loader)
@@ -123,18 +123,21 @@ class TestBadMasks:
         (encode_png(np.zeros((*SIZE, 3), np.uint8)), "is a RGB image: a mask has one channel"),
         (encode_png(np.zeros((10, 10), np.uint8)), "is 10x10, its image 40x52"),
         (encode_png(_label_map(0))[:-60], "cannot be decoded as a mask"),
-    ])  # fmt: skip
-    def test_named_and_skipped(self, tmp_path, member, match):
+    ], ids=["rgb", "other size", "cut"])  # fmt: skip
+    @pytest.mark.parametrize("backend", ["torch", "dali"])
+    def test_named_and_skipped(self, tmp_path, member, match, backend):
+        if backend == "dali":
+            pytest.importorskip("nvidia.dali")
         with gp.ShardWriter(str(tmp_path / "b-%06d.tar")) as w:
             for i in range(4):
                 seg = member if i == 2 else encode_png(_label_map(i))
                 w.write(f"k{i}", {"jpg": encode_jpeg(synthetic_image(i, size=SIZE)), "seg.png": seg})
         source = gp.WebDataset(w.shards, fields={"image": "jpg", "mask": gp.fields.Mask("seg.png")})
         with pytest.raises(gp.SampleError, match=match) as raised:
-            _batches(source, [T.CenterCrop(20)])
+            _batches(source, [T.CenterCrop(20)], backend=backend, device="cpu")
         assert raised.value.key == "k2" and raised.value.kind == gp.Damage.BAD_FIELD
         with gp.Loader(gp.Pipeline(source, [T.CenterCrop(20)]), 4, on_error="skip", max_skipped=None,
-                       num_workers=0) as loader:  # fmt: skip
+                       num_workers=0, backend=backend, device="cpu") as loader:  # fmt: skip
             (batch,) = list(loader)
             assert [s.key for s in loader.skipped] == ["k2"] and batch.valid.tolist() == [True, True, False, True]
 
@@ -159,16 +162,31 @@ class TestRefused:
         with pytest.raises(gp.ConfigError, match="fill must be an int"):
             gp.fields.Mask("seg.png", fill=0.5)  # type: ignore[arg-type]
 
-    def test_dali_does_not_move_them_yet_and_auto_picks_torch(self, seg_shards):
+
+class TestDali:
+    """The DALI backend moves masks in its reader threads, from each image's size in its header,
+    with the torch backend's code: the same masks, exactly."""
+
+    @pytest.mark.parametrize("name", [n for n in GEOMETRIES if "expanded" not in n])  # (DALI: no expand)
+    def test_the_same_masks_as_torch(self, seg_shards, name):
+        out = check_target_parity(_with_mask(seg_shards, fill=250), GEOMETRIES[name])
+        assert all(b["mask"].shape == (4, *b.images.shape[2:]) for b in out["dali"])
+
+    def test_auto_picks_dali_where_it_runs_every_step(self, seg_shards):
         pytest.importorskip("nvidia.dali")
         pipe = gp.Pipeline(_with_mask(seg_shards), [T.CenterCrop(24)])
         assert pipe.targets == ("mask",)
-        with pytest.raises(
-            gp.UnsupportedTransformError, match=r"dali backend does not move masks and boxes with the image yet"
-        ):
-            gp.Loader(pipe, 4, backend="dali", device="cpu")
         with gp.Loader(pipe, 4, device="cpu") as loader:
-            assert loader.backend == "torch" and "dali does not move masks and boxes" in repr(loader)
+            assert loader.backend == "dali"
+
+    def test_exif_orientation_refused(self, seg_shards):
+        pytest.importorskip("nvidia.dali")
+        pipe = gp.Pipeline(_with_mask(seg_shards), [T.CenterCrop(24)])
+        with (
+            pytest.raises(gp.UnsupportedTransformError, match="not with apply_exif_orientation=True"),
+            gp.Loader(pipe, 4, backend="dali", device="cpu", apply_exif_orientation=True) as loader,
+        ):
+            next(iter(loader))
 
 
 class TestSegmentationRecipe:

@@ -18,7 +18,6 @@ from torch.utils.data import Dataset, get_worker_info
 from ..core._errors import Damage, DataError, SampleError
 from ..core._fields import Field
 from ..core._random import factors
-from ..core._targets import Boxes, BoxFormat, Mask
 from ..plan._plan import RankPlan
 from ..runtime._children import CRASHED
 from ..runtime._decode import decode_rgb
@@ -28,7 +27,8 @@ from ._base import RawBatch, donor, fill
 from ._batchwise import apply_batch
 from ._fields import batch_fields, empty_values, field_values
 from ._slots import Arena, Slots
-from ._torch._kernels import apply_pipeline, apply_with_targets, boxes_kept, sample_factors
+from ._targets import has_targets, move_targets
+from ._torch._kernels import apply_pipeline, sample_factors
 
 __all__ = ["Item", "Sample", "Failure", "Samples", "Collate", "BatchItems", "batch_items", "culprits"]
 
@@ -144,20 +144,12 @@ class Samples(Dataset["Sample | Failure"]):
         image = decode_rgb(
             raw.data, shard=raw.shard, key=raw.key, max_pixels=self.max_pixels, apply_exif_orientation=self.exif
         )
-        masks = self._masks(values, image, raw.shard, raw.key)
-        boxes = {
-            name: (torch.from_numpy(np.array(values[name])), BoxFormat(field.format).value)
-            for name, field in self.index.fields.items()
-            if values is not None and isinstance(field, Boxes)
-        }
         try:  # each view from the same decoded image, with its own draws
-            if masks or boxes:  # one view (the pipeline checked): they follow the image
-                output, moved = apply_with_targets(self.views[0], image, drawn[0], masks, boxes)
+            if has_targets(self.index.fields):  # one view (the pipeline checked): they follow the image
                 assert values is not None
-                values.update((name, value.numpy()) for name, value in moved.items())  # batched as arrays are
-                for name in boxes:
-                    self._sanitize(values, name, raw.shard, raw.key)
-                outputs: tuple[torch.Tensor, ...] = (output,)
+                size = (int(image.shape[-2]), int(image.shape[-1]))
+                move_targets(self.index.fields, values, self.views[0], drawn[0], size, shard=raw.shard, key=raw.key)
+                outputs: tuple[torch.Tensor, ...] = (apply_pipeline(self.views[0], image, drawn[0]),)
             elif self.per_source:  # one output: the sample's source's list (a gp.Mix's per_source)
                 source = int(self.index.source_of(np.array([sample]))[0])  # type: ignore[attr-defined]
                 outputs = (apply_pipeline(self.views[source], image, drawn[source]),)
@@ -167,39 +159,6 @@ class Samples(Dataset["Sample | Failure"]):
             size = (int(image.shape[-2]), int(image.shape[-1]))
             raise SampleError.at(str(e), shard=raw.shard, key=raw.key, size=size) from e
         return outputs, raw.label, raw.key, values
-
-    def _sanitize(self, values: dict[str, Any], name: str, shard: str, key: str) -> None:
-        """torchvision's ``SanitizeBoundingBoxes``: the boxes ``name`` (clamped to the image) narrower
-        or lower than the field's ``min_size`` dropped, with the same rows of its ``labels`` field."""
-        field = self.index.fields[name]
-        assert isinstance(field, Boxes)
-        keep = boxes_kept(values[name], BoxFormat(field.format).value, field.min_size)
-        values[name] = values[name][keep]
-        if field.labels is None or values.get(field.labels) is None:
-            return
-        labels = values[field.labels]
-        if len(labels) != len(keep):
-            raise SampleError(f"sample {key!r} in shard {shard!r} has {len(keep)} {name!r} boxes but "
-                              f"{len(labels)} {field.labels!r} labels", shard=shard, key=key,
-                              kind=Damage.BAD_FIELD)  # fmt: skip
-        values[field.labels] = np.asarray(labels)[keep] if isinstance(labels, np.ndarray) else [
-            v for v, k in zip(labels, keep.tolist(), strict=True) if k]  # fmt: skip
-
-    def _masks(self, values: dict[str, Any] | None, image: torch.Tensor, shard: str,
-               key: str) -> dict[str, tuple[torch.Tensor, int]]:  # fmt: skip
-        """The sample's masks (``gp.fields.Mask``) with their fills; each must have the image's size."""
-        if not values:
-            return {}
-        out = {}
-        for name, field in self.index.fields.items():
-            if isinstance(field, Mask) and values.get(name) is not None:
-                mask = torch.from_numpy(np.array(values[name]))
-                if tuple(mask.shape) != tuple(image.shape[-2:]):
-                    raise SampleError(f"the {name!r} mask of sample {key!r} in shard {shard!r} is "
-                                      f"{mask.shape[0]}x{mask.shape[1]}, its image {image.shape[-2]}x{image.shape[-1]}",
-                                      shard=shard, key=key, kind=Damage.BAD_FIELD)  # fmt: skip
-                out[name] = (mask, field.fill)
-        return out
 
 
 def culprits(samples: Samples, items: list[Item], timeout: float | None) -> list[str]:

@@ -28,7 +28,9 @@ class Mask(Field):
     transform with the image's draws, sampled nearest and filled with ``fill`` where the image
     is padded, rotated or shifted in; other transforms leave it as it is (torchvision v2's rules
     for ``tv_tensors.Mask``). A batch holds ``[B, H, W]`` (a list where sizes differ). Read by
-    the torch and Ray backends. Default ``max_bytes``: 256 MB; the pixel limit of images applies.
+    every backend (the DALI backend moves it on the host, from the image's header size, exactly as
+    the torch backend does; not with ``apply_exif_orientation=True``). Default ``max_bytes``:
+    256 MB; the pixel limit of images applies.
 
     Args:
         fill: the value brought in by padding, rotation and affine shifts (default 255, the ignore
@@ -86,7 +88,7 @@ class Boxes(Field):
     the image, laid out as ``format``. They follow every geometric transform of the image with the
     image's draws (torchvision v2's box kernels), are clamped to the output image, and a box left
     narrower or lower than ``min_size`` is dropped, with the same rows of the ``labels`` field
-    (torchvision's ``SanitizeBoundingBoxes``). Read by the torch and Ray backends.
+    (torchvision's ``SanitizeBoundingBoxes``). Read by every backend, as a :class:`Mask` is.
 
     A batch holds a :class:`Padded` ``(data [B, K, 4] float32, lengths [B, 2])`` (``pad``, default
     0; ``lengths[:, 0]`` each sample's number of boxes), or with ``pad=None`` a list of ``[K, 4]``.

@@ -255,6 +255,43 @@ def check_backend_parity(
     return avg, worst
 
 
+def check_target_parity(source, steps, *, batch_size: int = 4, backends=("torch", "dali"), **options) -> dict:
+    """Every field of every batch (masks, boxes and their labels above all) the same on each of
+    ``backends`` (on the CPU, same seed and epoch): the targets are moved by shared host code, so
+    exactly. The images may differ by their kernels (``check_backend_parity``'s business). Returns
+    each backend's batches."""
+    out = {}
+    for backend in backends:
+        if backend == "dali":
+            import pytest
+
+            pytest.importorskip("nvidia.dali")
+        with gp.Loader(gp.Pipeline(source, steps), batch_size, shuffle=True, seed=5, num_workers=0, backend=backend,
+                       device="cpu", **options) as loader:  # fmt: skip
+            assert loader.backend == backend
+            loader.set_epoch(1)
+            out[backend] = list(loader)
+    first, *others = backends
+    for other in others:
+        for a, b in zip(out[first], out[other], strict=True):
+            assert a.keys == b.keys and torch.equal(a.valid, b.valid) and a.images.shape == b.images.shape
+            assert set(a.fields) == set(b.fields)
+            for name in a.fields:
+                _same(a[name], b[name], f"{other} {name!r} {a.keys}")
+    return out
+
+
+def _same(a: Any, b: Any, what: str) -> None:
+    if isinstance(a, gp.fields.Padded):
+        assert torch.equal(a.data, b.data) and torch.equal(a.lengths, b.lengths), what
+    elif isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and torch.equal(a, b), what
+    elif isinstance(a, list) and a and isinstance(a[0], torch.Tensor):
+        assert len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b, strict=True)), what
+    else:
+        assert a == b, what
+
+
 def check_exact_resume(make, *, epoch: int, at: int = 1):
     """Runs epoch ``epoch`` of the loader ``make()`` whole, saving its state after each batch; a
     fresh ``make()`` resumed from the state after batch ``at`` must then yield exactly the rest:

@@ -17,6 +17,7 @@ class DaliBackend(Backend):
     requirement = "NVIDIA DALI: pip install 'gpupipe[cuda12]' (or [cuda13])"
     lowerings = LOWERINGS
     reads_fields = True  # read and decoded by the runner's reader threads, beside the images' bytes
+    reads_targets = True  # masks and boxes moved there too, from the images' header sizes (_targets)
     # DALI's CPU operators run the policies' colour arithmetic a pass per operator: the torch
     # backend ran them as fast or up to 2.5x faster on a 2-core CPU (the GPU is not measured yet)
     slower = (

@@ -26,6 +26,7 @@ import torch
 
 from ...core._errors import DataError, SampleError, truncated, unreadable
 from ...core._imageinfo import MAX_IMAGE_PIXELS
+from ...core._random import factors as draw_factors
 from ...core._random import step_factors
 from ...plan._plan import RankPlan
 from ...runtime._decode import require_header, transcoded
@@ -34,6 +35,7 @@ from ...storage import MappedFile
 from ...transforms import Transform
 from .._base import donor, fill
 from .._fields import batch_fields, empty_values, field_values
+from .._targets import has_targets, move_targets
 from ._context import Lowered
 from ._fallback import ppm_size
 from ._headers import Headers, Sizes
@@ -211,6 +213,7 @@ class BatchReader:
                                max_pixels=max_pixels, exif=exif)  # fmt: skip
         self.by_source = any(feed.value is SOURCE for feed in lowered.feeds.values())  # a per_source graph
         self.max_pixels = max_pixels
+        self.targets = has_targets(index.fields)  # masks or boxes: moved here, with the image's size
         self.buffers, self.maps, self.pool, self.ahead, self.skip = buffers, maps, pool, ahead, skip
         self._pending: dict[int, Future[FeedBatch]] = {}
         self._next = 0
@@ -292,6 +295,8 @@ class BatchReader:
                     if i not in bad:
                         size = (int(sizes[i, 0]), int(sizes[i, 1]))
                         self._bad(bad, i, SampleError.at(message, shard=shards[i], key=keys[i], size=size))
+            if values is not None and self.targets:
+                self._move_targets(values, drawn, sizes, keys, shards, bad)
             if bad and not self.skip:
                 raise self._first_error(bad, views, keys, shards)
             if bad:
@@ -325,6 +330,23 @@ class BatchReader:
                 self._bad(bad, i, e)
                 out.append(None)
         return out
+
+    def _move_targets(self, values: list[dict[str, Any] | None], drawn: np.ndarray, sizes: np.ndarray,
+                      keys: list[str], shards: list[str], bad: dict[int, DataError]) -> None:  # fmt: skip
+        """Moves each good sample's masks and boxes with its image here, on the host, from the
+        image's size and the sample's factors (``backends._targets``: what the torch backend does in
+        its workers, so they come out the same); a sample they fail for is recorded in ``bad``."""
+        steps = self.views[0]
+        drawn_factors = draw_factors(steps, self.plan.seed, self.plan.epoch, np.asarray(drawn, np.int64), 0)
+        for i, sample_values in enumerate(values):
+            if sample_values is None or i in bad:
+                continue
+            row = [None if f is None else f[i] for f in drawn_factors]
+            size = (int(sizes[i, 0]), int(sizes[i, 1]))
+            try:
+                move_targets(self.index.fields, sample_values, steps, row, size, shard=shards[i], key=keys[i])
+            except DataError as e:
+                self._bad(bad, i, e)
 
     def substitute(self, bad: dict[int, Any], draws: np.ndarray, views: list[Any], labels: np.ndarray | None,
                    keys: list[str], shards: list[str],

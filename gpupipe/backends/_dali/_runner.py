@@ -72,11 +72,12 @@ import torch
 
 from ...core._batch import map_tensors
 from ...core._config import DecodeMode
-from ...core._errors import ClosedError, SampleError
+from ...core._errors import ClosedError, SampleError, UnsupportedTransformError
 from ...plan._plan import RankPlan
 from ...runtime._dist import ranks_per_node
 from .._base import RawBatch, Runs, RunSpec, donor, fill, in_collection, to_device
 from .._fields import refill
+from .._targets import has_targets
 from ._compiler import Ctx, Lowered
 from ._failures import device_failure, explain_failure
 from ._fallback import Probe
@@ -102,6 +103,11 @@ class DaliRunner:
         self.skip = spec.skip
         self._fields = spec.index.fields  # the source's other fields (read by the reader threads)
         self.exif, self.max_pixels = spec.config.apply_exif_orientation, spec.config.max_image_pixels
+        if self.exif and has_targets(self._fields):
+            raise UnsupportedTransformError(
+                "the dali backend moves masks and boxes from each image's size in its header, before "
+                "decoding: not with apply_exif_orientation=True, which may turn it (use backend='torch')"
+            )
         self.decoder_args = spec.config.dali.decoder_args(ranks_per_node=ranks_per_node())
         self.color_twist = spec.config.dali.color_twist
         # How a leading RandomResizedCrop is decoded on the GPU (the CPU graph decodes its region).

@@ -31,7 +31,7 @@ from ...transforms._spatial import CropParams, FlipParams, RandomCropParams, Res
 from ...transforms._tone import CoinParams
 from .._registry import Registry, inner_unsupported
 
-__all__ = ["LOWERINGS", "apply_pipeline", "apply_with_targets", "boxes_kept"]
+__all__ = ["LOWERINGS", "apply_pipeline", "follow_targets", "boxes_kept"]
 
 LOWERINGS = Registry("torch")
 
@@ -51,32 +51,39 @@ def apply_pipeline(
     return image
 
 
-def apply_with_targets(
+def follow_targets(
     transforms: Sequence[T.Transform],
-    image: torch.Tensor,
     factors: Sequence[np.ndarray | None],
+    size: tuple[int, int],
     masks: Mapping[str, tuple[torch.Tensor, int]],
     boxes: Mapping[str, tuple[torch.Tensor, str]] | None = None,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """:func:`apply_pipeline`, with ``masks`` (name: ``([H, W] mask, fill)``, the image's size) and
-    ``boxes`` (name: ``([K, 4] float32, format)``) moved by each geometric step with the image's
-    parameters (``transforms._masks``) through torchvision's mask kernels (nearest, the mask's fill
-    where the step brings pixels in) and box kernels (then clamped to the output image). Returns
-    the image and the targets by name (masks ``[H', W']``, boxes ``[K, 4]``: not yet sanitized)."""
+) -> dict[str, torch.Tensor]:
+    """The targets of an image of ``size`` ``(height, width)`` moved as :func:`apply_pipeline` moves
+    the image with the same ``factors``, without the image: ``masks`` (name: ``([H, W] mask,
+    fill)``, of the image's size) and ``boxes`` (name: ``([K, 4] float32, format)``) go through
+    each geometric step (``transforms._masks``) with the parameters the image's step draws at the
+    same size, by torchvision's mask kernels (nearest, the mask's fill where the step brings pixels
+    in) and box kernels (then clamped to the output image). The size after each step is the
+    targets' own (a mask's shape, the boxes' canvas), so any backend that knows the image's size
+    moves them alike. Returns the targets by name (masks ``[H', W']``, boxes ``[K, 4]``: not yet
+    sanitized)."""
     moved: dict[str, Any] = {name: tv_tensors.Mask(mask[None]) for name, (mask, _) in masks.items()}
     for name, (value, fmt) in (boxes or {}).items():
-        moved[name] = tv_tensors.BoundingBoxes(value, format=fmt, canvas_size=tuple(image.shape[-2:]))
+        moved[name] = tv_tensors.BoundingBoxes(value, format=fmt, canvas_size=tuple(size))
+    height, width = size
     for t, f in zip(transforms, factors, strict=True):
-        params = t.make_params(image.shape[-2], image.shape[-1], f) if f is not None else None
-        image = LOWERINGS.lookup(t)(t, image, params)
+        params = t.make_params(height, width, f) if f is not None else None
         for name, (_, fill) in masks.items():
             moved[name] = _follow(t, moved[name], params, lambda g, m, p, fill=fill: _mask_geometry(g, m, p, fill))
         for name in boxes or {}:
             moved[name] = _follow(t, moved[name], params, _box_geometry)
+        first = next(iter(moved.values()), None)
+        if first is not None:
+            height, width = first.shape[-2:] if isinstance(first, tv_tensors.Mask) else first.canvas_size
     out = {name: moved[name].as_subclass(torch.Tensor)[0] for name in masks}
     for name in boxes or {}:
         out[name] = F.clamp_bounding_boxes(moved[name]).as_subclass(torch.Tensor)
-    return image, out
+    return out
 
 
 def boxes_kept(boxes: np.ndarray, fmt: str, min_size: float) -> np.ndarray:
