@@ -5,7 +5,7 @@ the FCN / DeepLabV3 recipes), in the gpupipe DSL. Each sample is an image and it
 
 Load by path: ``gp.load_pipeline("pipelines/segmentation.py:train")(source)``; each batch gives
 ``images [B, 3, crop, crop]`` float32 (normalized) and ``batch["mask"]`` ``[B, crop, crop]`` uint8.
-Masks run on the torch (and Ray) backend: ``backend="auto"`` picks it.
+Masks are moved alike on every backend (DALI's moves them on the host, from each image's header).
 """
 
 import torch

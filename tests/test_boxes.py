@@ -188,3 +188,58 @@ def test_on_the_gpu_as_on_the_cpu(box_shards):
     for a, b in zip(cpu, gpu, strict=True):
         assert b["inside"].is_cuda and b["boxes"].data.is_cuda and a.keys == b.keys
         assert torch.equal(a["inside"], b["inside"].cpu()) and torch.equal(a["boxes"].data, b["boxes"].data.cpu())
+
+
+@pytest.fixture(scope="module")
+def detection_shards(tmp_path_factory) -> list[str]:
+    """12 images of several sizes and shapes, 1-3 boxes each with their classes (``labels.npy``)."""
+    root = tmp_path_factory.mktemp("det")
+    rng = np.random.default_rng(4)
+    with gp.ShardWriter(str(root / "d-%06d.tar"), max_count=12) as w:
+        for i in range(12):
+            h, w_ = [(60, 80), (80, 60), (50, 50), (40, 90)][i % 4]
+            k = i % 3 + 1
+            x1, y1 = rng.uniform(0, w_ / 2, k), rng.uniform(0, h / 2, k)
+            boxes = np.stack([x1, y1, x1 + rng.uniform(6, w_ / 2, k), y1 + rng.uniform(6, h / 2, k)], 1)
+            w.write(f"k{i}", {"jpg": encode_jpeg(synthetic_image(i, size=(h, w_))),
+                              "boxes.npy": boxes.astype(np.float32), "labels.npy": np.arange(k) + 1})  # fmt: skip
+    return w.shards
+
+
+class TestDetectionRecipe:
+    """``pipelines/detection.py``: torchvision's detection reference presets, padded into a canvas."""
+
+    def test_train_and_val_on_every_backend_and_a_model_step(self, detection_shards):
+        torchvision = pytest.importorskip("torchvision")
+        recipe = gp.load_pipeline("pipelines/detection.py:train")
+        pipe = recipe(detection_shards, min_size=(24, 32, 40), max_size=48)
+        assert isinstance(pipe.transforms[0], T.RandomShortestSize) and pipe.targets == ("boxes",)
+        backends = ("torch", "dali") if _has_dali() else ("torch",)
+        out = check_target_parity(pipe.source, pipe.transforms, batch_size=4, backends=backends)
+        batches = out["torch"]
+        assert all(b.images.shape == (4, 3, 48, 48) and b.images.dtype == torch.float32 for b in batches)
+        make_targets = gp.load_pipeline("pipelines/detection.py:targets")
+        targets = [t for b in batches for t in make_targets(b)]
+        assert len(targets) == 12 and all(len(t["boxes"]) == len(t["labels"]) for t in targets)
+        assert all(bool(((t["boxes"] >= 0) & (t["boxes"] <= 48)).all()) for t in targets)
+        model = torchvision.models.detection.fasterrcnn_mobilenet_v3_large_320_fpn(
+            weights=None, weights_backbone=None, num_classes=4, min_size=48, max_size=48
+        ).train()
+        losses = model(list(batches[0].images), make_targets(batches[0]))
+        sum(losses.values()).backward()  # the targets are what torchvision's models train on
+        val = gp.load_pipeline("pipelines/detection.py:val")(detection_shards, min_size=32, max_size=48)
+        with gp.Loader(val, 4, num_workers=0) as loader:
+            first = next(iter(loader))
+        assert first.images.shape == (4, 3, 48, 48) and isinstance(first["boxes"], gp.fields.Padded)
+        hflip = recipe(detection_shards, data_augmentation="hflip", min_size=32, max_size=48)
+        assert [type(t) for t in hflip.transforms][:2] == [T.Resize, T.RandomHorizontalFlip]
+        with pytest.raises(gp.ConfigError, match="data_augmentation must be"):
+            recipe(detection_shards, data_augmentation="ssd")
+
+
+def _has_dali() -> bool:
+    try:
+        import nvidia.dali  # noqa: F401
+    except ImportError:
+        return False
+    return True

@@ -68,6 +68,7 @@ class TestParity:
             [T.Resize(256), T.CenterCrop(224)],
             [T.RandomResize(150, 400), T.CenterCrop(160)],  # a size per sample, drawn on the host
             [T.CenterCrop(300), T.RandomResize(100, 300, antialias=False), T.RandomCrop(120, pad_if_needed=True)],
+            [T.RandomShortestSize([120, 150, 200], 260), T.CenterCrop(260)],  # letterboxed: padded around
         ],
     )
     def test_resize(self, device, photos, resize):

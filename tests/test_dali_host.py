@@ -23,8 +23,8 @@ pytest.importorskip("nvidia.dali")
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 # Steps whose per-sample arguments only the host computes (from the image's size).
-HOST_ONLY = (T.RandomRotation, T.RandomAffine, T.RandomResize, T.TrivialAugmentWide, T.RandAugment, T.AutoAugment,
-             T.TimmRandAugment)  # fmt: skip
+HOST_ONLY = (T.RandomRotation, T.RandomAffine, T.RandomResize, T.RandomShortestSize, T.TrivialAugmentWide,
+             T.RandAugment, T.AutoAugment, T.TimmRandAugment)  # fmt: skip
 SIZES = [(375, 500), (500, 375), (120, 160), (200, 200), (120, 400), (31, 700), (64, 9)]
 
 

@@ -38,6 +38,7 @@ MATRIX: dict[str, list[list[T.Transform]]] = {
         [FLOAT, T.Resize(48)],  # a float image
     ],
     "RandomResize": [[T.RandomResize(150, 300), T.CenterCrop(128)], [FLOAT, T.RandomResize(40, 80), T.CenterCrop(32)]],
+    "RandomShortestSize": [[T.RandomShortestSize([100, 140], 200), T.CenterCrop(200)]],
     "CenterCrop": [[T.CenterCrop(224)], [T.CenterCrop((301, 299)), FLOAT]],
     "RandomCrop": [
         [T.RandomCrop(32)],  # with its per-sample too-small check

@@ -122,6 +122,49 @@ class TestRandomResize:
         assert abs(counts / 40000 - 0.25).max() < 0.01
 
 
+class TestRandomShortestSize:
+    """torchvision v2's RandomShortestSize (its detection reference's multi-scale training): one of
+    ``min_size`` for the shorter side, uniformly, the scale capped by ``max_size``."""
+
+    @pytest.mark.parametrize("kwargs, name", [
+        (dict(min_size=0), "min_size"), (dict(min_size=()), "min_size"), (dict(min_size=[10, 2.5]), "min_size"),
+        (dict(min_size=10, max_size=0), "max_size"), (dict(min_size=10, interpolation=3), "interpolation"),
+    ])  # fmt: skip
+    def test_invalid_arguments(self, kwargs, name):
+        check_invalid(lambda: T.RandomShortestSize(**kwargs), name)
+
+    def test_defaults_are_torchvision(self):
+        t, tv = T.RandomShortestSize([480, 512], 1333), v2.RandomShortestSize([480, 512], 1333)
+        assert t.min_size == tuple(tv.min_size) and t.max_size == tv.max_size and t.antialias is tv.antialias
+        assert T.RandomShortestSize(8).min_size == (8,)
+
+    def test_sizes_are_torchvision(self):
+        """Every image size and shorter side: the size torchvision's own make_params gives (one
+        choice, so it draws nothing), capped or not."""
+        rng = np.random.default_rng(0)
+        for h, w, short, cap in zip(rng.integers(1, 900, 300), rng.integers(1, 900, 300), rng.integers(1, 700, 300),
+                                    rng.choice([0, 300, 1333], 300), strict=True):  # fmt: skip
+            max_size = None if cap == 0 else int(cap)
+            tv = v2.RandomShortestSize([int(short)], max_size)
+            want = tv.make_params([torch.zeros(1, int(h), int(w))])["size"]
+            got = T.RandomShortestSize([int(short)], max_size).make_params(int(h), int(w), np.array([0.0]))
+            assert (got.height, got.width) == (max(want[0], 1), max(want[1], 1)), (h, w, short, max_size)
+
+    def test_matches_torchvision_with_the_drawn_size(self, photo):
+        t = T.RandomShortestSize([20, 30, 45], 60)
+        results = check_transform(t, photo, lambda img, p: v2.functional.resize(img, [p.height, p.width]),
+                                  seeds=range(4))  # fmt: skip
+        for params, out in results:
+            assert tuple(out.shape[-2:]) == (params.height, params.width) and max(params) <= 60
+        assert not t.output_spec(T.ImageSpec(3, 100, 120)).fixed_size
+
+    def test_choices_are_uniform(self):
+        t = T.RandomShortestSize([10, 20, 30])
+        chosen = t.sample(np.random.default_rng(0).random((30000, 1)))[:, 0].astype(int)
+        counts = np.bincount(chosen, minlength=3)
+        assert counts.sum() == 30000 and abs(counts / 30000 - 1 / 3).max() < 0.01
+
+
 class TestResize:
     @pytest.mark.parametrize(
         "kwargs, name",

@@ -36,6 +36,7 @@ __all__ = [
     "INT",
     "ATTEMPTS",
     "resize_size",
+    "shortest_size",
     "resize_empty",
     "center_crop_anchor",
     "crop_padding",
@@ -101,6 +102,18 @@ def resize_size(
             new_short = ops.where(over, (max_size * new_short) // new_long, new_short)
             new_long = ops.where(over, max_size, new_long)
     return ops.where(portrait, new_long, new_short), ops.where(portrait, new_short, new_long)
+
+
+def shortest_size(height: Any, width: Any, short: Any, max_size: int | None) -> tuple[Any, Any]:
+    """Output ``(h, w)`` of ``RandomShortestSize`` with the shorter side ``short`` (ints or arrays
+    over a batch): torchvision v2's rule, the scale ``short / min(h, w)`` capped by
+    ``max_size / max(h, w)``, each side ``int(side * scale)`` in float64 (truncated), at least 1
+    (where torchvision's resize would fail on a very thin image)."""
+    h, w = np.asarray(height, np.float64), np.asarray(width, np.float64)
+    scale = np.asarray(short, np.float64) / np.minimum(h, w)
+    if max_size is not None:
+        scale = np.minimum(scale, max_size / np.maximum(h, w))
+    return np.maximum((h * scale).astype(np.int64), 1), np.maximum((w * scale).astype(np.int64), 1)
 
 
 def center_crop_anchor(crop: int, size: Any, ops: Ops = INT) -> Any:

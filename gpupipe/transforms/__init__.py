@@ -26,6 +26,7 @@ from ._spatial import (
     RandomHorizontalFlip,
     RandomResize,
     RandomResizedCrop,
+    RandomShortestSize,
     RandomVerticalFlip,
     Resize,
 )
@@ -39,6 +40,7 @@ __all__ = [
     "RandomResizedCrop",
     "Resize",
     "RandomResize",
+    "RandomShortestSize",
     "CenterCrop",
     "RandomCrop",
     "RandomHorizontalFlip",

@@ -19,6 +19,7 @@ from ._spatial import (
     RandomHorizontalFlip,
     RandomResize,
     RandomResizedCrop,
+    RandomShortestSize,
     RandomVerticalFlip,
     Resize,
 )
@@ -28,8 +29,8 @@ __all__ = ["MASK_GEOMETRY", "mask_refusal"]
 
 # the transforms whose kernels move a mask with the image (each backend lowers them for masks)
 MASK_GEOMETRY: tuple[type[Transform], ...] = (
-    RandomResizedCrop, Resize, RandomResize, CenterCrop, RandomCrop, RandomHorizontalFlip, RandomVerticalFlip,
-    RandomRotation, RandomAffine,
+    RandomResizedCrop, Resize, RandomResize, RandomShortestSize, CenterCrop, RandomCrop, RandomHorizontalFlip,
+    RandomVerticalFlip, RandomRotation, RandomAffine,
 )  # fmt: skip
 
 _POLICY = "chooses its operations per sample, some of them geometric (torchvision's refuses masks too)"

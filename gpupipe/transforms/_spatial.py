@@ -16,7 +16,15 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..core._errors import ConfigError
-from ..core._geometry import ATTEMPTS, crop_padding, crop_start, crop_too_large, resize_size, resized_crop_window
+from ..core._geometry import (
+    ATTEMPTS,
+    crop_padding,
+    crop_start,
+    crop_too_large,
+    resize_size,
+    resized_crop_window,
+    shortest_size,
+)
 from ..core._validate import is_int, is_number, valid_bool, valid_range, valid_size
 from ._base import Coin, ImageSpec, InterpolationMode, Transform, valid_interpolation
 
@@ -27,7 +35,9 @@ __all__ = [
     "RandomCrop",
     "RandomHorizontalFlip",
     "RandomVerticalFlip",
+    "RandomShortestSize",
     "CropParams",
+    "SizeParams",
     "RandomCropParams",
     "FlipParams",
 ]
@@ -220,6 +230,63 @@ class RandomResize(Transform):
 
     def make_params(self, height: int, width: int, factors: np.ndarray) -> ResizeParams:
         return ResizeParams(int(factors[0]))
+
+
+class SizeParams(NamedTuple):
+    height: int
+    width: int
+
+
+@dataclasses.dataclass(frozen=True)
+class RandomShortestSize(Transform):
+    """Resizes the image's shorter side to one of ``min_size``, drawn uniformly, capped so that the
+    longer side is at most ``max_size`` (torchvision v2's ``RandomShortestSize``, the multi-scale
+    training of its detection reference). Each side is ``int(side * scale)``, as torchvision's.
+
+    Args:
+        min_size: the shorter sides to draw from (an int, or a sequence of them).
+        max_size: the longest the longer side may be; ``None`` (default): no cap.
+        interpolation: resampling filter. Default ``BILINEAR``.
+        antialias: low-pass filter when downscaling. Default ``True``.
+
+    Shapes: ``[C, H, W] -> [C, h, w]``, varying per sample: a crop (or ``CenterCrop`` to a canvas
+    of ``max_size``, which pads) must follow before batching. On DALI: ``resize`` to each sample's
+    size, computed on the host (the image's size must be known there).
+    """
+
+    min_size: Sequence[int] | int
+    max_size: int | None = None
+    _: dataclasses.KW_ONLY
+    interpolation: InterpolationMode | str = InterpolationMode.BILINEAR
+    antialias: bool = True
+
+    random = True
+    draws = 1
+
+    def __post_init__(self) -> None:
+        name = type(self).__name__
+        sizes: Any = (self.min_size,) if is_int(self.min_size) else self.min_size
+        if not (isinstance(sizes, Sequence) and sizes and all(is_int(s) and s > 0 for s in sizes)):
+            raise ConfigError(f"{name}: min_size must be a positive int or a non-empty sequence of them, "
+                              f"got {self.min_size!r}")  # fmt: skip
+        self._set("min_size", tuple(int(s) for s in sizes))
+        if self.max_size is not None and not (is_int(self.max_size) and self.max_size > 0):
+            raise ConfigError(f"{name}: max_size must be None or a positive int, got {self.max_size!r}")
+        self._set("interpolation", valid_interpolation(name, self.interpolation))
+        valid_bool(name, self.antialias, "antialias")
+
+    def output_spec(self, spec: ImageSpec) -> ImageSpec:
+        return dataclasses.replace(spec, height=None, width=None)
+
+    def sample(self, u: np.ndarray) -> np.ndarray:
+        """``[..., 1]``: the index of the drawn shorter side, uniform over ``min_size``."""
+        n = len(self.min_size)  # type: ignore[arg-type]
+        return np.minimum(np.floor(u * n), n - 1)
+
+    def make_params(self, height: int, width: int, factors: np.ndarray) -> SizeParams:
+        short = self.min_size[int(factors[0])]  # type: ignore[index]
+        h, w = shortest_size(height, width, short, self.max_size)
+        return SizeParams(int(h), int(w))
 
 
 @dataclasses.dataclass(frozen=True)

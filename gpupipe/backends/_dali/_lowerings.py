@@ -30,6 +30,7 @@ from ...core._geometry import (
     resize_size,
     resized_crop_windows,
     rotation_matrices,
+    shortest_size,
 )
 from ._context import LOWERINGS, Ctx, dali_type, scaled_to_uint8, to_float
 from ._host import HostValue
@@ -159,6 +160,22 @@ def _random_resize(t: T.RandomResize, img: Any, ctx: Ctx) -> Any:
     new_h, new_w = resize_size(h, w, (short,), None, ctx.ops(h, w, short))  # type: ignore[arg-type]  # per sample
     ctx.resized = (new_h, new_w)
     return resize(ctx, img, new_h, new_w, t.interpolation, t.antialias)
+
+
+@LOWERINGS.register(T.RandomShortestSize)
+def _random_shortest_size(t: T.RandomShortestSize, img: Any, ctx: Ctx) -> Any:
+    """Each sample's size by torchvision's rule (``gpupipe.core._geometry.shortest_size``) from its
+    drawn shorter side, computed on the host."""
+    h, w = _host_size(ctx, img, "RandomShortestSize")
+    choices = np.asarray(t.min_size, np.int64)
+
+    def sizes(height: Any, width: Any, f: np.ndarray) -> np.ndarray:
+        return np.stack(np.broadcast_arrays(*shortest_size(height, width, choices[f[:, 0].astype(np.int64)],
+                                                           t.max_size)), axis=1)  # fmt: skip
+
+    size = HostValue(sizes, h, w, ctx.host_random())
+    ctx.resized = (size[0], size[1])
+    return resize(ctx, img, size[0], size[1], t.interpolation, t.antialias)
 
 
 def _slice(ctx: Ctx, img: Any, top: Any, left: Any, h: int, w: int, fill: Any = 0.0) -> Any:

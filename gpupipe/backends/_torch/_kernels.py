@@ -27,7 +27,7 @@ from ...transforms._apply import RandomChoice as SampleChoice
 from ...transforms._color import BlurParams, ColorJitterParams, GrayscaleParams, SolarizeParams
 from ...transforms._erasing import ErasingParams
 from ...transforms._masks import MASK_GEOMETRY
-from ...transforms._spatial import CropParams, FlipParams, RandomCropParams, ResizeParams
+from ...transforms._spatial import CropParams, FlipParams, RandomCropParams, ResizeParams, SizeParams
 from ...transforms._tone import CoinParams
 from .._registry import Registry, inner_unsupported
 
@@ -168,6 +168,11 @@ def _resize(t: T.Resize, img: torch.Tensor, _: None) -> torch.Tensor:
 @LOWERINGS.register(T.RandomResize)
 def _random_resize(t: T.RandomResize, img: torch.Tensor, p: ResizeParams) -> torch.Tensor:
     return F.resize(img, [p.size], interpolation=_interp(t.interpolation), antialias=t.antialias)
+
+
+@LOWERINGS.register(T.RandomShortestSize)
+def _random_shortest_size(t: T.RandomShortestSize, img: torch.Tensor, p: SizeParams) -> torch.Tensor:
+    return F.resize(img, [p.height, p.width], interpolation=_interp(t.interpolation), antialias=t.antialias)
 
 
 @LOWERINGS.register(T.CenterCrop)
