@@ -10,8 +10,7 @@ import numpy as np
 import torch
 
 from ..core._errors import DataError
-from ..core._fields import Array, Field, Label, Padded, field_values
-from ..core._targets import Boxes, Mask
+from ..core._fields import Field, Label, Padded, field_values
 
 Alloc = Callable[[tuple[int, ...], torch.dtype], torch.Tensor]  # an uninitialised tensor of (shape, dtype)
 
@@ -31,9 +30,9 @@ def batch_fields(fields: Mapping[str, Field], values: Sequence[dict[str, Any] | 
         column = [v[name] if v is not None else field.empty() for v in values]
         if isinstance(field, Label) and all(isinstance(v, int) for v in column):
             out[name] = torch.tensor(column, dtype=torch.int64)
-        elif isinstance(field, (Array, Boxes)) and field.pad is not None:
-            out[name] = _padded(name, field.pad, column)
-        elif isinstance(field, (Array, Mask, Boxes)):  # a mask: as the pipeline left it, [H, W]
+        elif field.arrays and getattr(field, "pad", None) is not None:  # Array, Boxes, tokenized Text
+            out[name] = _padded(name, field.pad, column)  # type: ignore[attr-defined]
+        elif field.arrays:  # Array, Mask (as the pipeline left it, [H, W]), Boxes, tokenized Text
             same = all(v.shape == column[0].shape and v.dtype == column[0].dtype for v in column)
             try:
                 out[name] = _stacked(column, alloc) if same else [torch.from_numpy(np.array(v)) for v in column]

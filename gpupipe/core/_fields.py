@@ -28,7 +28,7 @@ import dataclasses
 import enum
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
@@ -139,6 +139,11 @@ class Field:
     def _decode(self, data: bytes | memoryview, *, shard: str, key: str) -> Any:
         return bytes(data)
 
+    @property
+    def arrays(self) -> bool:
+        """Whether the values are arrays, batched as tensors (``gpupipe.backends._fields``)."""
+        return False
+
     def require_fits(self, size: int, *, shard: str, key: str) -> None:
         """Raises the bad field's error if a member of ``size`` bytes is over ``max_bytes``:
         checked before the member is read."""
@@ -158,18 +163,63 @@ class Image(Field):
 @dataclasses.dataclass(frozen=True)
 class Text(Field):
     """UTF-8 text (``str``), as webdataset's ``txt``; invalid UTF-8 is a bad field. Default
-    ``max_bytes``: 1 MiB."""
+    ``max_bytes``: 1 MiB.
+
+    Args:
+        tokenizer: ``str -> token ids`` (a list, NumPy array or tensor of integers: open_clip's
+            ``tokenize``, a Hugging Face tokenizer's ``input_ids``), run where the field is decoded:
+            the torch backend's worker processes, the DALI backend's reader threads, never the
+            training thread. The value is then an int64 array (a ``[1, L]`` result, open_clip's
+            for one string, is taken as ``[L]``), batched as an :class:`Array`'s: ``[B, L]`` when
+            every sample has the same length. A tokenizer that raises makes the sample's field
+            bad. The torch backend's workers need it picklable (a module-level function, or an
+            object with its tokenizer). ``None`` (default): the text itself.
+        pad: with a tokenizer, as :class:`Array`'s ``pad`` (token ids of different lengths in one
+            :class:`Padded`).
+    """
+
+    tokenizer: Callable[[str], Any] | None = None
+    pad: int | None = None
 
     kind: ClassVar[str] = "text"
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.tokenizer is not None and not callable(self.tokenizer):
+            raise ConfigError(f"Text: tokenizer must be a function of a str, got {self.tokenizer!r}")
+        if self.pad is not None and (self.tokenizer is None or isinstance(self.pad, bool)
+                                     or not isinstance(self.pad, int)):  # fmt: skip
+            raise ConfigError(f"Text: pad must be None, or an int token id with a tokenizer, got {self.pad!r}")
+
+    @property
+    def arrays(self) -> bool:
+        return self.tokenizer is not None
+
     def empty(self) -> Any:
-        return ""
+        return "" if self.tokenizer is None else self._tokens("", shard="", key="")
 
     def _decode(self, data: bytes | memoryview, *, shard: str, key: str) -> Any:
         try:
-            return bytes(data).decode("utf-8")
+            text = bytes(data).decode("utf-8")
         except UnicodeDecodeError as e:
             raise _bad(self, shard, key, f"is not UTF-8 text ({e.reason} at byte {e.start})") from None
+        return text if self.tokenizer is None else self._tokens(text, shard=shard, key=key)
+
+    def _tokens(self, text: str, *, shard: str, key: str) -> np.ndarray:
+        assert self.tokenizer is not None
+        try:
+            ids = self.tokenizer(text)
+            if hasattr(ids, "numpy"):  # a tensor
+                ids = ids.numpy()
+            tokens = np.asarray(ids)
+        except Exception as e:  # the user's tokenizer: any failure is this field's
+            raise _bad(self, shard, key, f"fails its tokenizer ({type(e).__name__}: {e})") from None
+        if tokens.ndim == 2 and tokens.shape[0] == 1:
+            tokens = tokens[0]
+        if tokens.dtype.kind not in "iub" or tokens.ndim != 1:
+            raise _bad(self, shard, key, f"tokenizes to a {tokens.dtype} array of shape {tokens.shape}, not [L] "
+                                         "integers")  # fmt: skip
+        return tokens.astype(np.int64)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -227,6 +277,10 @@ class Array(Field):
 
     kind: ClassVar[str] = "array"
     default_max_bytes: ClassVar[int] = 1 << 31
+
+    @property
+    def arrays(self) -> bool:
+        return True
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -42,6 +42,10 @@ class Mask(Field):
     kind: ClassVar[str] = "mask"
     default_max_bytes: ClassVar[int] = 256 << 20
 
+    @property
+    def arrays(self) -> bool:
+        return True
+
     def __post_init__(self) -> None:
         super().__post_init__()
         if isinstance(self.fill, bool) or not isinstance(self.fill, int):
@@ -108,6 +112,10 @@ class Boxes(Field):
 
     kind: ClassVar[str] = "boxes"
     default_max_bytes: ClassVar[int] = 64 << 20
+
+    @property
+    def arrays(self) -> bool:
+        return True
 
     def __post_init__(self) -> None:
         super().__post_init__()
