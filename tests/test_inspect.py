@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 import gpupipe as gp
@@ -141,3 +142,45 @@ class TestInspectViews:
             small = png[y : y + 16, x + 32 + MARGIN : x + 32 + MARGIN + 16]
             np.testing.assert_array_equal(small, to_uint8(views[1], pipeline, 1)[row])
             assert (small[..., 0] == small[..., 1]).all()  # view 1 is grey
+
+
+class TestMasksAndBoxes:
+    """A pipeline's masks and boxes drawn over its images (``overlay``)."""
+
+    def test_overlay_colours_labels_fill_and_outlines(self):
+        from gpupipe.cli._inspect import _BOX, _PALETTE, overlay
+
+        images = np.zeros((1, 10, 12, 3), np.uint8)
+        mask = np.full((1, 10, 12), 255, np.uint8)
+        mask[0, :5] = 3
+        boxes = gp.fields.Padded(torch.tensor([[[2.0, 3.0, 8.0, 7.0], [0, 0, 0, 0]]]), torch.tensor([[1, 2]]))
+        fields = {"mask": gp.fields.Mask("seg.png"), "boxes": gp.fields.Boxes("boxes.npy")}
+        out = overlay(images, {"mask": torch.from_numpy(mask), "boxes": boxes}, fields)
+        np.testing.assert_array_equal(out[0, 0, 0], np.round(0.45 * _PALETTE[3]).astype(np.uint8))  # label 3
+        np.testing.assert_array_equal(out[0, 9, 11], [128, 128, 128])  # the fill: white, half
+        assert (out[0, 3, 2:8] == _BOX).all() and (out[0, 6, 2:8] == _BOX).all()  # rows 3 and 6
+        assert (out[0, 3:7, 2] == _BOX).all() and (out[0, 3:7, 7] == _BOX).all()  # columns 2 and 7
+        assert not (out[0, 4, 3:7] == _BOX).all(axis=-1).any()  # inside: not drawn
+
+    def test_inspect_draws_them_on_every_backend(self, tmp_path, capsys):
+        from gpupipe.testing import encode_jpeg, synthetic_image
+
+        from .support.data import encode_png
+
+        with gp.ShardWriter(str(tmp_path / "s-%06d.tar")) as w:
+            for i in range(2):
+                labels = (np.arange(48 * 64).reshape(48, 64) // 300 % 5).astype(np.uint8)
+                w.write(f"k{i}", {"jpg": encode_jpeg(synthetic_image(i, size=(48, 64))), "seg.png": encode_png(labels),
+                                  "boxes.npy": np.array([[4, 4, 40, 30]], np.float32)})  # fmt: skip
+        source = gp.WebDataset(w.shards, fields={"image": "jpg", "mask": gp.fields.Mask("seg.png"),
+                                                 "boxes": gp.fields.Boxes("boxes.npy")})  # fmt: skip
+        pipeline = gp.Pipeline(source, [gp.transforms.RandomResizedCrop(32, scale=(0.5, 1.0)),
+                                        gp.transforms.RandomHorizontalFlip()])  # fmt: skip
+        from gpupipe.cli._inspect import _BOX, inspect
+
+        names = ("torch", "dali") if backends.get("dali").available() else ("torch",)
+        out = str(tmp_path / "grid.png")
+        lines = inspect(pipeline, out, samples=2, draws=2, backends=names)
+        assert lines[0].startswith(f"wrote {out}: 2 samples x 2 draws")
+        png = np.asarray(read_png(out))
+        assert (png == _BOX).all(axis=-1).sum() > 40  # the boxes' outlines

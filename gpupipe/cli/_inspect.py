@@ -2,7 +2,8 @@
 augmentation draws (columns; for a pipeline of views, every view of each draw, each at its own
 size), with each sample's key and label — and, with ``compare``, the same
 draws on each backend side by side with their largest difference, so that a user sees the recipe
-and that the backends agree.
+and that the backends agree. A pipeline's masks and boxes (``gp.fields.Mask``, ``Boxes``) are drawn
+over its images (:func:`overlay`): each label a colour, the mask's fill white, each box's outline.
 
 The draws are epochs ``0..K-1`` of an unshuffled loader: the same samples, augmented as each epoch
 would be (the draws depend on the seed, the epoch and the sample only, so every backend makes the
@@ -100,6 +101,70 @@ def to_uint8(images: torch.Tensor, pipeline: Pipeline, view: int = 0) -> np.ndar
     return x[:, :3].permute(0, 2, 3, 1).contiguous().numpy()
 
 
+# label colours (tab20, as matplotlib's): label k is _PALETTE[k % 20]
+_PALETTE = np.array([
+    (31, 119, 180), (174, 199, 232), (255, 127, 14), (255, 187, 120), (44, 160, 44), (152, 223, 138),
+    (214, 39, 40), (255, 152, 150), (148, 103, 189), (197, 176, 213), (140, 86, 75), (196, 156, 148),
+    (227, 119, 194), (247, 182, 210), (127, 127, 127), (199, 199, 199), (188, 189, 34), (219, 219, 141),
+    (23, 190, 207), (158, 218, 229)], np.float64)  # fmt: skip
+_BOX = np.array((255, 40, 40), np.uint8)  # a box's outline
+
+
+def overlay(images: np.ndarray, targets: dict[str, Any], fields: dict[str, Any]) -> np.ndarray:
+    """``images`` (uint8 ``[N, H, W, 3]``, for display) with the batch's ``targets`` (name: the
+    batch's value of a mask or boxes field, rows as the images') drawn over them: a mask blended
+    in (each label its colour, 45%; its ``fill`` white, 50%), each box's outline in red, 1 pixel,
+    inside the image."""
+    from ..core._targets import Boxes, BoxFormat, Mask
+
+    out = images.astype(np.float64)
+    for name, value in targets.items():
+        field = fields[name]
+        if isinstance(field, Mask):
+            for i in range(len(out)):
+                mask = np.asarray(value[i].cpu() if hasattr(value[i], "cpu") else value[i])
+                if mask.shape != out.shape[1:3]:
+                    continue  # (a mask left at another size than its image: not drawn)
+                colour = _PALETTE[mask.astype(np.int64) % len(_PALETTE)]
+                white = (mask == field.fill)[..., None]
+                out[i] = np.where(white, 0.5 * out[i] + 127.5, 0.55 * out[i] + 0.45 * colour)
+    shown = out.round().clip(0, 255).astype(np.uint8)
+    for name, value in targets.items():
+        field = fields[name]
+        if isinstance(field, Boxes):
+            for i in range(len(shown)):
+                _outline(shown[i], _xyxy(_rows(value, i), BoxFormat(field.format).value))
+    return shown
+
+
+def _rows(value: Any, i: int) -> np.ndarray:
+    """Sample ``i``'s boxes ``[K, 4]`` of a batch's boxes (a ``Padded``, a list or a tensor)."""
+    data, lengths = (value.data, value.lengths) if hasattr(value, "lengths") else (value, None)
+    rows = data[i] if lengths is None else data[i, : int(lengths[i, 0])]
+    return np.asarray(rows.cpu() if hasattr(rows, "cpu") else rows, np.float64).reshape(-1, 4)
+
+
+def _xyxy(boxes: np.ndarray, fmt: str) -> np.ndarray:
+    a, b, c, d = boxes.T
+    if fmt == "XYWH":
+        return np.stack([a, b, a + c, b + d], 1)
+    if fmt == "CXCYWH":
+        return np.stack([a - c / 2, b - d / 2, a + c / 2, b + d / 2], 1)
+    return boxes
+
+
+def _outline(image: np.ndarray, boxes: np.ndarray) -> None:
+    """Draws each XYXY box's outline into ``image`` ``[H, W, 3]``: its first and last pixel rows
+    and columns, clipped to the image."""
+    h, w = image.shape[:2]
+    for x1, y1, x2, y2 in np.floor(boxes).astype(np.int64).tolist():
+        if x1 > w - 1 or y1 > h - 1 or x2 < 1 or y2 < 1:
+            continue
+        x1, y1, x2, y2 = max(x1, 0), max(y1, 0), min(max(x2 - 1, x1), w - 1), min(max(y2 - 1, y1), h - 1)
+        image[y1, x1 : x2 + 1] = image[y2, x1 : x2 + 1] = _BOX
+        image[y1 : y2 + 1, x1] = image[y1 : y2 + 1, x2] = _BOX
+
+
 def draw(pipeline: Pipeline, *, samples: int, draws: int, backend: str, seed: int, device: str = "cpu") -> Draws:
     """The first ``samples`` samples of ``pipeline``'s source, ``draws`` times, on ``backend``
     delivering to ``device``."""
@@ -115,13 +180,28 @@ def draw(pipeline: Pipeline, *, samples: int, draws: int, backend: str, seed: in
             loader.set_epoch(k)
             batch = next(iter(loader))
             keep = batch.valid.cpu()  # padding (fewer samples than asked) and skipped samples left out
+            targets = {name: batch[name] for name in pipeline.targets}
+            rows = keep.nonzero()[:, 0].tolist()
             for v, output in enumerate(batch.views):
                 images = output.cpu()[keep]
-                shown[v].append(to_uint8(images, pipeline, v))
+                picture = to_uint8(images, pipeline, v)
+                if targets:  # (one view: the pipeline checked)
+                    kept = {name: _kept(value, rows) for name, value in targets.items()}
+                    picture = overlay(picture, kept, pipeline.source.extra_fields())  # type: ignore[attr-defined]
+                shown[v].append(picture)
                 raw[v].append(images.to(torch.float64).numpy())
             keys = [k for k, v in zip(batch.keys, keep.tolist(), strict=True) if v]
             labels = None if batch.labels is None else batch.labels.cpu()[keep].tolist()
     return Draws(name, tuple(map(np.stack, shown)), tuple(map(np.stack, raw)), keys, labels)
+
+
+def _kept(value: Any, rows: list[int]) -> Any:
+    """A batch's target value at ``rows`` (the valid samples)."""
+    if hasattr(value, "lengths"):
+        return type(value)(value.data[rows], value.lengths[rows])
+    if isinstance(value, list):
+        return [value[r] for r in rows]
+    return value[rows]
 
 
 def grid(all_draws: Sequence[Draws], *, cell: int | None = None) -> tuple[object, list[str]]:

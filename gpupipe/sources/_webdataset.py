@@ -65,16 +65,17 @@ class WebDataset(Source):
             ``{"image": "jpg;png", "label": "cls", "text": "txt", "meta": "json", "emb": "npy"}``.
             A value is extensions (their kind says how they are decoded: images, ``cls``,
             ``txt``, ``json``, ``npy``) or a field of ``gpupipe.fields`` (``Text``, ``Json``,
-            ``Label``, ``Array``, ``Image``) for its options: ``missing`` (``"error"``, ``"skip"``,
-            ``"empty"``), ``max_bytes``, an array's ``dtype``, ``shape`` and ``pad``. The one
+            ``Label``, ``Array``, ``Image``, ``Mask``, ``Boxes``) for its options: ``missing``
+            (``"error"``, ``"skip"``, ``"empty"``), ``max_bytes``, an array's ``dtype``, ``shape``
+            and ``pad``, a text's ``tokenizer``. The one
             ``Image`` field replaces ``image=``; without one, samples have no image (a pipeline of
             fields alone, ``.npy`` arrays say: ``images`` is ``None``). A ``Label`` field named
             ``"label"`` replaces ``label=`` (without one the source is unlabeled). The others come
             with each batch by name: ``batch["text"]`` a list of str, ``batch["meta"]`` a list of
             dicts, an array field of one shape a ``[B, ...]`` tensor (else a list, or
-            ``Padded``), a ``Label`` int64 ``[B]``. They are decoded in the torch backend's
-            workers or the DALI backend's reader threads (the same values), never by unpickling.
-            Default ``None``: image and label only. The Ray backend does not read fields yet.
+            ``Padded``), a ``Label`` int64 ``[B]``. They are decoded in the torch and Ray
+            backends' workers or the DALI backend's reader threads (the same values), never by
+            unpickling. Default ``None``: image and label only.
 
     A sample is a run of consecutive members sharing a key: the member path up to the first dot of
     its file name (``img/00/000123.jpg`` → ``img/00/000123``). Members of other extensions are
