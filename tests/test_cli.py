@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 import gpupipe as gp
 from gpupipe.cli._main import main
@@ -31,6 +32,33 @@ def test_make_shards_synthetic(tmp_path, capsys):
     from gpupipe.runtime._decode import decode_rgb
 
     assert 300 <= min(decode_rgb(sample.data, shard="s", key="k").shape[1:]) <= 500
+
+
+def test_make_shards_with_fields_for_the_recipes(tmp_path, capsys):
+    """``--fields text,meta,mask,boxes``: what the CLIP, segmentation and detection recipes read,
+    the boxes enclosing the rectangles painted on the image."""
+    assert main(["make-shards", str(tmp_path), "--synthetic", "6", "--fields", "text,meta,mask,boxes", "--workers",
+                 "1", "--quiet"]) == 0  # fmt: skip
+    shards = str(tmp_path / "train-000000.tar")
+    clip = gp.load_pipeline("pipelines/clip.py:train")(shards, size=64)
+    seg = gp.load_pipeline("pipelines/segmentation.py:train")(shards, base_size=64, crop_size=48)
+    det = gp.load_pipeline("pipelines/detection.py:train")(shards, min_size=(48, 64), max_size=96)
+    with gp.Loader(clip, 6, num_workers=0, backend="torch") as loader:
+        batch = next(iter(loader))
+        assert batch["text"][0].startswith("a synthetic photo of class")
+    with gp.Loader(seg, 6, num_workers=0, backend="torch") as loader:
+        assert set(torch.unique(next(iter(loader))["mask"]).tolist()) <= {0, 1, 2, 3, 255}
+    with gp.Loader(det, 6, num_workers=0, backend="torch") as loader:
+        assert int(next(iter(loader))["boxes"].lengths[:, 0].sum()) >= 6
+    meta = gp.WebDataset(shards, fields={"image": "jpg", "meta": "json", "boxes": "boxes.npy"})
+    with gp.Loader(gp.Pipeline(meta, [gp.transforms.CenterCrop(64)]), 6, num_workers=0, backend="torch") as loader:
+        batch = next(iter(loader))
+    for m, boxes in zip(batch["meta"], batch["boxes"], strict=True):
+        assert min(m["height"], m["width"]) >= 300 and 1 <= len(boxes) <= 3
+        assert bool((boxes[:, 2] <= m["width"]).all()) and bool((boxes[:, 3] <= m["height"]).all())
+    capsys.readouterr()
+    assert main(["make-shards", str(tmp_path / "x"), "--synthetic", "1", "--fields", "captions"]) != 0
+    assert "captions unknown: choose from text, meta, mask, boxes" in capsys.readouterr().err
 
 
 def test_synthetic_is_deterministic():

@@ -23,11 +23,45 @@ __all__ = ["make_shards", "tune", "bench", "index", "check", "inspect", "doctor"
 T = TypeVar("T")
 
 
-def _synthetic_sample(args: tuple[int, int, int, int]) -> tuple[str, dict]:
-    i, seed, num_classes, quality = args
+FIELDS = ("text", "meta", "mask", "boxes")  # what make-shards --fields writes besides jpg and cls
+
+
+def _synthetic_sample(args: tuple[Any, ...]) -> tuple[str, dict]:
+    i, seed, num_classes, quality, *more = args
+    fields = more[0] if more else ()
     label = i % num_classes
-    jpeg = encode_jpeg(synthetic_image(seed * 1_000_003 + i, label=label, num_classes=num_classes), quality=quality)
-    return f"{i:08d}", {"jpg": jpeg, "cls": label}
+    image = synthetic_image(seed * 1_000_003 + i, label=label, num_classes=num_classes)
+    members: dict[str, Any] = {"cls": label}
+    if "boxes" in fields:  # 1-3 rectangles painted on, a colour per box class: what the boxes enclose
+        rng = np.random.default_rng([seed, i, 0xB0C5])
+        h, w = image.shape[:2]
+        boxes, classes = [], []
+        for k in range(int(rng.integers(1, 4))):
+            bw, bh = int(rng.integers(w // 8, w // 3)), int(rng.integers(h // 8, h // 3))
+            x, y = int(rng.integers(0, w - bw)), int(rng.integers(0, h - bh))
+            cls = 1 + (i + k) % 3
+            image[y : y + bh, x : x + bw] = ((255, 40, 40), (40, 200, 40), (40, 80, 255))[cls - 1]
+            boxes.append((x, y, x + bw, y + bh))
+            classes.append(cls)
+        members["boxes.npy"], members["labels.npy"] = np.array(boxes, np.float32), np.array(classes, np.int64)
+    if "mask" in fields:  # each pixel's class: its brightness quartile (learnable from the pixels)
+        gray = image.astype(np.float32).mean(axis=2)
+        labels = np.digitize(gray, np.quantile(gray, [0.25, 0.5, 0.75])).astype(np.uint8)
+        members["seg.png"] = _png(labels)
+    if "text" in fields:
+        members["txt"] = f"a synthetic photo of class {label}, number {i}"
+    if "meta" in fields:
+        members["json"] = {"label": label, "height": image.shape[0], "width": image.shape[1], "seed": seed}
+    members["jpg"] = encode_jpeg(image, quality=quality)
+    return f"{i:08d}", members
+
+
+def _png(array: np.ndarray) -> bytes:
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.fromarray(array).save(out, "PNG")
+    return out.getvalue()
 
 
 def _imagefolder_samples(root: str, quality: int) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -61,12 +95,19 @@ def _counted(items: Iterable[T], bar: Any) -> Iterator[T]:
 
 def make_shards(args: argparse.Namespace) -> int:
     pattern = os.path.join(args.out, f"{args.prefix}-%06d.tar")
+    if args.from_imagefolder and getattr(args, "fields", None):
+        raise ConfigError("make-shards --fields writes synthetic fields: with --synthetic, not --from-imagefolder")
     with ShardWriter(pattern, max_count=args.shard_size) as writer:
         if args.from_imagefolder:
             with _progress(args, None, "img", "gpupipe make-shards") as bar:
                 writer.write_all(_counted(_imagefolder_samples(args.from_imagefolder, args.quality), bar))
         else:
-            jobs = [(i, args.seed, args.classes, args.quality) for i in range(args.synthetic)]
+            fields = tuple(_list(args.fields or "", "--fields", str))
+            unknown = sorted(set(fields) - set(FIELDS))
+            if unknown:
+                raise ConfigError(f"make-shards --fields: {', '.join(unknown)} unknown: choose from "
+                                  f"{', '.join(FIELDS)}")  # fmt: skip
+            jobs = [(i, args.seed, args.classes, args.quality, fields) for i in range(args.synthetic)]
             workers = args.workers or cpu_cores()
             with (
                 process_pool(workers, "gpupipe make-shards") as pool,

@@ -65,6 +65,11 @@ def _parser() -> argparse.ArgumentParser:
     src.add_argument("--synthetic", type=int, metavar="N", help="N generated photograph-like images")
     src.add_argument("--from-imagefolder", metavar="ROOT", help="an ImageFolder tree to convert")
     p.add_argument("--classes", type=int, default=10, help="classes of the synthetic images (default 10)")
+    p.add_argument("--fields", metavar="LIST", default=None,
+                   help="with --synthetic, also write these fields (comma-separated): text (key.txt, a caption), "
+                        "meta (key.json: size, class), mask (key.seg.png: each pixel's brightness quartile), boxes "
+                        "(key.boxes.npy XYXY + key.labels.npy: 1-3 rectangles painted on): what pipelines/clip.py, "
+                        "segmentation.py and detection.py read")  # fmt: skip
     p.add_argument("--shard-size", type=int, default=1000, help="samples per shard (default 1000)")
     p.add_argument("--prefix", default="train", help="shard name prefix (default 'train')")
     p.add_argument("--quality", type=int, default=90, help="JPEG quality (default 90)")
