@@ -208,3 +208,39 @@ class TestSegmentationRecipe:
         val = gp.load_pipeline("pipelines/segmentation.py:val")(seg_shards, base_size=40, crop_size=32)
         with gp.Loader(val, 4, num_workers=0) as loader:
             assert next(iter(loader))["mask"].shape == (4, 32, 32)
+
+
+class TestWebdatasetWriter:
+    def test_masks_written_by_webdataset_read_as_torchvision_reads_them(self, tmp_path):
+        """``seg.png`` members from webdataset's own writer (a palette PIL image, an 8-bit and a
+        16-bit array): an 8-bit map as webdataset's ``"l8"`` decoder reads it, and each as
+        torchvision's segmentation reference does (``np.asarray(PIL.Image.open(...))``: a
+        palette's indices, which webdataset's image decoders convert away)."""
+        import io
+        import tarfile
+
+        wds = pytest.importorskip("webdataset")
+        from PIL import Image
+        from webdataset.autodecode import imagehandler
+
+        palette = Image.fromarray(_label_map(1), mode="L").convert("P")
+        members = {
+            "pal.seg.png": palette,
+            "l.seg.png": _label_map(2),
+            "i.seg.png": _label_map(3).astype(np.uint16) * 250,
+        }
+        path = str(tmp_path / "w.tar")
+        with wds.TarWriter(path) as sink:
+            sink.write({"__key__": "k0", "jpg": synthetic_image(0, size=SIZE), **members})
+        with tarfile.open(path) as tar:
+            raw = {m.name.partition(".")[2]: tar.extractfile(m).read() for m in tar if m.isfile()}  # type: ignore[union-attr]
+        fields = {name.split(".")[0]: gp.fields.Mask(name) for name in members}
+        source = gp.WebDataset(path, fields={"image": "jpg", **fields})
+        with gp.Loader(gp.Pipeline(source, [T.CenterCrop(SIZE)]), 1, num_workers=0, backend="torch") as loader:
+            (batch,) = list(loader)
+        for name in members:
+            with Image.open(io.BytesIO(raw[name])) as im:
+                want = np.asarray(im)
+            assert np.array_equal(batch[name.split(".")[0]][0].numpy(), want), name
+        assert np.array_equal(batch["l"][0].numpy(), imagehandler("l8")("png", raw["l.seg.png"]))
+        assert np.array_equal(batch["pal"][0].numpy(), _label_map(1))  # the indices, not grey levels
