@@ -40,27 +40,36 @@ def source_of(source, boxes="boxes.npy", labels="labels.npy", image="jpg;jpeg;pn
 
 
 def train(source, *, data_augmentation="multiscale", min_size=MULTISCALE, max_size=1333, canvas=None,
-          hflip_prob=0.5):  # fmt: skip
+          hflip_prob=0.5, size=320):  # fmt: skip
     """torchvision's ``DetectionPresetTrain``:
 
     - ``"multiscale"`` (default): the shorter side one of ``min_size`` (torchvision's 480-800),
       the longer at most ``max_size`` (``RandomShortestSize``), then a horizontal flip;
     - ``"hflip"``: the flip alone, at the model's single scale (the shorter side ``min_size``, an
-      int, 800 where a sequence is given).
+      int, 800 where a sequence is given);
+    - ``"ssdlite"``: ``RandomIoUCrop`` (by the boxes) and the flip, then the ``size`` square SSD's
+      own transform resizes to (320 for SSDlite, 300 for SSD300).
 
-    Then padded into a ``canvas`` square (default ``max_size``) and made float in ``[0, 1]``."""
+    The first two are then padded into a ``canvas`` square (default ``max_size``); all are made
+    float in ``[0, 1]``. torchvision's ``"ssd"`` adds ``RandomPhotometricDistort``, which gpupipe
+    has not written yet, and a ``RandomZoomOut`` (``T.RandomZoomOut(fill=(123, 117, 104))``)."""
     side = canvas or max_size
     if data_augmentation == "multiscale":
         sizes = (min_size,) if isinstance(min_size, int) else tuple(min_size)
         steps: list[T.Transform] = [T.RandomShortestSize(sizes, max_size)]
     elif data_augmentation == "hflip":
         steps = [T.Resize(min_size if isinstance(min_size, int) else 800, max_size=max_size)]
+    elif data_augmentation == "ssdlite":
+        steps = [T.RandomIoUCrop()]
     else:
-        raise gp.ConfigError(f"detection.train: data_augmentation must be 'multiscale' or 'hflip', "
-                             f"got {data_augmentation!r} (the SSD presets are not written yet)")  # fmt: skip
+        raise gp.ConfigError(
+            f"detection.train: data_augmentation must be 'multiscale', 'hflip' or 'ssdlite', got "
+            f"{data_augmentation!r} ('ssd' needs RandomPhotometricDistort: not written yet)"
+        )
     if hflip_prob > 0:
         steps.append(T.RandomHorizontalFlip(hflip_prob))
-    steps += [T.CenterCrop(side), T.ToDtype(torch.float32, scale=True)]
+    steps.append(T.Resize((size, size)) if data_augmentation == "ssdlite" else T.CenterCrop(side))
+    steps.append(T.ToDtype(torch.float32, scale=True))
     return gp.Pipeline(source_of(source), steps)
 
 

@@ -233,6 +233,10 @@ class TestDetectionRecipe:
         assert first.images.shape == (4, 3, 48, 48) and isinstance(first["boxes"], gp.fields.Padded)
         hflip = recipe(detection_shards, data_augmentation="hflip", min_size=32, max_size=48)
         assert [type(t) for t in hflip.transforms][:2] == [T.Resize, T.RandomHorizontalFlip]
+        ssdlite = recipe(detection_shards, data_augmentation="ssdlite", size=40)
+        assert isinstance(ssdlite.transforms[0], T.RandomIoUCrop)
+        out = check_target_parity(ssdlite.source, ssdlite.transforms, batch_size=4, backends=backends)
+        assert all(b.images.shape == (4, 3, 40, 40) for b in out["torch"])
         with pytest.raises(gp.ConfigError, match="data_augmentation must be"):
             recipe(detection_shards, data_augmentation="ssd")
 

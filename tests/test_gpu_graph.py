@@ -39,6 +39,8 @@ MATRIX: dict[str, list[list[T.Transform]]] = {
     ],
     "RandomResize": [[T.RandomResize(150, 300), T.CenterCrop(128)], [FLOAT, T.RandomResize(40, 80), T.CenterCrop(32)]],
     "RandomShortestSize": [[T.RandomShortestSize([100, 140], 200), T.CenterCrop(200)]],
+    "RandomZoomOut": [[T.RandomZoomOut(fill=(1, 2, 3), side_range=(1.0, 2.0), p=0.7), T.Resize((128, 128))]],
+    "RandomIoUCrop": [[T.RandomIoUCrop(), T.Resize((128, 128))]],  # (its windows need boxes: not in test_dali_host)
     "CenterCrop": [[T.CenterCrop(224)], [T.CenterCrop((301, 299)), FLOAT]],
     "RandomCrop": [
         [T.RandomCrop(32)],  # with its per-sample too-small check
@@ -167,7 +169,8 @@ def test_gpu_graph(steps, channels_last):
     assert decoder.args["adjust_orientation"] is False  # as torchvision's decoders (the torch backend)
     if type(steps[0]) is T.RandomResizedCrop:
         assert decoder.schema == "decoders__ImageSlice"  # the fed window, decoded alone
-    assert graph.lowered.draws == {(0, i) for i, t in enumerate(steps) if t.random}  # no DALI random operator
+    # no DALI random operator (a window the boxes choose is drawn where they are moved, not for the graph)
+    assert graph.lowered.draws == {(0, i) for i, t in enumerate(steps) if t.random and not t.uses_boxes}
     assert not [op.schema for op in ops if op.schema.startswith("random__")]
 
 

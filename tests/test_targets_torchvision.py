@@ -94,6 +94,16 @@ def _torchvision(t: T.Transform, p: Any) -> list[v2.Transform]:
     if isinstance(t, T.RandomRotation):
         made = v2.RandomRotation(t.degrees, interpolation=mode, expand=t.expand, center=t.center, fill=_fill(t.fill))
         return [_fixed(made, {"angle": p.angle})]
+    if isinstance(t, T.RandomZoomOut):
+        made = v2.RandomZoomOut(fill=_fill(t.fill), side_range=t.side_range, p=1.0)
+        return [_fixed(made, {"padding": list(p.padding)})] if any(p.padding) else []
+    if isinstance(t, T.RandomIoUCrop):
+        if p is None:
+            return []
+        made = v2.RandomIoUCrop(t.min_scale, t.max_scale, t.min_aspect_ratio, t.max_aspect_ratio, t.sampler_options,
+                                t.trials)  # fmt: skip
+        return [_fixed(made, dict(top=p.top, left=p.left, height=p.height, width=p.width,
+                                  is_within_crop_area=torch.tensor(p.within)))]  # fmt: skip
     if isinstance(t, T.RandomAffine):
         made = v2.RandomAffine(t.degrees, interpolation=mode, fill=_fill(t.fill), center=t.center)
         return [_fixed(made, p._asdict())]
@@ -110,7 +120,13 @@ def _reference(steps: list[T.Transform], i: int, *, seed: int, epoch: int) -> di
               "labels": torch.arange(3) + 10 * i}  # fmt: skip
     for t, f in zip(steps, sample_factors(steps, seed, epoch, i), strict=True):
         height, width = sample["image"].shape[-2:]
-        params = t.make_params(height, width, f) if f is not None else None
+        if f is None:
+            params = None
+        elif t.uses_boxes:
+            params = t.make_params(height, width, f, boxes=sample["boxes"].as_subclass(torch.Tensor).numpy())  # type: ignore[call-arg]
+            sample["windowed"] = params is not None
+        else:
+            params = t.make_params(height, width, f)
         for made in _torchvision(t, params):
             sample = made(sample)
     sample = v2.ClampBoundingBoxes()(sample)
@@ -124,22 +140,25 @@ PIPELINES: dict[str, list[T.Transform]] = {
     "rotation": [T.RandomRotation(30, fill=7), T.CenterCrop(48)],
     "affine": [T.RandomAffine(15, translate=(0.1, 0.2), scale=(0.8, 1.2), shear=(-8, 8, -4, 4)), T.Resize((40, 48))],
     "maybe rotated, padded crop": [T.RandomApply([T.RandomRotation(15)], p=0.5), T.RandomCrop((50, 70), padding=3)],
+    "ssd": [T.RandomZoomOut(fill=(123, 117, 104), side_range=(1.0, 2.0)), T.RandomIoUCrop(), T.RandomHorizontalFlip(),
+            T.Resize((48, 48))],
     "letterboxed": [T.RandomHorizontalFlip(), T.Resize(30, max_size=48), T.CenterCrop(48)],  # padded around
 }  # fmt: skip
 
 
 class TestAgainstTorchvisionV2:
-    @pytest.mark.parametrize("backend", ["torch", "dali"])
+    @pytest.mark.parametrize("backend", ["torch", "dali", pytest.param("dali-cuda", marks=pytest.mark.gpu)])
     @pytest.mark.parametrize("name", list(PIPELINES))
     def test_masks_and_boxes_as_torchvision_moves_them(self, shards, name, backend):
-        if backend == "dali":
+        if backend.startswith("dali"):
             pytest.importorskip("nvidia.dali")
         steps = PIPELINES[name]
-        with gp.Loader(gp.Pipeline(_source(shards), steps), 4, shuffle=False, seed=11, num_workers=0, backend=backend,
-                       device="cpu") as loader:  # fmt: skip
+        device = "cuda" if backend == "dali-cuda" else "cpu"
+        with gp.Loader(gp.Pipeline(_source(shards), steps), 4, shuffle=False, seed=11, num_workers=0,
+                       backend=backend.partition("-")[0], device=device) as loader:  # fmt: skip
             loader.set_epoch(2)
-            batches = list(loader)
-        dropped = 0
+            batches = [batch.to("cpu") for batch in loader]
+        dropped, windowed = 0, 0
         for batch in batches:
             for j, key in enumerate(batch.keys):
                 want = _reference(steps, int(key[1:]), seed=11, epoch=2)
@@ -153,5 +172,8 @@ class TestAgainstTorchvisionV2:
                 assert torch.allclose(got, want["boxes"].as_subclass(torch.Tensor), rtol=0, atol=1e-4 * canvas), key
                 assert batch["labels"][j].tolist() == want["labels"].tolist()
                 dropped += 3 - count
+                windowed += int(want.get("windowed", False))
         if name in ("segmentation preset", "resized crop and flips"):
             assert dropped > 0  # some boxes left the crop: sanitized alike
+        if name == "ssd":
+            assert windowed > 0  # cropped by their boxes' IoU (1 in 7 draws no crop: class tests)

@@ -28,7 +28,7 @@ from ._batchwise import apply_batch
 from ._fields import batch_fields, empty_values, field_values
 from ._slots import Arena, Slots
 from ._targets import has_targets, move_targets
-from ._torch._kernels import apply_pipeline, sample_factors
+from ._torch._kernels import apply_params, apply_pipeline, sample_factors
 
 __all__ = ["Item", "Sample", "Failure", "Samples", "Collate", "BatchItems", "batch_items", "culprits"]
 
@@ -148,8 +148,11 @@ class Samples(Dataset["Sample | Failure"]):
             if has_targets(self.index.fields):  # one view (the pipeline checked): they follow the image
                 assert values is not None
                 size = (int(image.shape[-2]), int(image.shape[-1]))
-                move_targets(self.index.fields, values, self.views[0], drawn[0], size, shard=raw.shard, key=raw.key)
-                outputs: tuple[torch.Tensor, ...] = (apply_pipeline(self.views[0], image, drawn[0]),)
+                params = move_targets(self.index.fields, values, self.views[0], drawn[0], size, shard=raw.shard,
+                                      key=raw.key)  # fmt: skip
+                steps = self.views[0]  # (with the targets' parameters: a step's may depend on the boxes)
+                out = apply_pipeline(steps, image, drawn[0]) if params is None else apply_params(steps, image, params)
+                outputs: tuple[torch.Tensor, ...] = (out,)
             elif self.per_source:  # one output: the sample's source's list (a gp.Mix's per_source)
                 source = int(self.index.source_of(np.array([sample]))[0])  # type: ignore[attr-defined]
                 outputs = (apply_pipeline(self.views[source], image, drawn[source]),)

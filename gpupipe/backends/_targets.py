@@ -29,12 +29,13 @@ def has_targets(fields: Mapping[str, Field] | None) -> bool:
 
 def move_targets(fields: Mapping[str, Field], values: dict[str, Any], transforms: Sequence[Transform],
                  factors: Sequence[np.ndarray | None], size: tuple[int, int], *, shard: str,
-                 key: str) -> None:  # fmt: skip
+                 key: str) -> list[Any] | None:  # fmt: skip
     """Moves the masks and boxes among a sample's decoded ``values`` (in place, as NumPy arrays)
     through ``transforms`` with the sample's ``factors`` (one per step, ``None`` for a
     deterministic one), its image being ``size`` ``(height, width)`` before the first step; then
     drops the boxes narrower or lower than their field's ``min_size``, with the same rows of its
-    ``labels`` field. ``SampleError`` (naming the sample) for a mask of another size than the
+    ``labels`` field. Returns each step's parameters, for the image (``None``: no target to move:
+    draw them as usual). ``SampleError`` (naming the sample) for a mask of another size than the
     image, labels that do not match the boxes, or a step the image cannot take (as the image's)."""
     masks: dict[str, tuple[torch.Tensor, int]] = {}
     boxes: dict[str, tuple[torch.Tensor, str]] = {}
@@ -51,14 +52,15 @@ def move_targets(fields: Mapping[str, Field], values: dict[str, Any], transforms
         elif isinstance(field, Boxes):
             boxes[name] = (torch.from_numpy(np.array(values[name], np.float32)), BoxFormat(field.format).value)
     if not masks and not boxes:
-        return
+        return None
     try:
-        moved = follow_targets(transforms, factors, size, masks, boxes)
+        moved, params = follow_targets(transforms, factors, size, masks, boxes)
     except ValueError as e:  # e.g. RandomCrop larger than this image
         raise SampleError.at(str(e), shard=shard, key=key, size=size) from e
     values.update((name, value.numpy()) for name, value in moved.items())  # batched as arrays are
     for name in boxes:
         _sanitize(fields, values, name, shard, key)
+    return params
 
 
 def _sanitize(fields: Mapping[str, Field], values: dict[str, Any], name: str, shard: str, key: str) -> None:

@@ -8,12 +8,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..core._errors import ConfigError, PipelineError
-from ..core._targets import TARGETS
+from ..core._targets import TARGETS, Boxes
 from ..core._tracebacks import raised
 from ..sources import Source, WebDataset
 from ..sources._listing import directory_hint
 from ..transforms import BatchTransform, ImageSpec, Transform
-from ..transforms._masks import mask_refusal
+from ..transforms._masks import boxes_refusal, mask_refusal
 
 __all__ = ["Pipeline", "load_pipeline", "require_runnable"]
 
@@ -117,6 +117,12 @@ class Pipeline:
         self.batch_transform = _batch_transform(batch_transform, self)
         if self.targets:
             self._require_targets_follow()
+        extra = getattr(self.source, "extra_fields", None)
+        has_boxes = any(isinstance(f, Boxes) for f in (extra() if extra is not None else {}).values())
+        for steps in self.views:
+            refused = boxes_refusal(steps, has_boxes)
+            if refused is not None:
+                raise ConfigError(f"Pipeline: {refused}")
 
     def _require_targets_follow(self) -> None:
         """Masks and boxes (``gp.fields.Mask``, ``Boxes``) follow one image through its transforms

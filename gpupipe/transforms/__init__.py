@@ -18,6 +18,7 @@ from ._base import ImageSpec, InterpolationMode, Transform
 from ._batch import BatchMode, BatchTransform, CutMix, MixUp, RandomChoice
 from ._color import ColorJitter, GaussianBlur, Normalize, RandomGrayscale, RandomSolarize, ToDtype
 from ._custom import Arithmetic, ArrayFunction
+from ._detection import RandomIoUCrop, RandomZoomOut
 from ._erasing import RandomErasing
 from ._policies import AugMix, AutoAugment, AutoAugmentPolicy, RandAugment, TrivialAugmentWide
 from ._spatial import (
@@ -41,6 +42,8 @@ __all__ = [
     "Resize",
     "RandomResize",
     "RandomShortestSize",
+    "RandomZoomOut",
+    "RandomIoUCrop",
     "CenterCrop",
     "RandomCrop",
     "RandomHorizontalFlip",

@@ -79,6 +79,7 @@ class Transform:
 
     random: ClassVar[bool] = False
     draws: ClassVar[int] = 0
+    uses_boxes: ClassVar[bool] = False  # make_params takes the sample's boxes too (RandomIoUCrop)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

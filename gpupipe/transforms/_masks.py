@@ -12,6 +12,7 @@ from ._affine import RandomAffine, RandomRotation
 from ._apply import RandomApply, RandomChoice
 from ._base import Transform
 from ._custom import ArrayFunction
+from ._detection import RandomIoUCrop, RandomZoomOut
 from ._policies import AugMix, AutoAugment, RandAugment, TrivialAugmentWide
 from ._spatial import (
     CenterCrop,
@@ -25,12 +26,12 @@ from ._spatial import (
 )
 from ._timm import TimmRandAugment
 
-__all__ = ["MASK_GEOMETRY", "mask_refusal"]
+__all__ = ["MASK_GEOMETRY", "mask_refusal", "boxes_refusal"]
 
 # the transforms whose kernels move a mask with the image (each backend lowers them for masks)
 MASK_GEOMETRY: tuple[type[Transform], ...] = (
     RandomResizedCrop, Resize, RandomResize, RandomShortestSize, CenterCrop, RandomCrop, RandomHorizontalFlip,
-    RandomVerticalFlip, RandomRotation, RandomAffine,
+    RandomVerticalFlip, RandomRotation, RandomAffine, RandomZoomOut, RandomIoUCrop,
 )  # fmt: skip
 
 _POLICY = "chooses its operations per sample, some of them geometric (torchvision's refuses masks too)"
@@ -38,6 +39,22 @@ _REFUSED: dict[type[Transform], str] = {
     **dict.fromkeys((TrivialAugmentWide, RandAugment, AutoAugment, TimmRandAugment, AugMix), _POLICY),
     ArrayFunction: "is a function of the image whose geometry gpupipe cannot follow",
 }
+
+
+def boxes_refusal(transforms: Sequence[Transform], boxes: bool) -> str | None:
+    """Why the steps whose parameters depend on the boxes (``RandomIoUCrop``) cannot run in
+    ``transforms`` (``boxes``: whether the source has a ``gp.fields.Boxes`` field), or ``None``."""
+    for i, t in enumerate(transforms):
+        if t.uses_boxes and not boxes:
+            return f"step {i} ({type(t).__name__}) chooses its window by the sample's boxes: give a Boxes field"
+        if isinstance(t, (RandomApply, RandomChoice)) and any(_uses_boxes(inner) for inner in t.transforms):
+            return f"step {i} ({type(t).__name__}): a step that chooses its window by the boxes runs at the top level"
+    return None
+
+
+def _uses_boxes(t: Transform) -> bool:
+    inner = t.transforms if isinstance(t, (RandomApply, RandomChoice)) else ()
+    return t.uses_boxes or any(_uses_boxes(x) for x in inner)
 
 
 def mask_refusal(transforms: Sequence[Transform]) -> str | None:

@@ -34,6 +34,7 @@ __all__ = [
     "evaluate",
     "failures",
     "image_sizes",
+    "box_window",
     "step_factors",
 ]
 
@@ -170,6 +171,14 @@ class HostEnv:
     factors: Callable[[int, int], np.ndarray]
     memo: dict[int, Any] = dataclasses.field(default_factory=dict)
     sources: np.ndarray | None = None
+    windows: dict[int, np.ndarray] = dataclasses.field(default_factory=dict)  # box-chosen crops, by step
+
+    def window(self, step: int) -> np.ndarray:
+        """The crop window of ``step`` (a ``RandomIoUCrop``: chosen by the boxes where they were
+        moved, ``_input``), int64 ``[B, 4]`` ``(top, left, height, width)``; -1 where there is none."""
+        if step not in self.windows:
+            raise ValueError(f"step {step}'s windows depend on the boxes: the batch was fed without them")
+        return self.windows[step]
 
     def value(self, x: Any) -> Any:
         return x.evaluate(self) if isinstance(x, HostValue) else x
@@ -218,6 +227,22 @@ class _Source(HostValue):
 
 
 SOURCE = _Source()  # each sample's source number in a gp.Mix (int64 [B])
+
+
+class _Window(HostValue):
+    __slots__ = ("step",)
+
+    def __init__(self, step: int) -> None:
+        super().__init__(lambda: None, name=f"window{step}")
+        self.step = step
+
+    def evaluate(self, env: HostEnv) -> Any:
+        return env.window(self.step)
+
+
+def box_window(step: int) -> HostValue:
+    """Step ``step``'s crop window as the boxes chose it (:meth:`HostEnv.window`)."""
+    return _Window(step)
 
 
 def image_sizes() -> tuple[HostValue, HostValue]:

@@ -111,6 +111,7 @@ class FeedBatch(NamedTuple):
     token: object  # the batch's identity for use counting: a retried copy (decode failure, skip) shares it
     decoded: frozenset[int] = frozenset()  # positions fed gpupipe's decoding (a PPM) instead of the file
     fields: dict[str, Any] | None = None  # the source's other fields, batched (backends._fields), by name
+    windows: dict[int, np.ndarray] | None = None  # box-chosen crop windows by step (HostEnv.window)
 
     @staticmethod
     def release(maps: Iterable[MappedFile], buffer: np.ndarray | None, buffers: Buffers, event: Any = None) -> None:
@@ -289,21 +290,24 @@ class BatchReader:
             keys, drawn = list(where.keys), self.plan.drawn(b)
             values = self._fields(samples, keys, shards, bad) if index.fields else None
             sizes, decoded = self.headers.sizes(where, samples, views, shards, bad)
-            env = self.env(drawn, sizes)
+            windows = self._windows(len(samples))
+            env = self.env(drawn, sizes, windows)
             if self.lowered.host_checks:
                 for i, message in failures(self.lowered.host_checks, env, len(samples)).items():
                     if i not in bad:
                         size = (int(sizes[i, 0]), int(sizes[i, 1]))
                         self._bad(bad, i, SampleError.at(message, shard=shards[i], key=keys[i], size=size))
             if values is not None and self.targets:
-                self._move_targets(values, drawn, sizes, keys, shards, bad)
+                self._move_targets(values, drawn, sizes, keys, shards, bad, windows)
             if bad and not self.skip:
                 raise self._first_error(bad, views, keys, shards)
             if bad:
                 labels, drawn = self.substitute(bad, drawn, views, labels, keys, shards, sizes)
-                env = self.env(drawn, sizes)
+                good = donor(len(views), bad)
+                for rows in windows.values():  # the donor's box-chosen windows (none for a spare)
+                    fill(bad, (rows,), (rows[good] if good is not None else -1,))
+                env = self.env(drawn, sizes, windows)
                 if values is not None:  # the donor's fields, as its image and label
-                    good = donor(len(views), bad)
                     fill(bad, (values,), (values[good] if good is not None else empty_values(index.fields),))
             from nvidia.dali.tensors import TensorCPU  # wrapped here, off the training thread; no copy
 
@@ -315,7 +319,7 @@ class BatchReader:
         skipped = tuple(sorted(bad.items()))
         fields = batch_fields(index.fields, values) if values is not None else None
         return FeedBatch(b, samples, keys, shards, labels, encoded, buffer, tuple(maps), fed, views, sizes, skipped,
-                         object(), decoded, fields)  # fmt: skip
+                         object(), decoded, fields, windows)  # fmt: skip
 
     def _fields(self, samples: np.ndarray, keys: list[str], shards: list[str],
                 bad: dict[int, DataError]) -> list[dict[str, Any] | None]:  # fmt: skip
@@ -331,11 +335,19 @@ class BatchReader:
                 out.append(None)
         return out
 
+    def _windows(self, batch: int) -> dict[int, np.ndarray]:
+        """Each step whose window the boxes choose (``RandomIoUCrop``): int64 ``[B, 4]``, -1 until
+        :meth:`_move_targets` fills them."""
+        steps = self.views[0] if self.views else ()
+        return {s: np.full((batch, 4), -1, np.int64) for s, t in enumerate(steps) if t.uses_boxes}
+
     def _move_targets(self, values: list[dict[str, Any] | None], drawn: np.ndarray, sizes: np.ndarray,
-                      keys: list[str], shards: list[str], bad: dict[int, DataError]) -> None:  # fmt: skip
+                      keys: list[str], shards: list[str], bad: dict[int, DataError],
+                      windows: dict[int, np.ndarray]) -> None:  # fmt: skip
         """Moves each good sample's masks and boxes with its image here, on the host, from the
         image's size and the sample's factors (``backends._targets``: what the torch backend does in
-        its workers, so they come out the same); a sample they fail for is recorded in ``bad``."""
+        its workers, so they come out the same), and writes the crop ``windows`` the boxes chose
+        (``(top, left, height, width)``); a sample they fail for is recorded in ``bad``."""
         steps = self.views[0]
         drawn_factors = draw_factors(steps, self.plan.seed, self.plan.epoch, np.asarray(drawn, np.int64), 0)
         for i, sample_values in enumerate(values):
@@ -344,9 +356,14 @@ class BatchReader:
             row = [None if f is None else f[i] for f in drawn_factors]
             size = (int(sizes[i, 0]), int(sizes[i, 1]))
             try:
-                move_targets(self.index.fields, sample_values, steps, row, size, shard=shards[i], key=keys[i])
+                params = move_targets(self.index.fields, sample_values, steps, row, size, shard=shards[i], key=keys[i])
             except DataError as e:
                 self._bad(bad, i, e)
+                continue
+            for step, rows in windows.items():
+                p = params[step] if params is not None else None
+                if p is not None:
+                    rows[i] = (p.top, p.left, p.height, p.width)
 
     def substitute(self, bad: dict[int, Any], draws: np.ndarray, views: list[Any], labels: np.ndarray | None,
                    keys: list[str], shards: list[str],
@@ -368,7 +385,7 @@ class BatchReader:
         fill(bad, (views, keys, shards, drawn, labels, sizes), (view, key, shard, number, label, size))
         return labels, drawn
 
-    def env(self, samples: np.ndarray, sizes: np.ndarray) -> HostEnv:
+    def env(self, samples: np.ndarray, sizes: np.ndarray, windows: dict[int, np.ndarray] | None = None) -> HostEnv:
         """What the graph's host values see of a batch of ``samples``: their sizes and their
         random factors (drawn on first use, once per step)."""
         seed, epoch, drawn = self.plan.seed, self.plan.epoch, dict[tuple[int, int], np.ndarray]()
@@ -382,11 +399,13 @@ class BatchReader:
         sources = None
         if self.by_source:  # (a draw number is a sample number, plus len(index) per copy)
             sources = self.index.source_of(np.asarray(samples, np.int64) % len(self.index))  # type: ignore[attr-defined]
-        return HostEnv(sizes, factors, sources=sources)
+        return HostEnv(sizes, factors, sources=sources, windows=windows or {})
 
-    def feeds(self, samples: np.ndarray, sizes: np.ndarray) -> dict[str, np.ndarray]:
-        """Every input the graph takes besides the encoded images, for a batch of ``samples``."""
-        return evaluate(self.lowered.feeds, self.env(samples, sizes), len(samples))
+    def feeds(self, samples: np.ndarray, sizes: np.ndarray,
+              windows: dict[int, np.ndarray] | None = None) -> dict[str, np.ndarray]:  # fmt: skip
+        """Every input the graph takes besides the encoded images, for a batch of ``samples``
+        (``windows``: the box-chosen crop windows, :meth:`_windows`)."""
+        return evaluate(self.lowered.feeds, self.env(samples, sizes, windows), len(samples))
 
     def spare(self) -> tuple[np.ndarray, int, str, str, int, tuple[int, int]]:
         """A good sample of the epoch (its pixels as a PPM, label, key, shard, draw number, size),

@@ -32,8 +32,9 @@ from ...core._geometry import (
     rotation_matrices,
     shortest_size,
 )
+from ...transforms._detection import zoom_out_padding
 from ._context import LOWERINGS, Ctx, dali_type, scaled_to_uint8, to_float
-from ._host import HostValue
+from ._host import HostValue, box_window
 
 __all__ = ["crop_window", "resize", "relative_position", "BUILTIN"]
 
@@ -176,6 +177,36 @@ def _random_shortest_size(t: T.RandomShortestSize, img: Any, ctx: Ctx) -> Any:
     size = HostValue(sizes, h, w, ctx.host_random())
     ctx.resized = (size[0], size[1])
     return resize(ctx, img, size[0], size[1], t.interpolation, t.antialias)
+
+
+@LOWERINGS.register(T.RandomZoomOut)
+def _zoom_out(t: T.RandomZoomOut, img: Any, ctx: Ctx) -> Any:
+    """A padding ``slice`` onto each sample's canvas (``zoom_out_padding``, on the host)."""
+    h, w = _host_size(ctx, img, "RandomZoomOut")
+    pad = HostValue(zoom_out_padding, h, w, ctx.host_random())  # (left, top, right, bottom)
+    new_h, new_w = h + pad[1] + pad[3], w + pad[0] + pad[2]
+    ctx.resized = (new_h, new_w)
+    fill = list(t.fill) if isinstance(t.fill, tuple) else float(t.fill)
+    return ctx.fn.slice(img, start=ctx.arg_vector([-pad[1], -pad[0]], np.int32),
+                        shape=ctx.arg_vector([new_h, new_w], np.int32), axis_names="HW", out_of_bounds_policy="pad",
+                        fill_values=fill, device=ctx.device)  # fmt: skip
+
+
+@LOWERINGS.register(T.RandomIoUCrop)
+def _iou_crop(t: T.RandomIoUCrop, img: Any, ctx: Ctx) -> Any:
+    """A ``slice`` by the window the boxes chose on the host (``backends._targets``, in the
+    reader threads: :func:`box_window`); the whole image where none was."""
+    h, w = _host_size(ctx, img, "RandomIoUCrop")
+
+    def windows(found: np.ndarray, height: Any, width: Any) -> np.ndarray:
+        whole = np.stack(np.broadcast_arrays(0, 0, height, width, found[:, 0])[:4], axis=1)
+        return np.where(found[:, :1] < 0, whole, found)
+
+    window = HostValue(windows, box_window(ctx.step), h, w)
+    ctx.resized = (window[2], window[3])
+    return ctx.fn.slice(img, start=ctx.arg_vector([window[0], window[1]], np.int32),
+                        shape=ctx.arg_vector([window[2], window[3]], np.int32), axis_names="HW",
+                        device=ctx.device)  # fmt: skip
 
 
 def _slice(ctx: Ctx, img: Any, top: Any, left: Any, h: int, w: int, fill: Any = 0.0) -> Any:

@@ -358,13 +358,17 @@ class DaliRunner:
         bad.update(skipped)
         keys, shards, labels, drawn = list(batch.keys), list(batch.shards), batch.labels, reader.plan.drawn(batch.b)
         fields = batch.fields
+        windows = {step: rows.copy() for step, rows in (batch.windows or {}).items()}
         if bad:
             labels, drawn = reader.substitute(bad, drawn, views, batch.labels, keys, shards, sizes)
-            fields = refill(fields, sorted(bad), donor(len(views), bad), self._fields)
+            good = donor(len(views), bad)
+            fields = refill(fields, sorted(bad), good, self._fields)
+            for rows in windows.values():  # the donor's box-chosen windows
+                fill(bad, (rows,), (rows[good] if good is not None else -1,))
         encoded = [TensorCPU(view) for view in views]
         fixed = batch._replace(keys=keys, shards=shards, labels=labels, encoded=encoded, views=views, sizes=sizes,
-                               feeds=reader.feeds(drawn, sizes), skipped=tuple(sorted(bad.items())),
-                               decoded=batch.decoded | decoded, fields=fields)  # fmt: skip
+                               feeds=reader.feeds(drawn, sizes, windows), skipped=tuple(sorted(bad.items())),
+                               decoded=batch.decoded | decoded, fields=fields, windows=windows)  # fmt: skip
         graph.push(fixed)  # shares the batch's buffer and maps (same token): they stay
         self._release(graph, batch, None)
         return None

@@ -25,13 +25,14 @@ from ...transforms._affine import AffineParams, RotationParams
 from ...transforms._apply import RandomApplyParams, RandomChoiceParams
 from ...transforms._apply import RandomChoice as SampleChoice
 from ...transforms._color import BlurParams, ColorJitterParams, GrayscaleParams, SolarizeParams
+from ...transforms._detection import IoUCropParams, ZoomParams
 from ...transforms._erasing import ErasingParams
 from ...transforms._masks import MASK_GEOMETRY
 from ...transforms._spatial import CropParams, FlipParams, RandomCropParams, ResizeParams, SizeParams
 from ...transforms._tone import CoinParams
 from .._registry import Registry, inner_unsupported
 
-__all__ = ["LOWERINGS", "apply_pipeline", "follow_targets", "boxes_kept"]
+__all__ = ["LOWERINGS", "apply_pipeline", "apply_params", "follow_targets", "boxes_kept"]
 
 LOWERINGS = Registry("torch")
 
@@ -51,13 +52,21 @@ def apply_pipeline(
     return image
 
 
+def apply_params(transforms: Sequence[T.Transform], image: torch.Tensor, params: Sequence[Any]) -> torch.Tensor:
+    """Runs ``transforms`` on one ``[C, H, W]`` image with each step's parameters already made
+    (:func:`follow_targets`'s: where a step's depend on the boxes)."""
+    for t, p in zip(transforms, params, strict=True):
+        image = LOWERINGS.lookup(t)(t, image, p)
+    return image
+
+
 def follow_targets(
     transforms: Sequence[T.Transform],
     factors: Sequence[np.ndarray | None],
     size: tuple[int, int],
     masks: Mapping[str, tuple[torch.Tensor, int]],
     boxes: Mapping[str, tuple[torch.Tensor, str]] | None = None,
-) -> dict[str, torch.Tensor]:
+) -> tuple[dict[str, torch.Tensor], list[Any]]:
     """The targets of an image of ``size`` ``(height, width)`` moved as :func:`apply_pipeline` moves
     the image with the same ``factors``, without the image: ``masks`` (name: ``([H, W] mask,
     fill)``, of the image's size) and ``boxes`` (name: ``([K, 4] float32, format)``) go through
@@ -65,14 +74,26 @@ def follow_targets(
     same size, by torchvision's mask kernels (nearest, the mask's fill where the step brings pixels
     in) and box kernels (then clamped to the output image). The size after each step is the
     targets' own (a mask's shape, the boxes' canvas), so any backend that knows the image's size
-    moves them alike. Returns the targets by name (masks ``[H', W']``, boxes ``[K, 4]``: not yet
-    sanitized)."""
+    moves them alike. A step whose parameters depend on the boxes (``Transform.uses_boxes``) gets
+    the first boxes field's, as moved so far (XYXY). Returns the targets by name (masks
+    ``[H', W']``, boxes ``[K, 4]``: not yet sanitized) and each step's parameters (for the image:
+    :func:`apply_params`)."""
     moved: dict[str, Any] = {name: tv_tensors.Mask(mask[None]) for name, (mask, _) in masks.items()}
     for name, (value, fmt) in (boxes or {}).items():
         moved[name] = tv_tensors.BoundingBoxes(value, format=fmt, canvas_size=tuple(size))
+    first_boxes = next(iter(boxes or {}), None)
     height, width = size
+    made: list[Any] = []
     for t, f in zip(transforms, factors, strict=True):
-        params = t.make_params(height, width, f) if f is not None else None
+        if f is None:
+            params = None
+        elif t.uses_boxes:
+            xyxy = None if first_boxes is None else F.convert_bounding_box_format(
+                moved[first_boxes], new_format="XYXY").as_subclass(torch.Tensor).numpy()  # fmt: skip
+            params = t.make_params(height, width, f, boxes=xyxy)  # type: ignore[call-arg]
+        else:
+            params = t.make_params(height, width, f)
+        made.append(params)
         for name, (_, fill) in masks.items():
             moved[name] = _follow(t, moved[name], params, lambda g, m, p, fill=fill: _mask_geometry(g, m, p, fill))
         for name in boxes or {}:
@@ -83,7 +104,7 @@ def follow_targets(
     out = {name: moved[name].as_subclass(torch.Tensor)[0] for name in masks}
     for name in boxes or {}:
         out[name] = F.clamp_bounding_boxes(moved[name]).as_subclass(torch.Tensor)
-    return out
+    return out, made
 
 
 def boxes_kept(boxes: np.ndarray, fmt: str, min_size: float) -> np.ndarray:
@@ -173,6 +194,24 @@ def _random_resize(t: T.RandomResize, img: torch.Tensor, p: ResizeParams) -> tor
 @LOWERINGS.register(T.RandomShortestSize)
 def _random_shortest_size(t: T.RandomShortestSize, img: torch.Tensor, p: SizeParams) -> torch.Tensor:
     return F.resize(img, [p.height, p.width], interpolation=_interp(t.interpolation), antialias=t.antialias)
+
+
+@LOWERINGS.register(T.RandomZoomOut)
+def _zoom_out(t: T.RandomZoomOut, img: torch.Tensor, p: ZoomParams) -> torch.Tensor:
+    if not any(p.padding):
+        return img
+    fill = list(t.fill) if isinstance(t.fill, tuple) else t.fill
+    return F.pad(img, list(p.padding), fill=fill)
+
+
+@LOWERINGS.register(T.RandomIoUCrop)
+def _iou_crop(t: T.RandomIoUCrop, img: torch.Tensor, p: IoUCropParams | None) -> torch.Tensor:
+    if p is None:
+        return img
+    out = F.crop(img, p.top, p.left, p.height, p.width)
+    if isinstance(out, tv_tensors.BoundingBoxes):  # those whose centre left the window: zeroed, then dropped
+        out[~torch.tensor(p.within, dtype=torch.bool)] = 0
+    return out
 
 
 @LOWERINGS.register(T.CenterCrop)
