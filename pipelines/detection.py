@@ -48,11 +48,12 @@ def train(source, *, data_augmentation="multiscale", min_size=MULTISCALE, max_si
     - ``"hflip"``: the flip alone, at the model's single scale (the shorter side ``min_size``, an
       int, 800 where a sequence is given);
     - ``"ssdlite"``: ``RandomIoUCrop`` (by the boxes) and the flip, then the ``size`` square SSD's
-      own transform resizes to (320 for SSDlite, 300 for SSD300).
+      own transform resizes to (320 for SSDlite, 300 for SSD300);
+    - ``"ssd"``: ``RandomPhotometricDistort(p=1)``, ``RandomZoomOut`` onto the ImageNet mean (a
+      mask's own fill), then as ``"ssdlite"``.
 
     The first two are then padded into a ``canvas`` square (default ``max_size``); all are made
-    float in ``[0, 1]``. torchvision's ``"ssd"`` adds ``RandomPhotometricDistort``, which gpupipe
-    has not written yet, and a ``RandomZoomOut`` (``T.RandomZoomOut(fill=(123, 117, 104))``)."""
+    float in ``[0, 1]``."""
     side = canvas or max_size
     if data_augmentation == "multiscale":
         sizes = (min_size,) if isinstance(min_size, int) else tuple(min_size)
@@ -61,14 +62,16 @@ def train(source, *, data_augmentation="multiscale", min_size=MULTISCALE, max_si
         steps = [T.Resize(min_size if isinstance(min_size, int) else 800, max_size=max_size)]
     elif data_augmentation == "ssdlite":
         steps = [T.RandomIoUCrop()]
+    elif data_augmentation == "ssd":
+        steps = [T.RandomPhotometricDistort(p=1.0), T.RandomZoomOut(fill=(123.0, 117.0, 104.0)), T.RandomIoUCrop()]
     else:
         raise gp.ConfigError(
-            f"detection.train: data_augmentation must be 'multiscale', 'hflip' or 'ssdlite', got "
-            f"{data_augmentation!r} ('ssd' needs RandomPhotometricDistort: not written yet)"
+            f"detection.train: data_augmentation must be 'multiscale', 'hflip', 'ssd' or 'ssdlite', got "
+            f"{data_augmentation!r}"
         )
     if hflip_prob > 0:
         steps.append(T.RandomHorizontalFlip(hflip_prob))
-    steps.append(T.Resize((size, size)) if data_augmentation == "ssdlite" else T.CenterCrop(side))
+    steps.append(T.Resize((size, size)) if data_augmentation.startswith("ssd") else T.CenterCrop(side))
     steps.append(T.ToDtype(torch.float32, scale=True))
     return gp.Pipeline(source_of(source), steps)
 

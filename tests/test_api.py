@@ -24,7 +24,7 @@ def test_top_level_api():
 def test_transforms_api():
     assert sorted(T.__all__) == sorted([
         "Transform", "ImageSpec", "InterpolationMode", "RandomResizedCrop", "Resize", "RandomResize", "CenterCrop",
-        "RandomShortestSize", "RandomZoomOut", "RandomIoUCrop", "RandomCrop",
+        "RandomShortestSize", "RandomZoomOut", "RandomIoUCrop", "RandomPhotometricDistort", "RandomCrop",
         "RandomHorizontalFlip", "RandomVerticalFlip", "ColorJitter", "RandomGrayscale", "GaussianBlur",
         "RandomSolarize", "RandomApply", "ToDtype", "Normalize", "Arithmetic", "ArrayFunction", "BatchTransform",
         "BatchMode", "MixUp", "CutMix", "RandomChoice", "RandomErasing", "RandomInvert", "RandomPosterize",

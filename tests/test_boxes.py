@@ -235,10 +235,11 @@ class TestDetectionRecipe:
         assert [type(t) for t in hflip.transforms][:2] == [T.Resize, T.RandomHorizontalFlip]
         ssdlite = recipe(detection_shards, data_augmentation="ssdlite", size=40)
         assert isinstance(ssdlite.transforms[0], T.RandomIoUCrop)
-        out = check_target_parity(ssdlite.source, ssdlite.transforms, batch_size=4, backends=backends)
-        assert all(b.images.shape == (4, 3, 40, 40) for b in out["torch"])
+        for ssd in (ssdlite, recipe(detection_shards, data_augmentation="ssd", size=40)):
+            out = check_target_parity(ssd.source, ssd.transforms, batch_size=4, backends=backends)
+            assert all(b.images.shape == (4, 3, 40, 40) for b in out["torch"])
         with pytest.raises(gp.ConfigError, match="data_augmentation must be"):
-            recipe(detection_shards, data_augmentation="ssd")
+            recipe(detection_shards, data_augmentation="yolo")
 
 
 def _has_dali() -> bool:

@@ -39,6 +39,7 @@ MATRIX: dict[str, list[list[T.Transform]]] = {
     ],
     "RandomResize": [[T.RandomResize(150, 300), T.CenterCrop(128)], [FLOAT, T.RandomResize(40, 80), T.CenterCrop(32)]],
     "RandomShortestSize": [[T.RandomShortestSize([100, 140], 200), T.CenterCrop(200)]],
+    "RandomPhotometricDistort": [[T.RandomPhotometricDistort(), T.CenterCrop(64)]],
     "RandomZoomOut": [[T.RandomZoomOut(fill=(1, 2, 3), side_range=(1.0, 2.0), p=0.7), T.Resize((128, 128))]],
     "RandomIoUCrop": [[T.RandomIoUCrop(), T.Resize((128, 128))]],  # (its windows need boxes: not in test_dali_host)
     "CenterCrop": [[T.CenterCrop(224)], [T.CenterCrop((301, 299)), FLOAT]],

@@ -94,6 +94,11 @@ def _torchvision(t: T.Transform, p: Any) -> list[v2.Transform]:
     if isinstance(t, T.RandomRotation):
         made = v2.RandomRotation(t.degrees, interpolation=mode, expand=t.expand, center=t.center, fill=_fill(t.fill))
         return [_fixed(made, {"angle": p.angle})]
+    if isinstance(t, T.RandomPhotometricDistort):
+        params = {f"{k}_factor": getattr(p, k) for k in ("brightness", "contrast", "saturation", "hue")}
+        params["contrast_before"] = p.contrast_before
+        params["channel_permutation"] = None if p.permutation is None else torch.tensor(p.permutation)
+        return [_fixed(v2.RandomPhotometricDistort(p=t.p), params)]
     if isinstance(t, T.RandomZoomOut):
         made = v2.RandomZoomOut(fill=_fill(t.fill), side_range=t.side_range, p=1.0)
         return [_fixed(made, {"padding": list(p.padding)})] if any(p.padding) else []
@@ -140,7 +145,8 @@ PIPELINES: dict[str, list[T.Transform]] = {
     "rotation": [T.RandomRotation(30, fill=7), T.CenterCrop(48)],
     "affine": [T.RandomAffine(15, translate=(0.1, 0.2), scale=(0.8, 1.2), shear=(-8, 8, -4, 4)), T.Resize((40, 48))],
     "maybe rotated, padded crop": [T.RandomApply([T.RandomRotation(15)], p=0.5), T.RandomCrop((50, 70), padding=3)],
-    "ssd": [T.RandomZoomOut(fill=(123, 117, 104), side_range=(1.0, 2.0)), T.RandomIoUCrop(), T.RandomHorizontalFlip(),
+    "ssd": [T.RandomPhotometricDistort(p=1.0), T.RandomZoomOut(fill=(123, 117, 104), side_range=(1.0, 2.0)),
+            T.RandomIoUCrop(), T.RandomHorizontalFlip(),
             T.Resize((48, 48))],
     "letterboxed": [T.RandomHorizontalFlip(), T.Resize(30, max_size=48), T.CenterCrop(48)],  # padded around
 }  # fmt: skip

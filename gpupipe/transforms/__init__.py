@@ -18,7 +18,7 @@ from ._base import ImageSpec, InterpolationMode, Transform
 from ._batch import BatchMode, BatchTransform, CutMix, MixUp, RandomChoice
 from ._color import ColorJitter, GaussianBlur, Normalize, RandomGrayscale, RandomSolarize, ToDtype
 from ._custom import Arithmetic, ArrayFunction
-from ._detection import RandomIoUCrop, RandomZoomOut
+from ._detection import RandomIoUCrop, RandomPhotometricDistort, RandomZoomOut
 from ._erasing import RandomErasing
 from ._policies import AugMix, AutoAugment, AutoAugmentPolicy, RandAugment, TrivialAugmentWide
 from ._spatial import (
@@ -44,6 +44,7 @@ __all__ = [
     "RandomShortestSize",
     "RandomZoomOut",
     "RandomIoUCrop",
+    "RandomPhotometricDistort",
     "CenterCrop",
     "RandomCrop",
     "RandomHorizontalFlip",

@@ -1,5 +1,5 @@
-"""The detection transforms of SSD's recipe, the definitions: RandomZoomOut and RandomIoUCrop
-(torchvision v2's names, arguments and defaults).
+"""The detection transforms of SSD's recipe, the definitions: RandomPhotometricDistort,
+RandomZoomOut and RandomIoUCrop (torchvision v2's names, arguments and defaults).
 
 ``RandomIoUCrop``'s window depends on the sample's boxes as well as its size and draws: it is the
 one transform whose :meth:`~RandomIoUCrop.make_params` takes ``boxes``, and a pipeline has it only
@@ -18,9 +18,80 @@ import numpy as np
 from ..core._errors import ConfigError
 from ..core._validate import valid_probability, valid_range
 from ._affine import valid_fill
-from ._base import ImageSpec, Transform
+from ._base import ImageSpec, Transform, require_channels
+from ._color import _jitter_range
 
-__all__ = ["RandomZoomOut", "RandomIoUCrop", "ZoomParams", "IoUCropParams", "box_iou"]
+__all__ = ["RandomPhotometricDistort", "RandomZoomOut", "RandomIoUCrop", "PhotometricParams", "ZoomParams",
+           "IoUCropParams", "box_iou"]  # fmt: skip
+
+
+class PhotometricParams(NamedTuple):
+    """A factor is ``None`` where that adjustment is off; ``permutation`` of the channels, or ``None``."""
+
+    brightness: float | None
+    contrast: float | None
+    saturation: float | None
+    hue: float | None
+    contrast_before: bool
+    permutation: tuple[int, ...] | None
+
+
+@dataclasses.dataclass(frozen=True)
+class RandomPhotometricDistort(Transform):
+    """SSD's photometric distortion (torchvision v2's ``RandomPhotometricDistort``): each of
+    brightness, contrast, saturation and hue with probability ``p`` and a factor uniform in its
+    range, contrast before or after saturation and hue (a coin), then with probability ``p`` a
+    uniform permutation of the channels; torchvision's kernels, in its order.
+
+    Args:
+        brightness, contrast, saturation: factor ranges ``(min, max)`` (or ``b``: ``1 ± b``).
+            Defaults ``(0.875, 1.125)``, ``(0.5, 1.5)``, ``(0.5, 1.5)``.
+        hue: the shift's range within ``[-0.5, 0.5]``. Default ``(-0.05, 0.05)``.
+        p: each adjustment's and the permutation's probability. Default 0.5.
+
+    Shapes unchanged; 1 or 3 channels (saturation, hue and the permutation leave one channel as
+    it is). On DALI: the four adjustments as ``ColorJitter``'s kernels with identity factors
+    where off (hue selected per sample), the permutation a per-sample ``coord_transform``.
+    """
+
+    brightness: Any = (0.875, 1.125)
+    contrast: Any = (0.5, 1.5)
+    saturation: Any = (0.5, 1.5)
+    hue: Any = (-0.05, 0.05)
+    p: float = 0.5
+
+    random = True
+    draws = 13  # 4 coins and 4 factors, the contrast's place, the permutation's coin and 3 uniforms
+
+    def __post_init__(self) -> None:
+        name = type(self).__name__
+        for field in ("brightness", "contrast", "saturation"):
+            self._set(field, _jitter_range(name, getattr(self, field), field, center=1.0, bound=(0.0, float("inf")),
+                                           clip_first_on_zero=True))  # fmt: skip
+        self._set("hue", _jitter_range(name, self.hue, "hue", center=0.0, bound=(-0.5, 0.5), clip_first_on_zero=False))
+        self._set("p", valid_probability(name, self.p))
+
+    def output_spec(self, spec: ImageSpec) -> ImageSpec:
+        require_channels(self, spec)
+        return spec
+
+    def sample(self, u: np.ndarray) -> np.ndarray:
+        """``[..., 12]``: the four factors (NaN where off: brightness, contrast, saturation, hue),
+        the contrast's place (1.0: before), the permutation's coin, then the permutation."""
+        drawn = []
+        for i, r in enumerate((self.brightness, self.contrast, self.saturation, self.hue)):
+            on = u[..., i] < self.p
+            value = np.nan if r is None else r[0] + (r[1] - r[0]) * u[..., 4 + i]
+            drawn.append(np.where(on, value, np.nan))
+        before = (u[..., 8] < 0.5).astype(np.float64)
+        permute = (u[..., 9] < self.p).astype(np.float64)
+        order = np.argsort(u[..., 10:13], axis=-1, kind="stable").astype(np.float64)
+        return np.concatenate([np.stack([*drawn, before, permute], axis=-1), order], axis=-1)
+
+    def make_params(self, height: int, width: int, factors: np.ndarray) -> PhotometricParams:
+        b, c, s, h = (None if np.isnan(f) else float(f) for f in factors[:4])
+        permutation = tuple(int(o) for o in factors[6:9]) if factors[5] else None
+        return PhotometricParams(b, c, s, h, contrast_before=bool(factors[4]), permutation=permutation)
 
 
 class ZoomParams(NamedTuple):

@@ -30,6 +30,7 @@ from ... import transforms as T
 from ...transforms._apply import RandomChoice as SampleChoice
 from .._registry import inner_unsupported
 from ._context import LOWERINGS, Ctx, dali_type, scaled_to_uint8, to_float, where
+from ._host import HostValue
 
 __all__: list[str] = []
 
@@ -317,3 +318,44 @@ def _random_choice(t: SampleChoice, img: Any, ctx: Ctx) -> Any:
             out = LOWERINGS.lookup(inner)(inner, inside, ctx)
         img = fn._conditional.merge(out, outside, predicate=predicate)  # (one dtype: output_spec)
     return img
+
+
+# ------------------------------------------------------ RandomPhotometricDistort --
+
+
+@LOWERINGS.register(T.RandomPhotometricDistort)
+def _photometric(t: T.RandomPhotometricDistort, img: Any, ctx: Ctx) -> Any:
+    """torchvision's order with ``ColorJitter``'s kernels: brightness, contrast (where drawn
+    before), saturation, hue, contrast (where drawn after), each with an identity factor where the
+    sample's coin said no (a blend of ratio 1 is the image, exactly; hue is selected per sample,
+    its round trip not being one), then the channels permuted by a per-sample 0/1 matrix
+    (``coord_transform``, exact)."""
+    fn, f = ctx.fn, ctx.host_random()
+
+    def factor(column: int, identity: float, unless: Any = None) -> Any:
+        def value(a: np.ndarray) -> np.ndarray:
+            off = np.isnan(a[:, column]) if unless is None else np.isnan(a[:, column]) | unless(a)
+            return np.where(off, identity, a[:, column])
+
+        return ctx.arg(HostValue(value, f), np.float32)
+
+    x = to_float(ctx, img)
+    x = _blend(ctx, x, None, factor(0, 1.0))
+    x = _blend(ctx, x, fn.reductions.mean(_luma(ctx, x)), factor(1, 1.0, lambda a: a[:, 4] == 0))
+    if ctx.channels == 3:
+        gray = fn.expand_dims(_luma(ctx, x), axes=[2], new_axis_names="C")
+        x = _blend(ctx, x, gray, factor(2, 1.0))
+        hued = ctx.arg(HostValue(lambda a: (~np.isnan(a[:, 3])).astype(np.float32), f), np.float32)
+        x = where(hued, _hue(ctx, x, factor(3, 0.0)), x)
+    x = _blend(ctx, x, fn.reductions.mean(_luma(ctx, x)), factor(1, 1.0, lambda a: a[:, 4] != 0))
+    out = fn.cast(x, device=ctx.device, dtype=dali_type(ctx, ctx.dtype))
+    if ctx.channels != 3:
+        return out
+
+    def matrices(a: np.ndarray) -> np.ndarray:
+        order = np.where(a[:, 5:6] != 0, a[:, 6:9], np.arange(3.0)).astype(np.int64)  # identity where off
+        return np.eye(3, dtype=np.float32)[order].reshape(len(a), 9)  # row c picks channel order[c]
+
+    m = fn.reshape(ctx.arg_vector([HostValue(lambda a, k=k: matrices(a)[:, k], f) for k in range(9)], np.float32),
+                   shape=[3, 3])  # fmt: skip
+    return fn.coord_transform(out, M=m, dtype=dali_type(ctx, ctx.dtype), device=ctx.device)

@@ -76,6 +76,7 @@ _KEEPS_SIZE = (
     T.RandomAdjustSharpness,
     T.RandomAffine,
     T.RandomEqualize,
+    T.RandomPhotometricDistort,
 )  # (RandomRotation keeps it too, with expand=False: see _size_after)
 
 

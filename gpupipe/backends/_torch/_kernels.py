@@ -25,7 +25,7 @@ from ...transforms._affine import AffineParams, RotationParams
 from ...transforms._apply import RandomApplyParams, RandomChoiceParams
 from ...transforms._apply import RandomChoice as SampleChoice
 from ...transforms._color import BlurParams, ColorJitterParams, GrayscaleParams, SolarizeParams
-from ...transforms._detection import IoUCropParams, ZoomParams
+from ...transforms._detection import IoUCropParams, PhotometricParams, ZoomParams
 from ...transforms._erasing import ErasingParams
 from ...transforms._masks import MASK_GEOMETRY
 from ...transforms._spatial import CropParams, FlipParams, RandomCropParams, ResizeParams, SizeParams
@@ -194,6 +194,23 @@ def _random_resize(t: T.RandomResize, img: torch.Tensor, p: ResizeParams) -> tor
 @LOWERINGS.register(T.RandomShortestSize)
 def _random_shortest_size(t: T.RandomShortestSize, img: torch.Tensor, p: SizeParams) -> torch.Tensor:
     return F.resize(img, [p.height, p.width], interpolation=_interp(t.interpolation), antialias=t.antialias)
+
+
+@LOWERINGS.register(T.RandomPhotometricDistort)
+def _photometric(t: T.RandomPhotometricDistort, img: torch.Tensor, p: PhotometricParams) -> torch.Tensor:
+    if p.brightness is not None:
+        img = F.adjust_brightness(img, p.brightness)
+    if p.contrast is not None and p.contrast_before:
+        img = F.adjust_contrast(img, p.contrast)
+    if p.saturation is not None:
+        img = F.adjust_saturation(img, p.saturation)
+    if p.hue is not None:
+        img = F.adjust_hue(img, p.hue)
+    if p.contrast is not None and not p.contrast_before:
+        img = F.adjust_contrast(img, p.contrast)
+    if p.permutation is not None and img.shape[-3] == 3:
+        img = F.permute_channels(img, list(p.permutation))
+    return img
 
 
 @LOWERINGS.register(T.RandomZoomOut)
