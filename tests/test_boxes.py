@@ -139,8 +139,9 @@ class TestBadBoxes:
     @pytest.mark.parametrize(("member", "match"), [
         (np.zeros((2, 3), np.float32), r"shape \(2, 3\), not \[K, 4\]"),
         (np.array([[0, 0, np.inf, 4]], np.float32), "not finite"),
+        (np.array([[0, np.nan, 3, 4]], np.float32), "not finite"),
         (b"not json", "neither .npy nor a JSON list"),
-    ], ids=["shape", "inf", "not json"])  # fmt: skip
+    ], ids=["shape", "inf", "nan", "not json"])  # fmt: skip
     @pytest.mark.parametrize("backend", ["torch", "dali"])
     def test_named(self, tmp_path, member, match, backend):
         if backend == "dali":
@@ -163,6 +164,22 @@ class TestBadBoxes:
                                                  "l": gp.fields.Array("labels.npy")})  # fmt: skip
         with pytest.raises(gp.SampleError, match="has 1 'boxes' boxes but 2 'l' labels"):
             _batches(source, [T.CenterCrop(20)], batch_size=1, backend=backend)
+
+    @pytest.mark.parametrize("backend", ["torch", "dali"])
+    def test_outside_the_image_clamped_or_dropped_with_their_labels(self, tmp_path, backend):
+        """Boxes beyond the image as stored: one across its edge is clamped, one wholly outside
+        (or inverted) is dropped with its label; the same on every backend."""
+        if backend == "dali":
+            pytest.importorskip("nvidia.dali")
+        boxes = np.array([[-10, 5, 30, 25], [100, 70, 140, 90], [50, 40, 20, 10], [70, 50, 95, 75]], np.float32)
+        with gp.ShardWriter(str(tmp_path / "o-%06d.tar")) as w:
+            w.write("k0", {"jpg": encode_jpeg(synthetic_image(0, size=SIZE)), "boxes.npy": boxes,
+                           "labels.npy": np.arange(4)})  # fmt: skip
+        source = gp.WebDataset(w.shards, fields={"image": "jpg", "boxes": gp.fields.Boxes("boxes.npy", labels="l"),
+                                                 "l": gp.fields.Array("labels.npy")})  # fmt: skip
+        (batch,) = _batches(source, [T.CenterCrop(SIZE)], batch_size=1, backend=backend)
+        assert batch["boxes"].data[0].tolist() == [[0.0, 5.0, 30.0, 25.0], [70.0, 50.0, 80.0, 60.0]]
+        assert batch["l"][0].tolist() == [0, 3]
 
     def test_options_refused(self):
         refused: list[tuple[dict, str]] = [(dict(format="YXYX"), "format"), (dict(min_size=-1), "min_size"),

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import gpupipe as gp
+from gpupipe import backends
 from gpupipe import transforms as T
 from gpupipe.testing import encode_jpeg, synthetic_image
 
@@ -142,6 +143,31 @@ class TestBadMasks:
             assert [s.key for s in loader.skipped] == ["k2"] and batch.valid.tolist() == [True, True, False, True]
 
 
+class TestMissingMask:
+    @pytest.mark.parametrize("backend", ["torch", "dali"])
+    def test_an_error_naming_the_sample_or_left_out(self, tmp_path, backend):
+        """A sample without its mask: ``Damage.MISSING_FIELD`` naming it (``missing="error"``), or
+        left out of the numbering (``missing="skip"``), on every backend."""
+        if backend == "dali":
+            pytest.importorskip("nvidia.dali")
+        with gp.ShardWriter(str(tmp_path / "m-%06d.tar")) as w:
+            for i in range(4):
+                members = {"jpg": encode_jpeg(synthetic_image(i, size=SIZE))}
+                if i != 1:
+                    members["seg.png"] = encode_png(_label_map(i))
+                w.write(f"k{i}", members)
+        source = gp.WebDataset(w.shards, fields={"image": "jpg", "mask": gp.fields.Mask("seg.png")})
+        with pytest.raises(gp.SampleError, match="has no 'mask' field") as raised:
+            _batches(source, [T.CenterCrop(20)], backend=backend, device="cpu")
+        assert raised.value.key == "k1" and raised.value.kind == gp.Damage.MISSING_FIELD
+        skipping = gp.WebDataset(w.shards, fields={"image": "jpg", "mask": gp.fields.Mask("seg.png", missing="skip")})
+        with gp.Loader(gp.Pipeline(skipping, [T.CenterCrop(20)]), 4, num_workers=0, backend=backend, device="cpu",
+                       max_skipped=None) as loader:  # fmt: skip
+            (batch,) = list(loader)  # (counted: loader.skipped names it)
+            assert [s.key for s in loader.skipped] == ["k1"]
+        assert sorted(batch.keys[:3]) == ["k0", "k2", "k3"] and int(batch.valid.sum()) == 3
+
+
 class TestRefused:
     def test_what_cannot_follow(self, seg_shards):
         source = _with_mask(seg_shards)
@@ -205,6 +231,8 @@ class TestSegmentationRecipe:
             normalized_zero = -torch.tensor((0.485, 0.456, 0.406)) / torch.tensor((0.229, 0.224, 0.225))
             where = (b.images - normalized_zero[None, :, None, None]).abs().amax(1) < 1e-5
             assert bool((where | ~p).all())
+        if backends.get("dali").available():  # the same masks on DALI-CPU
+            check_target_parity(pipe.source, pipe.transforms, batch_size=4)
         val = gp.load_pipeline("pipelines/segmentation.py:val")(seg_shards, base_size=40, crop_size=32)
         with gp.Loader(val, 4, num_workers=0) as loader:
             assert next(iter(loader))["mask"].shape == (4, 32, 32)
