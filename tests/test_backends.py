@@ -77,6 +77,9 @@ class TestTable:
         assert dali.slower_step("cuda", views) is None and dali.slower_step("cpu", [[T.CenterCrop(8)]]) is None
         assert backends.resolve("auto", "cpu", [[T.CenterCrop(8)]])[0] is dali
         assert backends.resolve("dali", "cpu", views)[0] is dali  # named: taken as named
+        for step in (T.RandomResize(8, 16), T.RandomShortestSize(8), T.RandomPhotometricDistort()):  # 2026-11-26
+            why = dali.slower_step("cpu", [[step, T.CenterCrop(8)]])
+            assert why is not None and "targets-cpu.md" in why and dali.slower_step("cuda", [[step]]) is None
 
     def test_a_slower_backend_is_still_auto_where_it_is_the_only_one(self, monkeypatch):
         pytest.importorskip("nvidia.dali")
