@@ -12,7 +12,10 @@ then ``--epochs`` timed ones:
   the train one with fancy upsampling, as gpupipe decodes by default (parity with torchvision);
 - gpupipe's ``pipelines/imagenet.py`` train and val recipes, its ``train_v2`` (torchvision's
   IMAGENET1K_V2 recipe: TrivialAugmentWide, RandomErasing, MixUp/CutMix, at 176) and
-  ``pipelines/ssl.py``'s DINO, over the tar shards, through ``gp.Loader``.
+  ``pipelines/ssl.py``'s DINO, over the tar shards, through ``gp.Loader``;
+- last, issue 39's rows (set ``targets``, ImageNet-like photos with a label map and 1-4 boxes): the
+  segmentation recipe with its masks and the SSD detection recipe with its boxes, moved on the
+  host by the DALI reader threads, each beside the same recipe on the image alone.
 
 Per row: images/s, the process's CPU-seconds per 1,000 images (DALI's threads run in it), and
 where the JPEGs were decoded, from a separate probe run of a few batches with nvImageCodec's log
@@ -67,6 +70,9 @@ RECIPES = (
 )
 CLASSES = 10
 HW_ONLY = "gpupipe train, hw_decoder_load=1.0"  # the row of all JPEGs to the hardware decoder
+# Issue 39's rows, on ImageNet-like photos with a label map and boxes: masks and boxes moved on the
+# host (the DALI reader threads) against the same recipe without them
+TARGET_RECIPES = ("gpupipe segmentation", "gpupipe segmentation, image only", "gpupipe ssd", "gpupipe ssd, image only")
 
 
 # ------------------------------------------------------------------------------- data --
@@ -78,6 +84,44 @@ def _photo(args: tuple[int, tuple[int, int]]) -> bytes:
     image = synthetic_image(i, size=size).astype(np.float32)
     noisy = image + np.random.default_rng(i).normal(0.0, 20.0, image.shape)
     return encode_jpeg(np.clip(noisy, 0, 255).astype(np.uint8), quality=90)
+
+
+def _targets(args: tuple[int, tuple[int, int]]) -> dict[str, Any]:
+    """A photo-like JPEG with a label map (each pixel's brightness quartile, ``seg.png``) and 1-4
+    boxes with their classes (``boxes.npy``, ``labels.npy``)."""
+    import io
+
+    from PIL import Image
+
+    i, size = args
+    image = synthetic_image(i, size=size)
+    gray = image.astype(np.float32).mean(axis=2)
+    png = io.BytesIO()
+    Image.fromarray(np.digitize(gray, np.quantile(gray, [0.25, 0.5, 0.75])).astype(np.uint8)).save(png, "PNG")
+    rng = np.random.default_rng(i)
+    k = int(rng.integers(1, 5))
+    xy = rng.uniform(0, 0.6, (k, 2)) * (size[1], size[0])
+    wh = rng.uniform(0.1, 0.4, (k, 2)) * (size[1], size[0])
+    return {"jpg": _photo((i, size)), "seg.png": png.getvalue(), "boxes.npy": np.concatenate([xy, xy + wh], 1).astype(
+        np.float32), "labels.npy": rng.integers(1, 10, k)}  # fmt: skip
+
+
+def make_targets_set(root: str, size: tuple[int, int], count: int, workers: int) -> tuple[list[str], float]:
+    """``count`` samples of :func:`_targets` under ``root``: ``(shards, mean KB of the JPEGs)``; made once."""
+    base = os.path.join(root, f"targets-{size[1]}x{size[0]}-{count}")
+    done = os.path.join(base, ".done")
+    if not os.path.exists(done):
+        os.makedirs(base, exist_ok=True)
+        with ProcessPoolExecutor(workers) as pool:
+            samples = list(pool.map(_targets, [(i, size) for i in range(count)], chunksize=16))
+        with gp.ShardWriter(os.path.join(base, "shard-%06d.tar"), max_count=256) as w:
+            for i, sample in enumerate(samples):
+                w.write(f"{i:07d}", sample)
+        with open(done, "w") as f:
+            f.write(json.dumps({"shards": w.shards, "kb": sum(len(s["jpg"]) for s in samples) / len(samples) / 1e3}))
+    with open(done) as f:
+        meta = json.load(f)
+    return meta["shards"], meta["kb"]
 
 
 def make_set(root: str, name: str, size: tuple[int, int], count: int, workers: int) -> tuple[list[str], str, float]:
@@ -130,6 +174,16 @@ def batches(recipe: str, shards: list[str], folder: str, *, gpu: bool, batch: in
 
 
 def gpupipe_recipe(recipe: str, shards: list[str]) -> gp.Pipeline:
+    if recipe in TARGET_RECIPES:
+        seg = recipe.startswith("gpupipe segmentation")
+        factory = gp.load_pipeline(os.path.join(ROOT, "pipelines", "segmentation.py:train" if seg else
+                                                "detection.py:train"))  # fmt: skip
+        pipe = factory(shards) if seg else factory(shards, data_augmentation="ssd", size=300)
+        if not recipe.endswith("image only"):
+            return pipe
+        return gp.Pipeline(
+            gp.WebDataset(shards, image="jpg", label=None), [t for t in pipe.transforms if not t.uses_boxes]
+        )
     name = {
         "gpupipe train": "imagenet.py:train",
         "gpupipe val": "imagenet.py:val",
@@ -537,6 +591,16 @@ def main() -> None:
         if in_budget() and gpu and stall is not None:
             stall["hw_decoder_load=1.0"] = data_stall(shards, gpu=gpu, quick=args.quick, hw_decoder_load=1.0)
             emit({"data_stall": stall})
+        if in_budget():
+            targets, kb = make_targets_set(args.data, size, 16 if args.quick else 1024, workers=min(cores, 16))
+            for recipe in TARGET_RECIPES:
+                if not in_budget():
+                    break
+                row = {"set": "targets", "image": f"{size[1]}x{size[0]}, {kb:.0f} KB",
+                       **measure(recipe, targets, "", gpu=gpu, batch=batch, threads=default_threads,
+                                 epochs=epochs)}  # fmt: skip
+                emit(row)
+                rows.append(row)
     meta["seconds"] = round(time.perf_counter() - started)
     threads = default_threads if default_threads in thread_counts else thread_counts[-1]
     finish(args.out, meta, rows, stall, threads)

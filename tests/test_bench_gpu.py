@@ -29,6 +29,8 @@ def test_the_quick_run_writes_every_row(tmp_path):
     recipes = {(r["set"], r["recipe"]) for r in result["rows"]}
     assert {("imagenet-like", r) for r in ("by hand", "by hand, fancy", "gpupipe train", "by hand val", "gpupipe val",
                                            "gpupipe dino", "gpupipe train v2")} <= recipes  # fmt: skip
+    assert {("targets", r) for r in ("gpupipe segmentation", "gpupipe segmentation, image only", "gpupipe ssd",
+                                     "gpupipe ssd, image only")} <= recipes  # fmt: skip
     probed = [r for r in result["rows"] if r.get("decoded")]
     assert probed and all(r["decoded"] == "hw 0% / cuda 0% / cpu 100%" for r in probed), probed  # DALI's CPU decoder
     assert all(r["images_per_s"] > 0 and r["cpu_s_per_1000"] > 0 for r in result["rows"])
