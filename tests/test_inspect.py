@@ -161,6 +161,9 @@ class TestMasksAndBoxes:
         assert (out[0, 3, 2:8] == _BOX).all() and (out[0, 6, 2:8] == _BOX).all()  # rows 3 and 6
         assert (out[0, 3:7, 2] == _BOX).all() and (out[0, 3:7, 7] == _BOX).all()  # columns 2 and 7
         assert not (out[0, 4, 3:7] == _BOX).all(axis=-1).any()  # inside: not drawn
+        thick = overlay(images, {"boxes": boxes}, fields, width=2)  # (scaled down to a cell: wider, inside the box)
+        assert (thick[0, 3:5, 2:8] == _BOX).all() and (thick[0, 3:7, 6:8] == _BOX).all()
+        assert not (thick[0, 5, 4:6] == _BOX).all(axis=-1).any()
 
     def test_inspect_draws_them_on_every_backend(self, tmp_path, capsys):
         from gpupipe.testing import encode_jpeg, synthetic_image

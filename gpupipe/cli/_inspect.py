@@ -107,14 +107,14 @@ _PALETTE = np.array([
     (214, 39, 40), (255, 152, 150), (148, 103, 189), (197, 176, 213), (140, 86, 75), (196, 156, 148),
     (227, 119, 194), (247, 182, 210), (127, 127, 127), (199, 199, 199), (188, 189, 34), (219, 219, 141),
     (23, 190, 207), (158, 218, 229)], np.float64)  # fmt: skip
-_BOX = np.array((255, 40, 40), np.uint8)  # a box's outline
+_BOX = np.array((255, 220, 0), np.uint8)  # a box's outline: yellow
 
 
-def overlay(images: np.ndarray, targets: dict[str, Any], fields: dict[str, Any]) -> np.ndarray:
+def overlay(images: np.ndarray, targets: dict[str, Any], fields: dict[str, Any], *, width: int = 1) -> np.ndarray:
     """``images`` (uint8 ``[N, H, W, 3]``, for display) with the batch's ``targets`` (name: the
     batch's value of a mask or boxes field, rows as the images') drawn over them: a mask blended
-    in (each label its colour, 45%; its ``fill`` white, 50%), each box's outline in red, 1 pixel,
-    inside the image."""
+    in (each label its colour, 45%; its ``fill`` white, 50%), each box's outline in yellow, ``width``
+    pixels, inside the box and the image."""
     from ..core._targets import Boxes, BoxFormat, Mask
 
     out = images.astype(np.float64)
@@ -133,7 +133,7 @@ def overlay(images: np.ndarray, targets: dict[str, Any], fields: dict[str, Any])
         field = fields[name]
         if isinstance(field, Boxes):
             for i in range(len(shown)):
-                _outline(shown[i], _xyxy(_rows(value, i), BoxFormat(field.format).value))
+                _outline(shown[i], _xyxy(_rows(value, i), BoxFormat(field.format).value), width)
     return shown
 
 
@@ -153,21 +153,24 @@ def _xyxy(boxes: np.ndarray, fmt: str) -> np.ndarray:
     return boxes
 
 
-def _outline(image: np.ndarray, boxes: np.ndarray) -> None:
-    """Draws each XYXY box's outline into ``image`` ``[H, W, 3]``: its first and last pixel rows
-    and columns, clipped to the image."""
+def _outline(image: np.ndarray, boxes: np.ndarray, width: int = 1) -> None:
+    """Draws each XYXY box's outline into ``image`` ``[H, W, 3]``: its first and last ``width``
+    pixel rows and columns, clipped to the image."""
     h, w = image.shape[:2]
     for x1, y1, x2, y2 in np.floor(boxes).astype(np.int64).tolist():
         if x1 > w - 1 or y1 > h - 1 or x2 < 1 or y2 < 1:
             continue
         x1, y1, x2, y2 = max(x1, 0), max(y1, 0), min(max(x2 - 1, x1), w - 1), min(max(y2 - 1, y1), h - 1)
-        image[y1, x1 : x2 + 1] = image[y2, x1 : x2 + 1] = _BOX
-        image[y1 : y2 + 1, x1] = image[y1 : y2 + 1, x2] = _BOX
+        k = max(1, width)
+        image[y1 : y1 + k, x1 : x2 + 1] = image[max(y2 - k + 1, y1) : y2 + 1, x1 : x2 + 1] = _BOX
+        image[y1 : y2 + 1, x1 : x1 + k] = image[y1 : y2 + 1, max(x2 - k + 1, x1) : x2 + 1] = _BOX
 
 
-def draw(pipeline: Pipeline, *, samples: int, draws: int, backend: str, seed: int, device: str = "cpu") -> Draws:
+def draw(pipeline: Pipeline, *, samples: int, draws: int, backend: str, seed: int, device: str = "cpu",
+         cell: int | None = None) -> Draws:  # fmt: skip
     """The first ``samples`` samples of ``pipeline``'s source, ``draws`` times, on ``backend``
-    delivering to ``device``."""
+    delivering to ``device`` (``cell``: the grid's cell, so that boxes' outlines stay visible
+    scaled down to it)."""
     views = len(pipeline.output_specs)  # (a per_source pipeline: one output)
     shown: list[list[np.ndarray]] = [[] for _ in range(views)]
     raw: list[list[np.ndarray]] = [[] for _ in range(views)]
@@ -187,7 +190,8 @@ def draw(pipeline: Pipeline, *, samples: int, draws: int, backend: str, seed: in
                 picture = to_uint8(images, pipeline, v)
                 if targets:  # (one view: the pipeline checked)
                     kept = {name: _kept(value, rows) for name, value in targets.items()}
-                    picture = overlay(picture, kept, pipeline.source.extra_fields())  # type: ignore[attr-defined]
+                    width = 1 if cell is None else -(-2 * max(picture.shape[1:3]) // cell)  # ~2 px in the cell
+                    picture = overlay(picture, kept, pipeline.source.extra_fields(), width=width)  # type: ignore[attr-defined]
                 shown[v].append(picture)
                 raw[v].append(images.to(torch.float64).numpy())
             keys = [k for k, v in zip(batch.keys, keep.tolist(), strict=True) if v]
@@ -262,7 +266,8 @@ def inspect(
     """Writes the grid to ``out`` (PNG); returns the report's lines."""
     if samples < 1 or draws < 1:
         raise ConfigError("inspect: samples and draws must be positive")
-    found = [draw(pipeline, samples=samples, draws=draws, backend=b, seed=seed, device=device) for b in backends]
+    found = [draw(pipeline, samples=samples, draws=draws, backend=b, seed=seed, device=device, cell=cell)
+             for b in backends]  # fmt: skip
     canvas, lines = grid(found, cell=cell)
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     canvas.save(out)  # type: ignore[attr-defined]
