@@ -9,6 +9,7 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
+from torchvision import tv_tensors
 
 import gpupipe as gp
 from gpupipe import backends
@@ -272,3 +273,51 @@ class TestWebdatasetWriter:
             assert np.array_equal(batch[name.split(".")[0]][0].numpy(), want), name
         assert np.array_equal(batch["l"][0].numpy(), imagehandler("l8")("png", raw["l.seg.png"]))
         assert np.array_equal(batch["pal"][0].numpy(), _label_map(1))  # the indices, not grey levels
+
+
+class TestIndexedMask:
+    """``backends/_torch/_maskindex``: masks moved by index arithmetic, pixel for pixel as
+    torchvision's mask kernels move them."""
+
+    def test_nearest_indices_are_atens(self):
+        from gpupipe.backends._torch._maskindex import nearest_index
+
+        rng = np.random.default_rng(0)
+        sizes = [(5, 10), (10, 5), (7, 7), (375, 1040), (500, 1386), (1040, 480), *rng.integers(1, 1500, (300, 2))]
+        for n_in, n_out in sizes:
+            x = torch.arange(int(n_in), dtype=torch.float32)[None, None, None]
+            want = torch.nn.functional.interpolate(x, size=(1, int(n_out)), mode="nearest")[0, 0, 0].long().numpy()
+            assert np.array_equal(nearest_index(int(n_out), int(n_in)), want), (n_in, n_out)
+
+    def test_random_chains_equal_torchvisions_kernels(self):
+        """Chains of resizes, crops (beyond the mask too), padding and flips on random label maps."""
+        from torchvision.transforms.v2 import functional as F
+
+        from gpupipe.backends._torch._maskindex import IndexedMask
+
+        rng = np.random.default_rng(1)
+        for _ in range(200):
+            src = rng.integers(0, 30, (int(rng.integers(3, 60)), int(rng.integers(3, 60)))).astype(np.uint8)
+            lazy, ref = IndexedMask(src.copy(), 250), tv_tensors.Mask(torch.from_numpy(src)[None])
+            for _ in range(4):
+                h, w = lazy.shape
+                op = rng.integers(0, 4)
+                if op == 0:
+                    nh, nw = int(rng.integers(1, 90)), int(rng.integers(1, 90))
+                    lazy.resize(nh, nw)
+                    ref = F.resize(ref, [nh, nw])
+                elif op == 1:
+                    top, left = int(rng.integers(-5, h)), int(rng.integers(-5, w))  # (overlapping the mask:
+                    # torchvision's crop of a window wholly before it slices with negative ends)
+                    ch, cw = int(rng.integers(max(1, 1 - top), h + 6)), int(rng.integers(max(1, 1 - left), w + 6))
+                    lazy.crop(top, left, ch, cw)
+                    ref = F.crop(ref, top, left, ch, cw)
+                elif op == 2:
+                    pad = [int(v) for v in rng.integers(0, 6, 4)]
+                    lazy.pad(*pad)
+                    ref = F.pad(ref, pad, fill=250)
+                else:
+                    horizontal = bool(rng.integers(0, 2))
+                    lazy.flip(horizontal=horizontal)
+                    ref = F.horizontal_flip(ref) if horizontal else F.vertical_flip(ref)
+                assert torch.equal(lazy.tensor(), ref[0].as_subclass(torch.Tensor))

@@ -31,6 +31,7 @@ from ...transforms._masks import MASK_GEOMETRY
 from ...transforms._spatial import CropParams, FlipParams, RandomCropParams, ResizeParams, SizeParams
 from ...transforms._tone import CoinParams
 from .._registry import Registry, inner_unsupported
+from ._maskindex import IndexedMask, as_indexed
 
 __all__ = ["LOWERINGS", "apply_pipeline", "apply_params", "follow_targets", "boxes_kept"]
 
@@ -78,7 +79,7 @@ def follow_targets(
     the first boxes field's, as moved so far (XYXY). Returns the targets by name (masks
     ``[H', W']``, boxes ``[K, 4]``: not yet sanitized) and each step's parameters (for the image:
     :func:`apply_params`)."""
-    moved: dict[str, Any] = {name: tv_tensors.Mask(mask[None]) for name, (mask, _) in masks.items()}
+    moved: dict[str, Any] = {name: as_indexed(mask, fill) for name, (mask, fill) in masks.items()}
     for name, (value, fmt) in (boxes or {}).items():
         moved[name] = tv_tensors.BoundingBoxes(value, format=fmt, canvas_size=tuple(size))
     first_boxes = next(iter(boxes or {}), None)
@@ -100,8 +101,8 @@ def follow_targets(
             moved[name] = _follow(t, moved[name], params, _box_geometry)
         first = next(iter(moved.values()), None)
         if first is not None:
-            height, width = first.shape[-2:] if isinstance(first, tv_tensors.Mask) else first.canvas_size
-    out = {name: moved[name].as_subclass(torch.Tensor)[0] for name in masks}
+            height, width = first.shape if isinstance(first, IndexedMask) else first.canvas_size
+    out = {name: moved[name].tensor() for name in masks}
     for name in boxes or {}:
         out[name] = F.clamp_bounding_boxes(moved[name]).as_subclass(torch.Tensor)
     return out, made
@@ -129,12 +130,39 @@ def _follow(t: T.Transform, target: torch.Tensor, params: Any, geometry: Any) ->
     return geometry(t, target, params) if isinstance(t, MASK_GEOMETRY) else target
 
 
-def _mask_geometry(t: T.Transform, mask: torch.Tensor, params: Any, fill: int) -> torch.Tensor:
-    """A geometric step on a mask: the image's kernel (torchvision's dispatches to its mask kernel,
-    nearest), with the mask's ``fill``."""
-    if hasattr(t, "fill"):
+def _mask_geometry(t: T.Transform, mask: IndexedMask, p: Any, fill: int) -> IndexedMask:
+    """A geometric step on a mask, as torchvision's mask kernels do it (nearest, the mask's
+    ``fill`` where padding brings pixels in, zeros beyond a crop): resizes, crops, pads and flips
+    by index arithmetic (``_maskindex``: the same pixels); the others by the image's kernel
+    (torchvision's dispatches to its mask kernel) on the gathered mask."""
+    h, w = mask.shape
+    if isinstance(t, T.RandomResizedCrop):
+        return mask.crop(p.top, p.left, p.height, p.width).resize(*t.size)
+    if isinstance(t, T.Resize):
+        new_h, new_w = resize_size(h, w, t.size, t.max_size)
+        if new_h < 1 or new_w < 1:
+            raise ValueError(resize_empty(t.size, t.max_size, (new_h, new_w)))
+        return mask.resize(new_h, new_w)
+    if isinstance(t, T.RandomResize):
+        return mask.resize(*resize_size(h, w, (p.size,), None))
+    if isinstance(t, T.RandomShortestSize):
+        return mask.resize(p.height, p.width)
+    if isinstance(t, T.CenterCrop):
+        (ch, cw) = t.size
+        return mask.crop(center_crop_anchor(ch, h), center_crop_anchor(cw, w), ch, cw)
+    if isinstance(t, T.RandomCrop) and (t.padding_mode == "constant" or not any(p.padding)):
+        mask.pad(*p.padding)
+        return mask.crop(p.top, p.left, p.height, p.width) if mask.shape != (p.height, p.width) else mask
+    if isinstance(t, (T.RandomHorizontalFlip, T.RandomVerticalFlip)):
+        return mask.flip(horizontal=isinstance(t, T.RandomHorizontalFlip)) if p.flip else mask
+    if isinstance(t, T.RandomZoomOut):
+        return mask.pad(*p.padding)
+    if isinstance(t, T.RandomIoUCrop):
+        return mask if p is None else mask.crop(p.top, p.left, p.height, p.width)
+    if hasattr(t, "fill"):  # rotations, affine maps, reflecting pads: torchvision's kernel
         t = dataclasses.replace(t, fill=fill)  # type: ignore[call-arg]
-    return LOWERINGS.lookup(t)(t, mask, params)
+    out = LOWERINGS.lookup(t)(t, tv_tensors.Mask(mask.tensor()[None]), p)
+    return as_indexed(out.as_subclass(torch.Tensor)[0], fill)
 
 
 def _box_geometry(t: T.Transform, boxes: Any, params: Any) -> torch.Tensor:
