@@ -229,7 +229,7 @@ class TestInputPath:
     def test_few_shards_stay_mapped_at_once(self, photo_shards, monkeypatch):
         """Beyond ``Maps.MAX_OPEN`` mapped shards the least recently used is retired: a rank with
         thousands of shards never holds thousands of descriptors."""
-        from gpupipe.backends._dali._input import Maps
+        from gpupipe.backends._dali._memory import Maps
         from gpupipe.sources import LocalStorage
 
         maps: list[MappedFile | None] = []
@@ -253,7 +253,7 @@ class TestInputPath:
         assert not any(m.leased for m in maps if m is not None)
 
     def test_a_retired_map_keeps_its_lease_while_a_batch_uses_it(self, tmp_path, monkeypatch):
-        from gpupipe.backends._dali._input import Maps
+        from gpupipe.backends._dali._memory import Maps
         from gpupipe.sources import LocalStorage
 
         files = []
@@ -285,7 +285,8 @@ class TestInputPath:
         from concurrent.futures import ThreadPoolExecutor
 
         from gpupipe.backends._dali._context import Lowered
-        from gpupipe.backends._dali._input import BatchReader, Buffers, Maps
+        from gpupipe.backends._dali._input import BatchReader
+        from gpupipe.backends._dali._memory import Buffers, Maps
         from gpupipe.plan._plan import RankPlan
         from gpupipe.sources import LocalStorage
 
@@ -423,7 +424,7 @@ class TestBuffers:
     def test_a_buffer_is_reused_only_once_its_event_completed(self):
         """On a GPU a batch buffer goes back to the pool with an event on the consumer stream: it is
         refilled only once the stream passed the batch (DALI's copies of it are done)."""
-        from gpupipe.backends._dali._input import Buffers
+        from gpupipe.backends._dali._memory import Buffers
 
         class Event:
             done = False
@@ -443,7 +444,7 @@ class TestBuffers:
         assert len(pool.take(1 << 20)) >= 1 << 20
 
     def test_host_buffers_are_huge_page_sized_and_writable(self):
-        from gpupipe.backends._dali._input import Buffers
+        from gpupipe.backends._dali._memory import Buffers
 
         buf = Buffers(pinned=False).take(3 << 20)
         assert len(buf) % (2 << 20) == 0 and len(buf) >= 3 << 20 and buf.flags.writeable

@@ -83,7 +83,8 @@ from ._failures import device_failure, explain_failure
 from ._fallback import Probe
 from ._graph import LIVE_RUNNERS, Graph, IterationFailed, define_graph
 from ._headers import Sizes
-from ._input import READ_THREADS, BatchReader, Buffers, FeedBatch, Maps
+from ._input import READ_THREADS, BatchReader, FeedBatch
+from ._memory import Buffers, Maps
 from ._proto import operator_count
 from ._strategy import choose, nvjpeg_version
 
