@@ -203,3 +203,15 @@ def test_segmentation_example_learns(tmp_path):
     losses = [float(line.split("mean loss ")[1].split(",")[0]) for line in epochs]
     accuracy = [float(line.split("pixel accuracy ")[1].split()[0]) for line in epochs]
     assert len(epochs) == 4 and losses[-1] < losses[0] and accuracy[-1] > accuracy[0]
+
+
+def test_detection_example_learns(tmp_path):
+    """examples/train_detection.py: synthetic image + boxes shards, torchvision's Faster R-CNN
+    (MobileNetV3) on the SSDlite preset, CPU; the loss falls over the epochs."""
+    env = {k: v for k, v in os.environ.items() if k not in DIST_ENV}
+    argv = [sys.executable, os.path.join(ROOT, "examples", "train_detection.py"), "--make", str(tmp_path / "det"),
+            "32", "--epochs", "2", "--size", "96", "--batch-size", "8", "--workers", "0"]  # fmt: skip
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    losses = [float(line.split("mean loss ")[1].split()[0]) for line in proc.stderr.splitlines() if "mean loss" in line]
+    assert len(losses) == 2 and losses[-1] < losses[0]
