@@ -67,3 +67,12 @@ def test_the_code_of_each_page_runs(page, workdir):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=workdir, env=env,
                          timeout=300)  # fmt: skip
     assert out.returncode == 0, f"{page}:\n{code}\n---\n{out.stderr[-3000:]}"
+
+
+def test_the_api_reference_lists_every_public_transform_and_field():
+    """``docs/reference/api.md`` names each of ``gp.transforms.__all__`` and ``gp.fields.__all__``."""
+    from gpupipe import fields, transforms
+
+    with open(os.path.join(DOCS, "reference", "api.md")) as f:
+        listed = set(re.findall(r"^\s+- (\w+)$", f.read(), re.M))
+    assert not (set(transforms.__all__) | set(fields.__all__)) - listed

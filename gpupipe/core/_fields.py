@@ -263,7 +263,8 @@ class Array(Field):
     describe exactly the bytes that follow. Default ``max_bytes``: 2 GiB.
 
     Args:
-        dtype, shape: what every sample's array must be (``None``: any); a mismatch is a bad field.
+        dtype: what every sample's array's dtype must be (``None``: any); a mismatch is a bad field.
+        shape: what every sample's array's shape must be (``None``: any); likewise.
         pad: how a batch holds arrays whose shapes differ. ``None`` (default): a list of
             tensors (a batch of one shape is one ``[B, ...]`` tensor). A number: always a
             :class:`Padded` ``(data, lengths)``, ``data`` ``[B, *largest]`` filled with ``pad``

@@ -44,8 +44,9 @@ class RandomPhotometricDistort(Transform):
     uniform permutation of the channels; torchvision's kernels, in its order.
 
     Args:
-        brightness, contrast, saturation: factor ranges ``(min, max)`` (or ``b``: ``1 ± b``).
-            Defaults ``(0.875, 1.125)``, ``(0.5, 1.5)``, ``(0.5, 1.5)``.
+        brightness: the factor's range ``(min, max)`` (or ``b``: ``1 ± b``). Default ``(0.875, 1.125)``.
+        contrast: likewise. Default ``(0.5, 1.5)``.
+        saturation: likewise. Default ``(0.5, 1.5)``.
         hue: the shift's range within ``[-0.5, 0.5]``. Default ``(-0.05, 0.05)``.
         p: each adjustment's and the permutation's probability. Default 0.5.
 
