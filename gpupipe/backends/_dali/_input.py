@@ -21,7 +21,6 @@ import numpy as np
 
 from ...core._errors import DataError, SampleError, truncated, unreadable
 from ...core._imageinfo import MAX_IMAGE_PIXELS
-from ...core._random import factors as draw_factors
 from ...core._random import step_factors
 from ...plan._plan import RankPlan
 from ...runtime._decode import require_header, transcoded
@@ -180,7 +179,7 @@ class BatchReader:
                         size = (int(sizes[i, 0]), int(sizes[i, 1]))
                         self._bad(bad, i, SampleError.at(message, shard=shards[i], key=keys[i], size=size))
             if values is not None and self.targets:
-                self._move_targets(values, drawn, sizes, keys, shards, bad, windows)
+                self._move_targets(values, env, sizes, keys, shards, bad, windows)
             if bad and not self.skip:
                 raise self._first_error(bad, views, keys, shards)
             if bad:
@@ -223,15 +222,16 @@ class BatchReader:
         steps = self.views[0] if self.views else ()
         return {s: np.full((batch, 4), -1, np.int64) for s, t in enumerate(steps) if t.uses_boxes}
 
-    def _move_targets(self, values: list[dict[str, Any] | None], drawn: np.ndarray, sizes: np.ndarray,
+    def _move_targets(self, values: list[dict[str, Any] | None], env: HostEnv, sizes: np.ndarray,
                       keys: list[str], shards: list[str], bad: dict[int, DataError],
                       windows: dict[int, np.ndarray]) -> None:  # fmt: skip
         """Moves each good sample's masks and boxes with its image here, on the host, from the
         image's size and the sample's factors (``backends._targets``: what the torch backend does in
         its workers, so they come out the same), and writes the crop ``windows`` the boxes chose
-        (``(top, left, height, width)``); a sample they fail for is recorded in ``bad``."""
+        (``(top, left, height, width)``); a sample they fail for is recorded in ``bad``. The
+        factors are the batch's ``env``'s, drawn once for these and the graph's feeds alike."""
         steps = self.views[0]
-        drawn_factors = draw_factors(steps, self.plan.seed, self.plan.epoch, np.asarray(drawn, np.int64), 0)
+        drawn_factors = [env.factors(0, s) if getattr(t, "draws", 0) else None for s, t in enumerate(steps)]
         for i, sample_values in enumerate(values):
             if sample_values is None or i in bad:
                 continue
