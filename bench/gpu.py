@@ -55,7 +55,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import gpupipe as gp
 from gpupipe.runtime._dist import cpu_cores, default_workers
-from gpupipe.testing import encode_jpeg, synthetic_image
+from gpupipe.testing import encode_jpeg, encode_png, label_map, synthetic_image
 
 SETS = {"imagenet-like": (375, 500), "large": (1500, 2000)}  # (height, width)
 QUICK_SETS = {"imagenet-like": (375, 500), "large": (750, 1000)}
@@ -89,20 +89,13 @@ def _photo(args: tuple[int, tuple[int, int]]) -> bytes:
 def _targets(args: tuple[int, tuple[int, int]]) -> dict[str, Any]:
     """A photo-like JPEG with a label map (each pixel's brightness quartile, ``seg.png``) and 1-4
     boxes with their classes (``boxes.npy``, ``labels.npy``)."""
-    import io
-
-    from PIL import Image
-
     i, size = args
-    image = synthetic_image(i, size=size)
-    gray = image.astype(np.float32).mean(axis=2)
-    png = io.BytesIO()
-    Image.fromarray(np.digitize(gray, np.quantile(gray, [0.25, 0.5, 0.75])).astype(np.uint8)).save(png, "PNG")
+    png = encode_png(label_map(synthetic_image(i, size=size)))
     rng = np.random.default_rng(i)
     k = int(rng.integers(1, 5))
     xy = rng.uniform(0, 0.6, (k, 2)) * (size[1], size[0])
     wh = rng.uniform(0.1, 0.4, (k, 2)) * (size[1], size[0])
-    return {"jpg": _photo((i, size)), "seg.png": png.getvalue(), "boxes.npy": np.concatenate([xy, xy + wh], 1).astype(
+    return {"jpg": _photo((i, size)), "seg.png": png, "boxes.npy": np.concatenate([xy, xy + wh], 1).astype(
         np.float32), "labels.npy": rng.integers(1, 10, k)}  # fmt: skip
 
 

@@ -21,36 +21,22 @@ import logging
 import os
 import sys
 
-import numpy as np
 import torch
 import torchvision
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import gpupipe as gp
-from gpupipe.testing import encode_jpeg, synthetic_image
-
-COLOURS = ((255, 40, 40), (40, 200, 40), (40, 80, 255))  # class 1, 2, 3
+from gpupipe.testing import encode_jpeg, paint_boxes, synthetic_image
 
 
 def make(out: str, count: int, size: tuple[int, int] = (96, 128)) -> str:
     """``count`` synthetic image + boxes samples in shards of 64 under ``out``; returns the pattern."""
-    rng = np.random.default_rng(0)
-    h, w = size
     with gp.ShardWriter(os.path.join(out, "det-%06d.tar"), max_count=64) as writer:
         for i in range(count):
             image = synthetic_image(i, size=size)
-            boxes, labels = [], []
-            for _ in range(int(rng.integers(1, 4))):
-                bw, bh = int(rng.integers(w // 6, w // 3)), int(rng.integers(h // 6, h // 3))
-                x, y = int(rng.integers(0, w - bw)), int(rng.integers(0, h - bh))
-                label = int(rng.integers(1, 4))
-                image[y : y + bh, x : x + bw] = COLOURS[label - 1]
-                boxes.append((x, y, x + bw, y + bh))
-                labels.append(label)
-            writer.write(f"{i:06d}", {"jpg": encode_jpeg(image, quality=95),
-                                      "boxes.npy": np.array(boxes, np.float32),
-                                      "labels.npy": np.array(labels, np.int64)})  # fmt: skip
+            boxes, labels = paint_boxes(image, i)
+            writer.write(f"{i:06d}", {"jpg": encode_jpeg(image, quality=95), "boxes.npy": boxes, "labels.npy": labels})
     last = len(writer.shards) - 1
     return os.path.join(out, f"det-{{000000..{last:06d}}}.tar")
 

@@ -16,20 +16,17 @@ pixel's class is its brightness quartile in a smooth synthetic photo.
 """
 
 import argparse
-import io
 import logging
 import os
 import sys
 
-import numpy as np
 import torch
 import torchvision
-from PIL import Image
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import gpupipe as gp
-from gpupipe.testing import encode_jpeg, synthetic_image
+from gpupipe.testing import encode_jpeg, encode_png, label_map, synthetic_image
 
 IGNORE = 255
 
@@ -39,11 +36,7 @@ def make(out: str, count: int, size: tuple[int, int] = (96, 128)) -> str:
     with gp.ShardWriter(os.path.join(out, "seg-%06d.tar"), max_count=64) as w:
         for i in range(count):
             image = synthetic_image(i, size=size)
-            gray = image.astype(np.float32).mean(axis=2)
-            labels = np.digitize(gray, np.quantile(gray, [0.25, 0.5, 0.75])).astype(np.uint8)
-            png = io.BytesIO()
-            Image.fromarray(labels).save(png, "PNG")
-            w.write(f"{i:06d}", {"jpg": encode_jpeg(image, quality=95), "seg.png": png.getvalue()})
+            w.write(f"{i:06d}", {"jpg": encode_jpeg(image, quality=95), "seg.png": encode_png(label_map(image))})
     last = len(w.shards) - 1
     return os.path.join(out, f"seg-{{000000..{last:06d}}}.tar")
 

@@ -11,7 +11,9 @@ import io
 
 import numpy as np
 
-__all__ = ["synthetic_image", "encode_jpeg"]
+__all__ = ["synthetic_image", "encode_jpeg", "encode_png", "label_map", "paint_boxes"]
+
+BOX_COLOURS = ((255, 40, 40), (40, 200, 40), (40, 80, 255))  # paint_boxes' class 1, 2, 3
 
 
 def encode_jpeg(image: np.ndarray, *, quality: int = 90, mode: str | None = None) -> bytes:
@@ -76,3 +78,38 @@ def synthetic_image(
     )
     pixels += grain[..., None] * 0.15 + rng.normal(0, 2.5, (h, w, 1)).astype(np.float32)
     return np.clip(pixels, 0, 255).astype(np.uint8)
+
+
+def encode_png(array: np.ndarray) -> bytes:
+    """``array`` (``[H, W]`` or ``[H, W, C]``, uint8 or uint16) as a lossless PNG (Pillow): label
+    maps, and images compared pixel for pixel."""
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.fromarray(array).save(out, format="PNG")
+    return out.getvalue()
+
+
+def label_map(image: np.ndarray) -> np.ndarray:
+    """A segmentation label map of an ``[H, W, 3]`` image, learnable from its pixels: each pixel's
+    class (0-3) is the quartile of its brightness in the image. uint8 ``[H, W]``."""
+    gray = image.astype(np.float32).mean(axis=2)
+    return np.digitize(gray, np.quantile(gray, [0.25, 0.5, 0.75])).astype(np.uint8)
+
+
+def paint_boxes(image: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Paints 1-3 rectangles on ``image`` (``[H, W, 3]`` uint8, in place), each a sixth to a third
+    of the image a side, in its class's colour (1 red, 2 green, 3 blue): a detection sample whose
+    boxes enclose what is drawn. Returns the boxes, float32 ``[K, 4]`` XYXY pixels, and their
+    classes, int64 ``[K]``, drawn from ``seed``."""
+    rng = np.random.default_rng([seed, 0xB0C5])
+    h, w = image.shape[:2]
+    boxes, classes = [], []
+    for _ in range(int(rng.integers(1, 4))):
+        bw, bh = int(rng.integers(w // 6, w // 3)), int(rng.integers(h // 6, h // 3))
+        x, y = int(rng.integers(0, w - bw)), int(rng.integers(0, h - bh))
+        cls = int(rng.integers(1, 4))
+        image[y : y + bh, x : x + bw] = BOX_COLOURS[cls - 1]
+        boxes.append((x, y, x + bw, y + bh))
+        classes.append(cls)
+    return np.array(boxes, np.float32), np.array(classes, np.int64)

@@ -63,7 +63,7 @@ def test_storage_api():
 
 
 def test_testing_api():
-    assert sorted(testing.__all__) == ["encode_jpeg", "synthetic_image"]
+    assert sorted(testing.__all__) == ["encode_jpeg", "encode_png", "label_map", "paint_boxes", "synthetic_image"]
 
 
 def test_error_hierarchy():

@@ -12,10 +12,9 @@ import torch
 
 import gpupipe as gp
 from gpupipe import transforms as T
-from gpupipe.testing import encode_jpeg, synthetic_image
+from gpupipe.testing import encode_jpeg, encode_png, synthetic_image
 
 from .support.checkers import check_target_parity
-from .support.data import encode_png
 
 SIZE = (60, 80)  # (height, width)
 

@@ -15,10 +15,9 @@ from torchvision.transforms import v2
 
 import gpupipe as gp
 from gpupipe import transforms as T
-from gpupipe.testing import encode_jpeg, synthetic_image
+from gpupipe.testing import encode_jpeg, encode_png, synthetic_image
 
 from .support.checkers import AddMult, EveryOtherColumn, Posterize, check_backend_parity, run_dali, sample_factors
-from .support.data import encode_png
 
 pytest.importorskip("nvidia.dali")
 

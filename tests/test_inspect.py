@@ -166,9 +166,7 @@ class TestMasksAndBoxes:
         assert not (thick[0, 2, 2:8] == _BOX).all(axis=-1).any()  # not outside the box
 
     def test_inspect_draws_them_on_every_backend(self, tmp_path, capsys):
-        from gpupipe.testing import encode_jpeg, synthetic_image
-
-        from .support.data import encode_png
+        from gpupipe.testing import encode_jpeg, encode_png, synthetic_image
 
         with gp.ShardWriter(str(tmp_path / "s-%06d.tar")) as w:
             for i in range(2):

@@ -14,10 +14,9 @@ from torchvision import tv_tensors
 import gpupipe as gp
 from gpupipe import backends
 from gpupipe import transforms as T
-from gpupipe.testing import encode_jpeg, synthetic_image
+from gpupipe.testing import encode_jpeg, encode_png, synthetic_image
 
 from .support.checkers import Posterize, check_target_parity
-from .support.data import encode_png
 
 NEAREST = T.InterpolationMode.NEAREST
 SIZE = (40, 52)  # (height, width)

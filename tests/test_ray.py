@@ -294,9 +294,7 @@ class TestFields:
     def test_masks_and_boxes_as_torch_moves_them(self, tmp_path, ray_session, clean_env):
         import numpy as np
 
-        from gpupipe.testing import encode_jpeg, synthetic_image
-
-        from .support.data import encode_png
+        from gpupipe.testing import encode_jpeg, encode_png, synthetic_image
 
         mask = encode_png((np.arange(40 * 48).reshape(40, 48) % 11).astype(np.uint8))
         with gp.ShardWriter(str(tmp_path / "t-%06d.tar")) as w:

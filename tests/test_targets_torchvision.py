@@ -18,9 +18,7 @@ from torchvision.transforms import v2
 import gpupipe as gp
 from gpupipe import transforms as T
 from gpupipe.backends._torch._kernels import sample_factors
-from gpupipe.testing import encode_jpeg, synthetic_image
-
-from .support.data import encode_png
+from gpupipe.testing import encode_jpeg, encode_png, synthetic_image
 
 SIZE = (56, 72)  # (height, width)
 FILL = 250  # the mask's fill: torchvision's per-type fill {Mask: 250}

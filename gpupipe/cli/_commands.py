@@ -17,7 +17,7 @@ from ..core._errors import ConfigError
 from ..core._shards import ShardWriter
 from ..runtime._children import process_pool
 from ..runtime._dist import cpu_cores, default_workers
-from ..testing import encode_jpeg, synthetic_image
+from ..testing import encode_jpeg, encode_png, label_map, paint_boxes, synthetic_image
 
 __all__ = ["make_shards", "tune", "bench", "index", "check", "inspect", "doctor"]
 T = TypeVar("T")
@@ -33,35 +33,15 @@ def _synthetic_sample(args: tuple[Any, ...]) -> tuple[str, dict]:
     image = synthetic_image(seed * 1_000_003 + i, label=label, num_classes=num_classes)
     members: dict[str, Any] = {"cls": label}
     if "boxes" in fields:  # 1-3 rectangles painted on, a colour per box class: what the boxes enclose
-        rng = np.random.default_rng([seed, i, 0xB0C5])
-        h, w = image.shape[:2]
-        boxes, classes = [], []
-        for k in range(int(rng.integers(1, 4))):
-            bw, bh = int(rng.integers(w // 8, w // 3)), int(rng.integers(h // 8, h // 3))
-            x, y = int(rng.integers(0, w - bw)), int(rng.integers(0, h - bh))
-            cls = 1 + (i + k) % 3
-            image[y : y + bh, x : x + bw] = ((255, 40, 40), (40, 200, 40), (40, 80, 255))[cls - 1]
-            boxes.append((x, y, x + bw, y + bh))
-            classes.append(cls)
-        members["boxes.npy"], members["labels.npy"] = np.array(boxes, np.float32), np.array(classes, np.int64)
+        members["boxes.npy"], members["labels.npy"] = paint_boxes(image, seed * 1_000_003 + i)
     if "mask" in fields:  # each pixel's class: its brightness quartile (learnable from the pixels)
-        gray = image.astype(np.float32).mean(axis=2)
-        labels = np.digitize(gray, np.quantile(gray, [0.25, 0.5, 0.75])).astype(np.uint8)
-        members["seg.png"] = _png(labels)
+        members["seg.png"] = encode_png(label_map(image))
     if "text" in fields:
         members["txt"] = f"a synthetic photo of class {label}, number {i}"
     if "meta" in fields:
         members["json"] = {"label": label, "height": image.shape[0], "width": image.shape[1], "seed": seed}
     members["jpg"] = encode_jpeg(image, quality=quality)
     return f"{i:08d}", members
-
-
-def _png(array: np.ndarray) -> bytes:
-    from PIL import Image
-
-    out = io.BytesIO()
-    Image.fromarray(array).save(out, "PNG")
-    return out.getvalue()
 
 
 def _imagefolder_samples(root: str, quality: int) -> Iterator[tuple[str, dict[str, Any]]]:

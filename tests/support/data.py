@@ -23,18 +23,6 @@ def small_image(n: int) -> np.ndarray:
     return synthetic_image(n, label=label_of(n), size=(64 + 8 * (n % 5), 80 + 4 * (n % 3)))
 
 
-def encode_png(array: np.ndarray) -> bytes:
-    """``array`` (``[H, W]`` or ``[H, W, C]``, uint8 or uint16) as a lossless PNG: label maps,
-    and images compared pixel for pixel."""
-    import io
-
-    from PIL import Image
-
-    out = io.BytesIO()
-    Image.fromarray(array).save(out, format="PNG")
-    return out.getvalue()
-
-
 def truncated_jpeg(n: int) -> bytes:
     """The first half of sample ``n``'s JPEG: every decoder refuses it."""
     data = encode_jpeg(small_image(n), quality=90)
