@@ -494,3 +494,42 @@ class TestFailuresMidway:
         with gp.Loader(small_train(photo_shards), 4, backend="dali", device="cpu") as loader:
             assert len(list(loader)) == 4
         assert len(asked) == 4
+
+
+class TestHandOff:
+    def test_a_ctrl_c_during_the_hand_off_to_torch_is_never_lost(self):
+        """A KeyboardInterrupt raised while a DALI batch becomes a torch tensor reaches the loop.
+        ``torch.from_dlpack(dali_tensor)`` lost 44% of them (pybind11's enum comparison swallowed
+        them), and a Ctrl-C then left the training loop running: this fires a timer signal at
+        random moments of the hand-off and counts them."""
+        import random
+        import signal
+
+        from nvidia.dali.tensors import TensorListCPU
+
+        from gpupipe.backends._dali._runner import to_torch
+
+        batch = TensorListCPU(np.arange(2 * 8 * 8 * 3, dtype=np.uint8).reshape(2, 8, 8, 3), "HWC")
+        assert torch.equal(to_torch(batch.as_tensor(), torch.device("cpu")), torch.from_numpy(batch.as_array()))
+        raised = caught = 0
+
+        def interrupt(*_):
+            nonlocal raised
+            raised += 1
+            raise KeyboardInterrupt
+
+        rng = random.Random(0)
+        previous = signal.signal(signal.SIGALRM, interrupt)
+        try:
+            for _ in range(300):
+                try:
+                    signal.setitimer(signal.ITIMER_REAL, rng.random() * 3e-4)
+                    for _ in range(100):
+                        to_torch(batch.as_tensor(), torch.device("cpu"))
+                    signal.setitimer(signal.ITIMER_REAL, 0)
+                except KeyboardInterrupt:
+                    caught += 1
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+        assert raised > 100 and caught == raised
