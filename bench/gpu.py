@@ -42,7 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
@@ -99,22 +99,33 @@ def _targets(args: tuple[int, tuple[int, int]]) -> dict[str, Any]:
         np.float32), "labels.npy": rng.integers(1, 10, k)}  # fmt: skip
 
 
-def make_targets_set(root: str, size: tuple[int, int], count: int, workers: int) -> tuple[list[str], float]:
-    """``count`` samples of :func:`_targets` under ``root``: ``(shards, mean KB of the JPEGs)``; made once."""
-    base = os.path.join(root, f"targets-{size[1]}x{size[0]}-{count}")
+def made_once(base: str, build: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """The summary ``build()`` returned when it wrote its files under ``base``: run now unless an
+    earlier run finished (its ``.done`` file holds that summary)."""
     done = os.path.join(base, ".done")
     if not os.path.exists(done):
         os.makedirs(base, exist_ok=True)
+        summary = build()
+        with open(done, "w") as f:
+            f.write(json.dumps(summary))
+    with open(done) as f:
+        return json.load(f)
+
+
+def make_targets_set(root: str, size: tuple[int, int], count: int, workers: int) -> tuple[list[str], float]:
+    """``count`` samples of :func:`_targets` under ``root``: ``(shards, mean KB of the JPEGs)``; made once."""
+    base = os.path.join(root, f"targets-{size[1]}x{size[0]}-{count}")
+
+    def build() -> dict[str, Any]:
         with ProcessPoolExecutor(workers) as pool:
             samples = list(pool.map(_targets, [(i, size) for i in range(count)], chunksize=16))
         with gp.ShardWriter(os.path.join(base, "shard-%06d.tar"), max_count=256) as w:
             for i, sample in enumerate(samples):
                 w.write(f"{i:07d}", sample)
-        with open(done, "w") as f:
-            f.write(json.dumps({"shards": w.shards, "kb": sum(len(s["jpg"]) for s in samples) / len(samples) / 1e3}))
-    with open(done) as f:
-        meta = json.load(f)
-    return meta["shards"], meta["kb"]
+        return {"shards": w.shards, "kb": sum(len(s["jpg"]) for s in samples) / len(samples) / 1e3}
+
+    made = made_once(base, build)
+    return made["shards"], made["kb"]
 
 
 def make_set(root: str, name: str, size: tuple[int, int], count: int, workers: int) -> tuple[list[str], str, float]:
@@ -122,9 +133,8 @@ def make_set(root: str, name: str, size: tuple[int, int], count: int, workers: i
     tree: ``(shards, folder, mean KB)``; made once."""
     base = os.path.join(root, f"{name}-{size[1]}x{size[0]}-{count}")
     folder = os.path.join(base, "folder")
-    done = os.path.join(base, ".done")
-    if not os.path.exists(done):
-        os.makedirs(base, exist_ok=True)
+
+    def build() -> dict[str, Any]:
         with ProcessPoolExecutor(workers) as pool:
             jpegs = list(pool.map(_photo, [(i, size) for i in range(count)], chunksize=16))
         with gp.ShardWriter(os.path.join(base, "shard-%06d.tar"), max_count=256) as w:
@@ -134,11 +144,10 @@ def make_set(root: str, name: str, size: tuple[int, int], count: int, workers: i
                 os.makedirs(os.path.dirname(path), exist_ok=True)
                 with open(path, "wb") as f:
                     f.write(data)
-        with open(done, "w") as f:
-            f.write(json.dumps({"shards": w.shards, "kb": sum(map(len, jpegs)) / len(jpegs) / 1e3}))
-    with open(done) as f:
-        meta = json.load(f)
-    return meta["shards"], folder, meta["kb"]
+        return {"shards": w.shards, "kb": sum(map(len, jpegs)) / len(jpegs) / 1e3}
+
+    made = made_once(base, build)
+    return made["shards"], folder, made["kb"]
 
 
 # ------------------------------------------------------------------------- pipelines --
