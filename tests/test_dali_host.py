@@ -124,6 +124,14 @@ class TestGraphSize:
         graph = define(list(recipe(name).transforms), gpu=gpu)
         assert operator_count(graph.pipe) == len(parse(graph.pipe.serialize())[0]) == 7 <= most
 
+    @pytest.mark.parametrize("gpu", [False, True])
+    def test_the_v2_recipe(self, gpu):
+        """torchvision's V2 recipe (TrivialAugmentWide and RandomErasing): 87 operators, 129 on
+        the GPU before its families took the uint8 image uncast and the branch sizes from the host."""
+        from gpupipe.backends._dali._proto import operator_count
+
+        assert operator_count(define(list(recipe("train_v2").transforms), gpu=gpu).pipe) <= 87
+
     def test_the_loader_reports_it(self, shards):
         train = gp.load_pipeline(os.path.join(ROOT, "pipelines", "imagenet.py:train"))(shards)
         with gp.Loader(train, 4, backend="dali", device="cpu") as loader:

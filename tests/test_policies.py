@@ -190,7 +190,7 @@ class TestOnDali:
         one = count(T.TrivialAugmentWide(num_magnitude_bins=31))
         more = count(T.TrivialAugmentWide(num_magnitude_bins=101))
         two = count(T.RandAugment(num_ops=2))
-        assert one == more and two - 3 < 2 * (one - 3) and one <= 125  # 124 measured (2026-11-25)
+        assert one == more and two - 3 < 2 * (one - 3) and one <= 82  # 82 measured (2026-11-26; 124 before)
 
     @pytest.mark.parametrize("t", [T.AugMix(), T.AugMix(severity=10, chain_depth=2, all_ops=False, alpha=0.3)])
     def test_augmix(self, photos, t):

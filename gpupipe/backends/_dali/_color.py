@@ -226,15 +226,16 @@ def autocontrasted(ctx: Ctx, img: Any) -> Any:
 
     fn, types = ctx.fn, ctx.types
     bound = 255.0 if ctx.dtype == torch.uint8 else 1.0
-    x = fn.cast(img, dtype=types.FLOAT, device=ctx.device) if ctx.dtype in (torch.uint8, torch.float16) else img
+    # uint8 stays uint8 up to the division (DALI promotes it there, exactly as a cast would)
+    x = fn.cast(img, dtype=types.FLOAT, device=ctx.device) if ctx.dtype == torch.float16 else img
     low = fn.reductions.min(x, axis_names="HW", keep_dims=True, device=ctx.device)
     high = fn.reductions.max(x, axis_names="HW", keep_dims=True, device=ctx.device)
-    flat = fn.cast(high == low, dtype=types.FLOAT, device=ctx.device)
-    inv_scale = (high - low) * np.float32(1.0 / bound)
-    out = dmath.clamp((x - low * (1.0 - flat)) / (inv_scale + flat * (1.0 - inv_scale)), 0.0, bound)
-    if ctx.dtype == torch.uint8:
-        out = fn.cast(dmath.floor(out), dtype=types.UINT8, device=ctx.device)
-    return out
+    flat = high == low  # a flat channel: torchvision's min 0 and scale 1, which give its value back
+    inv_scale = (high - low) * np.float32(1.0 / bound)  # 0 where flat, so + flat is exactly 1 there
+    out = (x - low) / (inv_scale + flat) + flat * low  # x - low is 0 where flat; + 0 elsewhere
+    if ctx.dtype == torch.uint8:  # [0, 255] but for rounding above: the saturating cast clamps
+        return fn.cast(dmath.floor(out), dtype=types.UINT8, device=ctx.device)
+    return dmath.clamp(out, 0.0, bound)
 
 
 _A, _B = np.float32(1.0 / 13.0), np.float32(5.0 / 13.0)
@@ -259,7 +260,8 @@ def sharpened(ctx: Ctx, img: Any, alpha: Any) -> Any:
     bound = 255.0 if ctx.dtype == torch.uint8 else 1.0
     height, width = ctx.shape(img)
     ops = ctx.ops(height, width)
-    x = fn.cast(img, dtype=types.FLOAT, device=ctx.device) if ctx.dtype in (torch.uint8, torch.float16) else img
+    # uint8 stays uint8: DALI promotes it to float32 where it meets the float smoothing, exactly as a cast would
+    x = fn.cast(img, dtype=types.FLOAT, device=ctx.device) if ctx.dtype == torch.float16 else img
     kernel = ctx.local(fn.constant(fdata=_SMOOTH.ravel().tolist(), shape=[3, 3]))  # (a branch's samples, inside one)
     if ctx.dtype == torch.uint8:
         # filtered in uint8: DALI rounds half away from zero where torch rounds half to even, but

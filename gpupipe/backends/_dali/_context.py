@@ -45,6 +45,7 @@ class Check:
 
 _NUMPY_TO_DALI = {
     np.dtype(np.bool_): "BOOL",
+    np.dtype(np.uint8): "UINT8",
     np.dtype(np.int32): "INT32",
     np.dtype(np.float32): "FLOAT",
     np.dtype(np.float64): "FLOAT64",
@@ -188,7 +189,7 @@ class Ctx:
             return self.local(self._feed(value, dtype, ndim=0))
         if _is_node(value):
             return self.fn.cast(value, dtype=getattr(self.types, _NUMPY_TO_DALI[dtype]))
-        return int(value) if dtype.kind == "i" else float(np.asarray(value, dtype=dtype))
+        return int(value) if dtype.kind in "iu" else float(np.asarray(value, dtype=dtype))
 
     def arg_vector(self, values: Sequence[Any], dtype: Any) -> Any:
         """``values`` (one per element) as a per-sample vector argument (a crop's start, a size):
@@ -199,6 +200,11 @@ class Ctx:
         if any(_is_node(v) for v in values):
             return self.fn.stack(*(self.arg(v, dtype) for v in values))
         return [self.arg(v, dtype) for v in values]
+
+    def arg_matrices(self, value: HostValue, dtype: Any) -> Any:
+        """``value`` (``[B, 6]`` on the host) as a per-sample ``[2, 3]`` matrix argument (an affine
+        map): one fed ``external_source``, no reshape in the graph."""
+        return self.local(self._feed(HostValue(lambda m: np.reshape(m, (-1, 2, 3)), value), np.dtype(dtype), ndim=2))
 
     def arg_tensors(self, value: HostValue, dtype: Any, layout: str) -> Any:
         """``value`` (one array per sample, each of its own shape) as a per-sample input of
@@ -213,13 +219,14 @@ class Ctx:
         return node
 
     @contextlib.contextmanager
-    def branched(self, predicate: Any) -> Iterator[None]:
+    def branched(self, predicate: Any, size: tuple[HostValue, HostValue] | None = None) -> Iterator[None]:
         """Lowers the block in the conditional branch of ``predicate`` (a per-sample boolean node
         of the current samples): fed arguments and constants split alike (:meth:`local`), sizes
-        read from the branch's own nodes (``size`` unset). DALI's ``_conditional.split`` and
-        ``merge`` (the operators behind its ``if``) around it are the caller's."""
+        read from the branch's own nodes, or ``size``: host values of the whole batch (fed, then
+        split as any fed argument), where the caller knows them. DALI's ``_conditional.split``
+        and ``merge`` (the operators behind its ``if``) around it are the caller's."""
         saved = self.size, self.branch
-        self.size, self.branch = None, (*self.branch, predicate)
+        self.size, self.branch = size, (*self.branch, predicate)
         try:
             yield
         finally:

@@ -395,7 +395,7 @@ def _affine(t: T.RandomAffine, img: Any, ctx: Ctx) -> Any:
 
 def _warp(t: T.RandomRotation | T.RandomAffine, img: Any, ctx: Ctx, matrices: HostValue) -> Any:
     """:func:`warp` of ``img`` by per-sample ``[B, 6]`` host matrices, fed as ``[2, 3]``."""
-    matrix = ctx.fn.reshape(ctx.arg_vector([matrices[k] for k in range(6)], np.float32), shape=[2, 3])
+    matrix = ctx.arg_matrices(matrices, np.float32)
     return warp(ctx, img, matrix, t.fill, nearest=t.interpolation == T.InterpolationMode.NEAREST)
 
 

@@ -10,15 +10,19 @@ split alike, ``Ctx.branch``), the other samples passing by untouched:
 - geometry (ShearX/Y, TranslateX/Y, Rotate): ``warp_affine`` with the sample's inverse matrix
   (``gpupipe.core._geometry.affine_matrices``; shears about the top-left corner, as torchvision's
   policies);
-- Brightness, Color, Contrast: torchvision's blend ``x·f + other·(1 − f)`` with ``other`` 0, the
-  pixel's luma or the image's mean luma;
+- Brightness, Color, Contrast, one branch: torchvision's blend ``x·f + other·(1 − f)`` with
+  ``other`` 0, the pixel's luma or the image's mean luma (``_blend``);
 - Sharpness: torchvision's interior blend with the rounded 3x3 smoothing;
 - Posterize, Solarize, Invert: ``v & mask`` then ``v ≥ k → 255 − v`` (Invert is ``k = 0``);
 - AutoContrast; Equalize (DALI's, OpenCV's table).
 
 The graph has a fixed size: families × slots, not operations × bins. Running every family on
-every sample with identity arguments instead (a smaller graph: 90 operators against 124 for the
-train recipe) was 2.9x slower on the CPU: ``bench/results/2026-11-25-v2-recipe-cpu.md``.
+every sample with identity arguments instead (then a smaller graph: 90 operators against 124 for
+the train recipe) was 2.9x slower on the CPU: ``bench/results/2026-11-25-v2-recipe-cpu.md``.
+Each operator is a pass over the image on the CPU and a launch on the GPU, so the families take
+the uint8 image as it is where DALI's arithmetic promotes it exactly (no cast), and read the
+branch's sizes from the host: the V2 train graph went from 124 operators to 87
+(``bench/results/2026-11-26-v2-graph-cpu.md``).
 """
 
 from __future__ import annotations
@@ -76,17 +80,19 @@ def _slot(t: Any, img: Any, ctx: Ctx, drawn: HostValue, slot: int, height: Any, 
         return cm[0][:, slot]
 
     tone = frozenset({_CODE["Posterize"], _CODE["Solarize"], _CODE["Invert"], _CODE["SolarizeAdd"]})
+    # torchvision keeps a 1-channel image as it is under Color (saturation): not blended there
+    blends = COLOR if ctx.channels == 3 else COLOR - {_CODE["Color"]}
     families = [
         (GEOMETRY, _geometry),
-        (frozenset({_CODE["Brightness"]}), _brightness),
-        # torchvision keeps a 1-channel image as it is under Color (saturation): no branch there
-        (frozenset({_CODE["Color"]} if ctx.channels == 3 else ()), _saturation),
-        (frozenset({_CODE["Contrast"]}), _contrast),
+        (blends, _blend),
         (frozenset({_CODE["Sharpness"]}), _sharpness),
         (tone, _tone),
         (frozenset({_CODE["AutoContrast"]}), _autocontrast),
         (frozenset({_CODE["Equalize"]}), _equalize),
     ]
+    # the branch's sizes from the host (a policy keeps the size), as per-sample values even where
+    # the pipeline fixes them, so that what is made from them is of the branch's samples
+    sizes = (HostValue(_per_sample, height, drawn), HostValue(_per_sample, width, drawn))
     for members, lower in families:
         if not members & t.ops:
             continue
@@ -100,54 +106,61 @@ def _slot(t: Any, img: Any, ctx: Ctx, drawn: HostValue, slot: int, height: Any, 
 
         def matrices() -> Any:
             value = HostValue(lambda h, w, cm: _matrices(h, w, cm[0][:, slot], cm[1][:, slot]), height, width, drawn)
-            return ctx.arg_vector([value[k] for k in range(6)], np.float32)
+            return ctx.arg_matrices(value, np.float32)
 
-        with ctx.branched(predicate):
+        with ctx.branched(predicate, size=sizes):
             out = lower(t, inside, ctx, arg, matrices)
         img = fn._conditional.merge(out, outside, predicate=predicate)
     return img
 
 
+def _per_sample(value: Any, drawn: tuple[np.ndarray, ...]) -> np.ndarray:
+    """``value`` (an int, or one per sample) for each sample of the batch ``drawn`` is of."""
+    return np.broadcast_to(np.asarray(value), (len(drawn[0]),))
+
+
 def _geometry(t: Any, img: Any, ctx: Ctx, arg: Any, matrices: Any) -> Any:
     """ShearX/Y, TranslateX/Y(Rel), Rotate: ``warp_affine`` by each sample's inverse map, with
     torchvision's fill (a fill per channel too: ``_lowerings.warp``)."""
-    matrix = ctx.fn.reshape(matrices(), shape=[2, 3])
-    return warp(ctx, img, matrix, t.fill, nearest=t.interpolation == T.InterpolationMode.NEAREST)
+    return warp(ctx, img, matrices(), t.fill, nearest=t.interpolation == T.InterpolationMode.NEAREST)
 
 
-def _blended(ctx: Ctx, x: Any, other: Any, arg: Any) -> Any:
-    """torchvision's ``_blend`` of the float32 image ``x`` with ``other`` (``None``: black, as
-    brightness multiplies) by the sample's ``f``: ``x·f + other·(1 − f)``, truncated to uint8 (the
-    floor, then DALI's saturating cast: torchvision's clamp and ``.to(uint8)``)."""
+def _blend(t: Any, img: Any, ctx: Ctx, arg: Any, matrices: Any) -> Any:
+    """Brightness, Color, Contrast in one branch: torchvision's ``_blend`` of the uint8 image ``x``
+    (as float32) with ``other`` by the sample's ``f``, ``x·f + other·(1 − f)``, ``other`` being 0,
+    the pixel's luma or the image's mean luma; truncated to uint8 (the floor, then DALI's
+    saturating cast: torchvision's clamp and ``.to(uint8)``). ``other·(1 − f)`` is ``luma·a +
+    mean·b``, the host giving ``a`` (Color) and ``b`` (Contrast) as ``1 − f`` or 0: a term of 0
+    adds exactly nothing, so each sample gets torchvision's float32 arithmetic. The uint8 image
+    goes in as it is: DALI's arithmetic promotes it to float32, exactly as a cast would."""
     import nvidia.dali.math as dmath
 
-    f = arg(lambda c, m: _factor(c, m, COLOR)[0], np.float32)
-    out = x * f
-    if other is not None:
-        out = out + other * arg(lambda c, m: _factor(c, m, COLOR)[1], np.float32)
-    return ctx.fn.cast(dmath.floor(out), dtype=ctx.types.UINT8, device=ctx.device)
+    fn = ctx.fn
+    out = img * arg(lambda c, m: _factor(c, m, COLOR)[0], np.float32)
+    color = _CODE["Color"] in t.ops and ctx.channels == 3
+    contrast = _CODE["Contrast"] in t.ops
+    if color or contrast:
+
+        def weight(name: str) -> Any:  # 1 - f where the code is ``name``, else 0
+            return arg(lambda c, m: np.where(c == _CODE[name], _factor(c, m, COLOR)[1], np.float32(0)), np.float32)
+
+        luma = _luma(ctx, img)
+        terms = [luma * weight("Color")] if color else []
+        if contrast:
+            terms.append(fn.reductions.mean(luma) * weight("Contrast"))
+        out = out + (terms[0] if len(terms) == 1 else terms[0] + terms[1])
+    return fn.cast(dmath.floor(out), dtype=ctx.types.UINT8, device=ctx.device)
 
 
-def _luma(ctx: Ctx, x: Any) -> Any:
-    """torchvision's luma of a float32 HWC image, floored (uint8): ``[H, W, 1]``, one
-    ``coord_transform`` (a 1-channel image is its own)."""
+def _luma(ctx: Ctx, img: Any) -> Any:
+    """torchvision's luma of a uint8 HWC image, floored, as float32 ``[H, W, 1]``: one
+    ``coord_transform`` (a 1-channel image is its own, cast)."""
     import nvidia.dali.math as dmath
 
-    return x if ctx.channels == 1 else dmath.floor(ctx.fn.coord_transform(x, M=list(_LUMA), device=ctx.device))
-
-
-def _brightness(t: Any, img: Any, ctx: Ctx, arg: Any, matrices: Any) -> Any:
-    return _blended(ctx, ctx.fn.cast(img, dtype=ctx.types.FLOAT, device=ctx.device), None, arg)
-
-
-def _saturation(t: Any, img: Any, ctx: Ctx, arg: Any, matrices: Any) -> Any:
-    x = ctx.fn.cast(img, dtype=ctx.types.FLOAT, device=ctx.device)
-    return _blended(ctx, x, _luma(ctx, x), arg)
-
-
-def _contrast(t: Any, img: Any, ctx: Ctx, arg: Any, matrices: Any) -> Any:
-    x = ctx.fn.cast(img, dtype=ctx.types.FLOAT, device=ctx.device)
-    return _blended(ctx, x, ctx.fn.reductions.mean(_luma(ctx, x)), arg)
+    fn, float32 = ctx.fn, ctx.types.FLOAT
+    if ctx.channels == 1:
+        return fn.cast(img, dtype=float32, device=ctx.device)
+    return dmath.floor(fn.coord_transform(img, M=list(_LUMA), dtype=float32, device=ctx.device))
 
 
 def _sharpness(t: Any, img: Any, ctx: Ctx, arg: Any, matrices: Any) -> Any:
@@ -160,12 +173,12 @@ def _tone(t: Any, img: Any, ctx: Ctx, arg: Any, matrices: Any) -> Any:
     import nvidia.dali.math as dmath
 
     fn, types = ctx.fn, ctx.types
-    x = fn.cast(img, dtype=types.INT32, device=ctx.device) & arg(_posterize_mask, np.int32)
-    x = x ^ ((x >= arg(_solarize_from, np.int32)) * 255)
+    x = img & arg(_posterize_mask, np.uint8)  # uint8 throughout: no cast back
+    x = x ^ ((x >= arg(_solarize_from, np.int32)) * types.Constant(255, dtype=types.UINT8))
     if _CODE["SolarizeAdd"] in t.ops:
         add = arg(lambda c, m: np.where(c == _CODE["SolarizeAdd"], m, 0).astype(np.int32), np.int32)
-        x = dmath.min(x + (x < 128) * add, 255)
-    return fn.cast(x, dtype=types.UINT8, device=ctx.device)
+        x = fn.cast(dmath.min(x + (x < 128) * add, 255), dtype=types.UINT8, device=ctx.device)
+    return x
 
 
 def _autocontrast(t: Any, img: Any, ctx: Ctx, arg: Any, matrices: Any) -> Any:
@@ -179,7 +192,7 @@ def _equalize(t: Any, img: Any, ctx: Ctx, arg: Any, matrices: Any) -> Any:
 def _posterize_mask(codes: np.ndarray, mags: np.ndarray) -> np.ndarray:
     """torchvision's posterize mask of ``int(m)`` bits; 255 (the identity) for other operations."""
     bits = np.where(codes == _CODE["Posterize"], np.trunc(mags), 8).astype(np.int64)
-    return (((1 << bits) - 1) << (8 - bits)).astype(np.int32)
+    return (((1 << bits) - 1) << (8 - bits)).astype(np.uint8)
 
 
 def _solarize_from(codes: np.ndarray, mags: np.ndarray) -> np.ndarray:
@@ -216,10 +229,10 @@ def _augmix(t: T.AugMix, img: Any, ctx: Ctx) -> Any:
     def weight(k: int) -> Any:
         return ctx.arg(HostValue(lambda d: d[2][:, k], drawn), np.float32)
 
-    mix = fn.cast(img, dtype=types.FLOAT, device=ctx.device) * weight(0)
+    mix = img * weight(0)  # float32: DALI promotes the uint8 image exactly, no cast
     for i in range(t.mixture_width):
         aug = img
         for j in range(t.depth):
             aug = _slot(t, aug, ctx, drawn, i * t.depth + j, height, width)
-        mix = mix + fn.cast(aug, dtype=types.FLOAT, device=ctx.device) * weight(1 + i)
+        mix = mix + aug * weight(1 + i)
     return fn.cast(dmath.clamp(dmath.floor(mix), 0.0, 255.0), dtype=types.UINT8, device=ctx.device)
