@@ -17,14 +17,14 @@ then ``--epochs`` timed ones:
   segmentation recipe with its masks and the SSD detection recipe with its boxes, moved on the
   host by the DALI reader threads, each beside the same recipe on the image alone.
 
-Per row: images/s, the process's CPU-seconds per 1,000 images (DALI's threads run in it), and
-where the JPEGs were decoded, from a separate probe run of a few batches with nvImageCodec's log
-at INFO (``DALI_NVIMGCODEC_LOG_LEVEL=3``), which names the decoder of each sample nvJPEG's CUDA
-decoder or libjpeg-turbo took — the hardware decoder's batches are not logged, so its share is
-the rest — and the nvJPEG version nvImageCodec loaded. ``gpupipe train, tuned`` is the train
-recipe with the settings ``gp.tune`` chooses on this machine (threads, prefetch, hardware-decoder
-share), beside the defaults' rows. Then the ResNet-50 (bf16, channels_last)
-data stall with gpupipe's train recipe (``bench/data_stall.py``'s step). Writes
+Per row: images/s, the process's CPU-seconds per 1,000 images (DALI's threads run in it), the
+DALI graph's operators, and where the JPEGs were decoded, from a separate probe run of a few
+batches with nvImageCodec's log at INFO (``DALI_NVIMGCODEC_LOG_LEVEL=3``), which names the
+decoder of each sample nvJPEG's CUDA decoder or libjpeg-turbo took — the hardware decoder's
+batches are not logged, so its share is the rest — and the nvJPEG version nvImageCodec loaded.
+``gpupipe train, tuned`` is the train recipe with the settings ``gp.tune`` chooses on this machine
+(threads, prefetch, hardware-decoder share), beside the defaults' rows. Then the ResNet-50 (bf16,
+channels_last) data stall with gpupipe's train recipe (``bench/data_stall.py``'s step). Writes
 ``bench/results/<date>-<device>-gpu.md``, ``.json`` and ``.png`` and prints the ratios against the
 targets of issue 23.
 """
@@ -154,14 +154,17 @@ def make_set(root: str, name: str, size: tuple[int, int], count: int, workers: i
 
 
 def batches(recipe: str, shards: list[str], folder: str, *, gpu: bool, batch: int, threads: int,
-            prefetch: int = 2, hw_decoder_load: float | None = None) -> tuple[Any, Any]:  # fmt: skip
-    """``(epoch, close)`` of one row's input pipeline: ``epoch()`` yields one epoch's batches."""
+            prefetch: int = 2, hw_decoder_load: float | None = None) -> tuple[Any, Any, int | None]:  # fmt: skip
+    """``(epoch, close, operators)`` of one row's input pipeline: ``epoch()`` yields one epoch's
+    batches; ``operators``: its DALI graph's (issue 37 asks for the count), ``None`` unknown."""
     if recipe.startswith("by hand"):
         from dali_by_hand import ByHand
 
         hand = ByHand(folder, train="val" not in recipe, gpu=gpu, batch_size=batch, threads=threads,
                       fancy="fancy" in recipe, prefetch=prefetch)  # fmt: skip
-        return hand.epoch, hand.close
+        from gpupipe.backends._dali._proto import operator_count
+
+        return hand.epoch, hand.close, operator_count(hand.pipe)
     loader = gp.Loader(gpupipe_recipe(recipe, shards), batch, backend="dali", device="cuda" if gpu else "cpu",
                        num_workers=threads, shuffle=True, drop_last=True, seed=0, prefetch=prefetch,
                        dali=gp.DaliOptions(hw_decoder_load=hw_decoder_load))  # fmt: skip
@@ -172,7 +175,7 @@ def batches(recipe: str, shards: list[str], folder: str, *, gpu: bool, batch: in
         state["epoch"] += 1
         yield from loader
 
-    return epoch, loader.close
+    return epoch, loader.close, loader._runner.describe().get("operators")  # (as its repr says)
 
 
 def gpupipe_recipe(recipe: str, shards: list[str]) -> gp.Pipeline:
@@ -202,7 +205,7 @@ def _count(images: Any) -> int:
 def measure(recipe: str, shards: list[str], folder: str, *, gpu: bool, batch: int, threads: int,
             epochs: int, **settings: Any) -> dict[str, Any]:  # fmt: skip
     """Images/s (the best timed epoch) and CPU-seconds per 1,000 images (the least) of one row."""
-    epoch, close = batches(recipe, shards, folder, gpu=gpu, batch=batch, threads=threads, **settings)
+    epoch, close, operators = batches(recipe, shards, folder, gpu=gpu, batch=batch, threads=threads, **settings)
     rates, cpu = [], []
     try:
         for e in range(epochs + 1):
@@ -217,7 +220,8 @@ def measure(recipe: str, shards: list[str], folder: str, *, gpu: bool, batch: in
     finally:
         close()
     return {"recipe": recipe, "threads": threads, "images_per_s": round(max(rates), 1),
-            "cpu_s_per_1000": round(min(cpu), 3), "epochs": [round(r, 1) for r in rates]}  # fmt: skip
+            "cpu_s_per_1000": round(min(cpu), 3), "epochs": [round(r, 1) for r in rates],
+            "operators": operators}  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- probe --
@@ -292,7 +296,7 @@ def _probe_child(args: argparse.Namespace) -> None:
             n += args.batch_size
         del pipe
     else:
-        epoch, close = batches(args.probe, shards, args.probe_folder, gpu=gpu, batch=args.batch_size,
+        epoch, close, _ = batches(args.probe, shards, args.probe_folder, gpu=gpu, batch=args.batch_size,
                                threads=args.probe_threads, prefetch=1)  # fmt: skip
         for i, (images, _) in enumerate(epoch()):
             n += _count(images)
@@ -401,12 +405,13 @@ def write(out: str, meta: dict[str, Any], rows: list[dict[str, Any]], stall: dic
              ", ".join(f"{k} {v}" for k, v in meta.items() if k not in ("date", "device")), "",
              *(["**A smoke run (--quick): a few images, one epoch; the figures are not measurements.**", ""]
                if meta["quick"] else []),
-             "| set | pipeline | threads | images/s | CPU-s / 1000 images | decoded (hw / cuda / cpu) | nvJPEG |",
-             "|---|---|---|---|---|---|---|"]  # fmt: skip
+             "| set | pipeline | threads | images/s | CPU-s / 1000 images | decoded (hw / cuda / cpu) | nvJPEG "
+             "| operators |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in rows:
         recipe = f"{r['recipe']} ({r['tuned'].split(':')[0]})" if "tuned" in r else r["recipe"]
         lines.append(f"| {r['set']} | {recipe} | {r['threads']} | {r['images_per_s']:.0f} | "
-                     f"{r['cpu_s_per_1000']:.2f} | {r.get('decoded', '')} | {r.get('nvjpeg') or ''} |")  # fmt: skip
+                     f"{r['cpu_s_per_1000']:.2f} | {r.get('decoded', '')} | {r.get('nvjpeg') or ''} | "
+                     f"{r.get('operators') or ''} |")  # fmt: skip
     headline = ", ".join(f"{k} {v}" for k, v in head.items())
     lines += ["", f"ResNet-50 data stall ({stall['arch']}, batch {stall['batch_size']}): ceiling "
               f"{stall['ceiling']:.0f} images/s, fed by gpupipe {stall['fed']:.0f}, data wait "
