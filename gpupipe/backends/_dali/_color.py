@@ -41,13 +41,15 @@ _LUMA = (0.2989, 0.587, 0.114)  # torchvision's rgb_to_grayscale weights
 
 
 def _luma(ctx: Ctx, x: Any) -> Any:
-    """torchvision's grayscale of a float32 HWC image, ``[H, W]`` (floored for a uint8 image;
-    the one channel of a 1-channel image)."""
+    """torchvision's grayscale of a float32 HWC image, ``[H, W, 1]`` (floored for a uint8 image;
+    a 1-channel image as it is): one ``coord_transform``, where torchvision's three products and
+    two sums took eight operators (its sums' rounding may differ in the last bit: a grey level
+    apart on a few pixels of a uint8 image, well within ColorJitter's tolerance)."""
     from nvidia.dali import math as dmath
 
     if ctx.channels == 1:
-        return x[:, :, 0]
-    gray = x[:, :, 0] * _LUMA[0] + x[:, :, 1] * _LUMA[1] + x[:, :, 2] * _LUMA[2]
+        return x
+    gray = ctx.fn.coord_transform(x, M=list(_LUMA), device=ctx.device)
     return dmath.floor(gray) if ctx.dtype == torch.uint8 else gray
 
 
@@ -114,8 +116,7 @@ def _color_jitter(t: T.ColorJitter, img: Any, ctx: Ctx) -> Any:
     if t.contrast is not None:
         x = _blend(ctx, x, fn.reductions.mean(_luma(ctx, x)), ctx.factor(5))
     if t.saturation is not None and ctx.channels == 3:
-        gray = fn.expand_dims(_luma(ctx, x), axes=[2], new_axis_names="C")
-        x = _blend(ctx, x, gray, ctx.factor(6))
+        x = _blend(ctx, x, _luma(ctx, x), ctx.factor(6))
     if t.hue is not None and ctx.channels == 3:
         x = _hue(ctx, x, ctx.factor(7))
     return fn.cast(x, device=ctx.device, dtype=dali_type(ctx, ctx.dtype))
@@ -345,8 +346,7 @@ def _photometric(t: T.RandomPhotometricDistort, img: Any, ctx: Ctx) -> Any:
     x = _blend(ctx, x, None, factor(0, 1.0))
     x = _blend(ctx, x, fn.reductions.mean(_luma(ctx, x)), factor(1, 1.0, lambda a: a[:, 4] == 0))
     if ctx.channels == 3:
-        gray = fn.expand_dims(_luma(ctx, x), axes=[2], new_axis_names="C")
-        x = _blend(ctx, x, gray, factor(2, 1.0))
+        x = _blend(ctx, x, _luma(ctx, x), factor(2, 1.0))
         hued = ctx.arg(HostValue(lambda a: (~np.isnan(a[:, 3])).astype(np.float32), f), np.float32)
         x = where(hued, _hue(ctx, x, factor(3, 0.0)), x)
     x = _blend(ctx, x, fn.reductions.mean(_luma(ctx, x)), factor(1, 1.0, lambda a: a[:, 4] != 0))
