@@ -440,6 +440,47 @@ class TestArrayFunction:
                              max_tol=0.0 if exact else 2.5)  # fmt: skip
 
 
+class TestHueForms:
+    """Hue's two lowerings (``_color.HUE_CHANNELS_TOGETHER``: the GPU's, channels together in
+    fewer operators; the CPU's, one by one) give the same values: the GPU's runs here on DALI's
+    CPU operators against the CPU's."""
+
+    @pytest.mark.parametrize(
+        "steps",
+        [
+            [T.ColorJitter(hue=(0.1, 0.1))],
+            [T.ColorJitter(hue=(-0.5, -0.5))],
+            [T.ColorJitter(0.4, 0.4, 0.4, 0.1)],
+            [T.ToDtype(torch.float32, scale=True), T.Normalize(**IMAGENET), T.ColorJitter(hue=0.2)],
+            [T.RandomPhotometricDistort(p=1.0)],
+            [T.RandomApply([T.ColorJitter(0.4, 0.4, 0.2, 0.1)], p=0.5)],  # inside a conditional branch
+        ],
+        ids=["hue", "hue-half", "all-four", "float-normalized", "photometric", "in-a-branch"],
+    )
+    def test_together_equals_one_by_one(self, photos, monkeypatch, steps):
+        from gpupipe.backends._dali import _color
+
+        forms = {}
+        for together in (False, True):
+            monkeypatch.setitem(_color.HUE_CHANNELS_TOGETHER, "cpu", together)
+            forms[together] = run_dali(steps, photos)
+        for a, b in zip(forms[False], forms[True], strict=True):  # (the one-by-one form's parity with
+            torch.testing.assert_close(a, b, atol=0, rtol=0)  # torchvision: TestParity)
+
+    def test_the_gpu_graph_takes_the_channels_together(self):
+        """The hue of ColorJitter: 41 operators on the GPU, 72 on the CPU."""
+        from .support.dali_graph import parse
+        from .test_gpu_graph import define
+
+        def added(gpu: bool) -> int:
+            crop = [T.RandomResizedCrop(64)]
+            graphs = (define([*crop, T.ColorJitter(hue=0.1)], gpu=gpu), define(crop, gpu=gpu))
+            with_hue, without = (len(parse(g.pipe.serialize())[0]) for g in graphs)
+            return with_hue - without
+
+        assert (added(True), added(False)) == (41, 72)
+
+
 class TestArithmetic:
     """A user transform written once runs on every backend (in a loader: tests/test_loader.py)."""
 

@@ -64,42 +64,86 @@ def _blend(ctx: Ctx, x: Any, other: Any, ratio: Any) -> Any:
     return dmath.floor(out) if ctx.dtype == torch.uint8 else out
 
 
+# Where hue's arithmetic takes the three channels together (``[H, W, 3]`` nodes against
+# ``[H, W, 1]``: 41 operators) or one by one (``[H, W]`` nodes: 72), by device. A GPU launches
+# each operator, so fewer is faster there (not yet measured); DALI's CPU kernels broadcast and
+# reduce over the channels slowly (ColorJitter's train recipe 152-169 images/s together against
+# 161-173 one by one, 2 cores, 2026-11-26). The tests run both on the CPU.
+HUE_CHANNELS_TOGETHER = {"gpu": True, "cpu": False}
+
+
 def _hue(ctx: Ctx, x: Any, shift: Any) -> Any:
     """torchvision's ``adjust_hue_image`` on a float32 HWC image (0..255 for a uint8 image), in
     closed form: with ``v``/``m`` the channels' max/min, ``6h`` is ``_rgb_to_hsv``'s sector
     formula, shifted by ``6 * shift`` modulo 6, and ``_hsv_to_rgb``'s table is
     ``v - (v - m) * clamp(min(k, 4 - k), 0, 1)`` with ``k = (6h + n) mod 6`` for n = 5, 3, 1 (R, G,
-    B; ``v * s = v - m``). DALI runs one operator per arithmetic node: fewer nodes, faster. A
-    float image may hold values outside [0, 1] (after ``Normalize``): there torchvision's ``s =
-    (v - m) / v`` and its clamping of ``p``, ``q``, ``t`` to [0, 1] (``v`` itself unclamped) are
-    followed exactly, at the cost of more nodes."""
+    B; ``v * s = v - m``). A float image may hold values outside [0, 1] (after ``Normalize``):
+    there torchvision's ``s = (v - m) / v`` and its clamping of ``p``, ``q``, ``t`` to [0, 1]
+    (``v`` itself unclamped) are followed exactly. The channels go through the nodes together or
+    one by one (:data:`HUE_CHANNELS_TOGETHER`), with the same values."""
     from nvidia.dali import math as dmath
 
     if ctx.dtype == torch.uint8:
         x = x * (1.0 / 255.0)
-    r, g, b = x[:, :, 0], x[:, :, 1], x[:, :, 2]
-    v, m = dmath.max(dmath.max(r, g), b), dmath.min(dmath.min(r, g), b)
-    span = v - m
-    is_r = v == r
-    is_g = (v == g) & (v != r)
-    is_b = (v != g) & (v != r)
-    inv = 1.0 / (span + (span == 0.0))  # eqc: any divisor; the sector terms are 0 there
-    h6 = ((g - b) * is_r + (b - r) * is_g + (r - g) * is_b) * inv + is_g * 2.0 + is_b * 4.0
+    together = HUE_CHANNELS_TOGETHER[ctx.device]
+    v, span, h6 = (_sector_together if together else _sector_per_channel)(ctx, x)
     h6 = h6 + (shift * 6.0 + 6.0)  # torchvision: fmod(h + 1, 1), then (h + shift) mod 1
     h6 = h6 - dmath.floor(h6 * (1.0 / 6.0)) * 6.0
     saturation = None if ctx.dtype == torch.uint8 else span / where(span == 0.0, 1.0, v)
-    channels = []
-    for n in (5.0, 3.0, 1.0):
-        k = h6 + n
+
+    def channel(k: Any) -> Any:  # the output channel(s) whose hsv_to_rgb offset gave ``k``
         k = k - (k >= 6.0) * 6.0
         share = dmath.clamp(dmath.min(k, 4.0 - k), 0.0, 1.0)  # 0: v, 1: p, else q or t
         if saturation is None:  # uint8: every value in range
-            channels.append(v - span * share)
-        else:
-            clamped = dmath.clamp(v * (1.0 - saturation * share), 0.0, 1.0)
-            channels.append(clamped + (share == 0.0) * (v - clamped))
-    out = ctx.fn.stack(*channels, axis=2, axis_name="C")
+            return v - span * share
+        clamped = dmath.clamp(v * (1.0 - saturation * share), 0.0, 1.0)
+        return clamped + (share == 0.0) * (v - clamped)
+
+    if together:
+        out = channel(h6 + _per_channel(ctx, (5.0, 3.0, 1.0)))
+    else:
+        out = ctx.fn.stack(*(channel(h6 + n) for n in (5.0, 3.0, 1.0)), axis=2, axis_name="C")
     return scaled_to_uint8(out) if ctx.dtype == torch.uint8 else out  # torchvision's to_dtype back
+
+
+def _sector_per_channel(ctx: Ctx, x: Any) -> tuple[Any, Any, Any]:
+    """``(v, v - m, 6h)`` before the shift, ``[H, W]`` each, from the channels one by one:
+    torchvision's sector (the first channel at the max, in R, G, B order) and its formula."""
+    from nvidia.dali import math as dmath
+
+    r, g, b = x[:, :, 0], x[:, :, 1], x[:, :, 2]
+    v, m = dmath.max(dmath.max(r, g), b), dmath.min(dmath.min(r, g), b)
+    span = v - m
+    not_r = v != r
+    is_r, is_g, is_b = v == r, (v == g) & not_r, (v != g) & not_r
+    inv = 1.0 / (span + (span == 0.0))  # eqc: any divisor; the sector terms are 0 there
+    return v, span, ((g - b) * is_r + (b - r) * is_g + (r - g) * is_b) * inv + is_g * 2.0 + is_b * 4.0
+
+
+def _sector_together(ctx: Ctx, x: Any) -> tuple[Any, Any, Any]:
+    """:func:`_sector_per_channel`'s values, ``[H, W, 1]`` each, from ``[H, W, 3]`` nodes: ``v``
+    and ``m`` reductions over the channels, the three differences one ``coord_transform``, the
+    sector a mask of the channels at the max with none at the max before them, and its term
+    summed out by a ``coord_transform`` of ones (the other two terms are 0: the sum is the term,
+    exactly)."""
+    fn = ctx.fn
+    v = fn.reductions.max(x, axes=[2], keep_dims=True, device=ctx.device)
+    span = v - fn.reductions.min(x, axes=[2], keep_dims=True, device=ctx.device)
+    top = x == v
+    before = fn.coord_transform(fn.cast(top, dtype=ctx.types.FLOAT, device=ctx.device), M=[0, 0, 0, 1, 0, 0, 1, 1, 0],
+                                device=ctx.device)  # fmt: skip
+    sector = top & (before == 0.0)
+    inv = 1.0 / (span + (span == 0.0))  # eqc: any divisor; the sector terms are 0 there
+    diffs = fn.coord_transform(x, M=[0, 1, -1, -1, 0, 1, 1, -1, 0], device=ctx.device)  # g - b, b - r, r - g
+    terms = (diffs * inv + _per_channel(ctx, (0.0, 2.0, 4.0))) * sector
+    return v, span, fn.coord_transform(terms, M=[1, 1, 1], device=ctx.device)
+
+
+def _per_channel(ctx: Ctx, values: tuple[float, ...]) -> Any:
+    """A float32 constant ``[C]`` for the image's channels (a branch's samples, inside one)."""
+    if not ctx.branch:
+        return ctx.types.Constant(np.array(values, np.float32))
+    return ctx.local(ctx.fn.constant(fdata=list(values), shape=[len(values)]))
 
 
 @LOWERINGS.register(T.ColorJitter)
