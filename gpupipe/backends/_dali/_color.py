@@ -40,16 +40,18 @@ _LUMA = (0.2989, 0.587, 0.114)  # torchvision's rgb_to_grayscale weights
 # ----------------------------------------------------------------- ColorJitter --
 
 
-def _luma(ctx: Ctx, x: Any) -> Any:
-    """torchvision's grayscale of a float32 HWC image, ``[H, W, 1]`` (floored for a uint8 image;
-    a 1-channel image as it is): one ``coord_transform``, where torchvision's three products and
-    two sums took eight operators (its sums' rounding may differ in the last bit: a grey level
-    apart on a few pixels of a uint8 image, well within ColorJitter's tolerance)."""
+def luma(ctx: Ctx, x: Any) -> Any:
+    """torchvision's grayscale of an HWC image (uint8, or float32 on the image's scale) as float32
+    ``[H, W, 1]``, floored for a uint8 image (its ``.to(uint8)``); a 1-channel image as it is.
+    One ``coord_transform``, where torchvision's three products and two sums would take eight
+    operators; its sums' rounding may differ in the last bit (a grey level apart on up to 0.3% of
+    a uint8 image's pixels, measured by the policies' tests)."""
     from nvidia.dali import math as dmath
 
+    fn, float32 = ctx.fn, ctx.types.FLOAT
     if ctx.channels == 1:
-        return x
-    gray = ctx.fn.coord_transform(x, M=list(_LUMA), device=ctx.device)
+        return fn.cast(x, dtype=float32, device=ctx.device)
+    gray = fn.coord_transform(x, M=list(_LUMA), dtype=float32, device=ctx.device)
     return dmath.floor(gray) if ctx.dtype == torch.uint8 else gray
 
 
@@ -158,9 +160,9 @@ def _color_jitter(t: T.ColorJitter, img: Any, ctx: Ctx) -> Any:
     if t.brightness is not None:
         x = _blend(ctx, x, None, ctx.factor(4))
     if t.contrast is not None:
-        x = _blend(ctx, x, fn.reductions.mean(_luma(ctx, x)), ctx.factor(5))
+        x = _blend(ctx, x, fn.reductions.mean(luma(ctx, x)), ctx.factor(5))
     if t.saturation is not None and ctx.channels == 3:
-        x = _blend(ctx, x, _luma(ctx, x), ctx.factor(6))
+        x = _blend(ctx, x, luma(ctx, x), ctx.factor(6))
     if t.hue is not None and ctx.channels == 3:
         x = _hue(ctx, x, ctx.factor(7))
     return fn.cast(x, device=ctx.device, dtype=dali_type(ctx, ctx.dtype))
@@ -388,12 +390,12 @@ def _photometric(t: T.RandomPhotometricDistort, img: Any, ctx: Ctx) -> Any:
 
     x = to_float(ctx, img)
     x = _blend(ctx, x, None, factor(0, 1.0))
-    x = _blend(ctx, x, fn.reductions.mean(_luma(ctx, x)), factor(1, 1.0, lambda a: a[:, 4] == 0))
+    x = _blend(ctx, x, fn.reductions.mean(luma(ctx, x)), factor(1, 1.0, lambda a: a[:, 4] == 0))
     if ctx.channels == 3:
-        x = _blend(ctx, x, _luma(ctx, x), factor(2, 1.0))
+        x = _blend(ctx, x, luma(ctx, x), factor(2, 1.0))
         hued = ctx.arg(HostValue(lambda a: (~np.isnan(a[:, 3])).astype(np.float32), f), np.float32)
         x = where(hued, _hue(ctx, x, factor(3, 0.0)), x)
-    x = _blend(ctx, x, fn.reductions.mean(_luma(ctx, x)), factor(1, 1.0, lambda a: a[:, 4] != 0))
+    x = _blend(ctx, x, fn.reductions.mean(luma(ctx, x)), factor(1, 1.0, lambda a: a[:, 4] != 0))
     out = fn.cast(x, device=ctx.device, dtype=dali_type(ctx, ctx.dtype))
     if ctx.channels != 3:
         return out

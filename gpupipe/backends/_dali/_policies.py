@@ -34,7 +34,7 @@ import numpy as np
 from ... import transforms as T
 from ...core._geometry import affine_matrices
 from ...transforms._policies import _CODE, COLOR, GEOMETRY
-from ._color import _LUMA, autocontrasted, sharpened
+from ._color import autocontrasted, luma, sharpened
 from ._context import LOWERINGS, Ctx
 from ._host import HostValue
 from ._lowerings import _host_size, warp
@@ -144,23 +144,12 @@ def _blend(t: Any, img: Any, ctx: Ctx, arg: Any, matrices: Any) -> Any:
         def weight(name: str) -> Any:  # 1 - f where the code is ``name``, else 0
             return arg(lambda c, m: np.where(c == _CODE[name], _factor(c, m, COLOR)[1], np.float32(0)), np.float32)
 
-        luma = _luma(ctx, img)
-        terms = [luma * weight("Color")] if color else []
+        gray = luma(ctx, img)
+        terms = [gray * weight("Color")] if color else []
         if contrast:
-            terms.append(fn.reductions.mean(luma) * weight("Contrast"))
+            terms.append(fn.reductions.mean(gray) * weight("Contrast"))
         out = out + (terms[0] if len(terms) == 1 else terms[0] + terms[1])
     return fn.cast(dmath.floor(out), dtype=ctx.types.UINT8, device=ctx.device)
-
-
-def _luma(ctx: Ctx, img: Any) -> Any:
-    """torchvision's luma of a uint8 HWC image, floored, as float32 ``[H, W, 1]``: one
-    ``coord_transform`` (a 1-channel image is its own, cast)."""
-    import nvidia.dali.math as dmath
-
-    fn, float32 = ctx.fn, ctx.types.FLOAT
-    if ctx.channels == 1:
-        return fn.cast(img, dtype=float32, device=ctx.device)
-    return dmath.floor(fn.coord_transform(img, M=list(_LUMA), dtype=float32, device=ctx.device))
 
 
 def _sharpness(t: Any, img: Any, ctx: Ctx, arg: Any, matrices: Any) -> Any:
