@@ -70,7 +70,7 @@ def _blend(ctx: Ctx, x: Any, other: Any, ratio: Any) -> Any:
 # ``[H, W, 1]``: 41 operators) or one by one (``[H, W]`` nodes: 72), by device. A GPU launches
 # each operator, so fewer is faster there (not yet measured); DALI's CPU kernels broadcast and
 # reduce over the channels slowly (ColorJitter's train recipe 152-169 images/s together against
-# 161-173 one by one, 2 cores, 2026-11-26). The tests run both on the CPU.
+# 190-191 one by one, 2 cores, 2026-11-26). The tests run both on the CPU.
 HUE_CHANNELS_TOGETHER = {"gpu": True, "cpu": False}
 
 
