@@ -201,6 +201,13 @@ class Ctx:
             return self.fn.stack(*(self.arg(v, dtype) for v in values))
         return [self.arg(v, dtype) for v in values]
 
+    def channel_constant(self, values: Sequence[float]) -> Any:
+        """A float32 constant ``[C]``, one value per channel, for arithmetic with an HWC image: of
+        the branch's samples inside one (:meth:`local`)."""
+        if not self.branch:
+            return self.types.Constant(np.array(values, np.float32))
+        return self.local(self.fn.constant(fdata=[float(v) for v in values], shape=[len(values)]))
+
     def arg_matrices(self, value: HostValue, dtype: Any) -> Any:
         """``value`` (``[B, 6]`` on the host) as a per-sample ``[2, 3]`` matrix argument (an affine
         map): one fed ``external_source``, no reshape in the graph."""

@@ -426,8 +426,7 @@ def warp(ctx: Ctx, img: Any, matrix: Any, fill: Any, *, nearest: bool) -> Any:
     x = fn.cast(warped[:, :, 0:channels], dtype=types.FLOAT, device=ctx.device)
     cover = fn.cast(warped[:, :, channels:], dtype=types.FLOAT, device=ctx.device) * np.float32(1 / one)
     values = list(fills) * channels if len(fills) == 1 else list(fills)
-    paint = types.Constant(np.array(values, np.float32)) if not ctx.branch else ctx.local(
-        fn.constant(fdata=values, shape=[len(values)]))  # fmt: skip
+    paint = ctx.channel_constant(values)
     if nearest:
         out = x + (cover < 0.5) * (paint - x)
     else:
