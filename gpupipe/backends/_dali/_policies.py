@@ -104,9 +104,9 @@ def _slot(t: Any, img: Any, ctx: Ctx, drawn: HostValue, slot: int, height: Any, 
             """A per-sample argument of the branch's samples (fed for the batch, then split)."""
             return ctx.arg(HostValue(lambda cm: value_of(cm[0][:, slot], cm[1][:, slot]), drawn), dtype)
 
-        def matrices() -> Any:
+        def matrices() -> tuple[HostValue, tuple[Any, Any]]:  # the host's maps, and the size they are of
             value = HostValue(lambda h, w, cm: _matrices(h, w, cm[0][:, slot], cm[1][:, slot]), height, width, drawn)
-            return ctx.arg_matrices(value, np.float32)
+            return value, (height, width)
 
         with ctx.branched(predicate, size=sizes):
             out = lower(t, inside, ctx, arg, matrices)
@@ -122,7 +122,8 @@ def _per_sample(value: Any, drawn: tuple[np.ndarray, ...]) -> np.ndarray:
 def _geometry(t: Any, img: Any, ctx: Ctx, arg: Any, matrices: Any) -> Any:
     """ShearX/Y, TranslateX/Y(Rel), Rotate: ``warp_affine`` by each sample's inverse map, with
     torchvision's fill (a fill per channel too: ``_lowerings.warp``)."""
-    return warp(ctx, img, matrices(), t.fill, nearest=t.interpolation == T.InterpolationMode.NEAREST)
+    maps, size = matrices()
+    return warp(ctx, img, maps, t.fill, nearest=t.interpolation == T.InterpolationMode.NEAREST, size=size)
 
 
 def _blend(t: Any, img: Any, ctx: Ctx, arg: Any, matrices: Any) -> Any:
