@@ -74,22 +74,28 @@ def mix(images: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor, params:
 
 
 def _all_valid(images: torch.Tensor, soft: torch.Tensor, params: MixParams) -> torch.Tensor:
-    """:func:`mix` where every row is valid (nearly every batch), in place and with one copy of the
-    batch (its roll), as torchvision does it: the training thread's share of the work."""
+    """:func:`mix` where every row is valid (nearly every batch), in place, with torchvision's
+    arithmetic: the training thread's share of the work, so with at most one copy of the batch
+    (MixUp: the partners' share, ``x[i - 1] · (1 − λ)``, rolled and scaled in one pass; CutMix
+    with one box: the box's slice only). On 64 x 3 x 176 x 176, one thread: MixUp 6.0 → 5.1 ms,
+    CutMix 4.4 → 2.2 ms (2026-11-26)."""
     device = images.device
     lam = torch.as_tensor(params.lam, dtype=torch.float64)
     keep = lam.to(torch.float32).to(device)[:, None]
     give = (1.0 - lam).to(torch.float32).to(device)[:, None]
     soft.copy_(soft.roll(1, 0).mul_(give).add_(soft.mul(keep)))
-    theirs = images.roll(1, 0)
     cut = torch.as_tensor(params.cut)
     shape = (-1,) + (1,) * (images.dim() - 1)
-    if not cut.any():  # MixUp
-        return images.mul_(keep.view(shape)).add_(theirs.mul_(give.view(shape)))
-    if cut.all() and bool((params.box == params.box[:1]).all()):  # CutMix, one box: a slice
+    if not cut.any():  # MixUp: the partners' share written as it is rolled (one pass less)
+        theirs = torch.empty_like(images)
+        torch.mul(images[:-1], give[1:].view(shape), out=theirs[1:])
+        torch.mul(images[-1:], give[:1].view(shape), out=theirs[:1])
+        return images.mul_(keep.view(shape)).add_(theirs)
+    if cut.all() and bool((params.box == params.box[:1]).all()):  # CutMix, one box: that slice rolled
         left, top, right, bottom = (int(v) for v in params.box[0])
-        images[..., top:bottom, left:right] = theirs[..., top:bottom, left:right]
+        images[..., top:bottom, left:right] = images[..., top:bottom, left:right].roll(1, 0)
         return images
+    theirs = images.roll(1, 0)
     height, width = images.shape[-2], images.shape[-1]
     boxes = torch.as_tensor(params.box, device=device)
     ys = torch.arange(height, device=device)[None, :, None]

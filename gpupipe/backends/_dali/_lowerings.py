@@ -402,7 +402,7 @@ def _warp(t: T.RandomRotation | T.RandomAffine, img: Any, ctx: Ctx, matrices: Ho
 # Zeros outside, bilinear: DALI's ``fill_value`` (each tap outside is the fill) or, the same
 # values, the image padded by one pixel of zeros and sampled with DALI's border clamp. On DALI's
 # CPU kernels the clamp is much the faster: 176 x 176 RGB uint8, 1 thread, 0.97 ms per image
-# with the pad against 1.45-1.53 ms with the fill (2026-11-27, DALI 2.4.0; torchvision's
+# with the pad against 1.45-1.53 ms with the fill (2026-11-26, DALI 2.4.0; torchvision's
 # ``affine`` 0.61 ms). On a GPU the pad is one more launch: not yet measured there, so kept off.
 PAD_FOR_ZEROS = {"cpu": True, "gpu": False}
 
