@@ -197,7 +197,7 @@ class TestRandomAffineOnDali:
 
 
 class TestWarpForms:
-    """Bilinear with zeros outside has two lowerings (``_lowerings.PAD_FOR_ZEROS``): DALI's
+    """Bilinear with zeros outside has two lowerings (``_warp.PAD_FOR_ZEROS``): DALI's
     ``fill_value`` (the GPU's) and, on the CPU, the image padded by a pixel of zeros and sampled
     with the border clamp (about 1.5x faster on DALI's CPU kernel). Both sample zeros at every
     tap outside the image; the shifted map rounds a source point differently now and then."""
@@ -214,11 +214,11 @@ class TestWarpForms:
         [T.RandomResizedCrop(48), T.TrivialAugmentWide(interpolation="bilinear")],  # the size fixed: constants
     ], ids=["zeros", "fill-per-channel", "float-fill", "policy"])  # fmt: skip
     def test_padded_agrees_with_dalis_fill(self, photos, monkeypatch, steps):
-        from gpupipe.backends._dali import _lowerings
+        from gpupipe.backends._dali import _warp
 
         forms = {}
         for pad in (False, True):
-            monkeypatch.setitem(_lowerings.PAD_FOR_ZEROS, "cpu", pad)
+            monkeypatch.setitem(_warp.PAD_FOR_ZEROS, "cpu", pad)
             forms[pad] = run_dali(steps, photos)
         apart = [(a.double() - b.double()).abs() for a, b in zip(forms[False], forms[True], strict=True)]
         if steps[0] is FLOAT:  # float32 coordinates' rounding, in 0-255 units

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ... import transforms as T
 from .._base import Backend, Runner, RunSpec
-from . import _color, _lowerings, _policies  # noqa: F401 - register the lowerings
+from . import _color, _lowerings, _policies, _warp  # noqa: F401 - register the lowerings
 from ._context import LOWERINGS
 
 __all__ = ["BACKEND", "DaliBackend"]

@@ -37,7 +37,8 @@ from ...transforms._policies import _CODE, COLOR, GEOMETRY
 from ._color import autocontrasted, luma, sharpened
 from ._context import LOWERINGS, Ctx
 from ._host import HostValue
-from ._lowerings import _host_size, warp
+from ._lowerings import _host_size
+from ._warp import warp
 
 __all__: list[str] = []
 
@@ -121,7 +122,7 @@ def _per_sample(value: Any, drawn: tuple[np.ndarray, ...]) -> np.ndarray:
 
 def _geometry(t: Any, img: Any, ctx: Ctx, arg: Any, matrices: Any) -> Any:
     """ShearX/Y, TranslateX/Y(Rel), Rotate: ``warp_affine`` by each sample's inverse map, with
-    torchvision's fill (a fill per channel too: ``_lowerings.warp``)."""
+    torchvision's fill (a fill per channel too: ``_warp.warp``)."""
     maps, size = matrices()
     return warp(ctx, img, maps, t.fill, nearest=t.interpolation == T.InterpolationMode.NEAREST, size=size)
 
