@@ -328,7 +328,7 @@ def data_stall(shards: list[str], *, gpu: bool, quick: bool, hw_decoder_load: fl
     ceiling, _ = stall.timed(stall.on_device(args, device, memory_format), step, args, device)
     pipe = gp.load_pipeline(os.path.join(ROOT, "pipelines", "imagenet.py:train"))(shards, size=args.image_size)
     dali = gp.DaliOptions(hw_decoder_load=hw_decoder_load)
-    with gp.Loader(pipe, args.batch_size, shuffle=True, drop_last=True, seed=0, device=str(device),
+    with gp.Loader(pipe, args.batch_size, shuffle=True, drop_last=True, seed=0, backend="dali", device=str(device),
                    memory_format=memory_format, dali=dali) as loader:  # fmt: skip
         fed, wait = stall.timed(stall.endless(loader, device, memory_format), step, args, device)
         describe = repr(loader)

@@ -38,7 +38,7 @@ class TestDiagnosis:
     def test_a_cpu_machine(self):
         (finding,) = doctor.diagnose(CPU_ONLY)
         assert finding.level == Level.NOTE and "no NVIDIA GPU" in finding.message
-        assert doctor.auto_choice(CPU_ONLY)[:2] == ("dali", "cpu")
+        assert doctor.auto_choice(CPU_ONLY)[:2] == ("torch", "cpu")  # DALI's CPU operators: when named
         assert doctor.auto_choice(dataclasses.replace(CPU_ONLY, dali=None, dali_cuda=None))[:2] == ("torch", "cpu")
 
     def test_the_choice_is_the_backend_tables(self, monkeypatch):
@@ -46,11 +46,14 @@ class TestDiagnosis:
         order and reasons, not a copy of the rule."""
         from gpupipe import backends
 
-        assert doctor.auto_choice(CPU_ONLY)[2] == "torch sees no usable GPU; the first available of dali, torch"
+        assert doctor.auto_choice(CPU_ONLY)[2] == (
+            "torch sees no usable GPU; dali runs slower on the cpu (bench/results/2026-11-26-dali-cpu-kernels.md)"
+        )
         no_dali = dataclasses.replace(CPU_ONLY, dali=None, dali_cuda=None)
         assert doctor.auto_choice(no_dali)[2] == "torch sees no usable GPU; dali not available"
+        assert doctor.auto_choice(HEALTHY)[2].endswith("the first available of dali, torch")
         monkeypatch.setattr(backends, "TABLE", {"torch": backends.TABLE["torch"], "dali": backends.TABLE["dali"]})
-        assert doctor.auto_choice(CPU_ONLY)[:2] == ("torch", "cpu")  # the table's order decides
+        assert doctor.auto_choice(HEALTHY)[:2] == ("torch", "cuda")  # the table's order decides
 
     def test_a_cuda_12_driver_with_pypis_torch(self):
         """The case of the issue: PyPI's torch is a CUDA 13 build; a CUDA 12 driver cannot run it."""

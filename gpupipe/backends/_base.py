@@ -187,8 +187,9 @@ class Backend(abc.ABC):
         auto: whether ``backend="auto"`` may choose it (``False``: only when named).
         lowerings: transform type → lowering function, for this backend.
         slower: ``(device type, transform types, evidence)`` entries: where the backend runs
-            those transforms measurably slower than the next backend of the table, so that
-            ``backend="auto"`` passes it over there for that backend (when it runs the pipeline).
+            those transforms (``None``: any pipeline) measurably slower than the next backend of
+            the table, so that ``backend="auto"`` passes it over there for that backend (when it
+            runs the pipeline).
     """
 
     name: ClassVar[str]
@@ -196,7 +197,7 @@ class Backend(abc.ABC):
     auto: ClassVar[bool] = True  # whether backend="auto" may pick it
     requirement: ClassVar[str] = ""
     lowerings: ClassVar[Registry]
-    slower: ClassVar[tuple[tuple[str, tuple[type, ...], str], ...]] = ()
+    slower: ClassVar[tuple[tuple[str, tuple[type, ...] | None, str], ...]] = ()
     reads_fields: ClassVar[bool] = False  # whether it reads a source's fields= (Batch.fields)
     imageless: ClassVar[bool] = False  # whether it runs a source of fields alone (no image per sample)
     reads_targets: ClassVar[bool] = False  # whether it moves Mask fields with the image (gp.fields.Mask)
@@ -207,6 +208,8 @@ class Backend(abc.ABC):
         for dev, types, evidence in self.slower:
             if dev != device_type:
                 continue
+            if types is None:
+                return f"{self.name} runs slower on the {dev} ({evidence})"
             for steps in views:
                 for step in _walk(steps):
                     if isinstance(step, types):

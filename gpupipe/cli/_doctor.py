@@ -216,7 +216,7 @@ def diagnose(env: Environment) -> list[Advice]:
     found: list[Advice] = []
     driver = env.driver_cuda
     if not env.gpus or driver is None:
-        found.append(Advice(Level.NOTE, "no NVIDIA GPU or driver: gpupipe runs DALI's CPU operators or torch"))
+        found.append(Advice(Level.NOTE, "no NVIDIA GPU or driver: gpupipe runs torch (DALI on the CPU when named)"))
     else:
         if env.torch_cuda and env.torch_cuda[0] > driver[0]:
             found.append(Advice(
