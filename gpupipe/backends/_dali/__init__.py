@@ -21,8 +21,9 @@ class DaliBackend(Backend):
     # 3.8x torchvision's uint8 resize, its bilinear warp 1.6x torchvision's affine, its arithmetic
     # 1.2-1.8 ns per value. The torch backend ran every recipe measured faster on 2 cores (train
     # 0.84-0.89x for DALI, val 0.89x, V2 0.73-0.81x, the policies, issue 39's), at the same ratio
-    # with 1 and 2 workers. So on the CPU DALI runs when named, or where torch cannot run the
-    # pipeline. (The GPU: DALI.)
+    # with 1 and 2 workers, and on 16 cores with 8 (an H100 machine, 2026-11-22: train 0.89x, val
+    # 0.77x). So on the CPU DALI runs when named, or where torch cannot run the pipeline. (The
+    # GPU: DALI.)
     slower = (("cpu", None, "bench/results/2026-11-26-dali-cpu-kernels.md"),)
 
     def available(self) -> bool:
