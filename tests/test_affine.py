@@ -212,7 +212,8 @@ class TestWarpForms:
                         fill=(10, 200, 30))],
         [FLOAT, T.RandomRotation(45, interpolation="bilinear", center=(10, 20), fill=0.5)],
         [T.RandomResizedCrop(48), T.TrivialAugmentWide(interpolation="bilinear")],  # the size fixed: constants
-    ], ids=["zeros", "fill-per-channel", "float-fill", "policy"])  # fmt: skip
+        [T.Resize(40), T.RandAugment(num_ops=2, interpolation="bilinear")],  # sizes per sample, split in branches
+    ], ids=["zeros", "fill-per-channel", "float-fill", "policy", "policy-sizes-per-sample"])  # fmt: skip
     def test_padded_agrees_with_dalis_fill(self, photos, monkeypatch, steps):
         from gpupipe.backends._dali import _warp
 
