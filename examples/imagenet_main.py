@@ -9,7 +9,7 @@ functions and output), migrated to gpupipe. Every line that changed is marked ``
 - validation counts each sample once over the ranks through ``batch.valid`` (the padding that
   evens out the ranks is masked), so the auxiliary loader for the remainder goes;
 - batches arrive on the GPU (``device=``): the ``.cuda()`` calls on them go; ``--backend`` picks
-  gpupipe's backend (default: DALI where installed);
+  gpupipe's backend (default: DALI on a GPU where installed, else torch);
 - ``--image-size`` (default 224, val resizes to 256/224 of it) exists for quick runs;
 - it is launched by torchrun (or as one process); the original's own launcher
   (``--multiprocessing-distributed``, ``--dist-url``, ``--world-size``, ``--rank``, ``--gpu``)
