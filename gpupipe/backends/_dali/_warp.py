@@ -30,7 +30,7 @@ def _rotation(t: T.RandomRotation, img: Any, ctx: Ctx) -> Any:
     computed on the host from the image's size and the sample's angle."""
     height, width = _host_size(ctx, img, "RandomRotation")
     matrices = HostValue(lambda h, w, f: rotation_matrices(h, w, f[:, 0], t.center), height, width, ctx.host_random())
-    return _warp(t, img, ctx, matrices)
+    return _warp(t, img, ctx, matrices, (height, width))
 
 
 @LOWERINGS.register(T.RandomAffine, unsupported=_warp_unsupported)
@@ -44,13 +44,12 @@ def _affine(t: T.RandomAffine, img: Any, ctx: Ctx) -> Any:
         translate = t.translation(h, w, f[:, 1], f[:, 2])
         return affine_matrices(h, w, f[:, 0], translate, f[:, 3], (f[:, 4], f[:, 5]), t.center)
 
-    return _warp(t, img, ctx, HostValue(matrices_of, height, width, ctx.host_random()))
+    return _warp(t, img, ctx, HostValue(matrices_of, height, width, ctx.host_random()), (height, width))
 
 
-def _warp(t: T.RandomRotation | T.RandomAffine, img: Any, ctx: Ctx, matrices: HostValue) -> Any:
-    """:func:`warp` of ``img`` by per-sample ``[B, 6]`` host matrices."""
-    nearest = t.interpolation == T.InterpolationMode.NEAREST
-    return warp(ctx, img, matrices, t.fill, nearest=nearest, size=_host_size(ctx, img, type(t).__name__))
+def _warp(t: T.RandomRotation | T.RandomAffine, img: Any, ctx: Ctx, matrices: HostValue, size: tuple[Any, Any]) -> Any:
+    """:func:`warp` of ``img`` (of ``size``) by per-sample ``[B, 6]`` host matrices."""
+    return warp(ctx, img, matrices, t.fill, nearest=t.interpolation == T.InterpolationMode.NEAREST, size=size)
 
 
 # Zeros outside, bilinear: DALI's ``fill_value`` (each tap outside is the fill) or, the same
@@ -74,21 +73,17 @@ def warp(ctx: Ctx, img: Any, matrices: HostValue, fill: Any, *, nearest: bool, s
     import nvidia.dali.math as dmath
 
     fn, types = ctx.fn, ctx.types
-    interp = types.INTERP_NN if nearest else types.INTERP_LINEAR
     if fill is None or (nearest and len(set(fill if isinstance(fill, tuple) else (fill,))) == 1):
         # torchvision without a fill samples zeros outside (as DALI's fill 0); nearest with one
         # value is DALI's own fill
         value = 0.0 if fill is None else float(fill[0] if isinstance(fill, tuple) else fill)
-        if nearest:
-            matrix = ctx.arg_matrices(matrices, np.float32)
-            return fn.warp_affine(img, matrix=matrix, fill_value=value, interp_type=interp, device=ctx.device)
-        return _warp_zeros_outside(ctx, img, matrices, size)
+        return _warp_filled(ctx, img, matrices, size, nearest=nearest, value=value)
     fills = tuple(fill) if isinstance(fill, tuple) else (float(fill),)
     uint8 = ctx.dtype == torch.uint8
     one = 255 if uint8 else 1.0
     channels = ctx.channels
     mask = fn.cast_like(img[:, :, 0:1] * 0 + one, img, device=ctx.device)  # (of img's own samples: a branch's)
-    warped = _warp_zeros_outside(ctx, fn.cat(img, mask, axis=2, device=ctx.device), matrices, size, interp=interp)
+    warped = _warp_filled(ctx, fn.cat(img, mask, axis=2, device=ctx.device), matrices, size, nearest=nearest)
     x = fn.cast(warped[:, :, 0:channels], dtype=types.FLOAT, device=ctx.device)
     cover = fn.cast(warped[:, :, channels:], dtype=types.FLOAT, device=ctx.device) * np.float32(1 / one)
     values = list(fills) * channels if len(fills) == 1 else list(fills)
@@ -102,21 +97,22 @@ def warp(ctx: Ctx, img: Any, matrices: HostValue, fill: Any, *, nearest: bool, s
     return fn.cast(out, dtype=dali_type(ctx, ctx.dtype), device=ctx.device)
 
 
-def _warp_zeros_outside(ctx: Ctx, img: Any, matrices: HostValue, size: tuple[Any, Any], *, interp: Any = None) -> Any:
-    """``warp_affine`` (bilinear unless ``interp``) sampling zeros outside the image: DALI's fill
-    0, or on the CPU (:data:`PAD_FOR_ZEROS`) the image padded by a pixel of zeros each side,
+def _warp_filled(ctx: Ctx, img: Any, matrices: HostValue, size: tuple[Any, Any], *, nearest: bool,
+                 value: float = 0.0) -> Any:  # fmt: skip
+    """``warp_affine`` sampling ``value`` outside the image: DALI's ``fill_value`` or, bilinear
+    on the CPU (:data:`PAD_FOR_ZEROS`), the image padded by a pixel of ``value`` each side and
     sampled with the border clamp by the maps shifted by that pixel, to its own ``size``."""
     fn, types = ctx.fn, ctx.types
-    interp = types.INTERP_LINEAR if interp is None else interp
-    if not PAD_FOR_ZEROS[ctx.device]:
+    if nearest or not PAD_FOR_ZEROS[ctx.device]:  # (DALI's nearest neighbour is fast with its fill)
+        interp = types.INTERP_NN if nearest else types.INTERP_LINEAR
         matrix = ctx.arg_matrices(matrices, np.float32)
-        return fn.warp_affine(img, matrix=matrix, fill_value=0.0, interp_type=interp, device=ctx.device)
+        return fn.warp_affine(img, matrix=matrix, fill_value=value, interp_type=interp, device=ctx.device)
     height, width = size
     padded = fn.slice(img, start=[-1, -1], shape=ctx.arg_vector([height + 2, width + 2], np.int32), axis_names="HW",
-                      out_of_bounds_policy="pad", fill_values=0, device=ctx.device)  # fmt: skip
+                      out_of_bounds_policy="pad", fill_values=value, device=ctx.device)  # fmt: skip
     matrix = ctx.arg_matrices(HostValue(_shifted_by_one, matrices), np.float32)
     out_size = ctx.arg_vector([height, width], np.float32)
-    return fn.warp_affine(padded, matrix=matrix, size=out_size, interp_type=interp, device=ctx.device)
+    return fn.warp_affine(padded, matrix=matrix, size=out_size, interp_type=types.INTERP_LINEAR, device=ctx.device)
 
 
 def _shifted_by_one(m: np.ndarray) -> np.ndarray:
