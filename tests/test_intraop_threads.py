@@ -1,0 +1,82 @@
+"""gpupipe's own torch work on the training thread (MixUp/CutMix on the CPU) runs on that thread
+alone: torch's intra-op team, spinning after each parallel region, would take the cores from the
+loader's threads. Only the calling thread's count changes, and only for the block."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from gpupipe.runtime import _threads
+from gpupipe.runtime._threads import one_intraop_thread
+
+pytestmark = pytest.mark.skipif(_threads.openmp() is None, reason="torch's intra-op threads are not OpenMP's here")
+
+
+@pytest.fixture
+def two_threads():
+    """This thread's intra-op count at 2 (the development VM's and CI's default), then as it was."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+def count_in_a_new_thread() -> int:
+    seen = []
+    t = threading.Thread(target=lambda: seen.append(torch.get_num_threads()))
+    t.start()
+    t.join()
+    return seen[0]
+
+
+@pytest.mark.usefixtures("two_threads")
+class TestOneIntraopThread:
+    def test_the_block_runs_on_one_thread_and_the_count_comes_back(self):
+        with one_intraop_thread():
+            assert torch.get_num_threads() == 1
+            x = torch.rand(4, 3, 176, 176)  # a parallel-sized operation still runs, serially
+            assert torch.equal(x.mul(0.5).add_(x), x * 0.5 + x)
+        assert torch.get_num_threads() == 2
+
+    def test_the_count_comes_back_after_an_error(self):
+        with pytest.raises(RuntimeError, match="boom"), one_intraop_thread():
+            raise RuntimeError("boom")
+        assert torch.get_num_threads() == 2
+
+    def test_other_threads_keep_their_count(self):
+        """Not ``torch.set_num_threads``: a thread started during the block gets the process's
+        default, and one already running keeps its own."""
+        inside = threading.Event()
+        leave = threading.Event()
+        seen = []
+
+        def other():
+            torch.get_num_threads()  # its own count, set up before the block
+            inside.wait(10)
+            seen.append(torch.get_num_threads())
+            leave.set()
+
+        t = threading.Thread(target=other)
+        t.start()
+        with one_intraop_thread():
+            inside.set()
+            assert leave.wait(10)
+            assert count_in_a_new_thread() == 2
+        t.join()
+        assert seen == [2]
+
+    def test_nested_blocks_restore_the_outer_count(self):
+        with one_intraop_thread():
+            with one_intraop_thread():
+                assert torch.get_num_threads() == 1
+            assert torch.get_num_threads() == 1
+        assert torch.get_num_threads() == 2
+
+
+def test_without_openmp_it_changes_nothing(monkeypatch, two_threads):
+    monkeypatch.setattr(_threads, "openmp", lambda: None)
+    with one_intraop_thread():
+        assert torch.get_num_threads() == 2
