@@ -36,7 +36,7 @@ sys.path.insert(0, ROOT)
 from _report import publish
 
 import gpupipe as gp
-from gpupipe.backends._targets import move_targets
+from gpupipe.backends._torch._targets import move_targets
 from gpupipe.core._geometry import resize_size
 from gpupipe.core._random import factors
 from gpupipe.testing import encode_png, label_map, synthetic_image

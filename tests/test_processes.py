@@ -60,7 +60,7 @@ class _CrashOnce(T.ArrayFunction):
 
 @pytest.fixture
 def crashing_decoder(monkeypatch):
-    from gpupipe.backends import _persample
+    from gpupipe.backends._torch import _persample
 
     make_decoders_crash(monkeypatch, _persample)
 

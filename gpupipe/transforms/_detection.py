@@ -4,7 +4,7 @@ RandomZoomOut and RandomIoUCrop (torchvision v2's names, arguments and defaults)
 ``RandomIoUCrop``'s window depends on the sample's boxes as well as its size and draws: it is the
 one transform whose :meth:`~RandomIoUCrop.make_params` takes ``boxes``, and a pipeline has it only
 with a ``gp.fields.Boxes`` field. Every backend computes its window where the boxes are moved
-(``gpupipe.backends._targets``), so the image is cropped where the boxes were.
+(``gpupipe.backends._torch._targets``), so the image is cropped where the boxes were.
 """
 
 from __future__ import annotations

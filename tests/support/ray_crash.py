@@ -37,7 +37,7 @@ def crashing_decoder() -> None:
     sends it to its workers by value)."""
     import signal
 
-    from gpupipe.backends import _persample
+    from gpupipe.backends._torch import _persample
 
     mark, real = b"\xff\xd8\xff\xfe\x00\x08CRASH!", _persample.decode_rgb
 

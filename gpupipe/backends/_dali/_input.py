@@ -5,7 +5,7 @@ DALI ahead of it, in reader threads (see the runner's docstring).
   samples, each shard's samples become views of the shard mapped under a read lease
   (``_memory.Maps``, CPU pipelines), or are ``pread`` into a reused buffer (``_memory.Buffers``:
   pinned memory for a GPU pipeline, transparent huge pages otherwise), the batch's random factors
-  are drawn, and its masks and boxes moved (``backends._targets``).
+  are drawn, and its masks and boxes moved (``backends._torch._targets``).
 - A :class:`FeedBatch` (the batch fed to DALI, not the loader's ``gp.Batch``) holds what its views
   point into until :meth:`FeedBatch.release`.
 """
@@ -29,7 +29,7 @@ from ...storage import MappedFile
 from ...transforms import Transform
 from .._base import donor, fill
 from .._fields import batch_fields, empty_values, field_values
-from .._targets import has_targets, move_targets
+from .._torch._targets import has_targets, move_targets
 from ._context import Lowered
 from ._fallback import ppm_size
 from ._headers import Headers, Sizes
@@ -226,7 +226,7 @@ class BatchReader:
                       keys: list[str], shards: list[str], bad: dict[int, DataError],
                       windows: dict[int, np.ndarray]) -> None:  # fmt: skip
         """Moves each good sample's masks and boxes with its image here, on the host, from the
-        image's size and the sample's factors (``backends._targets``: what the torch backend does in
+        image's size and the sample's factors (``backends._torch._targets``: what the torch backend does in
         its workers, so they come out the same), and writes the crop ``windows`` the boxes chose
         (``(top, left, height, width)``); a sample they fail for is recorded in ``bad``. The
         factors are the batch's ``env``'s, drawn once for these and the graph's feeds alike."""

@@ -192,7 +192,7 @@ def _zoom_out(t: T.RandomZoomOut, img: Any, ctx: Ctx) -> Any:
 
 @LOWERINGS.register(T.RandomIoUCrop)
 def _iou_crop(t: T.RandomIoUCrop, img: Any, ctx: Ctx) -> Any:
-    """A ``slice`` by the window the boxes chose on the host (``backends._targets``, in the
+    """A ``slice`` by the window the boxes chose on the host (``backends._torch._targets``, in the
     reader threads: :func:`box_window`); the whole image where none was."""
     h, w = _host_size(ctx, img, "RandomIoUCrop")
 

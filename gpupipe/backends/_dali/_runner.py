@@ -77,7 +77,7 @@ from ...plan._plan import RankPlan
 from ...runtime._dist import ranks_per_node
 from .._base import RawBatch, Runs, RunSpec, donor, fill, in_collection, to_device
 from .._fields import refill
-from .._targets import has_targets
+from .._torch._targets import has_targets
 from ._compiler import Ctx, Lowered
 from ._failures import device_failure, explain_failure
 from ._fallback import Probe

@@ -1,5 +1,5 @@
 """The Ray backend's runner: each batch of the rank's epoch plan is one Ray task, which decodes,
-transforms and collates its samples with the torch backend's code (``backends._persample``) and
+transforms and collates its samples with the torch backend's code (``backends._torch._persample``) and
 returns the batch as NumPy arrays in Ray's object store; the rank maps them as tensors (no copy on
 the CPU; one copy to a GPU).
 
@@ -41,8 +41,8 @@ from ...runtime._dist import default_workers
 from ...sources import Index
 from ...transforms import ImageSpec, Normalize, ToDtype, Transform
 from .._base import RawBatch, Runs, RunSpec
-from .._persample import Collate, Failure, Item, Samples, batch_items, culprits
 from .._torch._kernels import LOWERINGS
+from .._torch._persample import Collate, Failure, Item, Samples, batch_items, culprits
 from . import _cluster
 
 __all__ = ["RayRunner", "Job", "run_batch", "split_finish", "normalizes_on_rank"]

@@ -18,8 +18,8 @@ from ...plan._plan import RankPlan
 from ...runtime._children import CRASHED, Births, Stacks, death_cause, exit_status, frozen_fork_cause
 from ...runtime._sandbox import START_TIMEOUT, STARTS
 from .._base import RawBatch, Runs, RunSpec
-from .._persample import Collate, Failure, Item, Sample, Samples, batch_items, culprits
 from .._slots import Slots
+from ._persample import Collate, Failure, Item, Sample, Samples, batch_items, culprits
 
 __all__ = ["TorchRunner"]
 

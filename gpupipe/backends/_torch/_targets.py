@@ -13,11 +13,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..core._errors import Damage, SampleError
-from ..core._fields import Field
-from ..core._targets import Boxes, BoxFormat, Mask
-from ..transforms import Transform
-from ._torch._kernels import boxes_kept, follow_targets
+from ...core._errors import Damage, SampleError
+from ...core._fields import Field
+from ...core._targets import Boxes, BoxFormat, Mask
+from ...transforms import Transform
+from ._kernels import boxes_kept, follow_targets
 
 __all__ = ["has_targets", "move_targets"]
 

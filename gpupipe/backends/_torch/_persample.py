@@ -15,20 +15,20 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, get_worker_info
 
-from ..core._errors import Damage, DataError, SampleError
-from ..core._fields import Field
-from ..core._random import factors
-from ..plan._plan import RankPlan
-from ..runtime._children import CRASHED
-from ..runtime._decode import decode_rgb
-from ..sources import Index
-from ..transforms import BatchTransform, ImageSpec, Transform
-from ._base import RawBatch, donor, fill
-from ._batchwise import apply_batch
-from ._fields import batch_fields, empty_values, field_values
-from ._slots import Arena, Slots
+from ...core._errors import Damage, DataError, SampleError
+from ...core._fields import Field
+from ...core._random import factors
+from ...plan._plan import RankPlan
+from ...runtime._children import CRASHED
+from ...runtime._decode import decode_rgb
+from ...sources import Index
+from ...transforms import BatchTransform, ImageSpec, Transform
+from .._base import RawBatch, donor, fill
+from .._batchwise import apply_batch
+from .._fields import batch_fields, empty_values, field_values
+from .._slots import Arena, Slots
+from ._kernels import apply_params, apply_pipeline, sample_factors
 from ._targets import has_targets, move_targets
-from ._torch._kernels import apply_params, apply_pipeline, sample_factors
 
 __all__ = ["Item", "Sample", "Failure", "Samples", "Collate", "BatchItems", "batch_items", "culprits"]
 
@@ -170,7 +170,7 @@ def culprits(samples: Samples, items: list[Item], timeout: float | None) -> list
     refused from now on (``samples.poisoned``), as undecodable, naming the signal. Returns their
     keys. The torch backend's workers and the ray backend's tasks share it, so a file gets the
     same verdict on both."""
-    from ..runtime._sandbox import guarded_map
+    from ...runtime._sandbox import guarded_map
 
     found = []
     limit = min(timeout or 60.0, 60.0)  # a sample that takes longer alone is hung
