@@ -27,8 +27,8 @@ def apply_batch(t: BatchTransform, images: torch.Tensor, labels: torch.Tensor, v
     images of the same shape and float32 soft labels ``[B, num_classes]``.
 
     On the CPU it runs on the calling thread alone (:func:`~gpupipe.runtime._threads.one_intraop_thread`):
-    the mix is bound by memory bandwidth, and torch's intra-op team would take the cores from the
-    loader's own threads (2-core VM, DALI's CPU operators, the V2 recipe: about +10% images/s)."""
+    the mix is bound by memory bandwidth, and torch's intra-op team, spinning between steps, would
+    take the cores from the loader's own threads (11-18 ms of CPU per batch on a 2-core VM)."""
     rng = batch_generator(seed, epoch, rank, batch)
     params = t.sample(rng, images.shape[0], images.shape[-2], images.shape[-1])
     assert t.num_classes is not None  # checked when constructed

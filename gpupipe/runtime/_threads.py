@@ -5,8 +5,9 @@ process after batching. On the CPU that is a few passes over a batch that memory
 bounds. torch would run each pass on its intra-op team (one OpenMP thread per core). After each
 parallel region, OpenMP's default wait policy keeps that team's threads spinning for a while.
 Those spinning threads take the cores from the loader's own threads: DALI's thread pool, or the
-worker processes. On the 2-core development VM the V2 recipe on DALI's CPU operators lost about
-10% of its images/s to that spinning (``bench/results/2026-11-26-training-thread-omp.md``).
+worker processes. On the 2-core development VM, with the V2 recipe on DALI's CPU operators, they
+used 11-18 ms of CPU per batch, about 7% of the process's. Images/s changed by less than the noise
+between runs (``bench/results/2026-11-26-training-thread-omp.md``).
 
 :func:`one_intraop_thread` runs such work on the calling thread alone. It sets the calling
 thread's OpenMP team size (``omp_set_num_threads``, which OpenMP keeps per thread) to one, and
