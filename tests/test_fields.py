@@ -17,6 +17,7 @@ import torch
 
 import gpupipe as gp
 from gpupipe.core import _fields as F
+from gpupipe.core import _npy as npy
 
 wds = pytest.importorskip("webdataset")
 
@@ -147,6 +148,101 @@ class TestArray:
             F.Array("npy", dtype=object)
         with pytest.raises(gp.ConfigError, match="shape must be a tuple"):
             F.Array("npy", shape=(2, -1))
+
+
+class TestNpyHeaders:
+    """``.npy`` headers are parsed one thread at a time, and once more after CPython's spurious
+    ``SystemError`` (gh-106905: numpy parses them with ``ast``, which CPython before 3.11.8 does
+    not make safe for threads), as seen in this suite on 3.11.7."""
+
+    @staticmethod
+    def npy(value: np.ndarray) -> io.BytesIO:
+        out = io.BytesIO()
+        np.save(out, value, allow_pickle=False)
+        out.seek(0)
+        return out
+
+    @pytest.mark.parametrize("version", [(1, 0), (2, 0)])
+    def test_the_header_and_where_the_data_starts(self, version):
+        from numpy.lib import format as npy_format
+
+        out = io.BytesIO()
+        value = np.arange(6, dtype="<f4").reshape(2, 3)
+        npy_format.write_array(out, value, version=version)
+        out.seek(0)
+        got = npy.read_header(out)
+        assert got == (version, (2, 3), False, np.dtype("<f4"))
+        assert np.array_equal(np.frombuffer(out.read(), "<f4").reshape(2, 3), value)
+
+    def test_under_the_lock_and_tried_once_more_after_a_system_error(self, monkeypatch):
+        from numpy.lib import format as npy_format
+
+        real, calls = npy_format.read_array_header_1_0, []
+
+        def flaky(stream, *args, **kwargs):
+            calls.append(npy.HEADER.locked())
+            if len(calls) == 1:
+                stream.read(5)  # part of the header consumed before the failure
+                raise SystemError("AST constructor recursion depth mismatch (before=45, after=41)")
+            return real(stream, *args, **kwargs)
+
+        monkeypatch.setattr(npy_format, "read_array_header_1_0", flaky)
+        assert npy.read_header(self.npy(np.zeros(4, np.int16)))[1:] == ((4,), False, np.dtype("<i2"))
+        assert calls == [True, True] and not npy.HEADER.locked()
+
+    def test_a_second_system_error_is_raised(self, monkeypatch):
+        from numpy.lib import format as npy_format
+
+        def failing(stream, *args, **kwargs):
+            raise SystemError("AST constructor recursion depth mismatch")
+
+        monkeypatch.setattr(npy_format, "read_array_header_1_0", failing)
+        with pytest.raises(SystemError):
+            npy.read_header(self.npy(np.zeros(4)))
+        assert not npy.HEADER.locked()
+
+    def test_load_is_tried_once_more(self, monkeypatch, tmp_path):
+        path = str(tmp_path / "labels.npy")
+        np.save(path, np.arange(5), allow_pickle=False)
+        real, calls = np.load, []
+
+        def flaky(*args, **kwargs):
+            calls.append(npy.HEADER.locked())
+            if len(calls) == 1:
+                raise SystemError("AST constructor recursion depth mismatch")
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(np, "load", flaky)
+        assert np.array_equal(npy.load(path), np.arange(5)) and calls == [True, True]
+
+    def test_the_index_caches_labels_load_through_it(self, monkeypatch, tmp_path):
+        from gpupipe.shards import _indexcache
+
+        idx = str(tmp_path / "train-000000.idx")
+        _indexcache.save_labels(idx, np.arange(5))
+        real, calls = np.load, []
+
+        def flaky(*args, **kwargs):
+            calls.append(npy.HEADER.locked())
+            if len(calls) == 1:
+                raise SystemError("AST constructor recursion depth mismatch")
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(np, "load", flaky)
+        assert np.array_equal(_indexcache.load_labels(idx, 5), np.arange(5)) and calls == [True, True]
+        assert _indexcache.load_labels(idx, 6) is None  # not the count the index has
+
+    def test_threads_decoding_fields_at_once(self):
+        """Array fields decoded in many threads at once (what the DALI runner's reader threads
+        do) all come out right."""
+        import concurrent.futures
+
+        field = gp.fields.Array("npy")
+        members = [self.npy(np.full((3, i + 1), i, np.float32)).getvalue() for i in range(64)]
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            out = list(pool.map(lambda m: field.decode(m, shard="s.tar", key="k"), members * 8))
+        want = [np.full((3, i % 64 + 1), i % 64, np.float32) for i in range(len(out))]
+        assert all(np.array_equal(np.asarray(o), w) for o, w in zip(out, want, strict=True))
 
 
 class TestParseFields:

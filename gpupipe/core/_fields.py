@@ -321,17 +321,11 @@ def _npy_header(field: Field, data: bytes | memoryview, *, shard: str, key: str)
     object dtype, and exactly the bytes the header announces after it."""
     import io
 
-    from numpy.lib import format as npy
+    from ._npy import read_header
 
     stream = io.BytesIO(data)
     try:
-        version = npy.read_magic(stream)
-        if version == (1, 0):
-            shape, fortran, dtype = npy.read_array_header_1_0(stream)
-        elif version in ((2, 0), (3, 0)):
-            shape, fortran, dtype = npy.read_array_header_2_0(stream)
-        else:
-            raise ValueError(f"NPY version {version[0]}.{version[1]}")
+        _, shape, fortran, dtype = read_header(stream)
     except (ValueError, EOFError, SyntaxError, TypeError) as e:
         raise _bad(field, shard, key, f"is not a .npy array ({e})") from None
     if dtype.hasobject:

@@ -26,11 +26,11 @@ import json
 import logging
 import os
 import re
-import threading
 from collections.abc import Sequence
 
 import numpy as np
 
+from ..core import _npy as npy
 from ..core._errors import Damage, Problem
 from ..storage._base import Stat, write_atomic
 from ._shard import FieldMembers, fields_id
@@ -155,13 +155,6 @@ def load(
     return keys, exts, image, label, {f.name: ranges[i] for i, f in enumerate(fields)}
 
 
-# np.load parses a .npy header with ast.literal_eval, and CPython before 3.11.8 / 3.12.1 can raise
-# a spurious "SystemError: AST constructor recursion depth mismatch" when threads parse at once
-# (CPython gh-106905; seen here in a 2-rank DALI run on a busy 2-core machine, whose reader threads
-# load shard details in parallel). One header at a time, and once more if it happens anyway.
-_NPY_HEADER = threading.Lock()
-
-
 def labels_path(path: str) -> str:
     return path.removesuffix(".idx") + ".labels.npy"
 
@@ -176,11 +169,7 @@ def save_labels(path: str, labels: np.ndarray) -> None:
 def load_labels(path: str, n: int) -> np.ndarray | None:
     """The parsed labels of the index ``path``; ``None`` if absent or not ``n`` int64 values."""
     try:
-        with _NPY_HEADER:
-            try:
-                labels = np.load(labels_path(path), allow_pickle=False)
-            except SystemError:  # gh-106905 (another thread of the process parsing Python meanwhile)
-                labels = np.load(labels_path(path), allow_pickle=False)
+        labels = npy.load(labels_path(path))  # (its header parsed one thread at a time: core._npy)
     except (OSError, ValueError, EOFError):
         return None
     if labels.dtype != np.int64 or labels.shape != (n,):
