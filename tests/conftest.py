@@ -106,6 +106,16 @@ def clean_env(monkeypatch):
 
 
 @pytest.fixture
+def two_threads():
+    """This thread's intra-op thread count at 2 (the development VM's and CI's default), then as
+    it was (tests of gpupipe's one-thread work on the training thread)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture
 def rng() -> np.random.Generator:
     return np.random.default_rng(0)
 

@@ -292,29 +292,24 @@ class TestInALoader:
 
 
 @pytest.mark.skipif(_threads.openmp() is None, reason="torch's intra-op threads are not OpenMP's here")
-def test_on_the_cpu_the_mix_runs_on_the_calling_thread_alone(monkeypatch):
+def test_on_the_cpu_the_mix_runs_on_the_calling_thread_alone(monkeypatch, two_threads):
     """MixUp/CutMix in the training process (DALI, Ray) run on that thread, not on torch's
     intra-op team, whose spinning would take the cores from the loader's threads; the thread's
     count is restored after, and the values are the same."""
     from gpupipe.backends import _batchwise
 
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        seen = []
-        real = _batchwise.mix
+    seen = []
+    real = _batchwise.mix
 
-        def recording(*args, **kwargs):
-            seen.append(torch.get_num_threads())
-            return real(*args, **kwargs)
+    def recording(*args, **kwargs):
+        seen.append(torch.get_num_threads())
+        return real(*args, **kwargs)
 
-        monkeypatch.setattr(_batchwise, "mix", recording)
-        images, labels = batch(8, seed=3)
-        args = dict(seed=0, epoch=0, rank=0, batch=4)
-        got, soft = apply_batch(T.MixUp(num_classes=K), images.clone(), labels, all_valid(8), **args)
-        assert seen == [1] and torch.get_num_threads() == 2
-        params = T.MixUp(num_classes=K).sample(batch_generator(0, 0, 0, 4), 8, 10, 12)
-        expected, expected_soft = real(images.clone(), labels, all_valid(8), params, num_classes=K)
-        assert torch.equal(got, expected) and torch.equal(soft, expected_soft)
-    finally:
-        torch.set_num_threads(before)
+    monkeypatch.setattr(_batchwise, "mix", recording)
+    images, labels = batch(8, seed=3)
+    args = dict(seed=0, epoch=0, rank=0, batch=4)
+    got, soft = apply_batch(T.MixUp(num_classes=K), images.clone(), labels, all_valid(8), **args)
+    assert seen == [1] and torch.get_num_threads() == 2
+    params = T.MixUp(num_classes=K).sample(batch_generator(0, 0, 0, 4), 8, 10, 12)
+    expected, expected_soft = real(images.clone(), labels, all_valid(8), params, num_classes=K)
+    assert torch.equal(got, expected) and torch.equal(soft, expected_soft)

@@ -15,15 +15,6 @@ from gpupipe.runtime._threads import one_intraop_thread
 pytestmark = pytest.mark.skipif(_threads.openmp() is None, reason="torch's intra-op threads are not OpenMP's here")
 
 
-@pytest.fixture
-def two_threads():
-    """This thread's intra-op count at 2 (the development VM's and CI's default), then as it was."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(before)
-
-
 def count_in_a_new_thread() -> int:
     seen = []
     t = threading.Thread(target=lambda: seen.append(torch.get_num_threads()))

@@ -12,6 +12,8 @@ exactly (tested).
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from ..core._random import batch_generator
@@ -32,9 +34,7 @@ def apply_batch(t: BatchTransform, images: torch.Tensor, labels: torch.Tensor, v
     rng = batch_generator(seed, epoch, rank, batch)
     params = t.sample(rng, images.shape[0], images.shape[-2], images.shape[-1])
     assert t.num_classes is not None  # checked when constructed
-    if images.device.type != "cpu":
-        return mix(images, labels, valid, params, num_classes=t.num_classes, smoothing=t.label_smoothing)
-    with one_intraop_thread():
+    with one_intraop_thread() if images.device.type == "cpu" else contextlib.nullcontext():
         return mix(images, labels, valid, params, num_classes=t.num_classes, smoothing=t.label_smoothing)
 
 

@@ -15,13 +15,25 @@ microseconds, so the lock costs nothing measurable.
 from __future__ import annotations
 
 import threading
-from typing import IO, Any
+from collections.abc import Callable
+from typing import IO, Any, TypeVar
 
 import numpy as np
 
 __all__ = ["HEADER", "read_header", "load"]
 
 HEADER = threading.Lock()
+_T = TypeVar("_T")
+
+
+def _retried(parse: Callable[[], _T]) -> _T:
+    """``parse()`` under :data:`HEADER`, once more after gh-106905's ``SystemError`` (another
+    thread of the process parsed Python meanwhile)."""
+    with HEADER:
+        try:
+            return parse()
+        except SystemError:
+            return parse()
 
 
 def read_header(stream: IO[bytes]) -> tuple[tuple[int, int], tuple[int, ...], bool, np.dtype]:
@@ -31,28 +43,21 @@ def read_header(stream: IO[bytes]) -> tuple[tuple[int, int], tuple[int, ...], bo
     from numpy.lib import format as npy
 
     start = stream.tell()
-    with HEADER:
-        for attempt in (0, 1):
-            stream.seek(start)
-            try:
-                version = npy.read_magic(stream)
-                if version == (1, 0):
-                    shape, fortran, dtype = npy.read_array_header_1_0(stream)
-                elif version in ((2, 0), (3, 0)):
-                    shape, fortran, dtype = npy.read_array_header_2_0(stream)
-                else:
-                    raise ValueError(f"NPY version {version[0]}.{version[1]}")
-                return version, shape, fortran, dtype
-            except SystemError:  # gh-106905: another thread parsed Python meanwhile
-                if attempt:
-                    raise
-    raise AssertionError("unreachable")  # pragma: no cover
+
+    def parse() -> tuple[tuple[int, int], tuple[int, ...], bool, np.dtype]:
+        stream.seek(start)  # (a retry starts the header again)
+        version = npy.read_magic(stream)
+        if version == (1, 0):
+            shape, fortran, dtype = npy.read_array_header_1_0(stream)
+        elif version in ((2, 0), (3, 0)):
+            shape, fortran, dtype = npy.read_array_header_2_0(stream)
+        else:
+            raise ValueError(f"NPY version {version[0]}.{version[1]}")
+        return version, shape, fortran, dtype
+
+    return _retried(parse)
 
 
 def load(path: str) -> Any:
     """``np.load(path, allow_pickle=False)``, its header parsed as :func:`read_header` does."""
-    with HEADER:
-        try:
-            return np.load(path, allow_pickle=False)
-        except SystemError:  # gh-106905
-            return np.load(path, allow_pickle=False)
+    return _retried(lambda: np.load(path, allow_pickle=False))
