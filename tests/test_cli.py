@@ -93,6 +93,8 @@ def test_bench_runs_the_imagenet_pipeline(tmp_path):
             "1",
             "--workers",
             "1",
+            "--rounds",
+            "2",
             "--json",
             str(out),
         ],
@@ -101,9 +103,57 @@ def test_bench_runs_the_imagenet_pipeline(tmp_path):
         text=True,
         check=True,
     )
-    assert "images/s" in proc.stdout
+    assert "images/s" in proc.stdout and "round 2 of 2" in proc.stdout
     result = json.loads(out.read_text())
     assert result["epochs"][0]["images"] == 12 and result["epochs"][0]["images_per_s"] > 0
+    assert result["rounds"] == 2 and [r["round"] for r in result["runs"]] == [0, 1]
+    (entry,) = result["summary"]
+    assert entry["rounds"] == 2 and entry["images_per_s"]["min"] <= entry["images_per_s"]["median"] > 0
+
+
+class TestBenchRounds:
+    """``--rounds``: ratios within a round, medians and ranges over the rounds."""
+
+    @staticmethod
+    def run(backend, rate, number, workers=2):
+        from gpupipe.cli._bench import Run
+
+        return Run(backend, "cpu", 64, workers, [{"epoch": 0, "images_per_s": 1.0}, {"epoch": 1, "images_per_s": rate}],
+                   round=number)  # fmt: skip
+
+    def test_ratios_are_paired_within_a_round(self):
+        from gpupipe.cli._bench import summary
+
+        runs = [self.run("dali", 110, 0), self.run("dataloader", 100, 0),
+                self.run("dataloader", 50, 1), self.run("dali", 60, 1),
+                self.run("dali", 90, 2), self.run("dataloader", 100, 2)]  # fmt: skip
+        dali, base = summary(runs)
+        assert dali["images_per_s"] == {"median": 90, "min": 60, "max": 110} and dali["rounds"] == 3
+        # 1.1, 1.2, 0.9: the median of the ratios, not the ratio of the medians (90 / 100)
+        assert dali["vs"] == {"dataloader": {"median": 1.1, "min": 0.9, "max": 1.2}}
+        assert base["vs"] == {} and base["images_per_s"]["median"] == 100
+
+    def test_a_ratio_needs_the_same_batch_workers_and_round(self):
+        from gpupipe.cli._bench import summary
+
+        runs = [self.run("dali", 100, 0), self.run("dataloader", 100, 0, workers=1), self.run("dataloader", 80, 1)]
+        assert summary(runs)[0]["vs"] == {}
+
+    def test_table_of_one_round_and_of_several(self):
+        from gpupipe.cli._bench import table
+
+        one = table([self.run("torch", 120, 0), self.run("dataloader-torchvision", 100, 0)])
+        assert one.splitlines()[1].split()[-2:] == ["120", "1.20x"]
+        several = table([self.run("torch", 120, 0), self.run("dataloader-torchvision", 100, 0),
+                         self.run("dataloader-torchvision", 100, 1), self.run("torch", 90, 1)])  # fmt: skip
+        header, torch_row, base_row = several.splitlines()
+        assert "vs dataloader-torchvision" in header
+        assert torch_row.split()[-4:] == ["105", "(90-120)", "1.05x", "(0.90-1.20)"]
+        assert base_row.split()[-2:] == ["100", "(100-100)"]
+
+    def test_rounds_must_be_positive(self, capsys):
+        assert main(["bench", "pipelines/imagenet.py:train", "x-{0..1}.tar", "--rounds", "0"]) != 0
+        assert "--rounds must be 1 or more" in capsys.readouterr().err
 
 
 def test_index_builds_the_cache(tmp_path, capsys, monkeypatch):

@@ -5,7 +5,9 @@ baseline is built from the pipeline itself) — as a table, JSON and a plot.
 
 Every configuration runs ``epochs`` shuffled epochs; its rate is the best epoch after the first
 (which includes start-up), or the first when there is one. Configurations run one after another
-in the order given; on a noisy machine run more epochs.
+in the order given. On a noisy machine run more rounds (``--rounds``): every configuration runs
+once per round, every other round in reverse order, each ratio is taken between runs of the same
+round, and the table gives the median rate and ratio with their range over the rounds.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
+import statistics
 import time
 import warnings
 from collections.abc import Callable, Iterable, Sequence
@@ -23,7 +26,17 @@ import torch
 from ..core._errors import ConfigError
 from ..pipeline._pipeline import Pipeline
 
-__all__ = ["Run", "run_loader", "run_baseline", "baseline_loader", "require_baseline", "torchvision_equivalent", "plot"]
+__all__ = [
+    "Run",
+    "run_loader",
+    "run_baseline",
+    "baseline_loader",
+    "require_baseline",
+    "torchvision_equivalent",
+    "plot",
+    "summary",
+    "table",
+]
 
 BASELINE = "dataloader"  # the baseline's name in tables and plots
 
@@ -40,6 +53,7 @@ class Run:
     epochs: list[dict[str, Any]]
     auto: str | None = None  # why backend="auto" / device=None chose what they chose
     operators: int | None = None  # the DALI graph's, where the backend has one
+    round: int = 0  # which of ``--rounds`` it ran in
 
     @property
     def images_per_s(self) -> float:
@@ -244,20 +258,63 @@ def baseline_loader(
     return loader, steps
 
 
-def table(runs: Sequence[Run]) -> str:
-    """The results, one line per configuration, with the ratio to each baseline that ran (the
-    Pillow one, ``dataloader``, and ``dataloader-torchvision``) at the same batch size and workers."""
+def _key(r: Run) -> tuple[str, str, int, int]:
+    return (r.backend, r.device, r.batch_size, r.workers)
+
+
+def summary(runs: Sequence[Run]) -> list[dict[str, Any]]:
+    """One entry per configuration, in the order first run: its median images/s over the rounds
+    (each round's rate: :attr:`Run.images_per_s`), their range, and its ratio to each baseline that
+    ran at the same batch size and workers (the Pillow one, ``dataloader``, and
+    ``dataloader-torchvision``), taken within each round — its median and range over the rounds."""
     names = [n for n in dict.fromkeys(r.backend for r in runs) if n.startswith(BASELINE)]
-    base = {(r.backend, r.batch_size, r.workers): r.images_per_s for r in runs if r.backend in names}
-    width = max([21, *(len(r.backend) for r in runs)])
-    head = f"{'backend':<{width}} {'device':<7} {'batch':>5} {'workers':>7} {'images/s':>9}"
-    lines = [head + "".join(f"  vs {n}" for n in names)]
+    base = {(r.backend, r.batch_size, r.workers, r.round): r.images_per_s for r in runs if r.backend in names}
+    groups: dict[tuple[str, str, int, int], list[Run]] = {}
     for r in runs:
-        line = f"{r.backend:<{width}} {r.device:<7} {r.batch_size:>5} {r.workers:>7} {r.images_per_s:>9.0f}"
+        groups.setdefault(_key(r), []).append(r)
+    out = []
+    for (backend, device, size, workers), group in groups.items():
+        rates = [r.images_per_s for r in group]
+        entry: dict[str, Any] = {"backend": backend, "device": device, "batch_size": size, "workers": workers,
+                                 "rounds": len(group), "images_per_s": _spread(rates), "vs": {}}  # fmt: skip
+        if not backend.startswith(BASELINE):
+            for n in names:
+                ratios = [r.images_per_s / b for r in group if (b := base.get((n, size, workers, r.round)))]
+                if ratios:
+                    entry["vs"][n] = _spread(ratios, digits=3)
+        out.append(entry)
+    return out
+
+
+def _spread(values: Sequence[float], digits: int = 1) -> dict[str, float]:
+    return {k: round(v, digits) for k, v in
+            (("median", statistics.median(values)), ("min", min(values)), ("max", max(values)))}  # fmt: skip
+
+
+def table(runs: Sequence[Run]) -> str:
+    """The results, one line per configuration, with the ratio to each baseline that ran at the same
+    batch size and workers (:func:`summary`). Over several rounds: the medians, each with its
+    range over the rounds."""
+    rows = summary(runs)
+    several = any(row["rounds"] > 1 for row in rows)
+    names = [r["backend"] for r in rows if r["backend"].startswith(BASELINE)]
+    names = list(dict.fromkeys(names))
+    width = max([21, *(len(r["backend"]) for r in rows)])
+    rate_width = 19 if several else 9
+    head = f"{'backend':<{width}} {'device':<7} {'batch':>5} {'workers':>7} {'images/s':>{rate_width}}"
+    cell_width = {n: len(n) + 3 + (14 if several else 0) for n in names}
+    lines = [head + "".join(f"  {'vs ' + n:>{cell_width[n]}}" for n in names)]
+    for row in rows:
+        rate = row["images_per_s"]
+        shown = f"{rate['median']:.0f} ({rate['min']:.0f}-{rate['max']:.0f})" if several else f"{rate['median']:.0f}"
+        line = f"{row['backend']:<{width}} {row['device']:<7} {row['batch_size']:>5} {row['workers']:>7} "
+        line += f"{shown:>{rate_width}}"
         for n in names:
-            ratio = base.get((n, r.batch_size, r.workers))
-            cell = f"{r.images_per_s / ratio:.2f}x" if ratio and not r.backend.startswith(BASELINE) else ""
-            line += f"  {cell:>{len(n) + 3}}"
+            ratio = row["vs"].get(n)
+            cell = "" if ratio is None else f"{ratio['median']:.2f}x"
+            if ratio is not None and several:
+                cell += f" ({ratio['min']:.2f}-{ratio['max']:.2f})"
+            line += f"  {cell:>{cell_width[n]}}"
         lines.append(line.rstrip())
     return "\n".join(lines)
 

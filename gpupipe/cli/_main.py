@@ -109,7 +109,8 @@ def _parser() -> argparse.ArgumentParser:
         sub, "bench", "run a pipeline through the Loader and print images/s",
         "Runs a pipeline's epochs through gp.Loader (shuffled, drop_last) and prints images/s per epoch; the "
         "first epoch includes start-up. --backend, --batch-size and --workers take lists (commas): every "
-        "combination runs, one after another, and a table compares them. --baseline also runs the usual way "
+        "combination runs, one after another, and a table compares them (--rounds N: N times, alternating, each "
+        "ratio taken within a round, the table giving medians and ranges). --baseline also runs the usual way "
         "(webdataset + torchvision's transforms of the same names in a torch DataLoader); --plot draws images/s "
         "per backend and against batch size and workers (matplotlib: the plot extra). GPUPIPE_LOG=info shows the "
         "loaders' log (what each chose).",
@@ -124,6 +125,9 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--device", default=None)
     b.add_argument("--workers", default="auto", help="one or more, e.g. 1,2 (default auto: the Loader's)")
     b.add_argument("--epochs", type=int, default=2)
+    b.add_argument("--rounds", type=int, default=1,
+                   help="run every configuration this many times, alternating, for ratios on a noisy machine: the "
+                   "table gives medians and ranges (default 1)")  # fmt: skip
     b.add_argument("--baseline", action="store_true", help="also run webdataset + torchvision in a DataLoader")
     b.add_argument(
         "--baseline-decoder",
