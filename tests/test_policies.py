@@ -179,6 +179,53 @@ class TestOnDali:
             apart += len(ys)
         assert apart  # there are ties
 
+    @pytest.mark.parametrize("interpolation", ["nearest", "bilinear"])
+    def test_a_flip_before_the_policy_moves_into_the_tail(self, photos, monkeypatch, interpolation):
+        """Flip, policy, ToDtype: the flip becomes the tail's mirror (no flip operator), and each
+        geometric operation of a flipped sample is conjugated by its flip, so that the output is
+        as if flipped first: at every bin and sign, within the operation's own tolerance."""
+        from .support.dali_graph import parse
+        from .test_gpu_graph import define
+
+        t = T.TrivialAugmentWide(interpolation=interpolation)
+        steps = [T.RandomHorizontalFlip(), t, T.ToDtype(torch.float32, scale=True)]
+        names = ("ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate", "Sharpness", "AutoContrast", "Color")
+        rows = [(CODE[name], b, s) for name in names for b in (3, 17, 30) for s in (-1, 1)]
+        rows += [(CODE["Identity"], 0, 1)] * 4
+        flips = np.array([[float(i % 2)] for i in range(len(rows))])  # every other sample flipped
+        factors = [flips, forced(t, rows), None]
+        monkeypatch.setattr(checkers, "sample_factors", lambda transforms, n, seed=0: [f if f is None else f[:n]
+                                                                                       for f in factors])  # fmt: skip
+        from gpupipe.runtime._decode import decode_rgb
+
+        images = photos[: len(rows)]
+        got = run_dali(steps, images)
+        for i, encoded in enumerate(images):
+            want = apply_pipeline(steps, decode_rgb(encoded, shard="-", key="k"), [f if f is None else f[i]
+                                                                                    for f in factors])  # fmt: skip
+            d = ((got[i] - want) * 255).round().abs()
+            name = OPS[rows[i][0]]
+            share_max, diff_max = TOLERANCE.get(name, (0.0, 0))
+            if interpolation == "bilinear" and rows[i][0] in GEOMETRY:
+                share_max, diff_max = 0.01, 1
+            assert float((d > 0).double().mean()) <= share_max and int(d.max()) <= diff_max, (i, name, int(d.max()))
+        schemas = [op.schema for op in parse(define(steps, gpu=False).pipe.serialize())[0]]
+        assert "Flip" not in schemas and "CropMirrorNormalize" in schemas
+
+    def test_a_flip_stays_where_a_step_does_not_commute_with_it(self):
+        """Before a RandomRotation (its warp is not conjugated), or with a CenterCrop in the tail,
+        the flip keeps its operator."""
+        from .support.dali_graph import parse
+        from .test_gpu_graph import define
+
+        def schemas(steps):
+            return [op.schema for op in parse(define(steps, gpu=False).pipe.serialize())[0]]
+
+        flip, to_float = T.RandomHorizontalFlip(), T.ToDtype(torch.float32, scale=True)
+        assert "Flip" in schemas([flip, T.RandomRotation(30), T.TrivialAugmentWide(), to_float])
+        assert "Flip" in schemas([flip, T.TrivialAugmentWide(), T.CenterCrop(32), to_float])
+        assert "Flip" not in schemas([flip, T.RandomApply([T.ColorJitter(0.4)]), T.RandomGrayscale(), to_float])
+
     def test_the_graph_has_a_fixed_size(self):
         """The operators do not grow with operations or bins: a slot's families once each."""
         from .support.dali_graph import parse

@@ -8,7 +8,10 @@ operators) or the GPU (``device="gpu"``, after nvJPEG's ``mixed`` decoder). Comp
    a region with the requested chroma upsampling, the whole image is decoded on the GPU and the
    window cut there (:class:`~gpupipe.DecodeMode`) — then ``resize`` scales it.
 2. Tail fusion. A final run of ``CenterCrop`` / ``RandomHorizontalFlip`` / ``ToDtype(float)`` /
-   ``Normalize`` becomes one ``crop_mirror_normalize``, which also writes CHW.
+   ``Normalize`` becomes one ``crop_mirror_normalize``, which also writes CHW. A
+   ``RandomHorizontalFlip`` followed only by steps that a flip commutes with (the photometric
+   transforms, and the augmentation policies, whose geometry is then conjugated by the sample's
+   flip: ``Ctx.mirrored``) moves into it too: the V2 recipe's flip costs no operator of its own.
 3. Every other transform goes through :data:`LOWERINGS` (transform type → lowering function).
 
 A pipeline of several views decodes each image once and lowers each view's list on that decoded
@@ -43,6 +46,7 @@ import torch
 from ... import transforms as T
 from ...core._config import DecodeMode
 from ...core._geometry import center_crop_anchor
+from ...transforms._apply import RandomChoice as SampleChoice
 from ._context import DALI_OPS, LOWERINGS, Check, Ctx, Lowered, dali_type, hw, peek_shape, scaled_to_uint8
 from ._host import SOURCE
 from ._lowerings import BUILTIN, crop_window, relative_position, resize
@@ -176,14 +180,21 @@ def _lower_images(
     while end and type(steps[end - 1][1]) is T.RandomErasing:
         end -= 1
     tail = _fusable_tail([t for _, t in steps[:end]])
-    for ctx.step, t in steps[: end - len(tail)]:
+    body, fused_tail = steps[: end - len(tail)], steps[end - len(tail) : end]
+    flip = _sinkable_flip(body, tail)
+    if flip is not None:
+        body.remove(flip)
+        fused_tail.insert(0, flip)
+    for ctx.step, t in body:
         size, ctx.resized = ctx.size, None
+        ctx.mirrored = flip[0] if flip is not None and ctx.step > flip[0] else None
         img = LOWERINGS.lookup(t)(t, img, ctx)
         spec = t.output_spec(spec)
         ctx.dtype, ctx.channels = spec.dtype, spec.channels
         ctx.size = _size_after(t, spec, size, ctx)
+    ctx.mirrored = None
     if tail:
-        img = _crop_mirror_normalize(steps[end - len(tail) : end], img, ctx, channels_last=channels_last)
+        img = _crop_mirror_normalize(fused_tail, img, ctx, channels_last=channels_last)
         for t in tail:
             spec = t.output_spec(spec)
         ctx.dtype, ctx.channels = spec.dtype, spec.channels
@@ -251,6 +262,41 @@ def _fusable_tail(steps: list[T.Transform]) -> list[T.Transform]:
     if not dtype_steps or dtype_steps[0].dtype not in _FLOAT_OUT:
         return []
     return tail
+
+
+# Steps a horizontal flip commutes with, so that a flip before them can move into the fused tail:
+# per pixel, over the whole image, or with a mirror-symmetric kernel (with their built-in lowerings);
+# the policies' geometry is conjugated by the flip instead (``_policies``, ``Ctx.mirrored``).
+_FLIP_COMMUTES = (
+    T.ColorJitter, T.RandomGrayscale, T.GaussianBlur, T.RandomSolarize, T.RandomPosterize, T.RandomInvert,
+    T.RandomEqualize, T.RandomAutocontrast, T.RandomAdjustSharpness,
+    T.TrivialAugmentWide, T.RandAugment, T.AutoAugment, T.TimmRandAugment, T.AugMix,
+)  # fmt: skip
+
+
+def _commutes_with_flip(t: T.Transform) -> bool:
+    """Whether a horizontal flip commutes with ``t`` as gpupipe lowers it (a subclass, or a
+    lowering registered in its place, may not)."""
+    if not getattr(LOWERINGS.lookup(t), "__module__", "").startswith(__package__ or "-"):
+        return False
+    if isinstance(t, (T.RandomApply, SampleChoice)) and type(t) in (T.RandomApply, SampleChoice):
+        return all(_commutes_with_flip(inner) for inner in t.transforms)
+    return type(t) in _FLIP_COMMUTES
+
+
+def _sinkable_flip(body: list[tuple[int, T.Transform]], tail: list[T.Transform]) -> tuple[int, T.Transform] | None:
+    """The ``RandomHorizontalFlip`` of ``body`` that can move into the fused ``tail``: the last
+    one, with only steps it commutes with after it, into a tail without a flip or a crop of its
+    own (a centre crop of an odd margin is not symmetric)."""
+    if not tail or any(isinstance(t, (T.CenterCrop, T.RandomHorizontalFlip)) for t in tail):
+        return None
+    for k in range(len(body) - 1, -1, -1):
+        t = body[k][1]
+        if type(t) is T.RandomHorizontalFlip and _builtin(t):
+            return body[k]
+        if not _commutes_with_flip(t):
+            return None
+    return None
 
 
 def _crop_mirror_normalize(steps: list[tuple[int, T.Transform]], img: Any, ctx: Ctx, *, channels_last: bool) -> Any:

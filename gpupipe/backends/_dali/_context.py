@@ -78,6 +78,9 @@ class Ctx:
             (default); ``False`` computes them in the graph (always so with ``exif``: the headers'
             sizes are before orientation).
         decode: how a GPU graph decodes a leading ``RandomResizedCrop`` (resolved: ``ROI`` or ``FULL``).
+        mirrored: the step of a ``RandomHorizontalFlip`` the compiler moved past the steps being
+            lowered into the fused tail (``None``: none): the node is the unflipped image, and a
+            lowering that moves pixels conjugates its maps by each sample's flip (``_policies``).
     """
 
     device: str  # "cpu" or "gpu"
@@ -98,6 +101,7 @@ class Ctx:
     resized: tuple[Any, Any] | None = None  # set by a lowering whose output size depends on the input's
     layout: str = "HWC"  # of the node being lowered: CHW after the fused tail (or its transpose)
     branch: tuple[Any, ...] = ()  # the predicates of the conditional branches being lowered, outermost first
+    mirrored: int | None = None  # the step of a flip moved into the fused tail, past the steps being lowered
     _seeds: Any = None
     _graph_factors: dict[tuple[int, int], Any] = dataclasses.field(default_factory=dict)
     _host_factors: dict[tuple[int, int], HostValue] = dataclasses.field(default_factory=dict)

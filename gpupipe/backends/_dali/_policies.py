@@ -9,7 +9,8 @@ split alike, ``Ctx.branch``), the other samples passing by untouched:
 
 - geometry (ShearX/Y, TranslateX/Y, Rotate): ``warp_affine`` with the sample's inverse matrix
   (``gpupipe.core._geometry.affine_matrices``; shears about the top-left corner, as torchvision's
-  policies);
+  policies), conjugated by the sample's flip where the compiler moved a flip before the policy
+  into the fused tail (``Ctx.mirrored``: every other family commutes with a flip);
 - Brightness, Color, Contrast, one branch: torchvision's blend ``x·f + other·(1 − f)`` with
   ``other`` 0, the pixel's luma or the image's mean luma (``_blend``);
 - Sharpness: torchvision's interior blend with the rounded 3x3 smoothing;
@@ -22,7 +23,7 @@ the train recipe) was 2.9x slower on the CPU: ``bench/results/2026-11-25-v2-reci
 Each operator is a pass over the image on the CPU and a launch on the GPU, so the families take
 the uint8 image as it is where DALI's arithmetic promotes it exactly (no cast), and read the
 branch's sizes from the host: the V2 train graph went from 124 operators to 87
-(``bench/results/2026-11-26-v2-graph-cpu.md``).
+(``bench/results/2026-11-26-v2-graph-cpu.md``), and to 86 once its flip moved into the fused tail.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from ... import transforms as T
-from ...core._geometry import affine_matrices
+from ...core._geometry import affine_matrices, mirrored_matrices
 from ...transforms._policies import _CODE, COLOR, GEOMETRY
 from ._color import autocontrasted, luma, sharpened
 from ._context import LOWERINGS, Ctx
@@ -107,6 +108,9 @@ def _slot(t: Any, img: Any, ctx: Ctx, drawn: HostValue, slot: int, height: Any, 
 
         def matrices() -> tuple[HostValue, tuple[Any, Any]]:  # the host's maps, and the size they are of
             value = HostValue(lambda h, w, cm: _matrices(h, w, cm[0][:, slot], cm[1][:, slot]), height, width, drawn)
+            if ctx.mirrored is not None:  # the image is not flipped yet: the flip's conjugate (Ctx.mirrored)
+                flips = ctx.host_random(ctx.mirrored)
+                value = HostValue(lambda m, w, f: mirrored_matrices(m, w, f[:, 0] != 0), value, width, flips)
             return value, (height, width)
 
         with ctx.branched(predicate, size=sizes):
