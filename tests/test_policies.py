@@ -108,6 +108,23 @@ def dali_vs_torch(t, photos, rows, monkeypatch):
     return list(zip(got, want, strict=True))
 
 
+def flipped_vs_torch(steps, factors, photos, monkeypatch):
+    """DALI-CPU's and the torch backend's outputs of ``steps`` (ending in ``ToDtype(float32,
+    scale=True)``) with forced factors per step (``None`` for a step that draws none), in grey
+    levels (x 255, rounded)."""
+    from gpupipe.runtime._decode import decode_rgb
+
+    def of(f, rows):
+        return None if f is None else f[rows]
+
+    monkeypatch.setattr(checkers, "sample_factors", lambda transforms, n, seed=0: [of(f, slice(n)) for f in factors])
+    images = photos[: len(factors[1])]
+    got = run_dali(steps, images)
+    want = [apply_pipeline(steps, decode_rgb(e, shard="-", key="k"), [of(f, i) for f in factors]) for i, e in
+            enumerate(images)]  # fmt: skip
+    return [((g * 255).round(), (w * 255).round()) for g, w in zip(got, want, strict=True)]
+
+
 # DALI's kernels against torchvision's, per operation: (largest share of values apart, largest
 # difference). Measured on 62 photographs of about 48 x 56 at every bin, both signs (2026-11-25).
 # Rotations by ±45° and ±135° put many source points on ties (2.6% of the values at most).
@@ -158,22 +175,31 @@ class TestOnDali:
                 continue
             assert float(((g.int() - w.int()) != 0).double().mean()) < 0.05, (i, codes)  # ties: below
 
-    def test_shears_differ_only_at_ties(self, photos, monkeypatch):
+    @pytest.mark.parametrize("flipped", [False, True])
+    def test_shears_differ_only_at_ties(self, photos, monkeypatch, flipped):
         """AutoAugment's shears (k/30) put source points exactly between two pixels (4% of the
-        values at most): torch and DALI pick either. Every value apart is such a tie."""
+        values at most): torch and DALI pick either. Every value apart is such a tie — also for
+        a sample flipped before the policy, whose flip DALI applies last, conjugating the shear
+        (the same source points, mirrored: the ties break either way there too)."""
         import math
 
         from gpupipe.core._geometry import affine_matrices
 
+        t = T.AutoAugment(policy="svhn")
         rows = [(CODE["ShearX"], b, s, -1, 0, 1) for b in range(10) for s in (-1, 1)]
+        if flipped:
+            steps = [T.RandomHorizontalFlip(), t, T.ToDtype(torch.float32, scale=True)]
+            pairs = flipped_vs_torch(steps, [np.ones((len(rows), 1)), forced(t, rows), None], photos, monkeypatch)
+        else:
+            pairs = dali_vs_torch(t, photos, rows, monkeypatch)
         apart = 0
-        for (got, want), row in zip(dali_vs_torch(T.AutoAugment(policy="svhn"), photos, rows, monkeypatch), rows,
-                                    strict=True):  # fmt: skip
+        for (got, want), row in zip(pairs, rows, strict=True):
             ys, xs = torch.nonzero((got.int() - want.int()).abs().amax(0), as_tuple=True)
             shear = math.degrees(math.atan(row[2] * float(np.float32(0.3 * row[1] / 9))))
             zero = np.zeros(1)
             height, width = got.shape[1:]
             m = affine_matrices(height, width, zero, (0, 0), 1.0, (np.array([shear]), zero), center=(zero, zero))[0]
+            # torch warps the flipped image: its output pixel p reads the flipped image at m(p)
             source_x = m[0] * (xs.numpy() + 0.5) + m[1] * (ys.numpy() + 0.5) + m[2]
             assert np.abs(source_x - np.round(source_x)).max(initial=0) < 1e-6, row
             apart += len(ys)
@@ -183,7 +209,8 @@ class TestOnDali:
     def test_a_flip_before_the_policy_moves_into_the_tail(self, photos, monkeypatch, interpolation):
         """Flip, policy, ToDtype: the flip becomes the tail's mirror (no flip operator), and each
         geometric operation of a flipped sample is conjugated by its flip, so that the output is
-        as if flipped first: at every bin and sign, within the operation's own tolerance."""
+        as if flipped first: at these bins and both signs, within the operation's own tolerance
+        (ties: test_shears_differ_only_at_ties)."""
         from .support.dali_graph import parse
         from .test_gpu_graph import define
 
@@ -193,17 +220,8 @@ class TestOnDali:
         rows = [(CODE[name], b, s) for name in names for b in (3, 17, 30) for s in (-1, 1)]
         rows += [(CODE["Identity"], 0, 1)] * 4
         flips = np.array([[float(i % 2)] for i in range(len(rows))])  # every other sample flipped
-        factors = [flips, forced(t, rows), None]
-        monkeypatch.setattr(checkers, "sample_factors", lambda transforms, n, seed=0: [f if f is None else f[:n]
-                                                                                       for f in factors])  # fmt: skip
-        from gpupipe.runtime._decode import decode_rgb
-
-        images = photos[: len(rows)]
-        got = run_dali(steps, images)
-        for i, encoded in enumerate(images):
-            want = apply_pipeline(steps, decode_rgb(encoded, shard="-", key="k"), [f if f is None else f[i]
-                                                                                    for f in factors])  # fmt: skip
-            d = ((got[i] - want) * 255).round().abs()
+        for i, (got, want) in enumerate(flipped_vs_torch(steps, [flips, forced(t, rows), None], photos, monkeypatch)):
+            d = (got - want).abs()
             name = OPS[rows[i][0]]
             share_max, diff_max = TOLERANCE.get(name, (0.0, 0))
             if interpolation == "bilinear" and rows[i][0] in GEOMETRY:

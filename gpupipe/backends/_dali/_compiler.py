@@ -11,7 +11,8 @@ operators) or the GPU (``device="gpu"``, after nvJPEG's ``mixed`` decoder). Comp
    ``Normalize`` becomes one ``crop_mirror_normalize``, which also writes CHW. A
    ``RandomHorizontalFlip`` followed only by steps that a flip commutes with (the photometric
    transforms, and the augmentation policies, whose geometry is then conjugated by the sample's
-   flip: ``Ctx.mirrored``) moves into it too: the V2 recipe's flip costs no operator of its own.
+   flip: ``Ctx.mirrored``; the same source points, ties between two pixels apart) moves into it
+   too: the V2 recipe's flip costs no operator of its own.
 3. Every other transform goes through :data:`LOWERINGS` (transform type → lowering function).
 
 A pipeline of several views decodes each image once and lowers each view's list on that decoded
