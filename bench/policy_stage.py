@@ -1,0 +1,337 @@
+"""TrivialAugmentWide on a batch of decoded images: DALI's lowering (gpupipe's graph, a conditional
+branch per operation family) against the same draws applied as batched torch kernels, on each
+device present.
+
+    python bench/policy_stage.py                          # each device present
+    python bench/policy_stage.py --device cpu --quick     # a smoke run
+
+The question it answers (issue 37): on a GPU, where a DALI operator costs far more than a torch
+kernel launch (``bench/operator_cost.py``), would the policy run faster as a torch stage after
+DALI's decode and crop than as DALI's 70-odd operators? Both sides get the same batch of B uint8
+images (H x W x 3, already decoded) and the same draws (gpupipe's, of samples 0..B-1). Reported:
+ms per batch of each (DALI's net of a pass-through of the same input), and how far each is from
+the torch backend, which applies torchvision's kernels sample by sample: the batched kernels
+replicate torchvision's arithmetic, so 0 values apart but where a library computes differently
+on a device (stated with the figures).
+
+The batched kernels apply each operation once to the samples that drew it, with per-sample
+magnitudes: the affine maps are torchvision's ``_get_inverse_affine_matrix`` vectorized over the
+samples (its float64 arithmetic, then float32, as it builds ``theta``), sampled by one
+``grid_sample``; the blends write torchvision's fused ``x·r + y·(1 − r)`` (``mul`` then
+``add_(alpha=)``) in float64, which is exact here and then rounds once, as the fused kernel does.
+Results go to ``bench/results/<date>-policy-stage-<machine>.md`` and ``.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as nnf
+from torchvision.transforms.v2 import functional as F
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from _report import publish
+
+from gpupipe import transforms as T
+from gpupipe.transforms._policies import OPS
+
+# ------------------------------------------------------------------ batched kernels --
+
+
+def _inverse_affine(cx: Any, cy: Any, angle: Any, tx: Any, ty: Any, shear_x: Any, shear_y: Any) -> np.ndarray:
+    """torchvision's ``_get_inverse_affine_matrix`` (scale 1), per sample: float64 ``[n, 6]``."""
+    rot, sx, sy = np.radians(angle), np.radians(shear_x), np.radians(shear_y)
+    cos_sy, tan_sx, rot_minus_sy = np.cos(sy), np.tan(sx), rot - sy
+    cxt, cyt = cx + tx, cy + ty
+    a = np.cos(rot_minus_sy) / cos_sy
+    b = -(a * tan_sx + np.sin(rot))
+    c = np.sin(rot_minus_sy) / cos_sy
+    d = np.cos(rot) - c * tan_sx
+    m0, m1, m3, m4 = d / 1.0, -b / 1.0, -c / 1.0, a / 1.0
+    m2 = 0.0 + (cx - m0 * cxt - m1 * cyt)
+    m5 = 0.0 + (cy - m3 * cxt - m4 * cyt)
+    return np.stack(np.broadcast_arrays(m0, m1, m2, m3, m4, m5), axis=1)
+
+
+def _warp(x: torch.Tensor, matrices: np.ndarray, mode: str) -> torch.Tensor:
+    """torchvision's ``_affine_grid`` and ``_apply_grid_transform`` (no fill: zeros) with one map
+    per sample."""
+    n, _, h, w = x.shape
+    theta = torch.tensor(matrices, dtype=torch.float32, device=x.device).reshape(n, 2, 3)
+    base = torch.empty(1, h, w, 3, dtype=torch.float32, device=x.device)
+    base[..., 0].copy_(torch.linspace((1.0 - w) * 0.5, (w - 1.0) * 0.5, steps=w, device=x.device))
+    base[..., 1].copy_(torch.linspace((1.0 - h) * 0.5, (h - 1.0) * 0.5, steps=h, device=x.device).unsqueeze_(-1))
+    base[..., 2].fill_(1)
+    scaled = theta.transpose(1, 2).div_(torch.tensor([0.5 * w, 0.5 * h], dtype=torch.float32, device=x.device))
+    grid = base.view(1, h * w, 3).expand(n, -1, -1).bmm(scaled).view(n, h, w, 2)
+    out = nnf.grid_sample(x.to(torch.float32), grid, mode=mode, padding_mode="zeros", align_corners=False)
+    return out.round_().to(x.dtype)
+
+
+def _fused_blend(x: torch.Tensor, y: torch.Tensor, ratio: np.ndarray) -> torch.Tensor:
+    """torchvision's ``_blend`` for uint8 ``x``: ``x.mul(r).add_(y, alpha=1 − r)`` clamped and
+    truncated, ``r`` per sample (``y`` float32). The product ``y·(1 − r)`` of two float32 values
+    is exact in float64 and so is its sum with ``x·r``: one rounding to float32, as the fused
+    kernel's."""
+    shape = (len(ratio), 1, 1, 1)
+    r = torch.tensor(ratio, dtype=torch.float32, device=x.device).view(shape)
+    alpha = torch.tensor(1.0 - ratio, dtype=torch.float32, device=x.device).view(shape)
+    out = (x.to(torch.float32) * r).double().add_(y.double() * alpha.double()).float()
+    return out.clamp_(0, 255).to(x.dtype)
+
+
+def _gray(x: torch.Tensor) -> torch.Tensor:
+    r, g, b = x.unbind(dim=-3)
+    return r.mul(0.2989).add_(g, alpha=0.587).add_(b, alpha=0.114).unsqueeze(-3).floor_()
+
+
+def _sharpness(x: torch.Tensor, ratio: np.ndarray) -> torch.Tensor:
+    """torchvision's ``adjust_sharpness_image`` with a factor per sample."""
+    a, b = 1.0 / 13.0, 5.0 / 13.0
+    kernel = torch.tensor([[a, a, a], [a, b, a], [a, a, a]], dtype=torch.float32, device=x.device)
+    out = x.to(torch.float32)
+    blurred = nnf.conv2d(out, kernel.expand(3, 1, 3, 3), groups=3).round_()
+    view = out[..., 1:-1, 1:-1]
+    alpha = torch.tensor(1.0 - ratio, dtype=torch.float32, device=x.device).view(-1, 1, 1, 1)
+    view.copy_(view.double().add_(blurred.sub_(view).double() * alpha.double()).float())
+    return out.clamp_(0, 255).to(x.dtype)
+
+
+def _rotate(x: torch.Tensor, angles: np.ndarray, mode: str) -> torch.Tensor:
+    """torchvision's ``rotate_image`` (about the centre, same size), with its exact fast paths."""
+    out = torch.empty_like(x)
+    h, w = x.shape[-2:]
+    turn = np.mod(angles, 360.0)
+    quarter = {0.0: 0, 180.0: 2, **({90.0: 1, 270.0: 3} if h == w else {})}
+    fast = np.isin(turn, list(quarter))
+    for angle, k in quarter.items():
+        rows = np.flatnonzero(turn == angle)
+        if len(rows):
+            idx = torch.from_numpy(rows).to(x.device)
+            out.index_copy_(0, idx, torch.rot90(x.index_select(0, idx), k=k, dims=(-2, -1)))
+    rows = np.flatnonzero(~fast)
+    if len(rows):
+        zero = np.zeros(len(rows))
+        maps = _inverse_affine(zero, zero, -turn[rows], zero, zero, zero, zero)
+        idx = torch.from_numpy(rows).to(x.device)
+        out.index_copy_(0, idx, _warp(x.index_select(0, idx), maps, mode))
+    return out
+
+
+def _kernels(mode: str) -> dict[str, Callable[[torch.Tensor, np.ndarray], torch.Tensor]]:
+    def shear(along_x: bool) -> Callable[[torch.Tensor, np.ndarray], torch.Tensor]:
+        def run(x: torch.Tensor, m: np.ndarray) -> torch.Tensor:
+            h, w = x.shape[-2:]
+            degrees, zero = np.degrees(np.arctan(m)), np.zeros(len(m))
+            cx, cy = np.full(len(m), 0.0 - w * 0.5), np.full(len(m), 0.0 - h * 0.5)  # center=[0, 0]
+            sx, sy = (degrees, zero) if along_x else (zero, degrees)
+            return _warp(x, _inverse_affine(cx, cy, zero, zero, zero, sx, sy), mode)
+
+        return run
+
+    def translate(along_x: bool) -> Callable[[torch.Tensor, np.ndarray], torch.Tensor]:
+        def run(x: torch.Tensor, m: np.ndarray) -> torch.Tensor:
+            by, zero = np.trunc(m), np.zeros(len(m))  # int(m)
+            tx, ty = (by, zero) if along_x else (zero, by)
+            return _warp(x, _inverse_affine(zero, zero, zero, tx, ty, zero, zero), mode)
+
+        return run
+
+    def contrast(x: torch.Tensor, m: np.ndarray) -> torch.Tensor:
+        mean = torch.mean(_gray(x), dim=(-3, -2, -1), keepdim=True)
+        return _fused_blend(x, mean, 1.0 + m)
+
+    def posterize(x: torch.Tensor, m: np.ndarray) -> torch.Tensor:
+        bits = np.trunc(m).astype(np.int64)
+        masks = (((1 << bits) - 1) << (8 - bits)).astype(np.uint8)
+        return x & torch.from_numpy(masks).to(x.device).view(-1, 1, 1, 1)
+
+    def solarize(x: torch.Tensor, m: np.ndarray) -> torch.Tensor:
+        threshold = torch.tensor(255.0 * m, dtype=torch.float32, device=x.device).view(-1, 1, 1, 1)
+        return torch.where(x >= threshold, 255 - x, x)
+
+    def brightness(x: torch.Tensor, m: np.ndarray) -> torch.Tensor:
+        r = torch.tensor(1.0 + m, dtype=torch.float32, device=x.device).view(-1, 1, 1, 1)
+        return (x.to(torch.float32) * r).clamp_(0, 255).to(x.dtype)
+
+    return {
+        "Identity": lambda x, m: x,
+        "ShearX": shear(True),
+        "ShearY": shear(False),
+        "TranslateX": translate(True),
+        "TranslateY": translate(False),
+        "Rotate": lambda x, m: _rotate(x, m, mode),
+        "Brightness": brightness,
+        "Color": lambda x, m: _fused_blend(x, _gray(x), 1.0 + m),
+        "Contrast": contrast,
+        "Sharpness": lambda x, m: _sharpness(x, 1.0 + m),
+        "Posterize": posterize,
+        "Solarize": solarize,
+        "AutoContrast": lambda x, m: F.autocontrast(x),
+        "Equalize": lambda x, m: F.equalize(x),
+    }
+
+
+def batched_policy(images: torch.Tensor, codes: np.ndarray, mags: np.ndarray, mode: str) -> torch.Tensor:
+    """One slot of a policy on ``images`` ``[B, 3, H, W]`` uint8: each operation once, on the
+    samples that drew it (``codes``, ``mags``: ``[B]``)."""
+    kernels = _kernels(mode)
+    out = images.clone()
+    for code in np.unique(codes).tolist():
+        if OPS[code] == "Identity":
+            continue
+        rows = np.flatnonzero(codes == code)
+        idx = torch.from_numpy(rows).to(images.device)
+        out.index_copy_(0, idx, kernels[OPS[code]](images.index_select(0, idx), mags[rows]))
+    return out
+
+
+# ------------------------------------------------------------------------- the runs --
+
+
+def draws(t: Any, n: int, h: int, w: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The factors of samples ``0..n-1`` (every backend's), and their codes and magnitudes."""
+    from gpupipe.core._random import factors
+
+    (f,) = factors([t], seed, 0, list(range(n)))
+    codes, mags = t.magnitudes(h, w, f)
+    return f, codes[:, 0], mags[:, 0]
+
+
+def per_sample(t: Any, images: torch.Tensor, factors: np.ndarray) -> torch.Tensor:
+    """The torch backend: torchvision's kernels, sample by sample."""
+    from gpupipe.backends._torch._kernels import apply_pipeline
+
+    return torch.stack([apply_pipeline([t], images[i], [factors[i]]) for i in range(len(images))])
+
+
+def dali_pipeline(t: Any | None, batch: list[np.ndarray], factors: np.ndarray, *, gpu: bool, threads: int) -> Any:
+    """A built DALI pipeline of gpupipe's lowering of ``t`` (``None``: a pass-through) on the fed
+    HWC batch, and a function that runs one iteration (feeding the batch and the host's values)."""
+    from nvidia.dali import Pipeline, fn, types
+
+    from gpupipe.backends._dali._compiler import Ctx, _lower_images
+    from gpupipe.backends._dali._host import HostEnv, evaluate
+
+    n = len(batch)
+    pipe = Pipeline(batch_size=n, num_threads=threads, device_id=0 if gpu else None, exec_dynamic=True,
+                    prefetch_queue_depth=2)  # fmt: skip
+    ctx = Ctx("gpu" if gpu else "cpu", 0)
+    with pipe:
+        images = fn.external_source(name="images", device="gpu" if gpu else "cpu", layout="HWC", dtype=types.UINT8)
+        out = images if t is None else _lower_images([t], None, ctx, channels_last=True, decoded=images)
+        pipe.set_outputs(out)
+    pipe.build()
+    sizes = np.array([img.shape[:2] for img in batch], dtype=np.int64)
+    inputs = {"images": batch, **evaluate(ctx.feeds, HostEnv(sizes, lambda view, step: factors), n)}
+
+    def feed() -> None:
+        for name, value in inputs.items():
+            pipe.feed_input(name, value)
+
+    for _ in range(2):  # the prefetch queue's depth: fed ahead, as the loader's runner feeds
+        feed()
+
+    def run() -> Any:
+        out = pipe.run()[0]
+        feed()
+        return out
+
+    return run
+
+
+def timed(run: Callable[[], Any], iters: int, cuda: bool) -> float:
+    """ms per call over ``iters`` calls, after three."""
+    for _ in range(3):
+        run()
+    if cuda:
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(iters):
+        run()
+    if cuda:
+        torch.cuda.synchronize()
+    return (time.perf_counter() - start) / iters * 1000
+
+
+def apart(got: torch.Tensor, want: torch.Tensor) -> tuple[float, int]:
+    """Share of values apart and the largest difference."""
+    d = (got.int() - want.int()).abs()
+    return float((d > 0).double().mean()), int(d.max())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="all", choices=("all", "cpu", "gpu"))
+    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--size", type=int, default=176, help="images of size x size (the V2 recipe's crop)")
+    parser.add_argument("--interpolation", default="bilinear", choices=("bilinear", "nearest"))
+    parser.add_argument("--threads", type=int, default=8, help="DALI's threads")
+    parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--quick", action="store_true", help="a smoke run: batch 16 of 32 x 32")
+    parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
+    args = parser.parse_args()
+    if args.quick:
+        args.batch_size, args.size, args.iters = 16, 32, 2
+    cuda = torch.cuda.is_available()
+    devices = {"all": ["cpu", "gpu"] if cuda else ["cpu"], "cpu": ["cpu"], "gpu": ["gpu"]}[args.device]
+    if "gpu" in devices and not cuda:
+        parser.error("--device gpu needs CUDA")
+    from gpupipe.testing import synthetic_image
+
+    n, size = args.batch_size, args.size
+    t = T.TrivialAugmentWide(interpolation=T.InterpolationMode(args.interpolation))
+    hwc = [np.ascontiguousarray(synthetic_image(i, size=(size, size))) for i in range(n)]
+    factors, codes, mags = draws(t, n, size, size)
+    results: list[dict[str, Any]] = []
+    for device in devices:
+        gpu = device == "gpu"
+        where = torch.device("cuda" if gpu else "cpu")
+        images = torch.from_numpy(np.stack(hwc)).permute(0, 3, 1, 2).contiguous().to(where)
+        want = per_sample(t, images, factors)
+        got = batched_policy(images, codes, mags, args.interpolation)
+        torch_ms = timed(functools.partial(batched_policy, images, codes, mags, args.interpolation), args.iters, gpu)
+        through = timed(dali_pipeline(None, hwc, factors, gpu=gpu, threads=args.threads), args.iters, gpu)
+        run = dali_pipeline(t, hwc, factors, gpu=gpu, threads=args.threads)
+        dali_ms = timed(run, args.iters, gpu) - through
+        out = run()
+        dali_out = torch.from_numpy(np.stack([np.array(s) for s in (out.as_cpu() if gpu else out)])).permute(0, 3, 1, 2)
+        per_sample_ms = timed(functools.partial(per_sample, t, images, factors), max(1, args.iters // 4), gpu)
+        for impl, ms, value in (("torch, batched", torch_ms, got.cpu()), ("DALI, gpupipe's graph", dali_ms, dali_out),
+                                ("torch backend, per sample", per_sample_ms, want.cpu())):  # fmt: skip
+            share, largest = apart(value, want.cpu())
+            results.append({"device": device, "impl": impl, "ms": ms, "apart": share, "max_diff": largest})
+            print(json.dumps(results[-1]), flush=True)
+    machine = torch.cuda.get_device_name() if cuda else f"{os.cpu_count()}-core CPU"
+    name = "policy-stage-" + machine.replace(" ", "-").lower() + ("-quick" if args.quick else "")
+    import nvidia.dali
+
+    ops = {OPS[c]: int((codes == c).sum()) for c in np.unique(codes).tolist()}
+    intro = (f"{machine}; DALI {nvidia.dali.__version__}, torch {torch.__version__}; TrivialAugmentWide "
+             f"({args.interpolation}) on a batch of {n} uint8 images of {size} x {size}, already decoded, gpupipe's "
+             f"draws of samples 0..{n - 1} ({ops}); {args.threads} DALI threads; {args.iters} iterations after 3. "
+             "ms per batch (DALI's net of a pass-through of the same input), and the values apart from the torch "
+             "backend's (torchvision's kernels, sample by sample) (`bench/policy_stage.py`).")  # fmt: skip
+    header = ["device", "implementation", "ms per batch", "values apart", "largest difference"]
+    rows = [[r["device"], r["impl"], f"{r['ms']:.2f}", f"{r['apart']:.2%}", str(r["max_diff"])] for r in results]
+    path = publish(args.out, name, f"TrivialAugmentWide as batched torch kernels or DALI's graph, {machine}", intro,
+                   header, rows)  # fmt: skip
+    with open(path[: -len(".md")] + ".json", "w") as f:
+        json.dump({"machine": machine, "batch_size": n, "size": size, "interpolation": args.interpolation,
+                   "operations": ops, "results": results}, f, indent=2)  # fmt: skip
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
