@@ -48,6 +48,13 @@ from gpupipe.transforms._policies import OPS
 
 # ------------------------------------------------------------------ batched kernels --
 
+# A sample's parameters, one float32 row per sample computed on the host and sent to the device
+# in one copy (no copy per operation, so the stage never waits for the device): the inverse
+# affine map (6), then the blend's ratio and 1 − ratio, solarize's threshold, posterize's mask.
+THETA, RATIO, ALPHA, THRESHOLD, MASK, WIDTH = slice(0, 6), 6, 7, 8, 9, 10
+GEOMETRY = ("ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate")
+QUARTERS = {0.0: 0, 90.0: 1, 180.0: 2, 270.0: 3}  # rotate's exact fast paths (90 and 270: square images)
+
 
 def _inverse_affine(cx: Any, cy: Any, angle: Any, tx: Any, ty: Any, shear_x: Any, shear_y: Any) -> np.ndarray:
     """torchvision's ``_get_inverse_affine_matrix`` (scale 1), per sample: float64 ``[n, 6]``."""
@@ -64,30 +71,79 @@ def _inverse_affine(cx: Any, cy: Any, angle: Any, tx: Any, ty: Any, shear_x: Any
     return np.stack(np.broadcast_arrays(m0, m1, m2, m3, m4, m5), axis=1)
 
 
-def _warp(x: torch.Tensor, matrices: np.ndarray, mode: str) -> torch.Tensor:
-    """torchvision's ``_affine_grid`` and ``_apply_grid_transform`` (no fill: zeros) with one map
-    per sample."""
-    n, _, h, w = x.shape
-    theta = torch.tensor(matrices, dtype=torch.float32, device=x.device).reshape(n, 2, 3)
-    base = torch.empty(1, h, w, 3, dtype=torch.float32, device=x.device)
-    base[..., 0].copy_(torch.linspace((1.0 - w) * 0.5, (w - 1.0) * 0.5, steps=w, device=x.device))
-    base[..., 1].copy_(torch.linspace((1.0 - h) * 0.5, (h - 1.0) * 0.5, steps=h, device=x.device).unsqueeze_(-1))
+def _table(codes: np.ndarray, mags: np.ndarray, h: int, w: int) -> np.ndarray:
+    """float64 ``[B, WIDTH]``: each sample's parameters for the operation it drew, as
+    torchvision's policies compute them (shears ``atan(m)`` in degrees about the top-left corner,
+    translations ``int(m)``, rotations about the centre, factors ``1 + m``, solarize's threshold
+    ``255·m``, posterize's mask of ``int(m)`` bits)."""
+    n, zero = len(codes), np.zeros(len(codes))
+    names = np.array(OPS, dtype=object)[codes]
+    table = np.zeros((n, WIDTH))
+    degrees = np.degrees(np.arctan(mags))
+    corner = (np.full(n, 0.0 - w * 0.5), np.full(n, 0.0 - h * 0.5))  # center=[0, 0], relative to the centre
+    maps = {
+        "ShearX": _inverse_affine(*corner, zero, zero, zero, degrees, zero),
+        "ShearY": _inverse_affine(*corner, zero, zero, zero, zero, degrees),
+        "TranslateX": _inverse_affine(zero, zero, zero, np.trunc(mags), zero, zero, zero),
+        "TranslateY": _inverse_affine(zero, zero, zero, zero, np.trunc(mags), zero, zero),
+        "Rotate": _inverse_affine(zero, zero, -np.mod(mags, 360.0), zero, zero, zero, zero),
+    }
+    for name, m in maps.items():
+        table[names == name, THETA] = m[names == name]
+    ratio = 1.0 + mags
+    table[:, RATIO], table[:, ALPHA] = np.float32(ratio), np.float32(1.0 - ratio)
+    table[:, THRESHOLD] = np.float32(255.0 * mags)
+    bits = np.clip(np.trunc(mags), 0, 8).astype(np.int64)
+    table[:, MASK] = ((1 << bits) - 1) << (8 - bits)
+    return table
+
+
+def _groups(codes: np.ndarray, mags: np.ndarray, square: bool) -> np.ndarray:
+    """Each sample's group: its operation, and for Rotate whether an exact quarter turn (a
+    transpose, as torchvision's fast paths) — ``code * 8 + k``."""
+    turn = np.mod(mags, 360.0)
+    quarter = np.zeros(len(codes), dtype=np.int64)
+    for angle, k in QUARTERS.items():
+        if k in (1, 3) and not square:
+            continue
+        quarter[turn == angle] = 1 + k
+    return codes * 8 + np.where(codes == OPS.index("Rotate"), quarter, 0)
+
+
+@functools.cache
+def _constants(device: torch.device, h: int, w: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """On ``device``, once: torchvision's base grid of an ``h`` x ``w`` image, its divisor, and
+    the sharpness kernel (a constant copied to a device per batch would wait for the device)."""
+    base = torch.empty(1, h, w, 3, dtype=torch.float32, device=device)
+    base[..., 0].copy_(torch.linspace((1.0 - w) * 0.5, (w - 1.0) * 0.5, steps=w, device=device))
+    base[..., 1].copy_(torch.linspace((1.0 - h) * 0.5, (h - 1.0) * 0.5, steps=h, device=device).unsqueeze_(-1))
     base[..., 2].fill_(1)
-    scaled = theta.transpose(1, 2).div_(torch.tensor([0.5 * w, 0.5 * h], dtype=torch.float32, device=x.device))
+    a, b = 1.0 / 13.0, 5.0 / 13.0
+    kernel = torch.tensor([[a, a, a], [a, b, a], [a, a, a]], dtype=torch.float32, device=device)
+    return base, torch.tensor([0.5 * w, 0.5 * h], device=device), kernel.expand(3, 1, 3, 3)
+
+
+def _warp(x: torch.Tensor, theta: torch.Tensor, mode: str) -> torch.Tensor:
+    """torchvision's ``_affine_grid`` and ``_apply_grid_transform`` (no fill: zeros) with one map
+    per sample (``theta`` ``[n, 6]`` float32)."""
+    n, _, h, w = x.shape
+    base, divisor, _ = _constants(x.device, h, w)
+    scaled = theta.reshape(n, 2, 3).transpose(1, 2).div(divisor)
     grid = base.view(1, h * w, 3).expand(n, -1, -1).bmm(scaled).view(n, h, w, 2)
     out = nnf.grid_sample(x.to(torch.float32), grid, mode=mode, padding_mode="zeros", align_corners=False)
     return out.round_().to(x.dtype)
 
 
-def _fused_blend(x: torch.Tensor, y: torch.Tensor, ratio: np.ndarray) -> torch.Tensor:
+def _column(p: torch.Tensor, i: int) -> torch.Tensor:
+    return p[:, i].view(-1, 1, 1, 1)
+
+
+def _fused_blend(x: torch.Tensor, y: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
     """torchvision's ``_blend`` for uint8 ``x``: ``x.mul(r).add_(y, alpha=1 − r)`` clamped and
     truncated, ``r`` per sample (``y`` float32). The product ``y·(1 − r)`` of two float32 values
     is exact in float64 and so is its sum with ``x·r``: one rounding to float32, as the fused
     kernel's."""
-    shape = (len(ratio), 1, 1, 1)
-    r = torch.tensor(ratio, dtype=torch.float32, device=x.device).view(shape)
-    alpha = torch.tensor(1.0 - ratio, dtype=torch.float32, device=x.device).view(shape)
-    out = (x.to(torch.float32) * r).double().add_(y.double() * alpha.double()).float()
+    out = (x.to(torch.float32) * _column(p, RATIO)).double().add_(y.double() * _column(p, ALPHA).double()).float()
     return out.clamp_(0, 255).to(x.dtype)
 
 
@@ -96,104 +152,79 @@ def _gray(x: torch.Tensor) -> torch.Tensor:
     return r.mul(0.2989).add_(g, alpha=0.587).add_(b, alpha=0.114).unsqueeze(-3).floor_()
 
 
-def _sharpness(x: torch.Tensor, ratio: np.ndarray) -> torch.Tensor:
+def _sharpness(x: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
     """torchvision's ``adjust_sharpness_image`` with a factor per sample."""
-    a, b = 1.0 / 13.0, 5.0 / 13.0
-    kernel = torch.tensor([[a, a, a], [a, b, a], [a, a, a]], dtype=torch.float32, device=x.device)
+    kernel = _constants(x.device, *x.shape[-2:])[2]
     out = x.to(torch.float32)
-    blurred = nnf.conv2d(out, kernel.expand(3, 1, 3, 3), groups=3).round_()
+    blurred = nnf.conv2d(out, kernel, groups=3).round_()
     view = out[..., 1:-1, 1:-1]
-    alpha = torch.tensor(1.0 - ratio, dtype=torch.float32, device=x.device).view(-1, 1, 1, 1)
-    view.copy_(view.double().add_(blurred.sub_(view).double() * alpha.double()).float())
+    view.copy_(view.double().add_(blurred.sub_(view).double() * _column(p, ALPHA).double()).float())
     return out.clamp_(0, 255).to(x.dtype)
 
 
-def _rotate(x: torch.Tensor, angles: np.ndarray, mode: str) -> torch.Tensor:
-    """torchvision's ``rotate_image`` (about the centre, same size), with its exact fast paths."""
-    out = torch.empty_like(x)
-    h, w = x.shape[-2:]
-    turn = np.mod(angles, 360.0)
-    quarter = {0.0: 0, 180.0: 2, **({90.0: 1, 270.0: 3} if h == w else {})}
-    fast = np.isin(turn, list(quarter))
-    for angle, k in quarter.items():
-        rows = np.flatnonzero(turn == angle)
-        if len(rows):
-            idx = torch.from_numpy(rows).to(x.device)
-            out.index_copy_(0, idx, torch.rot90(x.index_select(0, idx), k=k, dims=(-2, -1)))
-    rows = np.flatnonzero(~fast)
-    if len(rows):
-        zero = np.zeros(len(rows))
-        maps = _inverse_affine(zero, zero, -turn[rows], zero, zero, zero, zero)
-        idx = torch.from_numpy(rows).to(x.device)
-        out.index_copy_(0, idx, _warp(x.index_select(0, idx), maps, mode))
-    return out
+def _autocontrast(x: torch.Tensor) -> torch.Tensor:
+    """torchvision's ``autocontrast_image`` with ``torch.where`` for its masked assignments (which
+    would wait for the device): the same arithmetic."""
+    f = x.to(torch.float32)
+    low, high = f.amin(dim=(-2, -1), keepdim=True), f.amax(dim=(-2, -1), keepdim=True)
+    flat = high == low
+    inv_scale = torch.where(flat, 1.0, high.sub(low).mul_(1.0 / 255.0))
+    return f.sub_(torch.where(flat, 0.0, low)).div_(inv_scale).clamp_(0, 255).to(x.dtype)
 
 
-def _kernels(mode: str) -> dict[str, Callable[[torch.Tensor, np.ndarray], torch.Tensor]]:
-    def shear(along_x: bool) -> Callable[[torch.Tensor, np.ndarray], torch.Tensor]:
-        def run(x: torch.Tensor, m: np.ndarray) -> torch.Tensor:
-            h, w = x.shape[-2:]
-            degrees, zero = np.degrees(np.arctan(m)), np.zeros(len(m))
-            cx, cy = np.full(len(m), 0.0 - w * 0.5), np.full(len(m), 0.0 - h * 0.5)  # center=[0, 0]
-            sx, sy = (degrees, zero) if along_x else (zero, degrees)
-            return _warp(x, _inverse_affine(cx, cy, zero, zero, zero, sx, sy), mode)
+def _kernels(mode: str) -> dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]:
+    def contrast(x: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+        return _fused_blend(x, torch.mean(_gray(x), dim=(-3, -2, -1), keepdim=True), p)
 
-        return run
+    def solarize(x: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+        return torch.where(x >= _column(p, THRESHOLD), 255 - x, x)
 
-    def translate(along_x: bool) -> Callable[[torch.Tensor, np.ndarray], torch.Tensor]:
-        def run(x: torch.Tensor, m: np.ndarray) -> torch.Tensor:
-            by, zero = np.trunc(m), np.zeros(len(m))  # int(m)
-            tx, ty = (by, zero) if along_x else (zero, by)
-            return _warp(x, _inverse_affine(zero, zero, zero, tx, ty, zero, zero), mode)
+    def brightness(x: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+        return (x.to(torch.float32) * _column(p, RATIO)).clamp_(0, 255).to(x.dtype)
 
-        return run
-
-    def contrast(x: torch.Tensor, m: np.ndarray) -> torch.Tensor:
-        mean = torch.mean(_gray(x), dim=(-3, -2, -1), keepdim=True)
-        return _fused_blend(x, mean, 1.0 + m)
-
-    def posterize(x: torch.Tensor, m: np.ndarray) -> torch.Tensor:
-        bits = np.trunc(m).astype(np.int64)
-        masks = (((1 << bits) - 1) << (8 - bits)).astype(np.uint8)
-        return x & torch.from_numpy(masks).to(x.device).view(-1, 1, 1, 1)
-
-    def solarize(x: torch.Tensor, m: np.ndarray) -> torch.Tensor:
-        threshold = torch.tensor(255.0 * m, dtype=torch.float32, device=x.device).view(-1, 1, 1, 1)
-        return torch.where(x >= threshold, 255 - x, x)
-
-    def brightness(x: torch.Tensor, m: np.ndarray) -> torch.Tensor:
-        r = torch.tensor(1.0 + m, dtype=torch.float32, device=x.device).view(-1, 1, 1, 1)
-        return (x.to(torch.float32) * r).clamp_(0, 255).to(x.dtype)
-
-    return {
-        "Identity": lambda x, m: x,
-        "ShearX": shear(True),
-        "ShearY": shear(False),
-        "TranslateX": translate(True),
-        "TranslateY": translate(False),
-        "Rotate": lambda x, m: _rotate(x, m, mode),
+    kernels: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+        name: (lambda x, p: _warp(x, p[:, THETA], mode)) for name in GEOMETRY
+    }
+    return kernels | {
         "Brightness": brightness,
-        "Color": lambda x, m: _fused_blend(x, _gray(x), 1.0 + m),
+        "Color": lambda x, p: _fused_blend(x, _gray(x), p),
         "Contrast": contrast,
-        "Sharpness": lambda x, m: _sharpness(x, 1.0 + m),
-        "Posterize": posterize,
+        "Sharpness": _sharpness,
+        "Posterize": lambda x, p: x & _column(p, MASK).to(torch.uint8),
         "Solarize": solarize,
-        "AutoContrast": lambda x, m: F.autocontrast(x),
-        "Equalize": lambda x, m: F.equalize(x),
+        "AutoContrast": lambda x, p: _autocontrast(x),
+        "Equalize": lambda x, p: F.equalize(x),
     }
 
 
 def batched_policy(images: torch.Tensor, codes: np.ndarray, mags: np.ndarray, mode: str) -> torch.Tensor:
     """One slot of a policy on ``images`` ``[B, 3, H, W]`` uint8: each operation once, on the
-    samples that drew it (``codes``, ``mags``: ``[B]``)."""
+    samples that drew it (``codes``, ``mags``: ``[B]``). The host sorts the samples by operation
+    and sends their order and parameters to the device in one copy each; every operation then
+    takes a contiguous slice of them."""
+    h, w = images.shape[-2:]
+    groups = _groups(codes, mags, h == w)
+    order = np.argsort(groups, kind="stable")
+    bounds = np.flatnonzero(np.diff(groups[order])) + 1
+    table = _table(codes, mags, h, w)[order].astype(np.float32)
+    cuda = images.is_cuda
+    index, params = (torch.from_numpy(a) for a in (order, table))
+    if cuda:
+        index, params = (t.pin_memory().to(images.device, non_blocking=True) for t in (index, params))
     kernels = _kernels(mode)
     out = images.clone()
-    for code in np.unique(codes).tolist():
-        if OPS[code] == "Identity":
+    for start, stop in zip([0, *bounds.tolist()], [*bounds.tolist(), len(order)], strict=True):
+        group = int(groups[order[start]])
+        name, k = OPS[group // 8], group % 8
+        if name == "Identity" or (name == "Rotate" and k == 1):  # a turn of 0 degrees: the image
             continue
-        rows = np.flatnonzero(codes == code)
-        idx = torch.from_numpy(rows).to(images.device)
-        out.index_copy_(0, idx, kernels[OPS[code]](images.index_select(0, idx), mags[rows]))
+        idx = index[start:stop]
+        x = images.index_select(0, idx)
+        if name == "Rotate" and k > 1:
+            y = torch.rot90(x, k=k - 1, dims=(-2, -1))
+        else:
+            y = kernels[name](x, params[start:stop])
+        out.index_copy_(0, idx, y)
     return out
 
 
