@@ -297,8 +297,7 @@ def table(runs: Sequence[Run]) -> str:
     range over the rounds."""
     rows = summary(runs)
     several = any(row["rounds"] > 1 for row in rows)
-    names = [r["backend"] for r in rows if r["backend"].startswith(BASELINE)]
-    names = list(dict.fromkeys(names))
+    names = [n for n in dict.fromkeys(r["backend"] for r in rows) if n.startswith(BASELINE)]
     width = max([21, *(len(r["backend"]) for r in rows)])
     rate_width = 19 if several else 9
     head = f"{'backend':<{width}} {'device':<7} {'batch':>5} {'workers':>7} {'images/s':>{rate_width}}"

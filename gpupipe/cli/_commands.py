@@ -190,7 +190,7 @@ def tune(args: argparse.Namespace) -> int:
 
 
 def bench(args: argparse.Namespace) -> int:
-    from ._bench import BASELINE, plot, require_baseline, summary, table
+    from ._bench import BASELINE, plot, require_baseline, run_baseline, run_loader, summary, table
 
     logging_level = os.environ.get("GPUPIPE_LOG")
     if logging_level:
@@ -213,25 +213,28 @@ def bench(args: argparse.Namespace) -> int:
     from .. import backends as backend_table
 
     # every configuration once per round: the loader's, then the baselines'
-    configs: list[Callable[[int], Any]] = []
+    configs: list[Callable[[], Any]] = []
     for backend in backends:
         label = backend_table.resolve(backend, args.device, pipeline.views)[0].name  # "auto": the one it picks
         for size in sizes:
             for w in workers:
-                configs.append(functools.partial(_loader_run, pipeline, args, backend, size, w, progress(label)))
+                configs.append(functools.partial(run_loader, pipeline, backend=backend, device=args.device,
+                                                 batch_size=size, workers=w, epochs=args.epochs,
+                                                 progress=progress(label)))  # fmt: skip
     if args.baseline:
         for size in sizes:
             for w in workers:
                 count = w if w is not None else default_workers()  # the Loader's default
                 for decoder in _list(args.baseline_decoder, "--baseline-decoder", str):
-                    configs.append(functools.partial(_baseline_run, pipeline, args, size, count, decoder,
-                                                     progress(BASELINE)))  # fmt: skip
+                    configs.append(functools.partial(run_baseline, pipeline, batch_size=size, workers=count,
+                                                     epochs=args.epochs, progress=progress(BASELINE),
+                                                     decoder=decoder))  # fmt: skip
     runs = []
     for number in range(args.rounds):
         if args.rounds > 1:
             print(f"round {number + 1} of {args.rounds}")
         for config in configs if number % 2 == 0 else reversed(configs):  # every other round backwards
-            run = config(number)
+            run = dataclasses.replace(config(), round=number)
             _say(run)
             runs.append(run)
     if len(runs) > 1:
@@ -259,24 +262,6 @@ def bench(args: argparse.Namespace) -> int:
                 indent=2,
             )
     return 0
-
-
-def _loader_run(pipeline: Any, args: argparse.Namespace, backend: str, size: int, workers: int | None,
-                progress: Any, number: int) -> Any:  # fmt: skip
-    from ._bench import run_loader
-
-    run = run_loader(pipeline, backend=backend, device=args.device, batch_size=size, workers=workers,
-                     epochs=args.epochs, progress=progress)  # fmt: skip
-    return dataclasses.replace(run, round=number)
-
-
-def _baseline_run(pipeline: Any, args: argparse.Namespace, size: int, workers: int, decoder: str, progress: Any,
-                  number: int) -> Any:  # fmt: skip
-    from ._bench import run_baseline
-
-    run = run_baseline(pipeline, batch_size=size, workers=workers, epochs=args.epochs, progress=progress,
-                       decoder=decoder)  # fmt: skip
-    return dataclasses.replace(run, round=number)
 
 
 def _say(run: Any) -> None:
