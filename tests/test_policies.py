@@ -96,33 +96,39 @@ def photos() -> list[bytes]:
     return [encode_jpeg(synthetic_image(70 + i, size=(44 + 4 * (i % 3), 60 - 4 * (i % 2)))) for i in range(62)]
 
 
-def dali_vs_torch(t, photos, rows, monkeypatch):
-    """DALI-CPU's and the torch backend's outputs with forced factors (one row per image)."""
-    factors = forced(t, rows)
-    monkeypatch.setattr(checkers, "sample_factors", lambda transforms, n, seed=0: [factors[:n]])
-    from gpupipe.runtime._decode import decode_rgb
-
-    images = photos[: len(rows)]
-    got = run_dali([t], images)
-    want = [apply_pipeline([t], decode_rgb(e, shard="-", key="k"), [factors[i]]) for i, e in enumerate(images)]
-    return list(zip(got, want, strict=True))
-
-
-def flipped_vs_torch(steps, factors, photos, monkeypatch):
-    """DALI-CPU's and the torch backend's outputs of ``steps`` (ending in ``ToDtype(float32,
-    scale=True)``) with forced factors per step (``None`` for a step that draws none), in grey
-    levels (x 255, rounded)."""
+def forced_vs_torch(steps, factors, photos, monkeypatch):
+    """DALI-CPU's and the torch backend's outputs of ``steps`` with forced factors per step (one
+    row per image; ``None`` for a step that draws none)."""
     from gpupipe.runtime._decode import decode_rgb
 
     def of(f, rows):
         return None if f is None else f[rows]
 
     monkeypatch.setattr(checkers, "sample_factors", lambda transforms, n, seed=0: [of(f, slice(n)) for f in factors])
-    images = photos[: len(factors[1])]
+    images = photos[: len(next(f for f in factors if f is not None))]
     got = run_dali(steps, images)
     want = [apply_pipeline(steps, decode_rgb(e, shard="-", key="k"), [of(f, i) for f in factors]) for i, e in
             enumerate(images)]  # fmt: skip
-    return [((g * 255).round(), (w * 255).round()) for g, w in zip(got, want, strict=True)]
+    return list(zip(got, want, strict=True))
+
+
+def dali_vs_torch(t, photos, rows, monkeypatch):
+    """:func:`forced_vs_torch` of the policy ``t`` alone, its factors ``rows``."""
+    return forced_vs_torch([t], [forced(t, rows)], photos, monkeypatch)
+
+
+def flipped_vs_torch(steps, factors, photos, monkeypatch):
+    """:func:`forced_vs_torch` of ``steps`` ending in ``ToDtype(float32, scale=True)``, in grey
+    levels (x 255, rounded)."""
+    return [((g * 255).round(), (w * 255).round()) for g, w in forced_vs_torch(steps, factors, photos, monkeypatch)]
+
+
+def schemas(steps) -> list[str]:
+    """The operators of the DALI-CPU graph of ``steps``, by schema."""
+    from .support.dali_graph import parse
+    from .test_gpu_graph import define
+
+    return [op.schema for op in parse(define(steps, gpu=False).pipe.serialize())[0]]
 
 
 # DALI's kernels against torchvision's, per operation: (largest share of values apart, largest
@@ -211,9 +217,6 @@ class TestOnDali:
         geometric operation of a flipped sample is conjugated by its flip, so that the output is
         as if flipped first: at these bins and both signs, within the operation's own tolerance
         (ties: test_shears_differ_only_at_ties)."""
-        from .support.dali_graph import parse
-        from .test_gpu_graph import define
-
         t = T.TrivialAugmentWide(interpolation=interpolation)
         steps = [T.RandomHorizontalFlip(), t, T.ToDtype(torch.float32, scale=True)]
         names = ("ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate", "Sharpness", "AutoContrast", "Color")
@@ -227,18 +230,11 @@ class TestOnDali:
             if interpolation == "bilinear" and rows[i][0] in GEOMETRY:
                 share_max, diff_max = 0.01, 1
             assert float((d > 0).double().mean()) <= share_max and int(d.max()) <= diff_max, (i, name, int(d.max()))
-        schemas = [op.schema for op in parse(define(steps, gpu=False).pipe.serialize())[0]]
-        assert "Flip" not in schemas and "CropMirrorNormalize" in schemas
+        assert "Flip" not in schemas(steps) and "CropMirrorNormalize" in schemas(steps)
 
     def test_a_flip_stays_where_a_step_does_not_commute_with_it(self):
         """Before a RandomRotation (its warp is not conjugated), or with a CenterCrop in the tail,
         the flip keeps its operator."""
-        from .support.dali_graph import parse
-        from .test_gpu_graph import define
-
-        def schemas(steps):
-            return [op.schema for op in parse(define(steps, gpu=False).pipe.serialize())[0]]
-
         flip, to_float = T.RandomHorizontalFlip(), T.ToDtype(torch.float32, scale=True)
         assert "Flip" in schemas([flip, T.RandomRotation(30), T.TrivialAugmentWide(), to_float])
         assert "Flip" in schemas([flip, T.TrivialAugmentWide(), T.CenterCrop(32), to_float])
@@ -246,11 +242,9 @@ class TestOnDali:
 
     def test_the_graph_has_a_fixed_size(self):
         """The operators do not grow with operations or bins: a slot's families once each."""
-        from .support.dali_graph import parse
-        from .test_gpu_graph import define
 
         def count(policy):
-            return len(parse(define([T.RandomResizedCrop(176), policy], gpu=False).pipe.serialize())[0])
+            return len(schemas([T.RandomResizedCrop(176), policy]))
 
         one = count(T.TrivialAugmentWide(num_magnitude_bins=31))
         more = count(T.TrivialAugmentWide(num_magnitude_bins=101))
