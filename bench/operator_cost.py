@@ -27,7 +27,7 @@ import argparse
 import json
 import os
 import sys
-import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -37,6 +37,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from _report import publish
+from _timing import devices, ms_per_call
 
 KINDS = ("image", "tiny", "branch")
 
@@ -72,22 +73,9 @@ def dali_chain(kind: str, n: int, *, device: str, batch: list[np.ndarray], threa
     return pipe
 
 
-def time_dali(pipe: Any, iters: int) -> float:
-    """ms per batch over ``iters`` iterations, after three (the device's work included: a GPU's
-    last outputs are waited for)."""
-    for _ in range(3):
-        pipe.run()
-    start = time.perf_counter()
-    for _ in range(iters):
-        pipe.run()
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    return (time.perf_counter() - start) / iters * 1000
-
-
-def time_torch(kind: str, n: int, *, images: torch.Tensor, iters: int) -> float:
-    """ms per batch of ``n`` in-place kernels of ``kind`` (``branch``: a gather and a scatter of
-    half the batch, as a conditional does with indices)."""
+def torch_chain(kind: str, n: int, images: torch.Tensor) -> Callable[[], None]:
+    """One batch of ``n`` in-place kernels of ``kind`` (``branch``: a gather and a scatter of half
+    the batch, as a conditional does with indices)."""
     rows = torch.arange(0, images.shape[0], 2, device=images.device)
 
     def one_batch() -> None:
@@ -100,12 +88,7 @@ def time_torch(kind: str, n: int, *, images: torch.Tensor, iters: int) -> float:
         if x.is_cuda:
             torch.cuda.synchronize(x.device)
 
-    for _ in range(3):
-        one_batch()
-    start = time.perf_counter()
-    for _ in range(iters):
-        one_batch()
-    return (time.perf_counter() - start) / iters * 1000
+    return one_batch
 
 
 def slope(counts: list[int], ms: list[float]) -> float:
@@ -128,23 +111,21 @@ def main() -> None:
         args.batch_size, args.size, args.counts, args.iters = 8, 32, "0,4", 3
     counts = [int(c) for c in args.counts.split(",")]
     cuda = torch.cuda.is_available()
-    devices = {"all": ["cpu", "gpu"] if cuda else ["cpu"], "cpu": ["cpu"], "gpu": ["gpu"]}[args.device]
-    if "gpu" in devices and not cuda:
-        parser.error("--device gpu needs CUDA")
+    chosen = devices(parser, args.device)
     rng = np.random.default_rng(0)
     batch = [rng.integers(0, 256, (args.size, args.size, 3), dtype=np.uint8) for _ in range(args.batch_size)]
     results: list[dict[str, Any]] = []
-    for device in devices:
+    for device in chosen:
         for kind in KINDS:
-            ms = [time_dali(dali_chain(kind, n, device=device, batch=batch, threads=args.threads), args.iters)
+            ms = [ms_per_call(dali_chain(kind, n, device=device, batch=batch, threads=args.threads).run, args.iters)
                   for n in counts]  # fmt: skip
             results.append({"impl": f"DALI {device}", "kind": kind, "ms": ms, "us_per_op": slope(counts, ms)})
             print(json.dumps(results[-1]), flush=True)
-    for device in devices:
+    for device in chosen:
         where = "cuda" if device == "gpu" else "cpu"
         images = torch.from_numpy(np.stack(batch)).permute(0, 3, 1, 2).contiguous().to(where)
         for kind in KINDS:
-            ms = [time_torch(kind, n, images=images, iters=args.iters) for n in counts]
+            ms = [ms_per_call(torch_chain(kind, n, images), args.iters) for n in counts]
             results.append({"impl": f"torch {where}", "kind": kind, "ms": ms, "us_per_op": slope(counts, ms)})
             print(json.dumps(results[-1]), flush=True)
     machine = torch.cuda.get_device_name() if cuda else f"{os.cpu_count()}-core CPU"
@@ -157,10 +138,9 @@ def main() -> None:
              "(`bench/operator_cost.py`).")  # fmt: skip
     header = ["implementation", "operator", *(f"ms, {n} ops" for n in counts), "µs per operator"]
     rows = [[r["impl"], r["kind"], *(f"{m:.2f}" for m in r["ms"]), f"{r['us_per_op']:.0f}"] for r in results]
-    path = publish(args.out, name, f"One operator's cost per batch, {machine}", intro, header, rows)
-    with open(path[: -len(".md")] + ".json", "w") as f:
-        json.dump({"machine": machine, "batch_size": args.batch_size, "size": args.size, "threads": args.threads,
-                   "counts": counts, "results": results}, f, indent=2)  # fmt: skip
+    data = {"machine": machine, "batch_size": args.batch_size, "size": args.size, "threads": args.threads,
+            "counts": counts, "results": results}  # fmt: skip
+    path = publish(args.out, name, f"One operator's cost per batch, {machine}", intro, header, rows, data)
     print(f"wrote {path}")
 
 

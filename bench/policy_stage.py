@@ -29,7 +29,6 @@ import functools
 import json
 import os
 import sys
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -42,6 +41,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from _report import publish
+from _timing import devices, ms_per_call
 
 from gpupipe import transforms as T
 from gpupipe.transforms._policies import OPS
@@ -282,20 +282,6 @@ def dali_pipeline(t: Any | None, batch: list[np.ndarray], factors: np.ndarray, *
     return run
 
 
-def timed(run: Callable[[], Any], iters: int, cuda: bool) -> float:
-    """ms per call over ``iters`` calls, after three."""
-    for _ in range(3):
-        run()
-    if cuda:
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(iters):
-        run()
-    if cuda:
-        torch.cuda.synchronize()
-    return (time.perf_counter() - start) / iters * 1000
-
-
 def apart(got: torch.Tensor, want: torch.Tensor) -> tuple[float, int]:
     """Share of values apart and the largest difference."""
     d = (got.int() - want.int()).abs()
@@ -316,9 +302,7 @@ def main() -> None:
     if args.quick:
         args.batch_size, args.size, args.iters = 16, 32, 2
     cuda = torch.cuda.is_available()
-    devices = {"all": ["cpu", "gpu"] if cuda else ["cpu"], "cpu": ["cpu"], "gpu": ["gpu"]}[args.device]
-    if "gpu" in devices and not cuda:
-        parser.error("--device gpu needs CUDA")
+    chosen = devices(parser, args.device)
     from gpupipe.testing import synthetic_image
 
     n, size = args.batch_size, args.size
@@ -326,19 +310,19 @@ def main() -> None:
     hwc = [np.ascontiguousarray(synthetic_image(i, size=(size, size))) for i in range(n)]
     factors, codes, mags = draws(t, n, size, size)
     results: list[dict[str, Any]] = []
-    for device in devices:
+    for device in chosen:
         gpu = device == "gpu"
         where = torch.device("cuda" if gpu else "cpu")
         images = torch.from_numpy(np.stack(hwc)).permute(0, 3, 1, 2).contiguous().to(where)
         want = per_sample(t, images, factors)
         got = batched_policy(images, codes, mags, args.interpolation)
-        torch_ms = timed(functools.partial(batched_policy, images, codes, mags, args.interpolation), args.iters, gpu)
-        through = timed(dali_pipeline(None, hwc, factors, gpu=gpu, threads=args.threads), args.iters, gpu)
+        torch_ms = ms_per_call(functools.partial(batched_policy, images, codes, mags, args.interpolation), args.iters)
+        through = ms_per_call(dali_pipeline(None, hwc, factors, gpu=gpu, threads=args.threads), args.iters)
         run = dali_pipeline(t, hwc, factors, gpu=gpu, threads=args.threads)
-        dali_ms = timed(run, args.iters, gpu) - through
+        dali_ms = ms_per_call(run, args.iters) - through
         out = run()
         dali_out = torch.from_numpy(np.stack([np.array(s) for s in (out.as_cpu() if gpu else out)])).permute(0, 3, 1, 2)
-        per_sample_ms = timed(functools.partial(per_sample, t, images, factors), max(1, args.iters // 4), gpu)
+        per_sample_ms = ms_per_call(functools.partial(per_sample, t, images, factors), max(1, args.iters // 4))
         for impl, ms, value in (("torch, batched", torch_ms, got.cpu()), ("DALI, gpupipe's graph", dali_ms, dali_out),
                                 ("torch backend, per sample", per_sample_ms, want.cpu())):  # fmt: skip
             share, largest = apart(value, want.cpu())
@@ -356,11 +340,10 @@ def main() -> None:
              "backend's (torchvision's kernels, sample by sample) (`bench/policy_stage.py`).")  # fmt: skip
     header = ["device", "implementation", "ms per batch", "values apart", "largest difference"]
     rows = [[r["device"], r["impl"], f"{r['ms']:.2f}", f"{r['apart']:.2%}", str(r["max_diff"])] for r in results]
+    data = {"machine": machine, "batch_size": n, "size": size, "interpolation": args.interpolation,
+            "operations": ops, "results": results}  # fmt: skip
     path = publish(args.out, name, f"TrivialAugmentWide as batched torch kernels or DALI's graph, {machine}", intro,
-                   header, rows)  # fmt: skip
-    with open(path[: -len(".md")] + ".json", "w") as f:
-        json.dump({"machine": machine, "batch_size": n, "size": size, "interpolation": args.interpolation,
-                   "operations": ops, "results": results}, f, indent=2)  # fmt: skip
+                   header, rows, data)  # fmt: skip
     print(f"wrote {path}")
 
 
