@@ -147,9 +147,9 @@ class TestParity:
             pipe = gp.Pipeline(shards, [T.CenterCrop(48), jitter])
             got = {}
             for backend, options in (("torch", {}), ("dali", {"dali": gp.DaliOptions(color_twist=True)})):
-                with gp.Loader(
-                    pipe, 4, backend=backend, device="cpu" if backend == "torch" else device, **options
-                ) as loader:
+                # ``device`` is DALI's name ("cpu" or "gpu"); the loader's is torch's ("cpu" or "cuda").
+                on = "cuda" if backend == "dali" and device == "gpu" else "cpu"
+                with gp.Loader(pipe, 4, backend=backend, device=on, **options) as loader:
                     got[backend] = torch.cat([b.images.cpu() for b in loader]).double()
             error = float((got["torch"] - got["dali"]).abs().mean())
             assert low <= error <= high, (jitter, error)
