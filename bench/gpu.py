@@ -2,6 +2,8 @@
 
     python bench/gpu.py              # on a GPU machine: about 5 minutes
     python bench/gpu.py --quick      # anywhere (DALI's CPU operators without a GPU): under a minute
+    python bench/gpu.py --sets imagenet-like --threads 8 --recipes "gpupipe train,gpupipe train v2"
+                                     # a short run of the rows named (the others: --help)
 
 On two sets of JPEGs — ImageNet-like (500 x 375, ~110 KB, 4:2:0) and large (2000 x 1500, 3 Mpx) —
 and at several decoder thread counts, each row is one input pipeline read for a warm-up epoch and
@@ -59,20 +61,26 @@ from gpupipe.testing import encode_jpeg, encode_png, label_map, synthetic_image
 
 SETS = {"imagenet-like": (375, 500), "large": (1500, 2000)}  # (height, width)
 QUICK_SETS = {"imagenet-like": (375, 500), "large": (750, 1000)}
+# The order rows run in: a run cut short by --budget keeps the first, so train and the V2 recipe
+# (issue 37's ratio) come right after DALI by hand, and DINO, the slowest, last.
 RECIPES = (
     "by hand",
     "by hand, fancy",
     "gpupipe train",
+    "gpupipe train v2",
     "by hand val",
     "gpupipe val",
     "gpupipe dino",
-    "gpupipe train v2",
 )
 CLASSES = 10
 HW_ONLY = "gpupipe train, hw_decoder_load=1.0"  # the row of all JPEGs to the hardware decoder
 # Issue 39's rows, on ImageNet-like photos with a label map and boxes: masks and boxes moved on the
 # host (the DALI reader threads) against the same recipe without them
 TARGET_RECIPES = ("gpupipe segmentation", "gpupipe segmentation, image only", "gpupipe ssd", "gpupipe ssd, image only")
+TUNED = "gpupipe train, tuned"
+STALL = "data stall"  # the ResNet-50 step fed by the train recipe (and, on a GPU, with every JPEG to the hw decoder)
+# Every row --recipes can pick, in the order a run measures them
+ROWS = (*RECIPES, TUNED, HW_ONLY, STALL, *TARGET_RECIPES)
 
 
 # ------------------------------------------------------------------------------- data --
@@ -374,7 +382,7 @@ def ratios(rows: list[dict[str, Any]], stall: dict[str, Any] | None, threads: in
         "val_vs_hand_val": ratio(rate("gpupipe val"), rate("by hand val")),
         "stall": stall["stall_percent"] if stall else None,
         "v2_vs_train": ratio(rate("gpupipe train v2"), train),
-        "tuned_train": next((r["images_per_s"] for r in rows if r["recipe"] == "gpupipe train, tuned"), None),
+        "tuned_train": next((r["images_per_s"] for r in rows if r["recipe"] == TUNED), None),
         "train_hw_only": rate(HW_ONLY),
         "train_hw_only_cpu": rate(HW_ONLY, "cpu_s_per_1000"),
         "stall_hw_only": (stall.get("hw_decoder_load=1.0") or {}).get("stall_percent") if stall else None,
@@ -484,6 +492,9 @@ def main() -> None:
         default=None,
         help="comma-separated thread counts (default: 4,8,16 up to the cores); with --report: the headline's",
     )
+    parser.add_argument(
+        "--recipes", default=None, help=f"comma-separated rows to run, in their order (default: all: {', '.join(ROWS)})"
+    )
     parser.add_argument("--budget", type=float, default=None,
                         help="seconds: no row starts after them; the report has what was measured")  # fmt: skip
     parser.add_argument(
@@ -510,6 +521,10 @@ def main() -> None:
     epochs = args.epochs or (1 if args.quick else 2)
     all_sets = QUICK_SETS if args.quick else SETS
     sets = {name: all_sets[name] for name in (args.sets.split(",") if args.sets else all_sets)}
+    recipes = args.recipes.split(",") if args.recipes else list(ROWS)
+    unknown = [r for r in recipes if r not in ROWS]
+    if unknown:
+        parser.error(f"--recipes: unknown {', '.join(map(repr, unknown))}; the rows are {', '.join(ROWS)}")
     counts = {"imagenet-like": 32, "large": 16} if args.quick else {"imagenet-like": 4096, "large": 512}
     if args.threads:
         thread_counts = [int(t) for t in args.threads.split(",")]
@@ -557,7 +572,7 @@ def main() -> None:
     # The headline first (ImageNet-like rows, tuned, the data stall), then the other sets.
     for name, (shards, folder, kb) in made.items():
         size = sets[name]
-        for recipe in RECIPES:
+        for recipe in [r for r in RECIPES if r in recipes]:
             if recipe == "gpupipe dino" and name == "large":
                 continue  # ten crops of 3 Mpx images: the set's point is decoding, not multi-crop
             if not in_budget():
@@ -575,32 +590,32 @@ def main() -> None:
                 rows.append(row)
         if name != "imagenet-like":
             continue
-        if in_budget():
+        if in_budget() and TUNED in recipes:
             # Tuned against default: gp.tune's choice for the train recipe (not recorded), measured as a row.
             tuned = gp.tune(gpupipe_recipe("gpupipe train", shards), batch, seconds=0.5 if args.quick else 2.0,
                             record=False, backend="dali", device="cuda" if gpu else "cpu")  # fmt: skip
             row = {"set": name, "image": f"{size[1]}x{size[0]}, {kb:.0f} KB",
-                   **measure("gpupipe train, tuned", shards, folder, gpu=gpu, batch=batch, threads=tuned.num_workers,
+                   **measure(TUNED, shards, folder, gpu=gpu, batch=batch, threads=tuned.num_workers,
                              epochs=epochs, prefetch=tuned.prefetch, hw_decoder_load=tuned.hw_decoder_load),
                    "tuned": str(tuned), "trials": [dict(t) for t in tuned.trials]}  # fmt: skip
             emit(row)
             rows.append(row)
-        if in_budget() and gpu:
+        if in_budget() and gpu and HW_ONLY in recipes:
             # The hardware decoder's share alone: DALI's 0.65 against all of it, at the default threads.
             row = {"set": name, "image": f"{size[1]}x{size[0]}, {kb:.0f} KB",
                    **measure(HW_ONLY, shards, folder, gpu=gpu, batch=batch, threads=default_threads, epochs=epochs,
                              hw_decoder_load=1.0)}  # fmt: skip
             emit(row)
             rows.append(row)
-        if in_budget():
+        if in_budget() and STALL in recipes:
             stall = data_stall(shards, gpu=gpu, quick=args.quick)
             emit({"data_stall": stall})
-        if in_budget() and gpu and stall is not None:
+        if in_budget() and gpu and stall is not None and HW_ONLY in recipes:
             stall["hw_decoder_load=1.0"] = data_stall(shards, gpu=gpu, quick=args.quick, hw_decoder_load=1.0)
             emit({"data_stall": stall})
-        if in_budget():
+        if in_budget() and set(recipes) & set(TARGET_RECIPES):
             targets, kb = make_targets_set(args.data, size, 16 if args.quick else 1024, workers=min(cores, 16))
-            for recipe in TARGET_RECIPES:
+            for recipe in [r for r in TARGET_RECIPES if r in recipes]:
                 if not in_budget():
                     break
                 row = {"set": "targets", "image": f"{size[1]}x{size[0]}, {kb:.0f} KB",

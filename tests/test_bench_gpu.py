@@ -57,6 +57,19 @@ class TestCutShort:
         assert "---- train ≥ 10,000 images/s" in proc.stdout and "no row was measured" in proc.stdout
         assert "| train ≥ 0.8× val | not measured |" in data.with_suffix(".md").read_text()
 
+    def test_recipes_picks_the_rows_and_names_an_unknown_one(self, tmp_path):
+        """``--recipes``: a lent machine's short run measures the rows it needs (train beside V2)."""
+        argv = [sys.executable, os.path.join(ROOT, "bench", "gpu.py"), "--quick", "--cpu", "--sets", "imagenet-like",
+                "--data", str(tmp_path / "d"), "--out", str(tmp_path / "out")]  # fmt: skip
+        proc = subprocess.run([*argv, "--recipes", "gpupipe train,gpupipe trian"], capture_output=True, text=True)
+        assert proc.returncode == 2 and "--recipes: unknown 'gpupipe trian'; the rows are by hand," in proc.stderr
+        proc = subprocess.run([*argv, "--recipes", "gpupipe train v2,gpupipe train", "--budget", "20"], cwd=ROOT,
+                              capture_output=True, text=True, timeout=600)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        (data,) = (tmp_path / "out").glob("*-quick.json")
+        rows = json.loads(data.read_text())["rows"]
+        assert [r["recipe"] for r in rows] == ["gpupipe train", "gpupipe train v2"]  # RECIPES' order
+
     def test_the_report_of_a_partial_file(self, tmp_path):
         from gpu import RECIPES, report_of_partial
 
@@ -70,7 +83,9 @@ class TestCutShort:
         result = json.loads((tmp_path / "out" / "2026-11-26-nvidia-x-gpu.json").read_text())
         head = result["headline"]
         assert head["threads"] == 8 and head["train"] == 3000.0 and head["train_vs_hand_fancy"] == 1.5
-        assert head["v2_vs_train"] == round(7000 / 3000, 3) and head["stall"] is None and head["tuned_train"] is None
+        rate = {r: 1000.0 * (i + 1) for i, r in enumerate(RECIPES)}
+        want = round(rate["gpupipe train v2"] / rate["gpupipe train"], 3)
+        assert head["v2_vs_train"] == want and head["stall"] is None and head["tuned_train"] is None
         assert len(result["rows"]) == 2 * len(RECIPES) and "cut short" in result["meta"]
 
     def test_the_hardware_decoders_rows_in_the_report(self, tmp_path):
