@@ -7,7 +7,9 @@ device present.
 
 The question it answers (issue 37): on a GPU, where a DALI operator costs far more than a torch
 kernel launch (``bench/operator_cost.py``), would the policy run faster as a torch stage after
-DALI's decode and crop than as DALI's 70-odd operators? Both sides get the same batch of B uint8
+DALI's decode and crop than as DALI's 70-odd operators? (One H100, 2026-11-27: yes, 2.95 against
+5.81 ms per batch of 256, but both far under the batch's 21 ms, and the V2 recipe ran 0.95x train
+without it: ``bench/results/2026-11-27-h100-gpu-run.md``.) Both sides get the same batch of B uint8
 images (H x W x 3, already decoded) and the same draws (gpupipe's, of samples 0..B-1). Reported:
 ms per batch of each (DALI's net of a pass-through of the same input), and how far each is from
 the torch backend, which applies torchvision's kernels sample by sample: the batched kernels
