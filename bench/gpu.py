@@ -2,7 +2,7 @@
 
     python bench/gpu.py              # on a GPU machine: about 5 minutes
     python bench/gpu.py --quick      # anywhere (DALI's CPU operators without a GPU): under a minute
-    python bench/gpu.py --sets imagenet-like --threads 8 --recipes "gpupipe train,gpupipe train v2"
+    python bench/gpu.py --sets imagenet-like --threads 8 --recipes "gpupipe train;gpupipe train v2"
                                      # a short run of the rows named (the others: --help)
 
 On two sets of JPEGs — ImageNet-like (500 x 375, ~110 KB, 4:2:0) and large (2000 x 1500, 3 Mpx) —
@@ -78,7 +78,7 @@ HW_ONLY = "gpupipe train, hw_decoder_load=1.0"  # the row of all JPEGs to the ha
 # host (the DALI reader threads) against the same recipe without them
 TARGET_RECIPES = ("gpupipe segmentation", "gpupipe segmentation, image only", "gpupipe ssd", "gpupipe ssd, image only")
 TUNED = "gpupipe train, tuned"
-STALL = "data stall"  # the ResNet-50 step fed by the train recipe (and, on a GPU, with every JPEG to the hw decoder)
+STALL = "data stall"  # the ResNet-50 step fed by the train recipe (on a GPU also with every JPEG to the hw decoder)
 # Every row --recipes can pick, in the order a run measures them
 ROWS = (*RECIPES, TUNED, HW_ONLY, STALL, *TARGET_RECIPES)
 
@@ -424,7 +424,8 @@ def write(out: str, meta: dict[str, Any], rows: list[dict[str, Any]], stall: dic
     lines += ["", f"ResNet-50 data stall ({stall['arch']}, batch {stall['batch_size']}): ceiling "
               f"{stall['ceiling']:.0f} images/s, fed by gpupipe {stall['fed']:.0f}, data wait "
               f"{stall['wait_percent']}%, stall {stall['stall_percent']}%; loader: `{stall['loader']}`"
-              if stall else "ResNet-50 data stall: not measured (the run was cut short)", "",
+              if stall else "ResNet-50 data stall: not measured (the run was cut short"
+              + (", or --recipes did not name it)" if "recipes" in meta else ")"), "",
               *([f"With all JPEGs to the hardware decoder (hw_decoder_load=1.0): fed "
                  f"{hw['fed']:.0f} images/s, stall {hw['stall_percent']}%", ""]
                 if stall and (hw := stall.get("hw_decoder_load=1.0")) else []),
@@ -493,7 +494,9 @@ def main() -> None:
         help="comma-separated thread counts (default: 4,8,16 up to the cores); with --report: the headline's",
     )
     parser.add_argument(
-        "--recipes", default=None, help=f"comma-separated rows to run, in their order (default: all: {', '.join(ROWS)})"
+        "--recipes",
+        default=None,
+        help=f"rows to run, separated by ';' (names hold commas), in their order (default: all: {'; '.join(ROWS)})",
     )
     parser.add_argument("--budget", type=float, default=None,
                         help="seconds: no row starts after them; the report has what was measured")  # fmt: skip
@@ -509,6 +512,10 @@ def main() -> None:
         return _probe_child(args)
     if args.report:
         return report_of_partial(args.report, args.out, threads=int(args.threads) if args.threads else None)
+    recipes = [r.strip() for r in args.recipes.split(";")] if args.recipes else list(ROWS)
+    unknown = [r for r in recipes if r not in ROWS]
+    if unknown:
+        parser.error(f"--recipes: unknown {', '.join(map(repr, unknown))}; the rows are {'; '.join(ROWS)}")
     gpu = torch.cuda.is_available() and not args.cpu
     cores = cpu_cores()
     # A cache of its own: a `gpupipe tune` recorded on this machine must not make the default rows tuned ones.
@@ -521,10 +528,6 @@ def main() -> None:
     epochs = args.epochs or (1 if args.quick else 2)
     all_sets = QUICK_SETS if args.quick else SETS
     sets = {name: all_sets[name] for name in (args.sets.split(",") if args.sets else all_sets)}
-    recipes = args.recipes.split(",") if args.recipes else list(ROWS)
-    unknown = [r for r in recipes if r not in ROWS]
-    if unknown:
-        parser.error(f"--recipes: unknown {', '.join(map(repr, unknown))}; the rows are {', '.join(ROWS)}")
     counts = {"imagenet-like": 32, "large": 16} if args.quick else {"imagenet-like": 4096, "large": 512}
     if args.threads:
         thread_counts = [int(t) for t in args.threads.split(",")]
@@ -550,6 +553,7 @@ def main() -> None:
         "seconds": None,
         "default_threads": default_threads,
         "quick": args.quick,
+        **({"recipes": recipes} if args.recipes else {}),
     }
     # Each row as it is measured, so that a run cut short (a lent machine's 10-minute command) leaves
     # them: `--report` writes the report from this file.
@@ -610,7 +614,7 @@ def main() -> None:
         if in_budget() and STALL in recipes:
             stall = data_stall(shards, gpu=gpu, quick=args.quick)
             emit({"data_stall": stall})
-        if in_budget() and gpu and stall is not None and HW_ONLY in recipes:
+        if in_budget() and gpu and stall is not None:
             stall["hw_decoder_load=1.0"] = data_stall(shards, gpu=gpu, quick=args.quick, hw_decoder_load=1.0)
             emit({"data_stall": stall})
         if in_budget() and set(recipes) & set(TARGET_RECIPES):

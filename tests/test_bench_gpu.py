@@ -58,17 +58,26 @@ class TestCutShort:
         assert "| train ≥ 0.8× val | not measured |" in data.with_suffix(".md").read_text()
 
     def test_recipes_picks_the_rows_and_names_an_unknown_one(self, tmp_path):
-        """``--recipes``: a lent machine's short run measures the rows it needs (train beside V2)."""
+        """``--recipes``: a lent machine's short run measures the rows it needs (train beside V2).
+        Names hold commas, so ';' separates them."""
         argv = [sys.executable, os.path.join(ROOT, "bench", "gpu.py"), "--quick", "--cpu", "--sets", "imagenet-like",
                 "--data", str(tmp_path / "d"), "--out", str(tmp_path / "out")]  # fmt: skip
-        proc = subprocess.run([*argv, "--recipes", "gpupipe train,gpupipe trian"], capture_output=True, text=True)
-        assert proc.returncode == 2 and "--recipes: unknown 'gpupipe trian'; the rows are by hand," in proc.stderr
-        proc = subprocess.run([*argv, "--recipes", "gpupipe train v2,gpupipe train", "--budget", "20"], cwd=ROOT,
-                              capture_output=True, text=True, timeout=600)  # fmt: skip
+        proc = subprocess.run([*argv, "--recipes", "gpupipe train;gpupipe trian"], capture_output=True, text=True,
+                              timeout=120)  # fmt: skip
+        assert proc.returncode == 2 and "--recipes: unknown 'gpupipe trian'; the rows are by hand; by hand, fancy;" \
+            in proc.stderr  # fmt: skip
+        assert not (tmp_path / "out").exists()  # refused before anything is made
+        chosen = "gpupipe train, tuned; gpupipe train v2;by hand, fancy"
+        proc = subprocess.run([*argv, "--recipes", chosen], cwd=ROOT, capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, proc.stderr[-3000:]
         (data,) = (tmp_path / "out").glob("*-quick.json")
-        rows = json.loads(data.read_text())["rows"]
-        assert [r["recipe"] for r in rows] == ["gpupipe train", "gpupipe train v2"]  # RECIPES' order
+        result = json.loads(data.read_text())
+        rows = [r["recipe"] for r in result["rows"]]
+        assert rows == ["by hand, fancy", "gpupipe train v2", "gpupipe train, tuned"]  # in ROWS' order
+        assert result["meta"]["recipes"] == ["gpupipe train, tuned", "gpupipe train v2", "by hand, fancy"]
+        assert result["data_stall"] is None
+        report = data.with_suffix(".md").read_text()
+        assert "not measured (the run was cut short, or --recipes did not name it)" in report
 
     def test_the_report_of_a_partial_file(self, tmp_path):
         from gpu import RECIPES, report_of_partial
