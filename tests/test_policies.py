@@ -269,6 +269,50 @@ class TestOnDali:
         assert checked > 5
 
 
+EVERY_SAMPLE_CASES = [
+    [T.TrivialAugmentWide()],
+    [T.TrivialAugmentWide(interpolation="bilinear", fill=(10, 20, 30))],
+    [T.RandAugment(num_ops=3, magnitude=20)],
+    [T.AutoAugment(policy="svhn")],
+    [T.TimmRandAugment.from_config("rand-m9-mstd0.5-inc1")],
+    [T.AugMix(severity=10, chain_depth=2)],
+    [T.RandomHorizontalFlip(), T.TrivialAugmentWide(interpolation="bilinear"), T.ToDtype(torch.float32)],
+]
+
+
+class TestEverySampleOnTheGpu:
+    """On the GPU geometry and posterize/solarize/invert run on every sample, no branch, with
+    identity arguments where a sample drew another operation. Forced on DALI's CPU operators, that
+    graph gives the branched graph's values exactly, sample by sample, whatever each sample drew."""
+
+    @pytest.fixture(autouse=True)
+    def _dali(self):
+        pytest.importorskip("nvidia.dali")
+
+    @pytest.mark.parametrize("steps", EVERY_SAMPLE_CASES, ids=lambda s: "+".join(type(t).__name__ for t in s))
+    def test_the_values_are_the_branched_graphs(self, photos, monkeypatch, steps):
+        from gpupipe.backends._dali import _policies
+
+        branched = run_dali(steps, photos[:40])
+        branches = schemas(steps).count("_conditional__Merge")
+        monkeypatch.setattr(_policies, "EVERY_SAMPLE_ON", frozenset({"cpu", "gpu"}))
+        every = run_dali(steps, photos[:40])
+        for i, (a, b) in enumerate(zip(branched, every, strict=True)):
+            assert a.dtype == b.dtype and torch.equal(a, b), i
+        assert schemas(steps).count("_conditional__Merge") < branches  # the branches did go
+
+    def test_the_v2_graph_on_the_gpu(self):
+        """The V2 recipe on the GPU: the branches of the float32 families (the blends, sharpness)
+        and of the two without an identity (AutoContrast, Equalize) only."""
+        from .support.dali_graph import parse
+        from .test_dali_host import recipe
+        from .test_gpu_graph import define
+
+        steps = list(recipe("train_v2").transforms)
+        ops = [op.schema for op in parse(define(steps, gpu=True).pipe.serialize())[0]]
+        assert ops.count("_conditional__Merge") == 4 and len(ops) <= 77
+
+
 def _codes(t, n, seed=0):
     drawn = t.sample(np.random.default_rng(seed).random((n, t.draws)))
     return drawn

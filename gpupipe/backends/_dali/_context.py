@@ -230,14 +230,15 @@ class Ctx:
         return node
 
     @contextlib.contextmanager
-    def branched(self, predicate: Any, size: tuple[HostValue, HostValue] | None = None) -> Iterator[None]:
+    def branched(self, predicate: Any | None, size: tuple[HostValue, HostValue] | None = None) -> Iterator[None]:
         """Lowers the block in the conditional branch of ``predicate`` (a per-sample boolean node
         of the current samples): fed arguments and constants split alike (:meth:`local`), sizes
         read from the branch's own nodes, or ``size``: host values of the whole batch (fed, then
         split as any fed argument), where the caller knows them. DALI's ``_conditional.split``
-        and ``merge`` (the operators behind its ``if``) around it are the caller's."""
+        and ``merge`` (the operators behind its ``if``) around it are the caller's. ``predicate``
+        ``None``: no branch, every current sample, with ``size``."""
         saved = self.size, self.branch
-        self.size, self.branch = size, (*self.branch, predicate)
+        self.size, self.branch = size, (*self.branch, predicate) if predicate is not None else self.branch
         try:
             yield
         finally:

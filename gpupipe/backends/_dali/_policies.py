@@ -17,13 +17,23 @@ split alike, ``Ctx.branch``), the other samples passing by untouched:
 - Posterize, Solarize, Invert: ``v & mask`` then ``v ≥ k → 255 − v`` (Invert is ``k = 0``);
 - AutoContrast; Equalize (DALI's, OpenCV's table).
 
-The graph has a fixed size: families × slots, not operations × bins. Running every family on
-every sample with identity arguments instead (then a smaller graph: 90 operators against 124 for
-the train recipe) was 2.9x slower on the CPU: ``bench/results/2026-11-25-v2-recipe-cpu.md``.
-Each operator is a pass over the image on the CPU and a launch on the GPU, so the families take
-the uint8 image as it is where DALI's arithmetic promotes it exactly (no cast), and read the
-branch's sizes from the host: the V2 train graph went from 124 operators to 87
-(``bench/results/2026-11-26-v2-graph-cpu.md``), and to 86 once its flip moved into the fused tail.
+The graph has a fixed size: families × slots, not operations × bins. Each operator is a pass
+over the image on the CPU and a launch on the GPU, so the families take the uint8 image as it is
+where DALI's arithmetic promotes it exactly (no cast), and read the branch's sizes from the host:
+the V2 train graph went from 124 operators to 87 (``bench/results/2026-11-26-v2-graph-cpu.md``),
+and to 86 once its flip moved into the fused tail (87 on the CPU; fewer on the GPU, below).
+
+On the GPU two families run on every sample instead, with no branch: geometry (one
+``warp_affine``, the identity map where the sample drew another operation) and posterize,
+solarize, invert (four uint8 operators; mask 255, from 256 elsewhere). The values are the same
+(tested on the CPU), and each branch's ``split``, ``merge`` and argument splits are gone. There a
+DALI operator costs about 0.2 ms per batch of 256 whatever its data, and a uint8 pass over the
+whole batch about 40 µs more (``bench/results/2026-11-27-h100-gpu-run.md``). The blends and
+sharpness have identities too (``f = 1``, ``alpha = 0``), but they work in float32: each of their
+seven to nine passes would move four times the bytes over every sample, more than their branch's
+operators cost, so they keep their branches. So do AutoContrast and Equalize, which have no
+identity. On the CPU the pass is what costs: every family on every sample was 2.9x slower there
+(``bench/results/2026-11-25-v2-recipe-cpu.md``), so the CPU keeps every branch.
 """
 
 from __future__ import annotations
@@ -73,9 +83,15 @@ def _factor(codes: np.ndarray, mags: np.ndarray, kinds: frozenset[int]) -> tuple
     return ratio.astype(np.float32), (1.0 - ratio).astype(np.float32)
 
 
+# The devices on which the uint8 families with an identity run on every sample, without a branch
+# (module docstring); the tests add "cpu" to check their values there.
+EVERY_SAMPLE_ON = frozenset({"gpu"})
+
+
 def _slot(t: Any, img: Any, ctx: Ctx, drawn: HostValue, slot: int, height: Any, width: Any) -> Any:
     """One operation per sample: each family of the policy's space in a branch of its own samples
-    (DALI's ``split``/``merge``), the others passed through (module docstring)."""
+    (DALI's ``split``/``merge``), the others passed through; on the GPU, geometry and the tone
+    family on every sample instead (module docstring)."""
     fn = ctx.fn
 
     def codes_of(cm: Any) -> np.ndarray:
@@ -84,23 +100,20 @@ def _slot(t: Any, img: Any, ctx: Ctx, drawn: HostValue, slot: int, height: Any, 
     tone = frozenset({_CODE["Posterize"], _CODE["Solarize"], _CODE["Invert"], _CODE["SolarizeAdd"]})
     # torchvision keeps a 1-channel image as it is under Color (saturation): not blended there
     blends = COLOR if ctx.channels == 3 else COLOR - {_CODE["Color"]}
-    families = [
-        (GEOMETRY, _geometry),
-        (blends, _blend),
-        (frozenset({_CODE["Sharpness"]}), _sharpness),
-        (tone, _tone),
-        (frozenset({_CODE["AutoContrast"]}), _autocontrast),
-        (frozenset({_CODE["Equalize"]}), _equalize),
+    families = [  # (its operations, its lowering, whether it runs on every sample where it may)
+        (GEOMETRY, _geometry, True),
+        (blends, _blend, False),  # float32: dearer on every sample than its branch (module docstring)
+        (frozenset({_CODE["Sharpness"]}), _sharpness, False),
+        (tone, _tone, True),
+        (frozenset({_CODE["AutoContrast"]}), _autocontrast, False),
+        (frozenset({_CODE["Equalize"]}), _equalize, False),
     ]
     # the branch's sizes from the host (a policy keeps the size), as per-sample values even where
     # the pipeline fixes them, so that what is made from them is of the branch's samples
     sizes = (HostValue(_per_sample, height, drawn), HostValue(_per_sample, width, drawn))
-    for members, lower in families:
+    for members, lower, every in families:
         if not members & t.ops:
             continue
-        member = list(members)
-        predicate = ctx.arg(HostValue(lambda cm, m=member: np.isin(codes_of(cm), m), drawn), np.bool_)
-        inside, outside = fn._conditional.split(img, predicate=predicate)
 
         def arg(value_of: Any, dtype: Any) -> Any:
             """A per-sample argument of the branch's samples (fed for the batch, then split)."""
@@ -113,6 +126,13 @@ def _slot(t: Any, img: Any, ctx: Ctx, drawn: HostValue, slot: int, height: Any, 
                 value = HostValue(lambda m, w, f: mirrored_matrices(m, w, f[:, 0] != 0), value, width, flips)
             return value, (height, width)
 
+        if every and ctx.device in EVERY_SAMPLE_ON:
+            with ctx.branched(None, size=sizes):
+                img = lower(t, img, ctx, arg, matrices)
+            continue
+        member = list(members)
+        predicate = ctx.arg(HostValue(lambda cm, m=member: np.isin(codes_of(cm), m), drawn), np.bool_)
+        inside, outside = fn._conditional.split(img, predicate=predicate)
         with ctx.branched(predicate, size=sizes):
             out = lower(t, inside, ctx, arg, matrices)
         img = fn._conditional.merge(out, outside, predicate=predicate)
@@ -142,13 +162,15 @@ def _blend(t: Any, img: Any, ctx: Ctx, arg: Any, matrices: Any) -> Any:
     import nvidia.dali.math as dmath
 
     fn = ctx.fn
-    out = img * arg(lambda c, m: _factor(c, m, COLOR)[0], np.float32)
     color = _CODE["Color"] in t.ops and ctx.channels == 3
+    # a 1-channel image is kept as it is under Color (_slot): f = 1 there too, on every sample
+    kinds = COLOR if ctx.channels == 3 else COLOR - {_CODE["Color"]}
+    out = img * arg(lambda c, m: _factor(c, m, kinds)[0], np.float32)
     contrast = _CODE["Contrast"] in t.ops
     if color or contrast:
 
         def weight(name: str) -> Any:  # 1 - f where the code is ``name``, else 0
-            return arg(lambda c, m: np.where(c == _CODE[name], _factor(c, m, COLOR)[1], np.float32(0)), np.float32)
+            return arg(lambda c, m: np.where(c == _CODE[name], _factor(c, m, kinds)[1], np.float32(0)), np.float32)
 
         gray = luma(ctx, img)
         terms = [gray * weight("Color")] if color else []
