@@ -5,9 +5,10 @@ decides how operator-heavy recipes should be lowered on a GPU.
     python bench/operator_cost.py --device cpu --quick   # a smoke run on DALI's CPU operators
 
 On one H100 and one H200 the train recipe (7 operators) ran 1.3-1.6x the V2 recipe (129 operators
-then, 86 now) and 20-30x DINO's ten views (1,383 then, 903 now). A fit of those three runs
-puts the cost at 0.05-0.2 ms per operator per batch, far above a kernel launch
-(`bench/results/2026-11-26-nvidia-h200-gpu.md`). This benchmark measures it directly. A DALI
+then, 77 on the GPU now) and 20-30x DINO's ten views (1,383 then, 903 now). A fit of those three
+runs put the cost at 0.05-0.2 ms per operator per batch, far above a kernel launch
+(`bench/results/2026-11-26-nvidia-h200-gpu.md`). This benchmark measures it directly: about 0.2 ms
+on an H100, against 6-16 µs for a torch kernel (`bench/results/2026-11-27-h100-gpu-run.md`). A DALI
 pipeline is fed the same batch of B uint8 images (H x W x 3) every iteration, then runs a chain of
 N operators of one kind on it. ms per batch is fit against N: the slope is one operator's cost.
 
