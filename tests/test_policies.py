@@ -301,6 +301,20 @@ class TestEverySampleOnTheGpu:
             assert a.dtype == b.dtype and torch.equal(a, b), i
         assert schemas(steps).count("_conditional__Merge") < branches  # the branches did go
 
+    @pytest.mark.gpu
+    @pytest.mark.parametrize("steps", EVERY_SAMPLE_CASES[:2] + EVERY_SAMPLE_CASES[-1:],
+                             ids=lambda s: "+".join(type(t).__name__ for t in s))  # fmt: skip
+    def test_on_the_gpu_too(self, photos, monkeypatch, steps):
+        """On DALI's GPU operators, against the branched graph there: the identity map of the GPU's
+        warp and its uint8 arithmetic keep every value."""
+        from gpupipe.backends._dali import _policies
+
+        every = run_dali(steps, photos[:40], device="gpu")
+        monkeypatch.setattr(_policies, "EVERY_SAMPLE_ON", frozenset())
+        branched = run_dali(steps, photos[:40], device="gpu")
+        for i, (a, b) in enumerate(zip(branched, every, strict=True)):
+            assert a.dtype == b.dtype and torch.equal(a, b), i
+
     def test_the_v2_graph_on_the_gpu(self):
         """The V2 recipe on the GPU: the branches of the float32 families (the blends, sharpness)
         and of the two without an identity (AutoContrast, Equalize) only."""
