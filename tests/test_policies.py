@@ -315,6 +315,20 @@ class TestEverySampleOnTheGpu:
         for i, (a, b) in enumerate(zip(branched, every, strict=True)):
             assert a.dtype == b.dtype and torch.equal(a, b), i
 
+    def test_a_warp_with_a_fill_blended_in_keeps_its_branch(self):
+        """Bilinear with a fill puts a float32 blend after the warp: geometry keeps its branch on
+        the GPU there (without a fill, or nearest with one value, it does not)."""
+        from .support.dali_graph import parse
+        from .test_gpu_graph import define
+
+        def merges(policy):
+            steps = [T.RandomResizedCrop(64), policy]
+            return [op.schema for op in parse(define(steps, gpu=True).pipe.serialize())[0]].count("_conditional__Merge")
+
+        plain = merges(T.TrivialAugmentWide(interpolation="bilinear"))
+        assert merges(T.TrivialAugmentWide(interpolation="bilinear", fill=(10, 20, 30))) == plain + 1
+        assert merges(T.TrivialAugmentWide(fill=7)) == plain  # nearest, one value: DALI's own fill
+
     def test_the_v2_graph_on_the_gpu(self):
         """The V2 recipe on the GPU: the branches of the float32 families (the blends, sharpness)
         and of the two without an identity (AutoContrast, Equalize) only."""

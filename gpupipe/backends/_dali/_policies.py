@@ -23,16 +23,18 @@ where DALI's arithmetic promotes it exactly (no cast), and read the branch's siz
 the V2 train graph went from 124 operators to 87 (``bench/results/2026-11-26-v2-graph-cpu.md``),
 and to 86 once its flip moved into the fused tail (87 on the CPU; fewer on the GPU, below).
 
-On the GPU two families run on every sample instead, with no branch: geometry (one
-``warp_affine``, the identity map where the sample drew another operation) and posterize,
-solarize, invert (four uint8 operators; mask 255, from 256 elsewhere). The values are the same
+On the GPU two families run on every sample instead, with no branch: geometry where its warp is
+DALI's alone (one ``warp_affine`` in uint8, the identity map where the sample drew another
+operation: no fill, or nearest neighbour with one value) and posterize, solarize, invert (four
+uint8 operators; mask 255, from 256 elsewhere). The values are the same
 (tested on the CPU), and each branch's ``split``, ``merge`` and argument splits are gone. There a
 DALI operator costs about 0.2 ms per batch of 256 whatever its data, and a uint8 pass over the
 whole batch about 40 µs more (``bench/results/2026-11-27-h100-gpu-run.md``). The blends and
 sharpness have identities too (``f = 1``, ``alpha = 0``), but they work in float32: each of their
 seven to nine passes would move four times the bytes over every sample, more than their branch's
-operators cost, so they keep their branches. So do AutoContrast and Equalize, which have no
-identity. On the CPU the pass is what costs: every family on every sample was 2.9x slower there
+operators cost, so they keep their branches; so does geometry with a fill of torchvision's kind
+(``_warp.warp``: a mask channel and a float32 blend). So do AutoContrast and Equalize, which have
+no identity. On the CPU the pass is what costs: every family on every sample was 2.9x slower there
 (``bench/results/2026-11-25-v2-recipe-cpu.md``), so the CPU keeps every branch.
 """
 
@@ -49,7 +51,7 @@ from ._color import autocontrasted, luma, sharpened
 from ._context import LOWERINGS, Ctx
 from ._host import HostValue
 from ._lowerings import _host_size
-from ._warp import warp
+from ._warp import is_plain, warp
 
 __all__: list[str] = []
 
@@ -100,8 +102,9 @@ def _slot(t: Any, img: Any, ctx: Ctx, drawn: HostValue, slot: int, height: Any, 
     tone = frozenset({_CODE["Posterize"], _CODE["Solarize"], _CODE["Invert"], _CODE["SolarizeAdd"]})
     # torchvision keeps a 1-channel image as it is under Color (saturation): not blended there
     blends = COLOR if ctx.channels == 3 else COLOR - {_CODE["Color"]}
+    nearest = t.interpolation == T.InterpolationMode.NEAREST
     families = [  # (its operations, its lowering, whether it runs on every sample where it may)
-        (GEOMETRY, _geometry, True),
+        (GEOMETRY, _geometry, is_plain(t.fill, nearest=nearest)),  # uint8 throughout only
         (blends, _blend, False),  # float32: dearer on every sample than its branch (module docstring)
         (frozenset({_CODE["Sharpness"]}), _sharpness, False),
         (tone, _tone, True),

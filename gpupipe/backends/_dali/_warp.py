@@ -60,6 +60,12 @@ def _warp(t: T.RandomRotation | T.RandomAffine, img: Any, ctx: Ctx, matrices: Ho
 PAD_FOR_ZEROS = {"cpu": True, "gpu": False}
 
 
+def is_plain(fill: Any, *, nearest: bool) -> bool:
+    """Whether :func:`warp` is DALI's ``warp_affine`` alone, with its own fill, in the image's
+    dtype: no fill (zeros outside), or nearest neighbour with one value."""
+    return fill is None or (nearest and len(set(fill if isinstance(fill, tuple) else (fill,))) == 1)
+
+
 def warp(ctx: Ctx, img: Any, matrices: HostValue, fill: Any, *, nearest: bool, size: tuple[Any, Any]) -> Any:
     """``warp_affine`` by ``matrices`` (per-sample ``[B, 6]`` inverse maps on the host, fed as
     ``[2, 3]``; ``size`` the image's ``(height, width)``, ints or host values) with torchvision's
@@ -73,7 +79,7 @@ def warp(ctx: Ctx, img: Any, matrices: HostValue, fill: Any, *, nearest: bool, s
     import nvidia.dali.math as dmath
 
     fn, types = ctx.fn, ctx.types
-    if fill is None or (nearest and len(set(fill if isinstance(fill, tuple) else (fill,))) == 1):
+    if is_plain(fill, nearest=nearest):
         # torchvision without a fill samples zeros outside (as DALI's fill 0); nearest with one
         # value is DALI's own fill
         value = 0.0 if fill is None else float(fill[0] if isinstance(fill, tuple) else fill)
