@@ -123,12 +123,12 @@ def flipped_vs_torch(steps, factors, photos, monkeypatch):
     return [((g * 255).round(), (w * 255).round()) for g, w in forced_vs_torch(steps, factors, photos, monkeypatch)]
 
 
-def schemas(steps) -> list[str]:
-    """The operators of the DALI-CPU graph of ``steps``, by schema."""
+def schemas(steps, *, gpu: bool = False) -> list[str]:
+    """The operators of the DALI-CPU (or ``gpu``) graph of ``steps``, by schema."""
     from .support.dali_graph import parse
     from .test_gpu_graph import define
 
-    return [op.schema for op in parse(define(steps, gpu=False).pipe.serialize())[0]]
+    return [op.schema for op in parse(define(steps, gpu=gpu).pipe.serialize())[0]]
 
 
 # DALI's kernels against torchvision's, per operation: (largest share of values apart, largest
@@ -289,16 +289,23 @@ class TestEverySampleOnTheGpu:
     def _dali(self):
         pytest.importorskip("nvidia.dali")
 
-    @pytest.mark.parametrize("steps", EVERY_SAMPLE_CASES, ids=lambda s: "+".join(type(t).__name__ for t in s))
-    def test_the_values_are_the_branched_graphs(self, photos, monkeypatch, steps):
+    @staticmethod
+    def assert_branched_equals_every(steps, photos, monkeypatch, device):
+        """DALI's ``device`` operators give the same values, sample by sample, with every branch
+        and with the families on every sample."""
         from gpupipe.backends._dali import _policies
 
-        branched = run_dali(steps, photos[:40])
-        branches = schemas(steps).count("_conditional__Merge")
-        monkeypatch.setattr(_policies, "EVERY_SAMPLE_ON", frozenset({"cpu", "gpu"}))
-        every = run_dali(steps, photos[:40])
+        monkeypatch.setattr(_policies, "EVERY_SAMPLE_ON", frozenset())
+        branched = run_dali(steps, photos[:40], device=device)
+        monkeypatch.setattr(_policies, "EVERY_SAMPLE_ON", frozenset({device}))
+        every = run_dali(steps, photos[:40], device=device)
         for i, (a, b) in enumerate(zip(branched, every, strict=True)):
             assert a.dtype == b.dtype and torch.equal(a, b), i
+
+    @pytest.mark.parametrize("steps", EVERY_SAMPLE_CASES, ids=lambda s: "+".join(type(t).__name__ for t in s))
+    def test_the_values_are_the_branched_graphs(self, photos, monkeypatch, steps):
+        branches = schemas(steps).count("_conditional__Merge")
+        self.assert_branched_equals_every(steps, photos, monkeypatch, "cpu")
         assert schemas(steps).count("_conditional__Merge") < branches  # the branches did go
 
     @pytest.mark.gpu
@@ -307,23 +314,14 @@ class TestEverySampleOnTheGpu:
     def test_on_the_gpu_too(self, photos, monkeypatch, steps):
         """On DALI's GPU operators, against the branched graph there: the identity map of the GPU's
         warp and its uint8 arithmetic keep every value."""
-        from gpupipe.backends._dali import _policies
-
-        every = run_dali(steps, photos[:40], device="gpu")
-        monkeypatch.setattr(_policies, "EVERY_SAMPLE_ON", frozenset())
-        branched = run_dali(steps, photos[:40], device="gpu")
-        for i, (a, b) in enumerate(zip(branched, every, strict=True)):
-            assert a.dtype == b.dtype and torch.equal(a, b), i
+        self.assert_branched_equals_every(steps, photos, monkeypatch, "gpu")
 
     def test_a_warp_with_a_fill_blended_in_keeps_its_branch(self):
         """Bilinear with a fill puts a float32 blend after the warp: geometry keeps its branch on
         the GPU there (without a fill, or nearest with one value, it does not)."""
-        from .support.dali_graph import parse
-        from .test_gpu_graph import define
 
         def merges(policy):
-            steps = [T.RandomResizedCrop(64), policy]
-            return [op.schema for op in parse(define(steps, gpu=True).pipe.serialize())[0]].count("_conditional__Merge")
+            return schemas([T.RandomResizedCrop(64), policy], gpu=True).count("_conditional__Merge")
 
         plain = merges(T.TrivialAugmentWide(interpolation="bilinear"))
         assert merges(T.TrivialAugmentWide(interpolation="bilinear", fill=(10, 20, 30))) == plain + 1
@@ -332,12 +330,9 @@ class TestEverySampleOnTheGpu:
     def test_the_v2_graph_on_the_gpu(self):
         """The V2 recipe on the GPU: the branches of the float32 families (the blends, sharpness)
         and of the two without an identity (AutoContrast, Equalize) only."""
-        from .support.dali_graph import parse
         from .test_dali_host import recipe
-        from .test_gpu_graph import define
 
-        steps = list(recipe("train_v2").transforms)
-        ops = [op.schema for op in parse(define(steps, gpu=True).pipe.serialize())[0]]
+        ops = schemas(list(recipe("train_v2").transforms), gpu=True)
         assert ops.count("_conditional__Merge") == 4 and len(ops) <= 77
 
 

@@ -77,6 +77,12 @@ def _matrices(h: Any, w: Any, codes: np.ndarray, mags: np.ndarray) -> np.ndarray
                            center=center)  # fmt: skip
 
 
+def _blends(channels: int) -> frozenset[int]:
+    """The codes of the blend family: Brightness, Color, Contrast; torchvision keeps a 1-channel
+    image as it is under Color (saturation), so there Color is not blended (``f = 1``)."""
+    return COLOR if channels == 3 else COLOR - {_CODE["Color"]}
+
+
 def _factor(codes: np.ndarray, mags: np.ndarray, kinds: frozenset[int]) -> tuple[np.ndarray, np.ndarray]:
     """float32 ``(f, 1 - f)`` of torchvision's blends, ``f = 1 + m`` where the code is of
     ``kinds``, 1 elsewhere (``1 - f`` as torch computes it: in float64, then float32)."""
@@ -100,12 +106,10 @@ def _slot(t: Any, img: Any, ctx: Ctx, drawn: HostValue, slot: int, height: Any, 
         return cm[0][:, slot]
 
     tone = frozenset({_CODE["Posterize"], _CODE["Solarize"], _CODE["Invert"], _CODE["SolarizeAdd"]})
-    # torchvision keeps a 1-channel image as it is under Color (saturation): not blended there
-    blends = COLOR if ctx.channels == 3 else COLOR - {_CODE["Color"]}
     nearest = t.interpolation == T.InterpolationMode.NEAREST
     families = [  # (its operations, its lowering, whether it runs on every sample where it may)
         (GEOMETRY, _geometry, is_plain(t.fill, nearest=nearest)),  # uint8 throughout only
-        (blends, _blend, False),  # float32: dearer on every sample than its branch (module docstring)
+        (_blends(ctx.channels), _blend, False),  # float32: dearer on every sample than its branch (module docstring)
         (frozenset({_CODE["Sharpness"]}), _sharpness, False),
         (tone, _tone, True),
         (frozenset({_CODE["AutoContrast"]}), _autocontrast, False),
@@ -119,7 +123,8 @@ def _slot(t: Any, img: Any, ctx: Ctx, drawn: HostValue, slot: int, height: Any, 
             continue
 
         def arg(value_of: Any, dtype: Any) -> Any:
-            """A per-sample argument of the branch's samples (fed for the batch, then split)."""
+            """A per-sample argument of the samples being lowered (fed for the batch, then split
+            inside a branch)."""
             return ctx.arg(HostValue(lambda cm: value_of(cm[0][:, slot], cm[1][:, slot]), drawn), dtype)
 
         def matrices() -> tuple[HostValue, tuple[Any, Any]]:  # the host's maps, and the size they are of
@@ -166,8 +171,7 @@ def _blend(t: Any, img: Any, ctx: Ctx, arg: Any, matrices: Any) -> Any:
 
     fn = ctx.fn
     color = _CODE["Color"] in t.ops and ctx.channels == 3
-    # a 1-channel image is kept as it is under Color (_slot): f = 1 there too, on every sample
-    kinds = COLOR if ctx.channels == 3 else COLOR - {_CODE["Color"]}
+    kinds = _blends(ctx.channels)
     out = img * arg(lambda c, m: _factor(c, m, kinds)[0], np.float32)
     contrast = _CODE["Contrast"] in t.ops
     if color or contrast:
