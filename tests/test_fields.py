@@ -68,6 +68,11 @@ class TestJson:
         bad(F.Json("json", max_bytes="1KB"), b"[" + b"0," * 600 + b"0]", "over its max_bytes=1000")
         bad(F.Json("json", max_bytes="1MB"), b"[" * 200_000 + b"]" * 200_000, "nested too deeply")
 
+    def test_an_integer_over_pythons_digit_limit_is_a_bad_field(self):
+        # int() refuses more than sys.get_int_max_str_digits() digits with a plain ValueError
+        for number in (b"1" * 5000, b"-" + b"9" * 5000, b"[" + b"7" * 4301 + b"]"):
+            bad(F.Json("json"), b'{"n": ' + number + b"}", "is not JSON")
+
     def test_a_huge_member_is_not_parsed(self, monkeypatch):
         monkeypatch.setattr(json, "loads", lambda *a, **k: pytest.fail("parsed"))
         bad(F.Json("json"), b" " * ((1 << 20) + 1), "over its max_bytes")

@@ -125,7 +125,12 @@ class Field:
     def decode(self, data: bytes | memoryview, *, shard: str, key: str) -> Any:
         """The value of the member's ``data``; :class:`~gpupipe.SampleError` if it is bad."""
         self.require_fits(len(data), shard=shard, key=key)
-        return self._decode(data, shard=shard, key=key)
+        try:
+            return self._decode(data, shard=shard, key=key)
+        except SampleError:
+            raise
+        except Exception as e:  # a decoder's error no rule above names: still this field's, never the epoch's
+            raise _bad(self, shard, key, f"cannot be decoded ({type(e).__name__}: {e})") from None
 
     def empty(self) -> Any:
         """The value of a sample without the field, under ``missing="empty"``."""
@@ -225,7 +230,8 @@ class Text(Field):
 @dataclasses.dataclass(frozen=True)
 class Json(Field):
     """JSON (``json.loads`` of UTF-8: a ``dict``, ``list``, ...), as webdataset's ``json``.
-    Default ``max_bytes``: 1 MiB; nesting deeper than Python's recursion limit is a bad field."""
+    Default ``max_bytes``: 1 MiB; nesting deeper than Python's recursion limit, or an integer of more
+    digits than Python converts (``sys.get_int_max_str_digits()``, 4,300), is a bad field."""
 
     kind: ClassVar[str] = "json"
 
@@ -238,6 +244,8 @@ class Json(Field):
             raise _bad(self, shard, key, f"is not JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
         except RecursionError:
             raise _bad(self, shard, key, "is JSON nested too deeply to read") from None
+        except ValueError as e:  # int(): more digits than sys.get_int_max_str_digits() (4300)
+            raise _bad(self, shard, key, f"is not JSON gpupipe reads ({e})") from None
 
 
 @dataclasses.dataclass(frozen=True)

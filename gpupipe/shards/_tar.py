@@ -5,16 +5,53 @@ from __future__ import annotations
 
 import os
 import tarfile
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 
 from ..core._errors import Damage, Problem, SampleError, unreadable
-from ..core._fields import ascii_int
+from ..core._fields import Label, ascii_int
 from ..storage._base import Storage, compressed
 from ._shard import NO_LABEL, FieldMembers, ShardIndex, field_column
 
-__all__ = ["split_key", "parse_label", "scan_tar", "label_values", "empty_shard", "missing_field"]
+__all__ = [
+    "split_key",
+    "parse_label",
+    "read_label",
+    "scan_tar",
+    "label_values",
+    "empty_shard",
+    "missing_field",
+    "HEADER_LIMIT",
+    "LABEL_LIMIT",
+]
+
+HEADER_LIMIT = 1 << 20  # the largest pax or GNU long-name record read while scanning (real ones: bytes to KB)
+LABEL_LIMIT = Label.default_max_bytes  # the largest .cls member read: an int64 in ASCII, whitespace around it
+
+
+class HeaderTooLarge(tarfile.ReadError):
+    """A header record (pax, GNU long name) claims more than :data:`HEADER_LIMIT` bytes."""
+
+
+class _Bounded:
+    """A shard's stream as :mod:`tarfile` scans it, refusing any read over :data:`HEADER_LIMIT`:
+    tarfile reads a pax or GNU long-name record whole, of the size its header claims (a 15 KB
+    shard claiming 2**62 bytes would be a ``MemoryError``); a member's data it seeks past."""
+
+    def __init__(self, f: IO[bytes]) -> None:
+        self._f = f
+
+    def read(self, n: int = -1) -> bytes:
+        if n is None or n < 0 or n > HEADER_LIMIT:
+            raise HeaderTooLarge(f"a header record of {n} bytes, over the {HEADER_LIMIT} gpupipe reads")
+        return self._f.read(n)
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        return self._f.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self._f.tell()
 
 
 def split_key(member: str) -> tuple[str, str]:
@@ -36,6 +73,28 @@ def parse_label(raw: bytes, *, shard: str, key: str) -> int:
                           kind=Damage.BAD_LABEL) from None  # fmt: skip
 
 
+def _too_long(size: int, *, shard: str, key: str) -> SampleError:
+    return SampleError(f"label of sample {key!r} in shard {shard!r} is {size} bytes, more than an int64 takes "
+                       f"({LABEL_LIMIT}): not read", shard=shard, key=key, kind=Damage.BAD_LABEL)  # fmt: skip
+
+
+def read_label(storage: Storage, url: str, key: str, offset: int, size: int) -> int:
+    """The label member at ``(offset, size)`` of shard ``url``, parsed (:func:`parse_label`); one
+    over :data:`LABEL_LIMIT` bytes is refused unread. Raises SampleError naming shard and key
+    (ShardError where the bytes cannot be read or come back short)."""
+    from ..core._errors import truncated
+
+    if size > LABEL_LIMIT:
+        raise _too_long(size, shard=url, key=key)
+    try:
+        raw = storage.read(url, offset, size)
+    except OSError as e:
+        raise unreadable(url, key, e) from e
+    if len(raw) != size:
+        raise truncated(url, key)
+    return parse_label(raw, shard=url, key=key)
+
+
 def _label_value(raw: bytes) -> int:
     """The label, or NO_LABEL where ``parse_label`` refuses it (it names the problem when the
     sample is read)."""
@@ -49,7 +108,7 @@ def label_values(storage: Storage, url: str, keys: list[str], ranges: np.ndarray
     labels = np.empty(len(keys), np.int64)
     for i, (offset, size) in enumerate(ranges.tolist()):
         try:
-            labels[i] = _label_value(storage.read(url, offset, size))
+            labels[i] = NO_LABEL if size > LABEL_LIMIT else _label_value(storage.read(url, offset, size))
         except OSError as e:
             raise unreadable(url, keys[i], e) from e
     return labels
@@ -114,11 +173,12 @@ def scan_tar(
     values: dict[int, int] = {}  # group -> parsed label (label members are read: a few bytes each)
     cut: str | None = None  # why the shard ends early
     try:
-        with storage.open_shard(url) as f:
+        with storage.open_shard(url) as raw:
             if compressed(url):  # the cache holds it decompressed: the tar's own size counts
-                size = f.seek(0, os.SEEK_END)
-                f.seek(0)
-            with tarfile.open(fileobj=f, mode="r:") as tar:
+                size = raw.seek(0, os.SEEK_END)
+                raw.seek(0)
+            f = _Bounded(raw)
+            with tarfile.open(fileobj=f, mode="r:") as tar:  # type: ignore[call-overload]
                 try:
                     for m in tar:
                         if not m.isfile():
@@ -131,13 +191,16 @@ def scan_tar(
                         if not groups or groups[-1][0] != key or ext in groups[-1][1]:
                             groups.append((key, {}))
                         groups[-1][1][ext] = (m.offset_data, m.size)
-                        if ext == label_ext:
+                        if ext == label_ext and m.size <= LABEL_LIMIT:  # (a longer one: NO_LABEL, refused when read)
                             member = tar.extractfile(m)
                             values[len(groups) - 1] = _label_value(member.read() if member else b"")
                 except tarfile.TarError as e:  # a header past the first cannot be read: cut short, or damaged
                     cut = f"is damaged after its last readable member ({e})"
                 if cut is None:  # tarfile's offset: where it read the header that ended the members
                     cut = _unended(f, tar.offset, groups)
+    except HeaderTooLarge as e:
+        detail = f"cannot be scanned: its first header announces {e} (damaged, or crafted)"
+        return empty_shard(url, Problem(Damage.UNREADABLE_SHARD, None, detail), fields), []
     except tarfile.TarError as e:
         kind = Damage.EMPTY_SHARD if size == 0 else Damage.UNREADABLE_SHARD
         gzipped = "; it is gzip-compressed: name it .tar.gz (or .tgz)" if _gzip(storage, url) else ""
@@ -145,6 +208,9 @@ def scan_tar(
         return empty_shard(url, Problem(kind, None, detail), fields), []
     except OSError as e:
         return empty_shard(url, Problem(Damage.UNREADABLE_SHARD, None, f"cannot be read: {e}"), fields), []
+    except Exception as e:  # tarfile on headers no rule above foresaw: the shard's damage, never the caller's
+        detail = f"cannot be scanned: {type(e).__name__}: {e}"
+        return empty_shard(url, Problem(Damage.UNREADABLE_SHARD, None, detail), fields), []
     problems: list[Problem] = []
     if cut is not None and groups and not _complete(groups[-1][1], image_exts, label_ext):
         groups.pop()  # the sample the cut went through
