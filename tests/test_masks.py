@@ -119,6 +119,30 @@ class TestGeometry:
         )
 
 
+class TestCenterCrop:
+    """A mask smaller than the crop is padded with its own fill (the ignore label), not with
+    torchvision's 0, which a loss would read as class 0; the image keeps torchvision's 0."""
+
+    @pytest.mark.parametrize("fill", [255, 7])
+    @pytest.mark.parametrize("size", [(45, 57), (46, 30)], ids=["padded", "padded rows, cropped columns"])
+    def test_padded_with_the_masks_fill_on_every_backend(self, seg_shards, fill, size):
+        from torchvision.transforms.v2 import functional as F
+
+        out = check_target_parity(_with_mask(seg_shards, fill=fill), [T.CenterCrop(size)])  # torch and DALI-CPU
+        for backend, batches in out.items():
+            for b in batches:
+                for j, key in enumerate(b.keys):
+                    # torchvision's centre crop of the labels + 1: its padding is where it gives 0
+                    shifted = tv_tensors.Mask(torch.from_numpy(_label_map(int(key[1:])).astype(np.int32) + 1)[None])
+                    want = F.center_crop(shifted, list(size))[0].as_subclass(torch.Tensor) - 1
+                    padded = want < 0
+                    assert bool(padded.any()) and bool((~padded).any())
+                    got = b["mask"][j].long()
+                    assert got[padded].unique().tolist() == [fill], (backend, key)
+                    assert torch.equal(got[~padded], want[~padded].long()), (backend, key)
+                    assert int(b.images[j][:, padded].abs().max()) == 0, (backend, key)  # the image: 0
+
+
 class TestBadMasks:
     @pytest.mark.parametrize(("member", "match"), [
         (encode_png(np.zeros((*SIZE, 3), np.uint8)), "is a RGB image: a mask has one channel"),

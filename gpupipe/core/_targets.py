@@ -27,14 +27,16 @@ class Mask(Field):
     16-bit). It must have the image's size, and follows the image through every geometric
     transform with the image's draws, sampled nearest and filled with ``fill`` where the image
     is padded, rotated or shifted in; other transforms leave it as it is (torchvision v2's rules
-    for ``tv_tensors.Mask``). A batch holds ``[B, H, W]`` (a list where sizes differ). Read by
-    every backend (the DALI backend moves it on the host, from the image's header size, exactly as
-    the torch backend does; not with ``apply_exif_orientation=True``). Default ``max_bytes``:
-    256 MB; the pixel limit of images applies.
+    for ``tv_tensors.Mask``, save that its ``CenterCrop`` pads a mask with 0, which labels the
+    padding as class 0: gpupipe's pads with ``fill``, as every other transform does). A batch
+    holds ``[B, H, W]`` (a list where sizes differ). Read by every backend (the DALI backend
+    moves it on the host, from the image's header size, exactly as the torch backend does; not
+    with ``apply_exif_orientation=True``). Default ``max_bytes``: 256 MB; the pixel limit of
+    images applies.
 
     Args:
-        fill: the value brought in by padding, rotation and affine shifts (default 255, the ignore
-            index of torchvision's segmentation reference).
+        fill: the value brought in by padding (``CenterCrop``'s too), rotation and affine shifts
+            (default 255, the ignore index of torchvision's segmentation reference).
     """
 
     fill: int = 255

@@ -294,6 +294,8 @@ class CenterCrop(Transform):
     """Crops the center of the image; pads with zeros where the image is smaller than ``size``.
 
     The window's offset is ``round((H - h) / 2)`` (Python's round-half-to-even), as torchvision.
+    A ``gp.fields.Mask`` is padded with its ``fill`` (default 255, the ignore label), not with 0
+    as torchvision's ``CenterCrop`` pads masks: a 0 would label the padding as class 0.
 
     Shapes: ``[C, H, W] -> [C, size[0], size[1]]``.
     """

@@ -132,9 +132,10 @@ def _follow(t: T.Transform, target: torch.Tensor, params: Any, geometry: Any) ->
 
 def _mask_geometry(t: T.Transform, mask: IndexedMask, p: Any, fill: int) -> IndexedMask:
     """A geometric step on a mask, as torchvision's mask kernels do it (nearest, the mask's
-    ``fill`` where padding brings pixels in, zeros beyond a crop): resizes, crops, pads and flips
-    by index arithmetic (``_maskindex``: the same pixels); the others by the image's kernel
-    (torchvision's dispatches to its mask kernel) on the gathered mask."""
+    ``fill`` where padding brings pixels in, a ``CenterCrop``'s padding included, where
+    torchvision gives 0): resizes, crops, pads and flips by index arithmetic (``_maskindex``: the
+    same pixels); the others by the image's kernel (torchvision's dispatches to its mask kernel)
+    on the gathered mask."""
     h, w = mask.shape
     if isinstance(t, T.RandomResizedCrop):
         return mask.crop(p.top, p.left, p.height, p.width).resize(*t.size)
@@ -147,9 +148,11 @@ def _mask_geometry(t: T.Transform, mask: IndexedMask, p: Any, fill: int) -> Inde
         return mask.resize(*resize_size(h, w, (p.size,), None))
     if isinstance(t, T.RandomShortestSize):
         return mask.resize(p.height, p.width)
-    if isinstance(t, T.CenterCrop):
+    if isinstance(t, T.CenterCrop):  # padded with the mask's fill where it is smaller (torchvision's: 0)
         (ch, cw) = t.size
-        return mask.crop(center_crop_anchor(ch, h), center_crop_anchor(cw, w), ch, cw)
+        top, left = center_crop_anchor(ch, h), center_crop_anchor(cw, w)  # negative: that many padded first
+        mask.pad(max(-left, 0), max(-top, 0), max(cw - w + left, 0), max(ch - h + top, 0))
+        return mask.crop(max(top, 0), max(left, 0), ch, cw)
     if isinstance(t, T.RandomCrop) and (t.padding_mode == "constant" or not any(p.padding)):
         mask.pad(*p.padding)
         return mask.crop(p.top, p.left, p.height, p.width) if mask.shape != (p.height, p.width) else mask
