@@ -4,6 +4,7 @@ and refused, never an exception out of ``Loader(...)`` or ``check``."""
 
 from __future__ import annotations
 
+import os
 import tarfile
 
 import pytest
@@ -12,7 +13,7 @@ import gpupipe as gp
 from gpupipe.core._errors import Damage
 from gpupipe.shards import _tar
 
-from .support.hostile import good_jpeg, good_sample, member, tar_of
+from .support.hostile import good_jpeg, good_sample, member, sparse_tar, tar_of
 
 HUGE = 1 << 62  # a claimed size no process can allocate
 
@@ -118,3 +119,181 @@ class TestLabelMembers:
         assert (e.value.kind, e.value.key, e.value.shard) == (Damage.BAD_LABEL, "b", path)
         assert big not in reads
         assert keys(path) == ["a"]
+
+
+BACKENDS = [name for name in ("torch", "dali") if gp.backends.get(name).available()]
+TWO_GB = 2 << 30
+
+
+@pytest.fixture(scope="module")
+def sparse_shard(tmp_path_factory) -> str:
+    """A plain tar whose sample ``big`` is a 2 GiB image member (a hole: no disk), between good ones."""
+    path = str(tmp_path_factory.mktemp("sparse") / "s.tar")
+    sparse_tar(path, good_sample("a", 1), ("big.jpg", TWO_GB), member("big.cls", b"1") + good_sample("c", 3))
+    return path
+
+
+class TestImageBytes:
+    """``max_image_bytes`` (default 256 MiB): an image member over it is ``too-large`` from its size
+    in the tar header, never read — on every backend and in ``check``."""
+
+    @pytest.mark.parametrize("backend", BACKENDS)
+    def test_a_2gb_member_is_skipped_unread(self, sparse_shard, backend):
+        pipe = gp.Pipeline(sparse_shard, [gp.transforms.CenterCrop(16)])
+        options = {"device": "cpu"} if backend == "dali" else {}
+        with gp.Loader(pipe, 2, backend=backend, on_error="skip", max_skipped=None, **options) as loader:
+            got = sorted(k for b in loader for k, v in zip(b.keys, b.valid.tolist(), strict=True) if v)
+            skipped = [(s.key, s.kind) for s in loader.skipped]
+        assert got == ["a", "c"]
+        assert skipped == [("big", Damage.TOO_LARGE)]
+
+    @pytest.mark.parametrize("backend", BACKENDS)
+    def test_under_raise_it_is_named(self, sparse_shard, backend):
+        pipe = gp.Pipeline(sparse_shard, [gp.transforms.CenterCrop(16)])
+        options = {"device": "cpu"} if backend == "dali" else {}
+        with pytest.raises(gp.SampleError, match=f"is {TWO_GB} bytes, more than max_image_bytes=268435456") as e:
+            with gp.Loader(pipe, 3, backend=backend, **options) as loader:
+                list(loader)
+        assert (e.value.kind, e.value.key, e.value.shard) == (Damage.TOO_LARGE, "big", sparse_shard)
+
+    def test_check_reports_it_unread(self, sparse_shard):
+        report = gp.check(sparse_shard, workers=0, write=False)
+        assert [(f.key, f.kind) for f in report.findings] == [("big", Damage.TOO_LARGE)]
+        small = gp.check(sparse_shard, workers=0, write=False, max_image_bytes=1000)  # the good JPEGs are ~1.5 KB
+        assert {f.key for f in small.findings} == {"a", "big", "c"}
+
+    def test_the_limit_is_an_option(self, tmp_path):
+        path = write(tmp_path / "s.tar", tar_of(good_sample("a", 1), good_sample("b", 2)))
+        a, b = len(good_jpeg(1)), len(good_jpeg(2))
+        assert keys(path, max_image_bytes=min(a, b)) == (["a", "b"] if a == b else ["a" if a < b else "b"])
+        assert keys(path, max_image_bytes=100) == []
+        assert keys(path, max_image_bytes=None) == ["a", "b"]
+        assert gp.LoaderConfig(1, max_image_bytes="1.5MiB").max_image_bytes == 1536 << 10
+        with pytest.raises(gp.ConfigError, match="max_image_bytes"):
+            gp.LoaderConfig(1, max_image_bytes=0)
+        with pytest.raises(gp.ConfigError, match="max_image_bytes="):
+            gp.fields.Image("jpg", max_bytes="1GB")
+
+    def test_an_imagefolder_file_over_the_limit_is_read_no_further(self, tmp_path, monkeypatch):
+        for name in ("small", "large"):
+            (tmp_path / "cls").mkdir(exist_ok=True)
+            (tmp_path / "cls" / f"{name}.jpg").write_bytes(good_jpeg(1) + (b"\0" * 5000 if name == "large" else b""))
+        index = gp.ImageFolder(str(tmp_path)).index()
+        index.max_image_bytes = len(good_jpeg(1)) + 100
+        with pytest.raises(gp.SampleError, match="more than max_image_bytes") as e:
+            index.read(0)
+        assert (e.value.kind, e.value.key) == (Damage.TOO_LARGE, "cls/large.jpg")
+        assert index.read(1).key == "cls/small.jpg"
+
+
+class TestPngMetadata:
+    """A PNG's text chunks and colour profile carry no pixels: one verdict, delivered, however far
+    they inflate (Pillow refused past 1 MB; DALI skips them). The corpus of ``test_odd_files``
+    runs these through every backend and batch size."""
+
+    @pytest.mark.parametrize(("where", "kind"), [("before", b"zTXt"), ("after", b"zTXt"), ("before", b"iTXt"),
+                                                 ("after", b"iTXt"), ("before", b"iCCP")])  # fmt: skip
+    def test_a_text_bomb_decodes_to_the_plain_pngs_pixels(self, where, kind):
+        from gpupipe.runtime._decode import decode_rgb
+
+        from .support.corpus import png_text_bomb
+
+        bomb = png_text_bomb(where, kind, inflated=200 << 20)
+        plain = png_text_bomb(where, kind, inflated=0)
+        assert len(bomb) < 300_000
+        image = decode_rgb(bomb, shard="s", key="k")
+        assert image.shape == (3, 48, 64) and image.equal(decode_rgb(plain, shard="s", key="k"))
+
+    def test_check_and_the_loaders_deliver_it(self, tmp_path):
+        from .support.corpus import png_text_bomb
+
+        data = tar_of(member("z.png", png_text_bomb()), member("z.cls", b"2"), good_sample("g"))
+        path = write(tmp_path / "s.tar", data)
+        assert gp.check(path, workers=0, write=False).ok
+        for backend in BACKENDS:
+            assert keys(path, backend=backend) == ["g", "z"], backend
+
+    def test_a_png_without_metadata_is_not_copied(self):
+        from gpupipe.core._imageinfo import png_without_metadata
+
+        from .support.corpus import _photo, _save
+
+        png = _save(_photo(1), "PNG")
+        assert png_without_metadata(png) is png
+
+
+def gzip_bomb(path, inflated: int) -> str:
+    """A ``.tgz`` shard: a good sample, then a member of ``inflated`` zero bytes, compressed
+    about 1000 to 1."""
+    import gzip
+
+    data = tar_of(good_sample("a", 1), member("a.bin", b"\0" * inflated), good_sample("b", 2))
+    with open(path, "wb") as f:
+        f.write(gzip.compress(data, 9))
+    return str(path)
+
+
+def du(root) -> int:
+    return sum(os.path.getsize(os.path.join(d, n)) for d, _, names in os.walk(root) for n in names)
+
+
+class TestGzipInflation:
+    """A gzip shard inflates into the shard cache to at most ``max_inflation`` (default 100) times
+    its size, plus 1 MiB; past that it is an unreadable shard and its rest is never inflated."""
+
+    def test_a_bomb_is_an_unreadable_shard_and_the_cache_stays_small(self, tmp_path):
+        bomb = gzip_bomb(tmp_path / "bomb.tgz", 64 << 20)
+        good = gzip_bomb(tmp_path / "good.tgz", 10_000)
+        cache = tmp_path / "cache"
+        source = gp.WebDataset([bomb, good], cache_dir=str(cache))
+        (problem,) = source.index(on_error="skip").problems
+        assert problem.kind is Damage.UNREADABLE_SHARD and problem.shard == bomb
+        assert "inflates past 100 times its" in str(problem) and "max_inflation" in str(problem)
+        bound = 100 * os.path.getsize(bomb) + (1 << 20)
+        assert du(cache) < bound + (16 << 20) < 64 << 20
+        pipe = gp.Pipeline(source, [gp.transforms.CenterCrop(16)])
+        with gp.Loader(pipe, 2, backend="torch", on_error="skip", max_skipped=None) as loader:
+            got = sorted(k for b in loader for k, v in zip(b.keys, b.valid.tolist(), strict=True) if v)
+        assert got == ["a", "b"]  # the good shard's
+        report = gp.check(source, workers=0, write=False)
+        assert [(f.shard, f.kind) for f in report.findings] == [(bomb, Damage.UNREADABLE_SHARD)]
+
+    def test_the_bound_is_an_option(self, tmp_path):
+        bomb = gzip_bomb(tmp_path / "bomb.tgz", 8 << 20)
+        assert gp.WebDataset(bomb, cache_dir=str(tmp_path / "c1")).index(on_error="skip").problems
+        unbounded = gp.WebDataset(bomb, cache_dir=str(tmp_path / "c2"), max_inflation=None)
+        index = unbounded.index()
+        assert index.problems == [] and [index.key(i) for i in range(len(index))] == ["a", "b"]
+        with pytest.raises(gp.ConfigError, match="max_inflation"):
+            gp.WebDataset(bomb, max_inflation=0.5)
+
+
+class TestMemoryBound:
+    """The memory promise (docs/guide/errors.md, "Limits"): whatever the input, a loader's peak
+    memory is its buffers plus a multiple of the largest member it accepts. Here: an epoch over
+    hostile shards (``tests/support/hostile.py``: 2 GiB members, a 1 GiB label, pixel bombs, a
+    200 MB text chunk, a 2**62-byte pax record, a thousandfold ``.tgz``) peaks within
+    4 x ``max_image_bytes`` of the same loader's epochs over clean shards of the same good samples,
+    on each CPU backend, in a child process."""
+
+    LIMIT = 8 << 20
+
+    @pytest.mark.parametrize("backend", BACKENDS)
+    def test_hostile_shards_cost_no_more_than_the_bound(self, tmp_path, backend):
+        import json
+        import subprocess
+        import sys
+
+        from .support.hostile import MEMORY_RUN, hostile_shards
+
+        clean, hostile, good, delivered = hostile_shards(str(tmp_path))
+        args = [backend, str(self.LIMIT), str(tmp_path / "cache"), ",".join(clean), ",".join(hostile)]
+        out = subprocess.run([sys.executable, "-c", MEMORY_RUN, *args], capture_output=True, text=True, timeout=600,
+                             cwd=os.path.join(os.path.dirname(__file__), ".."))  # fmt: skip
+        line = next((x for x in out.stdout.splitlines() if x.startswith("RESULT ")), None)
+        assert line is not None, f"the loader's process died ({out.returncode}): {out.stderr[-3000:]}"
+        (n1, _, _), (n2, _, clean_peak), (n3, skipped, hostile_peak) = json.loads(line.removeprefix("RESULT "))
+        assert (n1, n2, n3) == (good, good, delivered)
+        assert skipped == sorted(["too-large"] * 3 + ["bad-label", "unreadable-shard", "unreadable-shard"])
+        grown = (hostile_peak - clean_peak) * 1024
+        assert grown <= 4 * self.LIMIT, f"{grown / 2**20:.0f} MiB over the clean epochs' peak"

@@ -17,6 +17,7 @@ import numpy as np
 
 from ..core._errors import ConfigError
 from ..core._shards import ShardWriter
+from ..core._validate import valid_bytes
 from ..runtime._children import process_pool
 from ..runtime._dist import cpu_cores, default_workers
 from ..testing import encode_jpeg, encode_png, label_map, paint_boxes, synthetic_image
@@ -363,9 +364,10 @@ def check(args: argparse.Namespace) -> int:
     options = _storage_options(args.storage_options)
     source = _webdataset(args.shards, args, options)
     limit = None if args.max_image_pixels == 0 else args.max_image_pixels
-    report = run_check(
-        source, workers=args.workers, write=not args.no_write, progress=not args.quiet, max_image_pixels=limit
-    )
+    nbytes = None if args.max_image_bytes.strip() == "0" else valid_bytes("--max-image-bytes", args.max_image_bytes,
+                                                                          "the byte limit")  # fmt: skip
+    report = run_check(source, workers=args.workers, write=not args.no_write, progress=not args.quiet,
+                       max_image_pixels=limit, max_image_bytes=nbytes)  # fmt: skip
     if args.json:
         json.dump(report.as_dict(), sys.stdout, indent=1)
         print()

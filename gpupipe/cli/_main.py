@@ -17,7 +17,7 @@ import sys
 from typing import Any
 
 from ..core._errors import GpupipeError
-from ..core._imageinfo import MAX_IMAGE_PIXELS
+from ..core._imageinfo import MAX_IMAGE_BYTES, MAX_IMAGE_PIXELS
 from ._commands import bench, check, doctor, index, inspect, make_shards, tune
 
 __all__ = ["main"]
@@ -102,6 +102,9 @@ def _parser() -> argparse.ArgumentParser:
     _shard_arguments(c)
     c.add_argument("--max-image-pixels", type=int, default=MAX_IMAGE_PIXELS,
                    help=f"pixel limit (default {MAX_IMAGE_PIXELS}, as Pillow; 0: none)")  # fmt: skip
+    c.add_argument("--max-image-bytes", default=str(MAX_IMAGE_BYTES), metavar="BYTES",
+                   help=f"image member byte limit, e.g. 512MiB (default {MAX_IMAGE_BYTES}, as the loaders; "
+                        "0: none)")  # fmt: skip
     c.add_argument("--no-write", action="store_true", help="only report: write no bad-sample lists")
     c.add_argument("--json", action="store_true", help="print the report as JSON (every finding) instead")
     c.set_defaults(fn=check)

@@ -9,8 +9,17 @@ from typing import Any
 import torch
 
 from ._errors import ConfigError
-from ._imageinfo import MAX_IMAGE_PIXELS
-from ._validate import is_int, is_number, valid_bool, valid_enum, valid_int, valid_optional_int, valid_probability
+from ._imageinfo import MAX_IMAGE_BYTES, MAX_IMAGE_PIXELS
+from ._validate import (
+    is_int,
+    is_number,
+    valid_bool,
+    valid_bytes,
+    valid_enum,
+    valid_int,
+    valid_optional_int,
+    valid_probability,
+)
 
 __all__ = ["LoaderConfig", "DaliOptions", "RayOptions", "OnError", "DecodeMode", "valid_options"]
 
@@ -270,6 +279,12 @@ class LoaderConfig:
             skipped under ``on_error="skip"``) before any decoder allocates it. Default
             89,478,485, Pillow's ``Image.MAX_IMAGE_PIXELS``; ``None``: no limit. Read from the
             JPEG, PNG, GIF and WebP headers (other formats of an ImageFolder: from Pillow's).
+        max_image_bytes: the largest image member (or ImageFolder file) read, in bytes or as
+            ``"512MiB"``; a larger one is a :class:`~gpupipe.SampleError` of kind ``"too-large"``
+            found from its size in the tar header before any of it is read, so that a 2 GB member
+            never reaches memory. Default 256 MiB (268,435,456: the pixel limit's image as raw
+            RGB); ``None``: no limit. A loader's memory is bounded by its buffers plus a multiple
+            of it (docs/guide/errors.md, "Limits").
         apply_exif_orientation: turn images upright by their EXIF orientation tag. Default
             ``False``: the pixels as stored, as torchvision's and Pillow's decoders give them
             (DALI's decoders apply the tag by default; gpupipe turns that off). ``True`` applies
@@ -306,6 +321,7 @@ class LoaderConfig:
     on_error: OnError | str = OnError.RAISE
     max_skipped: int | float | None = 0.01
     max_image_pixels: int | None = MAX_IMAGE_PIXELS
+    max_image_bytes: int | str | None = MAX_IMAGE_BYTES
     apply_exif_orientation: bool = False
     worker_timeout: float | None = 600.0
 
@@ -339,6 +355,7 @@ class LoaderConfig:
             raise ConfigError(f"{owner}: ray must be a gp.RayOptions, got {self.ray!r}")
         object.__setattr__(self, "on_error", valid_enum(owner, self.on_error, "on_error", OnError))
         valid_optional_int(owner, self.max_image_pixels, "max_image_pixels", minimum=1)
+        object.__setattr__(self, "max_image_bytes", valid_bytes(owner, self.max_image_bytes, "max_image_bytes"))
         valid_bool(owner, self.apply_exif_orientation, "apply_exif_orientation")
         if self.worker_timeout is not None and not (is_number(self.worker_timeout) and self.worker_timeout > 0):
             raise ConfigError(f"{owner}: worker_timeout must be None or a number of seconds > 0, got "

@@ -32,6 +32,7 @@ __all__ = [
     "SHARD_DAMAGE",
     "truncated",
     "unreadable",
+    "too_many_bytes",
     "counted",
 ]
 
@@ -104,7 +105,8 @@ class Damage(str, enum.Enum):
     first one is used), ``BAD_LABEL`` (not an ASCII int64), ``EMPTY_IMAGE`` (zero bytes),
     ``UNDECODABLE`` (not an image the decoders read, or corrupt), ``UNSUPPORTED`` (a format or
     kind of image gpupipe does not accept: GIF, lossless JPEG), ``TOO_LARGE`` (over the pixel
-    limit), ``TOO_SMALL`` (smaller than a transform needs). The rules: ``gpupipe/runtime/_decode.py``.
+    limit or the byte limit), ``TOO_SMALL`` (smaller than a transform needs). The rules:
+    ``gpupipe/runtime/_decode.py``.
     Fields beyond the image and its class (``gpupipe/core/_fields.py``): ``MISSING_FIELD`` (absent,
     under ``missing="error"``), ``BAD_FIELD`` (over its size limit, not UTF-8 or JSON, a ``.npy``
     that is truncated or an object array).
@@ -195,6 +197,18 @@ def unreadable(shard: str, key: str, error: OSError) -> ShardError:
     """The error of a sample's byte range that storage could not read."""
     return ShardError(
         f"cannot read shard {shard!r} at sample {key!r}: {error}", shard=shard, key=key, kind=Damage.UNREADABLE_SHARD
+    )
+
+
+def too_many_bytes(shard: str, key: str, size: int, limit: int) -> SampleError:
+    """The error of an image member over the byte limit (``max_image_bytes``), found from its size
+    in the tar header (or the file's stat) before any of it is read."""
+    return SampleError(
+        f"the image of sample {key!r} in shard {shard!r} is {size} bytes, more than max_image_bytes={limit}: "
+        "not read (a damaged or crafted member; raise the limit if it is real)",
+        shard=shard,
+        key=key,
+        kind=Damage.TOO_LARGE,
     )
 
 

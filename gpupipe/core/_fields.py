@@ -34,6 +34,7 @@ from typing import Any, ClassVar, NamedTuple
 import numpy as np
 
 from ._errors import ConfigError, Damage, SampleError
+from ._imageinfo import MAX_IMAGE_BYTES
 from ._validate import valid_bytes, valid_enum
 
 __all__ = [
@@ -159,10 +160,18 @@ class Field:
 
 @dataclasses.dataclass(frozen=True)
 class Image(Field):
-    """The image: decoded by the backend (nvJPEG, or the CPU decoders), not here."""
+    """The image: decoded by the backend (nvJPEG, or the CPU decoders), not here. Its byte limit
+    is the loader's ``max_image_bytes`` (and ``gpupipe check``'s), beside ``max_image_pixels``:
+    ``max_bytes`` is not taken here."""
 
     kind: ClassVar[str] = "image"
-    default_max_bytes: ClassVar[int] = 1 << 31
+    default_max_bytes: ClassVar[int] = MAX_IMAGE_BYTES
+
+    def __post_init__(self) -> None:
+        if self.max_bytes is not None:
+            raise ConfigError("Image: an image's byte limit is the loader's max_image_bytes= (default 256 MiB), "
+                              "as its pixel limit is max_image_pixels=; drop max_bytes here")  # fmt: skip
+        super().__post_init__()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -268,7 +277,7 @@ class Label(Field):
 class Array(Field):
     """A NumPy ``.npy`` array (``np.ndarray``, a read-only view of the member's bytes), read by
     NumPy's format reader without unpickling: object arrays are refused, and the header must
-    describe exactly the bytes that follow. Default ``max_bytes``: 2 GiB.
+    describe exactly the bytes that follow. Default ``max_bytes``: 256 MiB, as the images'.
 
     Args:
         dtype: what every sample's array's dtype must be (``None``: any); a mismatch is a bad field.
@@ -285,7 +294,7 @@ class Array(Field):
     pad: float | None = None
 
     kind: ClassVar[str] = "array"
-    default_max_bytes: ClassVar[int] = 1 << 31
+    default_max_bytes: ClassVar[int] = MAX_IMAGE_BYTES
 
     @property
     def arrays(self) -> bool:

@@ -20,10 +20,13 @@ __all__ = [
     "jpeg_walk",
     "jpeg_ended",
     "png_animated",
+    "png_without_metadata",
     "MAX_IMAGE_PIXELS",
+    "MAX_IMAGE_BYTES",
 ]
 
 MAX_IMAGE_PIXELS = 89_478_485  # Pillow's Image.MAX_IMAGE_PIXELS (about 0.25 GB as RGB)
+MAX_IMAGE_BYTES = 256 << 20  # the largest image member read: MAX_IMAGE_PIXELS as raw RGB (3 x 89,478,485 + 1)
 
 # JPEG start-of-frame markers (baseline, extended, progressive, lossless; arithmetic too), whose
 # segment holds the frame's height and width; not C4 (DHT), C8 (JPG) or CC (DAC).
@@ -98,6 +101,33 @@ def png_animated(data: bytes | memoryview) -> bool:
             return False
         i += 12 + length
     return False
+
+
+_PNG_METADATA = frozenset((b"tEXt", b"zTXt", b"iTXt", b"iCCP"))  # text and colour profile: no pixels
+
+
+def png_without_metadata(data: bytes) -> bytes:
+    """A PNG without its text chunks (``tEXt``, ``zTXt``, ``iTXt``) and colour profile (``iCCP``),
+    or ``data`` itself where it has none: what gpupipe gives Pillow. Those chunks carry no pixels,
+    and DALI's decoder skips them; Pillow inflates the compressed ones at open and refuses the
+    file if one inflates past 1 MB (``MAX_TEXT_CHUNK``): a 64x48 PNG with a 200 MB ``zTXt`` would
+    be refused by one backend and delivered by the other. A chunk whose length runs past the end
+    ends the walk: the rest is kept as it is, for the decoder to judge."""
+    i, n, kept, dropped = 8, len(data), [data[:8]], False
+    while i + 12 <= n:
+        (length,) = struct.unpack_from(">I", data, i)
+        end = i + 12 + length
+        if end > n:
+            break
+        if data[i + 4 : i + 8] in _PNG_METADATA:
+            dropped = True
+        else:
+            kept.append(data[i:end])
+        i = end
+    if not dropped:
+        return data
+    kept.append(data[i:])
+    return b"".join(kept)
 
 
 def _jpeg(data: bytes | memoryview) -> tuple[int, int] | None:

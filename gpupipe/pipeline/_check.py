@@ -23,6 +23,7 @@ from typing import Any
 
 from ..core._errors import ConfigError, Damage, DataError, Problem, counted, redact
 from ..core._fields import field_values
+from ..core._imageinfo import MAX_IMAGE_BYTES
 from ..runtime._children import process_pool
 from ..runtime._decode import MAX_IMAGE_PIXELS, verdicts
 from ..runtime._dist import cpu_cores
@@ -111,7 +112,7 @@ class CheckReport:
         }
 
 
-_Job = tuple[str, tuple[str, ...], "str | None", "int | None", "WebDataset"]
+_Job = tuple[str, tuple[str, ...], "str | None", "int | None", "int | None", "WebDataset"]
 
 
 def _check_shard(job: _Job) -> tuple[int, int | None, list[Finding]]:
@@ -121,21 +122,22 @@ def _check_shard(job: _Job) -> tuple[int, int | None, list[Finding]]:
     from ..sources import storage_for
     from ..sources._webdataset import TarReader
 
-    url, image_exts, label_ext, max_pixels, source = job
+    url, image_exts, label_ext, max_pixels, max_bytes, source = job
     extra, members = source.extra_fields(), source.field_members()
     findings = []
     where = redact(url)  # what reports show: no credentials or signatures
-    with storage_for([url], storage_options=source.storage_options, cache_dir=source.cache_dir) as storage:
+    with storage_for([url], storage_options=source.storage_options, cache_dir=source.cache_dir,
+                     max_inflation=source.max_inflation) as storage:  # fmt: skip
         shard = cached_scan(storage, url, image_exts, label_ext, fields=members)
         for error in shard.errors():
             findings.append(Finding(where, error.key, None, error.kind or Damage.UNREADABLE_SHARD, str(error)))
         if not len(shard):
             return 0, None, findings
         size = storage.stat(url).size
-        reader = TarReader(storage, labeled=label_ext is not None, fields=extra)
-        for first in range(0, len(shard), _CHUNK):  # read a chunk, then decode it in a child process
+        reader = TarReader(storage, labeled=label_ext is not None, fields=extra, max_image_bytes=max_bytes)
+        for chunk in _chunks(shard):  # read a chunk, then decode it in a child process
             numbers, suspects = [], []
-            for i in range(first, min(first + _CHUNK, len(shard))):
+            for i in chunk:
                 try:
                     raw = reader.read(shard, i)
                     field_values(extra, raw.fields, shard=url, key=raw.key)  # a bad field: as the loaders decode it
@@ -151,7 +153,24 @@ def _check_shard(job: _Job) -> tuple[int, int | None, list[Finding]]:
     return len(shard), size, findings
 
 
-_CHUNK = 256  # samples read into memory at once, then decoded in one child process
+_CHUNK = 256  # samples read into memory at once, then decoded in one child process ...
+_CHUNK_BYTES = 64 << 20  # ... or fewer, as many as these bytes of images hold (at least one)
+
+
+def _chunks(shard: Any) -> list[range]:
+    """The shard's sample numbers in chunks of at most ``_CHUNK`` samples and ``_CHUNK_BYTES`` of
+    image members (one sample over that alone), so that a chunk's memory is bounded by the largest
+    member accepted, not by the shard's."""
+    sizes = shard.column("image_range")[:, 1].clip(0).tolist()
+    chunks, first, held = [], 0, 0
+    for i, size in enumerate(sizes):
+        if i > first and (i - first == _CHUNK or held + size > _CHUNK_BYTES):
+            chunks.append(range(first, i))
+            first, held = i, 0
+        held += size
+    if first < len(sizes):
+        chunks.append(range(first, len(sizes)))
+    return chunks
 
 
 def check(
@@ -161,6 +180,7 @@ def check(
     write: bool = True,
     progress: bool = False,
     max_image_pixels: int | None = MAX_IMAGE_PIXELS,
+    max_image_bytes: int | None = MAX_IMAGE_BYTES,
 ) -> CheckReport:
     """Validates every sample of a WebDataset: tar structure, label, image header and a full
     decode, in ``workers`` processes (default: one per CPU this process may use), one shard each
@@ -175,6 +195,8 @@ def check(
             those samples out of its plan, under either ``on_error`` policy.
         progress: show a progress bar (tqdm) on stderr.
         max_image_pixels: the pixel limit, as the loaders' option of that name.
+        max_image_bytes: the byte limit of an image member, as the loaders' option of that name
+            (an image over it is a ``too-large`` finding, not read).
 
     Returns:
         A :class:`CheckReport`; ``report.ok`` is ``True`` when nothing is wrong.
@@ -183,7 +205,7 @@ def check(
         source = WebDataset(source)
     source = source.with_listing(source.listing())  # (relist=True: the shards present now)
     image_exts, label_ext = source.extensions()
-    jobs: list[_Job] = [(u, image_exts, label_ext, max_image_pixels, source) for u in source.urls]
+    jobs: list[_Job] = [(u, image_exts, label_ext, max_image_pixels, max_image_bytes, source) for u in source.urls]
     if write and any("://" in u and not u.startswith("file://") for u in source.urls):
         raise ConfigError("gpupipe check: bad-sample lists are written beside local shards only; pass write=False")
     workers = cpu_cores() if workers is None else workers

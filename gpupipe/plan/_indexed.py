@@ -54,6 +54,7 @@ def index_source(
     remote storage, and checks that every rank made the same plan settings."""
     index = source.with_listing(listing).index(rank=topo.rank, world_size=topo.world_size, on_error=config.on_error)
     try:
+        index.max_image_bytes = config.max_image_bytes  # type: ignore[assignment]  # an int after validation
         excluded = index.bad
         skips.known_before(index)
         prepare_remote(

@@ -21,9 +21,12 @@ Decoders: JPEG through ``torchvision.io.decode_image`` (libjpeg-turbo; twice as 
 bit-identical, and it survived 6,000 fuzzed JPEGs here); every other format through Pillow — first
 frame, converted to RGB — because torchvision's PNG decoder kills the process (SIGSEGV) on a
 damaged PNG (a libpng error it does not catch; reproduced with torchvision 0.29.1, and in the
-tests), and its GIF and WebP decoders disagree with DALI on animations. torchvision 0.29 deprecated
-its decoders in favour of TorchCodec; gpupipe silences that one warning around its own call and
-falls back to Pillow where they are gone. Grayscale, CMYK and palette images come out RGB.
+tests), and its GIF and WebP decoders disagree with DALI on animations. Pillow is given a PNG
+without its text chunks and colour profile, which carry no pixels (``png_without_metadata``): it
+refuses a file whose ``zTXt`` inflates past 1 MB, where DALI's decoder skips the chunk and delivers.
+torchvision 0.29 deprecated its decoders in favour of TorchCodec; gpupipe silences that one warning
+around its own call and falls back to Pillow where they are gone. Grayscale, CMYK and palette
+images come out RGB.
 
 EXIF orientation is ignored by default, as torchvision and Pillow do (the pixels as stored);
 ``apply_exif_orientation=True`` turns the image upright (DALI's ``adjust_orientation``).
@@ -40,7 +43,15 @@ import numpy as np
 import torch
 
 from ..core._errors import Damage, SampleError
-from ..core._imageinfo import MAX_IMAGE_PIXELS, header_size, image_format, jpeg_ended, jpeg_walk, png_animated
+from ..core._imageinfo import (
+    MAX_IMAGE_PIXELS,
+    header_size,
+    image_format,
+    jpeg_ended,
+    jpeg_walk,
+    png_animated,
+    png_without_metadata,
+)
 
 __all__ = [
     "decode_rgb",
@@ -76,7 +87,7 @@ def _decode_pillow(data: bytes, exif: bool, max_pixels: int | None, shard: str, 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # gpupipe applies its own limit
         try:
-            im = Image.open(io.BytesIO(data))
+            im = Image.open(io.BytesIO(png_without_metadata(data) if image_format(data) == "png" else data))
         except Image.UnidentifiedImageError:
             raise ValueError(f"not an image in a format gpupipe reads; it starts with {data[:12]!r}") from None
         with im:

@@ -155,9 +155,14 @@ class Reader(Protocol):
     a backend may read a batch's encoded images itself, range by range, instead of sample by
     sample through :meth:`read`: the DALI backend does (``Storage.read_ranges_into``, or
     ``Storage.map`` for local shards).
+
+    ``max_image_bytes`` (set by the loader: ``Index.max_image_bytes``; ``None``: no limit) is the
+    largest image member :meth:`read` reads: a larger one raises ``SampleError`` (``too-large``,
+    ``gpupipe.core._errors.too_many_bytes``) from its size alone, before any of it is read.
     """
 
     storage: Storage
+    max_image_bytes: int | None
 
     def read(self, shard: ShardIndex, i: int) -> RawSample:
         """Sample ``i`` of ``shard``; raises DataError naming the shard and the key."""

@@ -81,6 +81,7 @@ class _FakeReader:
     def __init__(self, source: FakeData) -> None:
         self.source = source
         self.storage: Storage = LocalStorage()  # what readers have; FakeData reads none
+        self.max_image_bytes: int | None = None  # (its images are a few KB, made here)
 
     def read(self, shard: ShardIndex, i: int) -> RawSample:
         source = self.source

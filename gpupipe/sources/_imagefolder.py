@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from ..core._errors import ConfigError, Damage, SampleError, ShardError
+from ..core._errors import ConfigError, Damage, SampleError, ShardError, too_many_bytes
 from ..shards._shard import RawSample, ShardIndex
 from ..storage._base import LocalStorage, Storage
 from ._index import Index, Source
@@ -68,16 +68,19 @@ class ImageFolder(Source):
 
 
 class FileReader:
-    """Reads a whole file per sample: ``<shard path>/<key>``; the label is the shard's column."""
+    """Reads a whole file per sample: ``<shard path>/<key>``; the label is the shard's column. A
+    file over ``max_image_bytes`` is refused after reading one byte more than the limit."""
 
-    def __init__(self, storage: Storage) -> None:
-        self.storage = storage
+    def __init__(self, storage: Storage, max_image_bytes: int | None = None) -> None:
+        self.storage, self.max_image_bytes = storage, max_image_bytes
 
     def read(self, shard: ShardIndex, i: int) -> RawSample:
-        key = shard.keys[i]
+        key, limit = shard.keys[i], self.max_image_bytes
         try:
             with self.storage.open(f"{shard.path}/{key}") as f:
-                data = f.read()
+                data = f.read() if limit is None else f.read(limit + 1)
+            if limit is not None and len(data) > limit:
+                raise too_many_bytes(shard.path, key, self.storage.stat(f"{shard.path}/{key}").size, limit)
         except OSError as e:
             kind = Damage.NO_IMAGE if isinstance(e, FileNotFoundError) else Damage.UNREADABLE_SHARD
             raise SampleError(

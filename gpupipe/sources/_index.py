@@ -116,6 +116,18 @@ class Index:
         """The errors of :attr:`bad`, in order."""
         return [problem_error(s.path, p) for s in self.shards for _, p in s.bad]
 
+    @property
+    def max_image_bytes(self) -> int | None:
+        """The largest image member read (``None``: no limit): a larger one is refused from its size
+        alone, before any of it is read (``SampleError`` of kind ``too-large``): by :meth:`read`
+        (the source's reader) and by a backend reading :meth:`locate_batch`'s ranges itself. The
+        loader sets it from ``LoaderConfig.max_image_bytes``."""
+        return self.reader.max_image_bytes
+
+    @max_image_bytes.setter
+    def max_image_bytes(self, limit: int | None) -> None:
+        self.reader.max_image_bytes = limit
+
     def close(self) -> None:
         """Closes what the reader holds open (it reopens on the next read)."""
         self.reader.close()

@@ -256,6 +256,15 @@ class MixReader:
         self.readers, self.owners = readers, owners
         self.storage: Storage = MixStorage([r.storage for r in readers], owners)
 
+    @property
+    def max_image_bytes(self) -> int | None:
+        return self.readers[0].max_image_bytes if self.readers else None
+
+    @max_image_bytes.setter
+    def max_image_bytes(self, value: int | None) -> None:
+        for reader in self.readers:
+            reader.max_image_bytes = value
+
     def read(self, shard: ShardIndex, i: int) -> RawSample:
         return self.readers[self.owners[shard.path]].read(shard, i)
 

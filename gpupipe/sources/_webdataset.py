@@ -9,14 +9,15 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ..core._config import OnError
-from ..core._errors import ConfigError, Damage, DataError, ShardError, counted, truncated, unreadable
+from ..core._errors import ConfigError, Damage, DataError, ShardError, counted, too_many_bytes, truncated, unreadable
 from ..core._fields import Field, Image, Label, Missing, parse_fields
-from ..core._validate import valid_bytes, valid_enum
+from ..core._validate import is_number, valid_bytes, valid_enum
 from ..shards._indexing import cached_scan
 from ..shards._shard import NO_LABEL, FieldMembers, RawSample, ShardIndex, field_column
 from ..shards._tar import missing_field, read_label
 from ..storage._base import Storage
 from ..storage._schemes import expand_urls, list_urls, storage_for
+from ..storage._transfer import MAX_INFLATION
 from ._index import Index, Source
 
 __all__ = ["WebDataset", "TarReader", "raise_first"]
@@ -54,6 +55,12 @@ class WebDataset(Source):
             ``"800MiB"``; least recently used shards no
             process of the node reads are deleted to stay within it. Default: 80% of what the
             cache could use when first asked (its shards plus the free space of its disk).
+        max_inflation: gzip shards (``.tar.gz``, ``.tgz``, local or remote; decompressed once into
+            the shard cache): the most one may inflate to, times its compressed size (plus 1 MiB).
+            Past it the decompression stops and the shard is ``"unreadable-shard"`` (skipped under
+            ``on_error="skip"``, reported by ``check``): a 1.9 MB ``.tgz`` of zeros does not
+            become 1.9 GB of cache. Default 100 (tars of JPEGs inflate about 1x, of text 5-20x);
+            ``None``: no bound.
         relist: a dataset that grows between epochs: ``urls`` are patterns of what may exist
             (globs ``"data/train-*.tar"``, ``"s3://bucket/shards/*.tar"``, or brace ranges
             over shards not all written yet), listed again by the loader at each new epoch, so
@@ -90,6 +97,7 @@ class WebDataset(Source):
     storage_options: Mapping[str, Any] | None = dataclasses.field(default=None, hash=False)
     cache_dir: str | None = None
     cache_size: int | str | None = None
+    max_inflation: float | None = MAX_INFLATION
     relist: bool = False
     fields: Mapping[str, Any] | None = dataclasses.field(default=None, hash=False)
 
@@ -97,6 +105,8 @@ class WebDataset(Source):
         if self.fields is not None:
             self._take_fields()
         object.__setattr__(self, "cache_size", valid_bytes("WebDataset", self.cache_size, "cache_size"))
+        if self.max_inflation is not None and not (is_number(self.max_inflation) and self.max_inflation >= 1):
+            raise ConfigError(f"WebDataset: max_inflation must be a number >= 1 or None, got {self.max_inflation!r}")
         if not isinstance(self.relist, bool):
             raise ConfigError(f"WebDataset: relist must be True or False, got {self.relist!r}")
         if self.relist:  # patterns, listed when asked (checked now: schemes served, no pipe:)
@@ -160,6 +170,7 @@ class WebDataset(Source):
             storage_options=self.storage_options,
             cache_dir=self.cache_dir,
             cache_size=self.cache_size,  # type: ignore[arg-type]  # an int after __post_init__
+            max_inflation=self.max_inflation,
         )
 
     @property
@@ -249,10 +260,13 @@ def raise_first(problems: list[DataError]) -> None:
 
 class TarReader:
     """Reads a sample's image and label members, and the ``fields`` named (their bytes,
-    undecoded), by the byte ranges in its shard's index."""
+    undecoded), by the byte ranges in its shard's index; each refused before it is read where its
+    size is over its limit (``max_image_bytes``, ``LABEL_LIMIT``, a field's ``max_bytes``)."""
 
-    def __init__(self, storage: Storage, *, labeled: bool, fields: Mapping[str, Field] | None = None) -> None:
+    def __init__(self, storage: Storage, *, labeled: bool, fields: Mapping[str, Field] | None = None,
+                 max_image_bytes: int | None = None) -> None:  # fmt: skip
         self.storage, self.labeled, self.fields = storage, labeled, dict(fields or {})
+        self.max_image_bytes = max_image_bytes
 
     def _read(self, shard: ShardIndex, offset: int, size: int, key: str) -> bytes:
         try:
@@ -266,6 +280,8 @@ class TarReader:
     def read(self, shard: ShardIndex, i: int) -> RawSample:
         key = shard.keys[i]
         offset, size = shard.column("image_range")[i]
+        if self.max_image_bytes is not None and size > self.max_image_bytes:
+            raise too_many_bytes(shard.path, key, int(size), self.max_image_bytes)
         data = self._read(shard, int(offset), int(size), key) if size >= 0 else b""  # (-1: a source without images)
         label = None
         if self.labeled:

@@ -28,7 +28,7 @@ from ..core._errors import ConfigError, redact
 from ._base import LocalStorage, Stat, Storage, compressed
 from ._cache import Entry, ShardCache, Span, covers, drop_inherited
 from ._mapped import MappedFile
-from ._transfer import NoRanges, download, host, retry
+from ._transfer import MAX_INFLATION, NoRanges, download, host, retry
 
 __all__ = ["RemoteStorage", "canonical_url", "require_driver", "fsspec_protocol", "filesystem_for"]
 
@@ -104,6 +104,9 @@ class RemoteStorage(Storage):
             the driver's environment).
         cache_dir: the shard cache (default ``$GPUPIPE_CACHE_DIR/shards``).
         cache_size: its bound in bytes (default: see :class:`ShardCache`).
+        max_inflation: the most a gzip shard (``.tar.gz``, ``.tgz``) may inflate to, times its
+            compressed size (plus 1 MiB); past it the download stops and the shard cannot be read
+            (``OSError``). Default 100; ``None``: no bound.
         retries: further tries of a failed request or download, with exponential backoff and
             jitter (``backoff`` seconds, doubling, at most 30 s).
     """
@@ -117,10 +120,12 @@ class RemoteStorage(Storage):
         storage_options: Mapping[str, Any] | None = None,
         cache_dir: str | None = None,
         cache_size: int | None = None,
+        max_inflation: float | None = MAX_INFLATION,
         retries: int = 5,
         backoff: float = 0.5,
     ) -> None:
         self.protocol = protocol
+        self.max_inflation = max_inflation
         self.storage_options = dict(storage_options or {})
         self.cache = ShardCache(cache_dir, cache_size)
         self.keep = KEEP
@@ -404,7 +409,8 @@ class RemoteStorage(Storage):
         ``span`` of it (range requests), tried again until complete (:func:`_transfer.download`)."""
         stream = self.protocol in ("http", "https")
         self._retry(url, "download", lambda: download(self.fs(), url, out, size=size, span=span, stream=stream,
-                                                       stopping=self._stopping))  # fmt: skip
+                                                       stopping=self._stopping,
+                                                       max_inflation=self.max_inflation))  # fmt: skip
 
     def _retry(self, url: str, what: str, call: Callable[[], T]) -> T:
         return retry(url, what, call, retries=self.retries, backoff=self.backoff, stopping=self._stopping)

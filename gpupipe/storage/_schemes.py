@@ -11,6 +11,7 @@ from typing import Any
 
 from ..core._errors import ConfigError, redact
 from ._base import LocalStorage, Storage, compressed
+from ._transfer import MAX_INFLATION
 
 __all__ = ["register_storage", "scheme_of", "storage_for", "expand_urls", "list_urls"]
 
@@ -37,10 +38,12 @@ def storage_for(
     storage_options: Mapping[str, Any] | None = None,
     cache_dir: str | None = None,
     cache_size: int | None = None,
+    max_inflation: float | None = MAX_INFLATION,
 ) -> Storage:
     """A new storage for ``urls``, which must share one scheme: a registered one (local paths,
     ``file://``), else any fsspec protocol (``https``, ``s3``, ``gs``, ``memory``, ...) read
-    through the node-local shard cache (``storage._remote``) with fsspec's ``storage_options``."""
+    through the node-local shard cache (``storage._remote``) with fsspec's ``storage_options``;
+    gzip shards inflate there to at most ``max_inflation`` times their size."""
     schemes = sorted({scheme_of(u) for u in urls})
     if len(schemes) > 1:
         raise ConfigError(f"one source cannot mix URL schemes, got {schemes}")
@@ -49,7 +52,7 @@ def storage_for(
         from ._remote import RemoteStorage
 
         # compressed local shards: decompressed once into the shard cache, read from there
-        return RemoteStorage("file", cache_dir=cache_dir, cache_size=cache_size)
+        return RemoteStorage("file", cache_dir=cache_dir, cache_size=cache_size, max_inflation=max_inflation)
     if scheme in _SCHEMES:
         if storage_options:
             raise ConfigError(f"storage_options apply to remote URLs only, not to {scheme or 'local'} paths")
@@ -58,7 +61,8 @@ def storage_for(
 
     if not fsspec_protocol(scheme):
         raise ConfigError(_unserved(scheme))
-    return RemoteStorage(scheme, storage_options=storage_options, cache_dir=cache_dir, cache_size=cache_size)
+    return RemoteStorage(scheme, storage_options=storage_options, cache_dir=cache_dir, cache_size=cache_size,
+                         max_inflation=max_inflation)  # fmt: skip
 
 
 def _served(scheme: str) -> bool:

@@ -20,11 +20,13 @@ from typing import IO, Any, TypeVar
 from ..core._errors import ConfigError, redact
 from ._base import compressed
 
-__all__ = ["CHUNK", "Closed", "NoRanges", "retry", "download", "host"]
+__all__ = ["CHUNK", "MAX_INFLATION", "Closed", "NoRanges", "Inflated", "retry", "download", "host"]
 
 log = logging.getLogger("gpupipe")
 T = TypeVar("T")
 CHUNK = 8 << 20  # bytes per read while downloading
+MAX_INFLATION = 100  # the most a gzip shard may inflate, times its compressed size (+ INFLATION_SLACK)
+INFLATION_SLACK = 1 << 20  # what any gzip shard may inflate to, however small (a tar's headers are zeros)
 
 
 class Closed(Exception):
@@ -33,6 +35,10 @@ class Closed(Exception):
 
 class NoRanges(Exception):
     """The server answers range requests with the whole object (or cannot seek at all)."""
+
+
+class Inflated(OSError):
+    """A gzip shard inflates past its bound (``max_inflation``): not tried again."""
 
 
 def host(url: str) -> str:
@@ -48,7 +54,7 @@ def retry(url: str, what: str, call: Callable[[], T], *, retries: int, backoff: 
     for attempt in range(retries + 1):
         try:
             return call()
-        except (PermissionError, ConfigError, NoRanges):
+        except (PermissionError, ConfigError, NoRanges, Inflated):
             raise
         except Closed:
             raise OSError(f"{what} {redact(url)}: the storage was closed") from None
@@ -75,12 +81,14 @@ def retry(url: str, what: str, call: Callable[[], T], *, retries: int, backoff: 
 
 def download(
     fs: Any, url: str, out: IO[bytes], *, size: int, span: tuple[int, int] | None, stream: bool,
-    stopping: threading.Event,
+    stopping: threading.Event, max_inflation: float | None = MAX_INFLATION,
 ) -> None:  # fmt: skip
     """One try at writing the shard ``url`` of ``size`` bytes to ``out`` (from its start): whole
     (decompressed where compressed; ``stream``: one streaming request, for http(s) servers with
     or without ranges), or the bytes ``span`` of it by range requests. Raises unless complete:
-    ``NoRanges`` where the server sends more than a range, ``Closed`` once ``stopping`` is set."""
+    ``NoRanges`` where the server sends more than a range, ``Closed`` once ``stopping`` is set,
+    ``Inflated`` as soon as a compressed shard has inflated past ``max_inflation`` times ``size``
+    (plus ``INFLATION_SLACK``; ``None``: no bound) — its rest is never inflated."""
     out.seek(0)
     out.truncate()
     started = time.perf_counter()
@@ -89,8 +97,15 @@ def download(
     else:
         with fs.open(url, "rb", block_size=0 if stream else CHUNK) as src:
             if compressed(url):  # stored decompressed: tar members need random access
+                bound = None if max_inflation is None else int(max_inflation * size) + INFLATION_SLACK
                 with gzip.GzipFile(fileobj=src, mode="rb") as tar:
-                    _copy(tar, out, stopping)  # a cut stream raises EOFError: tried again
+                    _copy(tar, out, stopping, bound)  # a cut stream raises EOFError: tried again
+                    if bound is not None and out.tell() > bound:
+                        raise Inflated(
+                            f"{redact(url)} inflates past {max_inflation:g} times its {size} bytes (a decompression "
+                            "bomb, or data that compresses unusually well: WebDataset(..., max_inflation=) raises "
+                            "the bound)"
+                        )
             else:
                 _copy(src, out, stopping)
                 if out.tell() != size:
@@ -124,11 +139,14 @@ def _part(fs: Any, url: str, out: IO[bytes], span: tuple[int, int], stopping: th
         raise OSError(f"the transfer of bytes {start}-{stop} ended after {out.tell()} bytes")
 
 
-def _copy(src: Any, out: IO[bytes], stopping: threading.Event) -> None:
+def _copy(src: Any, out: IO[bytes], stopping: threading.Event, bound: int | None = None) -> None:
+    """Copies ``src`` to ``out``; stops once past ``bound`` bytes (the caller refuses the copy)."""
     while chunk := src.read(CHUNK):
         if stopping.is_set():
             raise Closed
         out.write(chunk)
+        if bound is not None and out.tell() > bound:
+            return
 
 
 def _causes(e: BaseException) -> list[BaseException]:

@@ -76,6 +76,17 @@ def _damaged_pngs() -> dict[str, bytes]:
     }
 
 
+def png_text_bomb(where: str = "before", kind: bytes = b"zTXt", inflated: int = 200 << 20) -> bytes:
+    """A 64x48 PNG with a compressed chunk (``zTXt``, ``iTXt`` or ``iCCP``) that inflates to
+    ``inflated`` bytes, ``"before"`` or ``"after"`` its image data: Pillow refuses it past 1 MB
+    (``MAX_TEXT_CHUNK``), DALI's decoder skips the chunk."""
+    chunks = _png_chunks(_save(_photo(5, size=(48, 64)), "PNG"))
+    packed = zlib.compress(b"\0" * inflated, 9)
+    body = {b"zTXt": b"Comment\0\0", b"iTXt": b"Comment\0\1\0\0\0", b"iCCP": b"icc\0\0"}[kind] + packed
+    at = 1 if where == "before" else len(chunks) - 1
+    return _png([*chunks[:at], (kind, body), *chunks[at:]])
+
+
 def _patched_sof(
     *, marker: int | None = None, precision: int | None = None, size: tuple[int, int] | None = None
 ) -> bytes:
@@ -190,6 +201,9 @@ def corpus() -> dict[str, tuple[bytes, str | None]]:
         "tiff-32-bit-int": (_save(photo.convert("I"), "TIFF"), None),
         "png-no-iend": (png[:-12], None),
         "png-animated": (_apng(), None),  # its first frame, as Pillow reads it
+        "png-ztxt-bomb": (png_text_bomb("before", inflated=64 << 20), None),  # Pillow refused it
+        "png-itxt-bomb-after-idat": (png_text_bomb("after", b"iTXt", inflated=8 << 20), None),
+        "png-iccp-bomb": (png_text_bomb("before", b"iCCP", inflated=8 << 20), None),
         "jpeg2000": (_save(photo, "JPEG2000"), None),  # never given to DALI: its decoder crashed on one
         "tga": (_save(photo, "TGA"), None),  # formats only Pillow reads
         "pcx": (_save(photo, "PCX"), None),

@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ...core._errors import DataError, SampleError, truncated, unreadable
+from ...core._errors import DataError, SampleError, too_many_bytes, truncated, unreadable
 from ...core._imageinfo import MAX_IMAGE_PIXELS
 from ...core._random import step_factors
 from ...plan._plan import RankPlan
@@ -143,6 +143,7 @@ class BatchReader:
         where = index.locate_batch(samples)
         shards = [index.shards[s].path for s in where.shard.tolist()]
         bad: dict[int, DataError] = {}
+        where = self._over_limit(where, shards, bad)
         if where.labels is not None and (where.labels == NO_LABEL).any():
             for i in np.flatnonzero(where.labels == NO_LABEL).tolist():
                 try:
@@ -201,6 +202,18 @@ class BatchReader:
         fields = batch_fields(index.fields, values) if values is not None else None
         return FeedBatch(b, samples, keys, shards, labels, encoded, buffer, tuple(maps), fed, views, sizes, skipped,
                          object(), decoded, fields, windows)  # fmt: skip
+
+    def _over_limit(self, where: Located, shards: list[str], bad: dict[int, DataError]) -> Located:
+        """``where`` with the images over ``Index.max_image_bytes`` recorded in ``bad`` and their
+        ranges emptied: never mapped into a view DALI copies, nor read into the batch's buffer."""
+        limit = self.index.max_image_bytes
+        if where.ranges is None or limit is None or not (over := where.ranges[:, 1] > limit).any():
+            return where
+        ranges = where.ranges.copy()
+        for i in np.flatnonzero(over).tolist():
+            self._bad(bad, i, too_many_bytes(shards[i], where.keys[i], int(ranges[i, 1]), limit))
+        ranges[over, 1] = 0
+        return where._replace(ranges=ranges)
 
     def _fields(self, samples: np.ndarray, keys: list[str], shards: list[str],
                 bad: dict[int, DataError]) -> list[dict[str, Any] | None]:  # fmt: skip
