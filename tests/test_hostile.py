@@ -151,9 +151,9 @@ class TestImageBytes:
     def test_under_raise_it_is_named(self, sparse_shard, backend):
         pipe = gp.Pipeline(sparse_shard, [gp.transforms.CenterCrop(16)])
         options = {"device": "cpu"} if backend == "dali" else {}
-        with pytest.raises(gp.SampleError, match=f"is {TWO_GB} bytes, more than max_image_bytes=268435456") as e:
-            with gp.Loader(pipe, 3, backend=backend, **options) as loader:
-                list(loader)
+        match = f"is {TWO_GB} bytes, more than max_image_bytes=268435456"
+        with pytest.raises(gp.SampleError, match=match) as e, gp.Loader(pipe, 3, backend=backend, **options) as loader:
+            list(loader)
         assert (e.value.kind, e.value.key, e.value.shard) == (Damage.TOO_LARGE, "big", sparse_shard)
 
     def test_check_reports_it_unread(self, sparse_shard):
