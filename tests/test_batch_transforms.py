@@ -90,11 +90,25 @@ class TestCutMix:
         tv = v2.CutMix(num_classes=K)
         assert torch.equal(got, tv.transform(images, p)) and torch.equal(soft, tv.transform(labels, p))
 
-    def test_any_dtype(self):
-        images = (batch()[0] * 255).to(torch.uint8)
+    @pytest.mark.parametrize("dtype", [torch.uint8, torch.int16, torch.float16])
+    def test_any_dtype(self, dtype):
+        """CutMix only moves pixels: on an image of any dtype it pastes the neighbour's box, values
+        and dtype as they were — torchvision's CutMix on that image; in a batch with padding too."""
+        images, labels = batch()
+        images = (images * 255).to(dtype)
         params = T.CutMix(num_classes=K).sample(batch_generator(0, 0, 0, 1), 8, 10, 12)
-        got, _ = mix(images.clone(), batch()[1], all_valid(8), params, num_classes=K)
-        assert got.dtype == torch.uint8
+        x1, y1, x2, y2 = (int(v) for v in params.box[0])
+        assert 0 < (x2 - x1) * (y2 - y1) < 10 * 12  # some pixels pasted, not all
+        tv = v2.CutMix(num_classes=K)
+        for n in (8, 7):  # every row valid (in place), and the last one padding
+            valid = torch.arange(8) < n
+            got, soft = mix(images.clone(), labels, valid, params, num_classes=K)
+            mine = labels[:n]
+            p = {"box": (x1, y1, x2, y2), "lam_adjusted": float(params.lam[0]), "labels": mine, "batch_size": n}
+            assert got.dtype == dtype and torch.equal(got[:n], tv.transform(images[:n], p))
+            assert torch.equal(got[n:], images[n:])  # padding untouched
+            assert not torch.equal(got[:n], images[:n])
+            assert torch.equal(soft[:n], tv.transform(mine, p))
 
 
 class TestRandomChoice:

@@ -419,12 +419,29 @@ class TestHandOff:
 
     @pytest.mark.gpu
     def test_cuda_loader(self, shards):
+        """A CUDA loader yields the batches of the CPU loader of the same seed, on the GPU: every
+        sample once, in the same order, with the same labels, the images within nvJPEG's and the
+        GPU kernels' rounding (a crop or flip drawn otherwise differs by tens)."""
         train = gp.load_pipeline(os.path.join(os.path.dirname(__file__), "..", "pipelines", "imagenet.py:train"))
-        loader = gp.Loader(train(shards, size=32), 4, backend="dali", device="cuda")
-        batches = list(loader)
-        assert len(batches) == len(loader) == 4
-        images, labels = batches[0]
-        assert images.is_cuda and labels.is_cuda and images.shape == (4, 3, 32, 32) and labels.dtype == torch.int64
+        got: dict[str, list] = {}
+        for device in ("cuda", "cpu"):
+            with gp.Loader(train(shards, size=32), 4, backend="dali", device=device, shuffle=True, seed=3) as loader:
+                batches = list(loader)
+                assert len(batches) == len(loader) == 4
+                every = sorted(loader.index.key(i) for i in range(len(loader.index)))
+                assert sorted(k for b in batches for k in b.keys) == every and len(every) == 16
+                got[device] = []
+                for batch in batches:
+                    images, labels = batch
+                    assert labels is not None and labels.dtype == torch.int64
+                    assert images.device.type == labels.device.type == device and images.dtype == torch.float32
+                    assert images.shape == (4, 3, 32, 32)
+                    got[device].append((batch.keys, images.cpu().clone(), labels.cpu().clone()))
+        errors = []
+        for (keys, images, labels), (cpu_keys, cpu_images, cpu_labels) in zip(got["cuda"], got["cpu"], strict=True):
+            assert keys == cpu_keys and torch.equal(labels, cpu_labels)
+            errors += [float((a - b).abs().mean()) * NORMALIZED for a, b in zip(images, cpu_images, strict=True)]
+        assert np.mean(errors) <= 2.0 and max(errors) <= 5.0, errors  # 0-255 units
 
 
 class TestArrayFunction:

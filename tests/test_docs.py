@@ -61,12 +61,18 @@ def test_the_site_builds_strictly(tmp_path):
 
 @pytest.mark.parametrize("page", [p for p in pages() if blocks(p)])
 def test_the_code_of_each_page_runs(page, workdir):
-    code = "\n\n".join(blocks(page))
+    """Each block runs to its end (a line printed after each says so: none ends the page early,
+    even with exit status 0), and no traceback is printed (a thread's or a child's included)."""
+    page_blocks = blocks(page)
+    code = "\n\n".join(f"{b}\nprint('<docs: block {i} ran>', flush=True)" for i, b in enumerate(page_blocks))
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=workdir, env=env,
                          timeout=300)  # fmt: skip
     assert out.returncode == 0, f"{page}:\n{code}\n---\n{out.stderr[-3000:]}"
+    ran = [int(i) for i in re.findall(r"<docs: block (\d+) ran>", out.stdout)]
+    assert ran == list(range(len(page_blocks))), f"{page}: blocks {ran} of {len(page_blocks)} ran\n{out.stdout[-3000:]}"
+    assert "Traceback" not in out.stderr, f"{page}:\n{out.stderr[-3000:]}"
 
 
 def test_the_api_reference_lists_every_public_transform_and_field():

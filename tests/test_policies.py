@@ -588,11 +588,21 @@ class TestRandomChoiceOfTransforms:
     """``T.RandomChoice`` of per-sample transforms: one per sample (DeiT III's 3-Augment)."""
 
     def test_it_is_torchvisions_class_of_either_kind(self):
+        """One class, called as torchvision's ``RandomChoice(transforms, p)``: per-sample
+        transforms make the per-sample choice, MixUp and CutMix the batch's; each holds the
+        transforms and ``p`` it was given (positionally too), ``p`` normalized as torchvision's."""
         from gpupipe.transforms._apply import RandomChoice as PerSample
 
         check_torchvision_signature(T.RandomChoice, v2.RandomChoice)
-        assert isinstance(T.RandomChoice(THREE_AUGMENT), PerSample)
-        assert isinstance(T.RandomChoice([T.MixUp(num_classes=3), T.CutMix(num_classes=3)]), T.RandomChoice)
+        per_sample = T.RandomChoice(THREE_AUGMENT, [2, 1, 1])
+        assert type(per_sample) is PerSample and not isinstance(per_sample, T.BatchTransform)
+        assert list(per_sample.transforms) == THREE_AUGMENT
+        assert per_sample.p == tuple(v2.RandomChoice(THREE_AUGMENT, [2, 1, 1]).p) == (0.5, 0.25, 0.25)
+        assert per_sample.draws == 1 + sum(t.draws for t in THREE_AUGMENT)  # the choice, then every member's
+        mixing = [T.MixUp(num_classes=3), T.CutMix(num_classes=3)]
+        batch = T.RandomChoice(mixing, [0.25, 0.75])
+        assert type(batch) is T.RandomChoice and isinstance(batch, T.BatchTransform)
+        assert batch.transforms == tuple(mixing) and batch.p == (0.25, 0.75)
 
     def test_the_choice_follows_p_normalized(self):
         t = T.RandomChoice(THREE_AUGMENT, p=[2, 1, 1])

@@ -130,11 +130,27 @@ class TestSetPipeline:
             loader.set_pipeline(gp.Pipeline(shards, [T.CenterCrop(8), T.ToDtype(torch.bfloat16)]))
 
     def test_views_can_be_set(self, shards):
-        crop = [T.RandomResizedCrop(16), T.ToDtype(torch.float32, scale=True)]
-        with gp.Loader(val(shards), 4, backend="torch", device="cpu", num_workers=0) as loader:
-            loader.set_pipeline(gp.Pipeline(shards, views=[crop, crop]))
-            views, _ = next(iter(loader))
-            assert isinstance(views, tuple) and len(views) == 2
+        """A loader of one output set to a pipeline of two views: its next epoch is that pipeline's,
+        as a loader built with it yields it."""
+        views = gp.Pipeline(shards, views=[[T.RandomResizedCrop(size), T.ToDtype(torch.float32, scale=True)]
+                                           for size in (16, 8)])  # fmt: skip
+
+        def epoch_1(loader):
+            loader.set_epoch(1)
+            return [(b.keys, b.views) for b in loader]
+
+        with gp.Loader(val(shards), 4, backend="torch", device="cpu", num_workers=0, seed=5) as loader:
+            assert all(isinstance(b.images, torch.Tensor) for b in loader)  # one output before
+            loader.set_pipeline(views)
+            got = epoch_1(loader)
+            assert loader.pipeline is views
+        with gp.Loader(views, 4, backend="torch", device="cpu", num_workers=0, seed=5) as built:
+            want = epoch_1(built)
+        assert len(got) == len(want) == 4
+        for (keys, two), (want_keys, want_two) in zip(got, want, strict=True):
+            assert keys == want_keys and isinstance(two, tuple)
+            assert [tuple(v.shape) for v in two] == [(4, 3, 16, 16), (4, 3, 8, 8)]
+            assert all(torch.equal(v, w) for v, w in zip(two, want_two, strict=True))
 
     def test_a_closed_loader_refuses(self, shards):
         loader = gp.Loader(val(shards), 4, backend="torch", device="cpu", num_workers=0)

@@ -34,6 +34,7 @@ from gpupipe.storage._remote import RemoteStorage, canonical_url
 from .support.checkers import all_keys, val
 from .support.data import SHARD_SIZES, write_webdataset_shards
 from .support.http_server import HttpServer, shard_gets
+from .support.locks import lock_is_free
 
 pytest.importorskip("aiohttp")
 
@@ -305,12 +306,12 @@ class TestBoundedCache:
         from gpupipe.storage import _cache
 
         shard_cache = ShardCache(cache)
-        fd = shard_cache._lock(os.path.join(shard_cache.root, "x-a.tar"), "dl", fcntl.LOCK_EX)
+        where = os.path.join(shard_cache.root, "x-a.tar")
+        fd = shard_cache._lock(where, "dl", fcntl.LOCK_EX)
         with _forked_child():
+            assert not lock_is_free(shard_cache, where)  # the parent's download holds it
             _cache._close(fd)  # the parent's download ended
-            # free: raises BlockingIOError otherwise
-            again = shard_cache._lock(os.path.join(shard_cache.root, "x-a.tar"), "dl", fcntl.LOCK_EX | fcntl.LOCK_NB)
-            _cache._close(again)
+            assert lock_is_free(shard_cache, where)  # and no copy in the living child holds it on
 
     def test_a_lock_file_opened_during_a_fork_is_not_kept_by_the_child(self, cache, monkeypatch):
         """A fork while another thread is inside ``os.open`` of a lock file (which releases the
@@ -337,9 +338,9 @@ class TestBoundedCache:
         with _forked_child():
             thread.join()
             monkeypatch.undo()
+            assert len(held) == 1 and not lock_is_free(shard_cache, where)  # the parent's download holds it
             _cache._close(held[0])  # the parent's download ended
-            # free: raises BlockingIOError if the child kept a copy
-            _cache._close(shard_cache._lock(where, "dl", fcntl.LOCK_EX | fcntl.LOCK_NB))
+            assert lock_is_free(shard_cache, where)  # and no copy in the living child holds it on
 
     def test_a_failed_prefetch_does_not_block_the_read(self, many_shards, many_server, cache, monkeypatch):
         monkeypatch.setattr(RemoteStorage, "__init__", _fast_retries(RemoteStorage.__init__))

@@ -149,8 +149,27 @@ class TestCollectivesDevice:
         assert loader.seed == 12345 and dist.devices == [("broadcast", 0), ("all_gather", 0)]  # as the caller left it
 
     def test_without_cuda_nothing_changes(self, clean_env):
-        with _dist.collective_device(RecordingDist(0, 1, backend="gloo"), torch.device("cpu")):
-            pass
+        """Under gloo, for a CPU loader (or none named), the context does nothing: it yields
+        nothing and makes no call into torch.cuda (each would fail on a machine without CUDA)."""
+        touched: list[str] = []
+
+        def refuse(name):
+            def call(*args, **kwargs):
+                touched.append(name)
+                raise AssertionError(f"torch.cuda.{name} called")
+
+            return call
+
+        for name in ("device", "set_device", "current_device", "device_count", "is_available", "init"):
+            clean_env.setattr(torch.cuda, name, refuse(name))
+        clean_env.setenv("LOCAL_RANK", "1")
+        dist = RecordingDist(0, 2, backend="gloo")
+        for device in (torch.device("cpu"), None):
+            ran = []
+            with _dist.collective_device(dist, device) as entered:
+                ran.append(device)
+            assert entered is None and ran == [device]
+        assert touched == []
 
 
 class TestCoresPerRank:

@@ -91,10 +91,25 @@ class TestViewsOnEveryBackend:
             assert all(str(v.device).startswith(backend.device) for v in views)
 
     def test_views_draw_independently(self, backend, shards):
-        """The two global views have the same transform list and different draws."""
-        with backend.loader(gp.Pipeline(shards, views=crops()), 4, num_workers=0) as loader:
+        """Two views of one transform list draw each its own: view k flips a sample where the
+        draw of ``(seed, epoch, sample, view k)`` says so, and the two views are flipped alike for
+        some samples, not for others. A third view, never flipped, shows each flip exactly."""
+        from gpupipe.core._random import factors
+
+        flip = [T.CenterCrop(16), T.RandomHorizontalFlip(), FLOAT]
+        with backend.loader(gp.Pipeline(shards, views=[flip, flip, [T.CenterCrop(16), FLOAT]]), 4, num_workers=0,
+                            seed=11) as loader:  # fmt: skip
             got = views_by_key(loader)
-        assert all(not torch.equal(v[0], v[1]) for v in got.values())
+            samples = {loader.index.key(i): i for i in range(len(loader.index))}
+        assert got.keys() == samples.keys()
+        flipped = {}
+        for key, (*views, plain) in got.items():
+            assert not torch.equal(plain, plain.flip(-1))  # (a flip shows)
+            assert all(torch.equal(v, plain) or torch.equal(v, plain.flip(-1)) for v in views)
+            flipped[key] = tuple(torch.equal(v, plain.flip(-1)) for v in views)
+        drawn = {key: tuple(bool(factors(flip, 11, 0, [i], v)[1][0, 0]) for v in (0, 1)) for key, i in samples.items()}
+        assert flipped == drawn
+        assert {first == second for first, second in flipped.values()} == {True, False}
 
     def test_view_0_is_the_pipeline_of_its_list(self, backend, shards):
         """View 0 draws as a pipeline of its transform list alone; later views change nothing."""
