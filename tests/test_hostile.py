@@ -297,3 +297,59 @@ class TestMemoryBound:
         assert skipped == sorted(["too-large"] * 3 + ["bad-label", "unreadable-shard", "unreadable-shard"])
         grown = (hostile_peak - clean_peak) * 1024
         assert grown <= 4 * self.LIMIT, f"{grown / 2**20:.0f} MiB over the clean epochs' peak"
+
+
+class TestFoundByTheFuzzer:
+    """Defects the fuzzer (``tests/support/fuzz.py``) found, each pinned by the smallest case."""
+
+    @pytest.mark.parametrize("backend", BACKENDS)
+    @pytest.mark.parametrize("before", [True, False])
+    def test_a_bad_sample_and_a_left_out_one_of_the_same_key_are_both_listed(self, tmp_path, backend, before):
+        # sample k0 is numbered and undecodable; another k0 (a repeat, or one without its image
+        # before it) is left out by the index: loader.skipped listed one of the two only
+        other = member("k0.txt", b"no image") + good_sample("x", 3) if before else good_sample("k0", 2)
+        bad = member("k0.jpg", b"not a jpeg") + member("k0.cls", b"1")
+        data = tar_of(*((other, bad) if before else (bad, other)), good_sample("g", 1))
+        path = write(tmp_path / "s.tar", data)
+        pipe = gp.Pipeline(path, [gp.transforms.CenterCrop(16)])
+        options = {"device": "cpu"} if backend == "dali" else {}
+        with gp.Loader(pipe, 2, backend=backend, on_error="skip", max_skipped=None, **options) as loader:
+            list(loader)
+            listed = sorted((s.key, s.kind, s.epoch) for s in loader.skipped)
+            state = loader.state_dict()
+        left_out = (Damage.NO_IMAGE if before else Damage.DUPLICATE_KEY).value
+        assert listed == sorted([("k0", Damage.UNDECODABLE.value, 0), ("k0", left_out, None)])
+        with gp.Loader(pipe, 2, backend=backend, on_error="skip", max_skipped=None, **options) as again:
+            again.load_state_dict(state)
+            assert sorted((s.key, s.kind, s.epoch) for s in again.skipped) == listed
+
+
+def test_the_limits_table_matches_the_code():
+    """docs/guide/errors.md lists every limit with its default and verdict: the defaults are the code's."""
+    import pathlib
+    import re
+
+    from gpupipe.core._imageinfo import MAX_IMAGE_BYTES, MAX_IMAGE_PIXELS
+    from gpupipe.storage._transfer import INFLATION_SLACK, MAX_INFLATION
+
+    text = (pathlib.Path(__file__).parent.parent / "docs" / "guide" / "errors.md").read_text()
+    table = text[text.index("### Limits") : text.index("**The memory promise.**")]
+    assert MAX_IMAGE_BYTES == 256 << 20 and "| 256 MiB |" in table
+    assert f"| {MAX_IMAGE_PIXELS:,} |" in table
+    assert _tar.HEADER_LIMIT == 1 << 20 and "1 MiB (`HEADER_LIMIT`)" in table
+    assert _tar.LABEL_LIMIT == 64 and "64 bytes (`LABEL_LIMIT`)" in table
+    assert INFLATION_SLACK == 1 << 20 and f"{MAX_INFLATION} x its size + 1 MiB" in table
+    fields = gp.fields
+    sizes: dict[str, list[gp.fields.Field]] = {
+        "`Text`, `Json` 1 MiB": [fields.Text("t"), fields.Json("j")],
+        "`Label` 64 B": [fields.Label("c")],
+        "`Array`, `Mask` 256 MiB": [fields.Array("n"), fields.Mask("m")],
+        "`Boxes` 64 MiB": [fields.Boxes("b")],
+    }
+    for words, made in sizes.items():
+        number, unit = words.split()[-2:]
+        assert words in table and all(f.max_bytes == int(number) * {"B": 1, "MiB": 1 << 20}[unit] for f in made)
+    rows = [row.split("|") for row in table.splitlines() if row.startswith("| ") and "---" not in row][1:]
+    verdicts = {v for row in rows for v in re.findall(r"`([a-z]+(?:-[a-z]+)+)`", row[-2])}
+    assert len(rows) == 10 and verdicts <= {d.value for d in Damage}, verdicts
+    assert verdicts >= {"too-large", "bad-field", "bad-label", "truncated-shard", "unreadable-shard"}

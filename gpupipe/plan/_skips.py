@@ -20,16 +20,19 @@ log = logging.getLogger("gpupipe")
 
 
 class Skips:
-    """The samples a loader of ``rank`` left out, by ``(shard, key)``, in the order first met."""
+    """The samples a loader of ``rank`` left out, by ``(shard, key, numbered)``, in the order
+    first met: a sample the index numbers and one it left out (a repeated key, a sample without
+    its image) may share a shard and a key, and each is listed."""
 
     def __init__(self, config: LoaderConfig, rank: int) -> None:
         self.config, self.rank = config, rank
-        self.records: dict[tuple[str | None, str | None], SkippedSample] = {}
+        self.records: dict[tuple[str | None, str | None, bool], SkippedSample] = {}
         self.in_epoch = 0  # samples of the current epoch skipped so far (the cap's count)
 
-    def record(self, error: DataError, epoch: int | None) -> bool:
-        """Lists ``error``'s sample unless it is listed already; ``True`` if new."""
-        where = (error.shard, error.key)
+    def record(self, error: DataError, epoch: int | None, *, numbered: bool = True) -> bool:
+        """Lists ``error``'s sample unless it is listed already; ``True`` if new. ``numbered``:
+        whether the index numbers the sample (not: damage the index itself left out)."""
+        where = (error.shard, error.key, numbered)
         if where in self.records:
             return False
         kind = error.kind.value if error.kind is not None else None
@@ -43,7 +46,9 @@ class Skips:
         policy. A lost shard (missing, unreadable, empty) counts as the samples of an intact
         shard on average, a truncated one as those it lacks of that average."""
         found, listed = index.problems, index.bad_errors()
-        for error in (*found, *listed):
+        for error in found:
+            self.record(error, None, numbered=False)
+        for error in listed:
             self.record(error, None)
         if not (found or listed):
             return
@@ -96,10 +101,11 @@ class Skips:
         return {"skipped": [dataclasses.asdict(s) for s in self.records.values()], "skipped_in_epoch": self.in_epoch}
 
     def load(self, state: dict[str, Any]) -> None:
-        """Takes the records of a saved state, keeping what this loader found when indexing."""
-        records = [SkippedSample(**r) for r in state.get("skipped", ())]
+        """Takes the records of a saved state's epochs, keeping what this loader found when
+        indexing (the state's own record of that is the same: its plan's digest says so)."""
+        records = [SkippedSample(**r) for r in state.get("skipped", ()) if r.get("epoch") is not None]
         before = {where: r for where, r in self.records.items() if r.epoch is None}
-        self.records = {**before, **{(r.shard, r.key): r for r in records}}
+        self.records = {**before, **{(r.shard, r.key, True): r for r in records}}
         self.in_epoch = int(state.get("skipped_in_epoch", 0))
 
 
