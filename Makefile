@@ -5,6 +5,8 @@
 # make demo     : runtime; make a small sample dataset, run the ImageNet pipeline, print images/s
 # make test     : dev tools; lint (ruff), type-check (mypy) and run the tests (the docs' strict build too)
 # make docs     : dev tools; the documentation site in build/site (mkdocs-material; open build/site/index.html)
+# make fuzz     : dev tools; the fuzzer of hostile shards for FUZZ_SECONDS (default 1800) from FUZZ_SEED,
+#                 its report in bench/results/ (make test runs 60 s of it)
 # make test-gpu : dev tools; the gpu-marked tests and `gpupipe doctor --run` (on a machine with a GPU)
 #                 PART=K/N: the K-th of N slices of them (doctor with the first), for runs split over calls
 # make bench-gpu: runtime; gpupipe's recipes beside DALI by hand (bench/gpu.py; a GPU machine, ~5 min); writes
@@ -46,7 +48,7 @@ SETUP := $(if $(VENV_PY),$(VENV)/.installed,)
 SETUP_DEV := $(if $(VENV_PY),$(VENV)/.installed-dev,)
 DEV_EXTRAS := dev,$(EXTRAS)
 
-.PHONY: demo test test-gpu bench-gpu docs lint format clean
+.PHONY: demo test fuzz test-gpu bench-gpu docs lint format clean
 
 # $(call install,EXTRAS): create the venv if needed and install gpupipe with those extras.
 define install
@@ -88,6 +90,12 @@ format: $(SETUP_DEV)
 
 test: lint
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+FUZZ_SECONDS ?= 1800
+FUZZ_SEED ?= 1000
+fuzz: $(SETUP_DEV)
+	$(PY) -m tests.support.fuzz --seconds $(FUZZ_SECONDS) --seed $(FUZZ_SEED) \
+		--out bench/results/$$(date +%F)-fuzz-$(FUZZ_SEED).json
 
 docs: $(SETUP_DEV)
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict

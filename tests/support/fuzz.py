@@ -1,0 +1,240 @@
+"""The fuzzer of hostile shards (issue 51): generated shards (``fuzz_cases``) through the scan,
+``gpupipe check`` and each CPU backend under ``on_error="skip"``, against five invariants:
+
+1. nothing raises out of ``WebDataset.index``, ``Loader(...)``, its epoch or ``check``;
+2. every sample the index numbers is delivered or skipped with a reason, once, on every backend;
+3. each sample gets one verdict: the same kind on every backend and in ``check``;
+4. memory: a case's peak resident memory stays within ``4 x max_image_bytes`` (plus the slack a
+   clean case needs) of what it was before the case;
+5. nothing is unpickled (an object ``.npy`` holds a canary).
+
+Hypothesis generates and shrinks the cases: structured inputs (tar members, image headers,
+fields) reach far deeper than byte flips of whole files, and a failure comes back as the smallest
+case that shows it. Run as ``python -m tests.support.fuzz --seconds 60`` (``make test`` runs a
+short budget through ``tests/test_fuzz.py``; ``make fuzz`` a long one, with a JSON report). A
+crash (a signal) ends the process: the case being run is kept at ``--keep``.
+
+``GPUPIPE_FUZZ_PLANT=image-bytes`` (or ``label-bytes``) removes that limit, to show the fuzzer
+finds it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import time
+import traceback
+from typing import Any
+
+import gpupipe as gp
+from gpupipe import transforms as T
+
+from .fuzz_cases import CANARY, Case, cases, write_case
+from .hostile import good_sample, tar_of
+
+LIMIT = 8 << 20  # max_image_bytes in the fuzzed loaders: small, so that the memory bound is tight
+FIELDS = {"image": "jpg;png;webp;bmp", "label": "cls", "meta": gp.fields.Json("json", missing="empty"),
+          "text": gp.fields.Text("txt", missing="empty"), "emb": gp.fields.Array("npy", missing="empty")}  # fmt: skip
+OK = "ok"
+GOOD = ("__good-0", "__good-1")  # the keys of the good shard read beside each case (no case's keys)
+
+
+def _kb(field: str) -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
+
+
+def _reset_peak() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # resets VmHWM, the peak resident set (Linux 4.0+)
+        return True
+    except OSError:
+        return False
+
+
+def _plant(name: str | None) -> None:
+    """Removes one limit (a planted defect the fuzzer must find)."""
+    if name == "image-bytes":
+        from gpupipe.sources._index import Index
+
+        Index.max_image_bytes = property(lambda self: None, lambda self, limit: None)  # type: ignore[method-assign,assignment]
+    elif name == "label-bytes":
+        from gpupipe.shards import _tar
+
+        _tar.LABEL_LIMIT = 1 << 62
+    elif name:
+        raise SystemExit(f"GPUPIPE_FUZZ_PLANT: unknown {name!r}")
+
+
+class Fuzzer:
+    def __init__(self, root: str, backends: list[str], keep: str | None) -> None:
+        self.root, self.backends, self.keep = root, backends, keep
+        self.good = os.path.join(root, "good.tar")
+        with open(self.good, "wb") as f:
+            f.write(tar_of(*(good_sample(k, i) for i, k in enumerate(GOOD))))
+        self.canary = os.path.join(root, "canary")
+        os.environ[CANARY] = self.canary
+        self.cases, self.kinds, self.peak_growth, self.slack, self.peak_rss = 0, dict[str, int](), 0, 0, 0
+        self.measured = _reset_peak()
+
+    def source(self, url: str, case: Case) -> gp.WebDataset:
+        if case.fields:
+            return gp.WebDataset([url, self.good], fields=FIELDS)
+        return gp.WebDataset([url, self.good], image="jpg;png;webp;bmp")
+
+    def verdicts(self, source: gp.WebDataset, backend: str) -> dict[str, str]:
+        """Each numbered sample's verdict on ``backend``: ``"ok"`` (delivered) or its kind."""
+        pipe = gp.Pipeline(source, [T.RandomResizedCrop(16), T.RandomHorizontalFlip()])
+        options: dict[str, Any] = {"device": "cpu"} if backend == "dali" else {"num_workers": 0}
+        out: dict[str, str] = {}
+        with gp.Loader(pipe, 3, backend=backend, on_error="skip", max_skipped=None, max_image_bytes=LIMIT, seed=1,
+                       **options) as loader:  # fmt: skip
+            for batch in loader:
+                for key, valid in zip(batch.keys, batch.valid.tolist(), strict=True):
+                    if valid:
+                        assert key not in out, f"{backend}: {key!r} delivered twice"
+                        out[key] = OK
+            for s in loader.skipped:
+                if s.epoch is not None:
+                    assert s.key is not None and s.key not in out, f"{backend}: {s.key!r} delivered and skipped"
+                    out[s.key] = str(s.kind)
+        return out
+
+    def run(self, case: Case) -> None:
+        """One case through every invariant; raises AssertionError naming the one broken."""
+        self.cases += 1
+        folder = tempfile.mkdtemp(dir=self.root)
+        try:
+            url = write_case(case, os.path.join(folder, "case"))
+            if self.keep:  # the case being run, for a crash (the last one, for a failure: hypothesis's shrunk case)
+                write_case(case, os.path.join(self.keep, "case"))
+            self.measured = _reset_peak()
+            before = _kb("VmRSS")
+            self._run(url, case)
+            peak = _kb("VmHWM")
+            growth = (peak - before) << 10
+            self.peak_rss = max(self.peak_rss, peak << 10)
+            self.peak_growth = max(self.peak_growth, growth)
+            if self.measured and self.slack:
+                assert growth <= 4 * LIMIT + self.slack, (
+                    f"memory: the case's peak is {growth >> 20} MiB over its start, more than 4 x max_image_bytes "
+                    f"({4 * LIMIT >> 20} MiB) + {self.slack >> 20} MiB"
+                )
+            assert not os.path.exists(self.canary), "a .npy object array was unpickled"
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+
+    def _run(self, url: str, case: Case) -> None:
+        source = self.source(url, case)
+        index = source.index(on_error="skip")
+        numbered = [k for s in index.shards for k in s.keys]
+        index.close()
+        assert len(set(numbered)) == len(numbered), f"the index numbers a key twice: {numbered}"
+        seen: dict[str, dict[str, str]] = {}
+        for backend in self.backends:
+            got = self.verdicts(source, backend)
+            assert set(got) == set(numbered), (
+                f"{backend}: delivered or skipped {sorted(set(got) - set(numbered))[:5]} beyond the index, "
+                f"never {sorted(set(numbered) - set(got))[:5]}"
+            )
+            seen[backend] = got
+        report = gp.check(source, workers=0, write=False, max_image_bytes=LIMIT)
+        checked = dict.fromkeys(numbered, OK)
+        checked.update({f.key: f.kind.value for f in report.findings if f.sample is not None and f.key is not None})
+        seen["check"] = checked
+        first = next(iter(seen))
+        for name, verdicts in seen.items():
+            differ = {k: (seen[first][k], v) for k, v in verdicts.items() if seen[first].get(k) != v}
+            assert not differ, f"verdicts of {first} and {name} differ: {differ}"
+        for verdict in seen[first].values():
+            self.kinds[verdict] = self.kinds.get(verdict, 0) + 1
+
+    def warm(self) -> None:
+        """Clean cases first: every code path warm, and the slack a clean case needs."""
+        self.slack = 0
+        for _ in range(3):
+            self.run(Case([tar_of(good_sample("c0", 3), good_sample("c1", 4))], gzipped=False, fields=False))
+            self.run(Case([tar_of(good_sample("c0", 3), good_sample("c1", 4))], gzipped=False, fields=True))
+        self.slack = self.peak_growth + (48 << 20)
+
+
+def fuzz(seconds: float, *, seed: int = 0, backends: list[str] | None = None, keep: str | None = None,
+         examples: int = 25) -> dict[str, Any]:  # fmt: skip
+    """Runs rounds of ``examples`` cases (hypothesis seeds ``seed``, ``seed + 1``, ...) until
+    ``seconds`` have passed; returns the report (``failure``: the first broken invariant, with
+    its shrunk case, or ``None``)."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import seed as seeded
+
+    backends = backends or [b for b in ("torch", "dali") if gp.backends.get(b).available()]
+    started = time.monotonic()
+    root = tempfile.mkdtemp(prefix="gpupipe-fuzz-")
+    os.environ.setdefault("GPUPIPE_CACHE_DIR", os.path.join(root, "cache"))
+    fuzzer = Fuzzer(root, backends, keep)
+    failure, rounds = None, 0
+    try:
+        fuzzer.warm()
+        while time.monotonic() - started < seconds and failure is None:
+            config = settings(max_examples=examples, deadline=None, database=None, print_blob=False,
+                              suppress_health_check=list(HealthCheck))  # fmt: skip
+
+            @seeded(seed + rounds)
+            @config
+            @given(case=cases())
+            def round_(case: Case) -> None:
+                fuzzer.run(case)
+
+            rounds += 1
+            try:
+                round_()
+            except Exception as e:  # the shrunk case's failure: hypothesis re-raises it
+                failure = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-6000:],
+                           "seed": seed + rounds - 1}  # fmt: skip
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return {
+        "cases": fuzzer.cases,
+        "rounds": rounds,
+        "seconds": round(time.monotonic() - started, 1),
+        "backends": backends,
+        "verdicts": dict(sorted(fuzzer.kinds.items())),
+        "peak_growth_mib": round(fuzzer.peak_growth / 2**20, 1),
+        "slack_mib": round(fuzzer.slack / 2**20, 1),
+        "peak_rss_mib": round(fuzzer.peak_rss / 2**20, 1),
+        "memory_measured": fuzzer.measured,
+        "plant": os.environ.get("GPUPIPE_FUZZ_PLANT"),
+        "failure": failure,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tests.support.fuzz", description=__doc__.split("\n\n")[0])
+    p.add_argument("--seconds", type=float, default=60.0, help="the budget (default 60)")
+    p.add_argument("--seed", type=int, default=0, help="the first round's hypothesis seed (default 0)")
+    p.add_argument("--examples", type=int, default=25, help="cases per round (default 25)")
+    p.add_argument("--backends", default=None, help="comma-separated (default: torch and dali where present)")
+    p.add_argument("--keep", default=None, help="copy each case's shard here before it runs (a crash leaves it)")
+    p.add_argument("--out", default=None, help="also write the report (JSON) here")
+    args = p.parse_args(argv)
+    _plant(os.environ.get("GPUPIPE_FUZZ_PLANT"))
+    logging.getLogger("gpupipe").setLevel(logging.ERROR)  # each case's skips: counted in the report instead
+    if args.keep:
+        os.makedirs(args.keep, exist_ok=True)
+    report = fuzz(args.seconds, seed=args.seed, backends=args.backends.split(",") if args.backends else None,
+                  keep=args.keep, examples=args.examples)  # fmt: skip
+    text = json.dumps(report, indent=1)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+    print("RESULT " + json.dumps(report))
+    return 1 if report["failure"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
