@@ -353,3 +353,31 @@ def test_the_limits_table_matches_the_code():
     verdicts = {v for row in rows for v in re.findall(r"`([a-z]+(?:-[a-z]+)+)`", row[-2])}
     assert len(rows) == 10 and verdicts <= {d.value for d in Damage}, verdicts
     assert verdicts >= {"too-large", "bad-field", "bad-label", "truncated-shard", "unreadable-shard"}
+
+
+class TestJsonIntegers:
+    """A JSON field with a 5,000-digit integer (over Python's 4,300-digit limit) is a bad field on
+    every backend and in ``check``: it ended the epoch with a plain ``ValueError``."""
+
+    def shard(self, tmp_path) -> str:
+        big = member("b.jpg", good_jpeg(2)) + member("b.cls", b"2") + member("b.json", b'{"n": ' + b"7" * 5000 + b"}")
+        good = good_sample("a", 1) + member("a.json", b'{"n": 1}')
+        return write(tmp_path / "s.tar", tar_of(good, big))
+
+    @pytest.mark.parametrize("backend", BACKENDS)
+    def test_skipped_as_a_bad_field(self, tmp_path, backend):
+        source = gp.WebDataset(self.shard(tmp_path), fields={"image": "jpg", "label": "cls", "meta": "json"})
+        pipe = gp.Pipeline(source, [gp.transforms.CenterCrop(16)])
+        options = {"device": "cpu"} if backend == "dali" else {}
+        with gp.Loader(pipe, 2, backend=backend, on_error="skip", max_skipped=None, **options) as loader:
+            metas = [m for b in loader for m, v in zip(b["meta"], b.valid.tolist(), strict=True) if v]
+            assert metas == [{"n": 1}]
+            assert [(s.key, s.kind) for s in loader.skipped] == [("b", Damage.BAD_FIELD.value)]
+
+    def test_check_reports_it(self, tmp_path, capsys):
+        from gpupipe.cli._main import main
+
+        path = self.shard(tmp_path)
+        assert main(["check", path, "--workers", "0", "--fields", "meta=json", "--no-write"]) == 1
+        out = capsys.readouterr().out
+        assert "bad-field: 1; first keys 'b'" in out and "is not JSON gpupipe reads" in out
