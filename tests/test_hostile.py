@@ -381,3 +381,34 @@ class TestJsonIntegers:
         assert main(["check", path, "--workers", "0", "--fields", "meta=json", "--no-write"]) == 1
         out = capsys.readouterr().out
         assert "bad-field: 1; first keys 'b'" in out and "is not JSON gpupipe reads" in out
+
+
+class TestJpegScans:
+    """A sequential JPEG whose scans are progressive ones (a progressive file whose frame header
+    says baseline): libjpeg-turbo refuses it, nvImageCodec delivered its first scan. Found by the
+    fuzzer; one verdict, ``undecodable``, everywhere (the corpus of ``test_odd_files`` holds it)."""
+
+    def test_it_is_irregular_and_refused(self):
+        from gpupipe.core._imageinfo import jpeg_scans_disagree
+        from gpupipe.runtime._decode import decode_rgb, read_header
+
+        from .support.corpus import _called_baseline, _photo, _save
+
+        progressive = _save(_photo(1), "JPEG", quality=90, progressive=True)
+        called = _called_baseline(progressive)
+        assert read_header(called, None, shard="s", key="k").irregular and jpeg_scans_disagree(called)
+        with pytest.raises(gp.SampleError, match="more than one scan") as e:
+            decode_rgb(called, shard="s", key="k")
+        assert e.value.kind is Damage.UNDECODABLE
+        for good in (progressive, _save(_photo(1), "JPEG", quality=90), good_jpeg(3), _save(_photo(2).convert("L"),
+                                                                                           "JPEG")):  # fmt: skip
+            assert not jpeg_scans_disagree(good) and not read_header(good, None, shard="s", key="k").irregular
+
+    @pytest.mark.parametrize("backend", BACKENDS)
+    def test_every_backend_skips_it(self, tmp_path, backend):
+        from .support.corpus import _called_baseline, _photo, _save
+
+        called = _called_baseline(_save(_photo(1), "JPEG", quality=90, progressive=True))
+        path = write(tmp_path / "s.tar", tar_of(member("p.jpg", called), member("p.cls", b"1"), good_sample("g")))
+        assert keys(path, backend=backend) == ["g"]
+        assert [(f.key, f.kind) for f in gp.check(path, workers=0, write=False).findings] == [("p", Damage.UNDECODABLE)]

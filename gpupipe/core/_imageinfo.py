@@ -19,6 +19,7 @@ __all__ = [
     "jpeg_frame",
     "jpeg_walk",
     "jpeg_ended",
+    "jpeg_scans_disagree",
     "png_animated",
     "png_without_metadata",
     "MAX_IMAGE_PIXELS",
@@ -70,6 +71,36 @@ def jpeg_walk(data: bytes | memoryview) -> tuple[tuple[int, int, int, int] | Non
             return (height, width, marker, precision), junk
         i += 2 + length
     return None, junk
+
+
+_SEQUENTIAL = frozenset((0xC0, 0xC1, 0xC9))  # baseline, extended, arithmetic sequential
+
+
+def jpeg_scans_disagree(data: bytes | memoryview) -> bool:
+    """Whether a sequential JPEG's first scan is a progressive one (spectral selection or
+    successive approximation): a progressive file whose frame header says baseline, found by the
+    fuzzer. libjpeg-turbo refuses its second scan ("Didn't expect more than one scan") where
+    nvImageCodec decodes the first alone and delivers. Reads the segments up to the first scan's
+    header only: a second scan after an ordinary first one is not looked for (finding it means
+    reading the whole file, 0.3 ms per MB)."""
+    i, n, sof = 2, len(data), None
+    while i + 4 <= n:
+        if data[i] != 0xFF or data[i + 1] == 0xFF:  # junk or fill: judged by jpeg_walk
+            i += 1
+            continue
+        marker = data[i + 1]
+        if marker in _STANDALONE:
+            i += 2
+            continue
+        if marker == 0xD9:
+            return False
+        if marker in _SOF and sof is None:
+            sof = marker
+        elif marker == 0xDA:
+            end = i + 5 + 2 * (int(data[i + 4]) if i + 4 < n else 0)  # past the scan's component selectors
+            return sof in _SEQUENTIAL and end + 3 <= n and bytes(data[end : end + 3]) != b"\x00\x3f\x00"
+        i += 2 + struct.unpack_from(">H", data, i + 2)[0]
+    return False
 
 
 _PADDING = b"\x00\t\n\r "  # bytes some writers leave after a JPEG's end-of-image marker

@@ -48,6 +48,7 @@ from ..core._imageinfo import (
     header_size,
     image_format,
     jpeg_ended,
+    jpeg_scans_disagree,
     jpeg_walk,
     png_animated,
     png_without_metadata,
@@ -123,6 +124,7 @@ def read_header(data: bytes | memoryview, max_pixels: int | None, *, shard: str,
     if fmt == "jpeg":
         frame, irregular = jpeg_walk(data)
         irregular = irregular or not jpeg_ended(data)  # cut short: nvJPEG decodes it, libjpeg-turbo refuses it
+        irregular = irregular or jpeg_scans_disagree(data)  # a progressive file called baseline: likewise
         if frame is None:
             raise _refused("is a JPEG without a frame header (damaged or cut short)", Damage.UNDECODABLE, shard=shard,
                            key=key)  # fmt: skip

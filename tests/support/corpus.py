@@ -103,6 +103,11 @@ def _patched_sof(
     return bytes(data)
 
 
+def _called_baseline(data: bytes) -> bytes:
+    sof = data.index(b"\xff\xc2")
+    return data[:sof] + b"\xff\xc0" + data[sof + 2 :]
+
+
 def _junk_before_sof(data: bytes) -> bytes:
     """One junk byte before the frame header: libjpeg skips it (a warning) and decodes on."""
     sof = data.index(b"\xff\xc0")
@@ -222,6 +227,12 @@ def corpus() -> dict[str, tuple[bytes, str | None]]:
         "jpeg-bomb": (_patched_sof(size=(30000, 30000)), "too-large"),
         "jpeg-bomb-after-junk": (_junk_before_sof(_patched_sof(size=(20000, 20000))), "too-large"),
         "jpeg-no-frame": (_without_sof(jpeg), "undecodable"),
+        # a progressive JPEG whose frame header says baseline: libjpeg-turbo refuses its second
+        # scan, nvImageCodec decoded the first alone (found by the fuzzer)
+        "jpeg-progressive-called-baseline": (
+            _called_baseline(_save(photo, "JPEG", quality=90, progressive=True)),
+            "undecodable",
+        ),
         "png-bomb": (_png_bomb(), "too-large"),
         # refused, last: some in the short last batch of 16, several in one batch
         "jpeg-400-mpx": (_save(Image.new("L", (20000, 20000), 128), "JPEG", quality=50), "too-large"),

@@ -248,9 +248,10 @@ class Case:
     gzipped: bool
     fields: bool
 
-    def __repr__(self) -> str:  # what hypothesis prints of a failing case
-        shown = [p[:200] if isinstance(p, bytes) else p for p in self.pieces]
-        return f"Case(gzipped={self.gzipped}, fields={self.fields}, pieces={shown!r})"
+    def __repr__(self) -> str:  # what hypothesis prints of a failing case: each piece's size and start
+        shown = [f"<{len(p)} bytes {p[:64]!r}>" if isinstance(p, bytes) else f"<hole {p[0]!r} {p[1]}>"
+                 for p in self.pieces]  # fmt: skip
+        return f"Case(gzipped={self.gzipped}, fields={self.fields}, pieces=[{', '.join(shown)}])"
 
 
 @st.composite
