@@ -2,7 +2,8 @@
 ``gpupipe check`` and each CPU backend under ``on_error="skip"``, against five invariants:
 
 1. nothing raises out of ``WebDataset.index``, ``Loader(...)``, its epoch or ``check``;
-2. every sample the index numbers is delivered or skipped with a reason, once, on every backend;
+2. every sample the index numbers is delivered or skipped with a reason, once, on every backend
+   (torch and DALI-CPU by default; ``--backends torch,dali,ray`` adds Ray's, on a local cluster);
 3. each sample gets one verdict: the same kind on every backend and in ``check``;
 4. memory: a case's peak resident memory stays within ``4 x max_image_bytes`` (plus the slack a
    clean case needs) of what it was before the case;
@@ -91,7 +92,7 @@ class Fuzzer:
     def verdicts(self, source: gp.WebDataset, backend: str) -> dict[str, str]:
         """Each numbered sample's verdict on ``backend``: ``"ok"`` (delivered) or its kind."""
         pipe = gp.Pipeline(source, [T.RandomResizedCrop(16), T.RandomHorizontalFlip()])
-        options: dict[str, Any] = {"device": "cpu"} if backend == "dali" else {"num_workers": 0}
+        options: dict[str, Any] = {"dali": {"device": "cpu"}, "torch": {"num_workers": 0}}.get(backend, {})
         out: dict[str, str] = {}
         with gp.Loader(pipe, 3, backend=backend, on_error="skip", max_skipped=None, max_image_bytes=LIMIT, seed=1,
                        **options) as loader:  # fmt: skip
@@ -178,6 +179,10 @@ def fuzz(seconds: float, *, seed: int = 0, backends: list[str] | None = None, ke
     os.environ.setdefault("GPUPIPE_CACHE_DIR", os.path.join(root, "cache"))
     fuzzer = Fuzzer(root, backends, keep)
     failure, rounds = None, 0
+    if "ray" in backends:  # one local Ray for every case's loader (loopback, 2 CPUs), as the tests share one
+        from gpupipe.backends._ray import _cluster
+
+        _cluster.attach(gp.RayOptions(local_cpus=2))
     try:
         fuzzer.warm()
         while time.monotonic() - started < seconds and failure is None:
@@ -198,6 +203,8 @@ def fuzz(seconds: float, *, seed: int = 0, backends: list[str] | None = None, ke
                            "seed": seed + rounds - 1}  # fmt: skip
     finally:
         shutil.rmtree(root, ignore_errors=True)
+        if "ray" in backends:
+            _cluster.detach()
     return {
         "cases": fuzzer.cases,
         "rounds": rounds,
@@ -218,7 +225,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=60.0, help="the budget (default 60)")
     p.add_argument("--seed", type=int, default=0, help="the first round's hypothesis seed (default 0)")
     p.add_argument("--examples", type=int, default=25, help="cases per round (default 25)")
-    p.add_argument("--backends", default=None, help="comma-separated (default: torch and dali where present)")
+    p.add_argument("--backends", default=None, help="comma-separated: torch, dali, ray (default: torch and dali "
+                   "where present; ray starts a local cluster)")  # fmt: skip
     p.add_argument("--keep", default=None, help="copy each case's shard here before it runs (a crash leaves it)")
     p.add_argument("--out", default=None, help="also write the report (JSON) here")
     args = p.parse_args(argv)
