@@ -92,7 +92,8 @@ class Fuzzer:
     def verdicts(self, source: gp.WebDataset, backend: str) -> dict[str, str]:
         """Each numbered sample's verdict on ``backend``: ``"ok"`` (delivered) or its kind."""
         pipe = gp.Pipeline(source, [T.RandomResizedCrop(16), T.RandomHorizontalFlip()])
-        options: dict[str, Any] = {"dali": {"device": "cpu"}, "torch": {"num_workers": 0}}.get(backend, {})
+        per_backend: dict[str, dict[str, Any]] = {"dali": {"device": "cpu"}, "torch": {"num_workers": 0}}
+        options = per_backend.get(backend, {})
         out: dict[str, str] = {}
         with gp.Loader(pipe, 3, backend=backend, on_error="skip", max_skipped=None, max_image_bytes=LIMIT, seed=1,
                        **options) as loader:  # fmt: skip
