@@ -6,7 +6,8 @@
    (torch and DALI-CPU by default; ``--backends torch,dali,ray`` adds Ray's, on a local cluster);
 3. each sample gets one verdict: the same kind on every backend and in ``check``;
 4. memory: a case's peak resident memory stays within ``4 x max_image_bytes`` (plus the slack a
-   clean case needs) of what it was before the case;
+   clean case needs) of what it was before the case, with ``max_image_pixels`` a third of
+   ``max_image_bytes`` as by default (a decoded image is one member's worth);
 5. nothing is unpickled (an object ``.npy`` holds a canary).
 
 Hypothesis generates and shrinks the cases: structured inputs (tar members, image headers,
@@ -22,9 +23,11 @@ finds it.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -39,6 +42,7 @@ from .fuzz_cases import CANARY, Case, cases, write_case
 from .hostile import good_sample, tar_of
 
 LIMIT = 8 << 20  # max_image_bytes in the fuzzed loaders: small, so that the memory bound is tight
+PIXELS = LIMIT // 3  # max_image_pixels likewise: the promise counts a decoded image (3 x pixels) as one member
 FIELDS = {"image": "jpg;png;webp;bmp", "label": "cls", "meta": gp.fields.Json("json", missing="empty"),
           "text": gp.fields.Text("txt", missing="empty"), "emb": gp.fields.Array("npy", missing="empty")}  # fmt: skip
 OK = "ok"
@@ -95,8 +99,8 @@ class Fuzzer:
         per_backend: dict[str, dict[str, Any]] = {"dali": {"device": "cpu"}, "torch": {"num_workers": 0}}
         options = per_backend.get(backend, {})
         out: dict[str, str] = {}
-        with gp.Loader(pipe, 3, backend=backend, on_error="skip", max_skipped=None, max_image_bytes=LIMIT, seed=1,
-                       **options) as loader:  # fmt: skip
+        with gp.Loader(pipe, 3, backend=backend, on_error="skip", max_skipped=None, max_image_bytes=LIMIT,
+                       max_image_pixels=PIXELS, seed=1, **options) as loader:  # fmt: skip
             for batch in loader:
                 for key, valid in zip(batch.keys, batch.valid.tolist(), strict=True):
                     if valid:
@@ -146,7 +150,7 @@ class Fuzzer:
                 f"never {sorted(set(numbered) - set(got))[:5]}"
             )
             seen[backend] = got
-        report = gp.check(source, workers=0, write=False, max_image_bytes=LIMIT)
+        report = gp.check(source, workers=0, write=False, max_image_bytes=LIMIT, max_image_pixels=PIXELS)
         checked = dict.fromkeys(numbered, OK)
         checked.update({f.key: f.kind.value for f in report.findings if f.sample is not None and f.key is not None})
         seen["check"] = checked
@@ -200,8 +204,12 @@ def fuzz(seconds: float, *, seed: int = 0, backends: list[str] | None = None, ke
             try:
                 round_()
             except Exception as e:  # the shrunk case's failure: hypothesis re-raises it
-                failure = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-6000:],
-                           "seed": seed + rounds - 1}  # fmt: skip
+                zeros = functools.partial(re.sub, r"(\\x00){8,}", "<zeros>")  # a case's padding, shown short
+                failure = {
+                    "error": zeros(f"{type(e).__name__}: {e}")[:4000],
+                    "traceback": zeros(traceback.format_exc())[-6000:],
+                    "seed": seed + rounds - 1,
+                }
     finally:
         shutil.rmtree(root, ignore_errors=True)
         if "ray" in backends:
