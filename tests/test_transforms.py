@@ -693,3 +693,100 @@ def test_transforms_are_frozen_and_hashable():
     with pytest.raises(dataclasses.FrozenInstanceError):
         t.size = (1, 1)  # type: ignore[misc]
     assert hash(t) == hash(T.RandomResizedCrop((224, 224)))
+
+
+class TestTransformFacts:
+    """What the compilers and the masks need of a transform is declared on its class (issue 52):
+    these sets are the lists ``_KEEPS_SIZE``, ``_FLIP_COMMUTES`` and ``MASK_GEOMETRY`` that the DALI
+    compiler and the mask rules kept before, unchanged."""
+
+    KEEPS = frozenset(
+        [
+            "RandomHorizontalFlip",
+            "RandomVerticalFlip",
+            "ToDtype",
+            "Normalize",
+            "ColorJitter",
+            "RandomGrayscale",
+            "GaussianBlur",
+            "RandomSolarize",
+            "RandomApply",
+            "Arithmetic",
+            "RandomErasing",
+            "TrivialAugmentWide",
+            "RandAugment",
+            "AutoAugment",
+            "AugMix",
+            "TimmRandAugment",
+            "RandomInvert",
+            "RandomPosterize",
+            "RandomAutocontrast",
+            "RandomAdjustSharpness",
+            "RandomAffine",
+            "RandomEqualize",
+            "RandomPhotometricDistort",
+        ]
+    )
+    FLIP = frozenset(
+        [
+            "ColorJitter",
+            "RandomGrayscale",
+            "GaussianBlur",
+            "RandomSolarize",
+            "RandomPosterize",
+            "RandomInvert",
+            "RandomEqualize",
+            "RandomAutocontrast",
+            "RandomAdjustSharpness",
+            "TrivialAugmentWide",
+            "RandAugment",
+            "AutoAugment",
+            "TimmRandAugment",
+            "AugMix",
+        ]
+    )
+    MASKS = frozenset(
+        [
+            "RandomResizedCrop",
+            "Resize",
+            "RandomResize",
+            "RandomShortestSize",
+            "CenterCrop",
+            "RandomCrop",
+            "RandomHorizontalFlip",
+            "RandomVerticalFlip",
+            "RandomRotation",
+            "RandomAffine",
+            "RandomZoomOut",
+            "RandomIoUCrop",
+        ]
+    )
+
+    def classes(self) -> dict[str, type[T.Transform]]:
+        import inspect
+
+        return {n: c for n in T.__all__ if inspect.isclass(c := getattr(T, n)) and issubclass(c, T.Transform)}
+
+    def test_each_class_declares_its_facts(self):
+        classes = self.classes()
+        assert set(classes) >= self.KEEPS | self.FLIP | self.MASKS
+        assert {n for n, c in classes.items() if c.keeps_size} == self.KEEPS
+        assert {n for n, c in classes.items() if c.commutes_with_flip} == self.FLIP
+        assert {n for n, c in classes.items() if c.moves_masks} == self.MASKS
+
+    def test_an_instance_whose_arguments_decide(self):
+        assert T.RandomRotation(10).size_kept() and not T.RandomRotation(10, expand=True).size_kept()
+        assert T.Normalize([0.5], [0.5]).size_kept() and not T.CenterCrop(8).size_kept()
+
+    def test_a_subclass_inherits_all_but_commuting_with_a_flip(self):
+        import dataclasses
+
+        @dataclasses.dataclass(frozen=True)
+        class Mine(T.ColorJitter):
+            pass
+
+        @dataclasses.dataclass(frozen=True)
+        class Declared(T.ColorJitter):
+            commutes_with_flip = True
+
+        assert Mine.keeps_size and not Mine.commutes_with_flip and Declared.commutes_with_flip

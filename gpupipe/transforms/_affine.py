@@ -54,6 +54,8 @@ class RandomRotation(Transform):
     unit, the fill's edge included (tested).
     """
 
+    moves_masks = True
+
     degrees: Any
     interpolation: InterpolationMode | str = InterpolationMode.NEAREST
     expand: bool = False
@@ -62,6 +64,9 @@ class RandomRotation(Transform):
 
     random = True
     draws = 1
+
+    def size_kept(self) -> bool:
+        return not self.expand
 
     def __post_init__(self) -> None:
         name = type(self).__name__
@@ -141,6 +146,9 @@ class RandomAffine(Transform):
     Shapes unchanged. On DALI: ``warp_affine`` with the same map, computed on the host (see
     :class:`RandomRotation` for how the two kernels differ).
     """
+
+    keeps_size = True
+    moves_masks = True
 
     degrees: Any
     translate: Sequence[float] | None = None

@@ -48,6 +48,8 @@ class RandomApply(Coin, Transform):
     transforms is paid for every sample, where the torch backend skips them).
     """
 
+    keeps_size = True
+
     transforms: Sequence[Transform]  # stored as a tuple
     p: float = 0.5
     factor_slices: tuple[tuple[int, int], ...] = dataclasses.field(init=False, repr=False, compare=False)

@@ -75,16 +75,35 @@ class Transform:
 
     The torch backend applies both per sample; the DALI backend runs :meth:`sample` on the host
     for a whole batch and computes step 2 in its graph, with the same arithmetic.
+
+    What the compilers and the masks need to know of a transform is declared on its class:
+
+    - ``keeps_size``: its output has its input's size on every backend, so the host knows the
+      size after it (:meth:`size_kept` answers for an instance whose arguments decide);
+    - ``moves_masks``: it is geometric: a ``gp.fields.Mask`` (and boxes) follows it, moved by
+      each backend's mask kernels; the others leave masks as they are;
+    - ``commutes_with_flip``: a horizontal flip before it may move after it (it acts per pixel,
+      on the whole image, or with a mirror-symmetric kernel; a policy's geometry is conjugated
+      by the flip). Not inherited: a subclass may change what the image undergoes, so it
+      declares it itself.
     """
 
     random: ClassVar[bool] = False
     draws: ClassVar[int] = 0
     uses_boxes: ClassVar[bool] = False  # make_params takes the sample's boxes too (RandomIoUCrop)
+    keeps_size: ClassVar[bool] = False
+    moves_masks: ClassVar[bool] = False
+    commutes_with_flip: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if cls.random != (cls.draws > 0):
             raise TypeError(f"{cls.__name__}: a random transform sets draws > 0, a deterministic one draws = 0")
+        cls.commutes_with_flip = bool(vars(cls).get("commutes_with_flip", False))  # declared, never inherited
+
+    def size_kept(self) -> bool:
+        """Whether this step's output has its input's size on every backend (``keeps_size``)."""
+        return self.keeps_size
 
     def output_spec(self, spec: ImageSpec) -> ImageSpec:
         """Returns the spec of the output for an input of ``spec``; raises PipelineError if invalid."""

@@ -82,6 +82,9 @@ class ColorJitter(Transform):
     (float values in ``[0, 1]``).
     """
 
+    keeps_size = True
+    commutes_with_flip = True
+
     brightness: Any = None
     contrast: Any = None
     saturation: Any = None
@@ -126,6 +129,9 @@ class RandomGrayscale(Coin, Transform):
     """Converts the image to grayscale with probability ``p`` (default 0.1), keeping 3 channels
     (ITU-R 601-2 luma: 0.2989 R + 0.587 G + 0.114 B). Shapes unchanged."""
 
+    keeps_size = True
+    commutes_with_flip = True
+
     p: float = 0.1
 
     random = True
@@ -157,6 +163,9 @@ class GaussianBlur(Transform):
     Shapes unchanged. Borders are reflected (torchvision's ``reflect``: the edge pixel is not
     repeated).
     """
+
+    keeps_size = True
+    commutes_with_flip = True
 
     kernel_size: Any
     sigma: Any = (0.1, 2.0)
@@ -212,6 +221,9 @@ class RandomSolarize(Coin, Transform):
     arithmetic on the image, the per-sample decision selecting the result).
     """
 
+    keeps_size = True
+    commutes_with_flip = True
+
     threshold: float
     p: float = 0.5
 
@@ -254,6 +266,8 @@ class ToDtype(Transform):
             ``[0, 1]``). Default ``False``: a plain cast.
     """
 
+    keeps_size = True
+
     dtype: torch.dtype
     _: dataclasses.KW_ONLY
     scale: bool = False
@@ -282,6 +296,8 @@ class Normalize(Transform):
     Needs a float image: put ``ToDtype(torch.float32, scale=True)`` before it (checked when the
     pipeline is built). Shapes unchanged.
     """
+
+    keeps_size = True
 
     mean: Sequence[float]
     std: Sequence[float]

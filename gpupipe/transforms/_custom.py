@@ -32,6 +32,8 @@ class Arithmetic(Transform):
         ...         return (x + self.add) * self.mult
     """
 
+    keeps_size = True
+
     def apply(self, x: Any) -> Any:
         raise NotImplementedError(f"{type(self).__name__} must implement apply(x)")
 

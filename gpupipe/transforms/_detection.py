@@ -55,6 +55,8 @@ class RandomPhotometricDistort(Transform):
     where off (hue selected per sample), the permutation a per-sample ``coord_transform``.
     """
 
+    keeps_size = True
+
     brightness: Any = (0.875, 1.125)
     contrast: Any = (0.5, 1.5)
     saturation: Any = (0.5, 1.5)
@@ -117,6 +119,8 @@ class RandomZoomOut(Transform):
     Shapes: ``[C, H, W] -> [C, h, w]``, varying per sample: a resize to one size must follow
     before batching. On DALI: a padding ``slice`` with the canvas computed on the host.
     """
+
+    moves_masks = True
 
     fill: Any = 0
     side_range: Sequence[float] = (1.0, 4.0)
@@ -185,6 +189,8 @@ class RandomIoUCrop(Transform):
     Shapes: ``[C, H, W] -> [C, h, w]``, varying per sample: a resize to one size must follow.
     On DALI: a ``slice`` by the window the host computed with the boxes.
     """
+
+    moves_masks = True
 
     min_scale: float = 0.3
     max_scale: float = 1.0

@@ -50,6 +50,8 @@ class RandomErasing(Coin, Transform):
     normalized units). Shapes and dtype unchanged.
     """
 
+    keeps_size = True
+
     p: float = 0.5
     scale: Sequence[float] = (0.02, 0.33)
     ratio: Sequence[float] = (0.3, 3.3)

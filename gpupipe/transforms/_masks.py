@@ -8,31 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ._affine import RandomAffine, RandomRotation
 from ._apply import RandomApply, RandomChoice
 from ._base import Transform
 from ._custom import ArrayFunction
-from ._detection import RandomIoUCrop, RandomZoomOut
 from ._policies import AugMix, AutoAugment, RandAugment, TrivialAugmentWide
-from ._spatial import (
-    CenterCrop,
-    RandomCrop,
-    RandomHorizontalFlip,
-    RandomResize,
-    RandomResizedCrop,
-    RandomShortestSize,
-    RandomVerticalFlip,
-    Resize,
-)
 from ._timm import TimmRandAugment
 
-__all__ = ["MASK_GEOMETRY", "mask_refusal", "boxes_refusal"]
-
-# the transforms whose kernels move a mask with the image (each backend lowers them for masks)
-MASK_GEOMETRY: tuple[type[Transform], ...] = (
-    RandomResizedCrop, Resize, RandomResize, RandomShortestSize, CenterCrop, RandomCrop, RandomHorizontalFlip,
-    RandomVerticalFlip, RandomRotation, RandomAffine, RandomZoomOut, RandomIoUCrop,
-)  # fmt: skip
+__all__ = ["mask_refusal", "boxes_refusal"]
 
 _POLICY = "chooses its operations per sample, some of them geometric (torchvision's refuses masks too)"
 _REFUSED: dict[type[Transform], str] = {

@@ -209,6 +209,9 @@ class TrivialAugmentWide(_Policy):
     the identity (see ``docs/guide/transforms.md`` for the differences measured).
     """
 
+    keeps_size = True
+    commutes_with_flip = True
+
     num_magnitude_bins: int = 31
     interpolation: InterpolationMode | str = InterpolationMode.NEAREST
     fill: Any = None
@@ -241,6 +244,9 @@ class RandAugment(_Policy):
 
     Backends: as :class:`TrivialAugmentWide`, each operation a slot of its own on DALI.
     """
+
+    keeps_size = True
+    commutes_with_flip = True
 
     num_ops: int = 2
     magnitude: int = 9
@@ -290,6 +296,9 @@ class AutoAugment(_Policy):
         interpolation: ``NEAREST`` (default) or ``BILINEAR``.
         fill: ``None`` (default: 0), a number, or one per channel.
     """
+
+    keeps_size = True
+    commutes_with_flip = True
 
     policy: AutoAugmentPolicy | str = AutoAugmentPolicy.IMAGENET
     interpolation: InterpolationMode | str = InterpolationMode.NEAREST
@@ -360,6 +369,9 @@ class AugMix(Transform):
     a slot of :class:`TrivialAugmentWide`'s kind (each operation family in a branch of its
     samples), and the mix is torchvision's float32 sum in the same order, truncated.
     """
+
+    keeps_size = True
+    commutes_with_flip = True
 
     severity: int = 3
     mixture_width: int = 3

@@ -86,6 +86,8 @@ class RandomResizedCrop(Transform):
     sample; DALI fuses it with decoding (only the window is decoded).
     """
 
+    moves_masks = True
+
     size: Any
     _: dataclasses.KW_ONLY
     scale: Sequence[float] = (0.08, 1.0)
@@ -140,6 +142,8 @@ class Resize(Transform):
     Shapes: ``[C, H, W] -> [C, h, w]``; with an int ``size`` the output size depends on the input,
     so a crop must follow before images are batched.
     """
+
+    moves_masks = True
 
     size: Any
     _: dataclasses.KW_ONLY
@@ -201,6 +205,8 @@ class RandomResize(Transform):
     be known there: not after a step whose size only the graph knows).
     """
 
+    moves_masks = True
+
     min_size: int
     max_size: int
     _: dataclasses.KW_ONLY
@@ -254,6 +260,8 @@ class RandomShortestSize(Transform):
     size, computed on the host (the image's size must be known there).
     """
 
+    moves_masks = True
+
     min_size: Sequence[int] | int
     max_size: int | None = None
     _: dataclasses.KW_ONLY
@@ -300,6 +308,8 @@ class CenterCrop(Transform):
     Shapes: ``[C, H, W] -> [C, size[0], size[1]]``.
     """
 
+    moves_masks = True
+
     size: Any
 
     def __post_init__(self) -> None:
@@ -327,6 +337,8 @@ class RandomCrop(Transform):
 
     Shapes: ``[C, H, W] -> [C, size[0], size[1]]``.
     """
+
+    moves_masks = True
 
     size: Any
     _: dataclasses.KW_ONLY
@@ -407,7 +419,13 @@ class _RandomFlip(Coin, Transform):
 class RandomHorizontalFlip(_RandomFlip):
     """Flips the image left-right with probability ``p`` (default 0.5). Shapes unchanged."""
 
+    keeps_size = True
+    moves_masks = True
+
 
 @dataclasses.dataclass(frozen=True)
 class RandomVerticalFlip(_RandomFlip):
     """Flips the image upside down with probability ``p`` (default 0.5). Shapes unchanged."""
+
+    keeps_size = True
+    moves_masks = True

@@ -53,6 +53,9 @@ class TimmRandAugment(_Policy):
     round as torchvision's; Pillow's contrast takes a rounded mean), and the interpolation is one.
     """
 
+    keeps_size = True
+    commutes_with_flip = True
+
     num_ops: int = 2
     magnitude: float = 9
     magnitude_std: float = 0.5

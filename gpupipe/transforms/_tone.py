@@ -56,6 +56,9 @@ class RandomInvert(_Coined):
     """Inverts the image with probability ``p`` (default 0.5): ``255 - v`` (uint8), ``1 - v``
     (float). Shapes and dtype unchanged; exact on every backend."""
 
+    keeps_size = True
+    commutes_with_flip = True
+
     p: float = 0.5
 
     def __post_init__(self) -> None:
@@ -67,6 +70,9 @@ class RandomPosterize(_Coined):
     """Keeps the ``bits`` most significant bits of each value with probability ``p`` (default
     0.5): ``v & mask`` on uint8, ``floor(v · 2^bits) / 2^bits`` (clamped) on a float image, as
     torchvision. ``bits`` in ``[0, 8]``. Shapes and dtype unchanged; exact on every backend."""
+
+    keeps_size = True
+    commutes_with_flip = True
 
     bits: int
     p: float = 0.5
@@ -87,6 +93,9 @@ class RandomAutocontrast(_Coined):
     """Stretches each channel to the full range with probability ``p`` (default 0.5): ``(v − min)
     / ((max − min) / bound)``, clamped (a flat channel is kept), as torchvision computes it in
     float32 (a uint8 image truncated back). 1 or 3 channels. Exact on every backend."""
+
+    keeps_size = True
+    commutes_with_flip = True
 
     p: float = 0.5
     channels = (1, 3)
@@ -109,6 +118,9 @@ class RandomAdjustSharpness(_Coined):
         p: probability of adjusting. Default 0.5.
     """
 
+    keeps_size = True
+    commutes_with_flip = True
+
     sharpness_factor: float
     p: float = 0.5
     channels = (1, 3)
@@ -127,6 +139,9 @@ class RandomEqualize(_Coined):
     (PIL's lookup table; a float image through uint8 and back). On DALI: DALI's ``equalize``,
     whose table is OpenCV's: on photographs of about 100 x 80, 1.6 units apart on average (11 at
     most); on smaller images further (5.5 at 40 x 56); a flat channel is kept by both."""
+
+    keeps_size = True
+    commutes_with_flip = True
 
     p: float = 0.5
     channels = (1, 3)

@@ -56,34 +56,6 @@ __all__ = ["LOWERINGS", "DALI_OPS", "Ctx", "Check", "Lowered", "lower", "dali_ty
 
 _FLOAT_OUT = {torch.float32: "FLOAT", torch.float16: "FLOAT16"}
 
-# Transforms whose output has their input's size, whatever their lowering: the host keeps
-# knowing the size across them. (ArrayFunction may change it per sample: not here.)
-_KEEPS_SIZE = (
-    T.RandomHorizontalFlip,
-    T.RandomVerticalFlip,
-    T.ToDtype,
-    T.Normalize,
-    T.ColorJitter,
-    T.RandomGrayscale,
-    T.GaussianBlur,
-    T.RandomSolarize,
-    T.RandomApply,
-    T.Arithmetic,
-    T.RandomErasing,
-    T.TrivialAugmentWide,
-    T.RandAugment,
-    T.AutoAugment,
-    T.AugMix,
-    T.TimmRandAugment,
-    T.RandomInvert,
-    T.RandomPosterize,
-    T.RandomAutocontrast,
-    T.RandomAdjustSharpness,
-    T.RandomAffine,
-    T.RandomEqualize,
-    T.RandomPhotometricDistort,
-)  # (RandomRotation keeps it too, with expand=False: see _size_after)
-
 
 def lower(
     views: Sequence[Sequence[T.Transform]],
@@ -215,8 +187,7 @@ def _size_after(t: T.Transform, spec: T.ImageSpec, before: tuple[Any, Any] | Non
         return spec.height, spec.width
     if ctx.resized is not None and before is not None:
         return ctx.resized
-    keeps = isinstance(t, _KEEPS_SIZE) or (isinstance(t, T.RandomRotation) and not t.expand)
-    return before if keeps else None
+    return before if t.size_kept() else None
 
 
 # ------------------------------------------------------------------------ fusion --
@@ -265,16 +236,6 @@ def _fusable_tail(steps: list[T.Transform]) -> list[T.Transform]:
     return tail
 
 
-# Steps a horizontal flip commutes with, so that a flip before them can move into the fused tail:
-# per pixel, over the whole image, or with a mirror-symmetric kernel (with their built-in lowerings);
-# the policies' geometry is conjugated by the flip instead (``_policies``, ``Ctx.mirrored``).
-_FLIP_COMMUTES = (
-    T.ColorJitter, T.RandomGrayscale, T.GaussianBlur, T.RandomSolarize, T.RandomPosterize, T.RandomInvert,
-    T.RandomEqualize, T.RandomAutocontrast, T.RandomAdjustSharpness,
-    T.TrivialAugmentWide, T.RandAugment, T.AutoAugment, T.TimmRandAugment, T.AugMix,
-)  # fmt: skip
-
-
 def _commutes_with_flip(t: T.Transform) -> bool:
     """Whether a horizontal flip commutes with ``t`` as gpupipe lowers it (a subclass, or a
     lowering registered in its place, may not)."""
@@ -282,7 +243,7 @@ def _commutes_with_flip(t: T.Transform) -> bool:
         return False
     if isinstance(t, (T.RandomApply, SampleChoice)) and type(t) in (T.RandomApply, SampleChoice):
         return all(_commutes_with_flip(inner) for inner in t.transforms)
-    return type(t) in _FLIP_COMMUTES
+    return t.commutes_with_flip
 
 
 def _sinkable_flip(body: list[tuple[int, T.Transform]], tail: list[T.Transform]) -> tuple[int, T.Transform] | None:

@@ -27,7 +27,6 @@ from ...transforms._apply import RandomChoice as SampleChoice
 from ...transforms._color import BlurParams, ColorJitterParams, GrayscaleParams, SolarizeParams
 from ...transforms._detection import IoUCropParams, PhotometricParams, ZoomParams
 from ...transforms._erasing import ErasingParams
-from ...transforms._masks import MASK_GEOMETRY
 from ...transforms._spatial import CropParams, FlipParams, RandomCropParams, ResizeParams, SizeParams
 from ...transforms._tone import CoinParams
 from .._registry import Registry, inner_unsupported
@@ -127,7 +126,7 @@ def _follow(t: T.Transform, target: torch.Tensor, params: Any, geometry: Any) ->
         return target
     if isinstance(t, SampleChoice):
         return _follow(t.transforms[params.chosen], target, params.params[params.chosen], geometry)
-    return geometry(t, target, params) if isinstance(t, MASK_GEOMETRY) else target
+    return geometry(t, target, params) if t.moves_masks else target
 
 
 def _mask_geometry(t: T.Transform, mask: IndexedMask, p: Any, fill: int) -> IndexedMask:
