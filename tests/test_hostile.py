@@ -412,3 +412,41 @@ class TestJpegScans:
         path = write(tmp_path / "s.tar", tar_of(member("p.jpg", called), member("p.cls", b"1"), good_sample("g")))
         assert keys(path, backend=backend) == ["g"]
         assert [(f.key, f.kind) for f in gp.check(path, workers=0, write=False).findings] == [("p", Damage.UNDECODABLE)]
+
+
+class TestByteOrder:
+    """A ``.npy`` field of the other byte order (``>f8`` on x86): torch holds none, and batching
+    it raised a plain ``ValueError`` out of the epoch. Found by the fuzzer; its values come in
+    this machine's byte order now, whichever way the batch holds them."""
+
+    def shard(self, tmp_path, shapes) -> str:
+        import io
+
+        import numpy as np
+
+        pieces = []
+        for i, shape in enumerate(shapes):
+            out = io.BytesIO()
+            np.save(out, (np.arange(int(np.prod(shape))).reshape(shape) + i).astype(">f8"))  # (a sum: native order)
+            pieces += [good_sample(f"k{i}", i), member(f"k{i}.npy", out.getvalue())]
+        return write(tmp_path / "s.tar", tar_of(*pieces))
+
+    @pytest.mark.parametrize("backend", BACKENDS)
+    @pytest.mark.parametrize(
+        ("shapes", "pad"), [([(2, 3), (2, 3)], None), ([(2,), (3,)], None), ([(2,), (3,)], 0), ([(), (3,)], None)]
+    )
+    def test_big_endian_arrays_are_batched(self, tmp_path, backend, shapes, pad):
+        import numpy as np
+        import torch
+
+        fields = {"image": "jpg", "label": "cls", "emb": gp.fields.Array("npy", pad=pad)}
+        source = gp.WebDataset(self.shard(tmp_path, shapes), fields=fields)
+        pipe = gp.Pipeline(source, [gp.transforms.CenterCrop(16)])
+        options = {"device": "cpu"} if backend == "dali" else {}
+        with gp.Loader(pipe, 2, backend=backend, **options) as loader:
+            (batch,) = list(loader)
+        emb = batch["emb"]
+        got = [emb.data[i, : emb.lengths[i, 0]] for i in range(2)] if pad is not None else list(emb)
+        for i, (shape, value) in enumerate(zip(shapes, got, strict=True)):
+            want = torch.from_numpy(np.asarray(np.arange(int(np.prod(shape)), dtype="<f8").reshape(shape) + i))
+            assert value.dtype == torch.float64 and torch.equal(value.reshape(shape), want)

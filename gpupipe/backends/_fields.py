@@ -21,13 +21,16 @@ def batch_fields(fields: Mapping[str, Field], values: Sequence[dict[str, Any] | 
                  alloc: Alloc | None = None) -> dict[str, Any]:  # fmt: skip
     """A batch's field values by name: a ``Label`` field's as an int64 ``[B]`` tensor, an
     ``Array`` field's as one ``[B, ...]`` tensor where every sample's has the same shape and dtype
-    (else a list of tensors), text and JSON values as lists. Arrays are copied out of the shard's
+    (else a list of tensors; arrays of the other byte order in this machine's), text and JSON
+    values as lists. Arrays are copied out of the shard's
     bytes (torch wants writable memory), once, into ``alloc(shape, dtype)`` where given (a worker
     process's shared memory, as the images are, ``_slots``: the batch crosses to the training
     process without another copy)."""
     out: dict[str, Any] = {}
     for name, field in fields.items():
         column = [v[name] if v is not None else field.empty() for v in values]
+        if field.arrays:
+            column = [_native(v) for v in column]
         if isinstance(field, Label) and all(isinstance(v, int) for v in column):
             out[name] = torch.tensor(column, dtype=torch.int64)
         elif field.arrays and getattr(field, "pad", None) is not None:  # Array, Boxes, tokenized Text
@@ -41,6 +44,14 @@ def batch_fields(fields: Mapping[str, Field], values: Sequence[dict[str, Any] | 
         else:
             out[name] = column
     return out
+
+
+def _native(value: Any) -> Any:
+    """An array in the machine's byte order (a ``.npy`` of ``>f8`` read on x86, say: torch holds
+    no other), the same values; anything else as it is."""
+    if isinstance(value, np.ndarray) and not value.dtype.isnative:
+        return value.astype(value.dtype.newbyteorder("="))
+    return value
 
 
 def _stacked(column: Sequence[np.ndarray], alloc: Alloc | None) -> torch.Tensor:
