@@ -22,10 +22,9 @@ def batch_fields(fields: Mapping[str, Field], values: Sequence[dict[str, Any] | 
     """A batch's field values by name: a ``Label`` field's as an int64 ``[B]`` tensor, an
     ``Array`` field's as one ``[B, ...]`` tensor where every sample's has the same shape and dtype
     (else a list of tensors; arrays of the other byte order in this machine's), text and JSON
-    values as lists. Arrays are copied out of the shard's
-    bytes (torch wants writable memory), once, into ``alloc(shape, dtype)`` where given (a worker
-    process's shared memory, as the images are, ``_slots``: the batch crosses to the training
-    process without another copy)."""
+    values as lists. Arrays are copied out of the shard's bytes (torch wants writable memory),
+    once, into ``alloc(shape, dtype)`` where given (a worker process's shared memory, as the
+    images are, ``_slots``: the batch crosses to the training process without another copy)."""
     out: dict[str, Any] = {}
     for name, field in fields.items():
         column = [v[name] if v is not None else field.empty() for v in values]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import struct
 import warnings
+from collections.abc import Iterator
 
 __all__ = [
     "image_size",
@@ -44,32 +45,44 @@ def jpeg_frame(data: bytes | memoryview) -> tuple[int, int, int, int] | None:
     return jpeg_walk(data)[0]
 
 
-def jpeg_walk(data: bytes | memoryview) -> tuple[tuple[int, int, int, int] | None, bool]:
-    """:func:`jpeg_frame`'s frame header, and whether bytes that belong to no segment lie before
-    it (junk libjpeg skips; nvImageCodec's parser refuses the file)."""
+def _segments(data: bytes | memoryview) -> Iterator[tuple[int, int, bool]]:
+    """``(offset, marker, junk)`` of a JPEG's marker segments, in order, up to the first scan
+    (``DA``) or the end of the image (``D9``), which are the last yielded; ``junk``: whether
+    bytes that belong to no segment came before this one. Walked as libjpeg walks them: junk
+    between segments is skipped (libjpeg warns "extraneous bytes before marker"), as are fill
+    bytes and markers without a length."""
     i, n, junk = 2, len(data), False
     while i + 4 <= n:
         if data[i] != 0xFF:  # junk between segments: on to the next 0xFF
             i += 1
             junk = True
             continue
-        marker = data[i + 1]
+        marker = int(data[i + 1])
         if marker == 0xFF:  # fill byte
             i += 1
             continue
         if marker in _STANDALONE:
             i += 2
             continue
+        yield i, marker, junk
+        if marker in (0xD9, 0xDA):
+            return
+        i += 2 + struct.unpack_from(">H", data, i + 2)[0]
+
+
+def jpeg_walk(data: bytes | memoryview) -> tuple[tuple[int, int, int, int] | None, bool]:
+    """:func:`jpeg_frame`'s frame header, and whether bytes that belong to no segment lie before
+    it (junk libjpeg skips; nvImageCodec's parser refuses the file)."""
+    junk, n = False, len(data)
+    for i, marker, junk in _segments(data):
         if marker in (0xD9, 0xDA):  # end of image, or start of scan before any frame header
             return None, junk
-        (length,) = struct.unpack_from(">H", data, i + 2)
         if marker in _SOF:
             if i + 9 > n:
                 return None, junk
             precision = data[i + 4]
             height, width = struct.unpack_from(">HH", data, i + 5)
             return (height, width, marker, precision), junk
-        i += 2 + length
     return None, junk
 
 
@@ -83,23 +96,13 @@ def jpeg_scans_disagree(data: bytes | memoryview) -> bool:
     nvImageCodec decodes the first alone and delivers. Reads the segments up to the first scan's
     header only: a second scan after an ordinary first one is not looked for (finding it means
     reading the whole file, 0.3 ms per MB)."""
-    i, n, sof = 2, len(data), None
-    while i + 4 <= n:
-        if data[i] != 0xFF or data[i + 1] == 0xFF:  # junk or fill: judged by jpeg_walk
-            i += 1
-            continue
-        marker = data[i + 1]
-        if marker in _STANDALONE:
-            i += 2
-            continue
-        if marker == 0xD9:
-            return False
+    n, sof = len(data), None
+    for i, marker, _ in _segments(data):
         if marker in _SOF and sof is None:
             sof = marker
         elif marker == 0xDA:
             end = i + 5 + 2 * (int(data[i + 4]) if i + 4 < n else 0)  # past the scan's component selectors
             return sof in _SEQUENTIAL and end + 3 <= n and bytes(data[end : end + 3]) != b"\x00\x3f\x00"
-        i += 2 + struct.unpack_from(">H", data, i + 2)[0]
     return False
 
 

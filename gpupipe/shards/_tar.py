@@ -17,7 +17,7 @@ from ._shard import NO_LABEL, FieldMembers, ShardIndex, field_column
 __all__ = [
     "split_key",
     "parse_label",
-    "read_label",
+    "require_label_size",
     "scan_tar",
     "label_values",
     "empty_shard",
@@ -73,26 +73,12 @@ def parse_label(raw: bytes, *, shard: str, key: str) -> int:
                           kind=Damage.BAD_LABEL) from None  # fmt: skip
 
 
-def _too_long(size: int, *, shard: str, key: str) -> SampleError:
-    return SampleError(f"label of sample {key!r} in shard {shard!r} is {size} bytes, more than an int64 takes "
-                       f"({LABEL_LIMIT}): not read", shard=shard, key=key, kind=Damage.BAD_LABEL)  # fmt: skip
-
-
-def read_label(storage: Storage, url: str, key: str, offset: int, size: int) -> int:
-    """The label member at ``(offset, size)`` of shard ``url``, parsed (:func:`parse_label`); one
-    over :data:`LABEL_LIMIT` bytes is refused unread. Raises SampleError naming shard and key
-    (ShardError where the bytes cannot be read or come back short)."""
-    from ..core._errors import truncated
-
+def require_label_size(size: int, *, shard: str, key: str) -> None:
+    """Raises the bad label's SampleError where a label member of ``size`` bytes is over
+    :data:`LABEL_LIMIT`: checked before it is read."""
     if size > LABEL_LIMIT:
-        raise _too_long(size, shard=url, key=key)
-    try:
-        raw = storage.read(url, offset, size)
-    except OSError as e:
-        raise unreadable(url, key, e) from e
-    if len(raw) != size:
-        raise truncated(url, key)
-    return parse_label(raw, shard=url, key=key)
+        raise SampleError(f"label of sample {key!r} in shard {shard!r} is {size} bytes, more than an int64 takes "
+                          f"({LABEL_LIMIT}): not read", shard=shard, key=key, kind=Damage.BAD_LABEL)  # fmt: skip
 
 
 def _label_value(raw: bytes) -> int:

@@ -14,7 +14,7 @@ from ..core._fields import Field, Image, Label, Missing, parse_fields
 from ..core._validate import is_number, valid_bytes, valid_enum
 from ..shards._indexing import cached_scan
 from ..shards._shard import NO_LABEL, FieldMembers, RawSample, ShardIndex, field_column
-from ..shards._tar import missing_field, read_label
+from ..shards._tar import missing_field, parse_label, require_label_size
 from ..storage._base import Storage
 from ..storage._schemes import expand_urls, list_urls, storage_for
 from ..storage._transfer import MAX_INFLATION
@@ -289,7 +289,8 @@ class TarReader:
             label = NO_LABEL if parsed is None else int(parsed[i])
             if label == NO_LABEL:  # not parsed, or not an integer: read it (again, for the error's detail)
                 offset, size = shard.column("label_range")[i]
-                label = read_label(self.storage, shard.path, key, int(offset), int(size))
+                require_label_size(int(size), shard=shard.path, key=key)
+                label = parse_label(self._read(shard, int(offset), int(size), key), shard=shard.path, key=key)
         return RawSample(key, shard.path, data, label, self.read_fields(shard, i) if self.fields else None)
 
     def read_fields(self, shard: ShardIndex, i: int) -> dict[str, bytes | None]:
