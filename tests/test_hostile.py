@@ -147,6 +147,15 @@ class TestImageBytes:
         assert got == ["a", "c"]
         assert skipped == [("big", Damage.TOO_LARGE)]
 
+    @pytest.mark.skipif(not gp.backends.get("ray").available(), reason="needs Ray")
+    def test_ray_skips_it_unread(self, sparse_shard, ray_session):
+        pipe = gp.Pipeline(sparse_shard, [gp.transforms.CenterCrop(16)])
+        with gp.Loader(pipe, 2, backend="ray", on_error="skip", max_skipped=None) as loader:
+            got = sorted(k for b in loader for k, v in zip(b.keys, b.valid.tolist(), strict=True) if v)
+            skipped = [(s.key, s.kind) for s in loader.skipped]
+        assert got == ["a", "c"]
+        assert skipped == [("big", Damage.TOO_LARGE)]
+
     @pytest.mark.parametrize("backend", BACKENDS)
     def test_under_raise_it_is_named(self, sparse_shard, backend):
         pipe = gp.Pipeline(sparse_shard, [gp.transforms.CenterCrop(16)])
