@@ -135,6 +135,31 @@ class TestSchemes:
         with pytest.raises(gp.ConfigError, match="cannot mix URL schemes"):
             sources.storage_for(["mem://a.tar", "/data/b.tar"])
 
+    def test_every_option_of_remote_storage_survives_pickling(self, tmp_path):
+        """Ray workers and spawned processes get the storage pickled: every option must travel
+        (``max_inflation`` once did not, and Ray's downloads failed on the missing attribute)."""
+        import inspect
+        import pickle
+
+        from gpupipe.storage._remote import RemoteStorage
+
+        options = {"storage_options": {"timeout": 3}, "cache_dir": str(tmp_path), "cache_size": 1 << 20,
+                   "max_inflation": 7.0, "retries": 2, "backoff": 0.25}  # fmt: skip
+        params = set(inspect.signature(RemoteStorage.__init__).parameters) - {"self", "protocol"}
+        assert params == set(options), "a new RemoteStorage option: give it a value here"
+        storage = RemoteStorage("http", **options)
+        copy = pickle.loads(pickle.dumps(storage))
+        try:
+            assert copy.protocol == "http"
+            for name, value in options.items():
+                if name.startswith("cache"):
+                    assert (copy.cache.root, copy.cache.max_bytes) == (str(tmp_path), 1 << 20)
+                else:
+                    assert getattr(copy, name) == value, name
+        finally:
+            copy.close()
+            storage.close()
+
     def test_register_refuses_to_replace_silently(self):
         with pytest.raises(gp.ConfigError, match="already served"):
             sources.register_storage("file", sources.LocalStorage)

@@ -150,8 +150,9 @@ class RemoteStorage(Storage):
         self._announced = False  # whether this process announced parts (expect_parts): it reads, its workers too
 
     def __getstate__(self) -> dict[str, Any]:
-        keep = ("protocol", "storage_options", "cache", "keep", "retries", "backoff")
-        return {k: self.__dict__[k] for k in keep}
+        # Every option travels; what this process made (``_init_process_state``: threads, locks,
+        # connections, pins) does not. Options are public names, process state starts with "_".
+        return {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
