@@ -10,7 +10,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import pytest
 import torch
@@ -143,7 +143,7 @@ class TestSchemes:
 
         from gpupipe.storage._remote import RemoteStorage
 
-        options = {"storage_options": {"timeout": 3}, "cache_dir": str(tmp_path), "cache_size": 1 << 20,
+        options: dict[str, Any] = {"storage_options": {"timeout": 3}, "cache_dir": str(tmp_path), "cache_size": 1 << 20,
                    "max_inflation": 7.0, "retries": 2, "backoff": 0.25}  # fmt: skip
         params = set(inspect.signature(RemoteStorage.__init__).parameters) - {"self", "protocol"}
         assert params == set(options), "a new RemoteStorage option: give it a value here"
