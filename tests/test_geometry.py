@@ -16,6 +16,7 @@ import gpupipe as gp
 from gpupipe import transforms as T
 from gpupipe.core._geometry import (
     center_crop_anchor,
+    centered_inverse_maps,
     crop_padding,
     crop_start,
     crop_too_large,
@@ -198,6 +199,21 @@ class TestMirroredMatrices:
 def mixed_sizes() -> list[bytes]:
     """120x160 (too small for a 200 crop), 200x200 (exactly the crop) and 120x400 (too short)."""
     return [encode_jpeg(synthetic_image(i, size=s)) for i, s in enumerate([(120, 160), (200, 200), (120, 400)])]
+
+
+class TestCenteredInverseMaps:
+    def test_bit_for_bit_torchvisions(self):
+        """The stage's warps take torchvision's own float64 map, cast to float32 as it casts it:
+        every value is the bit ``_get_inverse_affine_matrix`` computes (its libm trigonometry)."""
+        rng = np.random.default_rng(5)
+        n = 4000
+        angle, tx, ty = rng.uniform(-400, 400, n), rng.uniform(-50, 50, n), np.trunc(rng.uniform(-50, 50, n))
+        sx, sy = rng.uniform(-60, 60, n), rng.uniform(-60, 60, n)
+        cx, cy = rng.uniform(-100, 0, n), np.zeros(n)
+        got = centered_inverse_maps(angle, (tx, ty), (sx, sy), (cx, cy))
+        want = np.array([tvg._get_inverse_affine_matrix([cx[i], cy[i]], angle[i], [tx[i], ty[i]], 1.0, [sx[i], sy[i]])
+                         for i in range(n)])  # fmt: skip
+        assert np.array_equal(got, want)
 
 
 class TestTooSmall:

@@ -309,3 +309,38 @@ def mirrored_matrices(maps: np.ndarray, width: Any, flipped: np.ndarray) -> np.n
     m11, m12, m13, m21, m22, m23 = maps.T
     conjugated = np.stack([m11, -m12, w * (1.0 - m11) - m13, -m21, m22, m21 * w + m23], axis=1)
     return np.where(np.asarray(flipped, dtype=bool)[:, None], conjugated, maps)
+
+
+def libm(fn: Any, values: Any) -> np.ndarray:
+    """``fn`` (a ``math`` function) on each of ``values``, float64 of their shape: Python's libm,
+    whose ``tan`` and ``atan`` NumPy's vectorized ones differ from in the last bit on some inputs
+    (1 in 200 on 2026-11-28, NumPy 2.4; ``sin`` and ``cos`` may differ on other CPUs). Once per
+    distinct value: the policies' tables have few."""
+    values = np.asarray(values, dtype=np.float64)
+    distinct, at = np.unique(values, return_inverse=True)
+    return np.array([fn(v) for v in distinct.tolist()], dtype=np.float64)[at].reshape(values.shape)
+
+
+def centered_inverse_maps(
+    angle: Any, translate: tuple[Any, Any] = (0.0, 0.0), shear: tuple[Any, Any] = (0.0, 0.0),
+    center: tuple[Any, Any] = (0.0, 0.0),
+) -> np.ndarray:  # fmt: skip
+    """float64 ``[B, 6]``: torchvision's ``_get_inverse_affine_matrix`` (scale 1) per image, in
+    its own arithmetic and order, so that each value is the bit it computes: the map from an output
+    point to its source, coordinates about the image's centre (``center`` relative to it, as
+    torchvision's ``affine`` passes it), ``angle`` and ``shear`` in degrees, ``translate`` in
+    pixels. :func:`affine_matrices` is the same map about the top-left corner, for DALI."""
+    args = np.broadcast_arrays(*(np.asarray(v, dtype=np.float64) for v in (angle, *translate, *shear, *center)))
+    angle, tx, ty, shear_x, shear_y, cx, cy = (np.atleast_1d(a) for a in args)
+    rot, sx, sy = np.radians(angle), np.radians(shear_x), np.radians(shear_y)
+    cos, sin = (lambda v: libm(math.cos, v)), (lambda v: libm(math.sin, v))
+    cos_sy, tan_sx, rot_minus_sy = cos(sy), libm(math.tan, sx), rot - sy
+    cx_plus_tx, cy_plus_ty = cx + tx, cy + ty
+    a = cos(rot_minus_sy) / cos_sy
+    b = -(a * tan_sx + sin(rot))
+    c = sin(rot_minus_sy) / cos_sy
+    d = cos(rot) - c * tan_sx
+    m0, m1, m3, m4 = d / 1.0, -b / 1.0, -c / 1.0, a / 1.0
+    m2 = 0.0 + (cx - m0 * cx_plus_tx - m1 * cy_plus_ty)
+    m5 = 0.0 + (cy - m3 * cx_plus_tx - m4 * cy_plus_ty)
+    return np.stack([m0, m1, m2, m3, m4, m5], axis=1)

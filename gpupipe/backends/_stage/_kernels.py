@@ -1,0 +1,153 @@
+"""The stage's batched kernels: torchvision's uint8 image kernels over ``[n, C, H, W]`` with one
+parameter per sample (a ``[n]`` tensor on the images' device), in torchvision's arithmetic, so
+that each sample's values are the ones its per-sample kernel gives (tested on every operation and
+bin against ``torchvision.transforms.v2.functional``).
+
+Where torchvision's kernel takes a Python float it casts it to float32 inside the operation; here
+the host casts it the same way (``float32`` parameters). Where it fuses a multiply into an add
+(``add_(y, alpha=a)``: one rounding of ``x + a·y``), the float64 sum of two float32 products is
+exact and rounds once to the same float32. Conditional writes are ``torch.where``, never a masked
+assignment, which would wait for the device.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as nnf
+
+__all__ = ["warp", "brightness", "saturation", "contrast", "sharpness", "posterize", "solarize", "solarize_add",
+           "autocontrast", "equalize", "invert", "column"]  # fmt: skip
+
+
+def column(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``[n]`` per-sample values as ``[n, 1, 1, 1]``, to broadcast over ``like`` ``[n, C, H, W]``."""
+    return values.view(-1, *([1] * (like.dim() - 1)))
+
+
+@functools.lru_cache(maxsize=64)
+def _base_grid(device: torch.device, h: int, w: int) -> torch.Tensor:
+    """torchvision's ``_affine_grid`` base: ``[1, h·w, 3]`` float32 pixel centres about the image's
+    centre, and ones; made once per device and size (a constant copied per batch would wait)."""
+    base = torch.empty(1, h, w, 3, dtype=torch.float32, device=device)
+    base[..., 0].copy_(torch.linspace((1.0 - w) * 0.5, (w - 1.0) * 0.5, steps=w, device=device))
+    base[..., 1].copy_(torch.linspace((1.0 - h) * 0.5, (h - 1.0) * 0.5, steps=h, device=device).unsqueeze_(-1))
+    base[..., 2].fill_(1)
+    return base.view(1, h * w, 3)
+
+
+def warp(x: torch.Tensor, theta: torch.Tensor, *, mode: str, fill: tuple[float, ...] | None) -> torch.Tensor:
+    """torchvision's ``affine_image``/``rotate_image`` (no expand) with one inverse map per
+    sample: ``theta`` ``[n, 6]`` float32 (torchvision's ``_get_inverse_affine_matrix``, cast as it
+    casts it); ``mode`` ``"nearest"`` or ``"bilinear"``; ``fill`` ``None`` (zeros) or one value per
+    channel (torchvision's mask channel: nearest takes the fill where the mask is under 0.5,
+    bilinear blends ``mask·(img − fill) + fill``)."""
+    n, c, h, w = x.shape
+    divisor = torch.tensor([0.5 * w, 0.5 * h], dtype=torch.float32, device=x.device)
+    scaled = theta.reshape(n, 2, 3).transpose(1, 2).div(divisor)
+    grid = _base_grid(x.device, h, w).expand(n, -1, -1).bmm(scaled).view(n, h, w, 2)
+    img = x.to(torch.float32)
+    if fill is not None:
+        img = torch.cat((img, torch.ones((n, 1, h, w), dtype=torch.float32, device=x.device)), dim=1)
+    img = nnf.grid_sample(img, grid, mode=mode, padding_mode="zeros", align_corners=False)
+    if fill is not None:
+        img, mask = torch.tensor_split(img, indices=(-1,), dim=-3)
+        mask = mask.expand_as(img)
+        values = torch.tensor(fill if len(fill) == c else fill * c, dtype=torch.float32, device=x.device)
+        fill_img = values.view(1, -1, 1, 1)
+        if mode == "nearest":
+            img = torch.where(mask < 0.5, fill_img.expand_as(img), img)
+        else:
+            img = img.sub_(fill_img).mul_(mask).add_(fill_img)
+    return img.round_().to(x.dtype)
+
+
+def _fused_blend(x: torch.Tensor, y: torch.Tensor, ratio: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
+    """torchvision's ``_blend``: ``x.mul(r).add_(y, alpha=1 − r)`` clamped and truncated to
+    uint8; ``ratio`` and ``alpha`` ``[n]`` float32 (``alpha``: ``1 − r`` in float64, then
+    float32, as torch casts the Python float)."""
+    product = x.to(torch.float32) * column(ratio, x)
+    out = product.double().add_(y.double() * column(alpha, x).double()).float()
+    return out.clamp_(0, 255).to(x.dtype)
+
+
+def _gray(x: torch.Tensor) -> torch.Tensor:
+    """torchvision's luma of a uint8 RGB batch, float32 ``[n, 1, H, W]``, floored."""
+    r, g, b = x.unbind(dim=-3)
+    return r.mul(0.2989).add_(g, alpha=0.587).add_(b, alpha=0.114).unsqueeze(-3).floor_()
+
+
+def brightness(x: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
+    """``adjust_brightness_image``: ``x·f`` clamped, truncated; ``factor`` ``[n]`` float32."""
+    return (x.to(torch.float32) * column(factor, x)).clamp_(0, 255).to(x.dtype)
+
+
+def saturation(x: torch.Tensor, ratio: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
+    """``adjust_saturation_image``: the blend with the floored luma (1 channel: unchanged)."""
+    return x if x.shape[-3] == 1 else _fused_blend(x, _gray(x), ratio, alpha)
+
+
+def contrast(x: torch.Tensor, ratio: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
+    """``adjust_contrast_image``: the blend with the mean of the floored luma (1 channel: of the
+    image)."""
+    gray = _gray(x) if x.shape[-3] == 3 else x.to(torch.float32)
+    return _fused_blend(x, torch.mean(gray, dim=(-3, -2, -1), keepdim=True), ratio, alpha)
+
+
+@functools.lru_cache(maxsize=16)
+def _smoothing(device: torch.device, channels: int) -> torch.Tensor:
+    a, b = 1.0 / 13.0, 5.0 / 13.0
+    kernel = torch.tensor([[a, a, a], [a, b, a], [a, a, a]], dtype=torch.float32, device=device)
+    return kernel.expand(channels, 1, 3, 3)
+
+
+def sharpness(x: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
+    """``adjust_sharpness_image``: the interior blended with its rounded 3x3 smoothing,
+    ``v + (1 − f)·(blurred − v)`` (one rounding); images of 2 pixels a side or less unchanged."""
+    c, h, w = x.shape[-3:]
+    if h <= 2 or w <= 2:
+        return x
+    out = x.to(torch.float32)
+    blurred = nnf.conv2d(out, _smoothing(x.device, c), groups=c).round_()
+    view = out[..., 1:-1, 1:-1]
+    view.copy_(view.double().add_(blurred.sub_(view).double() * column(alpha, x).double()).float())
+    return out.clamp_(0, 255).to(x.dtype)
+
+
+def posterize(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``posterize_image``: ``x & mask``, ``mask`` ``[n]`` uint8 (255 where bits >= 8)."""
+    return x & column(mask, x)
+
+
+def solarize(x: torch.Tensor, threshold: torch.Tensor) -> torch.Tensor:
+    """``solarize_image``: ``255 − x`` where ``x >= threshold`` (float32 ``[n]``; above 255:
+    nothing)."""
+    return torch.where(x >= column(threshold, x), x.bitwise_not(), x)
+
+
+def solarize_add(x: torch.Tensor, addend: torch.Tensor) -> torch.Tensor:
+    """timm's SolarizeAdd: ``min(255, x + addend)`` where ``x < 128``; ``addend`` int32 ``[n]``."""
+    added = (x.to(torch.int32) + column(addend, x)).clamp_(max=255).to(x.dtype)
+    return torch.where(x < 128, added, x)
+
+
+def autocontrast(x: torch.Tensor) -> torch.Tensor:
+    """``autocontrast_image``: each channel stretched to 0..255 (a flat channel unchanged)."""
+    f = x.to(torch.float32)
+    low, high = f.amin(dim=(-2, -1), keepdim=True), f.amax(dim=(-2, -1), keepdim=True)
+    flat = high == low
+    inv_scale = torch.where(flat, 1.0, high.sub(low).mul_(1.0 / 255.0))
+    return f.sub_(torch.where(flat, 0.0, low)).div_(inv_scale).clamp_(0, 255).to(x.dtype)
+
+
+def equalize(x: torch.Tensor) -> torch.Tensor:
+    """``equalize_image``: it works per channel of a batch already."""
+    from torchvision.transforms.v2 import functional as F
+
+    return F.equalize(x)
+
+
+def invert(x: torch.Tensor) -> torch.Tensor:
+    """``invert_image`` of uint8."""
+    return x.bitwise_not()

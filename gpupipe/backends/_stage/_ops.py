@@ -1,0 +1,175 @@
+"""Each policy operation once: the kernel it runs and the per-sample arguments it takes, as
+torchvision's policies give them (shears ``atan(m)`` in degrees about the top-left corner,
+translations of ``int(m)`` pixels, timm's ``...Rel`` of ``m``, rotations about the centre with
+torchvision's exact quarter turns, colour factors ``1 + m``, solarize's threshold ``255·m``,
+posterize ``int(m)`` bits), for a batch: :func:`apply_slot` applies one slot of a policy, each
+sample its own operation and magnitude, every operation once over the samples that drew it.
+
+The host (NumPy) turns magnitudes into arguments; the device gets them as ``[n]`` tensors and
+runs :mod:`._kernels`. No step looks at a single sample's values on the host.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from ... import transforms as T
+from ...core._geometry import centered_inverse_maps, libm
+from ...transforms._policies import OPS
+from . import _kernels as K
+
+__all__ = ["Warp", "OPERATIONS", "apply_slot"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Warp:
+    """How a policy's geometric operations sample: ``"nearest"`` or ``"bilinear"``, and the fill
+    (``None``: zeros; else one value, or one per channel)."""
+
+    mode: str
+    fill: tuple[float, ...] | None
+
+    @classmethod
+    def of(cls, t: Any) -> Warp:
+        """A policy's ``interpolation`` and ``fill``."""
+        fill = None if t.fill is None else tuple(float(v) for v in (t.fill if isinstance(t.fill, tuple) else (t.fill,)))
+        return cls(str(T.InterpolationMode(t.interpolation).value), fill)
+
+
+# (images [n, C, H, W] uint8, magnitudes [n] float64, warp) -> images
+Kernel = Callable[[torch.Tensor, np.ndarray, Warp], torch.Tensor]
+
+
+def _to(x: torch.Tensor, values: np.ndarray, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Host arguments ``[n]`` on ``x``'s device (one small copy)."""
+    return torch.from_numpy(np.ascontiguousarray(values)).to(device=x.device, dtype=dtype, non_blocking=True)
+
+
+def _warped(maps: Callable[[np.ndarray, int, int], np.ndarray]) -> Kernel:
+    def kernel(x: torch.Tensor, m: np.ndarray, warp: Warp) -> torch.Tensor:
+        theta = maps(m, x.shape[-2], x.shape[-1]).astype(np.float32)
+        return K.warp(x, _to(x, theta), mode=warp.mode, fill=warp.fill)
+
+    return kernel
+
+
+def _shear(axis: int) -> Kernel:
+    """torchvision's policies: ``affine(shear=[atan(m)°, 0] or [0, atan(m)°], center=[0, 0])``."""
+
+    def maps(m: np.ndarray, h: int, w: int) -> np.ndarray:
+        degrees = libm(math.degrees, libm(math.atan, m))
+        zero = np.zeros_like(m)
+        shear = (degrees, zero) if axis == 0 else (zero, degrees)
+        return centered_inverse_maps(zero, (zero, zero), shear, (0.0 - w * 0.5, 0.0 - h * 0.5))
+
+    return _warped(maps)
+
+
+def _translate(axis: int, whole: bool) -> Kernel:
+    """``affine(translate=[int(m), 0] ...)``; timm's ``...Rel``: by ``m``, fractional."""
+
+    def maps(m: np.ndarray, h: int, w: int) -> np.ndarray:
+        by, zero = (np.trunc(m) if whole else m), np.zeros_like(m)
+        return centered_inverse_maps(zero, (by, zero) if axis == 0 else (zero, by))
+
+    return _warped(maps)
+
+
+def _rotate(x: torch.Tensor, m: np.ndarray, warp: Warp) -> torch.Tensor:
+    """``rotate(angle=m)`` about the centre: ``m % 360`` as Python takes it; 0 and 180 degrees
+    (and 90 and 270 on a square image) are torchvision's exact turns, the rest a warp by the
+    inverse map of ``−angle``."""
+    angle = libm(lambda v: v % 360, m)
+    square = x.shape[-1] == x.shape[-2]
+    turns = {0.0: 0, 180.0: 2, **({90.0: 1, 270.0: 3} if square else {})}
+    out = x.clone()
+    rest = np.ones(len(m), dtype=bool)
+    for value, k in turns.items():
+        at = np.flatnonzero(angle == value)
+        if len(at):
+            rest[at] = False
+            if k:
+                index = _to(x, at, torch.int64)
+                out.index_copy_(0, index, torch.rot90(x.index_select(0, index), k=k, dims=(-2, -1)))
+    at = np.flatnonzero(rest)
+    if len(at):
+        index = _to(x, at, torch.int64)
+        theta = centered_inverse_maps(-angle[at]).astype(np.float32)
+        out.index_copy_(0, index, K.warp(x.index_select(0, index), _to(x, theta), mode=warp.mode, fill=warp.fill))
+    return out
+
+
+def _ratios(m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A blend's ``(r, 1 − r)`` for ``r = 1 + m``: float32, ``1 − r`` computed in float64."""
+    ratio = 1.0 + m
+    return ratio.astype(np.float32), (1.0 - ratio).astype(np.float32)
+
+
+def _blend(kernel: Callable[..., torch.Tensor]) -> Kernel:
+    def blend(x: torch.Tensor, m: np.ndarray, warp: Warp) -> torch.Tensor:
+        ratio, alpha = _ratios(m)
+        return kernel(x, _to(x, ratio), _to(x, alpha))
+
+    return blend
+
+
+def _posterize(x: torch.Tensor, m: np.ndarray, warp: Warp) -> torch.Tensor:
+    bits = np.trunc(m).astype(np.int64)
+    if ((bits < 0) | (bits > 8)).any():
+        raise ValueError(f"Posterize: bits must be in [0, 8], got {sorted(set(bits.tolist()))}")
+    mask = ((1 << bits) - 1) << (8 - bits)
+    return K.posterize(x, _to(x, mask, torch.uint8))
+
+
+def _solarize(x: torch.Tensor, m: np.ndarray, warp: Warp) -> torch.Tensor:
+    """``solarize(x, 255·m)``; a threshold above 255 (timm's 256 at level 0) inverts nothing."""
+    return K.solarize(x, _to(x, (255.0 * m).astype(np.float32)))
+
+
+OPERATIONS: dict[str, Kernel] = {
+    "Identity": lambda x, m, warp: x,
+    "ShearX": _shear(0),
+    "ShearY": _shear(1),
+    "TranslateX": _translate(0, whole=True),
+    "TranslateY": _translate(1, whole=True),
+    "Rotate": _rotate,
+    "Brightness": lambda x, m, warp: K.brightness(x, _to(x, (1.0 + m).astype(np.float32))),
+    "Color": _blend(K.saturation),
+    "Contrast": _blend(K.contrast),
+    "Sharpness": lambda x, m, warp: K.sharpness(x, _to(x, _ratios(m)[1])),
+    "Posterize": _posterize,
+    "Solarize": _solarize,
+    "AutoContrast": lambda x, m, warp: K.autocontrast(x),
+    "Equalize": lambda x, m, warp: K.equalize(x),
+    "Invert": lambda x, m, warp: K.invert(x),
+    "SolarizeAdd": lambda x, m, warp: K.solarize_add(x, _to(x, np.trunc(m), torch.int32)),
+    "TranslateXRel": _translate(0, whole=False),
+    "TranslateYRel": _translate(1, whole=False),
+}
+assert tuple(OPERATIONS) == OPS, "one kernel per operation of the policies, in OPS's order"
+
+
+def apply_slot(images: torch.Tensor, codes: np.ndarray, mags: np.ndarray, warp: Warp) -> torch.Tensor:
+    """One slot of a policy on ``images`` ``[B, C, H, W]`` uint8: sample ``i`` gets operation
+    ``codes[i]`` (an index of ``OPS``; ``-1``: none) at magnitude ``mags[i]`` (torchvision's, from
+    ``_Policy.magnitudes``). Each operation runs once, on the samples that drew it; a new tensor
+    where any sample changes, ``images`` itself where none does."""
+    codes = np.where(np.asarray(codes) < 0, 0, np.asarray(codes)).astype(np.int64)
+    mags = np.asarray(mags, dtype=np.float64)
+    drawn = np.unique(codes)
+    if len(drawn) == 1:  # every sample the same operation: no gather, no scatter
+        return OPERATIONS[OPS[int(drawn[0])]](images, mags, warp)
+    out = images.clone()
+    for code in drawn.tolist():
+        if code == 0:
+            continue
+        at = np.flatnonzero(codes == code)
+        index = _to(images, at, torch.int64)
+        out.index_copy_(0, index, OPERATIONS[OPS[code]](images.index_select(0, index), mags[at], warp))
+    return out

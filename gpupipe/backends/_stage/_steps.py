@@ -1,0 +1,116 @@
+"""The stage's lowerings: a step on a whole batch, ``(transform, images [B, C, H, W], factors [B,
+draws] or None) -> images``, with each sample's own draws (the rows ``gpupipe.core._random``
+draws for every backend), so the stage gives what the per-sample kernels give.
+
+:func:`stage_start` finds where a view's steps can go to the stage (the longest tail of steps the
+stage lowers, holding a per-sample draw); :func:`run_stage` runs such a tail.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torchvision.transforms.v2 import functional as F
+
+from ... import transforms as T
+from ...core._geometry import erasing_windows
+from .._registry import Registry
+from ._kernels import column
+from ._ops import Warp, apply_slot
+
+__all__ = ["STAGE", "stage_start", "run_stage"]
+
+STAGE = Registry("stage")
+
+
+@STAGE.register(T.TrivialAugmentWide, T.RandAugment, T.AutoAugment, T.TimmRandAugment)
+def _policy(t: Any, images: torch.Tensor, factors: np.ndarray) -> torch.Tensor:
+    """Each slot in turn, each sample its own operation and magnitude."""
+    codes, mags = t.magnitudes(images.shape[-2], images.shape[-1], factors)
+    warp = Warp.of(t)
+    for slot in range(codes.shape[1]):
+        images = apply_slot(images, codes[:, slot], mags[:, slot], warp)
+    return images
+
+
+@STAGE.register(T.AugMix)
+def _augmix(t: T.AugMix, images: torch.Tensor, factors: np.ndarray) -> torch.Tensor:
+    """torchvision's AugMix: the original and each chain weighted in float32, summed in its
+    order, truncated back to uint8."""
+    codes, mags, weights = t.drawn(images.shape[-2], images.shape[-1], factors)
+    w = torch.from_numpy(weights).to(images.device, non_blocking=True)
+    warp = Warp.of(t)
+    mix = column(w[:, 0], images) * images.to(torch.float32)
+    for chain in range(t.mixture_width):
+        aug = images
+        for j in range(t.depth):
+            slot = chain * t.depth + j
+            aug = apply_slot(aug, codes[:, slot], mags[:, slot], warp)
+        mix += column(w[:, 1 + chain], images) * aug.to(torch.float32)
+    return mix.to(images.dtype)
+
+
+@STAGE.register(T.ToDtype)
+def _to_dtype(t: T.ToDtype, images: torch.Tensor, _: None) -> torch.Tensor:
+    return F.to_dtype(images, t.dtype, scale=t.scale)
+
+
+@STAGE.register(T.Normalize)
+def _normalize(t: T.Normalize, images: torch.Tensor, _: None) -> torch.Tensor:
+    channels = images.shape[-3]
+    mean = list(t.mean) * channels if len(t.mean) == 1 else list(t.mean)
+    std = list(t.std) * channels if len(t.std) == 1 else list(t.std)
+    return F.normalize(images, mean, std)
+
+
+@STAGE.register(T.RandomErasing)
+def _random_erasing(t: T.RandomErasing, images: torch.Tensor, factors: np.ndarray) -> torch.Tensor:
+    """Each sample's box (``erasing_windows``, the per-sample rule vectorized) filled with the
+    value in one pass; ``value="random"``: each erased box's N(0, 1) noise from the sample's own
+    seed, as the torch backend draws it (a loop over the erased samples)."""
+    c, h, w = images.shape[-3:]
+    windows = erasing_windows(h, w, factors)  # [B, 4]: top, left, h, w
+    erased = np.flatnonzero(windows[:, 2] > 0)
+    if not len(erased):
+        return images
+    if t.noise:
+        out = images.clone()
+        for i in erased.tolist():
+            top, left, eh, ew = windows[i].tolist()
+            generator = torch.Generator().manual_seed(int(float(factors[i, -1]) * 2**53))
+            noise = torch.empty([c, eh, ew], dtype=torch.float32).normal_(generator=generator)
+            out[i, :, top : top + eh, left : left + ew] = noise.to(images.device)
+        return out
+    box = torch.from_numpy(windows).to(images.device, non_blocking=True)
+    ys = torch.arange(h, device=images.device)[None, :, None]
+    xs = torch.arange(w, device=images.device)[None, None, :]
+    top, left, eh, ew = (box[:, k, None, None] for k in range(4))
+    inside = (ys >= top) & (ys < top + eh) & (xs >= left) & (xs < left + ew)  # [B, H, W]
+    value = torch.tensor(t.value, dtype=torch.float32, device=images.device).to(images.dtype).view(1, -1, 1, 1)
+    return torch.where(inside[:, None], value, images)
+
+
+def stage_start(steps: Sequence[T.Transform]) -> int | None:
+    """Where ``steps``' tail that the stage runs starts: the longest tail of steps with a stage
+    lowering (whose options it supports), if it holds a step that draws per sample (a tail of
+    ``ToDtype`` and ``Normalize`` alone gains nothing batched); ``None`` where there is none."""
+    start = len(steps)
+    while start and type(steps[start - 1]) in STAGE and not _unsupported(steps[start - 1]):
+        start -= 1
+    return start if any(t.random for t in steps[start:]) else None
+
+
+def _unsupported(t: T.Transform) -> str | None:
+    entry = STAGE._entry(t, None)
+    return entry.unsupported(t) if entry.unsupported else None
+
+
+def run_stage(steps: Sequence[T.Transform], images: torch.Tensor, factors: Sequence[np.ndarray | None]) -> torch.Tensor:
+    """``steps`` (a tail from :func:`stage_start`) on ``images`` ``[B, C, H, W]``; ``factors[i]``:
+    step ``i``'s ``[B, draws]`` rows (``None`` for a deterministic step)."""
+    for t, f in zip(steps, factors, strict=True):
+        images = STAGE.lookup(t)(t, images, f)
+    return images
