@@ -10,22 +10,28 @@
 
 from __future__ import annotations
 
+import math
+import os
+from typing import Any
+
 import numpy as np
 import pytest
 import torch
 from torchvision.transforms import v2
+from torchvision.transforms.v2 import functional as F
 
 from gpupipe import transforms as T
 from gpupipe.backends._stage import OPERATIONS, STAGE, Warp, apply_slot, run_stage, stage_start
 from gpupipe.backends._torch._kernels import apply_pipeline
-from gpupipe.backends._torch._policies import apply_op
 from gpupipe.core._random import factors
 from gpupipe.testing import synthetic_image
 from gpupipe.transforms._policies import OPS, slot_magnitudes
 
+from .support.budgets import GPU_OPERATORS
 from .test_policies import CODE, SPACES, reference
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def batch(n: int, h: int, w: int, *, channels: int = 3, seed: int = 0, device: str = "cpu") -> torch.Tensor:
@@ -33,6 +39,39 @@ def batch(n: int, h: int, w: int, *, channels: int = 3, seed: int = 0, device: s
     images = [torch.from_numpy(np.ascontiguousarray(synthetic_image(seed + i, size=(h, w)))) for i in range(n)]
     out = torch.stack(images).permute(0, 3, 1, 2).contiguous()
     return (out[:, :1] if channels == 1 else out).contiguous().to(device)
+
+
+def torchvision_op(img: torch.Tensor, name: str, m: float, t: Any) -> torch.Tensor:
+    """The reference: operation ``name`` at magnitude ``m`` by torchvision's functional kernels,
+    with the arguments torchvision's policies give them (timm's: translations by ``m`` pixels,
+    SolarizeAdd ``min(255, v + m)`` below 128)."""
+    kw = {"interpolation": v2.InterpolationMode(T.InterpolationMode(t.interpolation).value),
+          "fill": list(t.fill) if isinstance(t.fill, tuple) else t.fill}  # fmt: skip
+    degrees = math.degrees(math.atan(m))
+    if name in ("ShearX", "ShearY"):
+        shear = [degrees, 0.0] if name == "ShearX" else [0.0, degrees]
+        return F.affine(img, angle=0.0, translate=[0, 0], scale=1.0, shear=shear, center=[0, 0], **kw)
+    if name.startswith("Translate"):
+        by = int(m) if not name.endswith("Rel") else m
+        return F.affine(img, angle=0.0, translate=[by, 0] if "X" in name else [0, by], scale=1.0, shear=[0.0, 0.0],
+                        **kw)  # fmt: skip
+    if name == "SolarizeAdd":
+        return torch.where(img < 128, (img.to(torch.int32) + int(m)).clamp_(max=255).to(img.dtype), img)
+    if name == "Solarize":
+        return img if 255.0 * m > 255 else F.solarize(img, 255.0 * m)
+    simple = {
+        "Identity": lambda: img,
+        "Rotate": lambda: F.rotate(img, angle=m, **kw),
+        "Brightness": lambda: F.adjust_brightness(img, 1.0 + m),
+        "Color": lambda: F.adjust_saturation(img, 1.0 + m),
+        "Contrast": lambda: F.adjust_contrast(img, 1.0 + m),
+        "Sharpness": lambda: F.adjust_sharpness(img, 1.0 + m),
+        "Posterize": lambda: F.posterize(img, int(m)),
+        "AutoContrast": lambda: F.autocontrast(img),
+        "Equalize": lambda: F.equalize(img),
+        "Invert": lambda: F.invert(img),
+    }
+    return simple[name]()
 
 
 def per_sample(steps: list[T.Transform], images: torch.Tensor, drawn: list[np.ndarray | None]) -> torch.Tensor:
@@ -79,7 +118,8 @@ class TestEveryOperation:
     @pytest.mark.parametrize("mode", ["nearest", "bilinear"])
     def test_each_operation_with_mixed_magnitudes(self, device, channels, size, fill, mode):
         """Every operation (timm's too) on a batch whose samples drew different operations and
-        magnitudes (negative, zero, quarter turns, out of range), against the torch backend's."""
+        magnitudes (negative, zero, quarter turns, out of range), against torchvision's
+        functional kernels called as its policies call them."""
         if fill is not None and channels == 1 and len(fill) == 3:
             pytest.skip("three fill values for one channel: refused when the pipeline is built")
         rng = np.random.default_rng(channels * 7 + size[0])
@@ -100,7 +140,7 @@ class TestEveryOperation:
         got = apply_slot(images, codes, mags, Warp.of(owner)).cpu()
         cpu = images.cpu()
         for i in range(len(codes)):
-            want = apply_op(cpu[i], OPS[codes[i]], float(mags[i]), owner)
+            want = torchvision_op(cpu[i], OPS[codes[i]], float(mags[i]), owner)
             torch.testing.assert_close(got[i], want, atol=0, rtol=0, msg=f"{OPS[codes[i]]} at {mags[i]}")
 
     def test_one_kernel_per_operation(self):
@@ -185,3 +225,144 @@ class TestStageStart:
                  T.ToDtype(torch.float32, scale=True)]  # fmt: skip
         assert T.ColorJitter not in STAGE and stage_start(steps) is None
         assert stage_start([*steps, T.RandomErasing()]) == 3
+
+
+V2 = [T.RandomResizedCrop(32), T.RandomHorizontalFlip(), T.TrivialAugmentWide(), T.ToDtype(torch.float32, scale=True),
+      T.Normalize(mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225)), T.RandomErasing(p=0.5)]  # fmt: skip
+
+
+def epoch(shards, backend: str, stage: bool | None, *, mix: bool = False, device: str = "cpu", **options: Any) -> list:
+    """An epoch of the V2 tail (``mix``: and MixUp or CutMix per batch): ``(keys, images,
+    labels)`` per batch."""
+    import gpupipe as gp
+
+    mixing = T.RandomChoice([T.MixUp(alpha=0.2, num_classes=1000), T.CutMix(alpha=1.0, num_classes=1000)])
+    pipeline = gp.Pipeline(gp.WebDataset(shards), V2, batch_transform=mixing if mix else None)
+    with gp.Loader(pipeline, 5, backend=backend, device=device, shuffle=True, seed=11, stage=stage,
+                   **options) as loader:  # fmt: skip
+        return [(b.keys, b.images.cpu(), b.labels.cpu() if b.labels is not None else None) for b in loader]
+
+
+def same_epochs(one: list, other: list) -> None:
+    assert len(one) == len(other) == 4
+    for (keys, images, labels), (keys2, images2, labels2) in zip(one, other, strict=True):
+        assert keys == keys2 and torch.equal(labels, labels2)
+        torch.testing.assert_close(images, images2, atol=0, rtol=0)
+
+
+class TestInTheLoader:
+    """The loader runs a view's tail in the stage on each delivered batch, the backend having
+    stopped the view where the tail starts: the same batches as the backend's own tail."""
+
+    @pytest.mark.parametrize("options", [{"num_workers": 0}, {"num_workers": 2, "memory_format": torch.channels_last}],
+                             ids=["in-process", "workers"])  # fmt: skip
+    def test_torch_staged_is_torch_per_sample(self, shards, options):
+        staged = epoch(shards, "torch", True, **options)
+        same_epochs(staged, epoch(shards, "torch", False, **options))
+        channels_last = "memory_format" in options
+        assert all(images.is_contiguous(memory_format=torch.channels_last) == channels_last for _, images, _ in staged)
+
+    @pytest.mark.parametrize("workers", [0, 2])
+    def test_the_batch_transform_mixes_after_the_tail(self, shards, workers):
+        """MixUp and CutMix mix the staged images (the loader's), not the backend's uint8 ones
+        before the tail (which the torch backend's workers would otherwise mix)."""
+        staged = epoch(shards, "torch", True, mix=True, num_workers=workers)
+        assert staged[0][1].dtype == torch.float32 and staged[0][2].shape == (5, 1000)
+        same_epochs(staged, epoch(shards, "torch", False, mix=True, num_workers=workers))
+
+    @pytest.mark.gpu
+    def test_on_the_gpu_the_stage_is_the_workers_tail(self, shards):
+        """On a GPU (the stage by default): the torch backend's workers cut the view, the stage
+        runs the tail on the GPU; the values are the CPU workers' own tail's."""
+        same_epochs(epoch(shards, "torch", None, device="cuda", num_workers=2),
+                    epoch(shards, "torch", False, num_workers=2))  # fmt: skip
+
+    @pytest.mark.parametrize("device", DEVICES)
+    def test_dali_staged_is_its_cut_graph_then_the_stage(self, shards, device):
+        """DALI with the stage delivers its graph of the view up to the tail, run through the
+        stage with each sample's draws of the whole view."""
+        pytest.importorskip("nvidia.dali")
+        import gpupipe as gp
+        from gpupipe.core._random import step_factors
+
+        staged = epoch(shards, "dali", True, device=device, num_workers=2)
+        with gp.Loader(gp.Pipeline(gp.WebDataset(shards), V2[:2]), 5, backend="dali", device=device, shuffle=True,
+                       seed=11, num_workers=2) as cut:  # fmt: skip
+            plan = cut.plan(0)
+            for b, batch in enumerate(cut):
+                draws = plan.drawn(b)
+                drawn = [step_factors(t, plan.seed, 0, draws, step) for step, t in enumerate(V2)][2:]
+                want = run_stage(V2[2:], batch.images, drawn)
+                assert batch.keys == staged[b][0] and batch.images.dtype == torch.uint8
+                torch.testing.assert_close(staged[b][1], want.cpu(), atol=0, rtol=0)
+
+    def test_the_backend_stops_each_view_at_its_tail(self, shards, monkeypatch):
+        import gpupipe as gp
+        from gpupipe import backends
+
+        seen: list[Any] = []
+        real = backends.get("torch").runner
+
+        def runner(self: Any, spec: Any) -> Any:
+            seen.append(spec)
+            return real(spec)
+
+        monkeypatch.setattr(type(backends.get("torch")), "runner", runner)
+        pipeline = gp.Pipeline(gp.WebDataset(shards), V2)
+        with gp.Loader(pipeline, 4, backend="torch", device="cpu", stage=True, num_workers=0):
+            pass
+        with gp.Loader(pipeline, 4, backend="torch", device="cpu", num_workers=0):  # the default on the CPU
+            pass
+        assert seen[0].views == (tuple(V2[:2]),) and str(seen[0].outputs[0]) == str(pipeline.view_specs[0][2])
+        assert seen[1].views == (tuple(V2),)
+
+    def test_where_the_stage_does_not_go(self, shards):
+        import gpupipe as gp
+        from gpupipe import backends
+        from gpupipe.backends._stage import stage_for
+
+        torch_backend, dali = backends.get("torch"), backends.get("dali")
+        cpu, cuda = torch.device("cpu"), torch.device("cuda")
+        v2 = gp.Pipeline(gp.WebDataset(shards), V2)
+        assert stage_for(v2, torch_backend, cpu, None) is None and stage_for(v2, dali, cpu, None) is None  # the CPU
+        assert stage_for(v2, torch_backend, cuda, None) is not None and stage_for(v2, dali, cpu, True) is not None
+        assert stage_for(v2, dali, cuda, False) is None
+        train = gp.Pipeline(gp.WebDataset(shards), [T.RandomResizedCrop(32), T.RandomHorizontalFlip(),
+                                                    T.ToDtype(torch.float32, scale=True)])  # fmt: skip
+        assert stage_for(train, dali, cuda, True) is None  # no tail with a per-sample draw
+        sized = gp.Pipeline(gp.WebDataset(shards), [T.Resize(40), T.TrivialAugmentWide(), T.CenterCrop(32)])
+        assert stage_for(sized, dali, cuda, True) is None  # the policy's input varies in size
+
+
+def _budget_id(value: Any) -> str:
+    return value if isinstance(value, str) else ",".join(f"{k}={x}" for k, x in value) or "-"
+
+
+class TestOperatorBudgets:
+    """Every recipe of ``pipelines/`` on the GPU, as the loader builds its DALI graph: at most
+    its budget (``tests/support/budgets.py``), which is the target wherever the stage takes the
+    tail. The graph is defined and serialized, not run: no GPU needed."""
+
+    def test_every_recipe_has_a_budget(self):
+        files = {name.split(":")[0] for name, _ in GPU_OPERATORS}
+        assert files == {f for f in os.listdir(os.path.join(ROOT, "pipelines")) if f.endswith(".py")}
+
+    @pytest.mark.parametrize(("recipe", "options"), list(GPU_OPERATORS), ids=_budget_id)
+    def test_at_most_its_budget(self, recipe, options):
+        pytest.importorskip("nvidia.dali")
+        import gpupipe as gp
+        from gpupipe import backends
+        from gpupipe.backends._stage import stage_for
+
+        from .support.budgets import TARGET
+        from .support.dali_graph import parse
+        from .test_gpu_graph import define
+
+        pipeline = gp.load_pipeline(os.path.join(ROOT, "pipelines", recipe))(["unused.tar"], **dict(options))
+        stage = stage_for(pipeline, backends.get("dali"), torch.device("cuda"), None)
+        views = pipeline.views if stage is None else stage.cut()
+        operators = len(parse(define(None, views=list(views), gpu=True).pipe.serialize())[0])
+        budget = GPU_OPERATORS[recipe, options]
+        assert operators <= budget
+        if stage is not None:
+            assert budget <= TARGET

@@ -295,6 +295,17 @@ class LoaderConfig:
             that never returns): their Python stacks are logged, the sample that hangs (found by
             running the samples in flight again in a sandbox) is refused from then on, and new
             workers go on with the epoch. Default 600; ``None``: wait forever.
+        stage: where each view's per-sample steps after decode and geometry run (its tail of
+            augmentation policies, ``AugMix``, ``ToDtype``, ``Normalize``, ``RandomErasing``):
+            ``True``, in the stage: batched torch kernels over the delivered batch on the
+            loader's device, each sample with its own draws, exact to torchvision's kernels (the
+            backend stops the view where the tail starts and hands over uint8 images);
+            ``False``, in the backend (the torch backend's workers, sample by sample, or DALI's
+            graph). ``None`` (default): the stage on a GPU, the backend on the CPU, where the
+            backends' workers or threads run a tail faster than the training thread runs the
+            stage (``bench/results/2026-11-28-stage-cpu.md``). The stage's values are
+            torchvision's on every backend; DALI's own policy graph differs from them slightly
+            (``docs/guide/transforms.md``).
 
     Raises:
         ConfigError: an option of the wrong type or out of range; the message names it.
@@ -324,6 +335,7 @@ class LoaderConfig:
     max_image_bytes: int | str | None = MAX_IMAGE_BYTES
     apply_exif_orientation: bool = False
     worker_timeout: float | None = 600.0
+    stage: bool | None = None
 
     def __post_init__(self) -> None:
         owner = "Loader"
@@ -357,6 +369,8 @@ class LoaderConfig:
         valid_optional_int(owner, self.max_image_pixels, "max_image_pixels", minimum=1)
         object.__setattr__(self, "max_image_bytes", valid_bytes(owner, self.max_image_bytes, "max_image_bytes"))
         valid_bool(owner, self.apply_exif_orientation, "apply_exif_orientation")
+        if self.stage is not None:
+            valid_bool(owner, self.stage, "stage")
         if self.worker_timeout is not None and not (is_number(self.worker_timeout) and self.worker_timeout > 0):
             raise ConfigError(f"{owner}: worker_timeout must be None or a number of seconds > 0, got "
                               f"{self.worker_timeout!r}")  # fmt: skip

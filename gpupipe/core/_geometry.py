@@ -317,6 +317,8 @@ def libm(fn: Any, values: Any) -> np.ndarray:
     (1 in 200 on 2026-11-28, NumPy 2.4; ``sin`` and ``cos`` may differ on other CPUs). Once per
     distinct value: the policies' tables have few."""
     values = np.asarray(values, dtype=np.float64)
+    if values.size <= 16:  # a few: at once (the stage's one-sample calls)
+        return np.array([fn(v) for v in values.ravel().tolist()], dtype=np.float64).reshape(values.shape)
     distinct, at = np.unique(values, return_inverse=True)
     return np.array([fn(v) for v in distinct.tolist()], dtype=np.float64)[at].reshape(values.shape)
 

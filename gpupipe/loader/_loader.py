@@ -13,6 +13,7 @@ import torch
 from .. import backends
 from ..backends._base import collecting
 from ..backends._batchwise import apply_batch
+from ..backends._stage import Stage, stage_for
 from ..core._batch import Batch, SkippedSample
 from ..core._config import LoaderConfig, valid_options
 from ..core._errors import ClosedError, ConfigError, GpupipeError
@@ -168,18 +169,25 @@ class Loader(LoaderAttributes):
         log.info("gpupipe loader: rank %d, epoch %d: %d samples in %d shards (the source's shards listed again)",
                  self.rank, self.epoch, len(self.index), len(self.index.shards))  # fmt: skip
 
+    def _stage(self, pipeline: Pipeline) -> Stage | None:
+        """Where ``pipeline``'s views hand their tails to the stage (``LoaderConfig.stage``)."""
+        return stage_for(pipeline, backends.get(self.backend), torch.device(self.device), self.config.stage,
+                         channels_last=self.config.channels_last)  # fmt: skip
+
     def _run_spec(self, pipeline: Pipeline) -> backends.RunSpec:
+        stage = self._stage(pipeline)  # the backend runs each view up to its tail, if it has one
         return backends.RunSpec(
             index=self.index,
-            views=pipeline.views,
+            views=pipeline.views if stage is None else stage.cut(),
             config=self._run_config,
             device=torch.device(self.device),
             workers=self.num_workers,
             rank=self.rank,
             seed=self.seed,
-            outputs=pipeline.output_specs,
+            outputs=pipeline.output_specs if stage is None else stage.cut_specs(pipeline.view_specs),
             per_source=pipeline.per_source,
-            batch_transform=pipeline.batch_transform,
+            # after a stage's tail, not on the backend's images before it: the loader mixes then
+            batch_transform=pipeline.batch_transform if stage is None else None,
         )
 
     @property
@@ -384,6 +392,7 @@ class Loader(LoaderAttributes):
         limit = self.config.skip_limit(int(plan.valid.sum()))
         size = self.config.batch_size
         fetch = prefetcher(self.index, plan.samples[start * size :], size, self.config.remote_ahead())
+        stage = self._stage(self.pipeline)
         try:
             if fetch is not None:
                 fetch.advance(0)
@@ -403,12 +412,14 @@ class Loader(LoaderAttributes):
                 if raw.skipped:
                     self._skips.mark(raw.skipped, valid, epoch, limit)
                 at.yielded = shift + b + 1
-                images = raw.images if self.pipeline.has_views else raw.images[0] if raw.images else None
+                staged = raw.images if stage is None else stage.run(raw.images, seed=plan.seed, epoch=plan.epoch,
+                                                                    draws=plan.drawn(b))  # fmt: skip
+                images = staged if self.pipeline.has_views else staged[0] if staged else None
                 labels = raw.labels
                 mask = backends.to_device(torch.from_numpy(valid), device)
                 mixing = self.pipeline.batch_transform
                 if mixing is not None and labels is not None and not raw.mixed:  # MixUp, CutMix: on the device
-                    images, labels = apply_batch(mixing, raw.images[0], labels, mask, seed=self.seed, epoch=epoch,
+                    images, labels = apply_batch(mixing, staged[0], labels, mask, seed=self.seed, epoch=epoch,
                                                  rank=self.rank, batch=shift + b)  # fmt: skip
                 yield Batch(images, labels, raw.keys, mask, dict(raw.fields or {}))
         finally:

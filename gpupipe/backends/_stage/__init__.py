@@ -3,12 +3,14 @@
 each sample with its own draws, exact to torchvision's per-sample kernels.
 
 Each policy operation is defined once here (``_ops.OPERATIONS``: its kernel and its arguments);
-the torch and ray backends run a view's tail through it where :func:`stage_start` finds one.
+the loader runs a view's tail through it on each delivered batch where :func:`stage_for` hands it
+one (``LoaderConfig.stage``), the backend having stopped the view there.
 """
 
 from __future__ import annotations
 
+from ._delivered import Stage, stage_for
 from ._ops import OPERATIONS, Warp, apply_slot
 from ._steps import STAGE, run_stage, stage_start
 
-__all__ = ["STAGE", "OPERATIONS", "Warp", "apply_slot", "run_stage", "stage_start"]
+__all__ = ["STAGE", "OPERATIONS", "Warp", "Stage", "apply_slot", "run_stage", "stage_for", "stage_start"]

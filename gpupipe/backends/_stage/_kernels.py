@@ -1,13 +1,15 @@
-"""The stage's batched kernels: torchvision's uint8 image kernels over ``[n, C, H, W]`` with one
-parameter per sample (a ``[n]`` tensor on the images' device), in torchvision's arithmetic, so
-that each sample's values are the ones its per-sample kernel gives (tested on every operation and
-bin against ``torchvision.transforms.v2.functional``).
+"""The stage's batched kernels: torchvision's uint8 image kernels over ``[n, C, H, W]``, in
+torchvision's arithmetic, so that each sample's values are the ones its per-sample kernel gives
+(tested on every operation and bin against ``torchvision.transforms.v2.functional``).
 
-Where torchvision's kernel takes a Python float it casts it to float32 inside the operation; here
-the host casts it the same way (``float32`` parameters). Where it fuses a multiply into an add
-(``add_(y, alpha=a)``: one rounding of ``x + a·y``), the float64 sum of two float32 products is
-exact and rounds once to the same float32. Conditional writes are ``torch.where``, never a masked
-assignment, which would wait for the device.
+A parameter is one Python number for the whole batch (torchvision's own scalar operations, the
+fastest on a CPU) or one per sample (an ``[n]`` tensor on the images' device: one launch per
+operation on a GPU, whatever the samples drew). Where torchvision's kernel takes a Python float it
+casts it to float32 inside the operation; a per-sample tensor is cast the same way (``float32``).
+Where it fuses a multiply into an add (``add_(y, alpha=a)``: one rounding of ``x + a·y``), a
+per-sample ``a`` takes the float64 sum of two float32 products, which is exact, and rounds once to
+the same float32. Conditional writes are ``torch.where``, never a masked assignment, which would
+wait for the device.
 """
 
 from __future__ import annotations
@@ -18,11 +20,18 @@ import torch
 import torch.nn.functional as nnf
 
 __all__ = ["warp", "brightness", "saturation", "contrast", "sharpness", "posterize", "solarize", "solarize_add",
-           "autocontrast", "equalize", "invert", "column"]  # fmt: skip
+           "autocontrast", "equalize", "invert", "column", "Param"]  # fmt: skip
+
+Param = float | int | torch.Tensor  # one value for the batch, or ``[n]`` per sample
 
 
-def column(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """``[n]`` per-sample values as ``[n, 1, 1, 1]``, to broadcast over ``like`` ``[n, C, H, W]``."""
+def column(values: Param, like: torch.Tensor) -> Param:
+    """``[n]`` per-sample values as ``[n, 1, 1, 1]``, to broadcast over ``like`` ``[n, C, H, W]``;
+    a number as it is."""
+    return _column(values, like) if isinstance(values, torch.Tensor) else values
+
+
+def _column(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return values.view(-1, *([1] * (like.dim() - 1)))
 
 
@@ -63,12 +72,15 @@ def warp(x: torch.Tensor, theta: torch.Tensor, *, mode: str, fill: tuple[float, 
     return img.round_().to(x.dtype)
 
 
-def _fused_blend(x: torch.Tensor, y: torch.Tensor, ratio: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
+def _fused_blend(x: torch.Tensor, y: torch.Tensor, ratio: Param, alpha: Param) -> torch.Tensor:
     """torchvision's ``_blend``: ``x.mul(r).add_(y, alpha=1 − r)`` clamped and truncated to
-    uint8; ``ratio`` and ``alpha`` ``[n]`` float32 (``alpha``: ``1 − r`` in float64, then
-    float32, as torch casts the Python float)."""
-    product = x.to(torch.float32) * column(ratio, x)
-    out = product.double().add_(y.double() * column(alpha, x).double()).float()
+    uint8; per sample, ``ratio`` and ``alpha`` ``[n]`` float32 (``alpha``: ``1 − r`` in float64,
+    then float32, as torch casts the Python float)."""
+    if not isinstance(ratio, torch.Tensor) and not isinstance(alpha, torch.Tensor):
+        return x.mul(ratio).add_(y, alpha=alpha).clamp_(0, 255).to(x.dtype)
+    assert isinstance(ratio, torch.Tensor) and isinstance(alpha, torch.Tensor)
+    product = x.to(torch.float32) * _column(ratio, x)
+    out = product.double().add_(y.double() * _column(alpha, x).double()).float()
     return out.clamp_(0, 255).to(x.dtype)
 
 
@@ -78,17 +90,19 @@ def _gray(x: torch.Tensor) -> torch.Tensor:
     return r.mul(0.2989).add_(g, alpha=0.587).add_(b, alpha=0.114).unsqueeze(-3).floor_()
 
 
-def brightness(x: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
-    """``adjust_brightness_image``: ``x·f`` clamped, truncated; ``factor`` ``[n]`` float32."""
+def brightness(x: torch.Tensor, factor: Param) -> torch.Tensor:
+    """``adjust_brightness_image``: ``x·f`` clamped, truncated; per sample, ``factor`` float32."""
+    if not isinstance(factor, torch.Tensor):
+        return x.mul(factor).clamp_(0, 255).to(x.dtype)
     return (x.to(torch.float32) * column(factor, x)).clamp_(0, 255).to(x.dtype)
 
 
-def saturation(x: torch.Tensor, ratio: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
+def saturation(x: torch.Tensor, ratio: Param, alpha: Param) -> torch.Tensor:
     """``adjust_saturation_image``: the blend with the floored luma (1 channel: unchanged)."""
     return x if x.shape[-3] == 1 else _fused_blend(x, _gray(x), ratio, alpha)
 
 
-def contrast(x: torch.Tensor, ratio: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
+def contrast(x: torch.Tensor, ratio: Param, alpha: Param) -> torch.Tensor:
     """``adjust_contrast_image``: the blend with the mean of the floored luma (1 channel: of the
     image)."""
     gray = _gray(x) if x.shape[-3] == 3 else x.to(torch.float32)
@@ -102,7 +116,7 @@ def _smoothing(device: torch.device, channels: int) -> torch.Tensor:
     return kernel.expand(channels, 1, 3, 3)
 
 
-def sharpness(x: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
+def sharpness(x: torch.Tensor, alpha: Param) -> torch.Tensor:
     """``adjust_sharpness_image``: the interior blended with its rounded 3x3 smoothing,
     ``v + (1 − f)·(blurred − v)`` (one rounding); images of 2 pixels a side or less unchanged."""
     c, h, w = x.shape[-3:]
@@ -111,23 +125,26 @@ def sharpness(x: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
     out = x.to(torch.float32)
     blurred = nnf.conv2d(out, _smoothing(x.device, c), groups=c).round_()
     view = out[..., 1:-1, 1:-1]
-    view.copy_(view.double().add_(blurred.sub_(view).double() * column(alpha, x).double()).float())
+    if not isinstance(alpha, torch.Tensor):
+        view.add_(blurred.sub_(view), alpha=alpha)
+    else:
+        view.copy_(view.double().add_(blurred.sub_(view).double() * _column(alpha, x).double()).float())
     return out.clamp_(0, 255).to(x.dtype)
 
 
-def posterize(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """``posterize_image``: ``x & mask``, ``mask`` ``[n]`` uint8 (255 where bits >= 8)."""
+def posterize(x: torch.Tensor, mask: Param) -> torch.Tensor:
+    """``posterize_image``: ``x & mask``; per sample, ``mask`` uint8 (255 where bits >= 8)."""
     return x & column(mask, x)
 
 
-def solarize(x: torch.Tensor, threshold: torch.Tensor) -> torch.Tensor:
-    """``solarize_image``: ``255 − x`` where ``x >= threshold`` (float32 ``[n]``; above 255:
+def solarize(x: torch.Tensor, threshold: Param) -> torch.Tensor:
+    """``solarize_image``: ``255 − x`` where ``x >= threshold`` (compared in float32; above 255:
     nothing)."""
     return torch.where(x >= column(threshold, x), x.bitwise_not(), x)
 
 
-def solarize_add(x: torch.Tensor, addend: torch.Tensor) -> torch.Tensor:
-    """timm's SolarizeAdd: ``min(255, x + addend)`` where ``x < 128``; ``addend`` int32 ``[n]``."""
+def solarize_add(x: torch.Tensor, addend: Param) -> torch.Tensor:
+    """timm's SolarizeAdd: ``min(255, x + addend)`` where ``x < 128``; per sample, int32."""
     added = (x.to(torch.int32) + column(addend, x)).clamp_(max=255).to(x.dtype)
     return torch.where(x < 128, added, x)
 

@@ -51,6 +51,12 @@ def _to(x: torch.Tensor, values: np.ndarray, dtype: torch.dtype = torch.float32)
     return torch.from_numpy(np.ascontiguousarray(values)).to(device=x.device, dtype=dtype, non_blocking=True)
 
 
+def _uniform(m: np.ndarray) -> bool:
+    """Whether every sample has the same magnitude: then a kernel takes it as a Python number,
+    the very call torchvision makes."""
+    return bool((m == m[0]).all())
+
+
 def _warped(maps: Callable[[np.ndarray, int, int], np.ndarray]) -> Kernel:
     def kernel(x: torch.Tensor, m: np.ndarray, warp: Warp) -> torch.Tensor:
         theta = maps(m, x.shape[-2], x.shape[-1]).astype(np.float32)
@@ -88,6 +94,12 @@ def _rotate(x: torch.Tensor, m: np.ndarray, warp: Warp) -> torch.Tensor:
     angle = libm(lambda v: v % 360, m)
     square = x.shape[-1] == x.shape[-2]
     turns = {0.0: 0, 180.0: 2, **({90.0: 1, 270.0: 3} if square else {})}
+    if _uniform(angle):  # one call for the batch, as torchvision's for one image
+        k = turns.get(float(angle[0]))
+        if k is not None:
+            return x.clone() if k == 0 else torch.rot90(x, k=k, dims=(-2, -1))
+        theta = centered_inverse_maps(-angle).astype(np.float32)
+        return K.warp(x, _to(x, theta), mode=warp.mode, fill=warp.fill)
     out = x.clone()
     rest = np.ones(len(m), dtype=bool)
     for value, k in turns.items():
@@ -105,18 +117,25 @@ def _rotate(x: torch.Tensor, m: np.ndarray, warp: Warp) -> torch.Tensor:
     return out
 
 
-def _ratios(m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """A blend's ``(r, 1 − r)`` for ``r = 1 + m``: float32, ``1 − r`` computed in float64."""
+def _ratios(x: torch.Tensor, m: np.ndarray) -> tuple[K.Param, K.Param]:
+    """A blend's ``(r, 1 − r)`` for ``r = 1 + m``, ``1 − r`` computed in float64: Python floats
+    where the magnitude is uniform, else float32 ``[n]``."""
+    if _uniform(m):
+        one = 1.0 + float(m[0])
+        return one, 1.0 - one
     ratio = 1.0 + m
-    return ratio.astype(np.float32), (1.0 - ratio).astype(np.float32)
+    return _to(x, ratio.astype(np.float32)), _to(x, (1.0 - ratio).astype(np.float32))
 
 
 def _blend(kernel: Callable[..., torch.Tensor]) -> Kernel:
     def blend(x: torch.Tensor, m: np.ndarray, warp: Warp) -> torch.Tensor:
-        ratio, alpha = _ratios(m)
-        return kernel(x, _to(x, ratio), _to(x, alpha))
+        return kernel(x, *_ratios(x, m))
 
     return blend
+
+
+def _brightness(x: torch.Tensor, m: np.ndarray, warp: Warp) -> torch.Tensor:
+    return K.brightness(x, _ratios(x, m)[0])
 
 
 def _posterize(x: torch.Tensor, m: np.ndarray, warp: Warp) -> torch.Tensor:
@@ -124,12 +143,19 @@ def _posterize(x: torch.Tensor, m: np.ndarray, warp: Warp) -> torch.Tensor:
     if ((bits < 0) | (bits > 8)).any():
         raise ValueError(f"Posterize: bits must be in [0, 8], got {sorted(set(bits.tolist()))}")
     mask = ((1 << bits) - 1) << (8 - bits)
-    return K.posterize(x, _to(x, mask, torch.uint8))
+    return K.posterize(x, int(mask[0]) if _uniform(m) else _to(x, mask, torch.uint8))
 
 
 def _solarize(x: torch.Tensor, m: np.ndarray, warp: Warp) -> torch.Tensor:
     """``solarize(x, 255·m)``; a threshold above 255 (timm's 256 at level 0) inverts nothing."""
+    if _uniform(m):
+        threshold = 255.0 * float(m[0])
+        return x if threshold > 255.0 else K.solarize(x, threshold)
     return K.solarize(x, _to(x, (255.0 * m).astype(np.float32)))
+
+
+def _solarize_add(x: torch.Tensor, m: np.ndarray, warp: Warp) -> torch.Tensor:
+    return K.solarize_add(x, int(np.trunc(m[0])) if _uniform(m) else _to(x, np.trunc(m), torch.int32))
 
 
 OPERATIONS: dict[str, Kernel] = {
@@ -139,16 +165,16 @@ OPERATIONS: dict[str, Kernel] = {
     "TranslateX": _translate(0, whole=True),
     "TranslateY": _translate(1, whole=True),
     "Rotate": _rotate,
-    "Brightness": lambda x, m, warp: K.brightness(x, _to(x, (1.0 + m).astype(np.float32))),
+    "Brightness": _brightness,
     "Color": _blend(K.saturation),
     "Contrast": _blend(K.contrast),
-    "Sharpness": lambda x, m, warp: K.sharpness(x, _to(x, _ratios(m)[1])),
+    "Sharpness": lambda x, m, warp: K.sharpness(x, _ratios(x, m)[1]),
     "Posterize": _posterize,
     "Solarize": _solarize,
     "AutoContrast": lambda x, m, warp: K.autocontrast(x),
     "Equalize": lambda x, m, warp: K.equalize(x),
     "Invert": lambda x, m, warp: K.invert(x),
-    "SolarizeAdd": lambda x, m, warp: K.solarize_add(x, _to(x, np.trunc(m), torch.int32)),
+    "SolarizeAdd": _solarize_add,
     "TranslateXRel": _translate(0, whole=False),
     "TranslateYRel": _translate(1, whole=False),
 }
@@ -158,18 +184,30 @@ assert tuple(OPERATIONS) == OPS, "one kernel per operation of the policies, in O
 def apply_slot(images: torch.Tensor, codes: np.ndarray, mags: np.ndarray, warp: Warp) -> torch.Tensor:
     """One slot of a policy on ``images`` ``[B, C, H, W]`` uint8: sample ``i`` gets operation
     ``codes[i]`` (an index of ``OPS``; ``-1``: none) at magnitude ``mags[i]`` (torchvision's, from
-    ``_Policy.magnitudes``). Each operation runs once, on the samples that drew it; a new tensor
-    where any sample changes, ``images`` itself where none does."""
+    ``_Policy.magnitudes``); a new tensor where any sample changes, ``images`` itself where none
+    does.
+
+    On a GPU each operation runs once, on the samples that drew it, with per-sample arguments (a
+    launch costs more than the arithmetic). On a CPU, once per operation and magnitude, with
+    torchvision's scalar calls: there a launch costs little and float32 with one scalar is the
+    fastest arithmetic (a per-sample blend takes float64)."""
     codes = np.where(np.asarray(codes) < 0, 0, np.asarray(codes)).astype(np.int64)
-    mags = np.asarray(mags, dtype=np.float64)
-    drawn = np.unique(codes)
-    if len(drawn) == 1:  # every sample the same operation: no gather, no scatter
-        return OPERATIONS[OPS[int(drawn[0])]](images, mags, warp)
+    mags = np.where(codes == 0, 0.0, np.asarray(mags, dtype=np.float64))
+    if images.device.type == "cpu":
+        groups, at = np.unique(np.stack([codes.astype(np.float64), mags], axis=1), axis=0, return_inverse=True)
+        group_codes = groups[:, 0].astype(np.int64)
+    else:
+        group_codes, at = np.unique(codes, return_inverse=True)
+    at = at.reshape(-1)
+    if len(group_codes) == 1:  # every sample the same call: no gather, no scatter
+        return OPERATIONS[OPS[int(group_codes[0])]](images, mags, warp)
     out = images.clone()
-    for code in drawn.tolist():
+    for g, code in enumerate(group_codes.tolist()):
         if code == 0:
             continue
-        at = np.flatnonzero(codes == code)
-        index = _to(images, at, torch.int64)
-        out.index_copy_(0, index, OPERATIONS[OPS[code]](images.index_select(0, index), mags[at], warp))
+        rows = np.flatnonzero(at == g)
+        if len(rows) == len(codes):
+            return OPERATIONS[OPS[code]](images, mags, warp)
+        index = _to(images, rows, torch.int64)
+        out.index_copy_(0, index, OPERATIONS[OPS[code]](images.index_select(0, index), mags[rows], warp))
     return out

@@ -1,0 +1,79 @@
+"""The stage on a delivered batch: the loader decides, per pipeline, which views hand a tail of
+steps to the stage (:func:`stage_for`); the backend then runs each view only up to that tail
+(``RunSpec.views`` cut there, its outputs uint8 of a fixed size) and the loader runs the tail on
+each batch it receives, on the batch's device (:meth:`Stage.run`), before the batch transform.
+
+The draws are every backend's: a tail step's factors are those of its place in the full view
+(``gpupipe.core._random.step_factors`` of ``(seed, epoch, sample, view, step)``), drawn for the
+batch's draw numbers (``RankPlan.drawn``), so a staged batch is the batch the backend would have
+made sample by sample, and a resumed or elastic run draws the same.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+import torch
+
+from ...core._random import step_factors
+from ...transforms import ImageSpec, Transform
+from ._steps import run_stage, stage_start
+
+__all__ = ["Stage", "stage_for"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Stage:
+    """Where each view's tail starts (``None``: the view has none) and how the batch is laid out
+    after it."""
+
+    views: tuple[tuple[Transform, ...], ...]
+    starts: tuple[int | None, ...]
+    channels_last: bool = False
+
+    def cut(self) -> tuple[tuple[Transform, ...], ...]:
+        """The views as the backend runs them: each up to its tail."""
+        return tuple(v if s is None else v[:s] for v, s in zip(self.views, self.starts, strict=True))
+
+    def cut_specs(self, view_specs: tuple[tuple[ImageSpec, ...], ...]) -> tuple[ImageSpec, ...]:
+        """Each view's output spec as the backend delivers it (``view_specs``: the pipeline's)."""
+        return tuple(specs[-1 if s is None else s] for specs, s in zip(view_specs, self.starts, strict=True))
+
+    def run(
+        self, images: tuple[torch.Tensor, ...], *, seed: int, epoch: int, draws: np.ndarray
+    ) -> tuple[torch.Tensor, ...]:
+        """Each view's tail on its delivered ``[B, C, H, W]`` images, sample ``i`` with the factors
+        of draw number ``draws[i]``; in the loader's memory format."""
+        out = []
+        for view, (steps, start, img) in enumerate(zip(self.views, self.starts, images, strict=True)):
+            if start is not None:
+                drawn = [step_factors(t, seed, epoch, draws, step, view) for step, t in enumerate(steps)][start:]
+                img = run_stage(steps[start:], img, drawn)
+                if self.channels_last:
+                    img = img.contiguous(memory_format=torch.channels_last)
+            out.append(img)
+        return tuple(out)
+
+
+def stage_for(pipeline: Any, backend: Any, device: torch.device, choice: bool | None, *,
+              channels_last: bool = False) -> Stage | None:  # fmt: skip
+    """The stage of ``pipeline`` delivered to ``device``, or ``None`` where no view hands it a
+    tail: ``choice`` (``LoaderConfig.stage``) ``False``, or ``None`` on the CPU, where the
+    backends run a tail faster themselves, in their workers or threads, than the training thread
+    runs the stage (the torch backend 0.57-0.72x with it, DALI 0.77-0.95x but AugMix 1.30x: 2
+    cores, ``bench/results/2026-11-28-stage-cpu.md``); a ``gp.Mix``'s ``per_source`` lists, masks or boxes
+    that follow the image, or no image. A view's tail goes to the stage where it holds a
+    per-sample draw and its input has a fixed size (the batch stacks). ``backend``: the backend
+    that runs the views up to their tails (any: each stops a view where it is cut)."""
+    on = choice if choice is not None else device.type == "cuda"
+    if not on or pipeline.per_source or pipeline.targets or not pipeline.has_image:
+        return None
+    starts = []
+    for steps, specs in zip(pipeline.views, pipeline.view_specs, strict=True):
+        start = stage_start(steps)
+        starts.append(start if start is not None and specs[start].fixed_size else None)
+    if all(s is None for s in starts):
+        return None
+    return Stage(tuple(pipeline.views), tuple(starts), channels_last)
