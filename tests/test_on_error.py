@@ -43,6 +43,12 @@ def run(loader):
     return [(b.keys, b.valid.cpu().clone(), b.images.cpu().clone(), b.labels.cpu().clone()) for b in loader]
 
 
+def staged(urls):
+    """A tail the stage runs (``Loader(stage=True)``; on a GPU, the default)."""
+    return gp.Pipeline(urls, [T.RandomResizedCrop(16), T.RandomHorizontalFlip(), T.TrivialAugmentWide(),
+                              T.ToDtype(torch.float32, scale=True), T.RandomErasing(p=0.5)])  # fmt: skip
+
+
 class TestRaise:
     def test_the_first_bad_sample_raises_naming_shard_and_key(self, backend, damaged):
         with backend.loader(pipeline(damaged), 4, num_workers=1) as loader, pytest.raises(gp.DataError) as info:
@@ -72,6 +78,19 @@ class TestSkip:
         assert all(s.epoch == 0 and s.key in s.reason for s in skipped)
         assert sorted(r["key"] for r in state["skipped"]) == sorted(key(n) for n in BAD)
         for keys, valid, images, labels in batches:  # a skipped place holds a copy of a good sample
+            for i in (~valid).nonzero().flatten().tolist():
+                j = keys.index(keys[i])
+                assert bool(valid[j]) and torch.equal(images[i], images[j]) and labels[i] == labels[j]
+
+    def test_with_the_stage_a_left_out_place_is_still_a_copy(self, backend, damaged):
+        """The stage runs a skipped place's tail with its donor's draws: still the donor's copy."""
+        with backend.loader(staged(damaged), 4, num_workers=1, on_error="skip", max_skipped=None,
+                            stage=True) as loader:  # fmt: skip
+            batches = run(loader)
+        delivered = [k for keys, valid, *_ in batches for k, v in zip(keys, valid.tolist(), strict=True) if v]
+        assert sorted(delivered) == sorted(key(n) for n in range(12) if n not in BAD)
+        assert batches[0][2].dtype == torch.float32
+        for keys, valid, images, labels in batches:
             for i in (~valid).nonzero().flatten().tolist():
                 j = keys.index(keys[i])
                 assert bool(valid[j]) and torch.equal(images[i], images[j]) and labels[i] == labels[j]
@@ -115,6 +134,13 @@ class TestSkip:
         states, resumed = check_exact_resume(make, epoch=1)
         assert {s.key for s in resumed.skipped} >= {r["key"] for r in states[0]["skipped"]}
 
+    def test_resume_with_the_stage_is_exact(self, backend, damaged):
+        def make():
+            return backend.loader(staged(damaged), 4, num_workers=1, seed=5, shuffle=True, on_error="skip",
+                                  max_skipped=None, stage=True)  # fmt: skip
+
+        check_exact_resume(make, epoch=1)
+
     def test_a_batch_of_only_bad_samples(self, backend, tmp_path):
         bad = {n: {"jpg": b"not an image"} for n in range(4)}
         urls = write_webdataset_shards(str(tmp_path), (4, 4), prefix="allbad", patch=bad)
@@ -122,6 +148,9 @@ class TestSkip:
             batches = run(loader)
         assert [int(v.sum()) for _, v, *_ in batches] == [0, 4]
         assert all(images.shape == (4, 3, 16, 16) for _, _, images, _ in batches)
+        with backend.loader(staged(urls), 4, num_workers=0, on_error="skip", max_skipped=None, stage=True) as loader:
+            batches = run(loader)  # the blanks go through the tail too
+        assert all(images.shape == (4, 3, 16, 16) and images.dtype == torch.float32 for _, _, images, _ in batches)
 
     def test_a_shard_truncated_after_indexing_keeps_the_samples_before_the_cut(self, backend, damaged, tmp_path):
         urls = [shutil.copy(u, tmp_path / os.path.basename(u)) for u in damaged]

@@ -270,6 +270,43 @@ class TestInTheLoader:
         assert staged[0][1].dtype == torch.float32 and staged[0][2].shape == (5, 1000)
         same_epochs(staged, epoch(shards, "torch", False, mix=True, num_workers=workers))
 
+    def test_views_each_with_its_tail(self, shards):
+        """Several views (multi-crop): each view's tail with its own draws, one of them without a
+        tail to stage."""
+        import gpupipe as gp
+
+        views = [V2, [T.RandomResizedCrop(24), T.RandAugment(), T.ToDtype(torch.float32, scale=True)],
+                 [T.RandomResizedCrop(16), T.ToDtype(torch.float32, scale=True)]]  # fmt: skip
+
+        def run(stage: bool) -> list:
+            with gp.Loader(gp.Pipeline(gp.WebDataset(shards), views=views), 4, backend="torch", device="cpu",
+                           stage=stage, num_workers=1, seed=3) as loader:  # fmt: skip
+                return [[v.clone() for v in b.images] for b in loader]
+
+        for staged, plain in zip(run(True), run(False), strict=True):
+            for a, b in zip(staged, plain, strict=True):
+                torch.testing.assert_close(a, b, atol=0, rtol=0)
+
+    def test_a_new_pipeline_brings_its_own_tail(self, shards):
+        """``set_pipeline`` between epochs (progressive resizing): the next epoch's views are cut
+        and staged as the new pipeline's."""
+        import gpupipe as gp
+
+        def pipeline(size: int) -> gp.Pipeline:
+            return gp.Pipeline(gp.WebDataset(shards), [T.RandomResizedCrop(size), *V2[1:]])
+
+        with gp.Loader(pipeline(32), 4, backend="torch", device="cpu", stage=True, num_workers=0, seed=2) as loader:
+            first = [b.images.shape for b in loader]
+            loader.set_pipeline(pipeline(24))
+            loader.set_epoch(1)
+            second = [b.images.clone() for b in loader]
+        with gp.Loader(pipeline(24), 4, backend="torch", device="cpu", stage=False, num_workers=0, seed=2) as plain:
+            plain.set_epoch(1)
+            want = [b.images for b in plain]
+        assert first[0] == (4, 3, 32, 32) and second[0].shape == (4, 3, 24, 24)
+        for a, b in zip(second, want, strict=True):
+            torch.testing.assert_close(a, b, atol=0, rtol=0)
+
     @pytest.mark.gpu
     def test_on_the_gpu_the_stage_is_the_workers_tail(self, shards):
         """On a GPU (the stage by default): the torch backend's workers cut the view, the stage

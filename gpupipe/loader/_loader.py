@@ -413,7 +413,8 @@ class Loader(LoaderAttributes):
                     self._skips.mark(raw.skipped, valid, epoch, limit)
                 at.yielded = shift + b + 1
                 staged = raw.images if stage is None else stage.run(raw.images, seed=plan.seed, epoch=plan.epoch,
-                                                                    draws=plan.drawn(b))  # fmt: skip
+                                                                    draws=plan.drawn(b),
+                                                                    skipped=[i for i, _ in raw.skipped])  # fmt: skip
                 images = staged if self.pipeline.has_views else staged[0] if staged else None
                 labels = raw.labels
                 mask = backends.to_device(torch.from_numpy(valid), device)

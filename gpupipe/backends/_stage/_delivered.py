@@ -12,6 +12,7 @@ made sample by sample, and a resumed or elastic run draws the same.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -19,6 +20,7 @@ import torch
 
 from ...core._random import step_factors
 from ...transforms import ImageSpec, Transform
+from .._base import donor
 from ._steps import run_stage, stage_start
 
 __all__ = ["Stage", "stage_for"]
@@ -41,11 +43,16 @@ class Stage:
         """Each view's output spec as the backend delivers it (``view_specs``: the pipeline's)."""
         return tuple(specs[-1 if s is None else s] for specs, s in zip(view_specs, self.starts, strict=True))
 
-    def run(
-        self, images: tuple[torch.Tensor, ...], *, seed: int, epoch: int, draws: np.ndarray
-    ) -> tuple[torch.Tensor, ...]:
+    def run(self, images: tuple[torch.Tensor, ...], *, seed: int, epoch: int, draws: np.ndarray,
+            skipped: Sequence[int] = ()) -> tuple[torch.Tensor, ...]:  # fmt: skip
         """Each view's tail on its delivered ``[B, C, H, W]`` images, sample ``i`` with the factors
-        of draw number ``draws[i]``; in the loader's memory format."""
+        of draw number ``draws[i]``; in the loader's memory format. ``skipped``: the positions of
+        samples left out, which hold a copy of the batch's donor (``backends._base.donor``): they
+        take its draws too, so that they stay its copies after the tail, as without the stage."""
+        good = donor(len(draws), set(skipped)) if skipped else None
+        if good is not None:
+            draws = np.array(draws, copy=True)
+            draws[list(skipped)] = draws[good]
         out = []
         for view, (steps, start, img) in enumerate(zip(self.views, self.starts, images, strict=True)):
             if start is not None:
