@@ -296,7 +296,9 @@ class LoaderConfig:
             running the samples in flight again in a sandbox) is refused from then on, and new
             workers go on with the epoch. Default 600; ``None``: wait forever.
         stage: where each view's per-sample steps after decode and geometry run (its tail of
-            augmentation policies, ``AugMix``, ``ToDtype``, ``Normalize``, ``RandomErasing``):
+            augmentation policies, ``AugMix``, colour steps (``ColorJitter`` on uint8,
+            ``RandomGrayscale``, ``RandomSolarize``, ``GaussianBlur``, ``RandomApply`` and
+            ``RandomChoice`` of them), ``ToDtype``, ``Normalize``, ``RandomErasing``):
             ``True``, in the stage: batched torch kernels over the delivered batch on the
             loader's device, each sample with its own draws, exact to torchvision's kernels (the
             backend stops the view where the tail starts and hands over uint8 images);

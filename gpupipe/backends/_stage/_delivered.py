@@ -79,7 +79,7 @@ def stage_for(pipeline: Any, backend: Any, device: torch.device, choice: bool | 
         return None
     starts = []
     for steps, specs in zip(pipeline.views, pipeline.view_specs, strict=True):
-        start = stage_start(steps)
+        start = stage_start(steps, specs)
         starts.append(start if start is not None and specs[start].fixed_size else None)
     if all(s is None for s in starts):
         return None

@@ -93,14 +93,32 @@ def _random_erasing(t: T.RandomErasing, images: torch.Tensor, factors: np.ndarra
     return torch.where(inside[:, None], value, images)
 
 
-def stage_start(steps: Sequence[T.Transform]) -> int | None:
+def stage_start(steps: Sequence[T.Transform], specs: Sequence[T.ImageSpec] | None = None) -> int | None:
     """Where ``steps``' tail that the stage runs starts: the longest tail of steps with a stage
-    lowering (whose options it supports), if it holds a step that draws per sample (a tail of
-    ``ToDtype`` and ``Normalize`` alone gains nothing batched); ``None`` where there is none."""
+    lowering (whose options it supports, on its input ``specs[i]`` where given), if it holds a
+    step that draws per sample (a tail of ``ToDtype`` and ``Normalize`` alone gains nothing
+    batched); ``None`` where there is none."""
     start = len(steps)
-    while start and type(steps[start - 1]) in STAGE and not _unsupported(steps[start - 1]):
+    while start and _takes(steps[start - 1], None if specs is None else specs[start - 1]):
         start -= 1
     return start if any(t.random for t in steps[start:]) else None
+
+
+def _takes(t: T.Transform, spec: T.ImageSpec | None) -> bool:
+    """Whether the stage runs ``t`` on an input of ``spec``: ``ColorJitter`` on uint8 images (its
+    float blends would round twice), ``GaussianBlur`` on images of more than half its kernel a
+    side (smaller, the backends pad by reflection again and again), composites on their members'."""
+    if type(t) not in STAGE or _unsupported(t):
+        return False
+    if spec is None:
+        return True
+    if isinstance(t, T.ColorJitter) and spec.dtype != torch.uint8:
+        return False
+    if isinstance(t, T.GaussianBlur):
+        kx, ky = t.kernel_size
+        return spec.fixed_size and spec.height > ky // 2 and spec.width > kx // 2
+    members = getattr(t, "transforms", None)
+    return members is None or all(_takes(inner, spec) for inner in members)
 
 
 def _unsupported(t: T.Transform) -> str | None:
