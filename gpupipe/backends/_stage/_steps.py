@@ -21,7 +21,7 @@ from .._registry import Registry
 from ._kernels import column
 from ._ops import Warp, apply_slot
 
-__all__ = ["STAGE", "stage_start", "run_stage"]
+__all__ = ["STAGE", "stage_start", "run_stage", "to_dtype", "normalize"]
 
 STAGE = Registry("stage")
 
@@ -54,12 +54,15 @@ def _augmix(t: T.AugMix, images: torch.Tensor, factors: np.ndarray) -> torch.Ten
 
 
 @STAGE.register(T.ToDtype)
-def _to_dtype(t: T.ToDtype, images: torch.Tensor, _: None) -> torch.Tensor:
+def to_dtype(t: T.ToDtype, images: torch.Tensor, _: None) -> torch.Tensor:
+    """``[..., C, H, W]`` to ``t.dtype`` (torchvision's ``to_dtype``)."""
     return F.to_dtype(images, t.dtype, scale=t.scale)
 
 
 @STAGE.register(T.Normalize)
-def _normalize(t: T.Normalize, images: torch.Tensor, _: None) -> torch.Tensor:
+def normalize(t: T.Normalize, images: torch.Tensor, _: None) -> torch.Tensor:
+    """``[..., C, H, W]`` normalized per channel (one mean and std for every channel where ``t``
+    has one)."""
     channels = images.shape[-3]
     mean = list(t.mean) * channels if len(t.mean) == 1 else list(t.mean)
     std = list(t.std) * channels if len(t.std) == 1 else list(t.std)

@@ -30,6 +30,7 @@ from ...transforms._erasing import ErasingParams
 from ...transforms._spatial import CropParams, FlipParams, RandomCropParams, ResizeParams, SizeParams
 from ...transforms._tone import CoinParams
 from .._registry import Registry, inner_unsupported
+from .._stage._steps import normalize, to_dtype
 from ._maskindex import IndexedMask, as_indexed
 
 __all__ = ["LOWERINGS", "apply_pipeline", "apply_params", "follow_targets", "boxes_kept"]
@@ -391,17 +392,9 @@ def _random_choice(t: SampleChoice, img: torch.Tensor, p: RandomChoiceParams) ->
     return LOWERINGS.lookup(inner)(inner, img, p.params[p.chosen])
 
 
-@LOWERINGS.register(T.ToDtype)
-def _to_dtype(t: T.ToDtype, img: torch.Tensor, _: None) -> torch.Tensor:
-    return F.to_dtype(img, t.dtype, scale=t.scale)
-
-
-@LOWERINGS.register(T.Normalize)
-def _normalize(t: T.Normalize, img: torch.Tensor, _: None) -> torch.Tensor:
-    channels = img.shape[-3]
-    mean = list(t.mean) * channels if len(t.mean) == 1 else list(t.mean)
-    std = list(t.std) * channels if len(t.std) == 1 else list(t.std)
-    return F.normalize(img, mean, std)
+# ToDtype and Normalize: the stage's, which take one image or a batch alike
+LOWERINGS.register(T.ToDtype)(to_dtype)
+LOWERINGS.register(T.Normalize)(normalize)
 
 
 @LOWERINGS.register(T.Arithmetic)
