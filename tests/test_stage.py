@@ -476,3 +476,83 @@ class TestColorSteps:
         for i in range(len(images)):
             want = F.gaussian_blur(images[i].cpu(), [kernel, kernel], [float(sigma[i])] * 2)
             torch.testing.assert_close(got[i], want, atol=0, rtol=0)
+
+
+class TestAhead:
+    """The stage one batch ahead on a GPU (``_ahead``): the order, and where errors surface. The
+    CUDA stream itself runs on a GPU only (gpu-marked test below); here a stand-in records what
+    the loader asks of it."""
+
+    def test_depth_one_launches_the_next_before_yielding(self):
+        from gpupipe.backends._stage._ahead import ahead
+
+        log: list[str] = []
+
+        def items():
+            for i in range(3):
+                log.append(f"pull {i}")
+                yield i
+
+        def launch(i: int) -> int:
+            log.append(f"launch {i}")
+            return i
+
+        def finish(i: int) -> int:
+            log.append(f"finish {i}")
+            return i * 10
+
+        out = []
+        for value in ahead(items(), launch, finish, depth=1):
+            log.append(f"yield {value}")
+            out.append(value)
+        assert out == [0, 10, 20]
+        assert log == ["pull 0", "launch 0", "pull 1", "launch 1", "finish 0", "yield 0", "pull 2", "launch 2",
+                       "finish 1", "yield 10", "finish 2", "yield 20"]  # fmt: skip
+
+    def test_an_error_comes_after_the_batches_before_it(self):
+        from gpupipe.backends._stage._ahead import ahead
+
+        def items():
+            yield 1
+            raise RuntimeError("batch 2 is bad")
+
+        it = ahead(items(), lambda i: i, lambda i: i, depth=1)
+        assert next(it) == 1
+        with pytest.raises(RuntimeError, match="batch 2"):
+            next(it)
+
+    def test_on_a_gpu_the_loader_stages_one_batch_ahead(self, shards, monkeypatch):
+        """``Stage.batches`` on a (stand-in) GPU: the tail of batch b + 1 is launched before
+        batch b is handed over, and the values are the stage's."""
+        import gpupipe as gp
+        from gpupipe.backends._stage import _delivered
+
+        log: list[str] = []
+
+        class Side:
+            def __init__(self, device):
+                log.append(f"stream on {device}")
+
+            def launch(self, run):
+                log.append("launch")
+                return run(), None
+
+            def finish(self, launched):
+                log.append("finish")
+                return launched[0]
+
+        monkeypatch.setattr(_delivered, "SideStream", Side)
+        pipeline = gp.Pipeline(gp.WebDataset(shards), V2)
+        stage = _delivered.stage_for(pipeline, None, torch.device("cuda"), None)
+        assert stage is not None
+        with gp.Loader(gp.Pipeline(gp.WebDataset(shards), V2[:2]), 4, backend="torch", device="cpu", seed=1,
+                       num_workers=0) as cut:  # fmt: skip
+            plan = cut.plan(0)
+            raw = list(enumerate(cut._runner.run(plan, 0)))
+            got = list(stage.batches(iter(raw), plan, torch.device("cuda")))
+        assert log[0] == "stream on cuda" and log[1:4] == ["launch", "launch", "finish"]
+        assert log.count("launch") == log.count("finish") == len(raw) == 4
+        for (b, one, images), (b2, two) in zip(got, raw, strict=True):
+            assert b == b2 and one is two
+            want = stage.run(two.images, seed=plan.seed, epoch=0, draws=plan.drawn(b))
+            torch.testing.assert_close(images[0], want[0], atol=0, rtol=0)

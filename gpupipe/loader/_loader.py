@@ -396,10 +396,14 @@ class Loader(LoaderAttributes):
         try:
             if fetch is not None:
                 fetch.advance(0)
-            run = enumerate(self._runner.run(plan, start), start)
+            batches = enumerate(self._runner.run(plan, start), start)
+            # each batch with its views after their tails: the stage's (ahead, on a GPU), or as they came
+            run = (
+                ((b, raw, raw.images) for b, raw in batches) if stage is None else stage.batches(batches, plan, device)
+            )
             while True:
                 try:
-                    b, raw = next(run)
+                    b, raw, staged = next(run)
                 except StopIteration:
                     break
                 except ValueError as e:  # close() in another thread is ending the run right now
@@ -412,9 +416,6 @@ class Loader(LoaderAttributes):
                 if raw.skipped:
                     self._skips.mark(raw.skipped, valid, epoch, limit)
                 at.yielded = shift + b + 1
-                staged = raw.images if stage is None else stage.run(raw.images, seed=plan.seed, epoch=plan.epoch,
-                                                                    draws=plan.drawn(b),
-                                                                    skipped=[i for i, _ in raw.skipped])  # fmt: skip
                 images = staged if self.pipeline.has_views else staged[0] if staged else None
                 labels = raw.labels
                 mask = backends.to_device(torch.from_numpy(valid), device)

@@ -12,7 +12,7 @@ made sample by sample, and a resumed or elastic run draws the same.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -21,6 +21,7 @@ import torch
 from ...core._random import step_factors
 from ...transforms import ImageSpec, Transform
 from .._base import donor
+from ._ahead import SideStream, ahead
 from ._steps import run_stage, stage_start
 
 __all__ = ["Stage", "stage_for"]
@@ -62,6 +63,23 @@ class Stage:
                     img = img.contiguous(memory_format=torch.channels_last)
             out.append(img)
         return tuple(out)
+
+    def batches(self, batches: Iterator[tuple[int, Any]], plan: Any,
+                device: torch.device) -> Iterator[tuple[int, Any, tuple[torch.Tensor, ...]]]:  # fmt: skip
+        """``(b, raw, images)`` for each ``(b, raw)`` a runner yields for ``plan`` (``RawBatch``es),
+        ``images`` the views after their tails. On a GPU each batch's tail is launched on a stream
+        of its own one batch ahead (``_ahead``): it runs while the training loop's step of the
+        batch before does."""
+
+        def tail(b: int, raw: Any) -> tuple[torch.Tensor, ...]:
+            return self.run(raw.images, seed=plan.seed, epoch=plan.epoch, draws=plan.drawn(b),
+                            skipped=[i for i, _ in raw.skipped])  # fmt: skip
+
+        if device.type != "cuda":
+            return ((b, raw, tail(b, raw)) for b, raw in batches)
+        side: SideStream[Any] = SideStream(device)
+        return ahead(batches, lambda item: (item, side.launch(lambda: tail(*item))),
+                     lambda launched: (*launched[0], side.finish(launched[1])), depth=1)  # fmt: skip
 
 
 def stage_for(pipeline: Any, backend: Any, device: torch.device, choice: bool | None, *,

@@ -1,0 +1,82 @@
+"""The stage ahead of the step: on a GPU, batch ``b + 1``'s tail is launched on a stream of its
+own before batch ``b`` is handed to the training loop, so that the GPU runs it beside the step of
+batch ``b`` rather than before the step of ``b + 1``.
+
+:func:`ahead` is the order of it (any device; tested on the CPU with a stand-in stream);
+:class:`SideStream` the CUDA part, the usual pattern of a prefetcher on its own stream:
+
+- the side stream waits for the consumer's (the batch's copies and DALI's hand-over are queued
+  there), runs the tail, and records an event;
+- the consumer's stream waits for that event before the batch is handed over, and each output
+  tensor, made by the caching allocator on the side stream, is marked used on the consumer's
+  (``record_stream``), so that its memory is not given to the side stream again while the step
+  reads it.
+
+The inputs need no marking: a runner's batch is kept alive by the loader until the tail that
+reads it is handed over (DALI takes its memory back only after the tensor is freed and a
+device-wide synchronization; the torch backend's batch is the caching allocator's, on the
+consumer's stream, which the side stream waited for).
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable, Iterator
+from typing import Any, Generic, TypeVar
+
+import torch
+
+__all__ = ["ahead", "SideStream"]
+
+In = TypeVar("In")
+Out = TypeVar("Out")
+
+
+def ahead(items: Iterator[In], launch: Callable[[In], Out], finish: Callable[[Out], Any], *,
+          depth: int) -> Iterator[Any]:  # fmt: skip
+    """``finish(launch(item))`` for each of ``items``, in order, with ``depth`` items launched
+    before the one being finished is yielded (``0``: each launched and finished in turn). An
+    exception from ``items`` or ``launch`` is raised where that item would have been yielded,
+    after the items before it."""
+    pending: collections.deque[Out] = collections.deque()
+    iterator = iter(items)
+    while True:
+        try:
+            launched = launch(next(iterator))
+        except StopIteration:
+            break
+        except Exception:  # the batches before it first, as without the lookahead
+            while pending:
+                yield finish(pending.popleft())
+            raise
+        pending.append(launched)
+        while len(pending) > depth:
+            yield finish(pending.popleft())
+    while pending:
+        yield finish(pending.popleft())
+
+
+class SideStream(Generic[In]):
+    """Launches a batch's tail on a stream of its own on ``device`` and hands its outputs to the
+    consumer's stream (torch's current one, in the iterating thread)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.stream = torch.cuda.Stream(device)
+
+    def launch(self, run: Callable[[], tuple[torch.Tensor, ...]]) -> tuple[tuple[torch.Tensor, ...], Any]:
+        consumer = torch.cuda.current_stream(self.device)
+        self.stream.wait_stream(consumer)
+        with torch.cuda.stream(self.stream):
+            out = run()
+            event = torch.cuda.Event()
+            event.record(self.stream)
+        return out, event
+
+    def finish(self, launched: tuple[tuple[torch.Tensor, ...], Any]) -> tuple[torch.Tensor, ...]:
+        out, event = launched
+        consumer = torch.cuda.current_stream(self.device)
+        consumer.wait_event(event)
+        for tensor in out:
+            tensor.record_stream(consumer)
+        return out
