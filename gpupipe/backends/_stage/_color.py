@@ -18,32 +18,17 @@ from torchvision.transforms.v2 import functional as F
 
 from ... import transforms as T
 from ...transforms._apply import RandomChoice as SampleChoice
+from .._registry import inner_unsupported
 from . import _kernels as K
+from ._ops import blend_args
 from ._steps import STAGE
 
 __all__ = ["blur_grouped"]
 
 
-def _rows(images: torch.Tensor, at: np.ndarray) -> torch.Tensor:
-    return torch.from_numpy(at).to(images.device, non_blocking=True)
-
-
-def _on_rows(images: torch.Tensor, at: np.ndarray, fn: Any) -> torch.Tensor:
-    """``fn`` on the rows ``at`` of ``images``, the others as they are (a new tensor where any
-    row is taken)."""
-    if not len(at):
-        return images
-    if len(at) == len(images):
-        return fn(images, np.arange(len(images)))
-    index = _rows(images, at)
-    out = images.clone()
-    out.index_copy_(0, index, fn(images.index_select(0, index), at))
-    return out
-
-
-def _members(t: Any, images: torch.Tensor, factors: np.ndarray, rows: np.ndarray, members: Any) -> torch.Tensor:
-    """``members`` (of composite ``t``, each with its columns of ``factors``) in order on
-    ``images``, the rows ``rows`` of the batch."""
+def _members(images: torch.Tensor, factors: np.ndarray, rows: np.ndarray, members: Any) -> torch.Tensor:
+    """A composite's ``members`` (each with its columns of ``factors``) in order on ``images``,
+    the rows ``rows`` of the batch."""
     for inner, (a, b) in members:
         images = STAGE.lookup(inner)(inner, images, factors[rows, a:b] if inner.draws else None)
     return images
@@ -51,26 +36,21 @@ def _members(t: Any, images: torch.Tensor, factors: np.ndarray, rows: np.ndarray
 
 def _random_apply(t: T.RandomApply, images: torch.Tensor, factors: np.ndarray) -> torch.Tensor:
     members = list(zip(t.transforms, t.factor_slices, strict=True))
-    return _on_rows(images, np.flatnonzero(factors[:, 0] != 0), lambda x, at: _members(t, x, factors, at, members))
+    return K.on_rows(images, [(np.flatnonzero(factors[:, 0] != 0), lambda x, at: _members(x, factors, at, members))])
 
 
 def _random_choice(t: SampleChoice, images: torch.Tensor, factors: np.ndarray) -> torch.Tensor:
     chosen = factors[:, 0].astype(np.int64)
-    for k, (inner, cols) in enumerate(zip(t.transforms, t.factor_slices, strict=True)):
-        images = _on_rows(images, np.flatnonzero(chosen == k),
-                          lambda x, at, m=[(inner, cols)]: _members(t, x, factors, at, m))  # fmt: skip
-    return images
+
+    def member(m: Any) -> K.RowsFn:
+        return lambda x, at: _members(x, factors, at, [m])
+
+    return K.on_rows(images, [(np.flatnonzero(chosen == k), member(m))
+                              for k, m in enumerate(zip(t.transforms, t.factor_slices, strict=True))])  # fmt: skip
 
 
 def _members_unsupported(t: Any) -> str | None:
-    for i, inner in enumerate(t.transforms):
-        if type(inner) not in STAGE:
-            return f"transforms[{i}] ({type(inner).__name__}) has no stage lowering"
-        entry = STAGE._entry(inner, None)
-        reason = entry.unsupported(inner) if entry.unsupported else None
-        if reason:
-            return f"transforms[{i}]: {reason}"
-    return None
+    return inner_unsupported(STAGE, t.transforms)
 
 
 STAGE.register(T.RandomApply, unsupported=_members_unsupported)(_random_apply)
@@ -79,13 +59,13 @@ STAGE.register(SampleChoice, unsupported=_members_unsupported)(_random_choice)
 
 @STAGE.register(T.RandomGrayscale)
 def _grayscale(t: T.RandomGrayscale, images: torch.Tensor, factors: np.ndarray) -> torch.Tensor:
-    return _on_rows(images, np.flatnonzero(factors[:, 0] != 0),
-                    lambda x, at: F.rgb_to_grayscale(x, num_output_channels=x.shape[-3]))  # fmt: skip
+    return K.on_rows(images, [(np.flatnonzero(factors[:, 0] != 0),
+                               lambda x, at: F.rgb_to_grayscale(x, num_output_channels=x.shape[-3]))])  # fmt: skip
 
 
 @STAGE.register(T.RandomSolarize)
 def _solarize(t: T.RandomSolarize, images: torch.Tensor, factors: np.ndarray) -> torch.Tensor:
-    return _on_rows(images, np.flatnonzero(factors[:, 0] != 0), lambda x, at: F.solarize(x, t.threshold))
+    return K.on_rows(images, [(np.flatnonzero(factors[:, 0] != 0), lambda x, at: F.solarize(x, t.threshold))])
 
 
 def _blur_kernels(t: T.GaussianBlur, sigma: np.ndarray, device: torch.device) -> torch.Tensor:
@@ -110,11 +90,11 @@ def _gaussian_blur(t: T.GaussianBlur, images: torch.Tensor, factors: np.ndarray)
     sigma = factors[:, 0]
     kx, ky = t.kernel_size
     if images.device.type == "cpu":
-        out = images
-        for value in np.unique(sigma).tolist():
-            at = np.flatnonzero(sigma == value)
-            out = _on_rows(out, at, lambda x, at, v=value: F.gaussian_blur(x, [kx, ky], [v, v]))
-        return out
+
+        def blur(v: float) -> K.RowsFn:
+            return lambda x, at: F.gaussian_blur(x, [kx, ky], [v, v])
+
+        return K.on_rows(images, [(np.flatnonzero(sigma == v), blur(v)) for v in np.unique(sigma).tolist()])
     return blur_grouped(t, images, sigma)
 
 
@@ -131,9 +111,6 @@ def blur_grouped(t: T.GaussianBlur, images: torch.Tensor, sigma: np.ndarray) -> 
     return out if fp else out.round_().to(images.dtype)
 
 
-_JITTER = ("brightness", "contrast", "saturation", "hue")
-
-
 def _hue(x: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
     """torchvision's ``adjust_hue_image`` with a shift per sample (``[n]`` float32)."""
     from torchvision.transforms.v2.functional._color import _hsv_to_rgb, _rgb_to_hsv
@@ -147,15 +124,13 @@ def _hue(x: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
 
 
 def _jitter_one(j: int, x: torch.Tensor, f: np.ndarray) -> torch.Tensor:
-    """Adjustment ``j`` (``_JITTER``) of uint8 ``x`` with factors ``f`` ``[n]``: torchvision's
-    blends (brightness: ``x·f``; contrast: with the mean luma; saturation: with the luma) and its
-    hue shift."""
+    """Adjustment ``j`` (0 brightness, 1 contrast, 2 saturation, 3 hue: ``ColorJitter``'s order
+    codes) of uint8 ``x`` with factors ``f`` ``[n]``: torchvision's blends with ratio ``f``
+    (brightness: ``x·f``; contrast: with the mean luma; saturation: with the luma), as the
+    policies' colour operations blend, and its hue shift."""
     if j == 3:
         return _hue(x, torch.from_numpy(f.astype(np.float32)).to(x.device))
-    if (f == f[0]).all():  # torchvision's own call, with the Python float
-        return (F.adjust_brightness, F.adjust_contrast, F.adjust_saturation)[j](x, float(f[0]))
-    ratio = torch.from_numpy(f.astype(np.float32)).to(x.device)
-    alpha = torch.from_numpy((1.0 - f).astype(np.float32)).to(x.device)
+    ratio, alpha = blend_args(x, f)
     return (lambda: K.brightness(x, ratio), lambda: K.contrast(x, ratio, alpha),
             lambda: K.saturation(x, ratio, alpha))[j]()  # fmt: skip
 
@@ -166,8 +141,11 @@ def _color_jitter(t: T.ColorJitter, images: torch.Tensor, factors: np.ndarray) -
     each adjustment once over the samples that take it then."""
     order = factors[:, :4].astype(np.int64)
     values = factors[:, 4:8]
-    for k in range(4):
-        for j in range(4):
-            at = np.flatnonzero((order[:, k] == j) & ~np.isnan(values[:, j]))
-            images = _on_rows(images, at, lambda x, rows, j=j: _jitter_one(j, x, values[rows, j]))
+
+    def adjust(j: int) -> K.RowsFn:
+        return lambda x, rows: _jitter_one(j, x, values[rows, j])
+
+    for k in range(4):  # each sample takes one adjustment per round: disjoint rows
+        takes = [(np.flatnonzero((order[:, k] == j) & ~np.isnan(values[:, j])), adjust(j)) for j in range(4)]
+        images = K.on_rows(images, takes)
     return images

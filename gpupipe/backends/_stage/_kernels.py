@@ -15,12 +15,14 @@ wait for the device.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Iterable
 
+import numpy as np
 import torch
 import torch.nn.functional as nnf
 
 __all__ = ["warp", "brightness", "saturation", "contrast", "sharpness", "posterize", "solarize", "solarize_add",
-           "autocontrast", "equalize", "invert", "column", "Param"]  # fmt: skip
+           "autocontrast", "equalize", "invert", "column", "Param", "RowsFn", "on_rows"]  # fmt: skip
 
 Param = float | int | torch.Tensor  # one value for the batch, or ``[n]`` per sample
 
@@ -33,6 +35,27 @@ def column(values: Param, like: torch.Tensor) -> Param:
 
 def _column(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return values.view(-1, *([1] * (like.dim() - 1)))
+
+
+# (the rows' images [n, C, H, W], the rows' positions in the batch [n]) -> the rows' new images
+RowsFn = Callable[[torch.Tensor, np.ndarray], torch.Tensor]
+
+
+def on_rows(images: torch.Tensor, groups: Iterable[tuple[np.ndarray, RowsFn]]) -> torch.Tensor:
+    """Each group's function on its rows of ``images`` (a gather, the function, a scatter), the
+    other rows as they are; the groups' rows are disjoint, so every function reads the input.
+    ``images`` itself where no group has a row; the function on the whole batch, with no gather,
+    where one group has them all; else one copy of the batch, written group by group."""
+    taken = [(rows, fn) for rows, fn in groups if len(rows)]
+    if not taken:
+        return images
+    if len(taken) == 1 and len(taken[0][0]) == len(images):
+        return taken[0][1](images, taken[0][0])
+    out = images.clone()
+    for rows, fn in taken:
+        index = torch.from_numpy(np.ascontiguousarray(rows)).to(images.device, non_blocking=True)
+        out.index_copy_(0, index, fn(images.index_select(0, index), rows))
+    return out
 
 
 @functools.lru_cache(maxsize=64)

@@ -24,7 +24,7 @@ from ...core._geometry import centered_inverse_maps, libm
 from ...transforms._policies import OPS
 from . import _kernels as K
 
-__all__ = ["Warp", "OPERATIONS", "apply_slot"]
+__all__ = ["Warp", "OPERATIONS", "apply_slot", "blend_args"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,31 +100,30 @@ def _rotate(x: torch.Tensor, m: np.ndarray, warp: Warp) -> torch.Tensor:
             return x.clone() if k == 0 else torch.rot90(x, k=k, dims=(-2, -1))
         theta = centered_inverse_maps(-angle).astype(np.float32)
         return K.warp(x, _to(x, theta), mode=warp.mode, fill=warp.fill)
-    out = x.clone()
-    rest = np.ones(len(m), dtype=bool)
-    for value, k in turns.items():
-        at = np.flatnonzero(angle == value)
-        if len(at):
-            rest[at] = False
-            if k:
-                index = _to(x, at, torch.int64)
-                out.index_copy_(0, index, torch.rot90(x.index_select(0, index), k=k, dims=(-2, -1)))
-    at = np.flatnonzero(rest)
-    if len(at):
-        index = _to(x, at, torch.int64)
+
+    def warped(rows: torch.Tensor, at: np.ndarray) -> torch.Tensor:
         theta = centered_inverse_maps(-angle[at]).astype(np.float32)
-        out.index_copy_(0, index, K.warp(x.index_select(0, index), _to(x, theta), mode=warp.mode, fill=warp.fill))
-    return out
+        return K.warp(rows, _to(x, theta), mode=warp.mode, fill=warp.fill)
+
+    def turned(k: int) -> K.RowsFn:
+        return lambda rows, at: torch.rot90(rows, k=k, dims=(-2, -1))
+
+    quarter = [(np.flatnonzero(angle == value), turned(k)) for value, k in turns.items() if k]
+    return K.on_rows(x, [*quarter, (np.flatnonzero(~np.isin(angle, list(turns))), warped)])
+
+
+def blend_args(x: torch.Tensor, ratio: np.ndarray) -> tuple[K.Param, K.Param]:
+    """A blend's ``(r, 1 − r)`` (``1 − r`` computed in float64), as torchvision passes them:
+    Python floats where every sample has the same ``ratio``, else float32 ``[n]``."""
+    if _uniform(ratio):
+        one = float(ratio[0])
+        return one, 1.0 - one
+    return _to(x, ratio.astype(np.float32)), _to(x, (1.0 - ratio).astype(np.float32))
 
 
 def _ratios(x: torch.Tensor, m: np.ndarray) -> tuple[K.Param, K.Param]:
-    """A blend's ``(r, 1 − r)`` for ``r = 1 + m``, ``1 − r`` computed in float64: Python floats
-    where the magnitude is uniform, else float32 ``[n]``."""
-    if _uniform(m):
-        one = 1.0 + float(m[0])
-        return one, 1.0 - one
-    ratio = 1.0 + m
-    return _to(x, ratio.astype(np.float32)), _to(x, (1.0 - ratio).astype(np.float32))
+    """The policies' blends: ``r = 1 + m``."""
+    return blend_args(x, 1.0 + m)
 
 
 def _blend(kernel: Callable[..., torch.Tensor]) -> Kernel:
@@ -194,20 +193,14 @@ def apply_slot(images: torch.Tensor, codes: np.ndarray, mags: np.ndarray, warp: 
     codes = np.where(np.asarray(codes) < 0, 0, np.asarray(codes)).astype(np.int64)
     mags = np.where(codes == 0, 0.0, np.asarray(mags, dtype=np.float64))
     if images.device.type == "cpu":
-        groups, at = np.unique(np.stack([codes.astype(np.float64), mags], axis=1), axis=0, return_inverse=True)
-        group_codes = groups[:, 0].astype(np.int64)
+        pairs, at = np.unique(np.stack([codes.astype(np.float64), mags], axis=1), axis=0, return_inverse=True)
+        group_codes = pairs[:, 0].astype(np.int64)
     else:
         group_codes, at = np.unique(codes, return_inverse=True)
     at = at.reshape(-1)
-    if len(group_codes) == 1:  # every sample the same call: no gather, no scatter
-        return OPERATIONS[OPS[int(group_codes[0])]](images, mags, warp)
-    out = images.clone()
-    for g, code in enumerate(group_codes.tolist()):
-        if code == 0:
-            continue
-        rows = np.flatnonzero(at == g)
-        if len(rows) == len(codes):
-            return OPERATIONS[OPS[code]](images, mags, warp)
-        index = _to(images, rows, torch.int64)
-        out.index_copy_(0, index, OPERATIONS[OPS[code]](images.index_select(0, index), mags[rows], warp))
-    return out
+
+    def call(op: Kernel) -> K.RowsFn:
+        return lambda rows, where: op(rows, mags[where], warp)
+
+    return K.on_rows(images, [(np.flatnonzero(at == g), call(OPERATIONS[OPS[code]]))
+                              for g, code in enumerate(group_codes.tolist()) if code != 0])  # fmt: skip
