@@ -374,20 +374,18 @@ class TestInTheLoader:
 
     def test_where_the_stage_does_not_go(self, shards):
         import gpupipe as gp
-        from gpupipe import backends
         from gpupipe.backends._stage import stage_for
 
-        torch_backend, dali = backends.get("torch"), backends.get("dali")
         cpu, cuda = torch.device("cpu"), torch.device("cuda")
         v2 = gp.Pipeline(gp.WebDataset(shards), V2)
-        assert stage_for(v2, torch_backend, cpu, None) is None and stage_for(v2, dali, cpu, None) is None  # the CPU
-        assert stage_for(v2, torch_backend, cuda, None) is not None and stage_for(v2, dali, cpu, True) is not None
-        assert stage_for(v2, dali, cuda, False) is None
+        assert stage_for(v2, cpu, None) is None  # the CPU: the backends' workers or threads
+        assert stage_for(v2, cuda, None) is not None and stage_for(v2, cpu, True) is not None
+        assert stage_for(v2, cuda, False) is None
         train = gp.Pipeline(gp.WebDataset(shards), [T.RandomResizedCrop(32), T.RandomHorizontalFlip(),
                                                     T.ToDtype(torch.float32, scale=True)])  # fmt: skip
-        assert stage_for(train, dali, cuda, True) is None  # no tail with a per-sample draw
+        assert stage_for(train, cuda, True) is None  # no tail with a per-sample draw
         sized = gp.Pipeline(gp.WebDataset(shards), [T.Resize(40), T.TrivialAugmentWide(), T.CenterCrop(32)])
-        assert stage_for(sized, dali, cuda, True) is None  # the policy's input varies in size
+        assert stage_for(sized, cuda, True) is None  # the policy's input varies in size
 
 
 def _budget_id(value: Any) -> str:
@@ -407,7 +405,6 @@ class TestOperatorBudgets:
     def test_at_most_its_budget(self, recipe, options):
         pytest.importorskip("nvidia.dali")
         import gpupipe as gp
-        from gpupipe import backends
         from gpupipe.backends._stage import stage_for
 
         from .support.budgets import MULTI_VIEW, TARGET
@@ -415,7 +412,7 @@ class TestOperatorBudgets:
         from .test_gpu_graph import define
 
         pipeline = gp.load_pipeline(os.path.join(ROOT, "pipelines", recipe))(["unused.tar"], **dict(options))
-        stage = stage_for(pipeline, backends.get("dali"), torch.device("cuda"), None)
+        stage = stage_for(pipeline, torch.device("cuda"), None)
         views = pipeline.views if stage is None else stage.cut()
         operators = len(parse(define(None, views=list(views), gpu=True).pipe.serialize())[0])
         budget = GPU_OPERATORS[recipe, options]
@@ -543,7 +540,7 @@ class TestAhead:
 
         monkeypatch.setattr(_delivered, "SideStream", Side)
         pipeline = gp.Pipeline(gp.WebDataset(shards), V2)
-        stage = _delivered.stage_for(pipeline, None, torch.device("cuda"), None)
+        stage = _delivered.stage_for(pipeline, torch.device("cuda"), None)
         assert stage is not None
         with gp.Loader(gp.Pipeline(gp.WebDataset(shards), V2[:2]), 4, backend="torch", device="cpu", seed=1,
                        num_workers=0) as cut:  # fmt: skip

@@ -171,8 +171,9 @@ class Loader(LoaderAttributes):
 
     def _stage(self, pipeline: Pipeline) -> Stage | None:
         """Where ``pipeline``'s views hand their tails to the stage (``LoaderConfig.stage``)."""
-        return stage_for(pipeline, backends.get(self.backend), torch.device(self.device), self.config.stage,
-                         channels_last=self.config.channels_last)  # fmt: skip
+        return stage_for(
+            pipeline, torch.device(self.device), self.config.stage, channels_last=self.config.channels_last
+        )
 
     def _run_spec(self, pipeline: Pipeline) -> backends.RunSpec:
         stage = self._stage(pipeline)  # the backend runs each view up to its tail, if it has one

@@ -57,7 +57,7 @@ class Stage:
         out = []
         for view, (steps, start, img) in enumerate(zip(self.views, self.starts, images, strict=True)):
             if start is not None:
-                drawn = [step_factors(t, seed, epoch, draws, step, view) for step, t in enumerate(steps)][start:]
+                drawn = [step_factors(steps[step], seed, epoch, draws, step, view) for step in range(start, len(steps))]
                 img = run_stage(steps[start:], img, drawn)
                 if self.channels_last:
                     img = img.contiguous(memory_format=torch.channels_last)
@@ -82,16 +82,15 @@ class Stage:
                      lambda launched: (*launched[0], side.finish(launched[1])), depth=1)  # fmt: skip
 
 
-def stage_for(pipeline: Any, backend: Any, device: torch.device, choice: bool | None, *,
-              channels_last: bool = False) -> Stage | None:  # fmt: skip
+def stage_for(pipeline: Any, device: torch.device, choice: bool | None, *, channels_last: bool = False) -> Stage | None:
     """The stage of ``pipeline`` delivered to ``device``, or ``None`` where no view hands it a
     tail: ``choice`` (``LoaderConfig.stage``) ``False``, or ``None`` on the CPU, where the
     backends run a tail faster themselves, in their workers or threads, than the training thread
     runs the stage (the torch backend 0.57-0.72x with it, DALI 0.77-0.95x but AugMix 1.30x: 2
     cores, ``bench/results/2026-11-28-stage-cpu.md``); a ``gp.Mix``'s ``per_source`` lists, masks or boxes
     that follow the image, or no image. A view's tail goes to the stage where it holds a
-    per-sample draw and its input has a fixed size (the batch stacks). ``backend``: the backend
-    that runs the views up to their tails (any: each stops a view where it is cut)."""
+    per-sample draw and its input has a fixed size (the batch stacks); every backend stops a view
+    where it is cut."""
     on = choice if choice is not None else device.type == "cuda"
     if not on or pipeline.per_source or pipeline.targets or not pipeline.has_image:
         return None

@@ -17,7 +17,7 @@ from torchvision.transforms.v2 import functional as F
 
 from ... import transforms as T
 from ...core._geometry import erasing_windows
-from .._registry import Registry
+from .._registry import Registry, inner_unsupported
 from ._kernels import column
 from ._ops import Warp, apply_slot
 
@@ -111,7 +111,7 @@ def _takes(t: T.Transform, spec: T.ImageSpec | None) -> bool:
     """Whether the stage runs ``t`` on an input of ``spec``: ``ColorJitter`` on uint8 images (its
     float blends would round twice), ``GaussianBlur`` on images of more than half its kernel a
     side (smaller, the backends pad by reflection again and again), composites on their members'."""
-    if type(t) not in STAGE or _unsupported(t):
+    if inner_unsupported(STAGE, [t]) is not None:  # no lowering, or options it does not take
         return False
     if spec is None:
         return True
@@ -122,11 +122,6 @@ def _takes(t: T.Transform, spec: T.ImageSpec | None) -> bool:
         return spec.fixed_size and spec.height > ky // 2 and spec.width > kx // 2
     members = getattr(t, "transforms", None)
     return members is None or all(_takes(inner, spec) for inner in members)
-
-
-def _unsupported(t: T.Transform) -> str | None:
-    entry = STAGE._entry(t, None)
-    return entry.unsupported(t) if entry.unsupported else None
 
 
 def run_stage(steps: Sequence[T.Transform], images: torch.Tensor, factors: Sequence[np.ndarray | None]) -> torch.Tensor:
