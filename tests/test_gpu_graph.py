@@ -48,7 +48,11 @@ MATRIX: dict[str, list[list[T.Transform]]] = {
         [T.RandomCrop(32, padding=4, fill=(1, 2, 3))],
         [T.RandomCrop((64, 48), padding=(1, 2), pad_if_needed=True)],
     ],
-    "RandomHorizontalFlip": [[T.RandomHorizontalFlip()], [T.CenterCrop(64), T.RandomHorizontalFlip(p=0.3), FLOAT]],
+    "RandomHorizontalFlip": [
+        [T.RandomHorizontalFlip()],  # ends the view: flip and layout as one crop_mirror_normalize
+        [T.RandomHorizontalFlip(), T.RandomVerticalFlip()],  # the flip operator itself
+        [T.CenterCrop(64), T.RandomHorizontalFlip(p=0.3), FLOAT],
+    ],
     "RandomVerticalFlip": [[T.RandomVerticalFlip(p=0.2)]],
     "ColorJitter": [
         [T.ColorJitter(0.4, 0.4, 0.4, 0.1)],

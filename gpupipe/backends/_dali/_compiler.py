@@ -153,6 +153,8 @@ def _lower_images(
     while end and type(steps[end - 1][1]) is T.RandomErasing:
         end -= 1
     tail = _fusable_tail([t for _, t in steps[:end]])
+    if not tail and not channels_last:
+        tail = _uint8_tail([t for _, t in steps[:end]], spec)
     body, fused_tail = steps[: end - len(tail)], steps[end - len(tail) : end]
     flip = _sinkable_flip(body, tail)
     if flip is not None:
@@ -236,6 +238,21 @@ def _fusable_tail(steps: list[T.Transform]) -> list[T.Transform]:
     return tail
 
 
+def _uint8_tail(steps: list[T.Transform], spec: T.ImageSpec) -> list[T.Transform]:
+    """The longest suffix shaped ``[CenterCrop] [RandomHorizontalFlip]`` of a view that ends on
+    uint8 ``[C, H, W]`` images (``spec``: the input of ``steps``): one ``crop_mirror_normalize``
+    of mean 0 and std 1 gives it and the layout, where a ``flip`` and a ``transpose`` would be two
+    operators (a view cut for the device stage ends so)."""
+    i, tail = len(steps), list[T.Transform]()
+    for kind in (T.RandomHorizontalFlip, T.CenterCrop):
+        if i and type(steps[i - 1]) is kind and _builtin(steps[i - 1]):
+            i -= 1
+            tail.insert(0, steps[i])
+    for t in steps[:i]:
+        spec = t.output_spec(spec)
+    return tail if tail and spec.dtype == torch.uint8 and spec.channels == 3 else []
+
+
 def _commutes_with_flip(t: T.Transform) -> bool:
     """Whether a horizontal flip commutes with ``t`` as gpupipe lowers it (a subclass, or a
     lowering registered in its place, may not)."""
@@ -282,15 +299,15 @@ def _crop_mirror_normalize(steps: list[tuple[int, T.Transform]], img: Any, ctx: 
             )
         elif isinstance(t, T.RandomHorizontalFlip):
             kwargs["mirror"] = ctx.decision()
-    to_dtype = next(t for t in tail if isinstance(t, T.ToDtype))
+    to_dtype = next((t for t in tail if isinstance(t, T.ToDtype)), None)
     norm = next((t for t in tail if isinstance(t, T.Normalize)), None)
-    scale = 255.0 if to_dtype.scale and ctx.dtype == torch.uint8 else 1.0
+    scale = 255.0 if to_dtype is not None and to_dtype.scale and ctx.dtype == torch.uint8 else 1.0
     mean = [m * scale for m in norm.mean] if norm else [0.0]
     std = [s * scale for s in norm.std] if norm else [scale]
     return fn.crop_mirror_normalize(
         img,
         device=ctx.device,
-        dtype=getattr(types, _FLOAT_OUT[to_dtype.dtype]),
+        dtype=getattr(types, "UINT8" if to_dtype is None else _FLOAT_OUT[to_dtype.dtype]),
         output_layout="HWC" if channels_last else "CHW",
         mean=mean,
         std=std,
