@@ -15,8 +15,11 @@ prefetch 2, the page cache warm:
   from the images' sizes, labels and keys per batch. Each image's header was read and checked
   (gpupipe's rules, nvImageCodec's parser) in the warm-up epoch: the runner remembers the sizes
   (``backends/_dali/_headers.py``), as in every epoch of a training run after its first;
+- ``gpupipe, first epoch``: the same, each epoch a run's first (the runner's memory of the sizes
+  new), with the sizes an earlier run recorded beside the index cache files: a restarted job, or a
+  rank reading shards another rank of the node read before;
 - ``gpupipe, headers read``: the same, with the headers read and checked again in every epoch,
-  as in a run's first epoch (a few microseconds a sample of Python, and each sample's first page
+  as in a run's first epoch without recorded sizes (a few microseconds a sample of Python, and each sample's first page
   touched: a page fault this pass-through bench counts to gpupipe's threads, which in training
   DALI's decoder takes anyway);
 - ``gpupipe, pread``: the same as ``gpupipe`` with the shards read by ``pread`` into a reused
@@ -53,8 +56,9 @@ BATCH, THREADS, PREFETCH, SHARDS = 256, 2, 2, 8
 TICK = os.sysconf("SC_CLK_TCK")
 
 
-def make_shards(root: str, images: int) -> list[str]:
-    """``SHARDS`` shards of ImageNet-sized JPEGs (noisy photos-like content, quality 90)."""
+def make_shards(root: str, images: int, width: int = 500, height: int = 375) -> list[str]:
+    """``SHARDS`` shards of JPEGs of ``width`` x ``height`` (one in three turned: ``height`` x
+    ``width``; noisy photo-like content, quality 90)."""
     from PIL import Image
 
     urls = [os.path.join(root, f"train-{i:06d}.tar") for i in range(SHARDS)]
@@ -64,7 +68,7 @@ def make_shards(root: str, images: int) -> list[str]:
     rng = np.random.default_rng(0)
     pool = []
     for i in range(48):  # distinct encodings, reused: sizes and content of real photos
-        h, w = (375, 500) if i % 3 else (500, 375)
+        h, w = (height, width) if i % 3 else (width, height)
         base = rng.integers(0, 256, (h // 8 + 1, w // 8 + 1, 3)).astype(np.float32)
         img = np.kron(base, np.ones((8, 8, 1)))[:h, :w] + rng.normal(0, 18, (h, w, 3))
         buf = io.BytesIO()
@@ -107,7 +111,7 @@ class Gpupipe:
     """The DALI backend's runner; ``mapped=False`` forces its ``pread`` path (GPU pipelines, and
     shards without a read lease)."""
 
-    def __init__(self, urls: list[str], *, mapped: bool = True, headers: bool = False) -> None:
+    def __init__(self, urls: list[str], *, mapped: bool = True, headers: bool = False, first: bool = False) -> None:
         import torch
 
         import gpupipe as gp
@@ -120,8 +124,9 @@ class Gpupipe:
         train = gp.load_pipeline(os.path.join(ROOT, "pipelines", "imagenet.py:train"))
         spec = RunSpec(self.index, train(urls).views, config, torch.device("cpu"), THREADS, 0, 0)
         self.runner = DaliRunner(spec, graph=lambda encoded, ctx: pass_through(encoded, ctx, factors=True))
-        self.runner.mapped, self.headers = mapped, headers
-        self.name = "gpupipe, headers read" if headers else "gpupipe" if mapped else "gpupipe, pread"
+        self.runner.mapped, self.headers, self.first = mapped, headers, first
+        self.name = ("gpupipe, headers read" if headers else "gpupipe, first epoch" if first
+                     else "gpupipe" if mapped else "gpupipe, pread")  # fmt: skip
         self.spec = PlanSpec(len(self.index), 1, BATCH, True, True, 1000, 8)
         self.plan = lambda epoch: rank_plan(
             self.index.shard_sizes, self.spec, sequential=True, seed=0, epoch=epoch, rank=0
@@ -134,7 +139,9 @@ class Gpupipe:
         self.epoch += 1
         n = nbytes = 0
         plan = self.plan(self.epoch)
-        if self.headers:  # a run's first epoch: no size known
+        if self.headers:  # a run's first epoch without the sizes recorded: every header checked
+            self.runner._sizes = Sizes(self.runner.index, record=False)
+        elif self.first:  # a run's first epoch (a new runner), the sizes recorded by an earlier run
             self.runner._sizes = Sizes(self.runner.index)
         for batch in self.runner.run(plan, 0):
             n += len(batch.keys)
@@ -217,18 +224,22 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--epochs", type=int, default=None,
                         help="epochs per round and reader (default: enough for 40k images)")  # fmt: skip
-    parser.add_argument("--data", default=os.path.join(ROOT, ".bench-data", "input-path"))
+    parser.add_argument("--size", default="500x375", help="the JPEGs' WIDTHxHEIGHT (3-megapixel photos: 2048x1536)")
+    parser.add_argument("--data", default=None, help="where the shards are made (.bench-data/input-path[-SIZE])")
     parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
     args = parser.parse_args()
 
-    urls = make_shards(args.data, args.images)
+    width, height = (int(x) for x in args.size.lower().split("x"))
+    suffix = "" if args.size == "500x375" else f"-{args.size}"
+    data = args.data or os.path.join(ROOT, ".bench-data", "input-path" + suffix)
+    urls = make_shards(data, args.images, width, height)
     for url in urls:  # warm the page cache
         with open(url, "rb") as f:
             while f.read(1 << 24):
                 pass
     size_mb = sum(os.path.getsize(u) for u in urls) / 1e6
-    readers: list[Gpupipe | DaliReader] = [Gpupipe(urls), Gpupipe(urls, headers=True), Gpupipe(urls, mapped=False),
-                                           DaliReader(urls)]  # fmt: skip
+    readers: list[Gpupipe | DaliReader] = [Gpupipe(urls), Gpupipe(urls, first=True), Gpupipe(urls, headers=True),
+                                           Gpupipe(urls, mapped=False), DaliReader(urls)]  # fmt: skip
     epochs = args.epochs or max(1, -(-40_000 // args.images))
     for r in readers:  # warm-up epoch: builds, first allocations
         r.epoch_run()
@@ -247,20 +258,22 @@ def main() -> None:
     ratio = medians["gpupipe"]["images/s"] / medians["dali reader"]["images/s"]
     intro = (
         f"`python bench/input_path.py --images {args.images} --rounds {args.rounds}"
+        f"{f' --size {args.size}' if args.size != '500x375' else ''}"
         f"{f' --epochs {args.epochs}' if args.epochs else ''}` on {platform.node()} "
         f"({os.cpu_count()} CPUs, {platform.processor() or platform.machine()}), no GPU. {len(urls)} shards, "
-        f"{size_mb:.0f} MB, JPEGs of ~{size_mb * 1e6 / args.images / 1e3:.0f} KB (500x375). Batch {BATCH}, "
+        f"{size_mb:.0f} MB, JPEGs of ~{size_mb * 1e6 / args.images / 1e3:.0f} KB ({width}x{height}). Batch {BATCH}, "
         f"{THREADS} threads each, prefetch {PREFETCH}, decode replaced by a pass-through; medians of "
         f"{args.rounds} interleaved rounds of {epochs} epoch(s) each. gpupipe's epochs are shuffled (the training "
         "plan) and include the train recipe's random-factor draws and crop windows; their images' "
-        "headers were read in the warm-up epoch, as after a training run's first epoch ('headers read': read "
-        "again every epoch, as in the first); DALI's reader reads in file order. "
+        "headers were read in the warm-up epoch, as after a training run's first epoch ('first epoch': each "
+        "epoch a new runner's first, the sizes recorded beside the index cache; 'headers read': read again "
+        "every epoch, as in a first epoch without records); DALI's reader reads in file order. "
         "'Python threads' are the threads that run Python (the iterating thread and gpupipe's readers): "
         "user time is interpreter work under the GIL, system time the kernel's (mapping shards, or "
         "copying file pages into batch buffers where a shard cannot be mapped). CPU times come from "
         "/proc at 10 ms resolution."
     )
-    path = publish(args.out, "input-path", "Input path: gpupipe vs DALI's webdataset reader", intro,
+    path = publish(args.out, "input-path" + suffix, "Input path: gpupipe vs DALI's webdataset reader", intro,
                    ["reader", *metrics], rows)  # fmt: skip
     line = f"gpupipe / DALI reader (images/s): {ratio:.2f}x"
     with open(path, "a") as f:

@@ -278,6 +278,90 @@ class TestHeadersReadOnce:
         assert sizes.known(where, np.arange(4)).tolist() == [[1, 2], [3, 4], [5, 6], [0, 0]]
 
 
+class TestSizesRecorded:
+    """Issue 53: the sizes an epoch checked are recorded beside the shard's index cache file, so a
+    new loader's first epoch (a restarted job, another rank) reads only the headers it has not
+    checked before, and a recorded size never bypasses a lower pixel limit."""
+
+    NAMES = ("jpeg", "png", "text", "jpeg-progressive", "bmp-rle4", "webp", "gif", "tiff")
+
+    @pytest.fixture
+    def counted(self, monkeypatch):
+        from gpupipe.backends._dali import _headers
+
+        calls: list[str] = []
+        real = _headers.read_header
+
+        def counting(view, *args, key, **kwargs):
+            calls.append(key)
+            return real(view, *args, key=key, **kwargs)
+
+        monkeypatch.setattr(_headers, "read_header", counting)
+        return calls
+
+    def epoch(self, pipe, **options):
+        with gp.Loader(pipe, 3, backend="dali", device="cpu", on_error="skip", max_skipped=None, seed=0,
+                       **options) as loader:  # fmt: skip
+            images = torch.cat([b.images[b.valid] for b in loader])
+            return images, sorted(str(s.key) for s in loader.skipped)
+
+    def test_a_new_loader_reads_only_headers_not_checked_before(self, tmp_path, counted):
+        pipe = gp.Pipeline(gp.WebDataset([shard_of(tmp_path, list(self.NAMES))]), [T.RandomResizedCrop(16)])
+        first = self.epoch(pipe)
+        assert len(counted) == len(self.NAMES)
+        counted.clear()
+        again = self.epoch(pipe)  # a new runner: its first epoch
+        assert sorted(counted) == ["002-text", "004-bmp-rle4", "006-gif"]  # bad, or decoded by gpupipe
+        assert again[1] == first[1] == ["002-text", "006-gif"]
+        assert torch.equal(again[0], first[0])
+
+    def test_a_recorded_size_over_a_lower_pixel_limit_is_checked_again(self, tmp_path, counted):
+        import io
+
+        import webdataset as wds
+        from PIL import Image
+
+        path = str(tmp_path / "sizes-000000.tar")
+        with wds.TarWriter(path) as sink:
+            for key, side in (("small", 32), ("large", 64)):
+                out = io.BytesIO()
+                Image.new("RGB", (side, side), (200, 90, 10)).save(out, "JPEG")
+                sink.write({"__key__": key, "jpg": out.getvalue(), "cls": b"1"})
+        pipe = gp.Pipeline(gp.WebDataset([path]), [T.RandomResizedCrop(16)])
+        assert self.epoch(pipe)[1] == []
+        counted.clear()
+        images, skipped = self.epoch(pipe, max_image_pixels=32 * 32)
+        assert counted == ["large"] and skipped == ["large"] and len(images) == 1
+
+    def test_records_merge_and_a_damaged_one_is_ignored(self, tmp_path):
+        from gpupipe.shards import _indexcache
+
+        idx = str(tmp_path / "s.idx")
+        assert _indexcache.save_sizes(idx, "r", np.array([[1, 2], [0, 0], [5, 6]]))
+        assert _indexcache.save_sizes(idx, "r", np.array([[0, 0], [3, 4], [0, 0]]))  # another rank's
+        merged = _indexcache.load_sizes(idx, "r", 3)
+        assert merged is not None and merged.tolist() == [[1, 2], [3, 4], [5, 6]]
+        assert _indexcache.load_sizes(idx, "other rules", 3) is None
+        assert _indexcache.load_sizes(idx, "r", 4) is None  # not this index's
+        with open(_indexcache.sizes_path(idx, "r"), "wb") as f:
+            f.write(b"\x93NUMPY garbage")
+        assert _indexcache.load_sizes(idx, "r", 3) is None
+
+    def test_recalled_by_shard_over_the_limit(self, tmp_path):
+        from gpupipe.backends._dali._headers import Sizes
+
+        index = gp.WebDataset([shard_of(tmp_path, ["jpeg"] * 4)]).index()
+        where, samples = index.locate_batch(np.arange(4)), np.arange(4)
+        writer = Sizes(index)
+        writer.remember(where, samples, np.array([[1, 2], [3, 4], [5, 6], [7, 8]]), np.array([0, 1, 3]))
+        writer.save()
+        for limit in (Sizes.LIMIT, 3):
+            reader = Sizes(index, max_pixels=20)
+            reader.LIMIT = limit
+            reader.begin()
+            assert reader.known(where, samples).tolist() == [[1, 2], [3, 4], [0, 0], [0, 0]]  # 7 x 8 > 20
+
+
 class TestFeed:
     def test_another_dali_goes_through_feed_input(self):
         from gpupipe.backends._dali._graph import feed

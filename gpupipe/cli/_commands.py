@@ -292,24 +292,32 @@ def _storage_options(text: str | None) -> dict[str, Any] | None:
     return options
 
 
-def _index_one(job: tuple[str, tuple[str, ...], str | None, bool, dict[str, Any] | None, tuple[Any, ...]]
-               ) -> tuple[int, int]:  # fmt: skip
-    """Indexes one shard; with ``beside``, writes its index file next to it. Returns the samples
-    and the index files written (0 or 1)."""
+def _index_one(job: tuple[str, tuple[str, ...], str | None, bool, dict[str, Any] | None, tuple[Any, ...], bool]
+               ) -> tuple[int, int, int]:  # fmt: skip
+    """Indexes one shard; with ``beside``, writes its index file next to it; with ``sizes``,
+    records its images' sizes in the cache. Returns the samples, the index files written (0 or 1)
+    and the sizes recorded."""
     from ..shards._indexfile import write_index_file
     from ..shards._indexing import cached_scan, shard_samples
     from ..sources import storage_for
 
-    url, image_exts, label_ext, beside, options, fields = job
+    url, image_exts, label_ext, beside, options, fields, sizes = job
     with storage_for([url], storage_options=options) as storage:
         if not beside:  # (index() refuses --beside with --fields: index files do not list fields)
-            return len(cached_scan(storage, url, image_exts, label_ext, fields=fields)), 0
+            shard = cached_scan(storage, url, image_exts, label_ext, fields=fields)
+            return len(shard), 0, _record_sizes(storage, shard) if sizes else 0
         shard, samples = shard_samples(storage, url, image_exts, label_ext)
         if samples is None or shard.nbytes is None:  # missing or unreadable: nothing to describe
-            return len(shard), 0
+            return len(shard), 0, 0
         write_index_file(storage, url, size=shard.nbytes, detail=samples, image_exts=image_exts,
                       label_ext=label_ext, problems=shard.problems)  # fmt: skip
-        return len(shard), 1
+        return len(shard), 1, _record_sizes(storage, shard) if sizes else 0
+
+
+def _record_sizes(storage: Any, shard: Any) -> int:
+    from ..backends._dali._headers import record_shard
+
+    return record_shard(storage, shard)
 
 
 def _webdataset(urls: Any, args: argparse.Namespace, options: dict[str, Any] | None) -> Any:
@@ -341,7 +349,13 @@ def index(args: argparse.Namespace) -> int:
     source = _webdataset(args.source, args, options)
     if args.beside and args.fields:
         raise ConfigError("gpupipe index: --beside writes index files without fields; index --fields into the cache")
-    jobs = [(u, *source.extensions(), args.beside, options, source.field_members()) for u in source.urls]
+    if args.sizes:
+        from ..backends import get
+
+        if not get("dali").available():
+            raise ConfigError("gpupipe index --sizes checks headers as the DALI backend does: it needs NVIDIA DALI "
+                              "(pip install 'gpupipe[cuda12]')")  # fmt: skip
+    jobs = [(u, *source.extensions(), args.beside, options, source.field_members(), args.sizes) for u in source.urls]
     start = time.perf_counter()
     with _progress(args, len(jobs), "shard", "gpupipe index") as bar:
         if args.workers == 0:
@@ -349,11 +363,12 @@ def index(args: argparse.Namespace) -> int:
         else:
             with process_pool(args.workers, "gpupipe index") as pool:
                 done = list(_counted(pool.map(_index_one, jobs, chunksize=max(1, len(jobs) // 64)), bar))
-    total, written = sum(n for n, _ in done), sum(w for _, w in done)
+    total, written, recorded = (sum(d[k] for d in done) for k in range(3))
     print(
         f"{total} samples in {len(jobs)} shards, indexed in {time.perf_counter() - start:.1f} s; "
         f"cache: {_indexcache.cache_dir()}"
         + (f"; {written} index files written beside the shards" if args.beside else "")
+        + (f"; {recorded} image sizes recorded" if args.sizes else "")
     )
     return 0
 

@@ -90,6 +90,9 @@ def _parser() -> argparse.ArgumentParser:
     i.add_argument("source", nargs="+", help="shard paths, URLs or patterns, e.g. 'data/train-{000000..001281}.tar'")
     _shard_arguments(i)
     i.add_argument("--beside", action="store_true", help="also write <shard>.gpupipe.json beside each shard")
+    i.add_argument("--sizes", action="store_true", help="also read every image once, check its header as the DALI "
+                   "backend does and record its size in the cache: a DALI loader's first epoch then reads no "
+                   "header (an epoch records what it checks anyway)")  # fmt: skip
     i.set_defaults(fn=index)
     c = _command(
         sub, "check", "validate every sample of WebDataset shards; list the bad ones beside their shards",

@@ -16,6 +16,10 @@ and the label. The labels, parsed once when the shard is scanned, sit beside it 
 (``Problem``: a truncated shard, samples without image or label, repeated keys; those samples are
 not in the index) sits in ``<name>.problems.json``, written only for damaged shards and before the
 index file itself, so that a cached index raises (or skips) exactly what a fresh scan would.
+The images' sizes, as the DALI runner checked their headers in an epoch, sit in
+``<name>.sizes-<rules>.npy`` (int32 ``[N, 2]``, zeros where not known), ``<rules>`` naming the
+checks they passed (``backends/_dali/_headers``): a later epoch, run or rank on the node reads no
+header twice.
 """
 
 from __future__ import annotations
@@ -46,6 +50,9 @@ __all__ = [
     "load_labels",
     "save_problems",
     "load_problems",
+    "sizes_path",
+    "save_sizes",
+    "load_sizes",
 ]
 
 log = logging.getLogger("gpupipe")
@@ -213,3 +220,33 @@ def load_problems(path: str) -> tuple[Problem, ...] | None:
         return ()
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+def sizes_path(path: str, rules: str) -> str:
+    return f"{path.removesuffix('.idx')}.sizes-{rules}.npy"
+
+
+def load_sizes(path: str, rules: str, n: int) -> np.ndarray | None:
+    """The images' ``(height, width)`` recorded for the index ``path`` under ``rules`` (int32
+    ``[n, 2]``, zeros where not known); ``None`` if absent or not such an array."""
+    try:
+        sizes = npy.load(sizes_path(path, rules))
+    except (OSError, ValueError, EOFError):
+        return None
+    if sizes.dtype != np.int32 or sizes.shape != (n, 2) or (sizes < 0).any():
+        return None
+    return sizes
+
+
+def save_sizes(path: str, rules: str, sizes: np.ndarray) -> bool:
+    """Records ``sizes`` (int32 ``[N, 2]``, zeros where not known) for the index ``path``, with
+    the sizes already recorded there that ``sizes`` does not know (another rank's): written
+    whole, a concurrent writer's sizes may be lost, never mixed. False (logged) where it cannot."""
+    sizes = np.array(sizes, np.int32, copy=True)
+    recorded = load_sizes(path, rules, len(sizes))
+    if recorded is not None:
+        unknown = sizes[:, 0] == 0
+        sizes[unknown] = recorded[unknown]
+    out = io.BytesIO()
+    np.save(out, sizes, allow_pickle=False)
+    return _write_atomic(sizes_path(path, rules), out.getvalue())

@@ -117,7 +117,7 @@ class DaliRunner:
         self._runs = Runs()
         self._closed = False
         self._buffers = Buffers(pinned=self.device.type == "cuda")
-        self._sizes = Sizes(self.index)  # the images' sizes, read once (_headers)
+        self._sizes = Sizes(self.index, max_pixels=self.max_pixels)  # the images' sizes, read once (_headers)
         # A CPU pipeline reads views of mapped shards (no copy); a GPU pipeline reads into pinned
         # buffers, so that the decoder's copies to the device are asynchronous.
         self.mapped = self.device.type == "cpu"
@@ -174,6 +174,7 @@ class DaliRunner:
             self._graph = None  # the old pipeline goes first (its memory)
             self._graph = self._build(max(plan.batch_size, self.max_batch))
         graph = self._graph
+        self._sizes.begin()
         maps = Maps(self.index.reader.storage) if self.mapped else None
         reader = BatchReader(self.index, plan, graph.lowered, self.views, self._buffers, maps, self._pool,
                              ahead=self.prefetch + 1, skip=self.skip, max_pixels=self.max_pixels,
@@ -232,6 +233,9 @@ class DaliRunner:
             if maps is not None:
                 maps.close()  # each lease goes once no batch in flight uses its map
             self.index.close()  # the reader threads' open files end with the epoch
+            if not self._closed:  # the sizes learned, recorded by a reader thread
+                with contextlib.suppress(RuntimeError):  # (closed meanwhile: the pool takes no more)
+                    self._pool.submit(self._sizes.save)
 
     def _drain(self, graph: Graph) -> bool:
         """Finishes every iteration fed or scheduled (an abandoned epoch's), so that none leaks
@@ -282,7 +286,10 @@ class DaliRunner:
         self._closed = True
         self._runs.close()
         self._graph = None
-        self._pool.shutdown(wait=not in_collection(), cancel_futures=True)
+        collecting = in_collection()
+        self._pool.shutdown(wait=not collecting, cancel_futures=True)
+        if not collecting:
+            self._sizes.save()  # what the last epoch learned, where its reader thread did not
 
     def _deliver(self, lowered: Lowered, batch: FeedBatch, images: tuple[torch.Tensor, ...], checks: Any) -> RawBatch:
         """The batch as yielded. A sample that failed a check the graph computed (too small for a
