@@ -67,13 +67,32 @@ def test_synthetic_is_deterministic():
     np.testing.assert_array_equal(synthetic_image(3, label=1), synthetic_image(3, label=1))
 
 
-def test_make_shards_from_imagefolder(tmp_path, image_folder, capsys):
-    assert main(["make-shards", str(tmp_path), "--from-imagefolder", image_folder, "--shard-size", "100"]) == 0
-    index = gp.WebDataset(str(tmp_path / "train-000000.tar"), image="jpg;png").index()
-    folder = gp.ImageFolder(image_folder).index()
-    assert len(index) == len(folder)
-    assert [index.read(i).label for i in range(len(index))] == [folder.read(i).label for i in range(len(folder))]
-    assert index.read(0).data == folder.read(0).data  # JPEGs are copied, not re-encoded
+class TestMakeShardsFromImageFolder:
+    """Issue 54: an ImageFolder is sorted by class; its shards are written shuffled (seeded), each
+    sample keyed by its number in the tree, unless ``--keep-order``."""
+
+    def shards(self, out, image_folder, *options: str):
+        assert main(["make-shards", str(out), "--from-imagefolder", image_folder, "--shard-size", "100",
+                     *options]) == 0  # fmt: skip
+        return gp.WebDataset(str(out / "train-000000.tar"), image="jpg;png").index()
+
+    def test_every_sample_once_shuffled(self, tmp_path, image_folder):
+        index, folder = self.shards(tmp_path, image_folder), gp.ImageFolder(image_folder).index()
+        assert len(index) == len(folder)
+        numbers = [int(index.key(i)) for i in range(len(index))]
+        assert sorted(numbers) == list(range(len(folder))) and numbers != sorted(numbers)
+        for i, n in enumerate(numbers):
+            raw, source = index.read(i), folder.read(n)
+            assert raw.label == source.label and raw.data == source.data  # JPEGs are copied, not re-encoded
+        again = self.shards(tmp_path / "again", image_folder)
+        assert [again.key(i) for i in range(len(again))] == [index.key(i) for i in range(len(index))]  # seeded
+        other = self.shards(tmp_path / "other", image_folder, "--seed", "1")
+        assert [other.key(i) for i in range(len(other))] != [index.key(i) for i in range(len(index))]
+
+    def test_keep_order(self, tmp_path, image_folder):
+        index, folder = self.shards(tmp_path, image_folder, "--keep-order"), gp.ImageFolder(image_folder).index()
+        assert [index.key(i) for i in range(len(index))] == [f"{n:08d}" for n in range(len(folder))]
+        assert [index.read(i).label for i in range(len(index))] == [folder.read(i).label for i in range(len(folder))]
 
 
 def test_bench_runs_the_imagenet_pipeline(tmp_path):

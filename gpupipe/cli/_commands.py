@@ -47,13 +47,18 @@ def _synthetic_sample(args: tuple[Any, ...]) -> tuple[str, dict]:
     return f"{i:08d}", members
 
 
-def _imagefolder_samples(root: str, quality: int) -> Iterator[tuple[str, dict[str, Any]]]:
+def _imagefolder_samples(root: str, quality: int, *, seed: int | None) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The tree's samples, keyed by their number in the tree (class by class), in an order shuffled
+    by ``seed`` (``None``: the tree's). An ImageFolder is sorted by class: written in its order,
+    each shard would hold one or two classes, and shuffling shards and a buffer within them mixes
+    labels far less than a true shuffle (measured in issue 54: 2.6 to 5 points of accuracy lost)."""
     from PIL import Image
 
     from ..sources import ImageFolder
 
     index = ImageFolder(root).index()
-    for n in range(len(index)):
+    order = np.arange(len(index)) if seed is None else np.random.default_rng(seed).permutation(len(index))
+    for n in order.tolist():
         raw = index.read(n)
         ext = raw.key.rpartition(".")[2].lower()
         data = raw.data
@@ -83,7 +88,8 @@ def make_shards(args: argparse.Namespace) -> int:
     with ShardWriter(pattern, max_count=args.shard_size) as writer:
         if args.from_imagefolder:
             with _progress(args, None, "img", "gpupipe make-shards") as bar:
-                writer.write_all(_counted(_imagefolder_samples(args.from_imagefolder, args.quality), bar))
+                seed = None if args.keep_order else args.seed
+                writer.write_all(_counted(_imagefolder_samples(args.from_imagefolder, args.quality, seed=seed), bar))
         else:
             fields = tuple(_list(args.fields or "", "--fields", str))
             unknown = sorted(set(fields) - set(FIELDS))

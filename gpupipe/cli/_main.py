@@ -56,7 +56,8 @@ def _parser() -> argparse.ArgumentParser:
     p = _command(
         sub, "make-shards", "write WebDataset shards of real JPEGs",
         "Writes WebDataset tar shards (key.jpg + key.cls) of generated photograph-like images, or converts an "
-        "ImageFolder tree (PNG and JPEG kept, other formats re-encoded as JPEG).",
+        "ImageFolder tree (PNG and JPEG kept, other formats re-encoded as JPEG; the samples shuffled, each keyed "
+        "by its number in the tree).",
         "python -m gpupipe make-shards data --synthetic 2048 --shard-size 256\n"
         "python -m gpupipe make-shards shards/ --from-imagefolder /data/imagenet/train --shard-size 1000",
     )  # fmt: skip
@@ -73,7 +74,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--shard-size", type=int, default=1000, help="samples per shard (default 1000)")
     p.add_argument("--prefix", default="train", help="shard name prefix (default 'train')")
     p.add_argument("--quality", type=int, default=90, help="JPEG quality (default 90)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="the synthetic images' seed, and the shuffle's (default 0)")
+    p.add_argument("--keep-order", action="store_true", help="--from-imagefolder: write the samples in the tree's "
+                   "order, class by class (default: shuffled with --seed, so that every shard mixes the classes; "
+                   "synthetic samples cycle through the classes either way)")  # fmt: skip
     p.add_argument("--workers", type=int, default=None, help="encoding processes (default: one per usable CPU)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(fn=make_shards)
