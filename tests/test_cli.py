@@ -191,21 +191,15 @@ def test_index_sizes_spares_the_first_epoch_every_header(tmp_path, capsys, monke
     first epoch then reads no header (issue 53)."""
     pytest.importorskip("nvidia.dali")
     from gpupipe import transforms as T
-    from gpupipe.backends._dali import _headers
+
+    from .support.headers import header_reads
 
     monkeypatch.setenv("GPUPIPE_CACHE_DIR", str(tmp_path / "cache"))
     assert main(["make-shards", str(tmp_path), "--synthetic", "6", "--shard-size", "4", "--workers", "1"]) == 0
     pattern = str(tmp_path / "train-{000000..000001}.tar")
     assert main(["index", pattern, "--workers", "0", "--sizes"]) == 0
     assert "6 image sizes recorded" in capsys.readouterr().out
-    read: list[str] = []
-    real = _headers.read_header
-
-    def counted(view, *args, key, **kwargs):
-        read.append(key)
-        return real(view, *args, key=key, **kwargs)
-
-    monkeypatch.setattr(_headers, "read_header", counted)
+    read = header_reads(monkeypatch)
     pipe = gp.Pipeline(gp.WebDataset(pattern), [T.RandomResizedCrop(16)])
     with gp.Loader(pipe, 3, backend="dali", device="cpu", seed=0) as loader:
         assert sum(len(b.images) for b in loader) == 6

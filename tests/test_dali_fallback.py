@@ -17,6 +17,7 @@ from gpupipe.core._imageinfo import jpeg_ended
 from gpupipe.runtime._decode import decode_rgb, read_header, transcoded
 
 from .support.corpus import corpus
+from .support.headers import header_reads
 
 pytest.importorskip("nvidia.dali")
 
@@ -239,16 +240,7 @@ class TestHeadersReadOnce:
     failed are judged again each epoch (their verdict is counted every epoch)."""
 
     def test_the_second_epoch_reads_only_the_bad_headers(self, tmp_path, monkeypatch):
-        from gpupipe.backends._dali import _headers
-
-        calls: list[str] = []
-        real = _headers.read_header
-
-        def counted(view, *args, key, **kwargs):
-            calls.append(key)
-            return real(view, *args, key=key, **kwargs)
-
-        monkeypatch.setattr(_headers, "read_header", counted)
+        calls = header_reads(monkeypatch)
         names = ["jpeg", "png", "text", "jpeg-progressive", "bmp-rle4", "webp", "gif", "tiff"]
         pipe = gp.Pipeline(gp.WebDataset([shard_of(tmp_path, names)]), [T.RandomResizedCrop(16)])
         epochs = []
@@ -287,17 +279,7 @@ class TestSizesRecorded:
 
     @pytest.fixture
     def counted(self, monkeypatch):
-        from gpupipe.backends._dali import _headers
-
-        calls: list[str] = []
-        real = _headers.read_header
-
-        def counting(view, *args, key, **kwargs):
-            calls.append(key)
-            return real(view, *args, key=key, **kwargs)
-
-        monkeypatch.setattr(_headers, "read_header", counting)
-        return calls
+        return header_reads(monkeypatch)
 
     def epoch(self, pipe, **options):
         with gp.Loader(pipe, 3, backend="dali", device="cpu", on_error="skip", max_skipped=None, seed=0,

@@ -226,12 +226,7 @@ def _builtin(t: T.Transform) -> bool:
 
 def _fusable_tail(steps: list[T.Transform]) -> list[T.Transform]:
     """The longest suffix shaped ``[CenterCrop] [RandomHorizontalFlip] ToDtype(float) [Normalize]``."""
-    pattern = [T.CenterCrop, T.RandomHorizontalFlip, T.ToDtype, T.Normalize]
-    i, tail = len(steps), list[T.Transform]()
-    for kind in reversed(pattern):
-        if i and type(steps[i - 1]) is kind and _builtin(steps[i - 1]):
-            i -= 1
-            tail.insert(0, steps[i])
+    tail = _suffix(steps, (T.CenterCrop, T.RandomHorizontalFlip, T.ToDtype, T.Normalize))
     dtype_steps = [t for t in tail if isinstance(t, T.ToDtype)]
     if not dtype_steps or dtype_steps[0].dtype not in _FLOAT_OUT:
         return []
@@ -243,14 +238,21 @@ def _uint8_tail(steps: list[T.Transform], spec: T.ImageSpec) -> list[T.Transform
     uint8 ``[C, H, W]`` images (``spec``: the input of ``steps``): one ``crop_mirror_normalize``
     of mean 0 and std 1 gives it and the layout, where a ``flip`` and a ``transpose`` would be two
     operators (a view cut for the device stage ends so)."""
+    tail = _suffix(steps, (T.CenterCrop, T.RandomHorizontalFlip))
+    for t in steps[: len(steps) - len(tail)]:
+        spec = t.output_spec(spec)
+    return tail if tail and spec.dtype == torch.uint8 and spec.channels == 3 else []
+
+
+def _suffix(steps: list[T.Transform], pattern: tuple[type, ...]) -> list[T.Transform]:
+    """The longest suffix of ``steps`` made of built-in steps of ``pattern``'s types, each at most
+    once, in its order."""
     i, tail = len(steps), list[T.Transform]()
-    for kind in (T.RandomHorizontalFlip, T.CenterCrop):
+    for kind in reversed(pattern):
         if i and type(steps[i - 1]) is kind and _builtin(steps[i - 1]):
             i -= 1
             tail.insert(0, steps[i])
-    for t in steps[:i]:
-        spec = t.output_spec(spec)
-    return tail if tail and spec.dtype == torch.uint8 and spec.channels == 3 else []
+    return tail
 
 
 def _commutes_with_flip(t: T.Transform) -> bool:

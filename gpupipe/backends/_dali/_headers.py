@@ -152,14 +152,20 @@ class Sizes:
                         self._complete[s] = bool(rows[:, 0].all())
                 self._looked[s] = True
 
-    def _rows(self, s: int) -> np.ndarray:
-        """Shard ``s``'s rows (a view into the whole array, or its own), made where missing;
-        under the lock."""
-        if len(self.index) <= self.LIMIT:
-            if self._all is None:
-                self._all = np.zeros((len(self.index), 2), np.int32)
+    def _held(self, s: int) -> np.ndarray | None:
+        """Shard ``s``'s rows where they are held (a view into the whole array, or its own), else
+        ``None``; under the lock."""
+        if self._all is not None:
             return self._all[self.index.offsets[s] : self.index.offsets[s + 1]]
-        rows = self._shards.get(s)
+        return self._shards.get(s)
+
+    def _rows(self, s: int) -> np.ndarray:
+        """Shard ``s``'s rows, made where missing (the shards used least recently forgotten
+        beyond :attr:`LIMIT`); under the lock."""
+        rows = self._held(s)
+        if rows is None and len(self.index) <= self.LIMIT:
+            self._all = np.zeros((len(self.index), 2), np.int32)
+            return self._all[self.index.offsets[s] : self.index.offsets[s + 1]]
         if rows is None:
             n = int(self.index.shard_sizes[s])
             rows = self._shards[s] = np.zeros((n, 2), np.int32)
@@ -168,7 +174,8 @@ class Sizes:
                 gone, dropped = self._shards.popitem(last=False)
                 self._count -= len(dropped)
                 self._complete[gone] = self._looked[gone] = False
-        self._shards.move_to_end(s)
+        if self._all is None:
+            self._shards.move_to_end(s)
         return rows
 
     def remember(self, where: Located, samples: np.ndarray, sizes: np.ndarray, positions: np.ndarray) -> None:
@@ -195,8 +202,7 @@ class Sizes:
             todo = []
             for s in sorted(learned):
                 path = self.index.shards[s].dali_index
-                rows = self._all[self.index.offsets[s] : self.index.offsets[s + 1]] if self._all is not None \
-                    else self._shards.get(s)  # fmt: skip
+                rows = self._held(s)
                 if path and rows is not None:
                     todo.append((path, rows.copy()))
         for path, rows in todo:
