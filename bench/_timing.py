@@ -1,5 +1,5 @@
-"""What the operator probes share (``operator_cost.py``, ``policy_stage.py``): the devices asked
-for, and ms per call of a function that runs one batch."""
+"""What the operator probes share (``operator_cost.py``, ``policy_stage.py``,
+``stage_profile.py``): the devices asked for, and ms per call of a function that runs one batch."""
 
 from __future__ import annotations
 

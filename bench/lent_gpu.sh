@@ -6,7 +6,7 @@
 #   bash bench/lent_gpu.sh tests 5 6          # the gpu-marked tests, slices 5/6 and 6/6 at once
 #   bash bench/lent_gpu.sh rows "gpupipe train;gpupipe train v2"   # bench/gpu.py, those rows
 #   bash bench/lent_gpu.sh bench              # the whole of bench/gpu.py, as far as time allows
-#   bash bench/lent_gpu.sh probes             # bench/operator_cost.py and bench/policy_stage.py
+#   bash bench/lent_gpu.sh probes             # bench/operator_cost.py, policy_stage.py, stage_profile.py
 #   bash bench/lent_gpu.sh scale              # bench/scale_out.py --scaling-only (needs Ray's wheels)
 #   bash bench/lent_gpu.sh jitter             # bench/color_jitter.py on 1,024 images
 #
@@ -84,6 +84,7 @@ case "$step" in
   probes)
     timed operator_cost "$py" bench/operator_cost.py --device gpu --out "$work" || status=1
     timed policy_stage "$py" bench/policy_stage.py --device gpu --out "$work" || status=1
+    timed stage_profile "$py" bench/stage_profile.py --device gpu --out "$work" || status=1
     ;;
   scale) timed scale "$py" bench/scale_out.py --scaling-only --out "$work" || status=1 ;;
   jitter) timed jitter "$py" bench/color_jitter.py --images 1024 --data /tmp/gpupipe-jitter --out "$work" || status=1 ;;

@@ -40,8 +40,10 @@ def test_a_step_packs_its_logs_and_their_status_into_one_file(tmp_path):
     with tarfile.open(tmp_path / "probes.tgz") as tar:
         names = {os.path.basename(n) for n in tar.getnames()}
         env = tar.extractfile("./env.txt").read().decode()  # type: ignore[union-attr]
-    assert {"env.txt", "operator_cost.log", "policy_stage.log"} <= names
-    assert "operator_cost: rc=2 in" in env and "policy_stage: rc=2 in" in env and "Python 3." in env
+    assert {"env.txt", "operator_cost.log", "policy_stage.log", "stage_profile.log"} <= names
+    for probe in ("operator_cost", "policy_stage", "stage_profile"):
+        assert f"{probe}: rc=2 in" in env
+    assert "Python 3." in env
     assert "== operator_cost.log" in proc.stdout and "--device gpu needs CUDA" in proc.stdout
 
 

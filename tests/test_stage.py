@@ -82,14 +82,26 @@ def per_sample(steps: list[T.Transform], images: torch.Tensor, drawn: list[np.nd
 
 
 def check_stage(steps: list[T.Transform], images: torch.Tensor, *, seed: int = 3) -> torch.Tensor:
-    """``steps`` through the stage on ``images`` equal the per-sample kernels, exactly; returns
-    the stage's output."""
+    """``steps`` through the stage on ``images`` equal the per-sample kernels (on the CPU),
+    exactly; returns the stage's output. A blur on a GPU is the exception (:func:`check_blurred`)."""
     drawn = factors(steps, seed, 0, np.arange(len(images)))
     got = run_stage(steps, images, drawn)
     want = per_sample(steps, images, drawn)
     assert got.device == images.device and got.dtype == want.dtype and got.shape == want.shape
-    torch.testing.assert_close(got.cpu(), want, atol=0, rtol=0)
+    if images.is_cuda and "GaussianBlur" in repr(steps):
+        check_blurred(got.cpu(), want)
+    else:
+        torch.testing.assert_close(got.cpu(), want, atol=0, rtol=0)
     return got
+
+
+def check_blurred(got: torch.Tensor, want: torch.Tensor) -> None:
+    """A uint8 blur on a GPU against the CPU's: cuDNN sums the kernel's products in another order
+    than the CPU's convolution, so a value whose float sum lands within rounding error of a half
+    rounds the other way. At most 1 apart, in at most 1 value in 10,000 (H200, 2026-11-28: 1 of
+    96,768 and 1 of 5,280)."""
+    torch.testing.assert_close(got, want, atol=1, rtol=0)
+    assert (got != want).sum().item() <= max(1, got.numel() // 10_000)
 
 
 class TestEveryOperation:
@@ -472,7 +484,10 @@ class TestColorSteps:
         got = blur_grouped(t, images, sigma).cpu()
         for i in range(len(images)):
             want = F.gaussian_blur(images[i].cpu(), [kernel, kernel], [float(sigma[i])] * 2)
-            torch.testing.assert_close(got[i], want, atol=0, rtol=0)
+            if device == "cuda":
+                check_blurred(got[i], want)
+            else:
+                torch.testing.assert_close(got[i], want, atol=0, rtol=0)
 
 
 class TestAhead:

@@ -55,14 +55,16 @@ def test_tune_records_and_loaders_take_it(backend, shards, cache, fake_rates, mo
     record = json.loads((cache / "tune.json").read_text())
     (entry,) = record.values()
     assert entry["batch_size"] == 4 and entry["backend"] == backend.backend and len(entry["trials"]) == len(seen)
+    tuned_used = tuned.__class__(**{k: getattr(tuned, k) for k in (
+        "num_workers", "prefetch", "hw_decoder_load", "images_per_s", "default_images_per_s", "date")})  # fmt: skip
     with backend.loader(pipe, 4) as loader:  # options unset: the record's
-        assert (loader.num_workers, loader.prefetch) == (1, 3) and loader.tuned == tuned.__class__(**{
-            k: getattr(tuned, k) for k in ("num_workers", "prefetch", "hw_decoder_load", "images_per_s",
-                                           "default_images_per_s", "date")})  # fmt: skip
+        assert (loader.num_workers, loader.prefetch) == (1, 3) and loader.tuned == tuned_used
         assert f"tuned='{tuned.date}'" in repr(loader)
         assert len(list(loader)) == len(loader)
     with backend.loader(pipe, 4, num_workers=1, prefetch=2) as loader:  # set: never overridden
-        assert (loader.num_workers, loader.prefetch, loader.tuned) == (1, 2, None)
+        assert (loader.num_workers, loader.prefetch) == (1, 2)
+        # DALI on a GPU: the hardware decoder's share is still unset, so the record's is used
+        assert loader.tuned == (tuned_used if gpu_decoder else None)
     with backend.loader(pipe, 8) as loader:  # another batch size: no record, the defaults
         assert (loader.num_workers, loader.prefetch, loader.tuned) == (2, 2, None)
 
