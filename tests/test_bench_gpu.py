@@ -99,11 +99,12 @@ class TestCutShort:
         assert len(result["rows"]) == 2 * len(RECIPES) and "cut short" in result["meta"]
 
     def test_the_hardware_decoders_rows_in_the_report(self, tmp_path):
-        """On a GPU: the train recipe with every JPEG to the hardware decoder, and its data stall."""
-        from gpu import HW_ONLY, report_of_partial
+        """On a GPU: the train recipe with every JPEG to the hardware decoder and with DALI's share,
+        and the data stall."""
+        from gpu import DALI_SHARE, HW_ONLY, report_of_partial
 
         meta = {"date": "2026-11-26", "device": "NVIDIA X", "default_threads": 8, "quick": False}
-        measured = [("gpupipe train", 1000.0, 0.5), (HW_ONLY, 1500.0, 0.1)]
+        measured = [("gpupipe train", 1000.0, 0.5), (HW_ONLY, 1500.0, 0.1), (DALI_SHARE, 900.0, 0.6)]
         rows = [{"set": "imagenet-like", "recipe": r, "threads": 8, "images_per_s": v, "cpu_s_per_1000": c,
                  "image": "500x375, 99 KB"} for r, v, c in measured]  # fmt: skip
         stall = {"arch": "resnet50", "batch_size": 256, "ceiling": 100.0, "fed": 90.0, "wait_percent": 9.0,
@@ -115,6 +116,7 @@ class TestCutShort:
         result = json.loads((tmp_path / "out" / "2026-11-26-nvidia-x-gpu.json").read_text())
         head = result["headline"]
         assert (head["train_hw_only"], head["train_hw_only_cpu"], head["stall_hw_only"]) == (1500.0, 0.1, 2.0)
+        assert head["train_dali_share"] == 900.0
         text = (tmp_path / "out" / "2026-11-26-nvidia-x-gpu.md").read_text()
         assert "hardware decoder (hw_decoder_load=1.0): fed 98 images/s, stall 2.0%" in text
 

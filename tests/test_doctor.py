@@ -185,9 +185,20 @@ class TestGpuDecode:
         assert "GPU decode   on a GPU (none here), pipelines starting with RandomResizedCrop: roi" in doctor.report(
             env, doctor.diagnose(env))  # fmt: skip
 
+    @pytest.mark.parametrize("gpu, share", [(Gpu(0, "NVIDIA H200", (9, 0), 139.8), 1.0),
+                                            (Gpu(0, "NVIDIA A100-SXM4-80GB", (8, 0), 79.3), 0.65)])  # fmt: skip
+    def test_the_hardware_decoders_share_by_gpu_kind(self, gpu, share):
+        """Every JPEG to the hardware decoder on Hopper, where it was measured; DALI's 0.65
+        elsewhere. The line says which and why."""
+        text = doctor.report(dataclasses.replace(HEALTHY, gpus=(gpu,)), [])
+        (line,) = [x for x in text.splitlines() if x.startswith("JPEG split")]
+        assert f"hw_decoder_load={share} by default on GPU 0: " in line
+        assert ("Hopper GPU: 1.70x the train recipe's images/s" in line) == (share == 1.0)
+        assert ("DALI's default" in line) == (share == 0.65)
+
     def test_no_dali_no_decode_line(self):
         env = dataclasses.replace(HEALTHY, dali=None, dali_cuda=None, nvjpeg=None)
-        assert "GPU decode" not in doctor.report(env, doctor.diagnose(env))
+        assert "GPU decode" not in (text := doctor.report(env, doctor.diagnose(env))) and "JPEG split" not in text
 
 
 class FakeDriver(doctor.CudaDriver):

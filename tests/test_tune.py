@@ -9,10 +9,12 @@ import json
 import os
 
 import pytest
+import torch
 
 import gpupipe as gp
 from gpupipe.cli._main import main
-from gpupipe.loader import _tune
+from gpupipe.core._config import LoaderConfig
+from gpupipe.loader import _records, _tune
 
 from .support.checkers import val
 
@@ -49,8 +51,9 @@ def test_tune_records_and_loaders_take_it(backend, shards, cache, fake_rates, mo
     assert (tuned.num_workers, tuned.prefetch) == (1, 3)  # the cheapest within 3% of the best, then prefetch 3
     assert tuned.default_images_per_s == 100.0 and tuned.images_per_s == 130.0
     gpu_decoder = (backend.backend, backend.device) == ("dali", "cuda")  # the hardware decoder's share is tried too
-    assert tuned.hw_decoder_load == (_tune.DEFAULT_HW_DECODER_LOAD if gpu_decoder else None)  # all as fast: DALI's
-    shares = [(1, 3)] * 4 if gpu_decoder else []  # 0.0, 0.5, 0.8, 1.0 besides the default's 0.65
+    default, _ = _records.default_share(_records.gpu_capability(torch.device(backend.device)))
+    assert tuned.hw_decoder_load == (default if gpu_decoder else None)  # all as fast: the GPU's default
+    shares = [(1, 3)] * 4 if gpu_decoder else []  # four of 0.0, 0.5, 0.65, 0.8 and 1.0 besides the default
     assert sorted(seen) == sorted([(1, 1), (1, 2), (1, 3), (1, 4), (2, 2), *shares])  # each trial once
     record = json.loads((cache / "tune.json").read_text())
     (entry,) = record.values()
@@ -145,3 +148,45 @@ def test_the_command(shards, cache, capsys):
     assert "num_workers=1 prefetch=2:" in out and "chosen: num_workers=" in out and "recorded in" in out
     (entry,) = json.loads((cache / "tune.json").read_text()).values()
     assert entry["machine"].startswith(f"{max(1, len(os.sched_getaffinity(0)) // 2)} cores, ")
+
+
+class TestTheHardwareDecodersDefaultShare:
+    """``DaliOptions.hw_decoder_load`` left unset and not tuned: 1.0 on Hopper GPUs (measured on
+    an H200 and an H100), DALI's 0.65 on the others; set or tuned, as it says."""
+
+    @pytest.mark.parametrize("capability, share", [((9, 0), 1.0), ((8, 0), 0.65), ((10, 0), 0.65), (None, 0.65)])
+    def test_by_compute_capability(self, capability, share):
+        assert _records.default_share(capability)[0] == share
+
+    def test_a_cpu_has_no_capability(self):
+        assert _records.gpu_capability(torch.device("cpu")) is None
+
+    def test_unset_set_and_tuned(self, cache):
+        def share(config, key="no record"):
+            return _records.resolve(config, key, hw_default=1.0)[0].dali.hw_decoder_load
+
+        assert share(LoaderConfig(batch_size=4)) == 1.0
+        assert share(LoaderConfig(batch_size=4, dali=gp.DaliOptions(hw_decoder_load=0.5))) == 0.5
+        _records.record("k", _records.Tuned(2, 2, 0.8, 10.0, 9.0, "2026-11-28"), {})
+        assert share(LoaderConfig(batch_size=4), "k") == 0.8
+
+    def test_the_loader_asks_its_device(self, shards, cache, monkeypatch):
+        monkeypatch.setattr("gpupipe.loader._loader.gpu_capability", lambda device: (9, 0))
+        with gp.Loader(val(shards), 4, backend="dali", device="cpu") as loader:
+            assert loader._run_config.dali.hw_decoder_load == 1.0
+
+    @pytest.mark.parametrize(
+        "chosen, verdict", [(1.0, "the default on this GPU"), (0.8, "not the default, 1.0 on this GPU")]
+    )
+    def test_the_command_reports_the_share_against_the_default(self, shards, cache, monkeypatch, capsys, chosen,
+                                                               verdict):  # fmt: skip
+        """``gpupipe tune`` on a GPU says whether the share it chose is the GPU's default, and why
+        that default (here a Hopper GPU, faked)."""
+        monkeypatch.setattr("gpupipe.loader._records.gpu_capability", lambda device: (9, 0))
+        monkeypatch.setattr("gpupipe.loader._tune.tune",
+                            lambda *a, **k: _records.Tuned(2, 2, chosen, 10.0, 9.0, "2026-11-28"))  # fmt: skip
+        pattern = os.path.join(os.path.dirname(shards[0]), "*.tar")
+        argv = ["tune", os.path.join(ROOT, "pipelines", "imagenet.py:val"), pattern, "--batch-size", "4", "--no-record"]
+        assert main(argv) == 0
+        out = capsys.readouterr().out
+        assert f"hw_decoder_load={chosen}: {verdict} (every JPEG to the hardware decoder on a Hopper GPU" in out

@@ -176,7 +176,7 @@ def _did_you_mean(e: Exception) -> str:
 
 def tune(args: argparse.Namespace) -> int:
     """``gpupipe tune``: measure and record the loader's throughput settings for a pipeline."""
-    from ..loader._records import tune_file
+    from ..loader._records import default_share, gpu_capability, tune_file
     from ..loader._tune import tune as run_tune
 
     pipeline = _pipeline(args.pipeline, args.source)
@@ -190,6 +190,12 @@ def tune(args: argparse.Namespace) -> int:
     tuned = run_tune(pipeline, args.batch_size, seconds=args.seconds, record=not args.no_record, progress=say,
                      ranks_per_node=args.ranks_per_node, backend=args.backend, device=args.device)  # fmt: skip
     print(f"chosen: {tuned}")
+    if tuned.hw_decoder_load is not None:  # DALI decoded on a GPU
+        import torch
+
+        default, why = default_share(gpu_capability(torch.device(args.device or "cuda")))
+        verdict = "the default" if tuned.hw_decoder_load == default else f"not the default, {default}"
+        print(f"hw_decoder_load={tuned.hw_decoder_load}: {verdict} on this GPU ({why})")
     if not args.no_record:
         print(f"recorded in {tune_file()}: loaders of this pipeline and batch size on this machine that leave "
               "num_workers, prefetch and hw_decoder_load unset use it")  # fmt: skip

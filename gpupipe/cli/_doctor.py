@@ -363,6 +363,12 @@ def report(env: Environment, advice: list[Advice]) -> str:
     if env.dali:
         lines.append(f"nvJPEG       {_nvjpeg_line(env.nvjpeg)}")
         lines.append(f"GPU decode   {_strategy_line(env)}")
+        if env.gpus:
+            from ..loader._records import default_share
+
+            share, why = default_share(env.gpus[0].capability)
+            lines.append(f"JPEG split   hw_decoder_load={share} by default on GPU 0: {why} (gpupipe tune measures "
+                         "it for a pipeline)")  # fmt: skip
     lines.append(f"auto         backend={backend!r} device={device!r}: {why}")
     for f in advice:
         lines.append(f"{f.level.value.upper():12} {f.message}" + (f"\n             fix: {f.fix}" if f.fix else ""))

@@ -25,8 +25,8 @@ from ..plan._prefetch import prefetcher
 from ..plan._resume import Cursor, layout_batches, nested, restore, saved
 from ..plan._skips import Skips
 from ..runtime import _dist
+from ._records import default_share, gpu_capability, tune_key
 from ._records import resolve as resolve_tuned
-from ._records import tune_key
 from ._runners import Runners
 from ._trainers import LoaderAttributes
 
@@ -106,7 +106,8 @@ class Loader(LoaderAttributes):
         self.backend, self.device = backend.name, str(device)
         # Options left unset take what `gpupipe tune` recorded for this machine and pipeline, else defaults.
         key = tune_key(pipeline.views, config.batch_size, backend.name, device)
-        self._run_config, workers, self.tuned = resolve_tuned(config, key)
+        hw_default = default_share(gpu_capability(device))[0]
+        self._run_config, workers, self.tuned = resolve_tuned(config, key, hw_default=hw_default)
         self.num_workers = _dist.default_workers() if workers is None else workers
         self._at = Cursor()  # the position: epoch, batches yielded, resume point, layout
         self._warned_advance = False

@@ -17,7 +17,14 @@ import torch
 from ..core._config import DEFAULT_HW_DECODER_LOAD, DEFAULT_PREFETCH, LoaderConfig
 from ..runtime._dist import cores_per_rank
 
-__all__ = ["Tuned", "lookup", "record", "resolve", "tune_key", "tune_file", "machine"]
+__all__ = ["Tuned", "lookup", "record", "resolve", "tune_key", "tune_file", "machine", "default_share",
+           "gpu_capability"]  # fmt: skip
+
+# Every JPEG to the hardware decoder on Hopper: nvJPEG's CUDA decoder does the Huffman decoding of
+# images under a megapixel on the CPU, and at DALI's 0.65 that third of the JPEGs set the pace.
+HOPPER_HW_DECODER_LOAD = 1.0
+_HOPPER_EVIDENCE = ("1.70x the train recipe's images/s at 8 threads, 0.14 against 0.63 CPU-s per 1,000 images "
+                    "(H200, 2026-11-28; an H100 tuned to 1.0, 2026-11-26)")  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +66,28 @@ def machine(device: torch.device, ranks: int | None = None) -> str:
         except (RuntimeError, AssertionError, ValueError):  # no CUDA after all (a fake one in tests)
             gpu = "a GPU"
     return f"{cores} cores, {gpu}"
+
+
+def gpu_capability(device: torch.device) -> tuple[int, int] | None:
+    """``device``'s CUDA compute capability; ``None`` for a CPU (or a CUDA device torch cannot
+    query)."""
+    if device.type != "cuda":
+        return None
+    try:
+        major, minor = torch.cuda.get_device_capability(device)
+    except (RuntimeError, AssertionError, ValueError):  # no CUDA after all (a fake one in tests)
+        return None
+    return int(major), int(minor)
+
+
+def default_share(capability: tuple[int, int] | None) -> tuple[float, str]:
+    """``DaliOptions.hw_decoder_load`` where neither the option nor a ``gpupipe tune`` record sets
+    it, on a GPU of compute ``capability``, and why: 1.0 on Hopper (compute 9.x: H100, H200,
+    H800, H20, GH200), where it was measured; DALI's 0.65 on every other GPU, where it was not
+    (an A100 has one JPEG engine to an H100's seven; a Blackwell GPU is unmeasured)."""
+    if capability is not None and capability[0] == 9:
+        return HOPPER_HW_DECODER_LOAD, f"every JPEG to the hardware decoder on a Hopper GPU: {_HOPPER_EVIDENCE}"
+    return DEFAULT_HW_DECODER_LOAD, "DALI's default (every JPEG to the hardware decoder measured faster on Hopper only)"
 
 
 def tune_key(views: Sequence[Sequence[Any]], batch_size: int, backend: str, device: torch.device, *,
@@ -107,18 +136,19 @@ def record(key: str, tuned: Tuned, about: dict[str, Any]) -> str:
     return path
 
 
-def resolve(config: LoaderConfig, key: str) -> tuple[LoaderConfig, int | None, Tuned | None]:
+def resolve(config: LoaderConfig, key: str, *,
+            hw_default: float = DEFAULT_HW_DECODER_LOAD) -> tuple[LoaderConfig, int | None, Tuned | None]:  # fmt: skip
     """``(config, num_workers, tuned)`` with the options left unset taken from the record for
-    ``key`` where there is one, else their defaults (``num_workers`` ``None``: the loader's);
-    ``tuned`` is the record where one of its values is used."""
+    ``key`` where there is one, else their defaults (``num_workers`` ``None``: the loader's;
+    ``hw_default``: the hardware decoder's share, :func:`default_share`); ``tuned`` is the record
+    where one of its values is used."""
     unset = config.num_workers is None or config.prefetch is None or config.dali.hw_decoder_load is None
     tuned = lookup(key) if unset else None
     workers = config.num_workers if config.num_workers is not None or tuned is None else tuned.num_workers
     prefetch = config.prefetch if config.prefetch is not None else tuned.prefetch if tuned else DEFAULT_PREFETCH
     share = config.dali.hw_decoder_load
     if share is None:
-        share = tuned.hw_decoder_load if tuned is not None and tuned.hw_decoder_load is not None else \
-            DEFAULT_HW_DECODER_LOAD  # fmt: skip
+        share = tuned.hw_decoder_load if tuned is not None and tuned.hw_decoder_load is not None else hw_default
     dali = dataclasses.replace(config.dali, hw_decoder_load=share)
     used = tuned is not None and (
         config.num_workers is None

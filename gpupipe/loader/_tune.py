@@ -14,7 +14,8 @@ pipeline's transforms.
 A :class:`~gpupipe.Loader` whose options leave these unset (``None``, the defaults) takes the
 recorded values for its key, logs that it did and shows them in its repr; an option set
 explicitly is never overridden, and without a record the defaults apply (a worker per core of
-the rank's share of the CPUs, up to 8; ``prefetch=2``; ``hw_decoder_load=0.65``). The
+the rank's share of the CPUs, up to 8; ``prefetch=2``; ``hw_decoder_load`` 1.0 on Hopper GPUs,
+else DALI's 0.65: ``gpupipe.loader._records.default_share``). The
 measurement runs the loader alone: a training step that shares the CPU with it (a torch step on
 the CPU, heavy host-side logging) leaves it less, so tune on the machine type that trains, for
 the ranks per node that train, and re-tune after changing the pipeline.
@@ -35,7 +36,7 @@ from ..core._config import DEFAULT_HW_DECODER_LOAD, DEFAULT_PREFETCH, DaliOption
 from ..core._errors import ConfigError
 from ..core._validate import valid_optional_int
 from ..runtime._dist import MAX_DEFAULT_WORKERS, cores_per_rank, default_workers
-from ._records import Tuned, machine, tune_key
+from ._records import Tuned, default_share, gpu_capability, machine, tune_key
 from ._records import record as save_record
 
 __all__ = ["tune", "Tuned"]
@@ -91,9 +92,7 @@ def tune(pipeline: Any, batch_size: int, *, seconds: float = 3.0, record: bool =
         for t in trials:
             if (t["num_workers"], t["prefetch"], t["hw_decoder_load"]) == (workers, prefetch, share):
                 return t
-        dali = dataclasses.replace(
-            dali_options, hw_decoder_load=share if share is not None else DEFAULT_HW_DECODER_LOAD
-        )
+        dali = dataclasses.replace(dali_options, hw_decoder_load=share if share is not None else hw_default)
         with Loader(pipeline, batch_size, num_workers=workers, prefetch=prefetch, dali=dali, shuffle=True,
                     drop_last=True, seed=0, **options) as loader:  # fmt: skip
             rate = _measure(loader, seconds, warmup=max(1, workers))
@@ -116,15 +115,16 @@ def tune(pipeline: Any, batch_size: int, *, seconds: float = 3.0, record: bool =
     )
     cores = cores_per_rank(ranks_per_node)
     gpu_decoder = backend.name == "dali" and device.type == "cuda"
-    share = DEFAULT_HW_DECODER_LOAD if gpu_decoder else None
+    hw_default, _ = default_share(gpu_capability(device))
+    share = hw_default if gpu_decoder else None
     default = trial(default_workers(ranks_per_node), DEFAULT_PREFETCH, share)
     workers = _best([trial(w, DEFAULT_PREFETCH, share) for w in _candidates(cores, backend.name)],
                     lambda t: t["num_workers"])["num_workers"]  # fmt: skip
     prefetch = _best([trial(workers, p, share) for p in (1, 2, 3, 4)], lambda t: t["prefetch"])["prefetch"]
     chosen = trial(workers, prefetch, share)
     if gpu_decoder:  # more to the hardware decoder costs nothing where it keeps up
-        chosen = _best([trial(workers, prefetch, s) for s in (0.0, 0.5, 0.65, 0.8, 1.0)],
-                       lambda t: abs(t["hw_decoder_load"] - DEFAULT_HW_DECODER_LOAD))  # fmt: skip
+        chosen = _best([trial(workers, prefetch, s) for s in (0.0, 0.5, DEFAULT_HW_DECODER_LOAD, 0.8, 1.0)],
+                       lambda t: abs(t["hw_decoder_load"] - hw_default))  # the default, where as fast  # fmt: skip
     tuned = Tuned(chosen["num_workers"], chosen["prefetch"], chosen["hw_decoder_load"], chosen["images_per_s"],
                   default["images_per_s"], datetime.date.today().isoformat(), tuple(trials))  # fmt: skip
     if record:
