@@ -72,7 +72,7 @@ def _blur_kernels(t: T.GaussianBlur, sigma: np.ndarray, device: torch.device) ->
     """torchvision's ``_get_gaussian_kernel2d`` for each sample's sigma: ``[n, ky, kx]`` float32
     (the softmax of ``−(x / σ)²`` over ``linspace(±(k − 1) / (2√2))``, σ cast to float32)."""
     kx, ky = t.kernel_size
-    s = torch.from_numpy(sigma.astype(np.float32)).to(device)[:, None]
+    s = K.upload(sigma, device, torch.float32)[:, None]
 
     def one_d(k: int) -> torch.Tensor:
         lim = (k - 1) / (2.0 * np.sqrt(2.0))
@@ -129,7 +129,7 @@ def _jitter_one(j: int, x: torch.Tensor, f: np.ndarray) -> torch.Tensor:
     (brightness: ``x·f``; contrast: with the mean luma; saturation: with the luma), as the
     policies' colour operations blend, and its hue shift."""
     if j == 3:
-        return _hue(x, torch.from_numpy(f.astype(np.float32)).to(x.device))
+        return _hue(x, K.upload(f, x.device, torch.float32))
     ratio, alpha = blend_args(x, f)
     return (lambda: K.brightness(x, ratio), lambda: K.contrast(x, ratio, alpha),
             lambda: K.saturation(x, ratio, alpha))[j]()  # fmt: skip

@@ -9,7 +9,9 @@ casts it to float32 inside the operation; a per-sample tensor is cast the same w
 Where it fuses a multiply into an add (``add_(y, alpha=a)``: one rounding of ``x + a·y``), a
 per-sample ``a`` takes the float64 sum of two float32 products, which is exact, and rounds once to
 the same float32. Conditional writes are ``torch.where``, never a masked assignment, which would
-wait for the device.
+wait for the device. Host values reach the device through :func:`upload` (pinned memory, queued on
+the stream) and constants through :func:`constant` (made once), so the host never waits for the
+device's queued work.
 """
 
 from __future__ import annotations
@@ -22,9 +24,31 @@ import torch
 import torch.nn.functional as nnf
 
 __all__ = ["warp", "brightness", "saturation", "contrast", "sharpness", "posterize", "solarize", "solarize_add",
-           "autocontrast", "equalize", "invert", "column", "Param", "RowsFn", "on_rows"]  # fmt: skip
+           "autocontrast", "equalize", "invert", "column", "Param", "RowsFn", "on_rows", "upload",
+           "constant"]  # fmt: skip
 
 Param = float | int | torch.Tensor  # one value for the batch, or ``[n]`` per sample
+
+
+def upload(values: np.ndarray, device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Host ``values`` on ``device``, cast to ``dtype`` on the host first (the cast a copy would
+    make). On a GPU through pinned memory, the copy queued on the current stream: a copy from
+    pageable memory first waits for the stream's queued work, and the stage's did so 135 times per
+    batch of timm's recipe (H200, 2026-11-28). The caching host allocator keeps the pinned block
+    until the copy has run. On the CPU: the values themselves, not copied."""
+    host = torch.from_numpy(np.ascontiguousarray(values))
+    if dtype is not None and host.dtype != dtype:
+        host = host.to(dtype)
+    if device.type == "cpu":
+        return host
+    return (host.pin_memory() if device.type == "cuda" else host).to(device, non_blocking=True)
+
+
+@functools.lru_cache(maxsize=256)
+def constant(device: torch.device, values: tuple[float, ...], dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """``values`` as a tensor on ``device``, made once per device, values and dtype (one made from
+    Python values per batch would wait for the device's queued work). Read-only."""
+    return torch.tensor(values, dtype=dtype, device=device)
 
 
 def column(values: Param, like: torch.Tensor) -> Param:
@@ -52,8 +76,8 @@ def on_rows(images: torch.Tensor, groups: Iterable[tuple[np.ndarray, RowsFn]]) -
     if len(taken) == 1 and len(taken[0][0]) == len(images):
         return taken[0][1](images, taken[0][0])
     out = images.clone()
-    for rows, fn in taken:
-        index = torch.from_numpy(np.ascontiguousarray(rows)).to(images.device, non_blocking=True)
+    indices = upload(np.concatenate([rows for rows, _ in taken]), images.device)  # one copy for every group
+    for (rows, fn), index in zip(taken, torch.split(indices, [len(rows) for rows, _ in taken]), strict=True):
         out.index_copy_(0, index, fn(images.index_select(0, index), rows))
     return out
 
@@ -76,7 +100,7 @@ def warp(x: torch.Tensor, theta: torch.Tensor, *, mode: str, fill: tuple[float, 
     channel (torchvision's mask channel: nearest takes the fill where the mask is under 0.5,
     bilinear blends ``mask·(img − fill) + fill``)."""
     n, c, h, w = x.shape
-    divisor = torch.tensor([0.5 * w, 0.5 * h], dtype=torch.float32, device=x.device)
+    divisor = constant(x.device, (0.5 * w, 0.5 * h))
     scaled = theta.reshape(n, 2, 3).transpose(1, 2).div(divisor)
     grid = _base_grid(x.device, h, w).expand(n, -1, -1).bmm(scaled).view(n, h, w, 2)
     img = x.to(torch.float32)
@@ -86,8 +110,7 @@ def warp(x: torch.Tensor, theta: torch.Tensor, *, mode: str, fill: tuple[float, 
     if fill is not None:
         img, mask = torch.tensor_split(img, indices=(-1,), dim=-3)
         mask = mask.expand_as(img)
-        values = torch.tensor(fill if len(fill) == c else fill * c, dtype=torch.float32, device=x.device)
-        fill_img = values.view(1, -1, 1, 1)
+        fill_img = constant(x.device, fill if len(fill) == c else fill * c).view(1, -1, 1, 1)
         if mode == "nearest":
             img = torch.where(mask < 0.5, fill_img.expand_as(img), img)
         else:

@@ -47,8 +47,8 @@ Kernel = Callable[[torch.Tensor, np.ndarray, Warp], torch.Tensor]
 
 
 def _to(x: torch.Tensor, values: np.ndarray, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Host arguments ``[n]`` on ``x``'s device (one small copy)."""
-    return torch.from_numpy(np.ascontiguousarray(values)).to(device=x.device, dtype=dtype, non_blocking=True)
+    """Host arguments ``[n]`` on ``x``'s device (one small copy, queued)."""
+    return K.upload(values, x.device, dtype)
 
 
 def _uniform(m: np.ndarray) -> bool:

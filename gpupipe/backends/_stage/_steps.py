@@ -18,7 +18,7 @@ from torchvision.transforms.v2 import functional as F
 from ... import transforms as T
 from ...core._geometry import erasing_windows
 from .._registry import Registry, inner_unsupported
-from ._kernels import column
+from ._kernels import column, constant, upload
 from ._ops import Warp, apply_slot
 
 __all__ = ["STAGE", "stage_start", "run_stage", "to_dtype", "normalize"]
@@ -41,7 +41,7 @@ def _augmix(t: T.AugMix, images: torch.Tensor, factors: np.ndarray) -> torch.Ten
     """torchvision's AugMix: the original and each chain weighted in float32, summed in its
     order, truncated back to uint8."""
     codes, mags, weights = t.drawn(images.shape[-2], images.shape[-1], factors)
-    w = torch.from_numpy(weights).to(images.device, non_blocking=True)
+    w = upload(weights, images.device)
     warp = Warp.of(t)
     mix = column(w[:, 0], images) * images.to(torch.float32)
     for chain in range(t.mixture_width):
@@ -73,27 +73,65 @@ def normalize(t: T.Normalize, images: torch.Tensor, _: None) -> torch.Tensor:
 def _random_erasing(t: T.RandomErasing, images: torch.Tensor, factors: np.ndarray) -> torch.Tensor:
     """Each sample's box (``erasing_windows``, the per-sample rule vectorized) filled with the
     value in one pass; ``value="random"``: each erased box's N(0, 1) noise from the sample's own
-    seed, as the torch backend draws it (a loop over the erased samples)."""
-    c, h, w = images.shape[-3:]
+    seed, as the torch backend draws it, drawn on the host into one buffer (a loop over the erased
+    samples) and copied once, each erased pixel gathering its value from it on the device."""
+    h, w = images.shape[-2:]
     windows = erasing_windows(h, w, factors)  # [B, 4]: top, left, h, w
     erased = np.flatnonzero(windows[:, 2] > 0)
     if not len(erased):
         return images
     if t.noise:
-        out = images.clone()
-        for i in erased.tolist():
-            top, left, eh, ew = windows[i].tolist()
-            generator = torch.Generator().manual_seed(int(float(factors[i, -1]) * 2**53))
-            noise = torch.empty([c, eh, ew], dtype=torch.float32).normal_(generator=generator)
-            out[i, :, top : top + eh, left : left + ew] = noise.to(images.device)
-        return out
-    box = torch.from_numpy(windows).to(images.device, non_blocking=True)
+        return erase_with_noise(images, windows[erased], erased, factors[erased, -1])
+    box = upload(windows, images.device)
+    top, left, eh, ew = (box[:, k, None, None] for k in range(4))
+    inside = _inside(images, top, left, eh, ew)[:, None]  # [B, 1, H, W]
+    value = constant(images.device, tuple(float(v) for v in t.value)).to(images.dtype).view(1, -1, 1, 1)
+    return torch.where(inside, value, images)
+
+
+def _inside(images: torch.Tensor, top: torch.Tensor, left: torch.Tensor, eh: torch.Tensor,
+            ew: torch.Tensor) -> torch.Tensor:  # fmt: skip
+    """``[n, H, W]``: whether each pixel is in its sample's box (``[n, 1, 1]`` each)."""
+    h, w = images.shape[-2:]
     ys = torch.arange(h, device=images.device)[None, :, None]
     xs = torch.arange(w, device=images.device)[None, None, :]
-    top, left, eh, ew = (box[:, k, None, None] for k in range(4))
-    inside = (ys >= top) & (ys < top + eh) & (xs >= left) & (xs < left + ew)  # [B, H, W]
-    value = torch.tensor(t.value, dtype=torch.float32, device=images.device).to(images.dtype).view(1, -1, 1, 1)
-    return torch.where(inside[:, None], value, images)
+    return (ys >= top) & (ys < top + eh) & (xs >= left) & (xs < left + ew)
+
+
+def erase_with_noise(images: torch.Tensor, windows: np.ndarray, rows: np.ndarray, seeds: np.ndarray, *,
+                     gather: bool | None = None) -> torch.Tensor:  # fmt: skip
+    """Rows ``rows`` of ``images`` erased with N(0, 1) noise in their ``windows`` ``[n, 4]``, each
+    box's values ``[C, eh, ew]`` from ``torch.Generator().manual_seed(seed · 2**53)`` (the torch
+    backend's draw, value for value). ``gather`` (default: off the CPU): one copy of the noise,
+    each erased pixel gathering its value from it (no copy or wait per sample); else each box
+    written from its slice, the fastest on a CPU, where nothing is copied."""
+    c = images.shape[-3]
+    sizes = c * windows[:, 2] * windows[:, 3]
+    offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    noise = torch.empty(int(sizes.sum()), dtype=torch.float32)
+    for k, seed in enumerate(seeds.tolist()):  # the draws: each box's own generator, as the backends draw
+        generator = torch.Generator().manual_seed(int(float(seed) * 2**53))
+        noise[int(offsets[k]) : int(offsets[k] + sizes[k])].normal_(generator=generator)
+    device = images.device
+    if not (device.type != "cpu" if gather is None else gather):
+        out = images.clone()
+        for k, (i, (top, left, eh, ew)) in enumerate(zip(rows.tolist(), windows.tolist(), strict=True)):
+            out[i, :, top : top + eh, left : left + ew] = noise[int(offsets[k]) : int(offsets[k] + sizes[k])].view(
+                c, eh, ew
+            )
+        return out
+    box = upload(np.concatenate([windows, offsets[:, None]], axis=1).astype(np.int64), device)
+    top, left, eh, ew, offset = (box[:, k, None, None, None] for k in range(5))
+    inside = _inside(images, top[:, 0], left[:, 0], eh[:, 0], ew[:, 0])[:, None]  # [n, 1, H, W]
+    ys = torch.arange(images.shape[-2], device=device)[None, None, :, None]
+    xs = torch.arange(images.shape[-1], device=device)[None, None, None, :]
+    cs = torch.arange(c, device=device)[None, :, None, None]
+    at = offset + (cs * eh + (ys - top).clamp_(min=0)) * ew + (xs - left).clamp_(min=0)  # [n, C, H, W]
+    values = upload(noise.numpy(), device)[torch.where(inside, at, 0)]
+    index = upload(rows, device)
+    out = images.clone()
+    out.index_copy_(0, index, torch.where(inside, values.to(images.dtype), images.index_select(0, index)))
+    return out
 
 
 def stage_start(steps: Sequence[T.Transform], specs: Sequence[T.ImageSpec] | None = None) -> int | None:

@@ -1,0 +1,136 @@
+"""The stage never makes the host wait for the device: host values reach it through pinned memory
+in a few copies per step, never one per sample, and nothing is read back. On the CPU the copies
+are counted (through ``_kernels.upload``); on a GPU (``gpu``-marked) the CUDA profiler sees no
+copy from pageable memory and torch's sync debug mode no synchronization."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from gpupipe import transforms as T
+from gpupipe.backends._stage import _kernels as K
+from gpupipe.backends._stage import run_stage
+from gpupipe.core._random import factors
+
+from .test_stage import batch
+
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+def _float(*steps: Any) -> list[Any]:
+    return [*steps, T.ToDtype(torch.float32, scale=True), T.Normalize(mean=MEAN, std=STD)]
+
+
+# the recipes' tails (bench/stage_profile.py's), on small images
+TAILS = {
+    "v2": [*_float(T.TrivialAugmentWide()), T.RandomErasing(p=0.1)],
+    "timm": [*_float(T.TimmRandAugment.from_config("rand-m9-mstd0.5-inc1")), T.RandomErasing(p=0.25, value="random")],
+    "augmix": _float(T.AugMix()),
+    "dino": _float(T.RandomApply([T.ColorJitter(0.4, 0.4, 0.2, 0.1)], p=0.8), T.RandomGrayscale(p=0.2),
+                   T.RandomApply([T.GaussianBlur(9, sigma=(0.1, 2.0))], p=0.5), T.RandomSolarize(128, p=0.2)),
+}  # fmt: skip
+
+
+def uploads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts ``_kernels.upload``'s calls (each one copy on a GPU): the list's length."""
+    calls: list[int] = []
+    real = K.upload
+
+    def counted(values: np.ndarray, *args: Any, **kwargs: Any) -> torch.Tensor:
+        calls.append(np.asarray(values).size)
+        return real(values, *args, **kwargs)
+
+    monkeypatch.setattr(K, "upload", counted)
+    monkeypatch.setattr("gpupipe.backends._stage._steps.upload", counted)
+    return calls
+
+
+def run(steps: list[Any], n: int, device: str = "cpu") -> torch.Tensor:
+    images = batch(n, 24, 24, device=device)
+    return run_stage(steps, images, factors(steps, 3, 0, np.arange(n)))
+
+
+class TestCopies:
+    @pytest.mark.parametrize("n", [1, 4, 64])
+    def test_noise_is_one_copy_whatever_the_samples_erased(self, n, monkeypatch):
+        """``value="random"`` off the CPU: each erased box's noise drawn into one buffer, then one
+        copy of it, one of the boxes and one of the rows (it was a copy and a wait per erased
+        sample); each pixel gathers its value, the values of the boxes written one by one."""
+        from gpupipe.backends._stage._steps import erase_with_noise
+
+        rng = np.random.default_rng(n)
+        images = torch.from_numpy(rng.normal(size=(n + 3, 3, 20, 24)).astype(np.float32))
+        eh, ew = rng.integers(1, 20, n), rng.integers(1, 24, n)
+        windows = np.stack([rng.integers(0, 21 - eh), rng.integers(0, 25 - ew), eh, ew], axis=1)
+        rows, seeds = np.sort(rng.choice(n + 3, n, replace=False)), rng.random(n)
+        calls = uploads(monkeypatch)
+        gathered = erase_with_noise(images, windows, rows, seeds, gather=True)
+        assert len(calls) == 3
+        torch.testing.assert_close(gathered, erase_with_noise(images, windows, rows, seeds), atol=0, rtol=0)
+        assert (gathered != images).flatten(1).any(dim=1).sum() == n
+
+    def test_each_group_of_rows_shares_one_copy(self, monkeypatch):
+        """``on_rows``: the row indices of every group in one copy (a slot of a policy: one copy
+        for every operation its samples drew, then each operation's arguments)."""
+        calls = uploads(monkeypatch)
+        images = batch(12, 8, 8)
+        out = K.on_rows(images, [(np.array([0, 3]), lambda x, at: x + 1), (np.array([5]), lambda x, at: x + 2),
+                                 (np.array([], dtype=np.int64), lambda x, at: x)])  # fmt: skip
+        assert calls == [3]
+        assert torch.equal(out[[0, 3]], images[[0, 3]] + 1) and torch.equal(out[5], images[5] + 2)
+        assert torch.equal(out[[1, 2, 4, *range(6, 12)]], images[[1, 2, 4, *range(6, 12)]])
+
+    def test_copies_do_not_grow_with_the_batch(self, monkeypatch):
+        """DINO's view tail copies per step and adjustment, not per sample: 16 times the samples,
+        the same copies. (A policy's slot on the CPU runs once per operation and magnitude, so
+        its copies grow with the magnitudes drawn; on a GPU once per operation: the gpu test.)"""
+        calls = uploads(monkeypatch)
+        run(TAILS["dino"], 16)
+        few = len(calls)
+        calls.clear()
+        run(TAILS["dino"], 256)
+        assert len(calls) == few
+
+    def test_a_constant_is_made_once(self):
+        cpu = torch.device("cpu")
+        a = K.constant(cpu, (0.5, 2.0))
+        assert a is K.constant(cpu, (0.5, 2.0)) and a.dtype == torch.float32 and a.tolist() == [0.5, 2.0]
+
+    def test_upload_casts_on_the_host_as_a_copy_would(self):
+        values = np.array([0.1, 1e-8, 3.7, 255.9])
+        got = K.upload(values, torch.device("cpu"), torch.float32)
+        assert torch.equal(got, torch.from_numpy(values).to(torch.float32))
+        assert torch.equal(K.upload(np.array([1.9, -2.5]), torch.device("cpu"), torch.int32),
+                           torch.tensor([1, -2], dtype=torch.int32))  # fmt: skip
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", TAILS)
+def test_on_a_gpu_the_host_never_waits(name):
+    """The second batch through each tail (the first makes the constants and picks cuDNN's
+    algorithms): no copy from pageable memory, and no synchronization (torch's sync debug mode
+    raises on one). The H200 run of 2026-11-28 counted 135 copies and 72 waits per timm batch."""
+    from torch.profiler import ProfilerActivity, profile
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    steps = TAILS[name]
+    images = batch(64, 48, 48, device="cuda")
+    drawn = factors(steps, 3, 0, np.arange(64))
+    run_stage(steps, images, drawn)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as p:
+            run_stage(steps, images, drawn)
+            torch.cuda.set_sync_debug_mode("default")
+            torch.cuda.synchronize()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    names = {e.key for e in p.key_averages()}
+    assert not [k for k in names if "Pageable" in k], sorted(names)
+    assert "cudaStreamSynchronize" not in names and "cudaDeviceSynchronize" in names  # ours, at the end
