@@ -50,6 +50,7 @@ COLOR = frozenset(_CODE[n] for n in ("Brightness", "Color", "Contrast"))
 _RANDAUGMENT_OPS = OPS[:14]
 _AUGMIX_OPS = ("ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate", "Posterize", "Solarize", "AutoContrast",
                "Equalize", "Brightness", "Color", "Contrast", "Sharpness")  # fmt: skip
+_AUGMIX_CODES = np.array([_CODE[name] for name in _AUGMIX_OPS], dtype=np.int64)
 
 
 class AutoAugmentPolicy(str, enum.Enum):
@@ -423,26 +424,36 @@ class AugMix(Transform):
         batch, slots = len(factors), self.mixture_width * self.depth
         codes, mags = np.full((batch, slots), -1, np.int64), np.zeros((batch, slots))
         weights = np.zeros((batch, 1 + self.mixture_width), np.float32)
-        heights = np.broadcast_to(np.asarray(height), (batch,))
-        widths = np.broadcast_to(np.asarray(width), (batch,))
-        for b in range(batch):
-            p = self.make_params(int(heights[b]), int(widths[b]), factors[b])
-            weights[b] = (p.original, *p.weights)
-            for i, chain in enumerate(p.chains):
-                for j, (name, magnitude) in enumerate(chain):
-                    codes[b, i * self.depth + j], mags[b, i * self.depth + j] = _CODE[name], magnitude
+        index, signs = np.zeros((batch, slots), np.int64), np.ones((batch, slots))
+        for b in range(batch):  # each sample's own generator: the draws alone, per sample
+            original, mixed, chains = self._raw(factors[b])
+            weights[b] = (original, *mixed)
+            for i, (c, k, sign) in enumerate(chains):
+                at = slice(i * self.depth, i * self.depth + len(c))
+                codes[b, at], index[b, at], signs[b, at] = c, k, sign
+        heights = np.broadcast_to(np.asarray(height), (batch,))[:, None]
+        widths = np.broadcast_to(np.asarray(width), (batch,))[:, None]
+        mags = slot_magnitudes("augmix", 10, codes, index, signs, heights, widths)  # the batch's, at once
         return codes, mags, weights
 
-    def make_params(self, height: int, width: int, factors: np.ndarray) -> AugMixParams:
+    def _raw(self, factors: np.ndarray) -> tuple[float, np.ndarray, list[tuple[np.ndarray, ...]]]:
+        """One sample's draws from its generator: the original's weight, the chains' weights, and
+        each chain's ``(codes, bins, signs)``."""
         rng = np.random.default_rng(int(factors[0] * (1 << 53)))
         original, rest = rng.dirichlet([self.alpha, self.alpha])
         weights = rng.dirichlet([self.alpha] * self.mixture_width) * rest
-        space = _AUGMIX_OPS if self.all_ops else _AUGMIX_OPS[:9]
-        chains = []
+        space = _AUGMIX_CODES if self.all_ops else _AUGMIX_CODES[:9]
+        chains: list[tuple[np.ndarray, ...]] = []
         for _ in range(self.mixture_width):
             depth = self.chain_depth or int(rng.integers(1, 4))
-            codes = np.array([_CODE[space[i]] for i in rng.integers(len(space), size=depth)])
-            index, signs = rng.integers(self.severity, size=depth), _sign(rng.random(depth))
+            codes = space[rng.integers(len(space), size=depth)]
+            chains.append((codes, rng.integers(self.severity, size=depth), _sign(rng.random(depth))))
+        return float(original), weights, chains
+
+    def make_params(self, height: int, width: int, factors: np.ndarray) -> AugMixParams:
+        original, weights, raw = self._raw(factors)
+        chains = []
+        for codes, index, signs in raw:
             mags = slot_magnitudes("augmix", 10, codes, index, signs, height, width)
             chains.append(tuple((OPS[c], float(m)) for c, m in zip(codes.tolist(), mags.tolist(), strict=True)))
-        return AugMixParams(float(original), tuple(map(float, weights)), tuple(chains))
+        return AugMixParams(original, tuple(map(float, weights)), tuple(chains))
