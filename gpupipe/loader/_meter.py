@@ -1,0 +1,91 @@
+"""The data-stall meter, always on: for each batch, the time the training loop waited inside the
+loader's ``next()`` against the time it spent elsewhere (its step) since the batch before.
+
+The stall is ``wait / (wait + step)``: 0 when every batch was ready when the loop asked for it (the
+model sets the pace), near 1 when the loop did little but wait (the loader sets it). It is kept for
+the current epoch, from its second batch on (the first batch's wait is the start-up,
+``first_batch_s``), and over a moving window of the last :data:`WINDOW` batches, and read with
+``loader.stats()["stall"]``. Two clock readings and a few additions per batch: nothing per sample.
+
+On a GPU the loop's host thread runs ahead of the device and waits for it where it reads a value
+back (``loss.item()``), so the wait the meter sees is the loader's share of the host's time: a
+loader that keeps up shows a stall near 0 however busy the GPU is.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["Meter", "WINDOW"]
+
+WINDOW = 50  # batches in the moving window
+
+
+class Meter:
+    """Times one iteration at a time: :meth:`begin` where the loop first asks for a batch,
+    :meth:`ready` just before each batch is yielded, :meth:`resumed` where the loop asks for the
+    next one."""
+
+    def __init__(self, *, window: int = WINDOW, clock: Callable[[], float] = time.perf_counter) -> None:
+        self._clock = clock
+        self._recent: collections.deque[tuple[float, float]] = collections.deque(maxlen=window)
+        self.epoch: int | None = None
+        self.batch_size = 0
+        self._asked = 0.0  # when the loop last asked for a batch
+        self._handed: float | None = None  # when the last batch was handed over
+        self._first: float | None = None
+        self._batches = 0
+        self._wait = 0.0
+        self._step = 0.0
+
+    def begin(self, epoch: int, batch_size: int) -> None:
+        """The loop asks for an epoch's first batch: that epoch's counts start from zero (the
+        window goes on across epochs)."""
+        self.epoch, self.batch_size = epoch, batch_size
+        self._asked, self._handed, self._first = self._clock(), None, None
+        self._batches, self._wait, self._step = 0, 0.0, 0.0
+
+    def ready(self) -> None:
+        """A batch is about to be handed over."""
+        now = self._clock()
+        wait = now - self._asked
+        if self._handed is None:
+            self._first = wait
+        else:
+            step = self._asked - self._handed
+            self._batches += 1
+            self._wait += wait
+            self._step += step
+            self._recent.append((wait, step))
+        self._handed = now
+
+    def resumed(self) -> None:
+        """The loop asks for the next batch."""
+        self._asked = self._clock()
+
+    def stats(self) -> dict[str, Any]:
+        """``{"epoch", "first_batch_s", "batches", "wait_s", "step_s", "stall", "images_per_s",
+        "window": {"batches", "stall", "images_per_s"}}``: the epoch's figures from its second
+        batch on, and the last batches'; ``None`` where nothing was measured yet."""
+        recent_wait = sum(w for w, _ in self._recent)
+        recent_step = sum(s for _, s in self._recent)
+        return {
+            "epoch": self.epoch,
+            "first_batch_s": self._first,
+            "batches": self._batches,
+            "wait_s": self._wait,
+            "step_s": self._step,
+            **_rates(self._batches, self._wait, self._step, self.batch_size),
+            "window": {"batches": len(self._recent),
+                       **_rates(len(self._recent), recent_wait, recent_step, self.batch_size)},
+        }  # fmt: skip
+
+
+def _rates(batches: int, wait: float, step: float, batch_size: int) -> dict[str, float | None]:
+    total = wait + step
+    if not batches or total <= 0:
+        return {"stall": None, "images_per_s": None}
+    return {"stall": wait / total, "images_per_s": batches * batch_size / total}
