@@ -24,6 +24,9 @@ of metrics and of the batch size you log — Lightning counts a batch's rows::
         correct = (self(images).argmax(1) == labels)[batch.valid].sum()
         self.log("val/acc", correct / batch.valid.sum(), batch_size=int(batch.valid.sum()), sync_dist=True)
 
+:class:`StallLogger` logs the training loader's data-stall meter to the trainer's loggers
+(``trainer = L.Trainer(callbacks=[StallLogger()])``).
+
 Lightning is not a dependency of gpupipe; this module imports it (``lightning``, else
 ``pytorch_lightning``).
 """
@@ -45,7 +48,7 @@ except ImportError:  # pragma: no cover - the older package name
     except ImportError:
         raise BackendUnavailableError("gpupipe.lightning needs Lightning: pip install lightning") from None
 
-__all__ = ["DataModule"]
+__all__ = ["DataModule", "StallLogger"]
 
 
 class DataModule(pl.LightningDataModule):
@@ -112,3 +115,49 @@ class DataModule(pl.LightningDataModule):
         for loader in self.loaders.values():
             loader.close()
         self.loaders.clear()
+
+
+class StallLogger(pl.Callback):
+    """Logs the training loader's data-stall meter (:meth:`gpupipe.Loader.stall_metrics`) with
+    the LightningModule's ``log_dict``, so to every logger of the trainer (TensorBoard, CSV, ...):
+    every ``every_n_steps`` training batches, ``gpupipe/stall`` and ``gpupipe/images_per_s`` over
+    the last 50 batches; at each training epoch's end, ``gpupipe/epoch_stall``,
+    ``gpupipe/epoch_images_per_s`` and ``gpupipe/first_batch_s``. The loader is the
+    :class:`DataModule`'s, else the trainer's ``train_dataloader`` where it is a ``gp.Loader``;
+    with neither, it logs nothing.
+
+    Args:
+        every_n_steps: batches between two logs of the window. Default 50.
+        prefix: the metrics' names' start. Default ``"gpupipe/"``.
+    """
+
+    def __init__(self, *, every_n_steps: int = 50, prefix: str = "gpupipe/") -> None:
+        if isinstance(every_n_steps, bool) or not isinstance(every_n_steps, int) or every_n_steps < 1:
+            raise ConfigError(f"StallLogger: every_n_steps must be an int >= 1, got {every_n_steps!r}")
+        self.every_n_steps, self.prefix = every_n_steps, prefix
+
+    @staticmethod
+    def _loader(trainer: Any) -> Loader | None:
+        module = getattr(trainer, "datamodule", None)
+        loaders = getattr(module, "loaders", None) or {}
+        if isinstance(loaders.get("train"), Loader):
+            return loaders["train"]
+        found = getattr(trainer, "train_dataloader", None)
+        return found if isinstance(found, Loader) else None
+
+    def _log(self, trainer: Any, pl_module: Any, keys: tuple[str, ...]) -> None:
+        loader = self._loader(trainer)
+        if loader is None:
+            return
+        found = loader.stall_metrics(self.prefix)
+        chosen = {k: v for k, v in found.items() if k.removeprefix(self.prefix) in keys}
+        if chosen:
+            per_epoch = "epoch_stall" in keys
+            pl_module.log_dict(chosen, on_step=not per_epoch, on_epoch=per_epoch)
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if (batch_idx + 1) % self.every_n_steps == 0:
+            self._log(trainer, pl_module, ("stall", "images_per_s"))
+
+    def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+        self._log(trainer, pl_module, ("epoch_stall", "epoch_images_per_s", "first_batch_s"))

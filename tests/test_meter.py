@@ -89,3 +89,33 @@ class TestInTheLoader:
         assert slow["epoch"] == 0 and slow["batches"] == n - 1 and slow["first_batch_s"] > 0
         assert slow["step_s"] >= 0.05 * (n - 1) and slow["stall"] < fast["stall"]
         assert fast["epoch"] == 1 and fast["step_s"] < slow["step_s"] and fast["images_per_s"] > 0
+
+
+class TestForLoggers:
+    def test_the_flat_numbers_a_logger_takes(self):
+        clock = Clock()
+        meter = Meter(clock=clock)
+        from gpupipe.loader._meter import metrics
+
+        assert metrics(meter.stats()) == {}
+        loop(meter, clock, [2.0, 0.5], [0.5, 0.5])
+        got = metrics(meter.stats(), prefix="x/")
+        assert got == {"x/stall": 0.5, "x/images_per_s": 8.0, "x/epoch_stall": 0.5, "x/epoch_images_per_s": 8.0,
+                       "x/first_batch_s": 2.0}  # fmt: skip
+
+    def test_the_loaders_own(self, shards):
+        with gp.Loader(val(shards), 4, backend="torch", device="cpu", num_workers=0) as loader:
+            assert loader.stall_metrics() == {}
+            for _ in loader:
+                pass
+            got = loader.stall_metrics()
+        assert {"gpupipe/first_batch_s", "gpupipe/epoch_stall", "gpupipe/stall"} <= set(got)
+        assert all(isinstance(v, float) for v in got.values())
+
+    def test_the_lightning_callbacks_option(self):
+        pytest.importorskip("lightning")
+        from gpupipe.lightning import StallLogger
+
+        assert StallLogger().every_n_steps == 50
+        with pytest.raises(gp.ConfigError, match="every_n_steps must be an int >= 1, got 0"):
+            StallLogger(every_n_steps=0)

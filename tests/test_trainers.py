@@ -247,6 +247,8 @@ class TestLightning:
         assert all(len(set(o)) == len(o) == 16 for o in orders)  # 18 samples, batch 4, drop_last: 16 each
         assert got["epochs_set"] == [0, 1, 2]
         assert got["val_counted"] == [got["samples"]] * 3  # padding masked: each sample once
+        logged = ("stall", "images_per_s", "epoch_stall", "epoch_images_per_s", "first_batch_s")
+        assert got["stall_metrics"] == sorted(f"gpupipe/{k}" for k in logged)  # StallLogger's
 
     def test_resume_mid_epoch_from_lightnings_checkpoint(self, tmp_path):
         whole = _fit(tmp_path / "whole", "fit")

@@ -26,6 +26,7 @@ from ..plan._resume import Cursor, layout_batches, nested, restore, saved
 from ..plan._skips import Skips
 from ..runtime import _dist
 from ._meter import Meter
+from ._meter import metrics as stall_metrics
 from ._records import default_share, gpu_capability, tune_key
 from ._records import resolve as resolve_tuned
 from ._runners import Runners
@@ -350,6 +351,14 @@ class Loader(LoaderAttributes):
         sources = self._indexed.planner.per_source(self.pipeline.source, self.plan(), done)
         return {"epoch": self.epoch, "batches_yielded": self._at.yielded, "skipped": self._skips.in_epoch,
                 "sources": sources, "stall": self._meter.stats()}  # fmt: skip
+
+    def stall_metrics(self, prefix: str = "gpupipe/") -> dict[str, float]:
+        """The data-stall meter (``stats()["stall"]``) as a logger's numbers, under ``prefix``:
+        ``stall`` and ``images_per_s`` over the last 50 batches, ``epoch_stall``,
+        ``epoch_images_per_s`` and ``first_batch_s`` of the epoch; those not measured yet left
+        out. With Accelerate: ``accelerator.log(loader.stall_metrics(), step=step)``; with
+        Lightning, ``gpupipe.lightning.StallLogger`` logs them."""
+        return stall_metrics(self._meter.stats(), prefix)
 
     def __iter__(self) -> Generator[Batch, None, None]:
         """An iterator over this epoch's batches. One epoch runs at a time: starting a new

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["Meter", "WINDOW"]
+__all__ = ["Meter", "WINDOW", "metrics"]
 
 WINDOW = 50  # batches in the moving window
 
@@ -89,3 +89,13 @@ def _rates(batches: int, wait: float, step: float, batch_size: int) -> dict[str,
     if not batches or total <= 0:
         return {"stall": None, "images_per_s": None}
     return {"stall": wait / total, "images_per_s": batches * batch_size / total}
+
+
+def metrics(stall: dict[str, Any], prefix: str = "gpupipe/") -> dict[str, float]:
+    """:meth:`Meter.stats` as the flat numbers a logger takes: the window's ``stall`` and
+    ``images_per_s``, and the epoch's as ``epoch_stall``, ``epoch_images_per_s`` and
+    ``first_batch_s``, each under ``prefix``; those not measured yet left out."""
+    window = stall["window"]
+    found = {"stall": window["stall"], "images_per_s": window["images_per_s"], "epoch_stall": stall["stall"],
+             "epoch_images_per_s": stall["images_per_s"], "first_batch_s": stall["first_batch_s"]}  # fmt: skip
+    return {prefix + k: float(v) for k, v in found.items() if v is not None}

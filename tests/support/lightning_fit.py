@@ -4,7 +4,8 @@ child process: Lightning's DDP relaunches this script for each rank).
     python tests/support/lightning_fit.py OUT DEVICES fit|cut-and-resume
 
 Writes OUT/result.json (rank 0): each training epoch's keys in order (valid ones), the epoch the
-loader was at in each, the validation count per epoch summed over ranks, and for
+loader was at in each, the validation count per epoch summed over ranks, the data-stall metrics
+StallLogger logged (``fit``), and for
 ``cut-and-resume`` the keys trained after resuming from a mid-epoch checkpoint and the keys the
 uninterrupted run trains there.
 """
@@ -26,7 +27,7 @@ import lightning as L
 
 import gpupipe as gp
 from gpupipe import transforms as T
-from gpupipe.lightning import DataModule
+from gpupipe.lightning import DataModule, StallLogger
 
 warnings.filterwarnings("ignore")  # Lightning's advice on workers and logging; not what is tested
 OUT, DEVICES, MODE = sys.argv[1], int(sys.argv[2]), sys.argv[3]
@@ -113,8 +114,9 @@ def main() -> None:
     result: dict = {"samples": SAMPLES}
     if MODE == "fit":
         model = Model()
-        t = trainer(enable_checkpointing=False)
+        t = trainer(enable_checkpointing=False, callbacks=[StallLogger(every_n_steps=2)])
         t.fit(model, datamodule=datamodule())
+        result["stall_metrics"] = sorted(k for k in t.callback_metrics if k.startswith("gpupipe/"))
         result["train_keys"] = [model.train_keys[e] for e in sorted(model.train_keys)]
         result["epochs_set"] = model.epochs_set
         result["val_counted"] = model.val_counted
