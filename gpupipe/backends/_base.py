@@ -20,7 +20,7 @@ from ..sources import Index
 from ..transforms import BatchTransform, ImageSpec, Transform
 from ._registry import Registry
 
-__all__ = ["Backend", "Runner", "RunSpec", "RawBatch", "Runs", "to_device", "donor", "fill"]
+__all__ = ["Backend", "Runner", "RunSpec", "RawBatch", "Runs", "to_device", "donor", "fill", "STAGE_CLOCKS"]
 
 
 def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -75,6 +75,12 @@ class RawBatch(NamedTuple):
     mixed: bool = False
     fields: Mapping[str, Any] | None = None  # the source's other fields by name (Batch.fields); None: none
     slot: Any = None  # the torch backend's claim on the worker buffer the batch is in (``_slots.Ticket``)
+    times: Mapping[str, float] | None = None  # seconds the batch took per stage where it was made (STAGE_CLOCKS)
+
+
+# The stages a runner may time per batch (RawBatch.times), in the order a sample goes through them:
+# reading its bytes (storage), decoding its image, its per-sample transforms, stacking the batch.
+STAGE_CLOCKS = ("read", "decode", "transform", "collate")
 
 
 def donor(size: int, bad: Container[int]) -> int | None:

@@ -31,6 +31,7 @@ from ._records import default_share, gpu_capability, tune_key
 from ._records import resolve as resolve_tuned
 from ._runners import Runners
 from ._trainers import LoaderAttributes
+from ._verdict import StageTimes, verdict
 
 __all__ = ["Loader", "Batch", "SkippedSample"]  # Batch and SkippedSample: from ._batch
 
@@ -113,6 +114,7 @@ class Loader(LoaderAttributes):
         self.num_workers = _dist.default_workers() if workers is None else workers
         self._at = Cursor()  # the position: epoch, batches yielded, resume point, layout
         self._meter = Meter()  # the data stall: the loop's waits in next() against its steps
+        self._times = StageTimes()  # the epoch's seconds per stage, for the verdict
         self._warned_advance = False
         self._current: weakref.ref[Generator[Batch, None, None]] | None = None  # the running iteration
         self._skips = Skips(config, self.rank)
@@ -345,12 +347,22 @@ class Loader(LoaderAttributes):
         them, ``first_batch_s`` (from asking for the first batch to getting it), and the same over
         the last 50 batches (``window``). Example: a loop that steps 90 ms and waits 10 ms per
         batch of 256 shows ``stall`` 0.1 and ``images_per_s`` 2560.
+
+        ``times``: the epoch's seconds per batch in each stage where the backend times them (the
+        torch backend's workers: ``read_s``, ``decode_s``, ``transform_s``, ``collate_s``; the
+        device stage's host time: ``stage_s``; ``None`` where not timed). ``bound``: what limits
+        the loader now and the change that would help, ``{"bound", "stall", "why", "remedy"}``,
+        ``bound`` one of ``model`` (no stall), ``storage``, ``decode``, ``transforms``,
+        ``collate``, ``stage``, ``main`` (the training thread's share) and ``loader`` (a backend
+        without per-stage times) (``gpupipe.loader._verdict``).
         """
         layout = self._at.layout
         done = (self._at.yielded - (layout.offset if layout is not None else 0)) * self.config.batch_size
         sources = self._indexed.planner.per_source(self.pipeline.source, self.plan(), done)
+        stall, times = self._meter.stats(), self._times.stats()
         return {"epoch": self.epoch, "batches_yielded": self._at.yielded, "skipped": self._skips.in_epoch,
-                "sources": sources, "stall": self._meter.stats()}  # fmt: skip
+                "sources": sources, "stall": stall, "times": times,
+                "bound": verdict(stall, times, workers=self.num_workers)}  # fmt: skip
 
     def stall_metrics(self, prefix: str = "gpupipe/") -> dict[str, float]:
         """The data-stall meter (``stats()["stall"]``) as a logger's numbers, under ``prefix``:
@@ -414,15 +426,18 @@ class Loader(LoaderAttributes):
         size = self.config.batch_size
         fetch = prefetcher(self.index, plan.samples[start * size :], size, self.config.remote_ahead())
         stage = self._stage(self.pipeline)
-        meter = self._meter
+        meter, times, spent = self._meter, self._times, [0.0]
         meter.begin(epoch, size)
+        times.begin()
         try:
             if fetch is not None:
                 fetch.advance(0)
             batches = enumerate(self._runner.run(plan, start), start)
             # each batch with its views after their tails: the stage's (ahead, on a GPU), or as they came
             run = (
-                ((b, raw, raw.images) for b, raw in batches) if stage is None else stage.batches(batches, plan, device)
+                ((b, raw, raw.images) for b, raw in batches)
+                if stage is None
+                else stage.batches(batches, plan, device, spent=spent)
             )
             while True:
                 try:
@@ -433,6 +448,8 @@ class Loader(LoaderAttributes):
                     if self.closed and "already executing" in str(e):
                         break  # (ClosedError below)
                     raise
+                times.add(raw.times, None if stage is None else spent[0])
+                spent[0] = 0.0
                 if fetch is not None:
                     fetch.advance(b - start + 1)
                 valid = plan.batch(b)[1].copy()

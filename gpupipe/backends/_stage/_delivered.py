@@ -12,6 +12,7 @@ made sample by sample, and a resumed or elastic run draws the same.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -64,16 +65,21 @@ class Stage:
             out.append(img)
         return tuple(out)
 
-    def batches(self, batches: Iterator[tuple[int, Any]], plan: Any,
-                device: torch.device) -> Iterator[tuple[int, Any, tuple[torch.Tensor, ...]]]:  # fmt: skip
+    def batches(self, batches: Iterator[tuple[int, Any]], plan: Any, device: torch.device, *,
+                spent: list[float] | None = None) -> Iterator[tuple[int, Any, tuple[torch.Tensor, ...]]]:  # fmt: skip
         """``(b, raw, images)`` for each ``(b, raw)`` a runner yields for ``plan`` (``RawBatch``es),
         ``images`` the views after their tails. On a GPU each batch's tail is launched on a stream
         of its own one batch ahead (``_ahead``): it runs while the training loop's step of the
-        batch before does."""
+        batch before does. ``spent[0]``: the host's seconds in the tails, added to."""
 
         def tail(b: int, raw: Any) -> tuple[torch.Tensor, ...]:
-            return self.run(raw.images, seed=plan.seed, epoch=plan.epoch, draws=plan.drawn(b),
-                            skipped=[i for i, _ in raw.skipped])  # fmt: skip
+            started = time.perf_counter()
+            try:
+                return self.run(raw.images, seed=plan.seed, epoch=plan.epoch, draws=plan.drawn(b),
+                                skipped=[i for i, _ in raw.skipped])  # fmt: skip
+            finally:
+                if spent is not None:
+                    spent[0] += time.perf_counter() - started
 
         if device.type != "cuda":
             return ((b, raw, tail(b, raw)) for b, raw in batches)

@@ -8,6 +8,7 @@ both."""
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -23,7 +24,7 @@ from ...runtime._children import CRASHED
 from ...runtime._decode import decode_rgb
 from ...sources import Index
 from ...transforms import BatchTransform, ImageSpec, Transform
-from .._base import RawBatch, donor, fill
+from .._base import STAGE_CLOCKS, RawBatch, donor, fill
 from .._batchwise import apply_batch
 from .._fields import batch_fields, empty_values, field_values
 from .._slots import Arena, Slots
@@ -44,6 +45,7 @@ class BatchItems(list):
                  valid: Sequence[bool]) -> None:  # fmt: skip
         super().__init__(items)
         self.number, self.seed, self.epoch, self.rank, self.valid = number, seed, epoch, rank, list(valid)
+        self.times: dict[str, float] | None = None  # once fetched: seconds per stage (Samples' clocks)
 
     def like(self, items: Sequence[Any]) -> BatchItems:
         """``items`` with this batch's context."""
@@ -100,6 +102,7 @@ class Samples(Dataset["Sample | Failure"]):
         self.index, self.views, self.per_source = index, tuple(tuple(v) for v in views), per_source
         self.max_pixels, self.exif = max_pixels, exif
         self.poisoned: dict[int, Failure] = {}  # samples that killed a worker: refused from then on
+        self.clocks = dict.fromkeys(STAGE_CLOCKS, 0.0)  # seconds per stage, of the samples since reset
 
     def __len__(self) -> int:
         return len(self.index)
@@ -112,14 +115,21 @@ class Samples(Dataset["Sample | Failure"]):
     def __getitems__(self, items: list[Item]) -> list[Sample | Failure]:
         """A batch's samples (DataLoader's batched fetch): the random factors of the whole batch
         drawn at once, vectorized (``gpupipe.core._random``), then each sample decoded and transformed."""
+        started = time.perf_counter()
+        self.clocks = dict.fromkeys(STAGE_CLOCKS, 0.0)
         draws = np.array([item[1] for item in items], dtype=np.int64)
         seed, epoch = items[0][2], items[0][3]
         drawn = [factors(steps, seed, epoch, draws, view) for view, steps in enumerate(self.views)]
+        self.clocks["transform"] += time.perf_counter() - started  # the draws: the transforms' parameters
         out = [
             self._guarded(item[0], [[None if f is None else f[i] for f in view] for view in drawn])
             for i, item in enumerate(items)
         ]
-        return items.like(out) if isinstance(items, BatchItems) else out
+        if not isinstance(items, BatchItems):
+            return out
+        batch = items.like(out)
+        batch.times = dict(self.clocks)
+        return batch
 
     def probe(self, item: Item) -> bool:
         """Whether ``item`` comes out (a sample) or is refused (in a sandbox child: whether it kills
@@ -137,13 +147,29 @@ class Samples(Dataset["Sample | Failure"]):
 
     def _sample(self, sample: int, drawn: list[list[np.ndarray | None]]) -> Sample:
         """``drawn[view][step]``: this sample's factors of each step of each view."""
+        clocks, started = self.clocks, time.perf_counter()
         raw = self.index.read(sample)
+        read = time.perf_counter()
+        clocks["read"] += read - started
         values = field_values(self.index.fields, raw.fields, shard=raw.shard, key=raw.key)
         if not self.index.images:  # a source of fields alone
             return (), raw.label, raw.key, values
-        image = decode_rgb(
-            raw.data, shard=raw.shard, key=raw.key, max_pixels=self.max_pixels, apply_exif_orientation=self.exif
-        )
+        try:
+            image = decode_rgb(
+                raw.data, shard=raw.shard, key=raw.key, max_pixels=self.max_pixels, apply_exif_orientation=self.exif
+            )
+        finally:
+            decoded = time.perf_counter()
+            clocks["decode"] += decoded - read
+        try:
+            return self._transformed(sample, image, raw, values, drawn)
+        finally:
+            clocks["transform"] += time.perf_counter() - decoded
+
+    def _transformed(self, sample: int, image: torch.Tensor, raw: Any, values: dict[str, Any] | None,
+                     drawn: list[list[np.ndarray | None]]) -> Sample:  # fmt: skip
+        """The decoded ``image`` of sample number ``sample`` (read as ``raw``) through each view's
+        steps."""
         try:  # each view from the same decoded image, with its own draws
             if has_targets(self.index.fields):  # one view (the pipeline checked): they follow the image
                 assert values is not None
@@ -198,6 +224,14 @@ class Collate:
         self.slots = slots  # the workers' reusable batch buffers (``_slots``); None: fresh memory
 
     def __call__(self, items: list[Sample | Failure]) -> RawBatch | Failure:
+        started = time.perf_counter()
+        made = self._collate(items)
+        fetched = getattr(items, "times", None)
+        if isinstance(made, Failure) or fetched is None:
+            return made
+        return made._replace(times={**fetched, "collate": time.perf_counter() - started})
+
+    def _collate(self, items: list[Sample | Failure]) -> RawBatch | Failure:
         failed = [(i, item) for i, item in enumerate(items) if isinstance(item, Failure)]
         if failed and not self.skip:
             return failed[0][1]

@@ -147,7 +147,7 @@ class TorchRunner:
                     images = tuple(view.to(self.device, non_blocking=True) for view in images)
                     labels = None if labels is None else labels.to(self.device, non_blocking=True)
                     fields = map_tensors(fields, lambda t: t.to(self.device, non_blocking=True))
-                yield RawBatch(images, labels, batch.keys, skipped, batch.mixed, fields)
+                yield RawBatch(images, labels, batch.keys, skipped, batch.mixed, fields, times=batch.times)
         finally:
             if self._closed:
                 self._shutdown()

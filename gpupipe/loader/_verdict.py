@@ -1,0 +1,125 @@
+"""What limits a loader, and what to change: :func:`verdict` reads the data-stall meter
+(``_meter``) and the time each batch took per stage (:class:`StageTimes`) and names the part that
+sets the pace, with the remedy, for ``loader.stats()["bound"]``.
+
+The stages: where a runner times them (the torch backend's workers, ``RawBatch.times``), reading
+the samples' bytes (``read``: the storage), decoding (``decode``), the per-sample transforms with
+their draws (``transform``) and stacking the batch (``collate``), in seconds of a worker per
+batch; and, in the training thread, the device stage (``stage``: its host time per batch, on a
+GPU its launches). The rule:
+
+1. The loop waited at most :data:`STALL_OK` of its time (the epoch's stall, from its second batch
+   on): ``model``, the model sets the pace, no loader change would speed the run up.
+2. The device stage's host time is at least half of the loop's wait per batch: ``stage``.
+3. With the workers' stages timed: the one of ``read``, ``decode``, ``transform`` and ``collate``
+   that takes the most of a batch's worker time (``storage`` for ``read``, ``decode``,
+   ``transforms``, ``collate``); but where the workers could make batches at least twice as fast
+   as the loop got them, the training thread's own share (hand-over, MixUp/CutMix, prefetch):
+   ``main``.
+4. Without per-stage times (DALI's graph, Ray's tasks): ``loader``, with the tuning advice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ..backends._base import STAGE_CLOCKS
+
+__all__ = ["StageTimes", "verdict", "STALL_OK", "BOUNDS"]
+
+STALL_OK = 0.05  # the loop waiting up to 5% of its time: the model sets the pace
+BOUNDS = ("model", "storage", "decode", "transforms", "collate", "stage", "main", "loader")
+_NAMES = {"read": "storage", "decode": "decode", "transform": "transforms", "collate": "collate"}
+
+
+class StageTimes:
+    """An epoch's seconds per stage, summed over its batches (from the second on, as the meter's):
+    the runner's (``RawBatch.times``) and the device stage's host time."""
+
+    def __init__(self) -> None:
+        self.begin()
+
+    def begin(self) -> None:
+        self.batches = 0  # batches with the runner's times
+        self.staged = 0  # batches through the device stage
+        self.seconds = dict.fromkeys((*STAGE_CLOCKS, "stage"), 0.0)
+        self._first = True
+
+    def add(self, times: Mapping[str, float] | None, stage_s: float | None) -> None:
+        """One batch's times (``None``: not timed)."""
+        if self._first:  # the start-up's batch: apart, as the meter keeps it
+            self._first = False
+            return
+        if times is not None:
+            self.batches += 1
+            for name in STAGE_CLOCKS:
+                self.seconds[name] += float(times.get(name, 0.0))
+        if stage_s is not None:
+            self.staged += 1
+            self.seconds["stage"] += stage_s
+
+    def stats(self) -> dict[str, Any]:
+        """``{"batches", "read_s", "decode_s", "transform_s", "collate_s", "stage_s"}``: seconds
+        per batch (``None`` where not timed)."""
+        out: dict[str, Any] = {"batches": self.batches}
+        for name in STAGE_CLOCKS:
+            out[f"{name}_s"] = self.seconds[name] / self.batches if self.batches else None
+        out["stage_s"] = self.seconds["stage"] / self.staged if self.staged else None
+        return out
+
+
+def verdict(stall: Mapping[str, Any], times: Mapping[str, Any], *, workers: int) -> dict[str, Any]:
+    """``{"bound", "stall", "why", "remedy"}`` for a loader whose meter reads ``stall``
+    (``Meter.stats()``) and whose stages took ``times`` (``StageTimes.stats()``), with
+    ``workers`` processes or threads making batches (``0``: the training thread itself)."""
+    share = stall.get("stall")
+    if share is None or not stall.get("batches"):
+        return {"bound": None, "stall": None, "why": "no batch measured yet (the epoch's second batch on)",
+                "remedy": None}  # fmt: skip
+    if share <= STALL_OK:
+        return _said("model", share, f"the loop waited {share:.0%} of its time for batches (at most {STALL_OK:.0%})",
+                     "none: the model sets the pace; a faster loader would not train faster")  # fmt: skip
+    batches = stall["batches"]
+    wait = stall["wait_s"] / batches
+    period = (stall["wait_s"] + stall["step_s"]) / batches
+    stage = times.get("stage_s")
+    if stage is not None and stage >= wait / 2:
+        return _said("stage", share, f"the device stage's host time, {_ms(stage)} per batch in the training thread, "
+                     f"is most of the loop's {_ms(wait)} wait", "Loader(stage=False): the backend runs the tail in "
+                     "its workers or graph (compare both: bench/gpu.py, gpupipe bench)")  # fmt: skip
+    if not times.get("batches"):
+        return _said("loader", share, f"the loop waited {share:.0%} of its time; this backend does not time its "
+                     "stages", "gpupipe tune (threads, prefetch, the hardware decoder's share); see docs: Is my "
+                     "loader the bottleneck?")  # fmt: skip
+    spent = {name: times[f"{name}_s"] or 0.0 for name in STAGE_CLOCKS}
+    total = sum(spent.values())
+    capacity = max(workers, 1) / total if total > 0 else float("inf")  # batches/s the workers can make
+    if capacity >= 2.0 / period:
+        return _said("main", share, f"the workers make a batch in {_ms(total)} ({max(workers, 1)} of them: "
+                     f"{capacity:.0f} batches/s) but the loop got {1 / period:.0f}/s", "the training thread's share: "
+                     "raise prefetch (gpupipe tune), keep MixUp/CutMix and the hand-over on the device")  # fmt: skip
+    slowest = max(spent, key=lambda k: spent[k])
+    why = (f"{_NAMES[slowest] if slowest != 'read' else 'reading the samples'} takes {_ms(spent[slowest])} of the "
+           f"workers' {_ms(total)} per batch ({spent[slowest] / total:.0%}); the loop waited {share:.0%} of its "
+           "time")  # fmt: skip
+    return _said(_NAMES[slowest], share, why, _REMEDY[_NAMES[slowest]])
+
+
+_REMEDY = {
+    "storage": "faster storage for the shards: local disk, or for remote shards the node cache and shards_ahead "
+    "(docs: Remote data and the cache); more workers hide latency (num_workers, gpupipe tune)",
+    "decode": "decode on the GPU (backend='dali', device='cuda': nvJPEG, the hardware decoder on A100/H100), or "
+    "more workers (num_workers, gpupipe tune); max_pixels refuses oversized images",
+    "transforms": "run the per-sample augmentation on the GPU (the device stage: device='cuda'), crop before "
+    "heavy steps, or more workers (num_workers, gpupipe tune)",
+    "collate": "smaller outputs per batch, or more workers (num_workers, gpupipe tune)",
+}
+
+
+def _said(bound: str, share: float, why: str, remedy: str) -> dict[str, Any]:
+    return {"bound": bound, "stall": share, "why": why, "remedy": remedy}
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.1f} ms"

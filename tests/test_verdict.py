@@ -1,0 +1,123 @@
+"""``loader.stats()["bound"]``: what limits a loader, and the change that would help. The rule on
+made-up figures, then four bottlenecks planted in a real loader on the torch backend (a slow
+training step, slow storage, large JPEGs decoded by one worker, a heavy CPU transform)."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import gpupipe as gp
+from gpupipe import transforms as T
+from gpupipe.loader._verdict import STALL_OK, StageTimes, verdict
+
+from .support.data import write_webdataset_shards
+
+
+def stall(share: float, batches: int = 10, period: float = 0.1) -> dict:
+    wait = share * period * batches
+    return {"batches": batches, "wait_s": wait, "step_s": period * batches - wait, "stall": share}
+
+
+def times(read=0.0, decode=0.0, transform=0.0, collate=0.0, stage=None, batches=10) -> dict:
+    return {"batches": batches, "read_s": read, "decode_s": decode, "transform_s": transform, "collate_s": collate,
+            "stage_s": stage}  # fmt: skip
+
+
+class TestTheRule:
+    def test_nothing_measured_yet(self):
+        assert verdict({"stall": None, "batches": 0}, times(), workers=2)["bound"] is None
+
+    def test_no_stall_is_the_model(self):
+        got = verdict(stall(STALL_OK), times(decode=1.0), workers=2)
+        assert got["bound"] == "model" and "a faster loader would not train faster" in got["remedy"]
+
+    @pytest.mark.parametrize("stage, name, remedy", [
+        ("read", "storage", "node cache"), ("decode", "decode", "device='cuda'"),
+        ("transform", "transforms", "device stage"), ("collate", "collate", "num_workers"),
+    ])  # fmt: skip
+    def test_the_slowest_stage_of_the_workers(self, stage, name, remedy):
+        spent = {"read": 0.01, "decode": 0.01, "transform": 0.01, "collate": 0.01, stage: 0.15}
+        got = verdict(stall(0.6), times(**spent), workers=2)
+        assert got["bound"] == name and remedy in got["remedy"] and "waited 60% of its time" in got["why"]
+        assert f"{0.15 / 0.18:.0%}" in got["why"] and got["stall"] == 0.6
+
+    def test_the_device_stage(self):
+        got = verdict(stall(0.5), times(decode=0.05, stage=0.03), workers=2)  # wait 50 ms, stage 30
+        assert got["bound"] == "stage" and "stage=False" in got["remedy"]
+
+    def test_workers_with_time_to_spare_point_at_the_training_thread(self):
+        got = verdict(stall(0.5), times(decode=0.01), workers=4)  # 400 batches/s against 10/s
+        assert got["bound"] == "main" and "prefetch" in got["remedy"]
+
+    def test_a_backend_without_stage_times(self):
+        got = verdict(stall(0.5), {"batches": 0, "stage_s": None}, workers=8)
+        assert got["bound"] == "loader" and "gpupipe tune" in got["remedy"]
+
+
+class TestStageTimes:
+    def test_the_first_batch_is_left_out_and_the_rest_averaged(self):
+        t = StageTimes()
+        t.add({"read": 9.0, "decode": 9.0, "transform": 9.0, "collate": 9.0}, 9.0)
+        t.add({"read": 1.0, "decode": 2.0, "transform": 3.0, "collate": 4.0}, None)
+        t.add({"read": 3.0, "decode": 2.0, "transform": 1.0, "collate": 0.0}, None)
+        assert t.stats() == {"batches": 2, "read_s": 2.0, "decode_s": 2.0, "transform_s": 2.0, "collate_s": 2.0,
+                             "stage_s": None}  # fmt: skip
+        t.begin()
+        assert t.stats()["batches"] == 0 and t.stats()["read_s"] is None
+
+
+def epoch_verdict(pipeline: gp.Pipeline, *, step: float = 0.0, epochs: int = 1, batch_size: int = 4,
+                  **options) -> dict:  # fmt: skip
+    """The stats after the last of ``epochs`` epochs, the loop sleeping ``step`` per batch."""
+    with gp.Loader(pipeline, batch_size, backend="torch", device="cpu", **options) as loader:
+        for epoch in range(epochs):
+            loader.set_epoch(epoch)
+            for _ in loader:
+                if step:
+                    time.sleep(step)
+        return loader.stats()
+
+
+class TestPlanted:
+    """Each bottleneck planted in a loader on the 2-core machine, and the verdict that names it.
+    The loop does nothing but iterate (a loader-bound run) except where the step is the plant."""
+
+    def test_a_slow_training_step(self, shards):
+        got = epoch_verdict(gp.Pipeline(shards, [T.CenterCrop(16)]), step=0.1, epochs=2, batch_size=2, num_workers=1)
+        assert got["bound"]["bound"] == "model", got  # (the second epoch: its worker warm, 7 batches measured)
+
+    def test_slow_storage(self, shards, monkeypatch):
+        from gpupipe.storage import LocalStorage
+
+        real = LocalStorage.read
+
+        def slow(self, *args, **kwargs):
+            time.sleep(0.02)
+            return real(self, *args, **kwargs)
+
+        monkeypatch.setattr(LocalStorage, "read", slow)  # (forked workers inherit it)
+        got = epoch_verdict(gp.Pipeline(shards, [T.CenterCrop(16)]), num_workers=1)
+        assert got["bound"]["bound"] == "storage", got
+        assert got["times"]["read_s"] >= 4 * 0.02  # four samples a batch
+
+    def test_large_jpegs_and_one_worker(self, tmp_path):
+        rng = np.random.default_rng(0)
+        large = write_webdataset_shards(str(tmp_path), (12,), image=lambda n: rng.integers(0, 255, (1200, 1600, 3),
+                                                                                         dtype=np.uint8))  # fmt: skip
+        got = epoch_verdict(gp.Pipeline(large, [T.CenterCrop(16)]), num_workers=1)
+        assert got["bound"]["bound"] == "decode", got
+
+    def test_a_heavy_cpu_transform(self, shards):
+        heavy = [T.Resize((384, 384)), T.GaussianBlur(41, sigma=5.0), T.CenterCrop(16)]
+        got = epoch_verdict(gp.Pipeline(shards, heavy), num_workers=1)
+        assert got["bound"]["bound"] == "transforms", got
+        assert got["times"]["transform_s"] > got["times"]["decode_s"] and got["times"]["stage_s"] is None
+
+    def test_the_stage_is_timed_where_it_runs(self, shards):
+        steps = [T.CenterCrop(16), T.TrivialAugmentWide(), T.ToDtype(torch.float32, scale=True)]
+        got = epoch_verdict(gp.Pipeline(shards, steps), num_workers=1, stage=True)
+        assert got["times"]["stage_s"] is not None and got["times"]["stage_s"] > 0
