@@ -31,7 +31,7 @@ from ._records import default_share, gpu_capability, tune_key
 from ._records import resolve as resolve_tuned
 from ._runners import Runners
 from ._trainers import LoaderAttributes
-from ._verdict import StageTimes, verdict
+from ._verdict import MIXED_ENOUGH, StageTimes, label_mixing, verdict
 
 __all__ = ["Loader", "Batch", "SkippedSample"]  # Batch and SkippedSample: from ._batch
 
@@ -115,6 +115,7 @@ class Loader(LoaderAttributes):
         self._at = Cursor()  # the position: epoch, batches yielded, resume point, layout
         self._meter = Meter()  # the data stall: the loop's waits in next() against its steps
         self._times = StageTimes()  # the epoch's seconds per stage, for the verdict
+        self._mixing: dict[str, float] | None = None  # the first shuffled epoch's label mixing
         self._warned_advance = False
         self._current: weakref.ref[Generator[Batch, None, None]] | None = None  # the running iteration
         self._skips = Skips(config, self.rank)
@@ -354,14 +355,17 @@ class Loader(LoaderAttributes):
         the loader now and the change that would help, ``{"bound", "stall", "why", "remedy"}``,
         ``bound`` one of ``model`` (no stall), ``storage``, ``decode``, ``transforms``,
         ``collate``, ``stage``, ``main`` (the training thread's share) and ``loader`` (a backend
-        without per-stage times) (``gpupipe.loader._verdict``).
+        without per-stage times) (``gpupipe.loader._verdict``). ``labels``: with ``shuffle=True``,
+        the first epoch's first batches' distinct labels on average against a full shuffle's
+        (``distinct``, ``expected``, ``ratio``; under 0.5 a warning: shards sorted by label), or
+        ``None``.
         """
         layout = self._at.layout
         done = (self._at.yielded - (layout.offset if layout is not None else 0)) * self.config.batch_size
         sources = self._indexed.planner.per_source(self.pipeline.source, self.plan(), done)
         stall, times = self._meter.stats(), self._times.stats()
         return {"epoch": self.epoch, "batches_yielded": self._at.yielded, "skipped": self._skips.in_epoch,
-                "sources": sources, "stall": stall, "times": times,
+                "sources": sources, "stall": stall, "times": times, "labels": self._mixing or None,
                 "bound": verdict(stall, times, workers=self.num_workers)}  # fmt: skip
 
     def stall_metrics(self, prefix: str = "gpupipe/") -> dict[str, float]:
@@ -466,6 +470,8 @@ class Loader(LoaderAttributes):
                 meter.ready()
                 yield Batch(images, labels, raw.keys, mask, dict(raw.fields or {}))
                 meter.resumed()
+                if self._mixing is None and self.config.shuffle and b == start:  # once, after a first batch
+                    self._judge_mixing(plan)
         finally:
             if fetch is not None:
                 fetch.close()
@@ -475,6 +481,22 @@ class Loader(LoaderAttributes):
             raise ClosedError(
                 f"this gp.Loader was closed during an epoch, after {at.yielded} of its {shift + plan.num_batches} "
                 "batches"
+            )
+
+    def _judge_mixing(self, plan: RankPlan) -> None:
+        """The epoch's first batches' labels against a full shuffle's: a warning, once, where
+        they hold fewer than half its distinct labels (shards sorted by label)."""
+        self._mixing = label_mixing(self.index, plan) or {}
+        ratio = self._mixing.get("ratio")
+        if ratio is not None and ratio < MIXED_ENOUGH:
+            warnings.warn(
+                f"gp.Loader: the first {self._mixing['batches']:.0f} batches of epoch {plan.epoch} hold "
+                f"{self._mixing['distinct']:.1f} labels each on average, against {self._mixing['expected']:.1f} in "
+                "batches of a full shuffle: the samples look sorted by label within their shards, and batches of "
+                "few classes train worse. Write the shards in a shuffled order (gpupipe make-shards shuffles by "
+                "default); gpupipe check reports the label runs. loader.stats()['labels'] has the figures",
+                UserWarning,
+                stacklevel=3,
             )
 
     def state_dict(self) -> dict[str, Any]:

@@ -25,8 +25,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..backends._base import STAGE_CLOCKS
+from ..pipeline._labels import batch_mixing
 
-__all__ = ["StageTimes", "verdict", "STALL_OK", "BOUNDS"]
+__all__ = ["StageTimes", "verdict", "STALL_OK", "BOUNDS", "label_mixing", "MIXED_ENOUGH"]
+
+MIXED_ENOUGH = 0.5  # batches with fewer than half a full shuffle's distinct labels: sorted shards
+_MIXING_BATCHES = 20  # the first batches of an epoch whose labels are compared
 
 STALL_OK = 0.05  # the loop waiting up to 5% of its time: the model sets the pace
 BOUNDS = ("model", "storage", "decode", "transforms", "collate", "stage", "main", "loader")
@@ -123,3 +127,20 @@ def _said(bound: str, share: float, why: str, remedy: str) -> dict[str, Any]:
 
 def _ms(seconds: float) -> str:
     return f"{seconds * 1000:.1f} ms"
+
+
+def label_mixing(index: Any, plan: Any) -> dict[str, float] | None:
+    """How mixed the labels of ``plan``'s first batches are against a full shuffle's
+    (``_labels.batch_mixing``), read from ``index`` (no image is read); ``None`` for unlabeled
+    data, or too few batches or labels to judge (4 batches, 3 labels expected per batch)."""
+    if not getattr(index, "labeled", False) or plan.num_batches < 4:
+        return None
+    labels = []
+    for b in range(min(_MIXING_BATCHES, plan.num_batches)):
+        samples, valid = plan.batch(b)
+        found = index.locate_batch(samples[valid]).labels
+        if found is None:
+            return None
+        labels.append(found)
+    mixing = batch_mixing(labels)
+    return mixing if mixing is not None and mixing["expected"] >= 3 else None

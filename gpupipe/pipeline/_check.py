@@ -28,7 +28,9 @@ from ..runtime._children import process_pool
 from ..runtime._decode import MAX_IMAGE_PIXELS, verdicts
 from ..runtime._dist import cpu_cores
 from ..shards._mask import mask_url, write_mask
+from ..shards._shard import NO_LABEL
 from ..sources import WebDataset
+from ._labels import LabelOrder, label_order, summary
 
 __all__ = ["check", "CheckReport", "Finding"]
 
@@ -53,6 +55,11 @@ class CheckReport:
 
     Attributes:
         shards: shards checked. ``samples``: samples the index numbers (each decoded).
+        labels: how the labels are ordered within the shards (``None``: no labels):
+            ``classes``, ``same`` (the fraction of neighbouring samples that share a label),
+            ``expected`` (the same in a shuffled order), ``longest`` (run of one label) and
+            ``sorted`` (the shards that look sorted by label). Sorted shards are not a defect
+            (``ok`` ignores them) but train worse: see the summary.
         findings: every problem, shard by shard in the order given.
         written: the bad-sample lists written (``<shard>.bad.json``); ``removed``: stale lists
             removed from shards now found sound.
@@ -63,6 +70,7 @@ class CheckReport:
     findings: tuple[Finding, ...]
     written: tuple[str, ...] = ()
     removed: tuple[str, ...] = ()
+    labels: dict[str, Any] | None = None  # the label order (``_labels.summary``); None: unlabeled
 
     @property
     def ok(self) -> bool:
@@ -96,6 +104,16 @@ class CheckReport:
             )
         if self.findings:
             lines.append(f"  first: {self.findings[0].message}")
+        order = self.labels
+        if order is not None and order["sorted"]:
+            lines.append(
+                f"labels: {counted(len(order['sorted']), 'shard')} of {self.shards} look sorted by label "
+                f"({', '.join(order['sorted'][:first])}{' ...' if len(order['sorted']) > first else ''}): neighbouring "
+                f"samples share a label {order['same']:.0%} of the time against {order['expected']:.0%} shuffled, in "
+                f"runs of up to {order['longest']:,}. A loader shuffles within the few shards it reads at a time, so "
+                "its batches hold few classes, which trains worse: write the shards again in a shuffled order "
+                "(gpupipe make-shards shuffles by default)"
+            )
         lines += [f"wrote {w}" for w in self.written] + [f"removed {r} (its shard is now sound)" for r in self.removed]
         return "\n".join(lines)
 
@@ -109,15 +127,16 @@ class CheckReport:
             "findings": [{**dataclasses.asdict(f), "kind": f.kind.value} for f in self.findings],
             "written": list(self.written),
             "removed": list(self.removed),
+            "labels": self.labels,
         }
 
 
 _Job = tuple[str, tuple[str, ...], "str | None", "int | None", "int | None", "WebDataset"]
 
 
-def _check_shard(job: _Job) -> tuple[int, int | None, list[Finding]]:
-    """Checks one shard; returns its sample count, its size in bytes (``None`` if it has none)
-    and its findings."""
+def _check_shard(job: _Job) -> tuple[int, int | None, list[Finding], LabelOrder | None]:
+    """Checks one shard; returns its sample count, its size in bytes (``None`` if it has none),
+    its findings and its labels' order (``None``: unlabeled)."""
     from ..shards._indexing import cached_scan
     from ..sources import storage_for
     from ..sources._webdataset import TarReader
@@ -132,8 +151,10 @@ def _check_shard(job: _Job) -> tuple[int, int | None, list[Finding]]:
         for error in shard.errors():
             findings.append(Finding(where, error.key, None, error.kind or Damage.UNREADABLE_SHARD, str(error)))
         if not len(shard):
-            return 0, None, findings
+            return 0, None, findings, None
         size = storage.stat(url).size
+        parsed = shard.detail()[1].get("label") if label_ext is not None else None
+        order = None if parsed is None else label_order(parsed[parsed != NO_LABEL])
         reader = TarReader(storage, labeled=label_ext is not None, fields=extra, max_image_bytes=max_bytes)
         for chunk in _chunks(shard):  # read a chunk, then decode it in a child process
             numbers, suspects = [], []
@@ -150,7 +171,7 @@ def _check_shard(job: _Job) -> tuple[int, int | None, list[Finding]]:
             for i, refused in zip(numbers, verdicts(suspects, max_pixels=max_pixels), strict=True):
                 if refused is not None:
                     findings.append(Finding(where, shard.keys[i], i, refused.kind or Damage.UNDECODABLE, str(refused)))
-    return len(shard), size, findings
+    return len(shard), size, findings, order
 
 
 _CHUNK = 256  # samples read into memory at once, then decoded in one child process ...
@@ -209,7 +230,7 @@ def check(
     if write and any("://" in u and not u.startswith("file://") for u in source.urls):
         raise ConfigError("gpupipe check: bad-sample lists are written beside local shards only; pass write=False")
     workers = cpu_cores() if workers is None else workers
-    results: dict[str, tuple[int, int | None, list[Finding]]] = {}
+    results: dict[str, tuple[int, int | None, list[Finding], LabelOrder | None]] = {}
     from tqdm import tqdm
 
     with tqdm(total=len(jobs), unit="shard", desc="gpupipe check", disable=not progress) as bar:
@@ -229,7 +250,7 @@ def check(
     written, removed = [], []
     if write:
         for url in source.urls:
-            samples, size, found = results[url]
+            samples, size, found, _ = results[url]
             path = url.removeprefix("file://")
             listed = [(f.sample, Problem(f.kind, f.key, f.message)) for f in found if f.sample is not None]
             if size is None:
@@ -247,4 +268,5 @@ def check(
         findings=tuple(findings),
         written=tuple(written),
         removed=tuple(removed),
+        labels=summary({redact(u): r[3] for u in source.urls if (r := results[u])[3] is not None}),
     )
