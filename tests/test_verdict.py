@@ -53,6 +53,15 @@ class TestTheRule:
         got = verdict(stall(0.5), times(decode=0.01), workers=4)  # 400 batches/s against 10/s
         assert got["bound"] == "main" and "prefetch" in got["remedy"]
 
+    @pytest.mark.parametrize("read, graph, bound", [(0.04, 0.01, "storage"), (0.01, 0.04, "graph"),
+                                                    (0.005, 0.005, "main")])  # fmt: skip
+    def test_the_dali_backends_waits(self, read, graph, bound):
+        """DALI: the training thread's waits for the reader threads' batches and for the graph
+        (the loop waits 50 ms per batch)."""
+        got = verdict(stall(0.5), {"batches": 10, "wait_read_s": read, "wait_graph_s": graph, "stage_s": None},
+                      workers=4)  # fmt: skip
+        assert got["bound"] == bound
+
     def test_a_backend_without_stage_times(self):
         got = verdict(stall(0.5), {"batches": 0, "stage_s": None}, workers=8)
         assert got["bound"] == "loader" and "gpupipe tune" in got["remedy"]
@@ -65,15 +74,17 @@ class TestStageTimes:
         t.add({"read": 1.0, "decode": 2.0, "transform": 3.0, "collate": 4.0}, None)
         t.add({"read": 3.0, "decode": 2.0, "transform": 1.0, "collate": 0.0}, None)
         assert t.stats() == {"batches": 2, "read_s": 2.0, "decode_s": 2.0, "transform_s": 2.0, "collate_s": 2.0,
-                             "stage_s": None}  # fmt: skip
+                             "wait_read_s": None, "wait_graph_s": None, "stage_s": None}  # fmt: skip
         t.begin()
         assert t.stats()["batches"] == 0 and t.stats()["read_s"] is None
 
 
 def epoch_verdict(pipeline: gp.Pipeline, *, step: float = 0.0, epochs: int = 1, batch_size: int = 4,
-                  **options) -> dict:  # fmt: skip
+                  backend: str = "torch", **options) -> dict:  # fmt: skip
     """The stats after the last of ``epochs`` epochs, the loop sleeping ``step`` per batch."""
-    with gp.Loader(pipeline, batch_size, backend="torch", device="cpu", **options) as loader:
+    if backend == "dali":
+        pytest.importorskip("nvidia.dali")
+    with gp.Loader(pipeline, batch_size, backend=backend, device="cpu", **options) as loader:
         for epoch in range(epochs):
             loader.set_epoch(epoch)
             for _ in loader:
@@ -121,3 +132,37 @@ class TestPlanted:
         steps = [T.CenterCrop(16), T.TrivialAugmentWide(), T.ToDtype(torch.float32, scale=True)]
         got = epoch_verdict(gp.Pipeline(shards, steps), num_workers=1, stage=True)
         assert got["times"]["stage_s"] is not None and got["times"]["stage_s"] > 0
+
+
+class TestPlantedOnDali:
+    """The DALI backend (its CPU operators) times the training thread's waits for the reader
+    threads and for its graph: the same plants, told apart by them."""
+
+    def test_a_slow_training_step(self, shards):
+        got = epoch_verdict(gp.Pipeline(shards, [T.CenterCrop(16)]), step=0.1, epochs=2, batch_size=2,
+                            backend="dali", num_workers=1)  # fmt: skip
+        assert got["bound"]["bound"] == "model", got
+
+    def test_slow_reads(self, shards, monkeypatch):
+        """A CPU pipeline reads views of mapped shards: the plant is a reader thread that takes
+        150 ms per batch."""
+        pytest.importorskip("nvidia.dali")
+        from gpupipe.backends._dali._input import BatchReader
+
+        real = BatchReader.read
+
+        def slow(self, *args, **kwargs):
+            time.sleep(0.15)
+            return real(self, *args, **kwargs)
+
+        monkeypatch.setattr(BatchReader, "read", slow)
+        got = epoch_verdict(gp.Pipeline(shards, [T.CenterCrop(16)]), backend="dali", num_workers=1)
+        assert got["bound"]["bound"] == "storage", got
+
+    def test_large_jpegs_on_one_thread(self, tmp_path):
+        rng = np.random.default_rng(0)
+        large = write_webdataset_shards(str(tmp_path), (12,), image=lambda n: rng.integers(0, 255, (1200, 1600, 3),
+                                                                                         dtype=np.uint8))  # fmt: skip
+        got = epoch_verdict(gp.Pipeline(large, [T.Resize((512, 512)), T.CenterCrop(16)]), backend="dali",
+                            num_workers=1)  # fmt: skip
+        assert got["bound"]["bound"] == "graph", got

@@ -20,7 +20,18 @@ from ..sources import Index
 from ..transforms import BatchTransform, ImageSpec, Transform
 from ._registry import Registry
 
-__all__ = ["Backend", "Runner", "RunSpec", "RawBatch", "Runs", "to_device", "donor", "fill", "STAGE_CLOCKS"]
+__all__ = [
+    "Backend",
+    "Runner",
+    "RunSpec",
+    "RawBatch",
+    "Runs",
+    "to_device",
+    "donor",
+    "fill",
+    "STAGE_CLOCKS",
+    "WAIT_CLOCKS",
+]
 
 
 def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -79,8 +90,11 @@ class RawBatch(NamedTuple):
 
 
 # The stages a runner may time per batch (RawBatch.times), in the order a sample goes through them:
-# reading its bytes (storage), decoding its image, its per-sample transforms, stacking the batch.
+# reading its bytes (storage), decoding its image, its per-sample transforms, stacking the batch
+# (seconds of the worker that made it: the torch backend's); or the training thread's waits for
+# the reader threads' batch and for DALI's graph (the DALI backend's).
 STAGE_CLOCKS = ("read", "decode", "transform", "collate")
+WAIT_CLOCKS = ("wait_read", "wait_graph")
 
 
 def donor(size: int, bad: Container[int]) -> int | None:

@@ -16,7 +16,10 @@ GPU its launches). The rule:
    ``transforms``, ``collate``); but where the workers could make batches at least twice as fast
    as the loop got them, the training thread's own share (hand-over, MixUp/CutMix, prefetch):
    ``main``.
-4. Without per-stage times (DALI's graph, Ray's tasks): ``loader``, with the tuning advice.
+4. The DALI backend: the training thread's waits for the reader threads' batches
+   (``wait_read``) and for DALI's graph (``wait_graph``): ``storage`` or ``graph`` by the larger,
+   ``main`` where the two are under half the loop's wait.
+5. Without per-stage times (Ray's tasks): ``loader``, with the tuning advice.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..backends._base import STAGE_CLOCKS
+from ..backends._base import STAGE_CLOCKS, WAIT_CLOCKS
 from ..pipeline._labels import batch_mixing
 
 __all__ = ["StageTimes", "verdict", "STALL_OK", "BOUNDS", "label_mixing", "MIXED_ENOUGH"]
@@ -33,8 +36,9 @@ MIXED_ENOUGH = 0.5  # batches with fewer than half a full shuffle's distinct lab
 _MIXING_BATCHES = 20  # the first batches of an epoch whose labels are compared
 
 STALL_OK = 0.05  # the loop waiting up to 5% of its time: the model sets the pace
-BOUNDS = ("model", "storage", "decode", "transforms", "collate", "stage", "main", "loader")
+BOUNDS = ("model", "storage", "decode", "transforms", "collate", "graph", "stage", "main", "loader")
 _NAMES = {"read": "storage", "decode": "decode", "transform": "transforms", "collate": "collate"}
+_CLOCKS = (*STAGE_CLOCKS, *WAIT_CLOCKS, "stage")
 
 
 class StageTimes:
@@ -46,8 +50,8 @@ class StageTimes:
 
     def begin(self) -> None:
         self.batches = 0  # batches with the runner's times
-        self.staged = 0  # batches through the device stage
-        self.seconds = dict.fromkeys((*STAGE_CLOCKS, "stage"), 0.0)
+        self.seconds = dict.fromkeys(_CLOCKS, 0.0)
+        self.counts = dict.fromkeys(_CLOCKS, 0)  # batches that timed each
         self._first = True
 
     def add(self, times: Mapping[str, float] | None, stage_s: float | None) -> None:
@@ -55,21 +59,19 @@ class StageTimes:
         if self._first:  # the start-up's batch: apart, as the meter keeps it
             self._first = False
             return
-        if times is not None:
-            self.batches += 1
-            for name in STAGE_CLOCKS:
-                self.seconds[name] += float(times.get(name, 0.0))
-        if stage_s is not None:
-            self.staged += 1
-            self.seconds["stage"] += stage_s
+        found = {**(times or {}), **({} if stage_s is None else {"stage": stage_s})}
+        self.batches += times is not None
+        for name, value in found.items():
+            if name in self.seconds:
+                self.seconds[name] += float(value)
+                self.counts[name] += 1
 
     def stats(self) -> dict[str, Any]:
-        """``{"batches", "read_s", "decode_s", "transform_s", "collate_s", "stage_s"}``: seconds
-        per batch (``None`` where not timed)."""
+        """``{"batches", "read_s", "decode_s", "transform_s", "collate_s", "wait_read_s",
+        "wait_graph_s", "stage_s"}``: seconds per batch (``None`` where not timed)."""
         out: dict[str, Any] = {"batches": self.batches}
-        for name in STAGE_CLOCKS:
-            out[f"{name}_s"] = self.seconds[name] / self.batches if self.batches else None
-        out["stage_s"] = self.seconds["stage"] / self.staged if self.staged else None
+        for name in _CLOCKS:
+            out[f"{name}_s"] = self.seconds[name] / self.counts[name] if self.counts[name] else None
         return out
 
 
@@ -92,7 +94,10 @@ def verdict(stall: Mapping[str, Any], times: Mapping[str, Any], *, workers: int)
         return _said("stage", share, f"the device stage's host time, {_ms(stage)} per batch in the training thread, "
                      f"is most of the loop's {_ms(wait)} wait", "Loader(stage=False): the backend runs the tail in "
                      "its workers or graph (compare both: bench/gpu.py, gpupipe bench)")  # fmt: skip
-    if not times.get("batches"):
+    read, graph = times.get("wait_read_s"), times.get("wait_graph_s")
+    if read is not None and graph is not None:  # the DALI backend: the training thread's waits
+        return _dali_bound(share, wait, read, graph)
+    if not times.get("batches") or times.get("read_s") is None:
         return _said("loader", share, f"the loop waited {share:.0%} of its time; this backend does not time its "
                      "stages", "gpupipe tune (threads, prefetch, the hardware decoder's share); see docs: Is my "
                      "loader the bottleneck?")  # fmt: skip
@@ -118,7 +123,24 @@ _REMEDY = {
     "transforms": "run the per-sample augmentation on the GPU (the device stage: device='cuda'), crop before "
     "heavy steps, or more workers (num_workers, gpupipe tune)",
     "collate": "smaller outputs per batch, or more workers (num_workers, gpupipe tune)",
+    "graph": "more DALI threads (num_workers) or gpupipe tune; on a GPU, decode there (device='cuda') with the "
+    "hardware decoder's share (DaliOptions.hw_decoder_load; 1.0 by default on Hopper); the device stage for "
+    "the augmentation policies",
 }
+
+
+def _dali_bound(share: float, wait: float, read: float, graph: float) -> dict[str, Any]:
+    """The DALI backend: the loop's wait per batch against the runner's for the reader threads'
+    batches (``read``) and for DALI's graph (``graph``)."""
+    if read + graph < wait / 2:
+        return _said("main", share, f"the loop waited {_ms(wait)} per batch, the runner {_ms(read + graph)} of it",
+                     "the training thread's share: raise prefetch (gpupipe tune), keep MixUp/CutMix and the "
+                     "hand-over on the device")  # fmt: skip
+    if read >= graph:
+        return _said("storage", share, f"the reader threads' batches kept the loop waiting {_ms(read)} per batch, "
+                     f"DALI's graph {_ms(graph)}", _REMEDY["storage"])  # fmt: skip
+    return _said("graph", share, f"DALI's graph (decoding and transforms) kept the loop waiting {_ms(graph)} per "
+                 f"batch, the reader threads {_ms(read)}", _REMEDY["graph"])  # fmt: skip
 
 
 def _said(bound: str, share: float, why: str, remedy: str) -> dict[str, Any]:

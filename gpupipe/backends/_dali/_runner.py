@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Callable, Generator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -188,6 +189,7 @@ class DaliRunner:
             for b in range(start, plan.num_batches):
                 if self._closed:  # closed from another thread while this epoch runs
                     raise ClosedError("the DALI runner was closed during an epoch")
+                asked = time.perf_counter()
                 while fed < limit and graph.busy < self.prefetch:
                     try:
                         batch = reader.checked(reader.get(fed))
@@ -203,6 +205,7 @@ class DaliRunner:
                         raise ClosedError("the DALI runner was closed during an epoch")
                     assert error is not None
                     raise error
+                read = time.perf_counter()  # (the wait for the reader threads' batches, fed)
                 stream = consumer_stream(self.device)  # torch's current stream, asked for each batch
                 while b not in ready and b not in due:
                     try:
@@ -222,7 +225,9 @@ class DaliRunner:
                 batch, outputs = ready.pop(b)
                 views = len(graph.lowered.images)
                 images = tuple(self._to_torch(view) for view in outputs[:views])
-                yield self._deliver(graph.lowered, batch, images, outputs[views] if len(outputs) > views else None)
+                checks = outputs[views] if len(outputs) > views else None
+                waits = {"wait_read": read - asked, "wait_graph": time.perf_counter() - read}
+                yield self._deliver(graph.lowered, batch, images, checks)._replace(times=waits)
         finally:
             reader.close()
             probe.close()
