@@ -190,3 +190,27 @@ class TestTheHardwareDecodersDefaultShare:
         assert main(argv) == 0
         out = capsys.readouterr().out
         assert f"hw_decoder_load={chosen}: {verdict} (every JPEG to the hardware decoder on a Hopper GPU" in out
+
+
+class TestARecordMadeUnderAnotherDefault:
+    """A record's share is chosen again among its trials for today's default: records made when
+    0.65 was the default everywhere follow 1.0 on Hopper where their trials found it as fast."""
+
+    def record(self, rates: dict[float, float]) -> _records.Tuned:
+        trials = [{"num_workers": 2, "prefetch": 2, "hw_decoder_load": s, "images_per_s": r} for s, r in rates.items()]
+        trials.append({"num_workers": 4, "prefetch": 2, "hw_decoder_load": 1.0, "images_per_s": 999.0})  # other threads
+        return _records.Tuned(2, 2, 0.65, 100.0, 90.0, "2026-11-27", tuple(trials))
+
+    def test_as_fast_follows_the_default(self):
+        tuned = self.record({0.0: 50.0, 0.65: 100.0, 1.0: 98.0})
+        assert _records.recorded_share(tuned, 1.0) == 1.0 and _records.recorded_share(tuned, 0.65) == 0.65
+
+    def test_slower_keeps_the_record(self):
+        tuned = self.record({0.65: 100.0, 1.0: 80.0})
+        assert _records.recorded_share(tuned, 1.0) == 0.65
+
+    def test_through_the_loader_config(self, cache):
+        _records.record("k", self.record({0.65: 100.0, 1.0: 99.0}), {})
+        assert _records.lookup("k").trials  # the trials come back with the record
+        config, _, used = _records.resolve(LoaderConfig(batch_size=4), "k", hw_default=1.0)
+        assert config.dali.hw_decoder_load == 1.0 and used is not None

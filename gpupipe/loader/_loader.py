@@ -418,6 +418,8 @@ class Loader(LoaderAttributes):
         self.set_epoch(self.epoch + 1)
 
     def _iterate(self) -> Generator[Batch, None, None]:
+        meter, times, spent = self._meter, self._times, [0.0]
+        meter.begin(self._at.epoch, self.config.batch_size)  # (first_batch_s: from here, planning included)
         at = self._at
         epoch, start = at.epoch, at.begin()
         if start == 0:
@@ -430,8 +432,6 @@ class Loader(LoaderAttributes):
         size = self.config.batch_size
         fetch = prefetcher(self.index, plan.samples[start * size :], size, self.config.remote_ahead())
         stage = self._stage(self.pipeline)
-        meter, times, spent = self._meter, self._times, [0.0]
-        meter.begin(epoch, size)
         times.begin()
         try:
             if fetch is not None:
@@ -467,11 +467,11 @@ class Loader(LoaderAttributes):
                 if mixing is not None and labels is not None and not raw.mixed:  # MixUp, CutMix: on the device
                     images, labels = apply_batch(mixing, staged[0], labels, mask, seed=self.seed, epoch=epoch,
                                                  rank=self.rank, batch=shift + b)  # fmt: skip
+                if self._mixing is None and self.config.shuffle:  # once, with a first batch (the start-up's)
+                    self._judge_mixing(plan)
                 meter.ready()
                 yield Batch(images, labels, raw.keys, mask, dict(raw.fields or {}))
                 meter.resumed()
-                if self._mixing is None and self.config.shuffle and b == start:  # once, after a first batch
-                    self._judge_mixing(plan)
         finally:
             if fetch is not None:
                 fetch.close()
@@ -486,7 +486,12 @@ class Loader(LoaderAttributes):
     def _judge_mixing(self, plan: RankPlan) -> None:
         """The epoch's first batches' labels against a full shuffle's: a warning, once, where
         they hold fewer than half its distinct labels (shards sorted by label)."""
-        self._mixing = label_mixing(self.index, plan) or {}
+        try:
+            self._mixing = label_mixing(self.index, plan) or {}
+        except Exception as e:  # a diagnosis: never what stops a run (the batches name a bad shard)
+            log.info("gpupipe loader: the labels' mixing was not measured: %s", e)
+            self._mixing = {}
+            return
         ratio = self._mixing.get("ratio")
         if ratio is not None and ratio < MIXED_ENOUGH:
             warnings.warn(

@@ -70,8 +70,9 @@ class Meter:
         """``{"epoch", "first_batch_s", "batches", "wait_s", "step_s", "stall", "images_per_s",
         "window": {"batches", "stall", "images_per_s"}}``: the epoch's figures from its second
         batch on, and the last batches'; ``None`` where nothing was measured yet."""
-        recent_wait = sum(w for w, _ in self._recent)
-        recent_step = sum(s for _, s in self._recent)
+        recent = list(self._recent)  # (stats() may be called from another thread than ready())
+        recent_wait = sum(w for w, _ in recent)
+        recent_step = sum(s for _, s in recent)
         return {
             "epoch": self.epoch,
             "first_batch_s": self._first,
@@ -79,8 +80,7 @@ class Meter:
             "wait_s": self._wait,
             "step_s": self._step,
             **_rates(self._batches, self._wait, self._step, self.batch_size),
-            "window": {"batches": len(self._recent),
-                       **_rates(len(self._recent), recent_wait, recent_step, self.batch_size)},
+            "window": {"batches": len(recent), **_rates(len(recent), recent_wait, recent_step, self.batch_size)},
         }  # fmt: skip
 
 

@@ -37,24 +37,17 @@ from ..core._errors import ConfigError
 from ..core._validate import valid_optional_int
 from ..runtime._dist import MAX_DEFAULT_WORKERS, cores_per_rank, default_workers
 from ._records import Tuned, default_share, gpu_capability, machine, tune_key
+from ._records import best as _best
 from ._records import record as save_record
 
 __all__ = ["tune", "Tuned"]
 
 log = logging.getLogger("gpupipe")
 
-NEAR = 0.97  # a setting within 3% of the best is as good: the cheaper one wins (fewer threads, less memory)
-
 
 def _candidates(cores: int, backend: str) -> list[int]:
     ladder = [1, 2, 4, 6, 8, 12, 16, 24, 32] if backend == "dali" else [1, 2, 4, 6, 8, 12, 16]
     return sorted({w for w in ladder if w <= cores} | {min(cores, MAX_DEFAULT_WORKERS)})
-
-
-def _best(trials: list[dict[str, Any]], cost: Callable[[dict[str, Any]], float]) -> dict[str, Any]:
-    """The cheapest trial within :data:`NEAR` of the fastest."""
-    top = max(t["images_per_s"] for t in trials)
-    return min((t for t in trials if t["images_per_s"] >= NEAR * top), key=cost)
 
 
 def tune(pipeline: Any, batch_size: int, *, seconds: float = 3.0, record: bool = True,

@@ -29,6 +29,7 @@ from typing import Any
 
 from ..backends._base import STAGE_CLOCKS, WAIT_CLOCKS
 from ..pipeline._labels import batch_mixing
+from ..shards._shard import NO_LABEL
 
 __all__ = ["StageTimes", "verdict", "STALL_OK", "BOUNDS", "label_mixing", "MIXED_ENOUGH"]
 
@@ -163,6 +164,6 @@ def label_mixing(index: Any, plan: Any) -> dict[str, float] | None:
         found = index.locate_batch(samples[valid]).labels
         if found is None:
             return None
-        labels.append(found)
+        labels.append(found[found != NO_LABEL])  # (a label member that is not an integer: not a class)
     mixing = batch_mixing(labels)
     return mixing if mixing is not None and mixing["expected"] >= 3 else None

@@ -44,7 +44,7 @@ def upload(values: np.ndarray, device: torch.device, dtype: torch.dtype | None =
     return (host.pin_memory() if device.type == "cuda" else host).to(device, non_blocking=True)
 
 
-@functools.lru_cache(maxsize=256)
+@functools.cache  # never evicted: a later stream may still read one (few keys)
 def constant(device: torch.device, values: tuple[float, ...], dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """``values`` as a tensor on ``device``, made once per device, values and dtype (one made from
     Python values per batch would wait for the device's queued work). Read-only."""

@@ -64,9 +64,19 @@ def normalize(t: T.Normalize, images: torch.Tensor, _: None) -> torch.Tensor:
     """``[..., C, H, W]`` normalized per channel (one mean and std for every channel where ``t``
     has one)."""
     channels = images.shape[-3]
-    mean = list(t.mean) * channels if len(t.mean) == 1 else list(t.mean)
-    std = list(t.std) * channels if len(t.std) == 1 else list(t.std)
-    return F.normalize(images, mean, std)
+    mean = tuple(t.mean) * channels if len(t.mean) == 1 else tuple(t.mean)
+    std = tuple(t.std) * channels if len(t.std) == 1 else tuple(t.std)
+    if images.device.type == "cpu":
+        return F.normalize(images, list(mean), list(std))
+    if not all(std):
+        raise ValueError("std evaluated to zero, leading to division by zero.")
+    # torchvision's normalize_image, its mean and std made once on the device (it copies them from
+    # pageable memory each call, which waits for the stream's queued work)
+    if not images.is_floating_point():
+        raise TypeError(f"Input tensor should be a float tensor. Got {images.dtype}.")
+    return images.sub(constant(images.device, mean, images.dtype).view(-1, 1, 1)).div_(
+        constant(images.device, std, images.dtype).view(-1, 1, 1)
+    )
 
 
 @STAGE.register(T.RandomErasing)
@@ -77,7 +87,7 @@ def _random_erasing(t: T.RandomErasing, images: torch.Tensor, factors: np.ndarra
     samples) and copied once, each erased pixel gathering its value from it on the device."""
     h, w = images.shape[-2:]
     windows = erasing_windows(h, w, factors)  # [B, 4]: top, left, h, w
-    erased = np.flatnonzero(windows[:, 2] > 0)
+    erased = np.flatnonzero((windows[:, 2] > 0) & (windows[:, 3] > 0))  # (a box 0 wide erases nothing)
     if not len(erased):
         return images
     if t.noise:
@@ -98,13 +108,12 @@ def _inside(images: torch.Tensor, top: torch.Tensor, left: torch.Tensor, eh: tor
     return (ys >= top) & (ys < top + eh) & (xs >= left) & (xs < left + ew)
 
 
-def erase_with_noise(images: torch.Tensor, windows: np.ndarray, rows: np.ndarray, seeds: np.ndarray, *,
-                     gather: bool | None = None) -> torch.Tensor:  # fmt: skip
+def erase_with_noise(images: torch.Tensor, windows: np.ndarray, rows: np.ndarray, seeds: np.ndarray) -> torch.Tensor:
     """Rows ``rows`` of ``images`` erased with N(0, 1) noise in their ``windows`` ``[n, 4]``, each
     box's values ``[C, eh, ew]`` from ``torch.Generator().manual_seed(seed · 2**53)`` (the torch
-    backend's draw, value for value). ``gather`` (default: off the CPU): one copy of the noise,
-    each erased pixel gathering its value from it (no copy or wait per sample); else each box
-    written from its slice, the fastest on a CPU, where nothing is copied."""
+    backend's draw, value for value): drawn on the host into one buffer, copied to the device once
+    (on a GPU through pinned memory, queued), then each box written from its slice (a copy queued
+    per erased sample, no wait and no index tensor)."""
     c = images.shape[-3]
     sizes = c * windows[:, 2] * windows[:, 3]
     offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
@@ -112,25 +121,11 @@ def erase_with_noise(images: torch.Tensor, windows: np.ndarray, rows: np.ndarray
     for k, seed in enumerate(seeds.tolist()):  # the draws: each box's own generator, as the backends draw
         generator = torch.Generator().manual_seed(int(float(seed) * 2**53))
         noise[int(offsets[k]) : int(offsets[k] + sizes[k])].normal_(generator=generator)
-    device = images.device
-    if not (device.type != "cpu" if gather is None else gather):
-        out = images.clone()
-        for k, (i, (top, left, eh, ew)) in enumerate(zip(rows.tolist(), windows.tolist(), strict=True)):
-            out[i, :, top : top + eh, left : left + ew] = noise[int(offsets[k]) : int(offsets[k] + sizes[k])].view(
-                c, eh, ew
-            )
-        return out
-    box = upload(np.concatenate([windows, offsets[:, None]], axis=1).astype(np.int64), device)
-    top, left, eh, ew, offset = (box[:, k, None, None, None] for k in range(5))
-    inside = _inside(images, top[:, 0], left[:, 0], eh[:, 0], ew[:, 0])[:, None]  # [n, 1, H, W]
-    ys = torch.arange(images.shape[-2], device=device)[None, None, :, None]
-    xs = torch.arange(images.shape[-1], device=device)[None, None, None, :]
-    cs = torch.arange(c, device=device)[None, :, None, None]
-    at = offset + (cs * eh + (ys - top).clamp_(min=0)) * ew + (xs - left).clamp_(min=0)  # [n, C, H, W]
-    values = upload(noise.numpy(), device)[torch.where(inside, at, 0)]
-    index = upload(rows, device)
+    values = upload(noise.numpy(), images.device).to(images.dtype)
     out = images.clone()
-    out.index_copy_(0, index, torch.where(inside, values.to(images.dtype), images.index_select(0, index)))
+    for k, (i, (top, left, eh, ew)) in enumerate(zip(rows.tolist(), windows.tolist(), strict=True)):
+        box = values[int(offsets[k]) : int(offsets[k] + sizes[k])].view(c, eh, ew)
+        out[i, :, top : top + eh, left : left + ew] = box
     return out
 
 
