@@ -24,6 +24,7 @@ import os
 import sys
 import tempfile
 import time
+from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -141,8 +142,8 @@ def dali_reader(urls: list[str], rank: int, args: argparse.Namespace) -> tuple[f
     indexes = None if args.no_index_cache else [index_file(u) for u in urls]
 
     @pipeline_def(batch_size=args.batch_size, num_threads=2, device_id=None, prefetch_queue_depth=1)
-    def reader():  # type: ignore[no-untyped-def]
-        jpg, cls = fn.readers.webdataset(paths=urls, index_paths=indexes, ext=["jpg", "cls"], shard_id=rank,
+    def reader() -> Any:
+        jpg, cls = fn.readers.webdataset(paths=urls, index_paths=indexes, ext=["jpg", "cls"], shard_id=rank,  # type: ignore[misc]
                                          num_shards=args.world, random_shuffle=True, name="reader")  # fmt: skip
         return jpg, cls
 

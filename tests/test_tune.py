@@ -211,6 +211,7 @@ class TestARecordMadeUnderAnotherDefault:
 
     def test_through_the_loader_config(self, cache):
         _records.record("k", self.record({0.65: 100.0, 1.0: 99.0}), {})
-        assert _records.lookup("k").trials  # the trials come back with the record
+        found = _records.lookup("k")
+        assert found is not None and found.trials  # the trials come back with the record
         config, _, used = _records.resolve(LoaderConfig(batch_size=4), "k", hw_default=1.0)
         assert config.dali.hw_decoder_load == 1.0 and used is not None
