@@ -80,6 +80,18 @@ def tune(pipeline: Any, batch_size: int, *, seconds: float = 3.0, record: bool =
     valid_optional_int("tune", ranks_per_node, "ranks_per_node", minimum=1)
     dali_options = options.pop("dali", None) or DaliOptions()
     trials: list[dict[str, Any]] = []
+    from .. import backends
+
+    backend, device = backends.resolve(
+        options.get("backend", "auto"),
+        options.get("device"),
+        pipeline.views,
+        fields=pipeline.fields,
+        images=pipeline.has_image,
+        targets=pipeline.targets,
+    )
+    gpu_decoder = backend.name == "dali" and device.type == "cuda"
+    hw_default, _ = default_share(gpu_capability(device))  # (the share a trial without one runs)
 
     def trial(workers: int, prefetch: int, share: float | None) -> dict[str, Any]:
         for t in trials:
@@ -96,19 +108,7 @@ def tune(pipeline: Any, batch_size: int, *, seconds: float = 3.0, record: bool =
             progress(found)
         return found
 
-    from .. import backends
-
-    backend, device = backends.resolve(
-        options.get("backend", "auto"),
-        options.get("device"),
-        pipeline.views,
-        fields=pipeline.fields,
-        images=pipeline.has_image,
-        targets=pipeline.targets,
-    )
     cores = cores_per_rank(ranks_per_node)
-    gpu_decoder = backend.name == "dali" and device.type == "cuda"
-    hw_default, _ = default_share(gpu_capability(device))
     share = hw_default if gpu_decoder else None
     default = trial(default_workers(ranks_per_node), DEFAULT_PREFETCH, share)
     workers = _best([trial(w, DEFAULT_PREFETCH, share) for w in _candidates(cores, backend.name)],

@@ -62,20 +62,19 @@ def to_dtype(t: T.ToDtype, images: torch.Tensor, _: None) -> torch.Tensor:
 @STAGE.register(T.Normalize)
 def normalize(t: T.Normalize, images: torch.Tensor, _: None) -> torch.Tensor:
     """``[..., C, H, W]`` normalized per channel (one mean and std for every channel where ``t``
-    has one)."""
+    has one): torchvision's ``normalize_image`` (subtract, then divide in place), its mean and
+    std made once per device (it makes them from Python values each call, on a GPU a copy from
+    pageable memory that waits for the stream's queued work)."""
+    if not images.is_floating_point():
+        raise TypeError(f"Input tensor should be a float tensor. Got {images.dtype}.")
     channels = images.shape[-3]
     mean = tuple(t.mean) * channels if len(t.mean) == 1 else tuple(t.mean)
     std = tuple(t.std) * channels if len(t.std) == 1 else tuple(t.std)
-    if images.device.type == "cpu":
-        return F.normalize(images, list(mean), list(std))
     if not all(std):
         raise ValueError("std evaluated to zero, leading to division by zero.")
-    # torchvision's normalize_image, its mean and std made once on the device (it copies them from
-    # pageable memory each call, which waits for the stream's queued work)
-    if not images.is_floating_point():
-        raise TypeError(f"Input tensor should be a float tensor. Got {images.dtype}.")
-    return images.sub(constant(images.device, mean, images.dtype).view(-1, 1, 1)).div_(
-        constant(images.device, std, images.dtype).view(-1, 1, 1)
+    column = (-1, 1, 1)
+    return images.sub(constant(images.device, mean, images.dtype).view(column)).div_(
+        constant(images.device, std, images.dtype).view(column)
     )
 
 
@@ -83,8 +82,7 @@ def normalize(t: T.Normalize, images: torch.Tensor, _: None) -> torch.Tensor:
 def _random_erasing(t: T.RandomErasing, images: torch.Tensor, factors: np.ndarray) -> torch.Tensor:
     """Each sample's box (``erasing_windows``, the per-sample rule vectorized) filled with the
     value in one pass; ``value="random"``: each erased box's N(0, 1) noise from the sample's own
-    seed, as the torch backend draws it, drawn on the host into one buffer (a loop over the erased
-    samples) and copied once, each erased pixel gathering its value from it on the device."""
+    seed, as the torch backend draws it (:func:`erase_with_noise`)."""
     h, w = images.shape[-2:]
     windows = erasing_windows(h, w, factors)  # [B, 4]: top, left, h, w
     erased = np.flatnonzero((windows[:, 2] > 0) & (windows[:, 3] > 0))  # (a box 0 wide erases nothing)
@@ -93,19 +91,12 @@ def _random_erasing(t: T.RandomErasing, images: torch.Tensor, factors: np.ndarra
     if t.noise:
         return erase_with_noise(images, windows[erased], erased, factors[erased, -1])
     box = upload(windows, images.device)
-    top, left, eh, ew = (box[:, k, None, None] for k in range(4))
-    inside = _inside(images, top, left, eh, ew)[:, None]  # [B, 1, H, W]
-    value = constant(images.device, tuple(float(v) for v in t.value)).to(images.dtype).view(1, -1, 1, 1)
-    return torch.where(inside, value, images)
-
-
-def _inside(images: torch.Tensor, top: torch.Tensor, left: torch.Tensor, eh: torch.Tensor,
-            ew: torch.Tensor) -> torch.Tensor:  # fmt: skip
-    """``[n, H, W]``: whether each pixel is in its sample's box (``[n, 1, 1]`` each)."""
-    h, w = images.shape[-2:]
     ys = torch.arange(h, device=images.device)[None, :, None]
     xs = torch.arange(w, device=images.device)[None, None, :]
-    return (ys >= top) & (ys < top + eh) & (xs >= left) & (xs < left + ew)
+    top, left, eh, ew = (box[:, k, None, None] for k in range(4))
+    inside = (ys >= top) & (ys < top + eh) & (xs >= left) & (xs < left + ew)  # [B, H, W]
+    value = constant(images.device, tuple(float(v) for v in t.value)).to(images.dtype).view(1, -1, 1, 1)
+    return torch.where(inside[:, None], value, images)
 
 
 def erase_with_noise(images: torch.Tensor, windows: np.ndarray, rows: np.ndarray, seeds: np.ndarray) -> torch.Tensor:
