@@ -29,38 +29,29 @@ sys.path.insert(0, ROOT)
 from _report import publish
 from _timing import devices, ms_per_call
 
-from gpupipe import transforms as T
-from gpupipe.backends._stage import run_stage
+import gpupipe as gp
+from gpupipe.backends._stage import run_stage, stage_start
 from gpupipe.core._random import factors
 
-MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-
-
-def _tail(*steps: Any) -> list[Any]:
-    return [*steps, T.ToDtype(torch.float32, scale=True), T.Normalize(mean=MEAN, std=STD)]
-
-
-def _jitter() -> list[Any]:
-    return [T.RandomApply([T.ColorJitter(0.4, 0.4, 0.2, 0.1)], p=0.8), T.RandomGrayscale(p=0.2)]
-
-
-# name: (image size, the tail after the crop and flip), as pipelines/imagenet.py and ssl.py build them
+# name: (the recipe, its options, the view), each profiled from the view's stage tail (stage_start),
+# as a loader on a GPU runs it: pipelines/ is the one definition of the recipes
 TAILS = {
-    "v2 (TrivialAugmentWide)": (
-        176,
-        lambda: [*_tail(T.TrivialAugmentWide(interpolation="bilinear")), T.RandomErasing(p=0.1)],
-    ),
-    "timm rand-m9": (
-        224,
-        lambda: [
-            *_tail(T.TimmRandAugment.from_config("rand-m9-mstd0.5-inc1")),
-            T.RandomErasing(p=0.25, value="random"),
-        ],
-    ),
-    "v2 augmix": (176, lambda: [*_tail(T.AugMix(interpolation="bilinear")), T.RandomErasing(p=0.1)]),
-    "dino global view 1": (224, lambda: _tail(*_jitter(), T.GaussianBlur(9, sigma=(0.1, 2.0)))),
-    "dino local view": (96, lambda: _tail(*_jitter(), T.RandomApply([T.GaussianBlur(9, sigma=(0.1, 2.0))], p=0.5))),
+    "v2 (TrivialAugmentWide)": ("imagenet.py:train_v2", {}, 0),
+    "timm rand-m9": ("imagenet.py:train_timm", {}, 0),
+    "v2 augmix": ("imagenet.py:train_v2", {"auto_augment": "augmix"}, 0),
+    "dino global view 1": ("ssl.py:dino", {}, 0),
+    "dino local view": ("ssl.py:dino", {}, 2),
 }
+
+
+def tail(name: str) -> tuple[int, list[Any]]:
+    """The size of the images the tail ``name`` gets (its views are square) and its steps."""
+    recipe, options, view = TAILS[name]
+    pipeline = gp.load_pipeline(os.path.join(ROOT, "pipelines", recipe))(gp.FakeData(8), **options)
+    steps, specs = pipeline.views[view], pipeline.view_specs[view]
+    start = stage_start(steps, specs)
+    assert start is not None, f"{name}: no stage tail"
+    return int(specs[start].height), list(steps[start:])
 
 
 RUNTIME = (
@@ -116,9 +107,8 @@ def main() -> None:
     device = torch.device("cuda" if chosen == "gpu" else "cpu")
     rows, details = [], []
     for name in args.tails.split(","):
-        size, build = TAILS[name]
+        size, steps = tail(name)
         size = size // 4 if args.quick else size
-        steps = build()
         hwc = np.stack([synthetic_image(i, size=(size, size)) for i in range(args.batch_size)])
         images = torch.from_numpy(hwc).permute(0, 3, 1, 2).contiguous().to(device)
         drawn = factors(steps, 0, 0, list(range(args.batch_size)))
