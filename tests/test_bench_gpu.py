@@ -11,6 +11,8 @@ import sys
 
 import pytest
 
+from .support.bench import run_bench
+
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 
@@ -18,10 +20,8 @@ pytest.importorskip("nvidia.dali")
 
 
 def test_the_quick_run_writes_every_row(tmp_path):
-    argv = [sys.executable, os.path.join(ROOT, "bench", "gpu.py"), "--quick", "--cpu", "--data", str(tmp_path / "d"),
-            "--out", str(tmp_path / "out")]  # fmt: skip
-    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run_bench("gpu.py", "--quick", "--cpu", "--data", str(tmp_path / "d"), "--out", str(tmp_path / "out"),
+                     timeout=600)  # fmt: skip
     (report,) = (tmp_path / "out").glob("*-quick.md")
     (data,) = (tmp_path / "out").glob("*-quick.json")
     assert report.with_suffix(".png").exists()
@@ -48,10 +48,8 @@ class TestCutShort:
     """A lent machine's command has a time limit: a run that ends early still leaves its report."""
 
     def test_past_the_budget_no_row_starts_and_the_report_says_not_measured(self, tmp_path):
-        argv = [sys.executable, os.path.join(ROOT, "bench", "gpu.py"), "--quick", "--cpu", "--budget", "0",
-                "--data", str(tmp_path / "d"), "--out", str(tmp_path / "out")]  # fmt: skip
-        proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=600)
-        assert proc.returncode == 0, proc.stderr[-3000:]
+        proc = run_bench("gpu.py", "--quick", "--cpu", "--budget", "0", "--data", str(tmp_path / "d"), "--out",
+                  str(tmp_path / "out"), timeout=600)  # fmt: skip
         (data,) = (tmp_path / "out").glob("*-quick.json")
         result = json.loads(data.read_text())
         assert result["rows"] == [] and result["data_stall"] is None and result["headline"]["train"] is None

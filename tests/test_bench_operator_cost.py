@@ -5,22 +5,16 @@ report come out."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
-ROOT = os.path.join(os.path.dirname(__file__), "..")
+from .support.bench import run_bench
 
 pytest.importorskip("nvidia.dali")
 
 
 def test_the_quick_run_writes_every_row(tmp_path):
-    argv = [sys.executable, os.path.join(ROOT, "bench", "operator_cost.py"), "--device", "cpu", "--quick",
-            "--out", str(tmp_path)]  # fmt: skip
-    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run_bench("operator_cost.py", "--device", "cpu", "--quick", "--out", str(tmp_path))
     (report,) = tmp_path.glob("*-operator-cost-*-quick.md")
     result = json.loads(report.with_suffix(".json").read_text())
     rows = {(r["impl"], r["kind"]) for r in result["results"]}

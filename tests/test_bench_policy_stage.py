@@ -5,22 +5,15 @@ apart from the torch backend. Performance is never asserted."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
-ROOT = os.path.join(os.path.dirname(__file__), "..")
-sys.path.insert(0, os.path.join(ROOT, "bench"))
+from .support.bench import run_bench
 
 
 def test_the_quick_run_writes_its_report(tmp_path):
     pytest.importorskip("nvidia.dali")
-    argv = [sys.executable, os.path.join(ROOT, "bench", "policy_stage.py"), "--device", "cpu", "--quick", "--out",
-            str(tmp_path)]  # fmt: skip
-    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run_bench("policy_stage.py", "--device", "cpu", "--quick", "--out", str(tmp_path))
     (report,) = tmp_path.glob("*-policy-stage-*-quick.md")
     result = json.loads(report.with_suffix(".json").read_text())
     rows = {(r["policy"], r["impl"]): r for r in result["results"]}
