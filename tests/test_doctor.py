@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from gpupipe.cli import _doctor as doctor
+from gpupipe.cli import _doctor_run as doctor_run
 from gpupipe.cli._doctor import Environment, Gpu, Level
 from gpupipe.runtime._nvjpeg import Nvjpeg
 
@@ -240,7 +241,7 @@ class TestCommand:
 
     def test_run_pushes_batches_through_every_backend(self, capsys):
         env = doctor.probe()
-        assert doctor.run_check(env, images=12, batch_size=4, out=print)
+        assert doctor_run.run_check(env, images=12, batch_size=4, out=print)
         out = capsys.readouterr().out
         assert "torch-cpu:" in out and "images/s (the reference)" in out
         if env.dali:
@@ -256,6 +257,6 @@ class TestCommand:
 
     def test_a_failing_backend_fails_the_run(self, monkeypatch, capsys):
         env = dataclasses.replace(CPU_ONLY, dali=None, dali_cuda=None)
-        monkeypatch.setattr(doctor, "targets", lambda env: [("torch", "cpu"), ("torch", "cuda")])  # no CUDA here
-        assert not doctor.run_check(env, images=4, batch_size=2, out=print)
+        monkeypatch.setattr(doctor_run, "targets", lambda env: [("torch", "cpu"), ("torch", "cuda")])  # no CUDA here
+        assert not doctor_run.run_check(env, images=4, batch_size=2, out=print)
         assert "ERROR        torch-cuda failed: BackendUnavailableError" in capsys.readouterr().out

@@ -12,7 +12,7 @@ import torch
 
 import gpupipe as gp
 from gpupipe import transforms as T
-from gpupipe.loader._verdict import STALL_OK, StageTimes, verdict
+from gpupipe.loader._verdict import BOUNDS, STALL_OK, StageTimes, verdict
 
 from .support.data import write_webdataset_shards
 
@@ -77,6 +77,14 @@ class TestStageTimes:
                              "wait_read_s": None, "wait_graph_s": None, "stage_s": None}  # fmt: skip
         t.begin()
         assert t.stats()["batches"] == 0 and t.stats()["read_s"] is None
+
+    def test_each_batch_kept_for_a_profile(self):
+        t = StageTimes(keep=True)
+        t.add({"read": 9.0, "decode": 8.0}, 7.0)
+        t.add({"read": 1.0, "decode": 2.0, "other": 5.0}, None)
+        assert t.history == [{"read": 9.0, "decode": 8.0, "stage": 7.0}, {"read": 1.0, "decode": 2.0}]
+        t.begin()
+        assert t.history == [] and StageTimes().keep is False
 
 
 def epoch_verdict(pipeline: gp.Pipeline, *, step: float = 0.0, epochs: int = 1, batch_size: int = 4,
@@ -166,3 +174,57 @@ class TestPlantedOnDali:
         got = epoch_verdict(gp.Pipeline(large, [T.Resize((512, 512)), T.CenterCrop(16)]), backend="dali",
                             num_workers=1)  # fmt: skip
         assert got["bound"]["bound"] == "graph", got
+
+
+class TestTheLastVerdict:
+    """The verdict a loader leaves for ``gpupipe doctor``: at each epoch's end and at close(), by
+    the node's first rank, never an error."""
+
+    def run(self, shards, **options) -> gp.Loader:
+        loader = gp.Loader(gp.Pipeline(shards, [T.CenterCrop(16)]), 2, backend="torch", num_workers=0, **options)
+        with loader:
+            for _ in loader:
+                pass
+        return loader
+
+    def test_an_epoch_leaves_its_verdict(self, shards, tmp_path, monkeypatch):
+        from gpupipe.cli._doctor import verdict_lines
+        from gpupipe.loader._observed import last_verdict, verdict_file
+
+        monkeypatch.setenv("GPUPIPE_CACHE_DIR", str(tmp_path))
+        monkeypatch.delenv("LOCAL_RANK", raising=False)
+        assert last_verdict() is None and "no loader verdict recorded here yet" in verdict_lines(None)[0]
+        self.run(shards)
+        found = last_verdict()
+        assert verdict_file() == str(tmp_path / "verdict.json")
+        assert found is not None and found["bound"] in BOUNDS and found["backend"] == "torch"
+        assert found["epoch"] == 0 and found["batches"] == 7 and found["transforms"] == ["CenterCrop"]
+        lines = verdict_lines(found)
+        assert lines[0].startswith("last run     ") and "backend='torch'" in lines[0]
+        assert "epoch 0 (7 batches" in lines[0]
+        assert lines[1].startswith(f"  bound      {found['bound']}: ") and found["remedy"] in lines[2]
+
+    def test_other_local_ranks_leave_none(self, shards, tmp_path, monkeypatch):
+        from gpupipe.loader._observed import last_verdict
+
+        monkeypatch.setenv("GPUPIPE_CACHE_DIR", str(tmp_path))
+        monkeypatch.setenv("LOCAL_RANK", "1")
+        self.run(shards)
+        assert last_verdict() is None
+
+    def test_an_unwritable_cache_stops_nothing(self, shards, tmp_path, monkeypatch):
+        from gpupipe.loader._observed import last_verdict
+
+        (tmp_path / "verdict.json").mkdir()  # (a directory where the file goes: the write fails)
+        monkeypatch.setenv("GPUPIPE_CACHE_DIR", str(tmp_path))
+        monkeypatch.delenv("LOCAL_RANK", raising=False)
+        self.run(shards)  # (logged at info, the run goes on)
+        assert last_verdict() is None and not [p for p in tmp_path.iterdir() if p.suffix == ".tmp"]
+
+    def test_a_damaged_record_is_none(self, tmp_path, monkeypatch):
+        from gpupipe.loader._observed import last_verdict
+
+        monkeypatch.setenv("GPUPIPE_CACHE_DIR", str(tmp_path))
+        for text in ("{not json", "[1, 2]", '{"bound": 3}'):
+            (tmp_path / "verdict.json").write_text(text)
+            assert last_verdict() is None

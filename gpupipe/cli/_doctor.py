@@ -21,8 +21,10 @@ from typing import Any
 
 from ..backends._dali._strategy import ROI_FANCY_NVJPEG, Strategy, choose
 from ..core._config import DaliOptions, DecodeMode
+from ..loader._observed import last_verdict, verdict_file
 from ..runtime._children import fork_can_freeze
 from ..runtime._nvjpeg import Nvjpeg, in_process
+from ._doctor_run import run_check
 
 __all__ = [
     "Gpu",
@@ -35,6 +37,7 @@ __all__ = [
     "decode_strategy",
     "report",
     "hw_jpeg",
+    "verdict_lines",
 ]
 
 TORCH_CUDA12_INDEX = "https://download.pytorch.org/whl/cu126"  # torch for a CUDA 12 driver (also in the Makefile)
@@ -69,6 +72,7 @@ class Environment:
     gpus: tuple[Gpu, ...]
     torch_sees_cuda: bool  # torch.cuda.is_available()
     nvjpeg: Nvjpeg | None = None  # the nvJPEG DALI's GPU decoders use in this process
+    last_verdict: dict[str, Any] | None = None  # what a loader here said limited it, last (loader._observed)
 
 
 class Level(str, enum.Enum):
@@ -190,6 +194,7 @@ def probe(driver: CudaDriver | None = None) -> Environment:
         gpus=driver.gpus(),
         torch_sees_cuda=torch.cuda.is_available(),
         nvjpeg=in_process(dali_cuda) if dali_cuda else None,
+        last_verdict=last_verdict(),
     )
 
 
@@ -370,6 +375,7 @@ def report(env: Environment, advice: list[Advice]) -> str:
             lines.append(f"JPEG split   hw_decoder_load={share} by default on GPU 0: {why} (gpupipe tune measures "
                          "it for a pipeline)")  # fmt: skip
     lines.append(f"auto         backend={backend!r} device={device!r}: {why}")
+    lines += verdict_lines(env.last_verdict)
     for f in advice:
         lines.append(f"{f.level.value.upper():12} {f.message}" + (f"\n             fix: {f.fix}" if f.fix else ""))
     if not any(f.level in (Level.ERROR, Level.WARNING) for f in advice):
@@ -377,81 +383,21 @@ def report(env: Environment, advice: list[Advice]) -> str:
     return "\n".join(lines)
 
 
-# ------------------------------------------------------------------------------ --run --
-
-
-def targets(env: Environment) -> list[tuple[str, str]]:
-    """The (backend, device) pairs ``--run`` tries: torch on the CPU (the reference) and every
-    other one this machine can run."""
-    found = [("torch", "cpu")]
-    if env.dali:
-        found.append(("dali", "cpu"))
-    if env.torch_sees_cuda:
-        found += [("dali", "cuda")] if env.dali else []
-        found.append(("torch", "cuda"))
-    return found
-
-
-def run_check(env: Environment, *, images: int = 64, batch_size: int = 16, out: Any = print) -> bool:
-    """Pushes ``images`` generated photographs through each backend and device of
-    :func:`targets`: prints images/s and, per image, the difference from the torch backend's
-    output (0-255 units; the tests' tolerances: mean <= 1.0, worst <= 2.5). Returns whether every
-    one ran and agreed."""
-    import os
-    import tempfile
-    import time
-
-    import torch
-
-    from .. import transforms as T
-    from ..core._shards import ShardWriter
-    from ..loader._loader import Loader
-    from ..pipeline._pipeline import Pipeline
-    from ..testing import encode_jpeg, synthetic_image
-
-    steps = [T.Resize(128), T.CenterCrop(112), T.ToDtype(torch.float32, scale=True)]
-    ok, reference = True, dict[str, Any]()
-    old_cache = os.environ.get("GPUPIPE_CACHE_DIR")
-    with tempfile.TemporaryDirectory(prefix="gpupipe-doctor-") as tmp:
-        os.environ["GPUPIPE_CACHE_DIR"] = os.path.join(tmp, "cache")
-        try:
-            with ShardWriter(os.path.join(tmp, "doctor-%d.tar"), max_count=max(1, images // 2)) as w:
-                for i in range(images):
-                    w.write(f"{i:06d}", {"jpg": encode_jpeg(synthetic_image(i, size=(240, 320 + 8 * (i % 5)))),
-                                         "cls": i % 10})  # fmt: skip
-            for backend, device in targets(env):
-                try:
-                    outputs, rate = {}, 0.0
-                    with Loader(Pipeline(w.shards, steps), batch_size, backend=backend, device=device) as loader:
-                        for epoch in range(2):  # the first epoch warms up (workers, DALI build)
-                            loader.set_epoch(epoch)
-                            start, n = time.perf_counter(), 0
-                            for batch in loader:
-                                for key, image in zip(batch.keys, batch.images.float().cpu(), strict=True):
-                                    outputs[key] = image
-                                n += len(batch.keys)
-                            if batch.images.is_cuda:
-                                torch.cuda.synchronize(batch.images.device)
-                            rate = n / (time.perf_counter() - start)
-                    if not reference:
-                        reference = outputs
-                        out(f"run          {backend}-{device}: {rate:.0f} images/s (the reference)")
-                        continue
-                    errors = [float((outputs[k] - reference[k]).abs().mean()) * 255 for k in reference]
-                    mean, worst = sum(errors) / len(errors), max(errors)
-                    agree = mean <= 1.0 and worst <= 2.5
-                    ok &= agree
-                    out(f"run          {backend}-{device}: {rate:.0f} images/s; vs torch-cpu: mean {mean:.2f}, worst "
-                        f"{worst:.2f} (0-255){'' if agree else '  ** OUTSIDE mean 1.0 / worst 2.5 **'}")  # fmt: skip
-                except Exception as e:  # report every target, then fail
-                    ok = False
-                    out(f"ERROR        {backend}-{device} failed: {type(e).__name__}: {str(e).splitlines()[0][:300]}")
-        finally:
-            if old_cache is None:
-                os.environ.pop("GPUPIPE_CACHE_DIR", None)
-            else:
-                os.environ["GPUPIPE_CACHE_DIR"] = old_cache
-    return ok
+def verdict_lines(found: dict[str, Any] | None) -> list[str]:
+    """The last verdict a loader left on this machine (``loader.stats()["bound"]``, written at each
+    epoch's end and at ``close()`` by the node's first rank), as ``report`` prints it."""
+    if found is None:
+        return [f"last run     no loader verdict recorded here yet ({verdict_file()})"]
+    rate = found.get("images_per_s")
+    shown = f", {rate:,.0f} images/s" if isinstance(rate, (int, float)) else ""
+    stall = found.get("stall")
+    stall_text = f", stall {stall:.0%}" if isinstance(stall, (int, float)) else ""
+    what = (f"{found.get('date', '?')}: backend={found.get('backend')!r} device={found.get('device')!r} "
+            f"batch={found.get('batch_size')} workers={found.get('num_workers')}, epoch {found.get('epoch')} "
+            f"({found.get('batches')} batches{shown}{stall_text})")  # fmt: skip
+    return [f"last run     {what}",
+            f"  bound      {found['bound']}: {found.get('why', '')}",
+            f"  remedy     {found.get('remedy', '')}"]  # fmt: skip
 
 
 def main(*, run: bool = False, images: int = 64, out: Any = print) -> int:

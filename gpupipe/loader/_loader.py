@@ -22,13 +22,14 @@ from ..pipeline._pipeline import Pipeline, require_runnable
 from ..plan._indexed import Indexed, index_source, listing_of
 from ..plan._plan import RankPlan
 from ..plan._prefetch import prefetcher
-from ..plan._resume import Cursor, layout_batches, nested, restore, saved
+from ..plan._resume import Cursor, layout_batches
 from ..plan._skips import Skips
 from ..runtime import _dist
 from ._meter import Meter
 from ._observed import Observed
 from ._records import default_share, gpu_capability, tune_key
 from ._records import resolve as resolve_tuned
+from ._resumable import Resumable
 from ._runners import Runners
 from ._trainers import LoaderAttributes
 from ._verdict import StageTimes
@@ -38,7 +39,7 @@ __all__ = ["Loader", "Batch", "SkippedSample"]  # Batch and SkippedSample: from 
 log = logging.getLogger("gpupipe")
 
 
-class Loader(LoaderAttributes, Observed):
+class Loader(LoaderAttributes, Observed, Resumable):
     """Iterates over a pipeline's samples in batches, one epoch per ``for`` loop; one loader per
     rank under DDP.
 
@@ -275,6 +276,8 @@ class Loader(LoaderAttributes, Observed):
         """Ends the loader's worker processes, threads and DALI pipeline, stops an unfinished
         epoch and closes its shard files. Idempotent; iterating a closed loader raises
         :class:`~gpupipe.ClosedError`."""
+        if self._finalizer.alive:
+            self._record_verdict()  # an epoch stopped early: what it measured, for gpupipe doctor
         if self._finalizer.detach() is not None:
             self._runners.close()
 
@@ -430,51 +433,12 @@ class Loader(LoaderAttributes, Observed):
                 fetch.close()
         if at.yielded == shift + plan.num_batches and not self.closed and at.epoch == epoch:
             at.finished = True  # ran to its end: a new iteration without set_epoch is the next epoch
+            self._record_verdict()  # for gpupipe doctor
         if self.closed and at.yielded < shift + plan.num_batches:
             raise ClosedError(
                 f"this gp.Loader was closed during an epoch, after {at.yielded} of its {shift + plan.num_batches} "
                 "batches"
             )
-
-    def state_dict(self) -> dict[str, Any]:
-        """This rank's position: the epoch and the batches of it yielded so far, with the settings
-        the plan depends on. Call it between batches (after a step); see :meth:`load_state_dict`."""
-        state = {**saved(self._at.position(self.seed), self.plan_spec, self.rank), **self._skips.state()}
-        if self._listing is not None:  # a growing source's shards this epoch, to resume on exactly those
-            state["listing"] = nested(self._listing, list)
-        return state
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restores a position saved by :meth:`state_dict`; the next iteration of that epoch
-        yields what the interrupted run would have yielded next, on every backend:
-
-        Any rank's state will do: ranks yield the same number of batches, so one says where all
-        were (a trainer that checkpoints rank 0's alone, as Lightning does, resumes every rank).
-
-        - **Same world size and batch size**: the same keys in the same order with the same
-          augmentation, mid-epoch: this rank's own plan from that batch on.
-        - **Another world size or batch size** (elastic: a job back on fewer or more GPUs):
-          every sample of the epoch not yet yielded by the saving ranks is yielded exactly once
-          over the new ranks, with the augmentation it would have had, in equal batch counts
-          (under ``drop_last`` the last is padded, marked in ``batch.valid``, rather than dropping
-          samples). Those batches are numbered on from the ones yielded before the stop:
-          ``len(loader)`` counts both, as a trainer restarting its batch counter from its
-          checkpoint does. The next epochs are whole again. Each new rank
-          takes the skipped-sample list of the state it loaded. Worked example in
-          docs/guide/distributed.md.
-
-        Raises:
-            ConfigError: a state whose plan differs otherwise (sample count, ``drop_last``,
-                shuffle settings, the bad-sample list, or an explicitly different seed).
-        """
-        listing = state.get("listing") if isinstance(state, dict) else None
-        if listing is not None and self._listing is not None:  # the shards the saved epoch read
-            self._relist(nested(listing, tuple))
-            self._at.listed = state.get("epoch", self.epoch)
-        position = restore(state, spec=self.plan_spec, seed=self.seed, seed_given=self.config.seed is not None)
-        self.seed = position.seed
-        self._at.restore(position)
-        self._skips.load(state)
 
 
 def _collected(runners: Runners) -> None:

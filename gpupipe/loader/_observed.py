@@ -6,10 +6,17 @@ once. The loader keeps the meter (``_meter``), the stage times (``_times``) and 
 
 from __future__ import annotations
 
+import datetime
+import json
 import logging
+import os
+import socket
 import warnings
 from typing import TYPE_CHECKING, Any
 
+from ..core._paths import cache_root
+from ..runtime._dist import local_rank
+from ..storage._base import write_atomic
 from ._meter import Meter
 from ._meter import metrics as stall_metrics
 from ._trainers import Trained
@@ -22,9 +29,24 @@ if TYPE_CHECKING:
     from ..plan._resume import Cursor
     from ..plan._skips import Skips
 
-__all__ = ["Observed"]
+__all__ = ["Observed", "verdict_file", "last_verdict"]
 
 log = logging.getLogger("gpupipe")
+
+
+def verdict_file() -> str:
+    """Where loaders leave their last verdict for ``gpupipe doctor``: ``$GPUPIPE_CACHE_DIR/verdict.json``."""
+    return os.path.join(cache_root(), "verdict.json")
+
+
+def last_verdict() -> dict[str, Any] | None:
+    """The verdict a loader on this machine (its node's first rank) left last, or ``None``."""
+    try:
+        with open(verdict_file(), encoding="utf-8") as f:
+            found = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return found if isinstance(found, dict) and isinstance(found.get("bound"), str) else None
 
 
 class Observed(Trained):
@@ -39,6 +61,11 @@ class Observed(Trained):
     _meter: Meter
     _times: StageTimes
     _mixing: dict[str, float] | None
+    backend: str
+    device: str
+    rank: int
+    world_size: int
+    _recorded: tuple[int | None, int] | None = None  # (epoch, batches) of the verdict last written
 
     def stats(self) -> dict[str, Any]:
         """What this rank's current epoch holds and has yielded, per source (a :class:`~gpupipe.Mix`'s
@@ -86,6 +113,34 @@ class Observed(Trained):
         out. With Accelerate: ``accelerator.log(loader.stall_metrics(), step=step)``; with
         Lightning, ``gpupipe.lightning.StallLogger`` logs them."""
         return stall_metrics(self._meter.stats(), prefix)
+
+    def _record_verdict(self) -> None:
+        """Leaves the verdict on the epoch so far in :func:`verdict_file` for ``gpupipe doctor``
+        (at an epoch's end and at ``close()``; by the node's first rank, ``LOCAL_RANK`` 0 or
+        none): one small file written whole, never an error (a diagnosis never stops a run)."""
+        if local_rank() not in (None, 0):
+            return
+        try:
+            stall = self._meter.stats()
+            if self._recorded == (stall["epoch"], stall["batches"]):
+                return
+            said = verdict(stall, self._times.stats(), workers=self.num_workers)
+            if said["bound"] is None:
+                return
+            self._recorded = (stall["epoch"], stall["batches"])
+            views = self.pipeline.views
+            record = {"date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+                      "host": socket.gethostname(), "pid": os.getpid(), "rank": self.rank,
+                      "world_size": self.world_size, "backend": self.backend, "device": self.device,
+                      "batch_size": self.config.batch_size, "num_workers": self.num_workers,
+                      "source": repr(self.pipeline.source)[:200],
+                      "transforms": [type(t).__name__ for t in views[0]] if views else [],
+                      "epoch": stall["epoch"], "batches": stall["batches"], "images_per_s": stall["images_per_s"],
+                      **said}  # fmt: skip
+            os.makedirs(cache_root(), exist_ok=True)
+            write_atomic(verdict_file(), json.dumps(record, indent=1).encode())
+        except Exception as e:  # a read-only cache directory, a full disk: the run goes on
+            log.info("gpupipe loader: the verdict was not recorded for gpupipe doctor: %s", e)
 
     def _judge_mixing(self, plan: RankPlan) -> None:
         """The epoch's first batches' labels against a full shuffle's: a warning, once, where

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from ..core._config import DEFAULT_HW_DECODER_LOAD, DEFAULT_PREFETCH, LoaderConfig
+from ..core._paths import cache_root
 from ..runtime._dist import cores_per_rank
 
 __all__ = ["Tuned", "lookup", "record", "resolve", "tune_key", "tune_file", "machine", "default_share",
@@ -53,7 +54,7 @@ class Tuned:
 
 
 def tune_file() -> str:
-    root = os.environ.get("GPUPIPE_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "gpupipe")
+    root = cache_root()
     return os.path.join(root, "tune.json")
 
 

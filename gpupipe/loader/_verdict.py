@@ -31,7 +31,7 @@ from ..backends._base import STAGE_CLOCKS, WAIT_CLOCKS
 from ..pipeline._labels import batch_mixing
 from ..shards._shard import NO_LABEL
 
-__all__ = ["StageTimes", "verdict", "STALL_OK", "BOUNDS", "label_mixing", "MIXED_ENOUGH"]
+__all__ = ["StageTimes", "verdict", "STALL_OK", "BOUNDS", "CLOCKS", "label_mixing", "MIXED_ENOUGH"]
 
 MIXED_ENOUGH = 0.5  # batches with fewer than half a full shuffle's distinct labels: sorted shards
 _MIXING_BATCHES = 20  # the first batches of an epoch whose labels are compared
@@ -39,28 +39,32 @@ _MIXING_BATCHES = 20  # the first batches of an epoch whose labels are compared
 STALL_OK = 0.05  # the loop waiting up to 5% of its time: the model sets the pace
 BOUNDS = ("model", "storage", "decode", "transforms", "collate", "graph", "stage", "main", "loader")
 _NAMES = {"read": "storage", "decode": "decode", "transform": "transforms", "collate": "collate"}
-_CLOCKS = (*STAGE_CLOCKS, *WAIT_CLOCKS, "stage")
+CLOCKS = (*STAGE_CLOCKS, *WAIT_CLOCKS, "stage")  # the stages timed, in order
 
 
 class StageTimes:
     """An epoch's seconds per stage, summed over its batches (from the second on, as the meter's):
     the runner's (``RawBatch.times``) and the device stage's host time."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, keep: bool = False) -> None:
+        self.keep = keep  # each batch's times in `history` too (gpupipe bench --profile)
         self.begin()
 
     def begin(self) -> None:
         self.batches = 0  # batches with the runner's times
-        self.seconds = dict.fromkeys(_CLOCKS, 0.0)
-        self.counts = dict.fromkeys(_CLOCKS, 0)  # batches that timed each
+        self.seconds = dict.fromkeys(CLOCKS, 0.0)
+        self.counts = dict.fromkeys(CLOCKS, 0)  # batches that timed each
+        self.history: list[dict[str, float]] = []  # the epoch's batches, the first included (with keep)
         self._first = True
 
     def add(self, times: Mapping[str, float] | None, stage_s: float | None) -> None:
         """One batch's times (``None``: not timed)."""
+        found = {**(times or {}), **({} if stage_s is None else {"stage": stage_s})}
+        if self.keep:
+            self.history.append({k: float(v) for k, v in found.items() if k in self.seconds})
         if self._first:  # the start-up's batch: apart, as the meter keeps it
             self._first = False
             return
-        found = {**(times or {}), **({} if stage_s is None else {"stage": stage_s})}
         self.batches += times is not None
         for name, value in found.items():
             if name in self.seconds:
@@ -71,7 +75,7 @@ class StageTimes:
         """``{"batches", "read_s", "decode_s", "transform_s", "collate_s", "wait_read_s",
         "wait_graph_s", "stage_s"}``: seconds per batch (``None`` where not timed)."""
         out: dict[str, Any] = {"batches": self.batches}
-        for name in _CLOCKS:
+        for name in CLOCKS:
             out[f"{name}_s"] = self.seconds[name] / self.counts[name] if self.counts[name] else None
         return out
 

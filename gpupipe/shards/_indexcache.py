@@ -36,6 +36,7 @@ import numpy as np
 
 from ..core import _npy as npy
 from ..core._errors import Damage, Problem
+from ..core._paths import cache_root
 from ..storage._base import Stat, write_atomic
 from ._shard import FieldMembers, fields_id
 
@@ -64,7 +65,7 @@ _NO_IMAGE = "none"  # a sample's image member in the index of a source without i
 
 
 def cache_dir() -> str:
-    root = os.environ.get("GPUPIPE_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "gpupipe")
+    root = cache_root()
     return os.path.join(root, "wds-index")
 
 

@@ -24,6 +24,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import IO, NamedTuple
 
+from ..core._paths import cache_root
 from ._base import Stat
 
 __all__ = ["ShardCache", "Entry", "Span", "covers", "shard_cache_dir", "human_bytes", "drop_inherited"]
@@ -36,7 +37,7 @@ _PART = re.compile(r"(?P<digest>[0-9a-f]{32})\+(?P<start>[0-9]+)-(?P<stop>[0-9]+
 def shard_cache_dir() -> str:
     """The default cache of remote shards: ``$GPUPIPE_CACHE_DIR/shards`` (default
     ``~/.cache/gpupipe/shards``)."""
-    root = os.environ.get("GPUPIPE_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "gpupipe")
+    root = cache_root()
     return os.path.join(root, "shards")
 
 
