@@ -4,6 +4,7 @@ batch's wait."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -119,3 +120,16 @@ class TestForLoggers:
         assert StallLogger().every_n_steps == 50
         with pytest.raises(gp.ConfigError, match="every_n_steps must be an int >= 1, got 0"):
             StallLogger(every_n_steps=0)
+
+
+def test_the_meter_overhead_benchmark_runs(tmp_path):
+    """``bench/meter_overhead.py --quick``: the meter on against off, side by side (issue 54)."""
+    from .support.bench import run_bench
+
+    out = tmp_path / "results"
+    proc = run_bench("meter_overhead.py", "--quick", "--backends", "torch", "--out", str(out), "--data",
+                     str(tmp_path / "data"))  # fmt: skip
+    assert "| torch | 2 |" in proc.stdout and "µs per batch" in proc.stdout
+    (report,) = out.glob("*-meter-overhead.json")
+    found = json.loads(report.read_text())
+    assert found["meter_us_per_batch"] > 0 and found["results"][0]["on"] > 0 and found["results"][0]["off"] > 0
