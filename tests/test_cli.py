@@ -1,5 +1,6 @@
 """python -m gpupipe make-shards / bench."""
 
+import importlib.util
 import json
 import os
 import re
@@ -317,6 +318,46 @@ class TestBenchGrid:
 
         with Image.open(png) as image:
             assert image.size == (1300, 400)
+
+    def test_a_profile_says_where_the_time_went_and_plots_it(self, tmp_path, capsys):
+        """Issue 54: ``--profile PNG``: each configuration's time per stage per batch in its last
+        epoch, the verdict and its remedy, in the output, the JSON and a plot."""
+        pytest.importorskip("matplotlib")
+        main(["make-shards", str(tmp_path), "--synthetic", "24", "--shard-size", "12", "--workers", "1", "--quiet"])
+        out, png = tmp_path / "bench.json", tmp_path / "profile.png"
+        backends = "torch,dali" if importlib.util.find_spec("nvidia.dali") else "torch"
+        argv = ["bench", "pipelines/imagenet.py:train", str(tmp_path / "train-{000000..000001}.tar"), "--backend",
+                backends, "--batch-size", "4", "--workers", "1", "--epochs", "2", "--profile", str(png),
+                "--json", str(out), "--quiet"]  # fmt: skip
+        assert main(argv) == 0
+        text = capsys.readouterr().out
+        assert "profile, epoch 1, median ms per batch (read..collate: one worker's, 1 workers): read " in text
+        assert "| decode " in text and "| loop's wait in next() " in text and f"profile plot: {png}" in text
+        assert text.count("\nbound: ") == len(backends.split(",")) and "\nremedy: " in text
+        runs = json.loads(out.read_text())["runs"]
+        for r in runs:
+            profile = r["profile"]
+            assert profile["epoch"] == 1 and len(profile["batches"]) == 6 and profile["bound"]["bound"] is not None
+            assert all(b["wait"] >= 0 for b in profile["batches"])
+        assert set(runs[0]["profile"]["batches"][1]) == {"wait", "read", "decode", "transform", "collate"}
+        if len(runs) > 1:
+            assert "wait: DALI graph" in text and set(runs[1]["profile"]["batches"][1]) == {
+                "wait", "wait_read", "wait_graph"}  # fmt: skip
+        from PIL import Image
+
+        with Image.open(png) as image:
+            assert image.size == (1000, 280 * len(runs))
+
+    def test_without_profile_no_stage_history_is_kept(self, tmp_path, capsys):
+        main(["make-shards", str(tmp_path), "--synthetic", "8", "--shard-size", "8", "--workers", "1", "--quiet"])
+        out = tmp_path / "bench.json"
+        argv = ["bench", "pipelines/imagenet.py:train", str(tmp_path / "train-000000.tar"), "--backend", "torch",
+                "--batch-size", "4", "--workers", "0", "--epochs", "1", "--json", str(out), "--quiet"]  # fmt: skip
+        assert main(argv) == 0
+        assert (
+            "profile, epoch" not in capsys.readouterr().out
+            and json.loads(out.read_text())["runs"][0]["profile"] is None
+        )
 
     def test_a_dali_run_says_its_graphs_operators(self, tmp_path, capsys):
         """Issue 37: the operator count in the bench's output (the V2 recipe's, here)."""

@@ -54,6 +54,7 @@ class Run:
     auto: str | None = None  # why backend="auto" / device=None chose what they chose
     operators: int | None = None  # the DALI graph's, where the backend has one
     round: int = 0  # which of ``--rounds`` it ran in
+    profile: dict[str, Any] | None = None  # --profile: the last epoch's stage times (``_profile``)
 
     @property
     def images_per_s(self) -> float:
@@ -83,18 +84,30 @@ def _epochs(
 
 def run_loader(
     pipeline: Pipeline, *, backend: str, device: str | None, batch_size: int, workers: int | None, epochs: int,
-    progress: Callable[[int, int], Any],
+    progress: Callable[[int, int], Any], profile: bool = False,
 ) -> Run:  # fmt: skip
     """``epochs`` shuffled epochs of ``pipeline`` through :class:`~gpupipe.Loader`.
-    ``progress(epoch, batches)`` returns a progress bar (a context manager with ``update``)."""
+    ``progress(epoch, batches)`` returns a progress bar (a context manager with ``update``).
+    ``profile``: keep each batch's stage times and the loop's wait in the last epoch
+    (``Run.profile``, ``_profile``)."""
     from ..loader._loader import Loader
+    from ._profile import profile_of
 
     with Loader(pipeline, batch_size, shuffle=True, drop_last=True, seed=0, backend=backend, device=device,
                 num_workers=workers) as loader:  # fmt: skip
+        loader._times.keep = profile
+        waits: list[float] = []
 
         def batches(epoch: int) -> Iterable[Any]:
             loader.set_epoch(epoch)
-            for batch in loader:
+            waits.clear()
+            it = iter(loader)
+            while True:
+                asked = time.perf_counter()
+                batch = next(it, None)
+                if batch is None:
+                    return
+                waits.append(time.perf_counter() - asked)
                 images = batch.views[0]
                 if images.is_cuda:
                     torch.cuda.synchronize(images.device)
@@ -102,7 +115,8 @@ def run_loader(
 
         results = _epochs(batches, len, epochs, lambda e: progress(e, len(loader)))
         operators = loader._runner.describe().get("operators")  # (the loader's repr says it too)
-        return Run(loader.backend, loader.device, batch_size, loader.num_workers, results, loader.chosen, operators)
+        return Run(loader.backend, loader.device, batch_size, loader.num_workers, results, loader.chosen, operators,
+                   profile=profile_of(loader, waits) if profile else None)  # fmt: skip
 
 
 def torchvision_equivalent(transforms: Sequence[Any]) -> Any:

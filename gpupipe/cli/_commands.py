@@ -204,6 +204,7 @@ def tune(args: argparse.Namespace) -> int:
 
 def bench(args: argparse.Namespace) -> int:
     from ._bench import BASELINE, plot, require_baseline, run_baseline, run_loader, summary, table
+    from ._profile import profile_plot, profile_text
 
     logging_level = os.environ.get("GPUPIPE_LOG")
     if logging_level:
@@ -233,7 +234,8 @@ def bench(args: argparse.Namespace) -> int:
             for w in workers:
                 configs.append(functools.partial(run_loader, pipeline, backend=backend, device=args.device,
                                                  batch_size=size, workers=w, epochs=args.epochs,
-                                                 progress=progress(label)))  # fmt: skip
+                                                 progress=progress(label),
+                                                 profile=args.profile is not None))  # fmt: skip
     if args.baseline:
         for size in sizes:
             for w in workers:
@@ -249,6 +251,8 @@ def bench(args: argparse.Namespace) -> int:
         for config in configs if number % 2 == 0 else reversed(configs):  # every other round backwards
             run = dataclasses.replace(config(), round=number)
             _say(run)
+            if run.profile is not None:
+                print(profile_text(run.profile))
             runs.append(run)
     if len(runs) > 1:
         print(table(runs))
@@ -256,6 +260,10 @@ def bench(args: argparse.Namespace) -> int:
         title = f"{args.pipeline} on {args.source} ({cpu_cores()} cores)"
         plot(runs, args.plot, title=title)
         print(f"plot: {args.plot}")
+    if args.profile:
+        title = f"{args.pipeline} on {args.source} ({cpu_cores()} cores): time per batch"
+        profile_plot(runs, args.profile, title=title)
+        print(f"profile plot: {args.profile}")
     if args.json:
         first = runs[0]
         with open(args.json, "w") as f:

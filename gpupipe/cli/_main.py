@@ -122,11 +122,14 @@ def _parser() -> argparse.ArgumentParser:
         "combination runs, one after another, and a table compares them (--rounds N: N times, alternating, each "
         "ratio taken within a round, the table giving medians and ranges). --baseline also runs the usual way "
         "(webdataset + torchvision's transforms of the same names in a torch DataLoader); --plot draws images/s "
-        "per backend and against batch size and workers (matplotlib: the plot extra). GPUPIPE_LOG=info shows the "
-        "loaders' log (what each chose).",
+        "per backend and against batch size and workers (matplotlib: the plot extra); --profile prints each "
+        "configuration's time per stage and what limits it, and --profile PNG plots the time per batch. "
+        "GPUPIPE_LOG=info shows the loaders' log (what each chose).",
         "python -m gpupipe bench pipelines/imagenet.py:train 'data/train-{000000..000007}.tar' --backend dali\n"
         "python -m gpupipe bench pipelines/imagenet.py:train 'data/train-{000000..000007}.tar' "
-        "--backend torch,dali --batch-size 32,64,128 --workers 1,2 --baseline --plot bench.png",
+        "--backend torch,dali --batch-size 32,64,128 --workers 1,2 --baseline --plot bench.png\n"
+        "python -m gpupipe bench pipelines/imagenet.py:train 'data/train-{000000..000007}.tar' --backend torch "
+        "--workers 1,2 --profile profile.png",
     )  # fmt: skip
     b.add_argument("pipeline", help="pipeline factory, e.g. pipelines/imagenet.py:train")
     b.add_argument("source", help="shard pattern, e.g. 'data/train-{000000..000007}.tar'")
@@ -146,6 +149,10 @@ def _parser() -> argparse.ArgumentParser:
         help="the baseline's decoder(s): pillow (default), torchvision, or both: pillow,torchvision",
     )
     b.add_argument("--plot", metavar="PNG", help="draw the results (matplotlib)")
+    b.add_argument("--profile", nargs="?", const="", default=None, metavar="PNG",
+                   help="also print where each configuration's time went per batch in its last epoch (the loader's "
+                   "stage clocks, the loop's wait) and what limits it (loader.stats()['bound']); with PNG, plot the "
+                   "stage time per batch (matplotlib)")  # fmt: skip
     b.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     b.add_argument("--quiet", action="store_true", help="no progress bar")
     b.set_defaults(fn=bench)
