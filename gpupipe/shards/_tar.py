@@ -3,8 +3,10 @@ labels parsed, and the damage found listed, not raised (the source decides)."""
 
 from __future__ import annotations
 
+import functools
 import os
 import tarfile
+from collections.abc import Callable
 from typing import IO, Any
 
 import numpy as np
@@ -13,6 +15,7 @@ from ..core._errors import Damage, Problem, SampleError, unreadable
 from ..core._fields import Label, ascii_int
 from ..storage._base import Storage, compressed
 from ._shard import NO_LABEL, FieldMembers, ShardIndex, field_column
+from ._tarwalk import Unusual, reader, walk
 
 __all__ = [
     "split_key",
@@ -132,6 +135,34 @@ def _unended(f: Any, end: int, groups: list[tuple[str, dict[str, tuple[int, int]
     return f"has a header that cannot be read {after} (at byte {end})"
 
 
+def _read_tarfile(raw: IO[bytes], size: int | None, add: Callable[[str, int, int, Callable[[], bytes]], None],
+                  groups: list[tuple[str, dict[str, tuple[int, int]]]]) -> str | None:  # fmt: skip
+    """The shard's members read by :mod:`tarfile` (each passed to ``add``); why it ends early,
+    or ``None``. Raises tarfile's errors where its first header cannot be read."""
+    f = _Bounded(raw)
+    with tarfile.open(fileobj=f, mode="r:") as tar:  # type: ignore[call-overload]
+        try:
+            for m in tar:
+                if not m.isfile():
+                    continue
+                if size is not None and m.offset_data + m.size > size:
+                    end = m.offset_data + m.size
+                    return f"ends inside member {m.name!r} (the file has {size} bytes, the member ends at {end})"
+                add(m.name, m.offset_data, m.size, functools.partial(_extracted, tar, m))
+        except tarfile.TarError as e:  # a header past the first cannot be read: cut short, or damaged
+            return f"is damaged after its last readable member ({e})"
+        return _unended(f, tar.offset, groups)  # tarfile's offset: where it read the header that ended the members
+
+
+def _given(data: bytes | None, read: Callable[[int, int], bytes], offset: int, length: int) -> bytes:
+    return read(offset, length) if data is None else data
+
+
+def _extracted(tar: tarfile.TarFile, m: tarfile.TarInfo) -> bytes:
+    member = tar.extractfile(m)
+    return member.read() if member else b""
+
+
 def missing_field(field: FieldMembers) -> str:
     """The detail of a sample without ``field``'s member (a ``Damage.MISSING_FIELD`` problem)."""
     why = "; missing='skip' leaves such samples out" if field.missing == "skip" else ""
@@ -158,32 +189,31 @@ def scan_tar(
     groups: list[tuple[str, dict[str, tuple[int, int]]]] = []
     values: dict[int, int] = {}  # group -> parsed label (label members are read: a few bytes each)
     cut: str | None = None  # why the shard ends early
+
+    def add(name: str, offset: int, length: int, label: Callable[[], bytes]) -> None:
+        key, ext = split_key(name)
+        if not groups or groups[-1][0] != key or ext in groups[-1][1]:
+            groups.append((key, {}))
+        groups[-1][1][ext] = (offset, length)
+        if ext == label_ext and length <= LABEL_LIMIT:  # (a longer one: NO_LABEL, refused when read)
+            values[len(groups) - 1] = _label_value(label())
+
     try:
         with storage.open_shard(url) as raw:
             if compressed(url):  # the cache holds it decompressed: the tar's own size counts
                 size = raw.seek(0, os.SEEK_END)
                 raw.seek(0)
-            f = _Bounded(raw)
-            with tarfile.open(fileobj=f, mode="r:") as tar:  # type: ignore[call-overload]
-                try:
-                    for m in tar:
-                        if not m.isfile():
-                            continue
-                        if size is not None and m.offset_data + m.size > size:
-                            end = m.offset_data + m.size
-                            cut = f"ends inside member {m.name!r} (the file has {size} bytes, the member ends at {end})"
-                            break
-                        key, ext = split_key(m.name)
-                        if not groups or groups[-1][0] != key or ext in groups[-1][1]:
-                            groups.append((key, {}))
-                        groups[-1][1][ext] = (m.offset_data, m.size)
-                        if ext == label_ext and m.size <= LABEL_LIMIT:  # (a longer one: NO_LABEL, refused when read)
-                            member = tar.extractfile(m)
-                            values[len(groups) - 1] = _label_value(member.read() if member else b"")
-                except tarfile.TarError as e:  # a header past the first cannot be read: cut short, or damaged
-                    cut = f"is damaged after its last readable member ({e})"
-                if cut is None:  # tarfile's offset: where it read the header that ended the members
-                    cut = _unended(f, tar.offset, groups)
+            try:  # a well-formed tar, walked fast; else tarfile's reading and verdict (_tarwalk)
+                walked = walk(raw, size, small=LABEL_LIMIT)
+            except Unusual:
+                walked = None
+            if walked is not None:
+                read = reader(raw)
+                for name, offset, length, data in walked:
+                    add(name, offset, length, functools.partial(_given, data, read, offset, length))
+            else:
+                raw.seek(0)
+                cut = _read_tarfile(raw, size, add, groups)
     except HeaderTooLarge as e:
         detail = f"cannot be scanned: its first header announces {e} (damaged, or crafted)"
         return empty_shard(url, Problem(Damage.UNREADABLE_SHARD, None, detail), fields), []
