@@ -176,6 +176,20 @@ class TestPlantedOnDali:
         assert got["bound"]["bound"] == "graph", got
 
 
+class TestRaysTasks:
+    def test_they_time_their_stages_and_the_verdict_reads_them(self, tmp_path, ray_session):
+        """Ray's tasks return their seconds per stage as the torch workers do: large JPEGs make
+        decoding the slowest."""
+        pytest.importorskip("ray")
+        rng = np.random.default_rng(0)
+        large = write_webdataset_shards(str(tmp_path), (12,), image=lambda n: rng.integers(0, 255, (1200, 1600, 3),
+                                                                                         dtype=np.uint8))  # fmt: skip
+        got = epoch_verdict(gp.Pipeline(large, [T.CenterCrop(16)]), backend="ray", num_workers=1)
+        times = got["times"]
+        assert times["batches"] == 2 and all(times[f"{k}_s"] > 0 for k in ("read", "decode", "transform", "collate"))
+        assert times["decode_s"] > times["read_s"] and got["bound"]["bound"] != "loader", got
+
+
 class TestTheLastVerdict:
     """The verdict a loader leaves for ``gpupipe doctor``: at each epoch's end and at close(), by
     the node's first rank, never an error."""

@@ -2,7 +2,8 @@
 (``_meter``) and the time each batch took per stage (:class:`StageTimes`) and names the part that
 sets the pace, with the remedy, for ``loader.stats()["bound"]``.
 
-The stages: where a runner times them (the torch backend's workers, ``RawBatch.times``), reading
+The stages: where a runner times them (the torch backend's workers and Ray's tasks,
+``RawBatch.times``), reading
 the samples' bytes (``read``: the storage), decoding (``decode``), the per-sample transforms with
 their draws (``transform``) and stacking the batch (``collate``), in seconds of a worker per
 batch; and, in the training thread, the device stage (``stage``: its host time per batch, on a
@@ -19,7 +20,8 @@ GPU its launches). The rule:
 4. The DALI backend: the training thread's waits for the reader threads' batches
    (``wait_read``) and for DALI's graph (``wait_graph``): ``storage`` or ``graph`` by the larger,
    ``main`` where the two are under half the loop's wait.
-5. Without per-stage times (Ray's tasks): ``loader``, with the tuning advice.
+5. Without per-stage times (a backend that does not time them): ``loader``, with the tuning
+   advice.
 """
 
 from __future__ import annotations

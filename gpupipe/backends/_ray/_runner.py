@@ -24,6 +24,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
+import time
 import uuid
 import warnings
 from collections.abc import Generator, Iterator
@@ -120,9 +121,10 @@ _jobs: collections.OrderedDict[str, tuple[Samples, Collate]] = collections.Order
 
 
 def run_batch(token: str, job: list[Any], items: list[Item], poisoned: dict[int, Failure] | None = None) -> Any:
-    """One batch, in a Ray worker: ``(images, labels, keys, failed, fields)`` — images as NumPy
+    """One batch, in a Ray worker: ``(images, labels, keys, failed, fields, times)`` — images as NumPy
     arrays (``[B, C, H, W]``, or ``[B, H, W, C]`` for channels_last), labels int64 ``[B]`` or
-    None, the source's other fields as the torch backend batches them (``Batch.fields``) or None —
+    None, the source's other fields as the torch backend batches them (``Batch.fields``) or None,
+    the task's seconds per stage (``RawBatch.times``: read, decode, transform, collate) —
     or the ``Failure`` of a sample that cannot be used (``on_error="raise"``). ``job`` holds the
     runner's :class:`Job` reference, in a list so that Ray does not fetch it for every task.
     ``poisoned``: the batch's samples found to crash (or hang) their process, refused unread."""
@@ -134,14 +136,17 @@ def run_batch(token: str, job: list[Any], items: list[Item], poisoned: dict[int,
     _jobs.move_to_end(token)
     samples, collate = made
     samples.poisoned = poisoned or {}
-    batch = collate(samples.__getitems__(items))
+    fetched = samples.__getitems__(items)
+    started = time.perf_counter()
+    batch = collate(fetched)
     if isinstance(batch, Failure):
         return batch
+    times = {**samples.clocks, "collate": time.perf_counter() - started}  # the task's stages (the verdict's)
     images = tuple(
         (view.permute(0, 2, 3, 1) if collate.channels_last and view.dim() == 4 else view).numpy() for view in batch[0]
     )
     labels = None if batch.labels is None else batch.labels.numpy()
-    return images, labels, batch.keys, batch.skipped, batch.fields
+    return images, labels, batch.keys, batch.skipped, batch.fields, times
 
 
 class _Lost(WorkerError):
@@ -214,7 +219,7 @@ class RayRunner:
                     raise ClosedError("the ray runner was closed during an epoch")
                 if isinstance(result, Failure):
                     raise result.error()
-                images, labels, keys, failed, fields = result
+                images, labels, keys, failed, fields, times = result
                 blank = len(failed) == len(keys)  # no good sample: zeros, as the torch backend's
                 views = tuple(  # (none: a source of fields alone)
                     self._finished(self._tensor(a), steps, blank)
@@ -224,7 +229,7 @@ class RayRunner:
                 if fields is not None and self.device.type != "cpu":
                     fields = map_tensors(fields, lambda t: t.to(self.device))
                 yield RawBatch(views, label_tensor, list(keys), tuple((i, f.error()) for i, f in failed),
-                               fields=fields)  # fmt: skip
+                               fields=fields, times=times)  # fmt: skip
         finally:
             # An epoch left unfinished drops its tasks in flight (at most in_flight batches, freed as
             # they end) without ray.cancel: Ray 2.60 aborts the process that cancels a task as it
