@@ -424,7 +424,7 @@ class TestIndexFiles:
         srv, local = served_copy
         assert main(["index", *local, "--beside", "--workers", "0"]) == 0
         doc = _read_json(local[0] + ".gpupipe.json")
-        assert doc["version"] == 2 and doc["samples"] == MANY[0] == len(doc["keys"]) == len(doc["labels"])
+        assert doc["version"] == 3 and doc["samples"] == MANY[0] == len(doc["keys"]) == len(doc["labels"])
         urls = [f"{srv.url}/{n}" for n in names(local)]
         index = gp.WebDataset(urls, cache_dir=new_node(monkeypatch, tmp_path, "node")).index()
         expected = gp.WebDataset(local).index()
@@ -435,6 +435,64 @@ class TestIndexFiles:
         np.testing.assert_array_equal(located.ranges, truth.ranges)
         assert not shard_gets(srv)  # all of it from the index files: no shard read
         assert index.shards[0].dali_index is not None  # kept in the index cache, in DALI's format
+        index.close()
+
+    def test_they_carry_the_images_sizes(self, served_copy, monkeypatch, tmp_path, capsys):
+        """``index --beside --sizes`` (issue 53): a new node takes the images' sizes from the index
+        files into its index cache, and a DALI loader's first epoch reads no header."""
+        pytest.importorskip("nvidia.dali")
+        from gpupipe import transforms as T
+        from gpupipe.backends._dali._headers import rules
+
+        from .support.headers import header_reads
+
+        srv, local = served_copy
+        monkeypatch.setenv("GPUPIPE_CACHE_DIR", str(tmp_path / "writer"))
+        assert main(["index", *local[:2], "--beside", "--sizes", "--workers", "0"]) == 0
+        assert "2 index files written beside the shards; 8 image sizes recorded" in capsys.readouterr().out
+        doc = _read_json(local[0] + ".gpupipe.json")
+        hw = doc["sizes"]["hw"]
+        assert doc["version"] == 3 and doc["sizes"]["rules"] == rules() and len(hw) == 2 * MANY[0] and min(hw) > 0
+        urls = [f"{srv.url}/{n}" for n in names(local[:2])]
+        cache = new_node(monkeypatch, tmp_path, "node")
+        read = header_reads(monkeypatch)
+        pipe = gp.Pipeline(gp.WebDataset(urls, cache_dir=cache), [T.RandomResizedCrop(16)])
+        with gp.Loader(pipe, 4, backend="dali", device="cpu", seed=0) as loader:
+            assert sum(len(b.keys) for b in loader) == 2 * MANY[0]
+        assert read == []
+
+    def test_sizes_of_other_rules_or_damaged_are_not_used(self, served_copy, monkeypatch, tmp_path, caplog):
+        srv, local = served_copy
+        assert main(["index", local[0], "--beside", "--workers", "0"]) == 0
+        doc = _read_json(local[0] + ".gpupipe.json")
+        assert doc["version"] == 3 and doc["sizes"] is None
+        for sizes, used in (({"rules": "../../x", "hw": [1, 1] * MANY[0]}, False),  # a path, not a tag
+                            ({"rules": "abc", "hw": [1] * MANY[0]}, False),  # not two per sample
+                            ({"rules": "abc", "hw": [-1, 5] * MANY[0]}, False),
+                            ({"rules": "abc", "hw": [3, 5] * MANY[0]}, True)):  # fmt: skip
+            with open(local[0] + ".gpupipe.json", "w") as f:
+                json.dump({**doc, "sizes": sizes}, f)
+            caplog.clear()
+            cache = new_node(monkeypatch, tmp_path, f"n{len(os.listdir(tmp_path))}")
+            index = gp.WebDataset(f"{srv.url}/{names(local)[0]}", cache_dir=cache).index()
+            assert ("cannot use the index file" in caplog.text) is not used and len(index) == MANY[0]
+            index.close()
+        from gpupipe.shards import _indexcache
+
+        path = index.shards[0].dali_index
+        assert path is not None
+        found = _indexcache.load_sizes(path, "abc", MANY[0])
+        assert found is not None and found.tolist() == [[3, 5]] * MANY[0]
+
+    def test_version_2_files_are_read(self, served_copy, monkeypatch, tmp_path):
+        srv, local = served_copy
+        assert main(["index", local[0], "--beside", "--workers", "0"]) == 0
+        doc = _read_json(local[0] + ".gpupipe.json")
+        del doc["sizes"]
+        with open(local[0] + ".gpupipe.json", "w") as f:
+            json.dump({**doc, "version": 2}, f)
+        index = gp.WebDataset(f"{srv.url}/{names(local)[0]}", cache_dir=new_node(monkeypatch, tmp_path, "n")).index()
+        assert len(index) == MANY[0] and not shard_gets(srv)
         index.close()
 
     @pytest.mark.parametrize(

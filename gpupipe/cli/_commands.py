@@ -329,15 +329,29 @@ def _index_one(job: tuple[str, tuple[str, ...], str | None, bool, dict[str, Any]
         shard, samples = shard_samples(storage, url, image_exts, label_ext)
         if samples is None or shard.nbytes is None:  # missing or unreadable: nothing to describe
             return len(shard), 0, 0
+        recorded = _record_sizes(storage, shard) if sizes else 0
         write_index_file(storage, url, size=shard.nbytes, detail=samples, image_exts=image_exts,
-                      label_ext=label_ext, problems=shard.problems)  # fmt: skip
-        return len(shard), 1, _record_sizes(storage, shard) if sizes else 0
+                         label_ext=label_ext, problems=shard.problems,
+                         sizes=_recorded_sizes(shard) if sizes else None)  # fmt: skip
+        return len(shard), 1, recorded
 
 
 def _record_sizes(storage: Any, shard: Any) -> int:
     from ..backends._dali._headers import record_shard
 
     return record_shard(storage, shard)
+
+
+def _recorded_sizes(shard: Any) -> tuple[str, Any] | None:
+    """The sizes :func:`_record_sizes` recorded beside the shard's index cache file, with their
+    rules' tag, for its index file beside it (``None`` where none were)."""
+    from ..backends._dali._headers import rules
+    from ..shards import _indexcache
+
+    if shard.dali_index is None:
+        return None
+    found = _indexcache.load_sizes(shard.dali_index, rules(), len(shard))
+    return None if found is None else (rules(), found)
 
 
 def _webdataset(urls: Any, args: argparse.Namespace, options: dict[str, Any] | None) -> Any:

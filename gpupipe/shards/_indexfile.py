@@ -15,8 +15,12 @@ Format (JSON): ``{"format": "gpupipe-shard-summary", "version": 2, "size": <shar
 "samples": <n>, "image": "jpg;jpeg;png", "label": "cls" | null, "problems": [{"kind", "key",
 "detail"}, ...], "keys": [<n keys>], "exts": [<n chosen image extensions>], "image_range":
 [offset, size, offset, size, ...], "label_range": [...] | null, "labels": [<n integers>] | null}``
-(ranges of member data, labels parsed, ``NO_LABEL`` where not an integer). A file of another
-version is ignored (the shard is scanned).
+(ranges of member data, labels parsed, ``NO_LABEL`` where not an integer). Version 3 adds
+``"sizes": {"rules": <tag>, "hw": [h, w, h, w, ...]} | null``: each image's height and width as
+the DALI backend's header check passed them (0 0 where not checked), under the tag of the rules
+and parser that passed them (``gpupipe index --beside --sizes``): a node that takes the file
+into its index cache starts its first epoch without reading the headers again. A file of another
+version is ignored (the shard is scanned); version 2 is read, without sizes.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import re
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -34,7 +39,10 @@ from ..storage._base import Storage, beside
 __all__ = ["IndexFile", "Samples", "index_file_url", "read_index_file", "write_index_file"]
 
 log = logging.getLogger("gpupipe")
-FORMAT, VERSION = "gpupipe-shard-summary", 2
+FORMAT, VERSION = "gpupipe-shard-summary", 3
+_READ = (2, 3)  # the versions read (2: without sizes)
+_RULES = re.compile(r"[0-9a-z]{1,32}")  # a sizes tag: part of a cache file's name
+Sizes = tuple[str, np.ndarray]  # the rules' tag, int32 [N, 2] heights and widths (0 0: not checked)
 MAX_BYTES = 256 << 20  # about 4 million samples
 
 
@@ -55,6 +63,7 @@ class IndexFile:
     samples: int
     problems: tuple[Problem, ...]
     detail: Samples
+    sizes: Sizes | None = None
 
 
 def index_file_url(url: str) -> str:
@@ -70,8 +79,9 @@ def _flat(ranges: np.ndarray | None) -> list[int] | None:
 
 
 def encode(
-    size: int, detail: Samples, image_exts: tuple[str, ...], label_ext: str | None, problems: tuple[Problem, ...]
-) -> bytes:
+    size: int, detail: Samples, image_exts: tuple[str, ...], label_ext: str | None, problems: tuple[Problem, ...],
+    sizes: Sizes | None = None,
+) -> bytes:  # fmt: skip
     image, label = _exts(image_exts, label_ext)
     doc = {
         "format": FORMAT,
@@ -86,6 +96,7 @@ def encode(
         "image_range": _flat(detail.image),
         "label_range": _flat(detail.label),
         "labels": None if detail.labels is None else np.asarray(detail.labels, np.int64).tolist(),
+        "sizes": None if sizes is None else {"rules": sizes[0], "hw": _flat(sizes[1])},
     }
     return json.dumps(doc, separators=(",", ":")).encode()
 
@@ -124,6 +135,18 @@ def _samples(doc: Any, size: int, image_exts: tuple[str, ...], labeled: bool) ->
     return Samples(keys, exts, _ranges(doc, "image_range", n, size), label, labels)
 
 
+def _sizes(doc: Any, n: int) -> Sizes | None:
+    found = doc.get("sizes")
+    if found is None:
+        return None
+    if not isinstance(found, dict) or not isinstance(found.get("rules"), str) or not _RULES.fullmatch(found["rules"]):
+        raise ValueError("sizes must be {'rules': a short tag, 'hw': heights and widths}")
+    hw = _integers(found, "hw", 2 * n).reshape(n, 2)
+    if len(hw) and not ((hw >= 0) & (hw < (1 << 31))).all():
+        raise ValueError("sizes must be heights and widths in int32")
+    return found["rules"], hw.astype(np.int32)
+
+
 def read_index_file(
     storage: Storage, url: str, *, size: int, image_exts: tuple[str, ...], label_ext: str | None
 ) -> IndexFile | None:
@@ -139,14 +162,14 @@ def read_index_file(
         doc: Any = json.loads(raw)
         if not isinstance(doc, dict):
             raise ValueError("not a JSON object")
-        if doc.get("format") != FORMAT or doc.get("version") != VERSION:
-            raise ValueError(f"not a {FORMAT} file of version {VERSION}")
+        if doc.get("format") != FORMAT or doc.get("version") not in _READ:
+            raise ValueError(f"not a {FORMAT} file of version {' or '.join(map(str, _READ))}")
         if (doc["size"], doc["image"], doc["label"]) != (size, *_exts(image_exts, label_ext)):
             log.info("gpupipe: %s was written for another version of its shard or other extensions; ignored", where)
             return None
         problems = tuple(Problem(Damage(p["kind"]), p["key"], str(p["detail"])) for p in doc["problems"])
         detail = _samples(doc, size, image_exts, label_ext is not None)
-        return IndexFile(int(doc["samples"]), problems, detail)
+        return IndexFile(int(doc["samples"]), problems, detail, _sizes(doc, len(detail.keys)))
     except (ValueError, KeyError, TypeError, OverflowError) as e:
         log.warning("gpupipe: cannot use the index file %s (%s); the shard is scanned instead", where, e)
         return None
@@ -161,9 +184,11 @@ def write_index_file(
     image_exts: tuple[str, ...],
     label_ext: str | None,
     problems: tuple[Problem, ...],
+    sizes: Sizes | None = None,
 ) -> str:
-    """Writes the index file of shard ``url`` (``size`` bytes, its samples ``detail``) beside it
-    through ``storage`` (whole or not at all); returns its URL."""
+    """Writes the index file of shard ``url`` (``size`` bytes, its samples ``detail``, with its
+    images' ``sizes`` where given) beside it through ``storage`` (whole or not at all); returns
+    its URL."""
     where = index_file_url(url)
-    storage.put(where, encode(size, detail, image_exts, label_ext, problems))
+    storage.put(where, encode(size, detail, image_exts, label_ext, problems, sizes))
     return where

@@ -49,7 +49,8 @@ def cached_scan(
         shard = ShardIndex(url, size=size, loader=loader, dali_index=idx_path, problems=problems)
     elif index_files and not fields and storage.remote and (found := read_index_file(
             storage, url, size=stat.size, image_exts=image_exts, label_ext=label_ext)) is not None:  # fmt: skip
-        shard = _from_index_file(storage, url, idx_path, found.detail, found.problems, image_exts, label_ext)
+        shard = _from_index_file(storage, url, idx_path, found.detail, found.problems, image_exts, label_ext,
+                                 found.sizes)  # fmt: skip
     else:
         if storage.remote and "://" in url:  # (local compressed shards are decompressed, not downloaded)
             _say_what_indexing_costs(url)
@@ -85,9 +86,10 @@ def _scan_and_cache(
 
 def _from_index_file(
     storage: Storage, url: str, idx_path: str, detail: Samples, problems: tuple[Problem, ...],
-    image_exts: tuple[str, ...], label_ext: str | None,
+    image_exts: tuple[str, ...], label_ext: str | None, sizes: tuple[str, np.ndarray] | None = None,
 ) -> ShardIndex:  # fmt: skip
-    """A shard known from its index file, kept in the index cache like a scanned shard's."""
+    """A shard known from its index file, kept in the index cache like a scanned shard's (with
+    its images' sizes, where the file has them)."""
     n = len(detail.keys)
     label_range = detail.label if detail.label is not None else np.full((n, 2), -1, np.int64)
     if detail.labels is not None:  # before the index: a reader that finds it finds the labels
@@ -95,6 +97,8 @@ def _from_index_file(
     if _indexcache.save_problems(idx_path, problems) and _indexcache.save(
         idx_path, detail.keys, detail.exts, detail.image, detail.label
     ):
+        if sizes is not None:  # (a failure is logged: the first epoch then reads the headers)
+            _indexcache.save_sizes(idx_path, *sizes)
         loader = _CachedDetail(storage, url, idx_path, image_exts, label_ext)
         return ShardIndex(url, size=n, loader=loader, dali_index=idx_path, problems=problems)
     columns = {"image_range": detail.image, "label_range": label_range}
