@@ -188,6 +188,45 @@ class TestAccelerate:
         after = [k for batch in loader for k in batch.keys]  # the rest of epoch 1
         assert before + after == whole[1]
 
+    def test_the_data_stall_in_accelerates_trackers(self, shards, tmp_path):
+        """``accelerator.log(loader.stall_metrics(), step=step)`` hands the meter's figures to
+        every tracker (issue 54): here a tracker of accelerate's own interface that keeps them."""
+        from accelerate import Accelerator
+        from accelerate.tracking import GeneralTracker
+
+        class Kept(GeneralTracker):
+            name, requires_logging_directory, main_process_only = "kept", False, True
+
+            def __init__(self) -> None:
+                super().__init__()
+                self.rows: list[tuple[int | None, dict]] = []
+
+            @property
+            def tracker(self):
+                return self.rows
+
+            def store_init_configuration(self, values):
+                pass
+
+            def log(self, values, step=None, **kwargs):
+                self.rows.append((step, dict(values)))
+
+        kept = Kept()
+        accelerator = Accelerator(cpu=True, log_with=[kept])
+        accelerator.init_trackers("gpupipe")
+        pipe = gp.Pipeline(shards, [T.RandomResizedCrop(8)])
+        loader = accelerator.prepare(gp.Loader(pipe, 2, shuffle=True, device=str(accelerator.device), backend="torch",
+                                               num_workers=0))  # fmt: skip
+        for step, _ in enumerate(loader):
+            if step % 3 == 2:
+                accelerator.log(loader.stall_metrics(), step=step)
+        accelerator.end_training()
+        assert [step for step, _ in kept.rows] == [2, 5]
+        last = kept.rows[-1][1]
+        assert {"gpupipe/stall", "gpupipe/images_per_s", "gpupipe/epoch_stall", "gpupipe/first_batch_s"} <= set(last)
+        assert 0 <= last["gpupipe/stall"] <= 1 and last["gpupipe/images_per_s"] > 0
+        loader.close()
+
     def test_validation_counts_each_sample_once(self, shards):
         from accelerate import Accelerator
 
