@@ -336,3 +336,53 @@ class TestFakeData:
     def test_bad_arguments(self, kwargs):
         with pytest.raises(gp.ConfigError):
             gp.FakeData(**kwargs)
+
+
+class TestFirstIndexInParallel:
+    """A new local dataset of many shards is scanned into the index cache in processes
+    (``shards._indexing.scan_ahead``): the same index as one process makes, and nothing run
+    where the cache is warm, the shards few or the rank has one core."""
+
+    @pytest.fixture
+    def many(self, shards, tmp_path, monkeypatch):
+        monkeypatch.setenv("GPUPIPE_CACHE_DIR", str(tmp_path / "cache"))
+        urls = []
+        for i in range(80):  # (links to the three shards: each path is a shard of its own to the cache)
+            path = tmp_path / f"many-{i:03d}.tar"
+            os.symlink(shards[i % 3], path)
+            urls.append(str(path))
+        return urls
+
+    def test_the_same_index_as_one_process(self, many, tmp_path, monkeypatch):
+        from gpupipe.shards import _indexing
+
+        scanned: list[int] = []
+        real = _indexing.scan_ahead
+
+        def two(*args, **kwargs) -> int:  # (this machine may have one core for a rank)
+            scanned.append(real(*args, **kwargs, workers=2))
+            return scanned[-1]
+
+        monkeypatch.setattr("gpupipe.sources._webdataset.scan_ahead", two)
+        parallel = gp.WebDataset(many).index()
+        assert scanned == [80]
+        monkeypatch.setenv("GPUPIPE_CACHE_DIR", str(tmp_path / "cache2"))
+        monkeypatch.setattr(_indexing, "PARALLEL_SHARDS", 10**9)
+        alone = gp.WebDataset(many).index()
+        assert len(parallel) == len(alone) == sum(SHARD_SIZES[i % 3] for i in range(80))
+        located, truth = parallel.locate_batch(np.arange(len(parallel))), alone.locate_batch(np.arange(len(alone)))
+        assert located.keys == truth.keys
+        np.testing.assert_array_equal(located.labels, truth.labels)
+        np.testing.assert_array_equal(located.ranges, truth.ranges)
+        parallel.close()
+        alone.close()
+
+    def test_it_runs_only_for_a_new_dataset_of_many_local_shards(self, many, monkeypatch):
+        from gpupipe.shards._indexing import scan_ahead
+        from gpupipe.storage import LocalStorage
+
+        storage = LocalStorage()
+        assert scan_ahead(storage, many[:63], ("jpg",), "cls", workers=2) == 0  # few shards
+        assert scan_ahead(storage, many, ("jpg",), "cls", workers=1) == 0  # one core
+        assert scan_ahead(storage, many, ("jpg",), "cls", workers=2) == 80
+        assert scan_ahead(storage, many, ("jpg",), "cls", workers=2) == 0  # the cache is warm

@@ -5,11 +5,14 @@ cached; the bad-sample list ``gpupipe check`` wrote beside it applied."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 import numpy as np
 
 from ..core._errors import Damage, Problem, redact
-from ..storage._base import Stat, Storage
+from ..runtime._children import process_pool
+from ..runtime._dist import cores_per_rank
+from ..storage._base import LocalStorage, Stat, Storage
 from . import _indexcache
 from ._indexfile import Samples, index_file_url, read_index_file
 from ._mask import read_mask
@@ -18,7 +21,9 @@ from ._tar import empty_shard, label_values, scan_tar
 
 log = logging.getLogger("gpupipe")
 
-__all__ = ["cached_scan", "shard_samples"]
+__all__ = ["cached_scan", "shard_samples", "scan_ahead", "is_cached", "PARALLEL_SHARDS"]
+
+PARALLEL_SHARDS = 64  # local shards not yet in the index cache from which their scan runs in processes
 
 
 def cached_scan(
@@ -59,6 +64,49 @@ def cached_scan(
     shard.bad = read_mask(storage, url, size=stat.size, samples=len(shard), image_exts=image_exts, label_ext=label_ext,
                           fields=fields)  # fmt: skip
     return shard
+
+
+def is_cached(storage: Storage, url: str, image_exts: tuple[str, ...], label_ext: str | None,
+              fields: tuple[FieldMembers, ...] = ()) -> bool:  # fmt: skip
+    """Whether shard ``url`` (as it is now) has its index in the cache; a missing or unreadable
+    shard counts as cached (there is nothing to scan)."""
+    try:
+        stat = storage.stat(url)
+    except OSError:
+        return True
+    path = _indexcache.index_path(storage.canonical(url), stat, image_exts, label_ext, fields)
+    return _indexcache.count(path) is not None
+
+
+def scan_ahead(storage: Storage, urls: Sequence[str], image_exts: tuple[str, ...], label_ext: str | None,
+               fields: tuple[FieldMembers, ...] = (), *, workers: int | None = None) -> int:  # fmt: skip
+    """A dataset's first index, in parallel: where ``urls`` are local shards, at least
+    :data:`PARALLEL_SHARDS` of them, and the first is not in the index cache (a dataset this node
+    has not indexed), scans them into the cache in processes, ``workers`` of them (default: this
+    rank's cores), in order; :func:`cached_scan` then finds each in the cache. Returns the shards
+    scanned (0: it did not run: few shards, one core, remote storage, or the cache warm).
+
+    The processes are forked, as the torch backend's workers are, and ended before it returns. A
+    shard that fails in one is left to :func:`cached_scan`, which scans it again and says why."""
+    workers = cores_per_rank() if workers is None else workers
+    workers = min(workers, len(urls) // (PARALLEL_SHARDS // 4))
+    if (type(storage) is not LocalStorage or len(urls) < PARALLEL_SHARDS or workers < 2
+            or is_cached(storage, urls[0], image_exts, label_ext, fields)):  # fmt: skip
+        return 0
+    jobs = [(url, image_exts, label_ext, fields) for url in urls]
+    with process_pool(workers, "gpupipe's index scan") as pool:
+        scanned = sum(pool.map(_scan_one, jobs, chunksize=max(1, len(jobs) // (8 * workers))))
+    log.info("gpupipe: scanned %d shards' headers into the index cache in %d processes", scanned, workers)
+    return scanned
+
+
+def _scan_one(job: tuple[str, tuple[str, ...], str | None, tuple[FieldMembers, ...]]) -> int:
+    url, image_exts, label_ext, fields = job
+    try:
+        cached_scan(LocalStorage(), url, image_exts, label_ext, index_files=False, fields=fields)
+        return 1
+    except Exception:  # (the rank's own scan meets it again and says why)
+        return 0
 
 
 def _scan_and_cache(

@@ -12,7 +12,7 @@ from ..core._config import OnError
 from ..core._errors import ConfigError, Damage, DataError, ShardError, counted, too_many_bytes, truncated, unreadable
 from ..core._fields import Field, Image, Label, Missing, parse_fields
 from ..core._validate import is_number, valid_bytes, valid_enum
-from ..shards._indexing import cached_scan
+from ..shards._indexing import cached_scan, scan_ahead
 from ..shards._shard import NO_LABEL, FieldMembers, RawSample, ShardIndex, field_column
 from ..shards._tar import missing_field, parse_label, require_label_size
 from ..storage._base import Storage
@@ -202,9 +202,10 @@ class WebDataset(Source):
         storage = self.storage()
         n = len(self.urls)
         first = rank * n // max(1, world_size)
+        order = [(first + i) % n for i in range(n)]
+        scan_ahead(storage, [self.urls[s] for s in order], image_exts, label_ext, members)  # a new dataset, local
         shards: list[ShardIndex | None] = [None] * n
-        for i in range(n):
-            s = (first + i) % n
+        for s in order:
             shards[s] = cached_scan(storage, self.urls[s], image_exts, label_ext, fields=members)
         labeled = label_ext is not None
         reader = TarReader(storage, labeled=labeled, fields=extra)
