@@ -343,15 +343,17 @@ def data_stall(shards: list[str], *, gpu: bool, quick: bool, hw_decoder_load: fl
     device = torch.device("cuda" if gpu else "cpu")
     memory_format = torch.channels_last if gpu else torch.contiguous_format
     step = stall.step_fn(args, device)
-    ceiling, _ = stall.timed(stall.on_device(args, device, memory_format), step, args, device)
+    ceiling, _, _ = stall.timed(stall.on_device(args, device, memory_format), step, args, device)
     pipe = gp.load_pipeline(os.path.join(ROOT, "pipelines", "imagenet.py:train"))(shards, size=args.image_size)
     dali = gp.DaliOptions(hw_decoder_load=hw_decoder_load)
     with gp.Loader(pipe, args.batch_size, shuffle=True, drop_last=True, seed=0, backend="dali", device=str(device),
                    memory_format=memory_format, dali=dali) as loader:  # fmt: skip
-        fed, wait = stall.timed(stall.endless(loader, device, memory_format), step, args, device)
+        fed, wait, meter = stall.timed(stall.endless(loader, device, memory_format), step, args, device,
+                                       meter=loader._meter)  # fmt: skip
         describe = repr(loader)
     return {"arch": args.arch, "batch_size": args.batch_size, "ceiling": round(ceiling, 1), "fed": round(fed, 1),
             "wait_percent": round(wait, 1), "stall_percent": round(max(0.0, 100 * (1 - fed / ceiling)), 1),
+            "meter_percent": None if meter is None else round(meter, 1),  # the loader's own meter, same steps
             "loader": describe}  # fmt: skip
 
 
@@ -434,7 +436,8 @@ def write(out: str, meta: dict[str, Any], rows: list[dict[str, Any]], stall: dic
     headline = ", ".join(f"{k} {v}" for k, v in head.items())
     lines += ["", f"ResNet-50 data stall ({stall['arch']}, batch {stall['batch_size']}): ceiling "
               f"{stall['ceiling']:.0f} images/s, fed by gpupipe {stall['fed']:.0f}, data wait "
-              f"{stall['wait_percent']}%, stall {stall['stall_percent']}%; loader: `{stall['loader']}`"
+              f"{stall['wait_percent']}% (the loader's own meter: {stall.get('meter_percent')}%), stall "
+              f"{stall['stall_percent']}%; loader: `{stall['loader']}`"
               if stall else "ResNet-50 data stall: not measured (the run was cut short"
               + (", or --recipes did not name it)" if "recipes" in meta else ")"), "",
               *([f"With all JPEGs to the hardware decoder (hw_decoder_load=1.0): fed "

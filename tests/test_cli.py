@@ -415,3 +415,6 @@ def test_the_data_stall_benchmark_runs(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = next(tmp_path.glob("*-data-stall-*.md")).read_text()
     assert "| synthetic (on the device) |" in report and "| gpupipe torch" in report and "| dataloader" in report
+    torch_row = next(line for line in report.splitlines() if line.startswith("| gpupipe torch"))
+    assert float(torch_row.split("|")[4]) >= 0  # the loader's meter over the same steps (issue 54)
+    assert report.splitlines()[-1].split("|")[4].strip() == "—"  # (the dataloader has none)

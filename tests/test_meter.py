@@ -53,6 +53,15 @@ class TestMeter:
         loop(meter, clock, [1.0] + [0.5] * 9, [0.001] * 10, epoch=1)
         assert meter.stats()["stall"] > 0.99 and meter.stats()["epoch"] == 1
 
+    def test_totals_run_across_epochs(self):
+        clock = Clock()
+        meter = Meter(clock=clock)
+        loop(meter, clock, [1.0, 0.5, 0.5], [0.25] * 3)
+        before = meter.totals()
+        loop(meter, clock, [1.0, 0.5], [0.25] * 2, epoch=1)  # (every batch: each epoch's first too)
+        assert before == (3, 2.0, 0.5) and meter.totals() == (5, 3.5, 1.0)  # the step between the epochs counts
+        assert meter.stats()["batches"] == 1 and meter.stats()["wait_s"] == 0.5
+
     def test_the_window_is_the_last_batches_across_epochs(self):
         clock = Clock()
         meter = Meter(window=4, clock=clock)

@@ -40,6 +40,8 @@ class Meter:
         self._batches = 0
         self._wait = 0.0
         self._step = 0.0
+        self._total = [0, 0.0, 0.0]  # batches, wait, step since the meter was made, every batch
+        self._last: float | None = None  # the last hand-over, across epochs
 
     def begin(self, epoch: int, batch_size: int) -> None:
         """The loop asks for an epoch's first batch: that epoch's counts start from zero (the
@@ -60,11 +62,23 @@ class Meter:
             self._wait += wait
             self._step += step
             self._recent.append((wait, step))
-        self._handed = now
+        total = self._total
+        total[0] += 1
+        total[1] += wait
+        total[2] += 0.0 if self._last is None else self._asked - self._last
+        self._handed = self._last = now
 
     def resumed(self) -> None:
         """The loop asks for the next batch."""
         self._asked = self._clock()
+
+    def totals(self) -> tuple[int, float, float]:
+        """``(batches, wait_s, step_s)`` since the meter was made, over every batch across epochs:
+        each epoch's first batch's wait (its start-up) included, and the loop's time between
+        epochs counted as step. The difference of two readings is the meter over the batches
+        between them (``bench/data_stall.py`` compares it with its own clock)."""
+        batches, wait, step = self._total
+        return int(batches), float(wait), float(step)
 
     def stats(self) -> dict[str, Any]:
         """``{"epoch", "first_batch_s", "batches", "wait_s", "step_s", "stall", "images_per_s",
