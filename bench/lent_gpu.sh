@@ -9,6 +9,7 @@
 #   bash bench/lent_gpu.sh probes             # bench/operator_cost.py, policy_stage.py, stage_profile.py
 #   bash bench/lent_gpu.sh scale              # bench/scale_out.py --scaling-only (needs Ray's wheels)
 #   bash bench/lent_gpu.sh jitter             # bench/color_jitter.py on 1,024 images
+#   bash bench/lent_gpu.sh loader             # gpupipe bench --profile (train, V2) and data_stall.py's meter
 #
 # Each step installs the wheels once per machine (/tmp/site) and runs its commands with python3
 # (PY names another) before one deadline, LENT_TIMEOUT seconds (default 270) after the step
@@ -19,14 +20,14 @@
 # Exit status: 0 when every command exited 0; else 1 (each command's status is in env.txt and
 # printed); 2 for a bad command line or $OUT.
 set -uo pipefail
-usage="usage: bash bench/lent_gpu.sh tests K [K ...] | rows 'ROW;ROW;...' | bench | probes | scale | jitter"
+usage="usage: bash bench/lent_gpu.sh tests K [K ...] | rows 'ROW;ROW;...' | bench | probes | scale | jitter | loader"
 step=${1:-}
 [ $# -gt 0 ] && shift
 case "$step" in
   tests) [ $# -gt 0 ] || { echo "$usage" >&2; exit 2; }
          for k in "$@"; do case "$k" in [1-6]) ;; *) echo "tests: slices are 1 to 6, got '$k'" >&2; exit 2 ;; esac; done ;;
   rows) [ $# -eq 1 ] || { echo "$usage" >&2; exit 2; } ;;
-  bench | probes | scale | jitter) ;;
+  bench | probes | scale | jitter | loader) ;;
   *) echo "$usage" >&2; exit 2 ;;
 esac
 out=${OUT:-}
@@ -88,6 +89,14 @@ case "$step" in
     ;;
   scale) timed scale "$py" bench/scale_out.py --scaling-only --out "$work" || status=1 ;;
   jitter) timed jitter "$py" bench/color_jitter.py --images 1024 --data /tmp/gpupipe-jitter --out "$work" || status=1 ;;
+  loader)  # issue 54 on a GPU: the stage times and verdict per batch, and the meter against data_stall.py's clock
+    timed stall "$py" bench/data_stall.py --data /tmp/gpupipe-stall --steps 100 --out "$work" || status=1
+    shards='/tmp/gpupipe-stall/train-{000000..000003}.tar'
+    timed profile_train "$py" -m gpupipe bench pipelines/imagenet.py:train "$shards" --device cuda --batch-size 256 \
+      --epochs 3 --quiet --profile "$work/profile-train.png" --json "$work/profile-train.json" || status=1
+    timed profile_v2 "$py" -m gpupipe bench pipelines/imagenet.py:train_v2 "$shards" --device cuda --batch-size 256 \
+      --epochs 3 --quiet --profile "$work/profile-v2.png" --json "$work/profile-v2.json" || status=1
+    ;;
 esac
 tar -czf "$out/$step.tgz" -C "$work" . || { echo "could not write $out/$step.tgz" >&2; exit 1; }
 cat "$work/env.txt"
