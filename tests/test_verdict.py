@@ -74,7 +74,8 @@ class TestStageTimes:
         t.add({"read": 1.0, "decode": 2.0, "transform": 3.0, "collate": 4.0}, None)
         t.add({"read": 3.0, "decode": 2.0, "transform": 1.0, "collate": 0.0}, None)
         assert t.stats() == {"batches": 2, "read_s": 2.0, "decode_s": 2.0, "transform_s": 2.0, "collate_s": 2.0,
-                             "wait_read_s": None, "wait_graph_s": None, "stage_s": None}  # fmt: skip
+                             "wait_read_s": None, "wait_graph_s": None, "stage_s": None,
+                             "read_bytes": None}  # fmt: skip
         t.begin()
         assert t.stats()["batches"] == 0 and t.stats()["read_s"] is None
 
@@ -122,6 +123,7 @@ class TestPlanted:
         got = epoch_verdict(gp.Pipeline(shards, [T.CenterCrop(16)]), num_workers=1)
         assert got["bound"]["bound"] == "storage", got
         assert got["times"]["read_s"] >= 4 * 0.02  # four samples a batch
+        assert got["times"]["read_bytes"] > 4 * 500 and "MB per batch at" in got["bound"]["why"]  # (JPEG bytes)
 
     def test_large_jpegs_and_one_worker(self, tmp_path):
         rng = np.random.default_rng(0)
@@ -166,6 +168,7 @@ class TestPlantedOnDali:
         monkeypatch.setattr(BatchReader, "read", slow)
         got = epoch_verdict(gp.Pipeline(shards, [T.CenterCrop(16)]), backend="dali", num_workers=1)
         assert got["bound"]["bound"] == "storage", got
+        assert got["times"]["read_bytes"] > 4 * 500 and " MB) kept the loop waiting" in got["bound"]["why"]
 
     def test_large_jpegs_on_one_thread(self, tmp_path):
         rng = np.random.default_rng(0)
@@ -188,6 +191,7 @@ class TestRaysTasks:
         times = got["times"]
         assert times["batches"] == 2 and all(times[f"{k}_s"] > 0 for k in ("read", "decode", "transform", "collate"))
         assert times["decode_s"] > times["read_s"] and got["bound"]["bound"] != "loader", got
+        assert times["read_bytes"] > 4 * 100_000  # four 1600 x 1200 JPEGs of noise a batch
 
 
 class TestTheLastVerdict:

@@ -31,6 +31,7 @@ __all__ = [
     "fill",
     "STAGE_CLOCKS",
     "WAIT_CLOCKS",
+    "READ_BYTES",
 ]
 
 
@@ -95,6 +96,7 @@ class RawBatch(NamedTuple):
 # the reader threads' batch and for DALI's graph (the DALI backend's).
 STAGE_CLOCKS = ("read", "decode", "transform", "collate")
 WAIT_CLOCKS = ("wait_read", "wait_graph")
+READ_BYTES = "read_bytes"  # RawBatch.times' other entry: the bytes of the batch's samples read from storage
 
 
 def donor(size: int, bad: Container[int]) -> int | None:

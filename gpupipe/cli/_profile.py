@@ -47,6 +47,9 @@ def profile_text(profile: dict[str, Any]) -> str:
         values = [b[name] for b in batches if name in b]
         if values:
             cells.append(f"{LABELS[name]} {statistics.median(values) * 1000:.1f}")
+    read = [b["read_bytes"] for b in batches if "read_bytes" in b]
+    if read:
+        cells.append(f"MB read {statistics.median(read) / 1e6:.2f}")
     workers = profile.get("workers")
     each = f" (read..collate: one worker's, {workers} workers)" if any("decode" in b for b in batches) else ""
     bound = profile.get("bound") or {}

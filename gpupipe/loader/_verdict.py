@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..backends._base import STAGE_CLOCKS, WAIT_CLOCKS
+from ..backends._base import READ_BYTES, STAGE_CLOCKS, WAIT_CLOCKS
 from ..pipeline._labels import batch_mixing
 from ..shards._shard import NO_LABEL
 
@@ -54,8 +54,8 @@ class StageTimes:
 
     def begin(self) -> None:
         self.batches = 0  # batches with the runner's times
-        self.seconds = dict.fromkeys(CLOCKS, 0.0)
-        self.counts = dict.fromkeys(CLOCKS, 0)  # batches that timed each
+        self.seconds = dict.fromkeys((*CLOCKS, READ_BYTES), 0.0)  # (and the bytes read)
+        self.counts = dict.fromkeys((*CLOCKS, READ_BYTES), 0)  # batches that timed each
         self.history: list[dict[str, float]] = []  # the epoch's batches, the first included (with keep)
         self._first = True
 
@@ -75,10 +75,13 @@ class StageTimes:
 
     def stats(self) -> dict[str, Any]:
         """``{"batches", "read_s", "decode_s", "transform_s", "collate_s", "wait_read_s",
-        "wait_graph_s", "stage_s"}``: seconds per batch (``None`` where not timed)."""
+        "wait_graph_s", "stage_s", "read_bytes"}``: seconds per batch, and the bytes of a batch's
+        samples read from storage (``None`` where not timed, or not counted)."""
         out: dict[str, Any] = {"batches": self.batches}
         for name in CLOCKS:
             out[f"{name}_s"] = self.seconds[name] / self.counts[name] if self.counts[name] else None
+        counted = self.counts[READ_BYTES]
+        out[READ_BYTES] = self.seconds[READ_BYTES] / counted if counted else None
         return out
 
 
@@ -103,7 +106,7 @@ def verdict(stall: Mapping[str, Any], times: Mapping[str, Any], *, workers: int)
                      "its workers or graph (compare both: bench/gpu.py, gpupipe bench)")  # fmt: skip
     read, graph = times.get("wait_read_s"), times.get("wait_graph_s")
     if read is not None and graph is not None:  # the DALI backend: the training thread's waits
-        return _dali_bound(share, wait, read, graph)
+        return _dali_bound(share, wait, read, graph, times.get(READ_BYTES))
     if not times.get("batches") or times.get("read_s") is None:
         return _said("loader", share, f"the loop waited {share:.0%} of its time; this backend does not time its "
                      "stages", "gpupipe tune (threads, prefetch, the hardware decoder's share); see docs: Is my "
@@ -117,8 +120,8 @@ def verdict(stall: Mapping[str, Any], times: Mapping[str, Any], *, workers: int)
                      "raise prefetch (gpupipe tune), keep MixUp/CutMix and the hand-over on the device")  # fmt: skip
     slowest = max(spent, key=lambda k: spent[k])
     why = (f"{_NAMES[slowest] if slowest != 'read' else 'reading the samples'} takes {_ms(spent[slowest])} of the "
-           f"workers' {_ms(total)} per batch ({spent[slowest] / total:.0%}); the loop waited {share:.0%} of its "
-           "time")  # fmt: skip
+           f"workers' {_ms(total)} per batch ({spent[slowest] / total:.0%}){_rate(times, spent['read'], slowest)}; "
+           f"the loop waited {share:.0%} of its time")  # fmt: skip
     return _said(_NAMES[slowest], share, why, _REMEDY[_NAMES[slowest]])
 
 
@@ -136,7 +139,7 @@ _REMEDY = {
 }
 
 
-def _dali_bound(share: float, wait: float, read: float, graph: float) -> dict[str, Any]:
+def _dali_bound(share: float, wait: float, read: float, graph: float, nbytes: float | None = None) -> dict[str, Any]:
     """The DALI backend: the loop's wait per batch against the runner's for the reader threads'
     batches (``read``) and for DALI's graph (``graph``)."""
     if read + graph < wait / 2:
@@ -144,10 +147,19 @@ def _dali_bound(share: float, wait: float, read: float, graph: float) -> dict[st
                      "the training thread's share: raise prefetch (gpupipe tune), keep MixUp/CutMix and the "
                      "hand-over on the device")  # fmt: skip
     if read >= graph:
-        return _said("storage", share, f"the reader threads' batches kept the loop waiting {_ms(read)} per batch, "
-                     f"DALI's graph {_ms(graph)}", _REMEDY["storage"])  # fmt: skip
+        size = f" ({nbytes / 1e6:.1f} MB)" if nbytes else ""
+        return _said("storage", share, f"the reader threads' batches{size} kept the loop waiting {_ms(read)} per "
+                     f"batch, DALI's graph {_ms(graph)}", _REMEDY["storage"])  # fmt: skip
     return _said("graph", share, f"DALI's graph (decoding and transforms) kept the loop waiting {_ms(graph)} per "
                  f"batch, the reader threads {_ms(read)}", _REMEDY["graph"])  # fmt: skip
+
+
+def _rate(times: Mapping[str, Any], seconds: float, slowest: str) -> str:
+    """The storage's rate, where reading is the slowest stage and the bytes were counted."""
+    read = times.get(READ_BYTES)
+    if slowest != "read" or not read or seconds <= 0:
+        return ""
+    return f", {read / 1e6:.1f} MB per batch at {read / seconds / 1e6:.0f} MB/s per worker"
 
 
 def _said(bound: str, share: float, why: str, remedy: str) -> dict[str, Any]:

@@ -76,7 +76,7 @@ from ...core._config import DecodeMode
 from ...core._errors import ClosedError, SampleError, UnsupportedTransformError
 from ...plan._plan import RankPlan
 from ...runtime._dist import ranks_per_node
-from .._base import RawBatch, Runs, RunSpec, donor, fill, in_collection, to_device
+from .._base import READ_BYTES, RawBatch, Runs, RunSpec, donor, fill, in_collection, to_device
 from .._fields import refill
 from .._torch._targets import has_targets
 from ._compiler import Ctx, Lowered
@@ -226,7 +226,8 @@ class DaliRunner:
                 views = len(graph.lowered.images)
                 images = tuple(self._to_torch(view) for view in outputs[:views])
                 checks = outputs[views] if len(outputs) > views else None
-                waits = {"wait_read": read - asked, "wait_graph": time.perf_counter() - read}
+                waits = {"wait_read": read - asked, "wait_graph": time.perf_counter() - read,
+                         READ_BYTES: float(sum(view.nbytes for view in batch.views))}  # fmt: skip
                 yield self._deliver(graph.lowered, batch, images, checks)._replace(times=waits)
         finally:
             reader.close()

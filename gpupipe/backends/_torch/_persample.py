@@ -24,7 +24,7 @@ from ...runtime._children import CRASHED
 from ...runtime._decode import decode_rgb
 from ...sources import Index
 from ...transforms import BatchTransform, ImageSpec, Transform
-from .._base import STAGE_CLOCKS, RawBatch, donor, fill
+from .._base import READ_BYTES, STAGE_CLOCKS, RawBatch, donor, fill
 from .._batchwise import apply_batch
 from .._fields import batch_fields, empty_values, field_values
 from .._slots import Arena, Slots
@@ -102,7 +102,7 @@ class Samples(Dataset["Sample | Failure"]):
         self.index, self.views, self.per_source = index, tuple(tuple(v) for v in views), per_source
         self.max_pixels, self.exif = max_pixels, exif
         self.poisoned: dict[int, Failure] = {}  # samples that killed a worker: refused from then on
-        self.clocks = dict.fromkeys(STAGE_CLOCKS, 0.0)  # seconds per stage, of the samples since reset
+        self.clocks = _clocks()  # seconds per stage (and bytes read), of the samples since reset
 
     def __len__(self) -> int:
         return len(self.index)
@@ -116,7 +116,7 @@ class Samples(Dataset["Sample | Failure"]):
         """A batch's samples (DataLoader's batched fetch): the random factors of the whole batch
         drawn at once, vectorized (``gpupipe.core._random``), then each sample decoded and transformed."""
         started = time.perf_counter()
-        self.clocks = dict.fromkeys(STAGE_CLOCKS, 0.0)
+        self.clocks = _clocks()
         draws = np.array([item[1] for item in items], dtype=np.int64)
         seed, epoch = items[0][2], items[0][3]
         drawn = [factors(steps, seed, epoch, draws, view) for view, steps in enumerate(self.views)]
@@ -151,6 +151,7 @@ class Samples(Dataset["Sample | Failure"]):
         raw = self.index.read(sample)
         read = time.perf_counter()
         clocks["read"] += read - started
+        clocks[READ_BYTES] += 0 if raw.data is None else len(raw.data)
         values = field_values(self.index.fields, raw.fields, shard=raw.shard, key=raw.key)
         if not self.index.images:  # a source of fields alone
             return (), raw.label, raw.key, values
@@ -188,6 +189,10 @@ class Samples(Dataset["Sample | Failure"]):
             size = (int(image.shape[-2]), int(image.shape[-1]))
             raise SampleError.at(str(e), shard=raw.shard, key=raw.key, size=size) from e
         return outputs, raw.label, raw.key, values
+
+
+def _clocks() -> dict[str, float]:
+    return {**dict.fromkeys(STAGE_CLOCKS, 0.0), READ_BYTES: 0.0}
 
 
 def culprits(samples: Samples, items: list[Item], timeout: float | None) -> list[str]:
