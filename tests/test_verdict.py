@@ -199,6 +199,7 @@ class TestTheLastVerdict:
     the node's first rank, never an error."""
 
     def run(self, shards, **options) -> gp.Loader:
+        options = {"shuffle": True, **options}
         loader = gp.Loader(gp.Pipeline(shards, [T.CenterCrop(16)]), 2, backend="torch", num_workers=0, **options)
         with loader:
             for _ in loader:
@@ -221,6 +222,18 @@ class TestTheLastVerdict:
         assert lines[0].startswith("last run     ") and "backend='torch'" in lines[0]
         assert "epoch 0 (7 batches" in lines[0]
         assert lines[1].startswith(f"  bound      {found['bound']}: ") and found["remedy"] in lines[2]
+
+    def test_a_validation_loader_leaves_none(self, shards, tmp_path, monkeypatch):
+        """A loader without shuffle (validation, run between the training epochs) does not replace
+        the training loader's verdict."""
+        from gpupipe.loader._observed import last_verdict
+
+        monkeypatch.setenv("GPUPIPE_CACHE_DIR", str(tmp_path))
+        monkeypatch.delenv("LOCAL_RANK", raising=False)
+        self.run(shards)
+        trained = last_verdict()
+        self.run(shards, shuffle=False)
+        assert trained is not None and last_verdict() == trained
 
     def test_other_local_ranks_leave_none(self, shards, tmp_path, monkeypatch):
         from gpupipe.loader._observed import last_verdict

@@ -116,9 +116,11 @@ class Observed(Trained):
 
     def _record_verdict(self) -> None:
         """Leaves the verdict on the epoch so far in :func:`verdict_file` for ``gpupipe doctor``
-        (at an epoch's end and at ``close()``; by the node's first rank, ``LOCAL_RANK`` 0 or
-        none): one small file written whole, never an error (a diagnosis never stops a run)."""
-        if local_rank() not in (None, 0):
+        (at an epoch's end and at ``close()``; a training loader, ``shuffle=True``, so that the
+        validation loaders run between its epochs do not replace its verdict; by the node's first
+        rank, ``LOCAL_RANK`` 0 or none): one small file written whole, never an error (a
+        diagnosis never stops a run)."""
+        if not self.config.shuffle or local_rank() not in (None, 0):
             return
         try:
             stall = self._meter.stats()
