@@ -46,7 +46,7 @@ def cached_scan(
         return empty_shard(url, Problem(Damage.MISSING_SHARD, None, "does not exist"), fields)
     except OSError as e:
         return empty_shard(url, Problem(Damage.UNREADABLE_SHARD, None, f"cannot be read: {e}"), fields)
-    idx_path = _indexcache.index_path(storage.canonical(url), stat, image_exts, label_ext, fields)
+    idx_path = _cache_path(storage, url, stat, image_exts, label_ext, fields)
     size = _indexcache.count(idx_path)
     problems = _indexcache.load_problems(idx_path) if size is not None else None
     if size is not None and problems is not None:
@@ -66,16 +66,29 @@ def cached_scan(
     return shard
 
 
+def _cache_path(storage: Storage, url: str, stat: Stat, image_exts: tuple[str, ...], label_ext: str | None,
+                fields: tuple[FieldMembers, ...]) -> str:  # fmt: skip
+    """The index cache file of shard ``url`` as it is now (``stat``)."""
+    return _indexcache.index_path(storage.canonical(url), stat, image_exts, label_ext, fields)
+
+
+def _uncached(storage: Storage, url: str, image_exts: tuple[str, ...], label_ext: str | None,
+              fields: tuple[FieldMembers, ...]) -> tuple[Stat, str] | None:  # fmt: skip
+    """``(stat, cache file)`` of shard ``url`` where its index is not in the cache, else ``None``
+    (a missing or unreadable shard too: there is nothing to scan)."""
+    try:
+        stat = storage.stat(url)
+    except OSError:
+        return None
+    path = _cache_path(storage, url, stat, image_exts, label_ext, fields)
+    return (stat, path) if _indexcache.count(path) is None else None
+
+
 def is_cached(storage: Storage, url: str, image_exts: tuple[str, ...], label_ext: str | None,
               fields: tuple[FieldMembers, ...] = ()) -> bool:  # fmt: skip
     """Whether shard ``url`` (as it is now) has its index in the cache; a missing or unreadable
     shard counts as cached (there is nothing to scan)."""
-    try:
-        stat = storage.stat(url)
-    except OSError:
-        return True
-    path = _indexcache.index_path(storage.canonical(url), stat, image_exts, label_ext, fields)
-    return _indexcache.count(path) is not None
+    return _uncached(storage, url, image_exts, label_ext, fields) is None
 
 
 def scan_ahead(storage: Storage, urls: Sequence[str], image_exts: tuple[str, ...], label_ext: str | None,
@@ -101,9 +114,14 @@ def scan_ahead(storage: Storage, urls: Sequence[str], image_exts: tuple[str, ...
 
 
 def _scan_one(job: tuple[str, tuple[str, ...], str | None, tuple[FieldMembers, ...]]) -> int:
+    """Scans one shard into the index cache where it is not there yet (a process of
+    :func:`scan_ahead`: nothing else of :func:`cached_scan`, which the rank runs after)."""
     url, image_exts, label_ext, fields = job
+    storage = LocalStorage()
     try:
-        cached_scan(LocalStorage(), url, image_exts, label_ext, index_files=False, fields=fields)
+        found = _uncached(storage, url, image_exts, label_ext, fields)
+        if found is not None:
+            _scan_and_cache(storage, url, found[1], found[0], image_exts, label_ext, fields)
         return 1
     except Exception:  # (the rank's own scan meets it again and says why)
         return 0

@@ -60,6 +60,7 @@ class FeedBatch(NamedTuple):
     decoded: frozenset[int] = frozenset()  # positions fed gpupipe's decoding (a PPM) instead of the file
     fields: dict[str, Any] | None = None  # the source's other fields, batched (backends._fields), by name
     windows: dict[int, np.ndarray] | None = None  # box-chosen crop windows by step (HostEnv.window)
+    nbytes: int = 0  # the encoded samples' bytes, summed here in the reader thread (RawBatch.times' read_bytes)
 
     @staticmethod
     def release(maps: Iterable[MappedFile], buffer: np.ndarray | None, buffers: Buffers, event: Any = None) -> None:
@@ -201,7 +202,7 @@ class BatchReader:
         skipped = tuple(sorted(bad.items()))
         fields = batch_fields(index.fields, values) if values is not None else None
         return FeedBatch(b, samples, keys, shards, labels, encoded, buffer, tuple(maps), fed, views, sizes, skipped,
-                         object(), decoded, fields, windows)  # fmt: skip
+                         object(), decoded, fields, windows, sum(view.nbytes for view in views))  # fmt: skip
 
     def _over_limit(self, where: Located, shards: list[str], bad: dict[int, DataError]) -> Located:
         """``where`` with the images over ``Index.max_image_bytes`` recorded in ``bad`` and their
