@@ -251,12 +251,12 @@ class TestInALoader:
         assert all(torch.allclose(g.sum(1), torch.ones(len(g))) for g in got)
 
     def test_on_the_cpu_the_torch_backend_mixes_where_it_batches(self, shards, monkeypatch):
-        """The torch backend applies the batch transform in its worker (one thread, as
-        torchvision's reference collate does), not on the training thread, whose intra-op threads
-        would contend with the workers; the batches are those the loader's own mixing gives (the
-        inline test backend's, same kernels)."""
+        """The stage owns the batch transform; on the CPU the torch backend runs it in its worker
+        (one thread, as torchvision's reference collate does), not the training thread, whose
+        intra-op threads would contend with the workers; the batches are those the loader's own
+        run of the stage gives (the inline test backend's, same kernels)."""
         from gpupipe import backends
-        from gpupipe.loader import _loader
+        from gpupipe.backends._stage import _delivered
 
         monkeypatch.setitem(backends.TABLE, "inline", "tests.support.inline_backend")
         pipe = self.pipeline(shards)
@@ -264,13 +264,13 @@ class TestInALoader:
             loader.set_epoch(2)
             want = [(x.clone(), y.clone()) for x, y in loader]
         in_loader: list[int] = []
-        real = _loader.apply_batch
+        real = _delivered.Stage.batches
 
         def counted(*args, **kwargs):
             in_loader.append(1)
             return real(*args, **kwargs)
 
-        monkeypatch.setattr(_loader, "apply_batch", counted)
+        monkeypatch.setattr(_delivered.Stage, "batches", counted)
         for workers in (0, 1):
             with gp.Loader(pipe, 5, backend="torch", device="cpu", seed=3, num_workers=workers) as loader:
                 loader.set_epoch(2)

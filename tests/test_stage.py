@@ -282,6 +282,39 @@ class TestInTheLoader:
         assert staged[0][1].dtype == torch.float32 and staged[0][2].shape == (5, 1000)
         same_epochs(staged, epoch(shards, "torch", False, mix=True, num_workers=workers))
 
+    @pytest.mark.parametrize("workers", [0, 1])
+    def test_a_skipped_sample_in_a_staged_and_mixed_batch(self, tmp_path, workers, monkeypatch):
+        """``on_error="skip"``: a sample that cannot be decoded takes its donor's copy and draws
+        through the stage, and is neither mixed nor a partner: the torch workers' run of the
+        stage gives the batches of the workers' per-sample tail and of the loader's own run of the
+        stage (as for DALI and Ray: ``batches_stage`` emptied)."""
+        import gpupipe as gp
+        from gpupipe import backends
+
+        from .support.data import truncated_jpeg, write_webdataset_shards
+
+        urls = write_webdataset_shards(str(tmp_path), (10,), prefix="skip", patch={2: {"jpg": truncated_jpeg(2)}})
+        mixing = T.MixUp(alpha=0.2, num_classes=1000)
+
+        def run(stage: bool) -> list:
+            with gp.Loader(gp.Pipeline(urls, V2, batch_transform=mixing), 5, backend="torch", device="cpu",
+                           stage=stage, num_workers=workers, shuffle=False, seed=4, on_error="skip",
+                           max_skipped=None) as loader:  # fmt: skip
+                out = [(b.keys, b.valid.clone(), b.images.clone(), b.labels) for b in loader]
+            assert all(labels is not None for *_, labels in out)
+            return out
+
+        staged = run(True)
+        (keys, valid, _, labels), _ = staged
+        assert not [k for k in keys if k.endswith("000002")] and int((~valid).sum()) == 1
+        assert labels[~valid].max() == 1.0  # its donor's one-hot label, unmixed
+        per_sample = run(False)
+        monkeypatch.setattr(backends.get("torch"), "batches_stage", ())
+        for want in (per_sample, run(True)):
+            for (k1, m1, i1, l1), (k2, m2, i2, l2) in zip(staged, want, strict=True):
+                assert k1 == k2 and torch.equal(m1, m2) and torch.equal(l1, l2)
+                torch.testing.assert_close(i1, i2, atol=0, rtol=0)
+
     def test_views_each_with_its_tail(self, shards):
         """Several views (multi-crop): each view's tail with its own draws, one of them without a
         tail to stage."""
@@ -429,7 +462,7 @@ class TestOperatorBudgets:
         operators = len(parse(define(None, views=list(views), gpu=True).pipe.serialize())[0])
         budget = GPU_OPERATORS[recipe, options]
         assert operators <= budget
-        if stage is not None and recipe not in MULTI_VIEW:
+        if stage is not None and stage.tails and recipe not in MULTI_VIEW:
             assert budget <= TARGET
 
 
@@ -561,10 +594,10 @@ class TestAhead:
                        num_workers=0) as cut:  # fmt: skip
             plan = cut.plan(0)
             raw = list(enumerate(cut._runner.run(plan, 0)))
-            got = list(stage.batches(iter(raw), plan, torch.device("cuda")))
+            got = list(stage.batches(iter(raw), plan, torch.device("cuda"), rank=0))
         assert log[0] == "stream on cuda" and log[1:4] == ["launch", "launch", "finish"]
         assert log.count("launch") == log.count("finish") == len(raw) == 4
-        for (b, one, images), (b2, two) in zip(got, raw, strict=True):
-            assert b == b2 and one is two
+        for (b, one, images, labels), (b2, two) in zip(got, raw, strict=True):
+            assert b == b2 and one is two and labels is two.labels
             want = stage.run(two.images, seed=plan.seed, epoch=0, draws=plan.drawn(b))
             torch.testing.assert_close(images[0], want[0], atol=0, rtol=0)

@@ -138,10 +138,27 @@ class TestPlanted:
         assert got["bound"]["bound"] == "transforms", got
         assert got["times"]["transform_s"] > got["times"]["decode_s"] and got["times"]["stage_s"] is None
 
-    def test_the_stage_is_timed_where_it_runs(self, shards):
+    def test_the_stage_is_timed_where_it_runs(self, shards, monkeypatch):
+        """In the training thread (a backend that hands it the batches: the inline test backend),
+        the stage's own clock; in the torch backend's workers on the CPU, with the transforms
+        (run batched there), apart from the stacking."""
+        from gpupipe import backends
+        from gpupipe.backends._stage import _delivered
+
+        monkeypatch.setitem(backends.TABLE, "inline", "tests.support.inline_backend")
         steps = [T.CenterCrop(16), T.TrivialAugmentWide(), T.ToDtype(torch.float32, scale=True)]
-        got = epoch_verdict(gp.Pipeline(shards, steps), num_workers=1, stage=True)
+        got = epoch_verdict(gp.Pipeline(shards, steps), backend="inline", num_workers=0, stage=True)
         assert got["times"]["stage_s"] is not None and got["times"]["stage_s"] > 0
+        real = _delivered.Stage.finish
+
+        def slow(*args, **kwargs):
+            time.sleep(0.05)
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(_delivered.Stage, "finish", slow)
+        got = epoch_verdict(gp.Pipeline(shards, steps), num_workers=1, stage=True)
+        assert got["times"]["stage_s"] is None
+        assert got["times"]["transform_s"] >= 0.05 > got["times"]["collate_s"]
 
 
 class TestPlantedOnDali:

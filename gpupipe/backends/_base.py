@@ -9,7 +9,7 @@ import dataclasses
 import threading
 import weakref
 from collections.abc import Container, Generator, Iterable, Iterator, Mapping, Sequence
-from typing import Any, ClassVar, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol
 
 import torch
 
@@ -17,8 +17,11 @@ from ..core._config import DEFAULT_PREFETCH, LoaderConfig, OnError
 from ..core._errors import DataError, UnsupportedTransformError
 from ..plan._plan import RankPlan
 from ..sources import Index
-from ..transforms import BatchTransform, ImageSpec, Transform
+from ..transforms import ImageSpec, Transform
 from ._registry import Registry
+
+if TYPE_CHECKING:
+    from ._stage import Stage
 
 __all__ = [
     "Backend",
@@ -75,16 +78,14 @@ class RawBatch(NamedTuple):
     be used, with their errors; each such position holds a copy of another sample (its image,
     label and key), which the loader marks invalid.
 
-    ``mixed``: the runner applied the pipeline's batch transform (``RunSpec.batch_transform``)
-    already, where it batched (the torch backend's CPU workers): ``labels`` are soft targets
-    ``[B, num_classes]`` and the loader leaves the batch as it is.
+    A runner given the stage (``RunSpec.stage``) yields its batches after it: tails run, and
+    ``labels`` soft targets ``[B, num_classes]`` where the pipeline has a batch transform.
     """
 
     images: tuple[torch.Tensor, ...]  # one [B, C, H, W] per view, on the loader's device (channels-last if asked)
     labels: torch.Tensor | None  # [B] int64 on the loader's device; None for unlabeled sources
     keys: list[str]
     skipped: tuple[tuple[int, DataError], ...] = ()
-    mixed: bool = False
     fields: Mapping[str, Any] | None = None  # the source's other fields by name (Batch.fields); None: none
     slot: Any = None  # the torch backend's claim on the worker buffer the batch is in (``_slots.Ticket``)
     times: Mapping[str, float] | None = None  # seconds the batch took per stage where it was made (STAGE_CLOCKS)
@@ -132,7 +133,9 @@ class RunSpec:
     seed: int  # the loader's seed when built; each plan carries the seed it was drawn for
     outputs: tuple[ImageSpec, ...] | None = None  # each view's output image (fixed size); None: no pipeline
     per_source: bool = False  # views are a gp.Mix's per-source lists: one output, each sample its source's
-    batch_transform: BatchTransform | None = None  # MixUp/CutMix: a runner may apply it where it batches
+    # the loader's stage (tails, MixUp/CutMix) where the backend runs it as it makes each batch
+    # (Backend.batches_stage); None: the loader runs it on the delivered batch, if it has one
+    stage: Stage | None = None
 
     @property
     def prefetch(self) -> int:
@@ -212,6 +215,9 @@ class Backend(abc.ABC):
             those transforms (``None``: any pipeline) measurably slower than the next backend of
             the table, so that ``backend="auto"`` passes it over there for that backend (when it
             runs the pipeline).
+        batches_stage: the device types where its runner runs the loader's stage (``RunSpec.stage``:
+            the views' tails, the batch transform) where it makes each batch, off the training
+            thread; elsewhere the loader runs it on each delivered batch.
     """
 
     name: ClassVar[str]
@@ -223,6 +229,8 @@ class Backend(abc.ABC):
     reads_fields: ClassVar[bool] = False  # whether it reads a source's fields= (Batch.fields)
     imageless: ClassVar[bool] = False  # whether it runs a source of fields alone (no image per sample)
     reads_targets: ClassVar[bool] = False  # whether it moves Mask fields with the image (gp.fields.Mask)
+    # the device types where its runner runs the stage as it makes each batch (RunSpec.stage)
+    batches_stage: ClassVar[tuple[str, ...]] = ()
 
     def slower_step(self, device_type: str, views: Any) -> str | None:
         """Why the next backend suits ``views`` on ``device_type`` better (a step of an entry of

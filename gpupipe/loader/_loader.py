@@ -12,7 +12,6 @@ import torch
 
 from .. import backends
 from ..backends._base import collecting
-from ..backends._batchwise import apply_batch
 from ..backends._stage import Stage, stage_for
 from ..core._batch import Batch, SkippedSample
 from ..core._config import LoaderConfig, valid_options
@@ -178,25 +177,31 @@ class Loader(LoaderAttributes, Observed, Resumable):
                  self.rank, self.epoch, len(self.index), len(self.index.shards))  # fmt: skip
 
     def _stage(self, pipeline: Pipeline) -> Stage | None:
-        """Where ``pipeline``'s views hand their tails to the stage (``LoaderConfig.stage``)."""
+        """``pipeline``'s stage: where its views hand their tails to it (``LoaderConfig.stage``),
+        and its batch transform (``backends._stage``)."""
         return stage_for(
             pipeline, torch.device(self.device), self.config.stage, channels_last=self.config.channels_last
         )
+
+    def _own_stage(self, pipeline: Pipeline) -> Stage | None:
+        """``pipeline``'s stage where the loader runs it, on each delivered batch; ``None`` where
+        it has none, or where the runner runs it as it makes each batch (``Backend.batches_stage``)."""
+        stage = self._stage(pipeline)
+        return None if torch.device(self.device).type in backends.get(self.backend).batches_stage else stage
 
     def _run_spec(self, pipeline: Pipeline) -> backends.RunSpec:
         stage = self._stage(pipeline)  # the backend runs each view up to its tail, if it has one
         return backends.RunSpec(
             index=self.index,
-            views=pipeline.views if stage is None else stage.cut(),
+            views=stage.cut() if stage is not None and stage.tails else pipeline.views,
             config=self._run_config,
             device=torch.device(self.device),
             workers=self.num_workers,
             rank=self.rank,
             seed=self.seed,
-            outputs=pipeline.output_specs if stage is None else stage.cut_specs(pipeline.view_specs),
+            outputs=pipeline.output_specs if stage is None or not stage.tails else stage.cut_specs(pipeline.view_specs),
             per_source=pipeline.per_source,
-            # after a stage's tail, not on the backend's images before it: the loader mixes then
-            batch_transform=pipeline.batch_transform if stage is None else None,
+            stage=None if self._own_stage(pipeline) is not None else stage,  # run by the loader, or the runner
         )
 
     @property
@@ -387,21 +392,21 @@ class Loader(LoaderAttributes, Observed, Resumable):
         limit = self.config.skip_limit(int(plan.valid.sum()))
         size = self.config.batch_size
         fetch = prefetcher(self.index, plan.samples[start * size :], size, self.config.remote_ahead())
-        stage = self._stage(self.pipeline)
+        stage = self._own_stage(self.pipeline)
         times.begin()
         try:
             if fetch is not None:
                 fetch.advance(0)
             batches = enumerate(self._runner.run(plan, start), start)
-            # each batch with its views after their tails: the stage's (ahead, on a GPU), or as they came
+            # each batch after the stage (ahead, on a GPU), or as it came (none, or the runner's)
             run = (
-                ((b, raw, raw.images) for b, raw in batches)
+                ((b, raw, raw.images, raw.labels) for b, raw in batches)
                 if stage is None
-                else stage.batches(batches, plan, device, spent=spent)
+                else stage.batches(batches, plan, device, rank=self.rank, spent=spent)
             )
             while True:
                 try:
-                    b, raw, staged = next(run)
+                    b, raw, staged, labels = next(run)
                 except StopIteration:
                     break
                 except ValueError as e:  # close() in another thread is ending the run right now
@@ -417,12 +422,7 @@ class Loader(LoaderAttributes, Observed, Resumable):
                     self._skips.mark(raw.skipped, valid, epoch, limit)
                 at.yielded = shift + b + 1
                 images = staged if self.pipeline.has_views else staged[0] if staged else None
-                labels = raw.labels
                 mask = backends.to_device(torch.from_numpy(valid), device)
-                mixing = self.pipeline.batch_transform
-                if mixing is not None and labels is not None and not raw.mixed:  # MixUp, CutMix: on the device
-                    images, labels = apply_batch(mixing, staged[0], labels, mask, seed=self.seed, epoch=epoch,
-                                                 rank=self.rank, batch=shift + b)  # fmt: skip
                 if self._mixing is None and self.config.shuffle:  # once, with a first batch (the start-up's)
                     self._judge_mixing(plan)
                 meter.ready()

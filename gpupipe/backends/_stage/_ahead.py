@@ -56,15 +56,16 @@ def ahead(items: Iterator[In], launch: Callable[[In], Out], finish: Callable[[Ou
         yield finish(pending.popleft())
 
 
-class SideStream(Generic[In]):
-    """Launches a batch's tail on a stream of its own on ``device`` and hands its outputs to the
-    consumer's stream (torch's current one, in the iterating thread)."""
+class SideStream(Generic[Out]):
+    """Launches a batch's stage on a stream of its own on ``device`` and hands its outputs (a
+    tensor, or tuples of tensors and ``None``) to the consumer's stream (torch's current one, in
+    the iterating thread)."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self.stream = torch.cuda.Stream(device)
 
-    def launch(self, run: Callable[[], tuple[torch.Tensor, ...]]) -> tuple[tuple[torch.Tensor, ...], Any]:
+    def launch(self, run: Callable[[], Out]) -> tuple[Out, Any]:
         consumer = torch.cuda.current_stream(self.device)
         self.stream.wait_stream(consumer)
         with torch.cuda.stream(self.stream):
@@ -73,10 +74,19 @@ class SideStream(Generic[In]):
             event.record(self.stream)
         return out, event
 
-    def finish(self, launched: tuple[tuple[torch.Tensor, ...], Any]) -> tuple[torch.Tensor, ...]:
+    def finish(self, launched: tuple[Out, Any]) -> Out:
         out, event = launched
         consumer = torch.cuda.current_stream(self.device)
         consumer.wait_event(event)
-        for tensor in out:
+        for tensor in _tensors(out):
             tensor.record_stream(consumer)
         return out
+
+
+def _tensors(out: Any) -> Iterator[torch.Tensor]:
+    """The tensors of ``out``: a tensor, or tuples of them (``None`` left out)."""
+    if isinstance(out, torch.Tensor):
+        yield out
+    elif isinstance(out, tuple):
+        for item in out:
+            yield from _tensors(item)

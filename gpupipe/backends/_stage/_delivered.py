@@ -1,7 +1,13 @@
-"""The stage on a delivered batch: the loader decides, per pipeline, which views hand a tail of
-steps to the stage (:func:`stage_for`); the backend then runs each view only up to that tail
-(``RunSpec.views`` cut there, its outputs uint8 of a fixed size) and the loader runs the tail on
-each batch it receives, on the batch's device (:meth:`Stage.run`), before the batch transform.
+"""The stage on a delivered batch: the per-batch work after the backend's, in one owner. The
+loader decides, per pipeline, which views hand a tail of steps to the stage (:func:`stage_for`);
+the backend then runs each view only up to that tail (``RunSpec.views`` cut there, its outputs
+uint8 of a fixed size). :meth:`Stage.finish` runs the tails on each batch, on the batch's device
+(:meth:`Stage.run`), then the pipeline's batch transform (MixUp, CutMix: ``Stage.mix``).
+
+It runs in one of two places, chosen once when the runner is built (``Backend.batches_stage``):
+where the runner makes each batch (the torch backend's worker processes, on the CPU), or in the
+loader on each batch the runner delivers (:meth:`Stage.batches`: on a GPU one batch ahead, on a
+stream of its own).
 
 The draws are every backend's: a tail step's factors are those of its place in the full view
 (``gpupipe.core._random.step_factors`` of ``(seed, epoch, sample, view, step)``), drawn for the
@@ -20,8 +26,9 @@ import numpy as np
 import torch
 
 from ...core._random import step_factors
-from ...transforms import ImageSpec, Transform
+from ...transforms import BatchTransform, ImageSpec, Transform
 from .._base import donor
+from .._batchwise import apply_batch
 from ._ahead import SideStream, ahead
 from ._steps import run_stage, stage_start
 
@@ -30,12 +37,18 @@ __all__ = ["Stage", "stage_for"]
 
 @dataclasses.dataclass(frozen=True)
 class Stage:
-    """Where each view's tail starts (``None``: the view has none) and how the batch is laid out
-    after it."""
+    """Where each view's tail starts (``None``: the view has none), how the batch is laid out
+    after it, and the pipeline's batch transform (``mix``, applied after the tails)."""
 
     views: tuple[tuple[Transform, ...], ...]
     starts: tuple[int | None, ...]
     channels_last: bool = False
+    mix: BatchTransform | None = None
+
+    @property
+    def tails(self) -> bool:
+        """Whether a view hands the stage a tail of steps (else it holds the batch transform alone)."""
+        return any(s is not None for s in self.starts)
 
     def cut(self) -> tuple[tuple[Transform, ...], ...]:
         """The views as the backend runs them: each up to its tail."""
@@ -65,45 +78,65 @@ class Stage:
             out.append(img)
         return tuple(out)
 
-    def batches(self, batches: Iterator[tuple[int, Any]], plan: Any, device: torch.device, *,
-                spent: list[float] | None = None) -> Iterator[tuple[int, Any, tuple[torch.Tensor, ...]]]:  # fmt: skip
-        """``(b, raw, images)`` for each ``(b, raw)`` a runner yields for ``plan`` (``RawBatch``es),
-        ``images`` the views after their tails. On a GPU each batch's tail is launched on a stream
-        of its own one batch ahead (``_ahead``): it runs while the training loop's step of the
-        batch before does. ``spent[0]``: the host's seconds in the tails, added to."""
+    def finish(self, images: tuple[torch.Tensor, ...], labels: torch.Tensor | None, valid: np.ndarray, *, seed: int,
+               epoch: int, rank: int, batch: int, draws: np.ndarray,
+               skipped: Sequence[int] = ()) -> tuple[tuple[torch.Tensor, ...], torch.Tensor | None]:  # fmt: skip
+        """The batch after the stage: each view's tail (:meth:`run`), then the batch transform on
+        the first view's ``[B, C, H, W]`` images and the class ``labels`` ``[B]`` (float32 soft
+        targets ``[B, num_classes]`` after it). ``valid`` ``[B]`` (bool, host memory): the rows
+        that mix (not padding, not ``skipped``); ``batch``: the batch's number in its epoch
+        (``RankPlan.batch_offset`` counted in), whose generator draws the mix."""
+        images = self.run(images, seed=seed, epoch=epoch, draws=draws, skipped=skipped) if self.tails else images
+        if self.mix is None or labels is None:
+            return images, labels
+        mixed, labels = apply_batch(self.mix, images[0], labels, torch.from_numpy(valid), seed=seed, epoch=epoch,
+                                    rank=rank, batch=batch)  # fmt: skip
+        return (mixed, *images[1:]), labels
 
-        def tail(b: int, raw: Any) -> tuple[torch.Tensor, ...]:
+    def batches(self, batches: Iterator[tuple[int, Any]], plan: Any, device: torch.device, *, rank: int,
+                spent: list[float] | None = None) -> Iterator[tuple[Any, ...]]:  # fmt: skip
+        """``(b, raw, images, labels)`` for each ``(b, raw)`` a runner yields for ``plan``
+        (``RawBatch``es) of ``rank``: the batch after :meth:`finish`. On a GPU each batch's stage is
+        launched on a stream of its own one batch ahead (``_ahead``): it runs while the training
+        loop's step of the batch before does. ``spent[0]``: the host's seconds in the stage,
+        added to."""
+
+        def tail(b: int, raw: Any) -> tuple[tuple[torch.Tensor, ...], Any]:
             started = time.perf_counter()
             try:
-                return self.run(raw.images, seed=plan.seed, epoch=plan.epoch, draws=plan.drawn(b),
-                                skipped=[i for i, _ in raw.skipped])  # fmt: skip
+                skipped = [i for i, _ in raw.skipped]
+                valid = plan.batch(b)[1].copy()
+                valid[skipped] = False
+                return self.finish(raw.images, raw.labels, valid, seed=plan.seed, epoch=plan.epoch, rank=rank,
+                                   batch=plan.batch_offset + b, draws=plan.drawn(b), skipped=skipped)  # fmt: skip
             finally:
                 if spent is not None:
                     spent[0] += time.perf_counter() - started
 
         if device.type != "cuda":
-            return ((b, raw, tail(b, raw)) for b, raw in batches)
+            return ((b, raw, *tail(b, raw)) for b, raw in batches)
         side: SideStream[Any] = SideStream(device)
         return ahead(batches, lambda item: (item, side.launch(lambda: tail(*item))),
-                     lambda launched: (*launched[0], side.finish(launched[1])), depth=1)  # fmt: skip
+                     lambda launched: (*launched[0], *side.finish(launched[1])), depth=1)  # fmt: skip
 
 
 def stage_for(pipeline: Any, device: torch.device, choice: bool | None, *, channels_last: bool = False) -> Stage | None:
-    """The stage of ``pipeline`` delivered to ``device``, or ``None`` where no view hands it a
-    tail: ``choice`` (``LoaderConfig.stage``) ``False``, or ``None`` on the CPU, where the
-    backends run a tail faster themselves, in their workers or threads, than the training thread
-    runs the stage (the torch backend 0.57-0.72x with it, DALI 0.77-0.95x but AugMix 1.30x: 2
-    cores, ``bench/results/2026-11-28-stage-cpu.md``); a ``gp.Mix``'s ``per_source`` lists, masks or boxes
-    that follow the image, or no image. A view's tail goes to the stage where it holds a
-    per-sample draw and its input has a fixed size (the batch stacks); every backend stops a view
-    where it is cut."""
+    """The stage of ``pipeline`` delivered to ``device``: its views' tails and its batch
+    transform; ``None`` where it has neither.
+
+    A view's tail goes to the stage where it holds a per-sample draw and its input has a fixed
+    size (the batch stacks); every backend stops a view where it is cut. No view has one with
+    ``choice`` (``LoaderConfig.stage``) ``False``, or ``None`` on the CPU, where the backends run a
+    tail faster sample by sample, in their workers or threads (the torch backend 0.57-0.72x with
+    the stage in the training thread, DALI 0.77-0.95x but AugMix 1.30x: 2 cores,
+    ``bench/results/2026-11-28-stage-cpu.md``); nor with a ``gp.Mix``'s ``per_source`` lists,
+    masks or boxes that follow the image, or no image."""
     on = choice if choice is not None else device.type == "cuda"
-    if not on or pipeline.per_source or pipeline.targets or not pipeline.has_image:
+    starts: list[int | None] = [None] * len(pipeline.views)
+    if on and not (pipeline.per_source or pipeline.targets or not pipeline.has_image):
+        for view, (steps, specs) in enumerate(zip(pipeline.views, pipeline.view_specs, strict=True)):
+            start = stage_start(steps, specs)
+            starts[view] = start if start is not None and specs[start].fixed_size else None
+    if all(s is None for s in starts) and pipeline.batch_transform is None:
         return None
-    starts = []
-    for steps, specs in zip(pipeline.views, pipeline.view_specs, strict=True):
-        start = stage_start(steps, specs)
-        starts.append(start if start is not None and specs[start].fixed_size else None)
-    if all(s is None for s in starts):
-        return None
-    return Stage(tuple(pipeline.views), tuple(starts), channels_last)
+    return Stage(tuple(pipeline.views), tuple(starts), channels_last, pipeline.batch_transform)

@@ -17,6 +17,7 @@ class TorchBackend(Backend):
     reads_fields = True
     imageless = True
     reads_targets = True
+    batches_stage = ("cpu",)  # in the workers, where each batch is collated
 
     def runner(self, spec: RunSpec) -> Runner:
         from ._runner import TorchRunner

@@ -23,11 +23,11 @@ from ...plan._plan import RankPlan
 from ...runtime._children import CRASHED
 from ...runtime._decode import decode_rgb
 from ...sources import Index
-from ...transforms import BatchTransform, ImageSpec, Transform
+from ...transforms import ImageSpec, Transform
 from .._base import READ_BYTES, STAGE_CLOCKS, RawBatch, donor, fill
-from .._batchwise import apply_batch
 from .._fields import batch_fields, empty_values, field_values
 from .._slots import Arena, Slots
+from .._stage import Stage
 from ._kernels import apply_params, apply_pipeline, sample_factors
 from ._targets import has_targets, move_targets
 
@@ -37,27 +37,29 @@ Item = tuple[int, int, int, int]  # (sample, the number its augmentation is draw
 
 
 class BatchItems(list):
-    """A batch's items (or, once fetched, its samples), with what a batch transform applied where
-    the batch is collated needs: the batch's number in its epoch, its seed, epoch and rank, and
-    which positions are padding (``valid``)."""
+    """A batch's items (or, once fetched, its samples), with what the stage run where the batch
+    is collated needs: the batch's number in its epoch, its seed, epoch and rank, which positions
+    are padding (``valid``) and each position's draw number (``draws``)."""
 
     def __init__(self, items: Sequence[Any], *, number: int, seed: int, epoch: int, rank: int,
-                 valid: Sequence[bool]) -> None:  # fmt: skip
+                 valid: Sequence[bool], draws: Sequence[int]) -> None:  # fmt: skip
         super().__init__(items)
-        self.number, self.seed, self.epoch, self.rank, self.valid = number, seed, epoch, rank, list(valid)
+        self.number, self.seed, self.epoch, self.rank = number, seed, epoch, rank
+        self.valid, self.draws = list(valid), list(draws)
         self.times: dict[str, float] | None = None  # once fetched: seconds per stage (Samples' clocks)
 
     def like(self, items: Sequence[Any]) -> BatchItems:
         """``items`` with this batch's context."""
         return BatchItems(items, number=self.number, seed=self.seed, epoch=self.epoch, rank=self.rank,
-                          valid=self.valid)  # fmt: skip
+                          valid=self.valid, draws=self.draws)  # fmt: skip
 
     def __reduce__(self) -> Any:
-        return (_batch_items, (list(self), self.number, self.seed, self.epoch, self.rank, self.valid))
+        return (_batch_items, (list(self), self.number, self.seed, self.epoch, self.rank, self.valid, self.draws))
 
 
-def _batch_items(items: list[Any], number: int, seed: int, epoch: int, rank: int, valid: list[bool]) -> BatchItems:
-    return BatchItems(items, number=number, seed=seed, epoch=epoch, rank=rank, valid=valid)
+def _batch_items(items: list[Any], number: int, seed: int, epoch: int, rank: int, valid: list[bool],
+                 draws: list[int]) -> BatchItems:  # fmt: skip
+    return BatchItems(items, number=number, seed=seed, epoch=epoch, rank=rank, valid=valid, draws=draws)
 
 
 # (one image per view, label, key, the other fields' values by name or None)
@@ -86,7 +88,7 @@ def batch_items(plan: RankPlan, b: int, rank: int = 0) -> BatchItems:
     (samples, valid), draws = plan.batch(b), plan.drawn(b).tolist()
     items = [(s, d, plan.seed, plan.epoch) for s, d in zip(samples.tolist(), draws, strict=True)]
     return BatchItems(items, number=plan.batch_offset + b, seed=plan.seed, epoch=plan.epoch, rank=rank,
-                      valid=valid.tolist())  # fmt: skip
+                      valid=valid.tolist(), draws=draws)  # fmt: skip
 
 
 class Samples(Dataset["Sample | Failure"]):
@@ -216,25 +218,30 @@ def culprits(samples: Samples, items: list[Item], timeout: float | None) -> list
 
 
 class Collate:
-    """Stacks a batch's samples, view by view. A sample that failed raises (its ``Failure`` is
-    the batch), or, with ``skip``, is replaced by a copy of the first good sample of the batch
-    (zeros of the outputs' shapes, label 0, if none is good) and listed by position."""
+    """Stacks a batch's samples, view by view, then runs the loader's ``stage`` on it, if it is
+    given one (``RunSpec.stage``). A sample that failed raises (its ``Failure`` is the batch), or,
+    with ``skip``, is replaced by a copy of the first good sample of the batch (zeros of the
+    outputs' shapes, label 0, if none is good) and listed by position."""
 
     def __init__(self, skip: bool, outputs: tuple[ImageSpec, ...] | None, labeled: bool,
-                 channels_last: bool = False, mix: BatchTransform | None = None,
+                 channels_last: bool = False, stage: Stage | None = None,
                  fields: Mapping[str, Field] | None = None, slots: Slots | None = None) -> None:  # fmt: skip
         self.skip, self.outputs, self.labeled, self.channels_last = skip, outputs, labeled, channels_last
         self.fields = dict(fields or {})  # the source's fields beyond image and label (Index.fields)
-        self.mix = mix  # applied here, where a batch of BatchItems is collated (RawBatch.mixed)
+        self.stage = stage  # run here, on each batch of BatchItems collated
+        self._staged = 0.0  # the seconds of the last batch's stage
         self.slots = slots  # the workers' reusable batch buffers (``_slots``); None: fresh memory
 
     def __call__(self, items: list[Sample | Failure]) -> RawBatch | Failure:
         started = time.perf_counter()
+        self._staged = 0.0
         made = self._collate(items)
         fetched = getattr(items, "times", None)
         if isinstance(made, Failure) or fetched is None:
             return made
-        return made._replace(times={**fetched, "collate": time.perf_counter() - started})
+        # the stage's seconds are the batch's transforms' (run batched), the rest stacking it
+        stacked = time.perf_counter() - started - self._staged
+        return made._replace(times={**fetched, "transform": fetched["transform"] + self._staged, "collate": stacked})
 
     def _collate(self, items: list[Sample | Failure]) -> RawBatch | Failure:
         failed = [(i, item) for i, item in enumerate(items) if isinstance(item, Failure)]
@@ -252,13 +259,18 @@ class Collate:
         alloc = arena.empty if arena is not None else None
         fields = batch_fields(self.fields, [s[3] for s in samples], alloc=alloc) if self.fields else None
         slot = arena.ticket() if arena is not None else None
-        if self.mix is not None and labels is not None and isinstance(items, BatchItems):
-            valid = torch.tensor(items.valid, dtype=torch.bool)
-            valid[[i for i, _ in failed]] = False
-            mixed, labels = apply_batch(self.mix, images[0], labels, valid, seed=items.seed, epoch=items.epoch,
-                                        rank=items.rank, batch=items.number)  # fmt: skip
-            return RawBatch((mixed,), labels, keys, tuple(failed), mixed=True, fields=fields,  # type: ignore[arg-type]
-                            slot=slot)  # fmt: skip
+        if self.stage is not None:
+            if not isinstance(items, BatchItems):  # the runner's batch sampler makes each batch one
+                raise TypeError(f"Collate: the stage needs a batch's BatchItems, got {type(items).__name__}")
+            valid = np.array(items.valid, dtype=bool)
+            skipped = [i for i, _ in failed]
+            valid[skipped] = False
+            draws = np.array(items.draws, dtype=np.int64)
+            started = time.perf_counter()
+            images, labels = self.stage.finish(images, labels, valid, seed=items.seed, epoch=items.epoch,
+                                               rank=items.rank, batch=items.number, draws=draws,
+                                               skipped=skipped)  # fmt: skip
+            self._staged = time.perf_counter() - started
         return RawBatch(images, labels, keys, tuple(failed), fields=fields, slot=slot)  # type: ignore[arg-type]
 
     def _stack(self, view: Sequence[torch.Tensor], arena: Arena | None) -> torch.Tensor:

@@ -68,15 +68,15 @@ class TorchRunner:
         self._loader: DataLoader[Sample | Failure] | None = DataLoader(
             self._dataset,
             batch_sampler=self._batches,
-            # MixUp/CutMix where a CPU batch is made (a worker, one thread, as torchvision's reference
-            # collate does): not on the training thread, whose intra-op threads would contend with
-            # the workers; on a GPU, the loader mixes on the device
+            # the stage (tails, MixUp/CutMix) where a CPU batch is made (a worker, one thread, as
+            # torchvision's reference collate mixes): not on the training thread, whose intra-op
+            # threads would contend with the workers; on a GPU, the loader runs it on the device
             collate_fn=Collate(
                 spec.skip,
                 spec.outputs,
                 spec.index.labeled,
                 spec.config.channels_last,
-                mix=spec.batch_transform if self.device.type == "cpu" else None,
+                stage=spec.stage,
                 fields=spec.index.fields,
                 slots=self._slots,
             ),
@@ -147,7 +147,7 @@ class TorchRunner:
                     images = tuple(view.to(self.device, non_blocking=True) for view in images)
                     labels = None if labels is None else labels.to(self.device, non_blocking=True)
                     fields = map_tensors(fields, lambda t: t.to(self.device, non_blocking=True))
-                yield RawBatch(images, labels, batch.keys, skipped, batch.mixed, fields, times=batch.times)
+                yield RawBatch(images, labels, batch.keys, skipped, fields, times=batch.times)
         finally:
             if self._closed:
                 self._shutdown()
