@@ -851,3 +851,55 @@ class TestSecrets:
     def test_storage_options_are_for_remote_urls(self, shards):
         with pytest.raises(gp.ConfigError, match="storage_options apply to remote URLs"):
             gp.WebDataset(shards, storage_options={"anon": True}).index()
+
+
+class TestCacheCounts:
+    """The node cache's hits and misses, counted per thread where the reads happen (the torch
+    workers, DALI's reader threads) and reported per batch in ``loader.stats()["times"]``."""
+
+    def test_a_read_that_waits_for_its_download_is_a_miss_the_next_a_hit(self, shards, server, cache):
+        from gpupipe.storage._counts import snapshot
+
+        url = f"{server.url}/{names(shards)[0]}"
+        storage = RemoteStorage("http", cache_dir=cache)
+        before = snapshot()
+        storage.read(url, 0, 512)
+        first = snapshot()
+        storage.read(url, 512, 512)
+        got = first.since(before), snapshot().since(first)
+        storage.close()
+        assert got[0]["cache_misses"] == 1 and got[0]["cache_hits"] == 0 and got[0]["wait_download"] > 0
+        assert got[1] == {"cache_hits": 1, "cache_misses": 0, "wait_download": 0.0}
+        other = RemoteStorage("http", cache_dir=cache)  # another process of the node: the cache has it
+        before = snapshot()
+        other.read(url, 0, 512)
+        assert snapshot().since(before)["cache_hits"] == 1
+        other.close()
+
+    def test_local_reads_count_nothing(self, shards):
+        from gpupipe.storage._counts import snapshot
+
+        before = snapshot()
+        LocalStorage().read(shards[0], 0, 512)
+        assert snapshot().since(before) == {}
+
+    def test_the_loader_reports_them_per_batch(self, backend, served_copy, monkeypatch, tmp_path):
+        """No shard downloaded ahead (the prefetch left out): each batch's first read of a new
+        shard waits for it; the next epoch's reads are the cache's."""
+        from gpupipe.loader import _loader
+
+        srv, local = served_copy
+        assert main(["index", *local, "--beside", "--workers", "0"]) == 0
+        urls = [f"{srv.url}/{n}" for n in names(local)]
+        cache = new_node(monkeypatch, tmp_path, "node")
+        monkeypatch.setattr(_loader, "prefetcher", lambda *args: None)
+        with backend.loader(val(gp.WebDataset(urls, cache_dir=cache)), 4, num_workers=1, shuffle=False) as loader:
+            epochs = []
+            for e in range(2):
+                loader.set_epoch(e)
+                for _ in loader:
+                    pass
+                epochs.append(loader.stats())
+        first, second = (s["times"] for s in epochs)
+        assert first["cache_misses"] >= 1 and first["wait_download_s"] > 0  # each batch a new shard
+        assert second["cache_misses"] == 0 and second["cache_hits"] >= 1 and second["wait_download_s"] == 0

@@ -62,6 +62,19 @@ class TestTheRule:
                       workers=4)  # fmt: skip
         assert got["bound"] == bound
 
+    def test_reads_that_waited_for_downloads(self):
+        """Remote shards: the node cache's misses named, with their wait, on either backend."""
+        counted = {"read_bytes": 4e6, "cache_hits": 60.0, "cache_misses": 4.0, "wait_download_s": 0.12}
+        got = verdict(stall(0.6), {**times(read=0.15, decode=0.01), **counted}, workers=2)
+        assert got["bound"] == "storage"
+        assert "4.0 of the 64.0 reads of remote shards per batch waited for a shard's download (120.0 ms)" in got["why"]
+        assert "shards_ahead" in got["why"]
+        dali = {"batches": 10, "wait_read_s": 0.04, "wait_graph_s": 0.01, "stage_s": None, **counted}
+        got = verdict(stall(0.5), dali, workers=4)
+        assert got["bound"] == "storage" and "waited for a shard's download" in got["why"]
+        local = verdict(stall(0.6), {**times(read=0.15, decode=0.01), "read_bytes": 4e6}, workers=2)
+        assert "download" not in local["why"]
+
     def test_a_backend_without_stage_times(self):
         got = verdict(stall(0.5), {"batches": 0, "stage_s": None}, workers=8)
         assert got["bound"] == "loader" and "gpupipe tune" in got["remedy"]
@@ -75,7 +88,8 @@ class TestStageTimes:
         t.add({"read": 3.0, "decode": 2.0, "transform": 1.0, "collate": 0.0}, None)
         assert t.stats() == {"batches": 2, "read_s": 2.0, "decode_s": 2.0, "transform_s": 2.0, "collate_s": 2.0,
                              "wait_read_s": None, "wait_graph_s": None, "stage_s": None,
-                             "read_bytes": None}  # fmt: skip
+                             "read_bytes": None, "cache_hits": None, "cache_misses": None,
+                             "wait_download_s": None}  # fmt: skip
         t.begin()
         assert t.stats()["batches"] == 0 and t.stats()["read_s"] is None
 

@@ -50,6 +50,10 @@ def profile_text(profile: dict[str, Any]) -> str:
     read = [b["read_bytes"] for b in batches if "read_bytes" in b]
     if read:
         cells.append(f"MB read {statistics.median(read) / 1e6:.2f}")
+    misses = [b["cache_misses"] for b in batches if "cache_misses" in b]  # remote shards: the node cache's
+    if misses:
+        hits = [b.get("cache_hits", 0.0) for b in batches if "cache_misses" in b]
+        cells.append(f"reads waiting for a download {sum(misses):.0f} of {sum(misses) + sum(hits):.0f}")
     workers = profile.get("workers")
     each = f" (read..collate: one worker's, {workers} workers)" if any("decode" in b for b in batches) else ""
     bound = profile.get("bound") or {}

@@ -32,6 +32,7 @@ from typing import Any
 from ..backends._base import READ_BYTES, STAGE_CLOCKS, WAIT_CLOCKS
 from ..pipeline._labels import batch_mixing
 from ..shards._shard import NO_LABEL
+from ..storage._counts import CACHE_HITS, CACHE_MISSES, WAIT_DOWNLOAD
 
 __all__ = ["StageTimes", "verdict", "STALL_OK", "BOUNDS", "CLOCKS", "label_mixing", "MIXED_ENOUGH"]
 
@@ -42,6 +43,7 @@ STALL_OK = 0.05  # the loop waiting up to 5% of its time: the model sets the pac
 BOUNDS = ("model", "storage", "decode", "transforms", "collate", "graph", "stage", "main", "loader")
 _NAMES = {"read": "storage", "decode": "decode", "transform": "transforms", "collate": "collate"}
 CLOCKS = (*STAGE_CLOCKS, *WAIT_CLOCKS, "stage")  # the stages timed, in order
+_COUNTED = (READ_BYTES, CACHE_HITS, CACHE_MISSES, WAIT_DOWNLOAD)  # what else a batch's times count
 
 
 class StageTimes:
@@ -54,8 +56,8 @@ class StageTimes:
 
     def begin(self) -> None:
         self.batches = 0  # batches with the runner's times
-        self.seconds = dict.fromkeys((*CLOCKS, READ_BYTES), 0.0)  # (and the bytes read)
-        self.counts = dict.fromkeys((*CLOCKS, READ_BYTES), 0)  # batches that timed each
+        self.seconds = dict.fromkeys((*CLOCKS, *_COUNTED), 0.0)  # (and the bytes read, the node cache's reads)
+        self.counts = dict.fromkeys((*CLOCKS, *_COUNTED), 0)  # batches that timed each
         self.history: list[dict[str, float]] = []  # the epoch's batches, the first included (with keep)
         self._first = True
 
@@ -75,13 +77,15 @@ class StageTimes:
 
     def stats(self) -> dict[str, Any]:
         """``{"batches", "read_s", "decode_s", "transform_s", "collate_s", "wait_read_s",
-        "wait_graph_s", "stage_s", "read_bytes"}``: seconds per batch, and the bytes of a batch's
-        samples read from storage (``None`` where not timed, or not counted)."""
+        "wait_graph_s", "stage_s", "read_bytes", "cache_hits", "cache_misses",
+        "wait_download_s"}``: seconds per batch; the bytes of a batch's samples read from
+        storage; for remote shards, a batch's reads the node cache served at once
+        (``cache_hits``) and those that waited for their shard's download (``cache_misses``),
+        and the seconds they waited (``None`` where not timed, or not counted)."""
         out: dict[str, Any] = {"batches": self.batches}
-        for name in CLOCKS:
-            out[f"{name}_s"] = self.seconds[name] / self.counts[name] if self.counts[name] else None
-        counted = self.counts[READ_BYTES]
-        out[READ_BYTES] = self.seconds[READ_BYTES] / counted if counted else None
+        for name in (*CLOCKS, *_COUNTED):
+            key = f"{name}_s" if name in CLOCKS or name == WAIT_DOWNLOAD else name
+            out[key] = self.seconds[name] / self.counts[name] if self.counts[name] else None
         return out
 
 
@@ -106,7 +110,7 @@ def verdict(stall: Mapping[str, Any], times: Mapping[str, Any], *, workers: int)
                      "its workers or graph (compare both: bench/gpu.py, gpupipe bench)")  # fmt: skip
     read, graph = times.get("wait_read_s"), times.get("wait_graph_s")
     if read is not None and graph is not None:  # the DALI backend: the training thread's waits
-        return _dali_bound(share, wait, read, graph, times.get(READ_BYTES))
+        return _dali_bound(share, wait, read, graph, times.get(READ_BYTES), _downloads(times))
     if not times.get("batches") or times.get("read_s") is None:
         return _said("loader", share, f"the loop waited {share:.0%} of its time; this backend does not time its "
                      "stages", "gpupipe tune (threads, prefetch, the hardware decoder's share); see docs: Is my "
@@ -139,7 +143,8 @@ _REMEDY = {
 }
 
 
-def _dali_bound(share: float, wait: float, read: float, graph: float, nbytes: float | None = None) -> dict[str, Any]:
+def _dali_bound(share: float, wait: float, read: float, graph: float, nbytes: float | None = None,
+                downloads: str = "") -> dict[str, Any]:  # fmt: skip
     """The DALI backend: the loop's wait per batch against the runner's for the reader threads'
     batches (``read``) and for DALI's graph (``graph``)."""
     if read + graph < wait / 2:
@@ -149,17 +154,31 @@ def _dali_bound(share: float, wait: float, read: float, graph: float, nbytes: fl
     if read >= graph:
         size = f" ({nbytes / 1e6:.1f} MB)" if nbytes else ""
         return _said("storage", share, f"the reader threads' batches{size} kept the loop waiting {_ms(read)} per "
-                     f"batch, DALI's graph {_ms(graph)}", _REMEDY["storage"])  # fmt: skip
+                     f"batch, DALI's graph {_ms(graph)}{downloads}", _REMEDY["storage"])  # fmt: skip
     return _said("graph", share, f"DALI's graph (decoding and transforms) kept the loop waiting {_ms(graph)} per "
                  f"batch, the reader threads {_ms(read)}", _REMEDY["graph"])  # fmt: skip
 
 
 def _rate(times: Mapping[str, Any], seconds: float, slowest: str) -> str:
-    """The storage's rate, where reading is the slowest stage and the bytes were counted."""
+    """The storage's rate, where reading is the slowest stage and the bytes were counted; and
+    the reads that waited for a download."""
     read = times.get(READ_BYTES)
     if slowest != "read" or not read or seconds <= 0:
         return ""
-    return f", {read / 1e6:.1f} MB per batch at {read / seconds / 1e6:.0f} MB/s per worker"
+    return f", {read / 1e6:.1f} MB per batch at {read / seconds / 1e6:.0f} MB/s per worker{_downloads(times)}"
+
+
+def _downloads(times: Mapping[str, Any]) -> str:
+    """For remote shards: how many of a batch's reads waited for their shard's download, and
+    for how long (the node cache's misses); empty where none did."""
+    misses, hits = times.get(CACHE_MISSES), times.get(CACHE_HITS) or 0.0
+    if not misses:
+        return ""
+    waited = times.get(f"{WAIT_DOWNLOAD}_s") or 0.0
+    return (
+        f"; {misses:.1f} of the {misses + hits:.1f} reads of remote shards per batch waited for a shard's "
+        f"download ({_ms(waited)}): the node cache missed, raise shards_ahead"
+    )
 
 
 def _said(bound: str, share: float, why: str, remedy: str) -> dict[str, Any]:

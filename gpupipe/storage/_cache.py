@@ -53,6 +53,7 @@ class Entry(NamedTuple):
     path: str
     fd: int
     span: Span | None = None
+    waited: bool = False  # not there when asked for: downloaded then, by this process or another
 
     @property
     def start(self) -> int:
@@ -180,7 +181,7 @@ class ShardCache:
             finally:
                 self._unlock_and_delete(mutex, whole, "dl")
             _touch(path)
-            return Entry(path, pin, span)
+            return Entry(path, pin, span, waited=True)
         except BaseException:
             _close(pin)
             raise

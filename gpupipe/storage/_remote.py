@@ -27,6 +27,7 @@ from typing import IO, Any, TypeVar
 from ..core._errors import ConfigError, redact
 from ._base import LocalStorage, Stat, Storage, compressed
 from ._cache import Entry, ShardCache, Span, covers, drop_inherited
+from ._counts import count
 from ._mapped import MappedFile
 from ._transfer import MAX_INFLATION, NoRanges, download, host, retry
 
@@ -227,7 +228,7 @@ class RemoteStorage(Storage):
         entry = self._pins.get(url)
         if (entry is None or entry.span is not None) and url in self._parts:
             return None
-        path = self.local_path(url)
+        path = self._entry(url, None, read=True).path
         mapped = self._local.map(path)
         if mapped is not None:
             with self._lock:
@@ -266,7 +267,7 @@ class RemoteStorage(Storage):
     def _cached(self, url: str, need: Span, read: Callable[[str, int], T]) -> T:
         """``read(path, start)`` of a cached file holding the bytes ``need`` of the shard, which
         starts at byte ``start`` of the shard; again (fetched again) if the file went away."""
-        entry = self._entry(url, need)
+        entry = self._entry(url, need, read=True)
         try:
             return read(entry.path, entry.start)
         except FileNotFoundError:  # evicted between another thread's unpinning and this read
@@ -274,13 +275,15 @@ class RemoteStorage(Storage):
             entry = self._entry(url, need)
             return read(entry.path, entry.start)
 
-    def _entry(self, url: str, need: Span | None, *, remember_failure: bool = True) -> Entry:
+    def _entry(self, url: str, need: Span | None, *, remember_failure: bool = True, read: bool = False) -> Entry:
         """A cached file holding the bytes ``need`` (``None``: all) of the shard, downloaded first
         if needed — only the part :meth:`expect_parts` announced, where it holds ``need`` — and
         pinned in this process (its :attr:`keep` most recently used shards are). A fetch that
         fails after every try is remembered for ``FAILED_FOR_S`` (reads of that shard then fail at
         once), unless ``remember_failure`` is false (a prefetch: the read that needs the shard
-        tries itself)."""
+        tries itself). ``read``: for a read, counted in this thread (``_counts``): served at
+        once, or after waiting for the shard's download (here, by another thread, or by another
+        process of the node)."""
         if self._pid != os.getpid():
             self._init_process_state()
         entry = self._pins.get(url)
@@ -288,12 +291,20 @@ class RemoteStorage(Storage):
             with self._lock:
                 if url in self._pins:
                     self._pins.move_to_end(url)  # recently used: unpinned last
+            if read:
+                count(waited_s=None)
             return entry  # pinned: still there
+        started = time.perf_counter()
         with self._lock:
             fetching = self._fetching.setdefault(url, threading.Lock())
-        with fetching:  # one thread of this process fetches a shard; the others wait for it
+        blocked = not fetching.acquire(blocking=False)  # another thread of this process fetches it
+        if blocked:
+            fetching.acquire()
+        try:  # one thread of this process fetches a shard; the others wait for it
             entry = self._pins.get(url)
             if entry is not None and covers(entry.span, need):
+                if read:
+                    count(waited_s=time.perf_counter() - started if blocked else None)
                 return entry
             failed = self._failed.get(url)
             if failed is not None and time.monotonic() - failed[0] < FAILED_FOR_S:
@@ -320,7 +331,11 @@ class RemoteStorage(Storage):
                     released.append(self._pins.popitem(last=False)[1])
             for old in released:
                 self._unpin(old)
+            if read:
+                count(waited_s=time.perf_counter() - started if entry.waited or blocked else None)
             return entry
+        finally:
+            fetching.release()
 
     def _drop_pin(self, url: str, entry: Entry) -> None:
         with self._lock:

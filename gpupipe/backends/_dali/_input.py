@@ -13,7 +13,7 @@ DALI ahead of it, in reader threads (see the runner's docstring).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, NamedTuple
 
@@ -26,6 +26,7 @@ from ...plan._plan import RankPlan
 from ...runtime._decode import require_header, transcoded
 from ...sources import NO_LABEL, Index, Located, RawSample
 from ...storage import MappedFile
+from ...storage._counts import snapshot
 from ...transforms import Transform
 from .._base import donor, fill
 from .._fields import batch_fields, empty_values, field_values
@@ -61,6 +62,7 @@ class FeedBatch(NamedTuple):
     fields: dict[str, Any] | None = None  # the source's other fields, batched (backends._fields), by name
     windows: dict[int, np.ndarray] | None = None  # box-chosen crop windows by step (HostEnv.window)
     nbytes: int = 0  # the encoded samples' bytes, summed here in the reader thread (RawBatch.times' read_bytes)
+    reads: Mapping[str, float] | None = None  # the node cache's hits and misses here (storage._counts)
 
     @staticmethod
     def release(maps: Iterable[MappedFile], buffer: np.ndarray | None, buffers: Buffers, event: Any = None) -> None:
@@ -138,6 +140,7 @@ class BatchReader:
         return fresh
 
     def read(self, b: int, *, mapped: bool = True) -> FeedBatch:
+        reads = snapshot()  # this reader thread's reads of remote shards so far
         index, samples = self.index, self.plan.batch(b)[0]
         if self.maps is not None:
             self.maps.sweep()
@@ -202,7 +205,8 @@ class BatchReader:
         skipped = tuple(sorted(bad.items()))
         fields = batch_fields(index.fields, values) if values is not None else None
         return FeedBatch(b, samples, keys, shards, labels, encoded, buffer, tuple(maps), fed, views, sizes, skipped,
-                         object(), decoded, fields, windows, sum(view.nbytes for view in views))  # fmt: skip
+                         object(), decoded, fields, windows, sum(view.nbytes for view in views),
+                         snapshot().since(reads))  # fmt: skip
 
     def _over_limit(self, where: Located, shards: list[str], bad: dict[int, DataError]) -> Located:
         """``where`` with the images over ``Index.max_image_bytes`` recorded in ``bad`` and their

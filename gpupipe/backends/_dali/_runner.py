@@ -227,7 +227,7 @@ class DaliRunner:
                 images = tuple(self._to_torch(view) for view in outputs[:views])
                 checks = outputs[views] if len(outputs) > views else None
                 waits = {"wait_read": read - asked, "wait_graph": time.perf_counter() - read,
-                         READ_BYTES: float(batch.nbytes)}  # fmt: skip
+                         READ_BYTES: float(batch.nbytes), **(batch.reads or {})}  # fmt: skip
                 yield self._deliver(graph.lowered, batch, images, checks)._replace(times=waits)
         finally:
             reader.close()

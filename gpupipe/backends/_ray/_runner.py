@@ -141,7 +141,8 @@ def run_batch(token: str, job: list[Any], items: list[Item], poisoned: dict[int,
     batch = collate(fetched)
     if isinstance(batch, Failure):
         return batch
-    times = {**samples.clocks, "collate": time.perf_counter() - started}  # the task's stages (the verdict's)
+    # the task's stages (the verdict's), with its reads of remote shards (Collate's, from a batch's items)
+    times = dict(batch.times) if batch.times else {**samples.clocks, "collate": time.perf_counter() - started}
     images = tuple(
         (view.permute(0, 2, 3, 1) if collate.channels_last and view.dim() == 4 else view).numpy() for view in batch[0]
     )

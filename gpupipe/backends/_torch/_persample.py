@@ -23,6 +23,7 @@ from ...plan._plan import RankPlan
 from ...runtime._children import CRASHED
 from ...runtime._decode import decode_rgb
 from ...sources import Index
+from ...storage._counts import snapshot
 from ...transforms import ImageSpec, Transform
 from .._base import READ_BYTES, STAGE_CLOCKS, RawBatch, donor, fill
 from .._fields import batch_fields, empty_values, field_values
@@ -119,6 +120,7 @@ class Samples(Dataset["Sample | Failure"]):
         drawn at once, vectorized (``gpupipe.core._random``), then each sample decoded and transformed."""
         started = time.perf_counter()
         self.clocks = _clocks()
+        reads = snapshot()  # this thread's reads of remote shards so far
         draws = np.array([item[1] for item in items], dtype=np.int64)
         seed, epoch = items[0][2], items[0][3]
         drawn = [factors(steps, seed, epoch, draws, view) for view, steps in enumerate(self.views)]
@@ -130,7 +132,7 @@ class Samples(Dataset["Sample | Failure"]):
         if not isinstance(items, BatchItems):
             return out
         batch = items.like(out)
-        batch.times = dict(self.clocks)
+        batch.times = {**self.clocks, **snapshot().since(reads)}  # (the node cache's hits and misses)
         return batch
 
     def probe(self, item: Item) -> bool:
