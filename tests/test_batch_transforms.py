@@ -14,7 +14,7 @@ from torchvision.transforms import v2
 
 import gpupipe as gp
 from gpupipe import transforms as T
-from gpupipe.backends._batchwise import apply_batch, mix, soft_labels
+from gpupipe.backends._stage._mix import apply_batch, mix, soft_labels
 from gpupipe.core._random import batch_generator
 from gpupipe.runtime import _threads
 from gpupipe.transforms._batch import MixParams
@@ -310,16 +310,16 @@ def test_on_the_cpu_the_mix_runs_on_the_calling_thread_alone(monkeypatch, two_th
     """MixUp/CutMix in the training process (DALI, Ray) run on that thread, not on torch's
     intra-op team, whose spinning would take the cores from the loader's threads; the thread's
     count is restored after, and the values are the same."""
-    from gpupipe.backends import _batchwise
+    from gpupipe.backends._stage import _mix
 
     seen = []
-    real = _batchwise.mix
+    real = _mix.mix
 
     def recording(*args, **kwargs):
         seen.append(torch.get_num_threads())
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(_batchwise, "mix", recording)
+    monkeypatch.setattr(_mix, "mix", recording)
     images, labels = batch(8, seed=3)
     args = dict(seed=0, epoch=0, rank=0, batch=4)
     got, soft = apply_batch(T.MixUp(num_classes=K), images.clone(), labels, all_valid(8), **args)

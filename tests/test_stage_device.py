@@ -46,7 +46,35 @@ def uploads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
     monkeypatch.setattr(K, "upload", counted)
     monkeypatch.setattr("gpupipe.backends._stage._steps.upload", counted)
+    monkeypatch.setattr("gpupipe.backends._stage._mix.upload", counted)
     return calls
+
+
+# the batch transforms, and the validity of the batch's rows they mix (a row left out: padding)
+MIXES = {
+    "mixup": (T.MixUp(alpha=0.2, num_classes=10), True),
+    "cutmix": (T.CutMix(alpha=1.0, num_classes=10), True),
+    "timm-per-sample": (T.RandomChoice([T.MixUp(alpha=0.8, num_classes=10, mode="elem"),
+                                        T.CutMix(alpha=1.0, num_classes=10, mode="elem")]), True),
+    "mixup-padded": (T.MixUp(alpha=0.2, num_classes=10), False),
+    "cutmix-padded": (T.CutMix(alpha=1.0, num_classes=10), False),
+    "per-sample-padded": (T.RandomChoice([T.MixUp(alpha=0.8, num_classes=10, mode="elem"),
+                                          T.CutMix(alpha=1.0, num_classes=10, mode="elem")]), False),
+}  # fmt: skip
+
+
+def mix_inputs(name: str, n: int, device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A batch of ``n`` float images and labels on ``device``, and its rows' validity (host)."""
+    valid = torch.ones(n, dtype=torch.bool)
+    if not MIXES[name][1]:
+        valid[-1] = False
+    return batch(n, 24, 24, device=device).float(), torch.arange(n, device=device) % 10, valid
+
+
+def mixed(name: str, inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    from gpupipe.backends._stage._mix import apply_batch
+
+    return apply_batch(MIXES[name][0], *inputs, seed=3, epoch=0, rank=0, batch=5)
 
 
 def run(steps: list[Any], n: int, device: str = "cpu") -> torch.Tensor:
@@ -99,6 +127,18 @@ class TestCopies:
         run(TAILS["dino"], 256)
         assert len(calls) == few
 
+    @pytest.mark.parametrize("name", MIXES)
+    def test_a_batch_transforms_copies_do_not_grow_with_the_batch(self, name, monkeypatch):
+        """MixUp and CutMix send their per-row values to the device in a few copies (each
+        ``upload``: pinned memory on a GPU), the same for 8 samples as for 128."""
+        small, large = mix_inputs(name, 8), mix_inputs(name, 128)
+        calls = uploads(monkeypatch)
+        mixed(name, small)
+        few = len(calls)
+        calls.clear()
+        mixed(name, large)
+        assert len(calls) == few <= 5
+
     def test_a_constant_is_made_once(self):
         cpu = torch.device("cpu")
         a = K.constant(cpu, (0.5, 2.0))
@@ -110,6 +150,31 @@ class TestCopies:
         assert torch.equal(got, torch.from_numpy(values).to(torch.float32))
         assert torch.equal(K.upload(np.array([1.9, -2.5]), torch.device("cpu"), torch.int32),
                            torch.tensor([1, -2], dtype=torch.int32))  # fmt: skip
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", MIXES)
+def test_on_a_gpu_a_batch_transform_never_makes_the_host_wait(name):
+    """MixUp and CutMix on a GPU batch: no copy from pageable memory, no synchronization (the
+    stage runs them one batch ahead on its own stream: a wait there would stall the loop)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    first, second = mix_inputs(name, 64, "cuda"), mix_inputs(name, 64, "cuda")
+    mixed(name, first)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as p:
+            mixed(name, second)
+            torch.cuda.set_sync_debug_mode("default")
+            torch.cuda.synchronize()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    names = {e.key for e in p.key_averages()}
+    assert not [k for k in names if "Pageable" in k], sorted(names)
+    assert "cudaStreamSynchronize" not in names
 
 
 @pytest.mark.gpu

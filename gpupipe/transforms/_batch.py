@@ -4,8 +4,8 @@ applies them in its reference scripts' collate function (and timm's ``Mixup`` in
 They are definitions like every transform: frozen dataclasses that validate their arguments, and
 whose parameters follow from random draws in one pure step (:meth:`BatchTransform.sample`, from a
 generator ``gpupipe.core._random`` keys by ``(seed, epoch, rank, batch)``). One torch kernel applies
-them for every backend (``backends/_batchwise.py``): the loader, on its device, or on the CPU the
-torch backend's workers, where they batch.
+them for every backend (``backends/_stage/_mix.py``), in the stage: the loader's, on its device,
+or on the CPU the torch backend's workers, where they batch.
 """
 
 from __future__ import annotations

@@ -28,8 +28,8 @@ import torch
 from ...core._random import step_factors
 from ...transforms import BatchTransform, ImageSpec, Transform
 from .._base import donor
-from .._batchwise import apply_batch
 from ._ahead import SideStream, ahead
+from ._mix import apply_batch
 from ._steps import run_stage, stage_start
 
 __all__ = ["Stage", "stage_for"]

@@ -1,6 +1,6 @@
 """Batch transforms (``gpupipe.transforms.MixUp``, ``CutMix``, ``RandomChoice``) applied to a
-delivered batch on the loader's device: one torch kernel for every backend, after batching, never
-per-sample Python.
+batch by the stage (:meth:`Stage.finish`, after the views' tails): one torch kernel for every
+backend, after batching, never per-sample Python.
 
 The parameters come from :meth:`BatchTransform.sample` with the batch's generator
 (``gpupipe.core._random.batch_generator``); :func:`mix` applies them. Only valid rows (``batch.valid``)
@@ -8,17 +8,22 @@ mix: each with the valid row before it (the first with the last), as torchvision
 ``roll(1, 0)`` pairs them; padding and skipped samples are neither mixed nor partners, and keep
 their own (one-hot) labels. With every row valid this is torchvision's ``MixUp``/``CutMix``
 exactly (tested).
+
+On a GPU the host never waits for the device: the per-row values reach it through pinned memory
+(``_kernels.upload``) and nothing is read back (boolean-mask writes would be: ``torch.where``).
 """
 
 from __future__ import annotations
 
 import contextlib
 
+import numpy as np
 import torch
 
-from ..core._random import batch_generator
-from ..runtime._threads import one_intraop_thread
-from ..transforms._batch import BatchTransform, MixParams
+from ...core._random import batch_generator
+from ...runtime._threads import one_intraop_thread
+from ...transforms._batch import BatchTransform, MixParams
+from ._kernels import upload
 
 __all__ = ["apply_batch", "mix", "soft_labels"]
 
@@ -48,37 +53,49 @@ def soft_labels(labels: torch.Tensor, num_classes: int, smoothing: float = 0.0) 
 def mix(images: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor, params: MixParams, *, num_classes: int,
         smoothing: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """Applies ``params`` to the valid rows (in place on ``images``); returns the images and the
-    soft labels."""
+    soft labels. ``valid``: host memory (a device mask is read back)."""
     soft = soft_labels(labels, num_classes, smoothing)
-    rows = torch.nonzero(valid.cpu()).flatten()
+    rows = np.flatnonzero(valid.cpu().numpy())
     if len(rows) < 2:  # a sample alone mixes with itself: unchanged
         return images, soft
     if len(rows) == len(valid):
         return _all_valid(images, soft, params), soft
     device = images.device
-    partner = rows.roll(1)
-    index, other = rows.to(device), partner.to(device)
-    lam = torch.as_tensor(params.lam[rows.numpy()], dtype=torch.float64)
-    keep = lam.to(torch.float32).to(device)[:, None]  # the weights as torchvision's scalars give them
-    give = (1.0 - lam).to(torch.float32).to(device)[:, None]
+    index, other = upload(np.stack([rows, np.roll(rows, 1)]), device)  # one copy
+    keep, give = _weights(params.lam[rows], device)
     soft[index] = soft[other].mul(give).add_(soft[index].mul(keep))
     mine, theirs = images[index], images[other]
-    cut = torch.as_tensor(params.cut[rows.numpy()])
+    cut = params.cut[rows]
     out = mine.clone()
+    shape = (-1,) + (1,) * (images.dim() - 1)
     if (~cut).any():
-        blend = torch.nonzero(~cut).flatten().to(device)
-        shape = (-1,) + (1,) * (images.dim() - 1)
-        out[blend] = theirs[blend].mul(give[blend].view(shape)).add_(mine[blend].mul(keep[blend].view(shape)))
+        blend = np.flatnonzero(~cut)
+        on = upload(blend, device)
+        out[on] = theirs[on].mul(give[on].view(shape)).add_(mine[on].mul(keep[on].view(shape)))
     if cut.any():
-        boxes = torch.as_tensor(params.box[rows.numpy()], device=device)
-        height, width = images.shape[-2], images.shape[-1]
-        ys = torch.arange(height, device=device)[None, :, None]
-        xs = torch.arange(width, device=device)[None, None, :]
-        x1, y1, x2, y2 = (boxes[:, i, None, None] for i in range(4))
-        inside = (ys >= y1) & (ys < y2) & (xs >= x1) & (xs < x2) & cut.to(device)[:, None, None]
-        out = torch.where(inside[:, None], theirs, out)
+        out = torch.where(_inside(params.box[rows], cut, images)[:, None], theirs, out)
     images[index] = out
     return images, soft
+
+
+def _weights(lam: np.ndarray, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's own share and its partner's, ``[n, 1]`` float32, as torchvision's scalars give
+    them (``λ`` and ``1 − λ`` in float64, then cast)."""
+    lam = np.asarray(lam, dtype=np.float64)
+    keep, give = upload(np.stack([lam.astype(np.float32), (1.0 - lam).astype(np.float32)])[..., None], device)
+    return keep, give
+
+
+def _inside(boxes: np.ndarray, cut: np.ndarray, images: torch.Tensor) -> torch.Tensor:
+    """``[n, H, W]`` bool: each pixel inside its row's box ``(x1, y1, x2, y2)``, for the rows that
+    ``cut``."""
+    device = images.device
+    height, width = images.shape[-2], images.shape[-1]
+    box = upload(np.asarray(boxes, dtype=np.int64), device)
+    ys = torch.arange(height, device=device)[None, :, None]
+    xs = torch.arange(width, device=device)[None, None, :]
+    x1, y1, x2, y2 = (box[:, i, None, None] for i in range(4))
+    return (ys >= y1) & (ys < y2) & (xs >= x1) & (xs < x2) & upload(cut, device)[:, None, None]
 
 
 def _all_valid(images: torch.Tensor, soft: torch.Tensor, params: MixParams) -> torch.Tensor:
@@ -87,12 +104,9 @@ def _all_valid(images: torch.Tensor, soft: torch.Tensor, params: MixParams) -> t
     (MixUp: the partners' share, ``x[i - 1] · (1 − λ)``, rolled and scaled in one pass; CutMix
     with one box: the box's slice only). On 64 x 3 x 176 x 176, one thread: MixUp 6.0 → 5.1 ms,
     CutMix 4.4 → 2.2 ms (2026-11-26)."""
-    device = images.device
-    lam = torch.as_tensor(params.lam, dtype=torch.float64)
-    keep = lam.to(torch.float32).to(device)[:, None]
-    give = (1.0 - lam).to(torch.float32).to(device)[:, None]
+    keep, give = _weights(params.lam, images.device)
     soft.copy_(soft.roll(1, 0).mul_(give).add_(soft.mul(keep)))
-    cut = torch.as_tensor(params.cut)
+    cut = np.asarray(params.cut, dtype=bool)
     shape = (-1,) + (1,) * (images.dim() - 1)
     if not cut.any():  # MixUp: the partners' share written as it is rolled (one pass less)
         theirs = torch.empty_like(images)
@@ -104,16 +118,8 @@ def _all_valid(images: torch.Tensor, soft: torch.Tensor, params: MixParams) -> t
         images[..., top:bottom, left:right] = images[..., top:bottom, left:right].roll(1, 0)
         return images
     theirs = images.roll(1, 0)
-    height, width = images.shape[-2], images.shape[-1]
-    boxes = torch.as_tensor(params.box, device=device)
-    ys = torch.arange(height, device=device)[None, :, None]
-    xs = torch.arange(width, device=device)[None, None, :]
-    x1, y1, x2, y2 = (boxes[:, i, None, None] for i in range(4))
-    inside = (ys >= y1) & (ys < y2) & (xs >= x1) & (xs < x2) & cut.to(device)[:, None, None]
-    blend = (~cut).to(device)
-    if blend.any():  # timm's per-sample mode: some rows blend, the others cut
-        rows = torch.nonzero(blend).flatten()
+    inside = _inside(params.box, cut, images)
+    if (~cut).any():  # timm's per-sample mode: some rows blend, the others cut
+        rows = upload(np.flatnonzero(~cut), images.device)
         images[rows] = images[rows].mul_(keep[rows].view(shape)).add_(theirs[rows].mul(give[rows].view(shape)))
-    mask = inside[:, None].expand_as(images)
-    images[mask] = theirs[mask]
-    return images
+    return images.copy_(torch.where(inside[:, None], theirs, images))
