@@ -96,3 +96,6 @@ def test_backends_api():
     ])  # fmt: skip
     ctx = backends.DaliContext("cpu")
     assert ctx.device == "cpu" and ctx.decoder_device == "cpu" and ctx.feeds == {}
+    # what the graph is built with and accumulates is its `built`, one per graph; the rest, the step's
+    assert ctx.built.feeds is ctx.feeds and ctx.built.checks is ctx.checks and ctx.built.device == "cpu"
+    assert not {"step", "view", "dtype", "size", "layout", "branch", "mirrored"} & set(vars(ctx.built))

@@ -82,22 +82,22 @@ def lower(
         )
         if per_source:
             images = (by_source(images, ctx, channels_last=channels_last),)
-    draws = frozenset(ctx.draws)
+    built = ctx.built  # what the steps added to the graph
     common: dict[str, Any] = dict(
-        feeds=ctx.feeds,
-        host_checks=tuple(ctx.host_checks),
-        draws=draws,
-        host_geometry=ctx.host_geometry,
+        feeds=built.feeds,
+        host_checks=tuple(built.host_checks),
+        draws=frozenset(built.draws),
+        host_geometry=built.host_geometry,
         decode=fused[0] if fused else None,
     )
-    if not ctx.checks:
+    if not built.checks:
         return Lowered(images, **common)
-    fn, types = ctx.fn, ctx.types
+    fn, types = built.fn, built.types
     size = peek_shape(ctx, encoded)
     parts = [size[0], size[1]]
-    for check in ctx.checks:
+    for check in built.checks:
         parts += [fn.cast(check.ok, dtype=types.INT32), *(fn.cast(v, dtype=types.INT32) for v in check.values)]
-    return Lowered(images, tuple(ctx.checks), fn.stack(*parts), **common)
+    return Lowered(images, tuple(built.checks), fn.stack(*parts), **common)
 
 
 def by_source(images: Sequence[Any], ctx: Ctx, *, channels_last: bool) -> Any:

@@ -1,12 +1,12 @@
-"""What a DALI lowering function works with: the :class:`Ctx` (device, random factors, per-sample
-values fed from the host, per-sample checks), the registry of lowerings, and the compiled graph's
-description (:class:`Lowered`). DALI is imported only when a graph is defined."""
+"""What a DALI lowering function works with: the :class:`Ctx` of its step (the graph being built,
+``_built.Built``; the step's random factors, per-sample values fed from the host, per-sample
+checks), the registry of lowerings, and the compiled graph's description (:class:`Lowered`). DALI
+is imported only when a graph is defined."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import itertools
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -15,7 +15,8 @@ import torch
 
 from ...core._config import DecodeMode
 from .._registry import Registry
-from ._host import HOST_OPS, Feed, HostCheck, HostValue, image_sizes, step_factors
+from ._built import NUMPY_TO_DALI, Built, Check, is_node
+from ._host import HOST_OPS, Feed, HostCheck, HostValue, image_sizes
 
 __all__ = [
     "LOWERINGS",
@@ -33,97 +34,88 @@ __all__ = [
 LOWERINGS = Registry("dali")
 
 
-@dataclasses.dataclass(frozen=True)
-class Check:
-    """A per-sample condition the graph computes: where ``ok`` is false, the sample fails with
-    ``message(*values)`` (``values``: per-sample int nodes, read back with the condition)."""
-
-    ok: Any
-    values: tuple[Any, ...]
-    message: Callable[..., str]
-
-
-_NUMPY_TO_DALI = {
-    np.dtype(np.bool_): "BOOL",
-    np.dtype(np.uint8): "UINT8",
-    np.dtype(np.int32): "INT32",
-    np.dtype(np.float32): "FLOAT",
-    np.dtype(np.float64): "FLOAT64",
-}
-
-
-@dataclasses.dataclass
 class Ctx:
-    """What a lowering function needs: the device its operators run on, the step's random factors,
-    the size of the image being lowered (:meth:`shape`), per-sample values fed from the host
-    (:meth:`arg`) and :meth:`require` for per-sample conditions.
+    """What a lowering function sees at its step: the graph being built (:attr:`built`: the
+    device, options, and what the steps add), the step's random factors, the size of the image
+    being lowered (:meth:`shape`), per-sample values fed from the host (:meth:`arg`) and
+    :meth:`require` for per-sample conditions.
+
+    The compiler moves one ``Ctx`` from step to step; what it holds of the step being lowered:
 
     Attributes:
-        device: ``"cpu"`` or ``"gpu"``.
-        seed: the loader's seed, for a user lowering that uses DALI's own random operators (with
-            :meth:`next_seed`); those are seeded once per loader, so they are not reproducible per
-            sample or on resume, and differ from the torch backend's draws. Use :meth:`random`.
-        decoder_args: extra arguments of the ``mixed`` decoders (GPU only).
         dtype: the dtype of the node being lowered.
         channels: the channels of the node being lowered.
         step: the position in its view's transform list of the transform being lowered.
         view: the view being lowered (0 for a pipeline of one transform list); each view's steps
             have their own factors, drawn from ``(seed, epoch, sample, view, step)``.
-        feeds: ``external_source`` name → :class:`~gpupipe.backends._dali._host.Feed`: every
-            input the runner feeds per batch besides the encoded images.
-        exif: apply EXIF orientation in the decoders (``adjust_orientation``); default ``False``,
-            as torchvision's decoders (the torch backend).
-        color_twist: lower ColorJitter to DALI's ``color_twist`` (``DaliOptions.color_twist``).
-        host_geometry: compute sizes and crop windows on the host from the images' headers
-            (default); ``False`` computes them in the graph (always so with ``exif``: the headers'
-            sizes are before orientation).
-        decode: how a GPU graph decodes a leading ``RandomResizedCrop`` (resolved: ``ROI`` or ``FULL``).
+        size: the node's per-sample ``(height, width)`` where known outside the graph.
+        resized: set by a lowering whose output size depends on its input's.
+        layout: of the node being lowered (CHW after the fused tail, or its transpose).
+        branch: the predicates of the conditional branches being lowered, outermost first.
         mirrored: the step of a ``RandomHorizontalFlip`` the compiler moved past the steps being
             lowered into the fused tail (``None``: none): the node is the unflipped image, and a
             lowering that moves pixels conjugates its maps by each sample's flip (``_policies``).
+
+    The graph's (:class:`~gpupipe.backends._dali._built.Built`), read here as they were:
+    ``device`` (``"cpu"`` or ``"gpu"``), ``seed`` (the loader's, for a user lowering that uses
+    DALI's own random operators with :meth:`next_seed`: seeded once per loader, so not
+    reproducible per sample or on resume, and not the torch backend's draws; use
+    :meth:`random`), ``decoder_args``, ``exif`` (EXIF orientation in the decoders; default
+    ``False``, as torchvision's decoders), ``color_twist``, ``host_geometry``, ``decode``,
+    ``feeds``, ``checks``, ``host_checks`` and ``draws``.
     """
 
-    device: str  # "cpu" or "gpu"
-    seed: int = 0
-    decoder_args: dict[str, Any] = dataclasses.field(default_factory=dict)  # for the mixed decoders
-    dtype: torch.dtype = torch.uint8  # dtype of the node being lowered
-    channels: int = 3  # channels of the node being lowered
-    checks: list[Check] = dataclasses.field(default_factory=list)
-    step: int = 0
-    view: int = 0
-    feeds: dict[str, Feed] = dataclasses.field(default_factory=dict)
-    exif: bool = False
-    color_twist: bool = False
-    host_geometry: bool = True
-    decode: DecodeMode = DecodeMode.ROI
-    host_checks: list[HostCheck] = dataclasses.field(default_factory=list)
-    size: tuple[Any, Any] | None = None  # the node's per-sample (height, width), where known outside the graph
-    resized: tuple[Any, Any] | None = None  # set by a lowering whose output size depends on the input's
-    layout: str = "HWC"  # of the node being lowered: CHW after the fused tail (or its transpose)
-    branch: tuple[Any, ...] = ()  # the predicates of the conditional branches being lowered, outermost first
-    mirrored: int | None = None  # the step of a flip moved into the fused tail, past the steps being lowered
-    _seeds: Any = None
-    _graph_factors: dict[tuple[int, int], Any] = dataclasses.field(default_factory=dict)
-    _host_factors: dict[tuple[int, int], HostValue] = dataclasses.field(default_factory=dict)
-    _fed: dict[tuple[int, str], Any] = dataclasses.field(default_factory=dict)  # (id(value), dtype) -> node
-    _scope: tuple[int, int] | None = None
+    def __init__(self, device: str, seed: int = 0, *, decoder_args: dict[str, Any] | None = None, exif: bool = False,
+                 color_twist: bool = False, host_geometry: bool = True,
+                 decode: DecodeMode = DecodeMode.ROI) -> None:  # fmt: skip
+        self.built = Built(device, seed, dict(decoder_args or {}), exif, color_twist, host_geometry, decode)
+        self.dtype: torch.dtype = torch.uint8
+        self.channels = 3
+        self.step = 0
+        self.view = 0
+        self.size: tuple[Any, Any] | None = None
+        self.resized: tuple[Any, Any] | None = None
+        self.layout = "HWC"
+        self.branch: tuple[Any, ...] = ()
+        self.mirrored: int | None = None
+        self._scope: tuple[int, int] | None = None
 
-    def __post_init__(self) -> None:
-        self._seeds = itertools.count(1)
-        self.host_geometry = self.host_geometry and not self.exif
+    def __repr__(self) -> str:
+        return (f"DaliContext(device={self.device!r}, view={self.view}, step={self.step}, dtype={self.dtype}, "
+                f"layout={self.layout!r})")  # fmt: skip
+
+    # ----------------------------------------------------------- the graph's --
+    device = property(lambda self: self.built.device, doc='``"cpu"`` or ``"gpu"``.')
+    seed = property(lambda self: self.built.seed, doc="The loader's seed.")
+    decoder_args = property(lambda self: self.built.decoder_args, doc="The ``mixed`` decoders' extra arguments.")
+    exif = property(lambda self: self.built.exif, doc="Whether the decoders apply EXIF orientation.")
+    color_twist = property(lambda self: self.built.color_twist, doc="ColorJitter as DALI's ``color_twist``.")
+    host_geometry = property(lambda self: self.built.host_geometry, doc="Sizes and windows computed on the host.")
+    decode = property(lambda self: self.built.decode, doc="How a leading RandomResizedCrop is decoded (GPU).")
+    feeds = property(lambda self: self.built.feeds, doc="The inputs the runner feeds per batch, by name.")
+    checks = property(lambda self: self.built.checks, doc="Per-sample conditions computed in the graph.")
+    host_checks = property(lambda self: self.built.host_checks, doc="Per-sample conditions checked on the host.")
+    draws = property(lambda self: self.built.draws, doc="The ``(view, step)`` of every random step used.")
+    orientation = property(lambda self: self.built.orientation, doc="The decoders' EXIF argument.")
+    decoder_device = property(lambda self: self.built.decoder_device, doc="``mixed`` on the GPU, else ``cpu``.")
+    fn = property(lambda self: self.built.fn, doc="``nvidia.dali.fn``.")
+    types = property(lambda self: self.built.types, doc="``nvidia.dali.types``.")
+
+    def next_seed(self) -> int:
+        """A distinct seed for each DALI random operator a user lowering adds (see ``seed``)."""
+        return self.built.next_seed()
+
+    def require(self, ok: Any, values: Sequence[Any], message: Callable[..., str]) -> None:
+        """Fails a sample where ``ok`` is false, with ``message(*values)``: checked on the host
+        before the batch is fed where ``ok`` is a host value (or a constant), else in the graph."""
+        self.built.require(ok, values, message)
 
     # ---------------------------------------------------------------- randomness --
     def random(self, step: int | None = None) -> Any:
         """The random factors of ``step`` (default: the step being lowered) as a graph node: a CPU
         node, float64 ``[F]`` per sample — one row of ``Transform.sample``'s output, fed for each
         batch. Inside :meth:`scoped_factors` (without ``step``), the scope's columns."""
-        key = (self.view, self.step if step is None else step)
-        if key not in self._graph_factors:
-            name = f"factors{key[1]}" if key[0] == 0 else f"factors{key[1]}_view{key[0]}"
-            node = self.fn.external_source(name=name, dtype=self.types.FLOAT64, ndim=1, device="cpu")
-            self._graph_factors[key] = node
-            self.feeds[name] = Feed(step_factors(*key), np.float64, draw=key)
-        node = self._graph_factors[key]
+        node = self.built.graph_factors((self.view, self.step if step is None else step))
         if step is None and self._scope is not None:
             return node[self._scope[0] : self._scope[1]]
         return node
@@ -133,10 +125,7 @@ class Ctx:
         (float64 ``[B, F]``): what the graph needs of them goes in through :meth:`arg`, computed
         on the host (a flip decision, a crop window), so that no arithmetic on them runs in the
         graph. Inside :meth:`scoped_factors` (without ``step``), the scope's columns."""
-        key = (self.view, self.step if step is None else step)
-        factors = self._host_factors.get(key)
-        if factors is None:
-            factors = self._host_factors[key] = step_factors(*key)
+        factors = self.built.host_factors((self.view, self.step if step is None else step))
         if step is None and self._scope is not None:
             return factors[self._scope[0] : self._scope[1]]
         return factors
@@ -164,10 +153,6 @@ class Ctx:
         finally:
             self._scope = saved
 
-    def next_seed(self) -> int:
-        """A distinct seed for each DALI random operator a user lowering adds (see ``seed``)."""
-        return (self.seed * 1_000_003 + next(self._seeds) * 7_919) % (2**31 - 1)
-
     # ---------------------------------------------------------- per-sample values --
     def shape(self, img: Any) -> tuple[Any, Any]:
         """The per-sample ``(height, width)`` of ``img``, the node being lowered: host values (or
@@ -180,7 +165,7 @@ class Ctx:
 
         if any(isinstance(v, HostValue) for v in values):
             return HOST_OPS
-        if any(_is_node(v) for v in values):
+        if any(is_node(v) for v in values):
             return DALI_OPS
         return INT
 
@@ -190,9 +175,9 @@ class Ctx:
         operator, no arithmetic in the graph), a graph node is cast, a number stays a constant."""
         dtype = np.dtype(dtype)
         if isinstance(value, HostValue):
-            return self.local(self._feed(value, dtype, ndim=0))
-        if _is_node(value):
-            return self.fn.cast(value, dtype=getattr(self.types, _NUMPY_TO_DALI[dtype]))
+            return self.local(self.built.feed(value, dtype, ndim=0))
+        if is_node(value):
+            return self.fn.cast(value, dtype=getattr(self.types, NUMPY_TO_DALI[dtype]))
         return int(value) if dtype.kind in "iu" else float(np.asarray(value, dtype=dtype))
 
     def arg_vector(self, values: Sequence[Any], dtype: Any) -> Any:
@@ -200,8 +185,8 @@ class Ctx:
         one fed ``external_source`` where any is a host value, a stack of graph nodes, or a list."""
         dtype = np.dtype(dtype)
         if any(isinstance(v, HostValue) for v in values):
-            return self.local(self._feed(HostValue(_columns, *values), dtype, ndim=1))
-        if any(_is_node(v) for v in values):
+            return self.local(self.built.feed(HostValue(_columns, *values), dtype, ndim=1))
+        if any(is_node(v) for v in values):
             return self.fn.stack(*(self.arg(v, dtype) for v in values))
         return [self.arg(v, dtype) for v in values]
 
@@ -215,12 +200,13 @@ class Ctx:
     def arg_matrices(self, value: HostValue, dtype: Any) -> Any:
         """``value`` (``[B, 6]`` on the host) as a per-sample ``[2, 3]`` matrix argument (an affine
         map): one fed ``external_source``, no reshape in the graph."""
-        return self.local(self._feed(HostValue(lambda m: np.reshape(m, (-1, 2, 3)), value), np.dtype(dtype), ndim=2))
+        matrices = HostValue(lambda m: np.reshape(m, (-1, 2, 3)), value)
+        return self.local(self.built.feed(matrices, np.dtype(dtype), ndim=2))
 
     def arg_tensors(self, value: HostValue, dtype: Any, layout: str) -> Any:
         """``value`` (one array per sample, each of its own shape) as a per-sample input of
         ``layout``: an ``external_source`` the runner feeds as a list of tensors."""
-        return self.local(self._feed(value, np.dtype(dtype), ndim=len(layout), layout=layout))
+        return self.local(self.built.feed(value, np.dtype(dtype), ndim=len(layout), layout=layout))
 
     def local(self, node: Any) -> Any:
         """``node`` (of the whole batch: a fed argument, a constant) for the operators being
@@ -244,56 +230,7 @@ class Ctx:
         finally:
             self.size, self.branch = saved
 
-    def _feed(self, value: HostValue, dtype: np.dtype, *, ndim: int, layout: str | None = None) -> Any:
-        """The ``external_source`` fed ``value`` (once per value and dtype); ``layout``: one
-        tensor per sample, each of its own shape (a ragged feed)."""
-        key = (id(value), dtype.str)  # the feed keeps the value: its id stays its own
-        if key not in self._fed:
-            name = f"arg{len(self._fed)}"
-            dali_type = getattr(self.types, _NUMPY_TO_DALI[dtype])
-            extra = {} if layout is None else {"layout": layout}
-            self._fed[key] = self.fn.external_source(name=name, dtype=dali_type, ndim=ndim, device="cpu", **extra)
-            self.feeds[name] = Feed(value, dtype, ragged=layout)
-        return self._fed[key]
-
-    @property
-    def draws(self) -> set[tuple[int, int]]:
-        """The ``(view, step)`` of every random step whose factors the graph uses so far."""
-        return set(self._graph_factors) | set(self._host_factors)
-
-    def require(self, ok: Any, values: Sequence[Any], message: Callable[..., str]) -> None:
-        """Fails a sample where ``ok`` is false, with ``message(*values)``: checked on the host
-        before the batch is fed where ``ok`` is a host value (or a constant), else in the graph."""
-        if ok is True:  # holds for every sample (fixed sizes)
-            return
-        if _is_node(ok) or any(_is_node(v) for v in values):
-            self.checks.append(Check(ok, tuple(values), message))
-        else:
-            self.host_checks.append(HostCheck(ok, tuple(values), message))
-
     # ------------------------------------------------------------------- DALI --
-    @property
-    def orientation(self) -> dict[str, bool]:
-        """The decoders' (and ``peek_image_shape``'s) EXIF argument."""
-        return {"adjust_orientation": self.exif}
-
-    @property
-    def decoder_device(self) -> str:
-        """nvJPEG's ``mixed`` decoder feeds the GPU; DALI's CPU decoder the CPU."""
-        return "mixed" if self.device == "gpu" else "cpu"
-
-    @property
-    def fn(self) -> Any:
-        from nvidia.dali import fn
-
-        return fn
-
-    @property
-    def types(self) -> Any:
-        from nvidia.dali import types
-
-        return types
-
     def encoded_shape(self, encoded: Any) -> tuple[Any, Any]:
         """The encoded images' ``(height, width)`` as the decoders output them: from the headers
         on the host, or (``host_geometry`` off) ``peek_image_shape`` in the graph."""
@@ -307,10 +244,6 @@ def _columns(*values: Any) -> np.ndarray:
     """Per-sample scalars (arrays ``[B]`` or constants) as one ``[B, k]`` array."""
     batch = max((np.shape(v)[0] for v in values if np.ndim(v)), default=1)
     return np.stack([np.broadcast_to(np.asarray(v), (batch,)) for v in values], axis=1)
-
-
-def _is_node(value: Any) -> bool:
-    return type(value).__name__ == "DataNode"
 
 
 def peek_shape(ctx: Ctx, encoded: Any) -> Any:

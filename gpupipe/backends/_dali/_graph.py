@@ -242,7 +242,8 @@ def define_graph(
         if graph is None:
             lowered = lower(views, encoded, ctx, channels_last=channels_last, per_source=per_source)
         else:
-            lowered = Lowered((graph(encoded, ctx),), feeds=ctx.feeds, draws=frozenset(ctx.draws),
-                              host_checks=tuple(ctx.host_checks), host_geometry=ctx.host_geometry)  # fmt: skip
+            built = ctx.built
+            lowered = Lowered((graph(encoded, ctx),), feeds=built.feeds, draws=frozenset(built.draws),
+                              host_checks=tuple(built.host_checks), host_geometry=built.host_geometry)  # fmt: skip
         pipe.set_outputs(*lowered.outputs())
     return Defined(pipe, lowered)
