@@ -333,17 +333,20 @@ class TestBenchGrid:
         text = capsys.readouterr().out
         assert "profile, epoch 1, median ms per batch (read..collate: one worker's, 1 workers): read " in text
         assert "| decode " in text and "| loop's wait in next() " in text and f"profile plot: {png}" in text
-        assert "| MB read " in text
+        assert "| MB read " in text and "| queue ready " in text
         assert text.count("\nbound: ") == len(backends.split(",")) and "\nremedy: " in text
         runs = json.loads(out.read_text())["runs"]
         for r in runs:
             profile = r["profile"]
             assert profile["epoch"] == 1 and len(profile["batches"]) == 6 and profile["bound"]["bound"] is not None
             assert all(b["wait"] >= 0 for b in profile["batches"])
-        assert set(runs[0]["profile"]["batches"][1]) == {"wait", "read", "decode", "transform", "collate", "read_bytes"}
+        queue = {"queue_ready", "queue_depth"}  # how full the runner's queue ran
+        assert set(runs[0]["profile"]["batches"][1]) == {"wait", "read", "decode", "transform", "collate",
+                                                         "read_bytes", *queue}  # fmt: skip
+        assert runs[0]["profile"]["batches"][1]["queue_depth"] == 2  # one worker, prefetch 2
         if len(runs) > 1:
             assert "wait: DALI graph" in text and set(runs[1]["profile"]["batches"][1]) == {
-                "wait", "wait_read", "wait_graph", "read_bytes"}  # fmt: skip
+                "wait", "wait_read", "wait_graph", "read_bytes", *queue}  # fmt: skip
         from PIL import Image
 
         with Image.open(png) as image:

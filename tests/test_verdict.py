@@ -75,6 +75,13 @@ class TestTheRule:
         local = verdict(stall(0.6), {**times(read=0.15, decode=0.01), "read_bytes": 4e6}, workers=2)
         assert "download" not in local["why"]
 
+    def test_a_full_queue_is_said_where_the_training_thread_is_the_limit(self):
+        queued = {"queue_ready": 3.5, "queue_depth": 4.0}
+        got = verdict(stall(0.5), {**times(decode=0.01), **queued}, workers=4)
+        assert got["bound"] == "main" and "its queue held 3.5 of 4 batches ready when the loop asked" in got["why"]
+        dali = {"batches": 10, "wait_read_s": 0.005, "wait_graph_s": 0.005, "stage_s": None, **queued}
+        assert "3.5 of 4 batches ready" in verdict(stall(0.5), dali, workers=4)["why"]
+
     def test_a_backend_without_stage_times(self):
         got = verdict(stall(0.5), {"batches": 0, "stage_s": None}, workers=8)
         assert got["bound"] == "loader" and "gpupipe tune" in got["remedy"]
@@ -89,7 +96,7 @@ class TestStageTimes:
         assert t.stats() == {"batches": 2, "read_s": 2.0, "decode_s": 2.0, "transform_s": 2.0, "collate_s": 2.0,
                              "wait_read_s": None, "wait_graph_s": None, "stage_s": None,
                              "read_bytes": None, "cache_hits": None, "cache_misses": None,
-                             "wait_download_s": None}  # fmt: skip
+                             "wait_download_s": None, "queue_ready": None, "queue_depth": None}  # fmt: skip
         t.begin()
         assert t.stats()["batches"] == 0 and t.stats()["read_s"] is None
 
@@ -123,6 +130,7 @@ class TestPlanted:
     def test_a_slow_training_step(self, shards):
         got = epoch_verdict(gp.Pipeline(shards, [T.CenterCrop(16)]), step=0.1, epochs=2, batch_size=2, num_workers=1)
         assert got["bound"]["bound"] == "model", got  # (the second epoch: its worker warm, 7 batches measured)
+        assert got["times"]["queue_depth"] == 2 and got["times"]["queue_ready"] >= 1  # the queue ran full
 
     def test_slow_storage(self, shards, monkeypatch):
         from gpupipe.storage import LocalStorage
@@ -136,6 +144,7 @@ class TestPlanted:
         monkeypatch.setattr(LocalStorage, "read", slow)  # (forked workers inherit it)
         got = epoch_verdict(gp.Pipeline(shards, [T.CenterCrop(16)]), num_workers=1)
         assert got["bound"]["bound"] == "storage", got
+        assert got["times"]["queue_ready"] < 0.5  # and empty: the loop took each batch as it came
         assert got["times"]["read_s"] >= 4 * 0.02  # four samples a batch
         assert got["times"]["read_bytes"] > 4 * 500 and "MB per batch at" in got["bound"]["why"]  # (JPEG bytes)
 
@@ -183,6 +192,7 @@ class TestPlantedOnDali:
         got = epoch_verdict(gp.Pipeline(shards, [T.CenterCrop(16)]), step=0.1, epochs=2, batch_size=2,
                             backend="dali", num_workers=1)  # fmt: skip
         assert got["bound"]["bound"] == "model", got
+        assert got["times"]["queue_ready"] >= 1  # the reader threads' queue ran full
 
     def test_slow_reads(self, shards, monkeypatch):
         """A CPU pipeline reads views of mapped shards: the plant is a reader thread that takes
@@ -200,6 +210,7 @@ class TestPlantedOnDali:
         got = epoch_verdict(gp.Pipeline(shards, [T.CenterCrop(16)]), backend="dali", num_workers=1)
         assert got["bound"]["bound"] == "storage", got
         assert got["times"]["read_bytes"] > 4 * 500 and " MB) kept the loop waiting" in got["bound"]["why"]
+        assert got["times"]["queue_ready"] < 0.5
 
     def test_large_jpegs_on_one_thread(self, tmp_path):
         rng = np.random.default_rng(0)

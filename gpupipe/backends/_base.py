@@ -98,6 +98,9 @@ class RawBatch(NamedTuple):
 STAGE_CLOCKS = ("read", "decode", "transform", "collate")
 WAIT_CLOCKS = ("wait_read", "wait_graph")
 READ_BYTES = "read_bytes"  # RawBatch.times' other entry: the bytes of the batch's samples read from storage
+# how full the runner's queue of batches made ahead ran: the batches ready in it when the loop asked
+# for this one, and how many it holds at most (the torch workers' prefetch; DALI's reader threads')
+QUEUE_READY, QUEUE_DEPTH = "queue_ready", "queue_depth"
 
 
 def donor(size: int, bad: Container[int]) -> int | None:

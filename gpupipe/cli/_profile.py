@@ -50,6 +50,10 @@ def profile_text(profile: dict[str, Any]) -> str:
     read = [b["read_bytes"] for b in batches if "read_bytes" in b]
     if read:
         cells.append(f"MB read {statistics.median(read) / 1e6:.2f}")
+    ready = [b["queue_ready"] for b in batches if "queue_ready" in b]  # the runner's queue, when asked
+    if ready:
+        depth = max(b["queue_depth"] for b in batches if "queue_depth" in b)
+        cells.append(f"queue ready {statistics.median(ready):.1f} of {depth:.0f}")
     misses = [b["cache_misses"] for b in batches if "cache_misses" in b]  # remote shards: the node cache's
     if misses:
         hits = [b.get("cache_hits", 0.0) for b in batches if "cache_misses" in b]

@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..backends._base import READ_BYTES, STAGE_CLOCKS, WAIT_CLOCKS
+from ..backends._base import QUEUE_DEPTH, QUEUE_READY, READ_BYTES, STAGE_CLOCKS, WAIT_CLOCKS
 from ..pipeline._labels import batch_mixing
 from ..shards._shard import NO_LABEL
 from ..storage._counts import CACHE_HITS, CACHE_MISSES, WAIT_DOWNLOAD
@@ -43,7 +43,7 @@ STALL_OK = 0.05  # the loop waiting up to 5% of its time: the model sets the pac
 BOUNDS = ("model", "storage", "decode", "transforms", "collate", "graph", "stage", "main", "loader")
 _NAMES = {"read": "storage", "decode": "decode", "transform": "transforms", "collate": "collate"}
 CLOCKS = (*STAGE_CLOCKS, *WAIT_CLOCKS, "stage")  # the stages timed, in order
-_COUNTED = (READ_BYTES, CACHE_HITS, CACHE_MISSES, WAIT_DOWNLOAD)  # what else a batch's times count
+_COUNTED = (READ_BYTES, CACHE_HITS, CACHE_MISSES, WAIT_DOWNLOAD, QUEUE_READY, QUEUE_DEPTH)  # what else they count
 
 
 class StageTimes:
@@ -78,10 +78,13 @@ class StageTimes:
     def stats(self) -> dict[str, Any]:
         """``{"batches", "read_s", "decode_s", "transform_s", "collate_s", "wait_read_s",
         "wait_graph_s", "stage_s", "read_bytes", "cache_hits", "cache_misses",
-        "wait_download_s"}``: seconds per batch; the bytes of a batch's samples read from
-        storage; for remote shards, a batch's reads the node cache served at once
-        (``cache_hits``) and those that waited for their shard's download (``cache_misses``),
-        and the seconds they waited (``None`` where not timed, or not counted)."""
+        "wait_download_s", "queue_ready", "queue_depth"}``: seconds per batch; the bytes of a
+        batch's samples read from storage; for remote shards, a batch's reads the node cache
+        served at once (``cache_hits``) and those that waited for their shard's download
+        (``cache_misses``), and the seconds they waited; the batches made ahead that were ready
+        when the loop asked (``queue_ready``), of at most ``queue_depth`` (the torch workers'
+        prefetch, DALI's reader threads'): all of them, the loop is the slower; none, the
+        runner is (``None`` where not timed, or not counted)."""
         out: dict[str, Any] = {"batches": self.batches}
         for name in (*CLOCKS, *_COUNTED):
             key = f"{name}_s" if name in CLOCKS or name == WAIT_DOWNLOAD else name
@@ -110,7 +113,7 @@ def verdict(stall: Mapping[str, Any], times: Mapping[str, Any], *, workers: int)
                      "its workers or graph (compare both: bench/gpu.py, gpupipe bench)")  # fmt: skip
     read, graph = times.get("wait_read_s"), times.get("wait_graph_s")
     if read is not None and graph is not None:  # the DALI backend: the training thread's waits
-        return _dali_bound(share, wait, read, graph, times.get(READ_BYTES), _downloads(times))
+        return _dali_bound(share, wait, read, graph, times.get(READ_BYTES), _downloads(times), _queue(times))
     if not times.get("batches") or times.get("read_s") is None:
         return _said("loader", share, f"the loop waited {share:.0%} of its time; this backend does not time its "
                      "stages", "gpupipe tune (threads, prefetch, the hardware decoder's share); see docs: Is my "
@@ -120,8 +123,9 @@ def verdict(stall: Mapping[str, Any], times: Mapping[str, Any], *, workers: int)
     capacity = max(workers, 1) / total if total > 0 else float("inf")  # batches/s the workers can make
     if capacity >= 2.0 / period:
         return _said("main", share, f"the workers make a batch in {_ms(total)} ({max(workers, 1)} of them: "
-                     f"{capacity:.0f} batches/s) but the loop got {1 / period:.0f}/s", "the training thread's share: "
-                     "raise prefetch (gpupipe tune), keep MixUp/CutMix and the hand-over on the device")  # fmt: skip
+                     f"{capacity:.0f} batches/s) but the loop got {1 / period:.0f}/s{_queue(times)}",
+                     "the training thread's share: raise prefetch (gpupipe tune), keep MixUp/CutMix and the "
+                     "hand-over on the device")  # fmt: skip
     slowest = max(spent, key=lambda k: spent[k])
     why = (f"{_NAMES[slowest] if slowest != 'read' else 'reading the samples'} takes {_ms(spent[slowest])} of the "
            f"workers' {_ms(total)} per batch ({spent[slowest] / total:.0%}){_rate(times, spent['read'], slowest)}; "
@@ -144,11 +148,12 @@ _REMEDY = {
 
 
 def _dali_bound(share: float, wait: float, read: float, graph: float, nbytes: float | None = None,
-                downloads: str = "") -> dict[str, Any]:  # fmt: skip
+                downloads: str = "", queue: str = "") -> dict[str, Any]:  # fmt: skip
     """The DALI backend: the loop's wait per batch against the runner's for the reader threads'
     batches (``read``) and for DALI's graph (``graph``)."""
     if read + graph < wait / 2:
-        return _said("main", share, f"the loop waited {_ms(wait)} per batch, the runner {_ms(read + graph)} of it",
+        return _said("main", share, f"the loop waited {_ms(wait)} per batch, the runner {_ms(read + graph)} of it"
+                     f"{queue}",
                      "the training thread's share: raise prefetch (gpupipe tune), keep MixUp/CutMix and the "
                      "hand-over on the device")  # fmt: skip
     if read >= graph:
@@ -166,6 +171,14 @@ def _rate(times: Mapping[str, Any], seconds: float, slowest: str) -> str:
     if slowest != "read" or not read or seconds <= 0:
         return ""
     return f", {read / 1e6:.1f} MB per batch at {read / seconds / 1e6:.0f} MB/s per worker{_downloads(times)}"
+
+
+def _queue(times: Mapping[str, Any]) -> str:
+    """How full the runner's queue ran, where it was measured."""
+    ready, depth = times.get(QUEUE_READY), times.get(QUEUE_DEPTH)
+    if ready is None or not depth:
+        return ""
+    return f" (its queue held {ready:.1f} of {depth:.0f} batches ready when the loop asked)"
 
 
 def _downloads(times: Mapping[str, Any]) -> str:

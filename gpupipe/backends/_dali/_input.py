@@ -104,6 +104,10 @@ class BatchReader:
         self._next = 0
         self._spare: tuple[np.ndarray, int, str, str, int, tuple[int, int]] | None = None  # for all-bad batches
 
+    def ready(self) -> int:
+        """The batches read ahead and ready, waiting to be fed (of at most :attr:`ahead`)."""
+        return sum(future.done() for future in self._pending.values())
+
     def get(self, b: int) -> FeedBatch:
         self._next = max(self._next, b)
         while self._next < min(b + 1 + self.ahead, self.plan.num_batches):

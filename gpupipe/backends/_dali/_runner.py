@@ -76,7 +76,7 @@ from ...core._config import DecodeMode
 from ...core._errors import ClosedError, SampleError, UnsupportedTransformError
 from ...plan._plan import RankPlan
 from ...runtime._dist import ranks_per_node
-from .._base import READ_BYTES, RawBatch, Runs, RunSpec, donor, fill, in_collection, to_device
+from .._base import QUEUE_DEPTH, QUEUE_READY, READ_BYTES, RawBatch, Runs, RunSpec, donor, fill, in_collection, to_device
 from .._fields import refill
 from .._torch._targets import has_targets
 from ._compiler import Ctx, Lowered
@@ -190,6 +190,7 @@ class DaliRunner:
                 if self._closed:  # closed from another thread while this epoch runs
                     raise ClosedError("the DALI runner was closed during an epoch")
                 asked = time.perf_counter()
+                queued = {QUEUE_READY: float(reader.ready()), QUEUE_DEPTH: float(reader.ahead)}  # when asked
                 while fed < limit and graph.busy < self.prefetch:
                     try:
                         batch = reader.checked(reader.get(fed))
@@ -227,7 +228,7 @@ class DaliRunner:
                 images = tuple(self._to_torch(view) for view in outputs[:views])
                 checks = outputs[views] if len(outputs) > views else None
                 waits = {"wait_read": read - asked, "wait_graph": time.perf_counter() - read,
-                         READ_BYTES: float(batch.nbytes), **(batch.reads or {})}  # fmt: skip
+                         READ_BYTES: float(batch.nbytes), **(batch.reads or {}), **queued}  # fmt: skip
                 yield self._deliver(graph.lowered, batch, images, checks)._replace(times=waits)
         finally:
             reader.close()

@@ -17,7 +17,7 @@ from ...core._errors import ClosedError, WorkerError
 from ...plan._plan import RankPlan
 from ...runtime._children import CRASHED, Births, Stacks, death_cause, exit_status, frozen_fork_cause
 from ...runtime._sandbox import START_TIMEOUT, STARTS
-from .._base import RawBatch, Runs, RunSpec
+from .._base import QUEUE_DEPTH, QUEUE_READY, RawBatch, Runs, RunSpec
 from .._slots import Slots
 from ._persample import Collate, Failure, Item, Sample, Samples, batch_items, culprits
 
@@ -109,6 +109,7 @@ class TorchRunner:
         done, unexplained = start, 0
         try:
             while True:
+                ready = _ready(batches)  # the batches made ahead, waiting when the loop asks
                 try:
                     batch = next(batches)
                 except StopIteration:
@@ -147,7 +148,10 @@ class TorchRunner:
                     images = tuple(view.to(self.device, non_blocking=True) for view in images)
                     labels = None if labels is None else labels.to(self.device, non_blocking=True)
                     fields = map_tensors(fields, lambda t: t.to(self.device, non_blocking=True))
-                yield RawBatch(images, labels, batch.keys, skipped, fields, times=batch.times)
+                times = batch.times
+                if times is not None and ready is not None:
+                    times = {**times, QUEUE_READY: ready, QUEUE_DEPTH: float(self._workers * self._prefetch)}
+                yield RawBatch(images, labels, batch.keys, skipped, fields, times=times)
         finally:
             if self._closed:
                 self._shutdown()
@@ -293,3 +297,17 @@ def _disown(iterator: Any) -> bool:
         return True
     except (ImportError, AttributeError, RuntimeError):
         return False
+
+
+def _ready(iterator: Any) -> float | None:
+    """The batches a DataLoader iterator's workers made that wait for the loop (in its queue, or
+    kept while an earlier one is late); ``None`` without workers, or where the queue cannot say."""
+    queue = getattr(iterator, "_data_queue", None)
+    if queue is None:
+        return None
+    try:
+        waiting = queue.qsize()
+    except (NotImplementedError, OSError):  # (macOS's multiprocessing queues)
+        return None
+    early = sum(len(info) == 2 for info in getattr(iterator, "_task_info", {}).values())  # (worker, batch)
+    return float(waiting + early)
