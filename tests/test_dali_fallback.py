@@ -315,6 +315,31 @@ class TestSizesRecorded:
         images, skipped = self.epoch(pipe, max_image_pixels=32 * 32)
         assert counted == ["large"] and skipped == ["large"] and len(images) == 1
 
+    def test_an_image_folder_records_them_by_class(self, tmp_path, counted):
+        """An ImageFolder's class folder keeps its record under a digest of its files' names,
+        sizes and modification times: a new loader reads only the headers it has not checked,
+        and a class whose file was rewritten is checked again, the others not."""
+        import os
+
+        for cls in ("a", "b"):
+            os.makedirs(tmp_path / "tree" / cls)
+        for i, name in enumerate(self.NAMES):
+            (tmp_path / "tree" / "ab"[i % 2] / f"{i:03d}-{name}.jpg").write_bytes(FILES[name])
+        pipe = gp.Pipeline(gp.ImageFolder(str(tmp_path / "tree")), [T.RandomResizedCrop(16)])
+        first = self.epoch(pipe)
+        assert len(counted) == len(self.NAMES)
+        counted.clear()
+        again = self.epoch(pipe)  # a new runner: its first epoch
+        assert sorted(counted) == ["a/002-text.jpg", "a/004-bmp-rle4.jpg", "a/006-gif.jpg"]  # bad, or gpupipe's
+        assert again[1] == first[1] and torch.equal(again[0], first[0])
+        rewritten = tmp_path / "tree" / "b" / "001-png.jpg"
+        rewritten.write_bytes(FILES["jpeg"])
+        os.utime(rewritten, ns=(1, 1))
+        counted.clear()
+        self.epoch(pipe)
+        assert sorted(c for c in counted if c.startswith("b/")) == [f"b/{i:03d}-{n}.jpg" for i, n in
+                                                                     enumerate(self.NAMES) if i % 2]  # fmt: skip
+
     def test_records_merge_and_a_damaged_one_is_ignored(self, tmp_path):
         from gpupipe.shards import _indexcache
 

@@ -69,6 +69,9 @@ class ShardIndex:
         size: the number of samples, when the details load later.
         loader: returns ``(keys, columns)``, when the details load later.
         dali_index: the shard's cached index file in DALI's format, where there is one.
+        records: where what a loader learns of the shard's samples is recorded (their images'
+            sizes), for a shard without ``dali_index`` (an ImageFolder class): a function giving
+            the record's path, called once when first needed (``None`` from it: nowhere).
         problems: damage found when the shard was indexed (:class:`Problem`); samples listed
             there are not numbered.
 
@@ -89,12 +92,15 @@ class ShardIndex:
         size: int | None = None,
         loader: Callable[[], ShardDetail] | None = None,
         dali_index: str | None = None,
+        records: Callable[[], str | None] | None = None,
         problems: tuple[Problem, ...] = (),
     ) -> None:
         if keys is None and (loader is None or size is None):
             raise ValueError("ShardIndex needs keys, or a size and a loader")
         self.path = path
         self.dali_index = dali_index
+        self._records = records
+        self._record: str | None = None  # records(), once called
         self.problems = tuple(problems)
         self.bad: tuple[tuple[int, Problem], ...] = ()
         self.nbytes: int | None = None  # the shard file's size, where the source knows it
@@ -141,6 +147,18 @@ class ShardIndex:
     @property
     def keys(self) -> list[str]:
         return self.detail()[0]
+
+    def record(self) -> str | None:
+        """The path under which what a loader learns of this shard's samples is recorded (beside
+        which their sizes are saved: ``_indexcache.save_sizes``): its index cache file, else its
+        ``records`` path; ``None`` where there is none."""
+        if self.dali_index is not None:
+            return self.dali_index
+        records = self._records  # (reader threads may ask at once: each gets the path)
+        if records is not None:
+            self._record = records()
+            self._records = None
+        return self._record
 
     def column(self, name: str) -> np.ndarray:
         """The per-sample column ``name`` (first axis: sample)."""

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
+import hashlib
 import os
 from typing import Any
 
 import numpy as np
 
 from ..core._errors import ConfigError, Damage, SampleError, ShardError, too_many_bytes
+from ..shards._indexcache import cache_dir
 from ..shards._shard import RawSample, ShardIndex
 from ..storage._base import LocalStorage, Storage
 from ._index import Index, Source
@@ -61,10 +64,28 @@ class ImageFolder(Source):
                 rel = os.path.relpath(dirpath, self.root)
                 keys += [f"{rel}/{n}".replace(os.sep, "/") for n in sorted(names) if n.lower().endswith(exts)]
             if keys:
-                shards.append(ShardIndex(self.root, keys, {"label": np.full(len(keys), label, np.int64)}))
+                records = functools.partial(_class_record, self.root, cls, keys)
+                shards.append(ShardIndex(self.root, keys, {"label": np.full(len(keys), label, np.int64)},
+                                         records=records))  # fmt: skip
         if not shards:
             raise ShardError(f"ImageFolder: no image files ({', '.join(exts)}) under {self.root!r}", shard=self.root)
         return Index(shards, reader=FileReader(LocalStorage()), sequential=False, labeled=True)
+
+
+def _class_record(root: str, cls: str, keys: list[str]) -> str | None:
+    """Where what a loader learns of a class folder's files is recorded (their images' sizes,
+    ``backends/_dali/_headers.Sizes``): in the node's index cache, under a digest of the folder
+    and of each file's name, size and modification time, so that a file added, removed or
+    rewritten makes a new record. Called once per loader, when the class is first read (a stat
+    per file, in a reader thread); ``None`` where a file cannot be stat'ed."""
+    digest = hashlib.sha256(f"{os.path.realpath(root)}\0{cls}".encode())
+    for key in keys:
+        try:
+            st = os.stat(os.path.join(root, key))
+        except OSError:
+            return None
+        digest.update(f"\0{key}\0{st.st_size}\0{st.st_mtime_ns}".encode())
+    return os.path.join(cache_dir(), f"imagefolder-{digest.hexdigest()[:32]}.idx")
 
 
 class FileReader:

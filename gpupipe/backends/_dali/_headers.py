@@ -140,7 +140,7 @@ class Sizes:
         time: another thread's batch of the same shard waits for them)."""
         with self._recalling:
             for s in np.unique(where.shard[~self._looked[where.shard]]).tolist():
-                path = self.index.shards[s].dali_index
+                path = self.index.shards[s].record()
                 recorded = _indexcache.load_sizes(path, rules(), int(self.index.shard_sizes[s])) if path else None
                 if recorded is not None:
                     if self.max_pixels is not None:
@@ -201,7 +201,7 @@ class Sizes:
             learned, self._learned = self._learned, set()
             todo = []
             for s in sorted(learned):
-                path = self.index.shards[s].dali_index
+                path = self.index.shards[s].record()
                 rows = self._held(s)
                 if path and rows is not None:
                     todo.append((path, rows.copy()))
