@@ -94,7 +94,7 @@ class TestStageTimes:
         t.add({"read": 1.0, "decode": 2.0, "transform": 3.0, "collate": 4.0}, None)
         t.add({"read": 3.0, "decode": 2.0, "transform": 1.0, "collate": 0.0}, None)
         assert t.stats() == {"batches": 2, "read_s": 2.0, "decode_s": 2.0, "transform_s": 2.0, "collate_s": 2.0,
-                             "wait_read_s": None, "wait_graph_s": None, "stage_s": None,
+                             "wait_read_s": None, "wait_graph_s": None, "h2d_s": None, "stage_s": None,
                              "read_bytes": None, "cache_hits": None, "cache_misses": None,
                              "wait_download_s": None, "queue_ready": None, "queue_depth": None}  # fmt: skip
         t.begin()
@@ -107,6 +107,70 @@ class TestStageTimes:
         assert t.history == [{"read": 9.0, "decode": 8.0, "stage": 7.0}, {"read": 1.0, "decode": 2.0}]
         t.begin()
         assert t.history == [] and StageTimes().keep is False
+
+
+class TestCopyClock:
+    """The torch backend's host-to-device copies on a GPU, timed by CUDA events read once the
+    device has passed them, never waited on (here with stand-in events: the order, not a GPU)."""
+
+    @pytest.fixture
+    def events(self, monkeypatch):
+        """Stand-in CUDA events: each recorded at the next tick; ``done`` events report as done."""
+        from gpupipe.backends import _copies
+
+        clock = {"now": 0.0, "done": 0}
+        made: list = []
+
+        class Event:
+            def __init__(self, enable_timing: bool = False) -> None:
+                assert enable_timing
+                self.at, self.index = 0.0, len(made)
+                made.append(self)
+
+            def record(self, stream) -> None:
+                clock["now"] += 1.5
+                self.at = clock["now"]
+
+            def query(self) -> bool:
+                return self.index < clock["done"]
+
+            def elapsed_time(self, end) -> float:  # milliseconds, as CUDA's
+                return end.at - self.at
+
+        monkeypatch.setattr(_copies.torch.cuda, "Event", Event)
+        monkeypatch.setattr(_copies.torch.cuda, "current_stream", lambda device=None: None)
+        return clock
+
+    def test_a_batch_reports_the_latest_copies_done_and_never_waits(self, events):
+        from gpupipe.backends._copies import CopyClock
+
+        clock = CopyClock(torch.device("cuda"))
+        assert clock.stop(clock.start()) is None  # its events not passed yet: nothing
+        events["done"] = 2  # the first batch's two events passed
+        assert clock.stop(clock.start()) == pytest.approx(1.5e-3)
+        events["done"] = 6
+        assert clock.stop(clock.start()) == pytest.approx(1.5e-3)  # the latest of those done
+        assert len(clock._pending) == 0
+
+    def test_what_is_kept_is_bounded(self, events):
+        from gpupipe.backends._copies import _PENDING, CopyClock
+
+        clock = CopyClock(torch.device("cuda"))
+        for _ in range(_PENDING * 2):
+            clock.stop(clock.start())
+        assert len(clock._pending) == _PENDING
+
+    @pytest.mark.gpu
+    def test_on_a_gpu_the_torch_backend_times_its_copies(self, shards):
+        if not torch.cuda.is_available():
+            pytest.skip("needs CUDA")
+        with gp.Loader(gp.Pipeline(shards, [T.CenterCrop(16)]), 4, backend="torch", device="cuda",
+                       num_workers=1) as loader:  # fmt: skip
+            for epoch in range(2):
+                loader.set_epoch(epoch)
+                for _ in loader:
+                    torch.cuda.synchronize()
+            assert loader.stats()["times"]["h2d_s"] > 0
 
 
 def epoch_verdict(pipeline: gp.Pipeline, *, step: float = 0.0, epochs: int = 1, batch_size: int = 4,

@@ -22,7 +22,8 @@ from ..loader._verdict import CLOCKS
 __all__ = ["profile_of", "profile_text", "profile_plot", "LABELS"]
 
 LABELS = {"read": "read", "decode": "decode", "transform": "transforms", "collate": "collate",
-          "wait_read": "wait: reader threads", "wait_graph": "wait: DALI graph", "stage": "device stage",
+          "wait_read": "wait: reader threads", "wait_graph": "wait: DALI graph", "h2d": "copy to GPU",
+          "stage": "device stage",
           "wait": "loop's wait in next()"}  # fmt: skip
 
 

@@ -30,6 +30,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..backends._base import QUEUE_DEPTH, QUEUE_READY, READ_BYTES, STAGE_CLOCKS, WAIT_CLOCKS
+from ..backends._copies import H2D
 from ..pipeline._labels import batch_mixing
 from ..shards._shard import NO_LABEL
 from ..storage._counts import CACHE_HITS, CACHE_MISSES, WAIT_DOWNLOAD
@@ -42,7 +43,7 @@ _MIXING_BATCHES = 20  # the first batches of an epoch whose labels are compared
 STALL_OK = 0.05  # the loop waiting up to 5% of its time: the model sets the pace
 BOUNDS = ("model", "storage", "decode", "transforms", "collate", "graph", "stage", "main", "loader")
 _NAMES = {"read": "storage", "decode": "decode", "transform": "transforms", "collate": "collate"}
-CLOCKS = (*STAGE_CLOCKS, *WAIT_CLOCKS, "stage")  # the stages timed, in order
+CLOCKS = (*STAGE_CLOCKS, *WAIT_CLOCKS, H2D, "stage")  # the stages timed, in order
 _COUNTED = (READ_BYTES, CACHE_HITS, CACHE_MISSES, WAIT_DOWNLOAD, QUEUE_READY, QUEUE_DEPTH)  # what else they count
 
 
@@ -77,9 +78,10 @@ class StageTimes:
 
     def stats(self) -> dict[str, Any]:
         """``{"batches", "read_s", "decode_s", "transform_s", "collate_s", "wait_read_s",
-        "wait_graph_s", "stage_s", "read_bytes", "cache_hits", "cache_misses",
-        "wait_download_s", "queue_ready", "queue_depth"}``: seconds per batch; the bytes of a
-        batch's samples read from storage; for remote shards, a batch's reads the node cache
+        "wait_graph_s", "h2d_s", "stage_s", "read_bytes", "cache_hits", "cache_misses",
+        "wait_download_s", "queue_ready", "queue_depth"}``: seconds per batch (``h2d_s``: the
+        GPU time of a batch's host-to-device copies, the torch backend's on a GPU); the bytes of
+        a batch's samples read from storage; for remote shards, a batch's reads the node cache
         served at once (``cache_hits``) and those that waited for their shard's download
         (``cache_misses``), and the seconds they waited; the batches made ahead that were ready
         when the loop asked (``queue_ready``), of at most ``queue_depth`` (the torch workers'

@@ -18,6 +18,7 @@ from ...plan._plan import RankPlan
 from ...runtime._children import CRASHED, Births, Stacks, death_cause, exit_status, frozen_fork_cause
 from ...runtime._sandbox import START_TIMEOUT, STARTS
 from .._base import QUEUE_DEPTH, QUEUE_READY, RawBatch, Runs, RunSpec
+from .._copies import H2D, CopyClock
 from .._slots import Slots
 from ._persample import Collate, Failure, Item, Sample, Samples, batch_items, culprits
 
@@ -96,6 +97,7 @@ class TorchRunner:
         self._failed_births = 0
         self._runs = Runs()
         self._closed = False
+        self._copies = CopyClock(self.device) if self.device.type == "cuda" else None
 
     def run(self, plan: RankPlan, start: int) -> Iterator[RawBatch]:
         """Yields batches ``start..plan.num_batches-1`` of the plan."""
@@ -144,11 +146,17 @@ class TorchRunner:
                 images, labels = batch.images, batch.labels
                 skipped = tuple((i, f.error()) for i, f in batch.skipped)
                 fields = batch.fields
+                copied = None
                 if self.device.type != "cpu":
+                    clock = self._copies
+                    started = clock.start() if clock is not None else None
                     images = tuple(view.to(self.device, non_blocking=True) for view in images)
                     labels = None if labels is None else labels.to(self.device, non_blocking=True)
                     fields = map_tensors(fields, lambda t: t.to(self.device, non_blocking=True))
+                    copied = clock.stop(started) if clock is not None else None  # an earlier batch's
                 times = batch.times
+                if times is not None and copied is not None:
+                    times = {**times, H2D: copied}
                 if times is not None and ready is not None:
                     times = {**times, QUEUE_READY: ready, QUEUE_DEPTH: float(self._workers * self._prefetch)}
                 yield RawBatch(images, labels, batch.keys, skipped, fields, times=times)
