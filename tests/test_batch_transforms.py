@@ -278,6 +278,20 @@ class TestInALoader:
             assert in_loader == [] and len(got) == len(want)
             assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(got, want, strict=True))
 
+    @pytest.mark.parametrize("workers", [0, 1])
+    def test_set_pipeline_brings_its_batch_transform_or_none(self, shards, workers):
+        """The same transform lists with another batch transform (or none) is another runner: the
+        torch workers on the CPU hold the stage that mixes."""
+        mixed = self.pipeline(shards)
+        plain = gp.Pipeline(shards, [T.Resize((16, 16)), T.ToDtype(torch.float32, scale=True)])
+        with gp.Loader(plain, 5, backend="torch", device="cpu", seed=3, num_workers=workers) as loader:
+            assert all(y.dtype == torch.int64 for y in self.labels(loader))
+            for epoch, pipe, soft in ((1, mixed, True), (2, plain, False)):
+                loader.set_pipeline(pipe)
+                loader.set_epoch(epoch)
+                got = self.labels(loader)
+                assert all((y.dtype == torch.float32 and y.shape[1:] == (K,)) == soft for y in got), epoch
+
     def test_a_resumed_epoch_mixes_as_the_uninterrupted_one(self, shards):
         pipe = self.pipeline(shards)
         with gp.Loader(pipe, 4, backend="torch", num_workers=0, seed=2) as loader:

@@ -876,6 +876,33 @@ class TestCacheCounts:
         assert snapshot().since(before)["cache_hits"] == 1
         other.close()
 
+    def test_a_read_that_waits_for_another_process_download_is_a_miss(self, shards, server, cache, monkeypatch):
+        """Two storages of the node (as two processes): one downloads the shard, slowly; the
+        other's read waits for that download on the cache's lock, and counts a miss with its wait."""
+        from gpupipe.storage._counts import snapshot
+
+        url = f"{server.url}/{names(shards)[0]}"
+        started = threading.Event()
+        real = RemoteStorage._download
+
+        def slow(self, *args, **kwargs):
+            started.set()
+            time.sleep(0.3)
+            return real(self, *args, **kwargs)
+
+        monkeypatch.setattr(RemoteStorage, "_download", slow)
+        first, second = RemoteStorage("http", cache_dir=cache), RemoteStorage("http", cache_dir=cache)
+        downloader = threading.Thread(target=first.read, args=(url, 0, 512))
+        downloader.start()
+        assert started.wait(10)
+        before = snapshot()
+        second.read(url, 0, 512)
+        got = snapshot().since(before)
+        downloader.join()
+        first.close()
+        second.close()
+        assert got["cache_misses"] == 1 and got["cache_hits"] == 0 and got["wait_download"] > 0.1
+
     def test_local_reads_count_nothing(self, shards):
         from gpupipe.storage._counts import snapshot
 

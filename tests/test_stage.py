@@ -573,13 +573,15 @@ class TestAhead:
         from gpupipe.backends._stage import _delivered
 
         log: list[str] = []
+        used: list = []
 
         class Side:
             def __init__(self, device):
                 log.append(f"stream on {device}")
 
-            def launch(self, run):
+            def launch(self, run, uses=()):
                 log.append("launch")
+                used.append(uses)  # the batch's inputs, marked used on the side stream
                 return run(), None
 
             def finish(self, launched):
@@ -597,6 +599,7 @@ class TestAhead:
             got = list(stage.batches(iter(raw), plan, torch.device("cuda"), rank=0))
         assert log[0] == "stream on cuda" and log[1:4] == ["launch", "launch", "finish"]
         assert log.count("launch") == log.count("finish") == len(raw) == 4
+        assert all(u[0] is r.images and u[1] is r.labels for u, (_, r) in zip(used, raw, strict=True))
         for (b, one, images, labels), (b2, two) in zip(got, raw, strict=True):
             assert b == b2 and one is two and labels is two.labels
             want = stage.run(two.images, seed=plan.seed, epoch=0, draws=plan.drawn(b))

@@ -62,6 +62,11 @@ class TestTheRule:
                       workers=4)  # fmt: skip
         assert got["bound"] == bound
 
+    def test_the_batch_transform_alone_on_the_training_thread(self):
+        got = verdict(stall(0.5), {**times(decode=0.05), "mix_s": 0.03}, workers=2)  # wait 50 ms, mix 30
+        assert got["bound"] == "main" and "MixUp/CutMix take 30.0 ms per batch" in got["why"]
+        assert "stage=False" not in got["remedy"] and "workers" in got["remedy"]
+
     def test_reads_that_waited_for_downloads(self):
         """Remote shards: the node cache's misses named, with their wait, on either backend."""
         counted = {"read_bytes": 4e6, "cache_hits": 60.0, "cache_misses": 4.0, "wait_download_s": 0.12}
@@ -94,7 +99,7 @@ class TestStageTimes:
         t.add({"read": 1.0, "decode": 2.0, "transform": 3.0, "collate": 4.0}, None)
         t.add({"read": 3.0, "decode": 2.0, "transform": 1.0, "collate": 0.0}, None)
         assert t.stats() == {"batches": 2, "read_s": 2.0, "decode_s": 2.0, "transform_s": 2.0, "collate_s": 2.0,
-                             "wait_read_s": None, "wait_graph_s": None, "h2d_s": None, "stage_s": None,
+                             "wait_read_s": None, "wait_graph_s": None, "h2d_s": None, "stage_s": None, "mix_s": None,
                              "read_bytes": None, "cache_hits": None, "cache_misses": None,
                              "wait_download_s": None, "queue_ready": None, "queue_depth": None}  # fmt: skip
         t.begin()
@@ -224,6 +229,15 @@ class TestPlanted:
         got = epoch_verdict(gp.Pipeline(shards, heavy), num_workers=1)
         assert got["bound"]["bound"] == "transforms", got
         assert got["times"]["transform_s"] > got["times"]["decode_s"] and got["times"]["stage_s"] is None
+
+    def test_a_stage_of_the_batch_transform_alone_is_timed_as_the_mix(self, shards):
+        """DALI on the CPU (no tail staged) with MixUp: the training thread's mix, not a device
+        stage that ``stage=False`` would move."""
+        pytest.importorskip("nvidia.dali")
+        pipe = gp.Pipeline(shards, [T.CenterCrop(16), T.ToDtype(torch.float32, scale=True)],
+                           batch_transform=T.MixUp(num_classes=10))  # fmt: skip
+        got = epoch_verdict(pipe, backend="dali", num_workers=1)
+        assert got["times"]["stage_s"] is None and got["times"]["mix_s"] > 0
 
     def test_the_stage_is_timed_where_it_runs(self, shards, monkeypatch):
         """In the training thread (a backend that hands it the batches: the inline test backend),

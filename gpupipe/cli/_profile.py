@@ -23,7 +23,7 @@ __all__ = ["profile_of", "profile_text", "profile_plot", "LABELS"]
 
 LABELS = {"read": "read", "decode": "decode", "transform": "transforms", "collate": "collate",
           "wait_read": "wait: reader threads", "wait_graph": "wait: DALI graph", "h2d": "copy to GPU",
-          "stage": "device stage",
+          "stage": "device stage", "mix": "MixUp/CutMix",
           "wait": "loop's wait in next()"}  # fmt: skip
 
 

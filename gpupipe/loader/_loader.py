@@ -248,8 +248,9 @@ class Loader(LoaderAttributes, Observed, Resumable):
         require_runnable(pipeline, backend)
         if self.closed:
             raise ClosedError("this gp.Loader is closed")
-        same = (pipeline.views, pipeline.has_views, pipeline.per_source) == (
-            self.pipeline.views, self.pipeline.has_views, self.pipeline.per_source)  # fmt: skip
+        same = (pipeline.views, pipeline.has_views, pipeline.per_source, pipeline.batch_transform) == (
+            self.pipeline.views, self.pipeline.has_views, self.pipeline.per_source,
+            self.pipeline.batch_transform)  # (a runner may hold the stage: the torch workers')  # fmt: skip
         runner = None if same else backend.runner(self._run_spec(pipeline))  # fails here, if it fails
         self._runners.set_next(runner)  # (an earlier set_pipeline's, never run, is closed)
         self._next_pipeline = pipeline
@@ -413,7 +414,8 @@ class Loader(LoaderAttributes, Observed, Resumable):
                     if self.closed and "already executing" in str(e):
                         break  # (ClosedError below)
                     raise
-                times.add(raw.times, None if stage is None else spent[0])
+                times.add(raw.times, None if stage is None else spent[0],
+                          clock="stage" if stage is None or stage.tails else "mix")  # fmt: skip
                 spent[0] = 0.0
                 if fetch is not None:
                     fetch.advance(b - start + 1)

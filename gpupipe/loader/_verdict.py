@@ -7,11 +7,13 @@ The stages: where a runner times them (the torch backend's workers and Ray's tas
 the samples' bytes (``read``: the storage), decoding (``decode``), the per-sample transforms with
 their draws (``transform``) and stacking the batch (``collate``), in seconds of a worker per
 batch; and, in the training thread, the device stage (``stage``: its host time per batch, on a
-GPU its launches). The rule:
+GPU its launches), or ``mix`` where the stage holds the batch transform alone (MixUp/CutMix). The
+rule:
 
 1. The loop waited at most :data:`STALL_OK` of its time (the epoch's stall, from its second batch
    on): ``model``, the model sets the pace, no loader change would speed the run up.
-2. The device stage's host time is at least half of the loop's wait per batch: ``stage``.
+2. The device stage's host time is at least half of the loop's wait per batch: ``stage``; the
+   batch transform's alone (``mix``): ``main``, the training thread's share.
 3. With the workers' stages timed: the one of ``read``, ``decode``, ``transform`` and ``collate``
    that takes the most of a batch's worker time (``storage`` for ``read``, ``decode``,
    ``transforms``, ``collate``); but where the workers could make batches at least twice as fast
@@ -43,7 +45,8 @@ _MIXING_BATCHES = 20  # the first batches of an epoch whose labels are compared
 STALL_OK = 0.05  # the loop waiting up to 5% of its time: the model sets the pace
 BOUNDS = ("model", "storage", "decode", "transforms", "collate", "graph", "stage", "main", "loader")
 _NAMES = {"read": "storage", "decode": "decode", "transform": "transforms", "collate": "collate"}
-CLOCKS = (*STAGE_CLOCKS, *WAIT_CLOCKS, H2D, "stage")  # the stages timed, in order
+CLOCKS = (*STAGE_CLOCKS, *WAIT_CLOCKS, H2D, "stage", "mix")  # the stages timed, in order
+_CACHE = (CACHE_HITS, CACHE_MISSES, WAIT_DOWNLOAD)
 _COUNTED = (READ_BYTES, CACHE_HITS, CACHE_MISSES, WAIT_DOWNLOAD, QUEUE_READY, QUEUE_DEPTH)  # what else they count
 
 
@@ -62,9 +65,10 @@ class StageTimes:
         self.history: list[dict[str, float]] = []  # the epoch's batches, the first included (with keep)
         self._first = True
 
-    def add(self, times: Mapping[str, float] | None, stage_s: float | None) -> None:
-        """One batch's times (``None``: not timed)."""
-        found = {**(times or {}), **({} if stage_s is None else {"stage": stage_s})}
+    def add(self, times: Mapping[str, float] | None, stage_s: float | None, *, clock: str = "stage") -> None:
+        """One batch's times (``None``: not timed), and the stage's host time in the training
+        thread, as ``clock`` (``"mix"``: a stage of the batch transform alone)."""
+        found = {**(times or {}), **({} if stage_s is None else {clock: stage_s})}
         if self.keep:
             self.history.append({k: float(v) for k, v in found.items() if k in self.seconds})
         if self._first:  # the start-up's batch: apart, as the meter keeps it
@@ -78,7 +82,7 @@ class StageTimes:
 
     def stats(self) -> dict[str, Any]:
         """``{"batches", "read_s", "decode_s", "transform_s", "collate_s", "wait_read_s",
-        "wait_graph_s", "h2d_s", "stage_s", "read_bytes", "cache_hits", "cache_misses",
+        "wait_graph_s", "h2d_s", "stage_s", "mix_s", "read_bytes", "cache_hits", "cache_misses",
         "wait_download_s", "queue_ready", "queue_depth"}``: seconds per batch (``h2d_s``: the
         GPU time of a batch's host-to-device copies, the torch backend's on a GPU); the bytes of
         a batch's samples read from storage; for remote shards, a batch's reads the node cache
@@ -90,7 +94,9 @@ class StageTimes:
         out: dict[str, Any] = {"batches": self.batches}
         for name in (*CLOCKS, *_COUNTED):
             key = f"{name}_s" if name in CLOCKS or name == WAIT_DOWNLOAD else name
-            out[key] = self.seconds[name] / self.counts[name] if self.counts[name] else None
+            # the node cache's reads over every batch timed (DALI's mapped reads count a shard once)
+            per = self.batches if name in _CACHE and self.counts[name] else self.counts[name]
+            out[key] = self.seconds[name] / per if per else None
         return out
 
 
@@ -113,6 +119,11 @@ def verdict(stall: Mapping[str, Any], times: Mapping[str, Any], *, workers: int)
         return _said("stage", share, f"the device stage's host time, {_ms(stage)} per batch in the training thread, "
                      f"is most of the loop's {_ms(wait)} wait", "Loader(stage=False): the backend runs the tail in "
                      "its workers or graph (compare both: bench/gpu.py, gpupipe bench)")  # fmt: skip
+    mix = times.get("mix_s")
+    if mix is not None and mix >= wait / 2:
+        return _said("main", share, f"MixUp/CutMix take {_ms(mix)} per batch in the training thread, most of the "
+                     f"loop's {_ms(wait)} wait", "on the CPU the torch backend mixes in its workers "
+                     "(backend='torch'); on a GPU the batch is mixed on the device, ahead of the step")  # fmt: skip
     read, graph = times.get("wait_read_s"), times.get("wait_graph_s")
     if read is not None and graph is not None:  # the DALI backend: the training thread's waits
         return _dali_bound(share, wait, read, graph, times.get(READ_BYTES), _downloads(times), _queue(times))

@@ -174,7 +174,7 @@ class ShardCache:
                 found = self._present(whole, need)  # downloaded meanwhile, by another process
                 if found is not None:
                     _close(pin)
-                    return found
+                    return found._replace(waited=True)  # (this one waited for it)
                 if not os.path.exists(path):
                     self._download(path, lambda f: download(f, span))
                     self.evict(keep=path)

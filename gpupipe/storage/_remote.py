@@ -297,14 +297,12 @@ class RemoteStorage(Storage):
         started = time.perf_counter()
         with self._lock:
             fetching = self._fetching.setdefault(url, threading.Lock())
-        blocked = not fetching.acquire(blocking=False)  # another thread of this process fetches it
-        if blocked:
-            fetching.acquire()
-        try:  # one thread of this process fetches a shard; the others wait for it
+        blocked = fetching.locked()  # another thread of this process fetches it (for the counts only)
+        with fetching:  # one thread of this process fetches a shard; the others wait for it
             entry = self._pins.get(url)
             if entry is not None and covers(entry.span, need):
-                if read:
-                    count(waited_s=time.perf_counter() - started if blocked else None)
+                if read:  # a miss where this thread waited for another's download of it
+                    count(waited_s=time.perf_counter() - started if blocked and entry.waited else None)
                 return entry
             failed = self._failed.get(url)
             if failed is not None and time.monotonic() - failed[0] < FAILED_FOR_S:
@@ -332,10 +330,8 @@ class RemoteStorage(Storage):
             for old in released:
                 self._unpin(old)
             if read:
-                count(waited_s=time.perf_counter() - started if entry.waited or blocked else None)
+                count(waited_s=time.perf_counter() - started if entry.waited else None)
             return entry
-        finally:
-            fetching.release()
 
     def _drop_pin(self, url: str, entry: Entry) -> None:
         with self._lock:

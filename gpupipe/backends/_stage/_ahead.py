@@ -65,9 +65,17 @@ class SideStream(Generic[Out]):
         self.device = device
         self.stream = torch.cuda.Stream(device)
 
-    def launch(self, run: Callable[[], Out]) -> tuple[Out, Any]:
+    def launch(self, run: Callable[[], Out], uses: Any = ()) -> tuple[Out, Any]:
+        """``run()`` on the side stream, after the consumer's queued work. ``uses``: its inputs
+        (tensors, or tuples of them), marked used on the side stream: the stage writes into some
+        (MixUp, in place), and a batch dropped unfinished (an epoch left early) must not have its
+        memory handed to the consumer's stream while the side stream's work on it is queued.
+        (Memory not from torch's caching allocator, DALI's, is left as it is: DALI takes it back
+        only after a device-wide synchronization.)"""
         consumer = torch.cuda.current_stream(self.device)
         self.stream.wait_stream(consumer)
+        for tensor in _tensors(uses):
+            tensor.record_stream(self.stream)
         with torch.cuda.stream(self.stream):
             out = run()
             event = torch.cuda.Event()

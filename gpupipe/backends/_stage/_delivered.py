@@ -116,7 +116,7 @@ class Stage:
         if device.type != "cuda":
             return ((b, raw, *tail(b, raw)) for b, raw in batches)
         side: SideStream[Any] = SideStream(device)
-        return ahead(batches, lambda item: (item, side.launch(lambda: tail(*item))),
+        return ahead(batches, lambda item: (item, side.launch(lambda: tail(*item), (item[1].images, item[1].labels))),
                      lambda launched: (*launched[0], *side.finish(launched[1])), depth=1)  # fmt: skip
 
 
