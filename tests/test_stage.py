@@ -432,6 +432,32 @@ class TestInTheLoader:
         sized = gp.Pipeline(gp.WebDataset(shards), [T.Resize(40), T.TrivialAugmentWide(), T.CenterCrop(32)])
         assert stage_for(sized, cuda, True) is None  # the policy's input varies in size
 
+    def test_where_a_backend_measured_the_stage_faster_it_is_on_by_default(self, shards, monkeypatch):
+        """DALI on the CPU: AugMix's tail goes to the stage (1.30x DALI's own AugMix graph on 2
+        cores); other tails stay in the graph; ``stage=False`` keeps it there."""
+        pytest.importorskip("nvidia.dali")
+        import gpupipe as gp
+        from gpupipe import backends
+
+        dali = backends.get("dali")
+        augmix = [T.RandomResizedCrop(32), T.AugMix(), T.ToDtype(torch.float32, scale=True)]
+        assert "AugMix runs faster in the stage on the cpu" in (dali.stage_default("cpu", [augmix]) or "")
+        assert dali.stage_default("cpu", [V2]) is None and dali.stage_default("cuda", [augmix]) is None
+        assert backends.get("torch").stage_default("cpu", [augmix]) is None
+        seen: list[Any] = []
+        real = dali.runner
+
+        def runner(self: Any, spec: Any) -> Any:
+            seen.append(spec)
+            return real(spec)
+
+        monkeypatch.setattr(type(dali), "runner", runner)
+        for stage in (None, False):
+            with gp.Loader(gp.Pipeline(gp.WebDataset(shards), augmix), 4, backend="dali", device="cpu", stage=stage,
+                           num_workers=1) as loader:  # fmt: skip
+                next(iter(loader))
+        assert seen[0].views == (tuple(augmix[:1]),) and seen[1].views == (tuple(augmix),)
+
 
 def _budget_id(value: Any) -> str:
     return value if isinstance(value, str) else ",".join(f"{k}={x}" for k, x in value) or "-"

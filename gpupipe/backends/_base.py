@@ -234,6 +234,9 @@ class Backend(abc.ABC):
     reads_targets: ClassVar[bool] = False  # whether it moves Mask fields with the image (gp.fields.Mask)
     # the device types where its runner runs the stage as it makes each batch (RunSpec.stage)
     batches_stage: ClassVar[tuple[str, ...]] = ()
+    # (device type, transform types, evidence): where the stage is on by default (LoaderConfig.stage
+    # None) on a device that otherwise leaves it off, for a pipeline with one of the types
+    stage_pays: ClassVar[tuple[tuple[str, tuple[type, ...], str], ...]] = ()
 
     def slower_step(self, device_type: str, views: Any) -> str | None:
         """Why the next backend suits ``views`` on ``device_type`` better (a step of an entry of
@@ -247,6 +250,18 @@ class Backend(abc.ABC):
                 for step in _walk(steps):
                     if isinstance(step, types):
                         return f"{self.name} runs {type(step).__name__} slower on the {dev} ({evidence})"
+        return None
+
+    def stage_default(self, device_type: str, views: Any) -> str | None:
+        """Why the stage is on by default for ``views`` on ``device_type`` (an entry of
+        :attr:`stage_pays`, composite transforms' members included); ``None``: the device's
+        default."""
+        for dev, types, evidence in self.stage_pays:
+            if dev == device_type:
+                for steps in views:
+                    for step in _walk(steps):
+                        if isinstance(step, types):
+                            return f"{type(step).__name__} runs faster in the stage on the {dev} ({evidence})"
         return None
 
     def available(self) -> bool:

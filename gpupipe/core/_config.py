@@ -305,8 +305,10 @@ class LoaderConfig:
             backend stops the view where the tail starts and hands over uint8 images);
             ``False``, in the backend (the torch backend's workers, sample by sample, or DALI's
             graph). ``None`` (default): the stage on a GPU, the backend on the CPU, where the
-            backends' workers or threads run a tail faster than the training thread runs the
-            stage (``bench/results/2026-11-28-stage-cpu.md``). The stage's values are
+            backends' workers or threads run a tail faster than the stage
+            (``bench/results/2026-11-28-stage-cpu.md``), except where a backend measured the
+            stage faster (``Backend.stage_pays``: DALI's AugMix on the CPU, 1.30x). On the CPU
+            the torch backend runs the stage in its workers. The stage's values are
             torchvision's on every backend; DALI's own policy graph differs from them slightly
             (``docs/guide/transforms.md``).
 

@@ -179,9 +179,9 @@ class Loader(LoaderAttributes, Observed, Resumable):
     def _stage(self, pipeline: Pipeline) -> Stage | None:
         """``pipeline``'s stage: where its views hand their tails to it (``LoaderConfig.stage``),
         and its batch transform (``backends._stage``)."""
-        return stage_for(
-            pipeline, torch.device(self.device), self.config.stage, channels_last=self.config.channels_last
-        )
+        device = torch.device(self.device)
+        pays = backends.get(self.backend).stage_default(device.type, pipeline.views) is not None
+        return stage_for(pipeline, device, self.config.stage, channels_last=self.config.channels_last, pays=pays)
 
     def _own_stage(self, pipeline: Pipeline) -> Stage | None:
         """``pipeline``'s stage where the loader runs it, on each delivered batch; ``None`` where

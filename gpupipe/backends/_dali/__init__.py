@@ -4,6 +4,7 @@ torch through DLPack. DALI itself is imported only when a graph is built."""
 
 from __future__ import annotations
 
+from ... import transforms as T
 from .._base import Backend, Runner, RunSpec
 from . import _color, _lowerings, _policies, _warp  # noqa: F401 - register the lowerings
 from ._context import LOWERINGS
@@ -25,6 +26,9 @@ class DaliBackend(Backend):
     # 0.77x). So on the CPU DALI runs when named, or where torch cannot run the pipeline. (The
     # GPU: DALI.)
     slower = (("cpu", None, "bench/results/2026-11-26-dali-cpu-kernels.md"),)
+    # The stage's batched AugMix after the graph ran 1.30x (1.24-1.55x) DALI's own AugMix graph (713
+    # CPU operators) on 2 cores; the other recipes ran 0.77-0.95x with it (bench/results/2026-11-28-stage-cpu.md).
+    stage_pays = (("cpu", (T.AugMix,), "1.30x, bench/results/2026-11-28-stage-cpu.md"),)
 
     def available(self) -> bool:
         try:

@@ -120,7 +120,8 @@ class Stage:
                      lambda launched: (*launched[0], *side.finish(launched[1])), depth=1)  # fmt: skip
 
 
-def stage_for(pipeline: Any, device: torch.device, choice: bool | None, *, channels_last: bool = False) -> Stage | None:
+def stage_for(pipeline: Any, device: torch.device, choice: bool | None, *, channels_last: bool = False,
+              pays: bool = False) -> Stage | None:  # fmt: skip
     """The stage of ``pipeline`` delivered to ``device``: its views' tails and its batch
     transform; ``None`` where it has neither.
 
@@ -129,9 +130,10 @@ def stage_for(pipeline: Any, device: torch.device, choice: bool | None, *, chann
     ``choice`` (``LoaderConfig.stage``) ``False``, or ``None`` on the CPU, where the backends run a
     tail faster sample by sample, in their workers or threads (the torch backend 0.57-0.72x with
     the stage in the training thread, DALI 0.77-0.95x but AugMix 1.30x: 2 cores,
-    ``bench/results/2026-11-28-stage-cpu.md``); nor with a ``gp.Mix``'s ``per_source`` lists,
-    masks or boxes that follow the image, or no image."""
-    on = choice if choice is not None else device.type == "cuda"
+    ``bench/results/2026-11-28-stage-cpu.md``) unless the backend measured the stage faster for the
+    pipeline there (``pays``: ``Backend.stage_default``, DALI's AugMix); nor with a ``gp.Mix``'s
+    ``per_source`` lists, masks or boxes that follow the image, or no image."""
+    on = choice if choice is not None else device.type == "cuda" or pays
     starts: list[int | None] = [None] * len(pipeline.views)
     if on and not (pipeline.per_source or pipeline.targets or not pipeline.has_image):
         for view, (steps, specs) in enumerate(zip(pipeline.views, pipeline.view_specs, strict=True)):
