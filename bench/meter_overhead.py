@@ -56,7 +56,7 @@ class Off:
     def resumed(self) -> None:
         pass
 
-    def add(self, *args: Any) -> None:
+    def add(self, *args: Any, **kwargs: Any) -> None:
         pass
 
     def stats(self) -> dict[str, Any]:

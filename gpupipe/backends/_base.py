@@ -9,7 +9,7 @@ import dataclasses
 import threading
 import weakref
 from collections.abc import Container, Generator, Iterable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol
+from typing import Any, ClassVar, NamedTuple, Protocol
 
 import torch
 
@@ -19,9 +19,6 @@ from ..plan._plan import RankPlan
 from ..sources import Index
 from ..transforms import ImageSpec, Transform
 from ._registry import Registry
-
-if TYPE_CHECKING:
-    from ._stage import Stage
 
 __all__ = [
     "Backend",
@@ -138,7 +135,7 @@ class RunSpec:
     per_source: bool = False  # views are a gp.Mix's per-source lists: one output, each sample its source's
     # the loader's stage (tails, MixUp/CutMix) where the backend runs it as it makes each batch
     # (Backend.batches_stage); None: the loader runs it on the delivered batch, if it has one
-    stage: Stage | None = None
+    stage: Any = None  # a backends._stage.Stage (a floor above: not imported here)
 
     @property
     def prefetch(self) -> int:
