@@ -84,12 +84,15 @@ class Stage:
         """The batch after the stage: each view's tail (:meth:`run`), then the batch transform on
         the first view's ``[B, C, H, W]`` images and the class ``labels`` ``[B]`` (float32 soft
         targets ``[B, num_classes]`` after it). ``valid`` ``[B]`` (bool, host memory): the rows
-        that mix (not padding, not ``skipped``); ``batch``: the batch's number in its epoch
-        (``RankPlan.batch_offset`` counted in), whose generator draws the mix."""
+        that are not padding (the ``skipped`` ones are left out here); the rows that mix are those
+        valid and not skipped. ``batch``: the batch's number in its epoch (``RankPlan.batch_offset``
+        counted in), whose generator draws the mix."""
         images = self.run(images, seed=seed, epoch=epoch, draws=draws, skipped=skipped) if self.tails else images
         if self.mix is None or labels is None:
             return images, labels
-        mixed, labels = apply_batch(self.mix, images[0], labels, torch.from_numpy(valid), seed=seed, epoch=epoch,
+        mixing = np.array(valid, dtype=bool)
+        mixing[list(skipped)] = False
+        mixed, labels = apply_batch(self.mix, images[0], labels, torch.from_numpy(mixing), seed=seed, epoch=epoch,
                                     rank=rank, batch=batch)  # fmt: skip
         return (mixed, *images[1:]), labels
 
@@ -104,11 +107,9 @@ class Stage:
         def tail(b: int, raw: Any) -> tuple[tuple[torch.Tensor, ...], Any]:
             started = time.perf_counter()
             try:
-                skipped = [i for i, _ in raw.skipped]
-                valid = plan.batch(b)[1].copy()
-                valid[skipped] = False
-                return self.finish(raw.images, raw.labels, valid, seed=plan.seed, epoch=plan.epoch, rank=rank,
-                                   batch=plan.batch_offset + b, draws=plan.drawn(b), skipped=skipped)  # fmt: skip
+                return self.finish(raw.images, raw.labels, plan.batch(b)[1], seed=plan.seed, epoch=plan.epoch,
+                                   rank=rank, batch=plan.batch_offset + b, draws=plan.drawn(b),
+                                   skipped=[i for i, _ in raw.skipped])  # fmt: skip
             finally:
                 if spent is not None:
                     spent[0] += time.perf_counter() - started

@@ -231,24 +231,23 @@ class Collate:
         self.skip, self.outputs, self.labeled, self.channels_last = skip, outputs, labeled, channels_last
         self.fields = dict(fields or {})  # the source's fields beyond image and label (Index.fields)
         self.stage = stage  # run here, on each batch of BatchItems collated
-        self._staged = 0.0  # the seconds of the last batch's stage
         self.slots = slots  # the workers' reusable batch buffers (``_slots``); None: fresh memory
 
     def __call__(self, items: list[Sample | Failure]) -> RawBatch | Failure:
         started = time.perf_counter()
-        self._staged = 0.0
-        made = self._collate(items)
+        made, staged = self._collate(items)
         fetched = getattr(items, "times", None)
         if isinstance(made, Failure) or fetched is None:
             return made
         # the stage's seconds are the batch's transforms' (run batched), the rest stacking it
-        stacked = time.perf_counter() - started - self._staged
-        return made._replace(times={**fetched, "transform": fetched["transform"] + self._staged, "collate": stacked})
+        stacked = time.perf_counter() - started - staged
+        return made._replace(times={**fetched, "transform": fetched["transform"] + staged, "collate": stacked})
 
-    def _collate(self, items: list[Sample | Failure]) -> RawBatch | Failure:
+    def _collate(self, items: list[Sample | Failure]) -> tuple[RawBatch | Failure, float]:
+        """The batch, and the seconds its stage took (0 without one)."""
         failed = [(i, item) for i, item in enumerate(items) if isinstance(item, Failure)]
         if failed and not self.skip:
-            return failed[0][1]
+            return failed[0][1], 0.0
         samples: list = list(items)
         if failed:
             good = donor(len(items), dict(failed))
@@ -261,19 +260,17 @@ class Collate:
         alloc = arena.empty if arena is not None else None
         fields = batch_fields(self.fields, [s[3] for s in samples], alloc=alloc) if self.fields else None
         slot = arena.ticket() if arena is not None else None
+        staged = 0.0
         if self.stage is not None:
             if not isinstance(items, BatchItems):  # the runner's batch sampler makes each batch one
                 raise TypeError(f"Collate: the stage needs a batch's BatchItems, got {type(items).__name__}")
-            valid = np.array(items.valid, dtype=bool)
-            skipped = [i for i, _ in failed]
-            valid[skipped] = False
-            draws = np.array(items.draws, dtype=np.int64)
             started = time.perf_counter()
-            images, labels = self.stage.finish(images, labels, valid, seed=items.seed, epoch=items.epoch,
-                                               rank=items.rank, batch=items.number, draws=draws,
-                                               skipped=skipped)  # fmt: skip
-            self._staged = time.perf_counter() - started
-        return RawBatch(images, labels, keys, tuple(failed), fields=fields, slot=slot)  # type: ignore[arg-type]
+            images, labels = self.stage.finish(images, labels, np.array(items.valid, dtype=bool), seed=items.seed,
+                                               epoch=items.epoch, rank=items.rank, batch=items.number,
+                                               draws=np.array(items.draws, dtype=np.int64),
+                                               skipped=[i for i, _ in failed])  # fmt: skip
+            staged = time.perf_counter() - started
+        return RawBatch(images, labels, keys, tuple(failed), fields=fields, slot=slot), staged  # type: ignore[arg-type]
 
     def _stack(self, view: Sequence[torch.Tensor], arena: Arena | None) -> torch.Tensor:
         """The view's images as one ``[B, C, H, W]`` tensor, in the memory format asked for. In a
