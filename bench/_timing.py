@@ -1,9 +1,12 @@
-"""What the operator probes share (``operator_cost.py``, ``policy_stage.py``,
-``stage_profile.py``): the devices asked for, and ms per call of a function that runs one batch."""
+"""What the benchmarks share: for the operator probes (``operator_cost.py``, ``policy_stage.py``,
+``stage_profile.py``) the devices asked for and ms per call of a function that runs one batch; for
+the loader comparisons (``stage_cpu.py``, ``mix_owner_cpu.py``) a loader's best rate and a
+median with its range."""
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 from collections.abc import Callable
 from typing import Any
@@ -32,3 +35,21 @@ def ms_per_call(run: Callable[[], Any], iters: int) -> float:
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     return (time.perf_counter() - start) / iters * 1000
+
+
+def best_rate(loader: Any, epochs: int) -> float:
+    """Best images/s of ``loader``'s epochs 1..``epochs - 1`` (epoch 0 includes start-up)."""
+    best = 0.0
+    for epoch in range(epochs):
+        loader.set_epoch(epoch)
+        start, n = time.perf_counter(), 0
+        for b in loader:
+            n += len(b.keys)
+        if epoch:
+            best = max(best, n / (time.perf_counter() - start))
+    return best
+
+
+def spread(values: list[float], fmt: str) -> str:
+    """The median of ``values`` and their range, each formatted with ``fmt``."""
+    return f"{fmt.format(statistics.median(values))} ({fmt.format(min(values))}-{fmt.format(max(values))})"

@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
-import time
 from typing import Any
 
 import torch
@@ -28,6 +26,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from _report import publish
+from _timing import best_rate, spread
 from gpu import make_set
 
 import gpupipe as gp
@@ -46,17 +45,9 @@ def rate(options: dict[str, Any], shards: list[str], *, where: str, batch: int, 
     torch_backend.batches_stage = ("cpu",) if where == "workers" else ()  # type: ignore[misc]
     try:
         factory = gp.load_pipeline(os.path.join(ROOT, "pipelines", "imagenet.py:train_v2"))
-        best = 0.0
         with gp.Loader(factory(gp.WebDataset(shards), **options), batch, backend="torch", device="cpu",
                        num_workers=workers, shuffle=True, drop_last=True) as loader:  # fmt: skip
-            for epoch in range(epochs):
-                loader.set_epoch(epoch)
-                start, n = time.perf_counter(), 0
-                for b in loader:
-                    n += len(b.keys)
-                if epoch:
-                    best = max(best, n / (time.perf_counter() - start))
-        return best
+            return best_rate(loader, epochs)
     finally:
         del torch_backend.batches_stage  # the class's again
 
@@ -83,9 +74,6 @@ def main() -> None:
                          epochs=args.epochs)  # fmt: skip
             rows[recipe][where].append(value)
             print(f"round {round_}: {recipe}, stage in the {where}: {value:.0f} images/s", flush=True)
-
-    def spread(values: list[float], fmt: str) -> str:
-        return f"{fmt.format(statistics.median(values))} ({fmt.format(min(values))}-{fmt.format(max(values))})"
 
     table, data = [], []
     for recipe, by in rows.items():

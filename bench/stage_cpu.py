@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
-import time
 from typing import Any
 
 import torch
@@ -29,6 +27,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from _report import publish
+from _timing import best_rate, spread
 from gpu import make_set
 
 import gpupipe as gp
@@ -52,17 +51,9 @@ def rate(recipe: str, shards: list[str], *, backend: str, stage: bool, batch: in
          epochs: int) -> float:  # fmt: skip
     """Best images/s of epochs 1.. of ``recipe`` on ``backend``, with or without the stage."""
     pipeline = RECIPES[recipe](gp.WebDataset(shards))
-    best = 0.0
     with gp.Loader(pipeline, batch, backend=backend, device="cpu", num_workers=workers, shuffle=True, drop_last=True,
                    stage=stage) as loader:  # fmt: skip
-        for epoch in range(epochs):
-            loader.set_epoch(epoch)
-            start, n = time.perf_counter(), 0
-            for b in loader:
-                n += len(b.keys)
-            if epoch:
-                best = max(best, n / (time.perf_counter() - start))
-    return best
+        return best_rate(loader, epochs)
 
 
 def main() -> None:
@@ -92,9 +83,6 @@ def main() -> None:
                          epochs=args.epochs)  # fmt: skip
             rows[backend, recipe][stage].append(value)
             print(f"round {round_}: {backend}, {recipe}, stage={stage}: {value:.0f} images/s", flush=True)
-
-    def spread(values: list[float], fmt: str) -> str:
-        return f"{fmt.format(statistics.median(values))} ({fmt.format(min(values))}-{fmt.format(max(values))})"
 
     table, data = [], []
     for (backend, recipe), by in rows.items():

@@ -152,27 +152,34 @@ class TestCopies:
                            torch.tensor([1, -2], dtype=torch.int32))  # fmt: skip
 
 
+def host_events(warm: Any, run: Any) -> set[str]:
+    """The names of the CPU and CUDA events of ``run()`` (after ``warm()``, which makes the
+    constants and picks cuDNN's algorithms), run under torch's sync debug mode (which raises on a
+    synchronization) and then waited for (one ``cudaDeviceSynchronize``, ours)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    warm()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as p:
+            run()
+            torch.cuda.set_sync_debug_mode("default")
+            torch.cuda.synchronize()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    return {e.key for e in p.key_averages()}
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", MIXES)
 def test_on_a_gpu_a_batch_transform_never_makes_the_host_wait(name):
     """MixUp and CutMix on a GPU batch: no copy from pageable memory, no synchronization (the
     stage runs them one batch ahead on its own stream: a wait there would stall the loop)."""
-    from torch.profiler import ProfilerActivity, profile
-
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     first, second = mix_inputs(name, 64, "cuda"), mix_inputs(name, 64, "cuda")
-    mixed(name, first)
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as p:
-            mixed(name, second)
-            torch.cuda.set_sync_debug_mode("default")
-            torch.cuda.synchronize()
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    names = {e.key for e in p.key_averages()}
+    names = host_events(lambda: mixed(name, first), lambda: mixed(name, second))
     assert not [k for k in names if "Pageable" in k], sorted(names)
     assert "cudaStreamSynchronize" not in names
 
@@ -183,23 +190,11 @@ def test_on_a_gpu_the_host_never_waits(name):
     """The second batch through each tail (the first makes the constants and picks cuDNN's
     algorithms): no copy from pageable memory, and no synchronization (torch's sync debug mode
     raises on one). The H200 run of 2026-11-28 counted 135 copies and 72 waits per timm batch."""
-    from torch.profiler import ProfilerActivity, profile
-
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     steps = TAILS[name]
     images = batch(64, 48, 48, device="cuda")
     drawn = factors(steps, 3, 0, np.arange(64))
-    run_stage(steps, images, drawn)
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as p:
-            run_stage(steps, images, drawn)
-            torch.cuda.set_sync_debug_mode("default")
-            torch.cuda.synchronize()
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    names = {e.key for e in p.key_averages()}
+    names = host_events(lambda: run_stage(steps, images, drawn), lambda: run_stage(steps, images, drawn))
     assert not [k for k in names if "Pageable" in k], sorted(names)
     assert "cudaStreamSynchronize" not in names and "cudaDeviceSynchronize" in names  # ours, at the end
