@@ -195,6 +195,10 @@ class TestAugMix:
     def test_a_batch_is_the_per_sample_kernels(self, t, device):
         check_stage([t], batch(48, 36, 44, device=device))
 
+    def test_summed_in_runs_of_rows_on_the_cpu(self):
+        # 64 x 64 x 3 float32: 21 rows to a megabyte, so 40 rows are summed in two runs
+        check_stage([T.AugMix()], batch(40, 64, 64))
+
 
 class TestToDtypeAndNormalize:
     @pytest.mark.parametrize("device", DEVICES)
@@ -218,6 +222,34 @@ class TestRandomErasing:
 
     def test_on_uint8(self):
         check_stage([T.RandomErasing(p=1.0, value=(7,))], batch(32, 20, 20))
+
+    @pytest.mark.parametrize("value", [0.0, "random"])
+    def test_the_stage_never_writes_its_input(self, value):
+        images = batch(16, 20, 20).to(torch.float32)
+        before = images.clone()
+        erasing: T.Transform = T.RandomErasing(p=1.0, value=value)
+        for steps in ([erasing], [T.ToDtype(torch.float32, scale=True), erasing]):  # first: the caller's tensor
+            out = check_stage(steps, images)  # (ToDtype on float32 gives its input itself)
+            torch.testing.assert_close(images, before, atol=0, rtol=0)
+            assert not torch.equal(out, before)
+
+    def test_after_a_step_of_the_stage_it_writes_that_steps_tensor(self, monkeypatch):
+        from gpupipe.backends._stage import _steps
+
+        calls: list[int] = []
+
+        def spy(fn: Any) -> Any:
+            def lowering(t: Any, x: torch.Tensor, f: Any) -> torch.Tensor:
+                calls.append(x.data_ptr())
+                return fn(t, x, f)
+
+            return lowering
+
+        wrapped = {k: spy(v) for k, v in _steps._IN_PLACE.items()}
+        monkeypatch.setattr(_steps, "_IN_PLACE", wrapped)
+        steps = [T.ToDtype(torch.float32, scale=True), T.RandomErasing(p=1.0)]
+        out = check_stage(steps, batch(16, 20, 20))
+        assert calls == [out.data_ptr()]  # in place, on ToDtype's new tensor
 
 
 class TestStageStart:

@@ -78,7 +78,12 @@ def on_rows(images: torch.Tensor, groups: Iterable[tuple[np.ndarray, RowsFn]]) -
     out = images.clone()
     indices = upload(np.concatenate([rows for rows, _ in taken]), images.device)  # one copy for every group
     for (rows, fn), index in zip(taken, torch.split(indices, [len(rows) for rows, _ in taken]), strict=True):
-        out.index_copy_(0, index, fn(images.index_select(0, index), rows))
+        new = fn(images.index_select(0, index), rows)
+        if images.device.type == "cpu":  # row by row: CPU index_copy_ ran ~10x slower (2 cores, 2026-11-28)
+            for k, i in enumerate(rows.tolist()):
+                out[i].copy_(new[k])
+        else:
+            out.index_copy_(0, index, new)
     return out
 
 

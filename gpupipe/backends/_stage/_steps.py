@@ -43,14 +43,25 @@ def _augmix(t: T.AugMix, images: torch.Tensor, factors: np.ndarray) -> torch.Ten
     codes, mags, weights = t.drawn(images.shape[-2], images.shape[-1], factors)
     w = upload(weights, images.device)
     warp = Warp.of(t)
-    mix = column(w[:, 0], images) * images.to(torch.float32)
+    chains = []
     for chain in range(t.mixture_width):
         aug = images
         for j in range(t.depth):
             slot = chain * t.depth + j
             aug = apply_slot(aug, codes[:, slot], mags[:, slot], warp)
-        mix += column(w[:, 1 + chain], images) * aug.to(torch.float32)
-    return mix.to(images.dtype)
+        chains.append(aug)
+    # The sum in runs of rows of about 1 MB of float32 on a CPU, where a batch's float32 passes
+    # would leave the caches (2 cores, 2026-11-28: 1.2x the step); the whole batch on a GPU.
+    n = len(images)
+    rows = max(1, (1 << 20) // max(1, images[0].numel() * 4)) if images.device.type == "cpu" else n
+    out = torch.empty_like(images)
+    for a in range(0, n, rows):
+        at = slice(a, a + rows)
+        mix = column(w[at, 0], images[at]) * images[at]  # (uint8 promoted to float32 in the product: exact)
+        for chain, aug in enumerate(chains):
+            mix += column(w[at, 1 + chain], images[at]) * aug[at]
+        out[at] = mix  # (truncated, as .to(uint8))
+    return out
 
 
 @STAGE.register(T.ToDtype)
@@ -81,30 +92,47 @@ def normalize(t: T.Normalize, images: torch.Tensor, _: None) -> torch.Tensor:
 @STAGE.register(T.RandomErasing)
 def _random_erasing(t: T.RandomErasing, images: torch.Tensor, factors: np.ndarray) -> torch.Tensor:
     """Each sample's box (``erasing_windows``, the per-sample rule vectorized) filled with the
-    value in one pass; ``value="random"``: each erased box's N(0, 1) noise from the sample's own
-    seed, as the torch backend draws it (:func:`erase_with_noise`)."""
+    value; ``value="random"``: each erased box's N(0, 1) noise from the sample's own seed, as the
+    torch backend draws it (:func:`erase_with_noise`). A new tensor (``images`` where nothing is
+    erased); :func:`_erase_in_place` writes ``images`` itself."""
+    return _erase(t, images, factors, in_place=False)
+
+
+def _erase_in_place(t: T.RandomErasing, images: torch.Tensor, factors: np.ndarray) -> torch.Tensor:
+    """:func:`_random_erasing` written into ``images`` on a CPU (each box, and nothing else: a copy
+    of the batch and a pass over it cost more than the boxes, 2 cores, 2026-11-28); on a GPU as it."""
+    return _erase(t, images, factors, in_place=images.device.type == "cpu")
+
+
+def _erase(t: T.RandomErasing, images: torch.Tensor, factors: np.ndarray, *, in_place: bool) -> torch.Tensor:
     h, w = images.shape[-2:]
     windows = erasing_windows(h, w, factors)  # [B, 4]: top, left, h, w
     erased = np.flatnonzero((windows[:, 2] > 0) & (windows[:, 3] > 0))  # (a box 0 wide erases nothing)
     if not len(erased):
         return images
     if t.noise:
-        return erase_with_noise(images, windows[erased], erased, factors[erased, -1])
+        return erase_with_noise(images, windows[erased], erased, factors[erased, -1], in_place=in_place)
+    value = constant(images.device, tuple(float(v) for v in t.value)).to(images.dtype).view(-1, 1, 1)
+    if images.device.type == "cpu":  # each box written: no pass over the rows it leaves (a launch costs little)
+        out = images if in_place else images.clone()
+        for i, (top, left, eh, ew) in zip(erased.tolist(), windows[erased].tolist(), strict=True):
+            out[i, :, top : top + eh, left : left + ew] = value
+        return out
     box = upload(windows, images.device)
     ys = torch.arange(h, device=images.device)[None, :, None]
     xs = torch.arange(w, device=images.device)[None, None, :]
     top, left, eh, ew = (box[:, k, None, None] for k in range(4))
     inside = (ys >= top) & (ys < top + eh) & (xs >= left) & (xs < left + ew)  # [B, H, W]
-    value = constant(images.device, tuple(float(v) for v in t.value)).to(images.dtype).view(1, -1, 1, 1)
     return torch.where(inside[:, None], value, images)
 
 
-def erase_with_noise(images: torch.Tensor, windows: np.ndarray, rows: np.ndarray, seeds: np.ndarray) -> torch.Tensor:
+def erase_with_noise(images: torch.Tensor, windows: np.ndarray, rows: np.ndarray, seeds: np.ndarray, *,
+                     in_place: bool = False) -> torch.Tensor:  # fmt: skip
     """Rows ``rows`` of ``images`` erased with N(0, 1) noise in their ``windows`` ``[n, 4]``, each
     box's values ``[C, eh, ew]`` from ``torch.Generator().manual_seed(seed · 2**53)`` (the torch
     backend's draw, value for value): drawn on the host into one buffer, copied to the device once
     (on a GPU through pinned memory, queued), then each box written from its slice (a copy queued
-    per erased sample, no wait and no index tensor)."""
+    per erased sample, no wait and no index tensor); into ``images`` itself with ``in_place``."""
     c = images.shape[-3]
     sizes = c * windows[:, 2] * windows[:, 3]
     offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
@@ -113,7 +141,7 @@ def erase_with_noise(images: torch.Tensor, windows: np.ndarray, rows: np.ndarray
         generator = torch.Generator().manual_seed(int(float(seed) * 2**53))
         noise[int(offsets[k]) : int(offsets[k] + sizes[k])].normal_(generator=generator)
     values = upload(noise.numpy(), images.device).to(images.dtype)
-    out = images.clone()
+    out = images if in_place else images.clone()
     for k, (i, (top, left, eh, ew)) in enumerate(zip(rows.tolist(), windows.tolist(), strict=True)):
         box = values[int(offsets[k]) : int(offsets[k] + sizes[k])].view(c, eh, ew)
         out[i, :, top : top + eh, left : left + ew] = box
@@ -148,9 +176,19 @@ def _takes(t: T.Transform, spec: T.ImageSpec | None) -> bool:
     return members is None or all(_takes(inner, spec) for inner in members)
 
 
+# A lowering's variant that may write its input, run where the input is the stage's own
+# (a tensor an earlier step made, not the caller's): it saves a copy of the batch.
+_IN_PLACE: dict[Any, Any] = {_random_erasing: _erase_in_place}
+
+
 def run_stage(steps: Sequence[T.Transform], images: torch.Tensor, factors: Sequence[np.ndarray | None]) -> torch.Tensor:
     """``steps`` (a tail from :func:`stage_start`) on ``images`` ``[B, C, H, W]``; ``factors[i]``:
-    step ``i``'s ``[B, draws]`` rows (``None`` for a deterministic step)."""
+    step ``i``'s ``[B, draws]`` rows (``None`` for a deterministic step). ``images`` is never
+    written: a step writes in place (:data:`_IN_PLACE`) only a tensor an earlier step made."""
+    source = images.untyped_storage().data_ptr()
     for t, f in zip(steps, factors, strict=True):
-        images = STAGE.lookup(t)(t, images, f)
+        lowering = STAGE.lookup(t)
+        if images.untyped_storage().data_ptr() != source:  # the stage's own tensor
+            lowering = _IN_PLACE.get(lowering, lowering)
+        images = lowering(t, images, f)
     return images
