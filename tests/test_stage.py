@@ -31,6 +31,21 @@ from .support.budgets import GPU_OPERATORS
 from .test_policies import CODE, SPACES, reference
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+# the kernels' tests also run the GPU's way of batching on the CPU (``_kernels.GPU_WAY``): its
+# per-sample tensor arguments, grouped blur and index scatters, checked value for value in CI
+GPU_WAY = "cpu-gpu-way"
+WAYS = ["cpu", GPU_WAY, pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+@pytest.fixture(autouse=True)
+def _way(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    callspec = getattr(request.node, "callspec", None)
+    if callspec is not None and callspec.params.get("device") == GPU_WAY:
+        from gpupipe.backends._stage import _kernels
+
+        monkeypatch.setattr(_kernels, "GPU_WAY", True)
+
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -38,7 +53,7 @@ def batch(n: int, h: int, w: int, *, channels: int = 3, seed: int = 0, device: s
     """``n`` photograph-like uint8 images ``[n, C, h, w]``."""
     images = [torch.from_numpy(np.ascontiguousarray(synthetic_image(seed + i, size=(h, w)))) for i in range(n)]
     out = torch.stack(images).permute(0, 3, 1, 2).contiguous()
-    return (out[:, :1] if channels == 1 else out).contiguous().to(device)
+    return (out[:, :1] if channels == 1 else out).contiguous().to("cpu" if device == GPU_WAY else device)
 
 
 def torchvision_op(img: torch.Tensor, name: str, m: float, t: Any) -> torch.Tensor:
@@ -123,7 +138,7 @@ class TestEveryOperation:
                                  interpolation=v2.InterpolationMode(interpolation))  # fmt: skip
                 torch.testing.assert_close(got[i], want, atol=0, rtol=0, msg=f"{name} bin {index[i]} {sign[i]}")
 
-    @pytest.mark.parametrize("device", DEVICES)
+    @pytest.mark.parametrize("device", WAYS)
     @pytest.mark.parametrize("channels", [1, 3])
     @pytest.mark.parametrize("size", [(40, 56), (48, 48)], ids=["wide", "square"])
     @pytest.mark.parametrize("fill", [None, (10.0, 20.0, 30.0), (7.0,)])
@@ -176,7 +191,7 @@ POLICIES = [
 
 
 class TestPolicies:
-    @pytest.mark.parametrize("device", DEVICES)
+    @pytest.mark.parametrize("device", WAYS)
     @pytest.mark.parametrize("t", POLICIES, ids=repr)
     def test_a_batch_is_the_per_sample_kernels(self, t, device):
         check_stage([t], batch(96, 36, 44, device=device))
@@ -190,7 +205,7 @@ AUGMIX_NEAREST = T.AugMix(severity=10, mixture_width=2, chain_depth=2, all_ops=F
 
 
 class TestAugMix:
-    @pytest.mark.parametrize("device", DEVICES)
+    @pytest.mark.parametrize("device", WAYS)
     @pytest.mark.parametrize("t", [T.AugMix(), AUGMIX_NEAREST], ids=repr)
     def test_a_batch_is_the_per_sample_kernels(self, t, device):
         check_stage([t], batch(48, 36, 44, device=device))
@@ -201,7 +216,7 @@ class TestAugMix:
 
 
 class TestToDtypeAndNormalize:
-    @pytest.mark.parametrize("device", DEVICES)
+    @pytest.mark.parametrize("device", WAYS)
     def test_after_a_policy(self, device):
         steps = [T.TrivialAugmentWide(), T.ToDtype(torch.float32, scale=True),
                  T.Normalize(mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))]  # fmt: skip
@@ -210,7 +225,7 @@ class TestToDtypeAndNormalize:
 
 
 class TestRandomErasing:
-    @pytest.mark.parametrize("device", DEVICES)
+    @pytest.mark.parametrize("device", WAYS)
     @pytest.mark.parametrize("value", [0.0, (0.5, -1.0, 2.0), "random"])
     def test_after_normalize(self, device, value):
         steps = [T.ToDtype(torch.float32, scale=True), T.Normalize(mean=(0.5,), std=(0.25,)),
@@ -540,7 +555,7 @@ COLOR = [
 
 
 class TestColorSteps:
-    @pytest.mark.parametrize("device", DEVICES)
+    @pytest.mark.parametrize("device", WAYS)
     @pytest.mark.parametrize("t", COLOR, ids=repr)
     def test_a_batch_is_the_per_sample_kernels(self, t, device):
         check_stage([t], batch(48, 24, 28, device=device))

@@ -89,7 +89,7 @@ def _gaussian_blur(t: T.GaussianBlur, images: torch.Tensor, factors: np.ndarray)
     call per sigma (torchvision's own, the fastest there)."""
     sigma = factors[:, 0]
     kx, ky = t.kernel_size
-    if images.device.type == "cpu":
+    if not K.gpu_way(images.device):
 
         def blur(v: float) -> K.RowsFn:
             return lambda x, at: F.gaussian_blur(x, [kx, ky], [v, v])

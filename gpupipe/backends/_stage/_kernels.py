@@ -23,11 +23,23 @@ import numpy as np
 import torch
 import torch.nn.functional as nnf
 
-__all__ = ["warp", "brightness", "saturation", "contrast", "sharpness", "posterize", "solarize", "solarize_add",
-           "autocontrast", "equalize", "invert", "column", "Param", "RowsFn", "on_rows", "upload",
-           "constant"]  # fmt: skip
+__all__ = ["GPU_WAY", "gpu_way", "warp", "brightness", "saturation", "contrast", "sharpness", "posterize",
+           "solarize", "solarize_add", "autocontrast", "equalize", "invert", "column", "Param", "RowsFn", "on_rows",
+           "upload", "constant"]  # fmt: skip
 
 Param = float | int | torch.Tensor  # one value for the batch, or ``[n]`` per sample
+
+# The GPU's way (``None``: on every device but the CPU): where a kernel launch costs more than its
+# arithmetic, each operation runs once per batch with per-sample tensor arguments, and rows are
+# gathered and scattered by index tensors; on the CPU, once per operation and value with
+# torchvision's scalar calls, rows written one by one. Tests set it to check the GPU's way, value
+# for value, on the CPU.
+GPU_WAY: bool | None = None
+
+
+def gpu_way(device: torch.device) -> bool:
+    """Whether the stage batches ``device``'s work the GPU's way (:data:`GPU_WAY`)."""
+    return device.type != "cpu" if GPU_WAY is None else GPU_WAY
 
 
 def upload(values: np.ndarray, device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -79,11 +91,11 @@ def on_rows(images: torch.Tensor, groups: Iterable[tuple[np.ndarray, RowsFn]]) -
     indices = upload(np.concatenate([rows for rows, _ in taken]), images.device)  # one copy for every group
     for (rows, fn), index in zip(taken, torch.split(indices, [len(rows) for rows, _ in taken]), strict=True):
         new = fn(images.index_select(0, index), rows)
-        if images.device.type == "cpu":  # row by row: CPU index_copy_ ran ~10x slower (2 cores, 2026-11-28)
+        if gpu_way(images.device):
+            out.index_copy_(0, index, new)
+        else:  # row by row: on a CPU index_copy_ ran ~10x slower (2 cores, 2026-11-28)
             for k, i in enumerate(rows.tolist()):
                 out[i].copy_(new[k])
-        else:
-            out.index_copy_(0, index, new)
     return out
 
 

@@ -57,7 +57,11 @@ def _uniform(m: np.ndarray) -> bool:
     return bool((m == m[0]).all())
 
 
-def _warped(maps: Callable[[np.ndarray, int, int], np.ndarray]) -> Kernel:
+# (magnitudes [n] float64, height, width) -> the inverse maps [n, 6] float64 of a geometric operation
+Maps = Callable[[np.ndarray, int, int], np.ndarray]
+
+
+def _warped(maps: Maps) -> Kernel:
     def kernel(x: torch.Tensor, m: np.ndarray, warp: Warp) -> torch.Tensor:
         theta = maps(m, x.shape[-2], x.shape[-1]).astype(np.float32)
         return K.warp(x, _to(x, theta), mode=warp.mode, fill=warp.fill)
@@ -65,7 +69,7 @@ def _warped(maps: Callable[[np.ndarray, int, int], np.ndarray]) -> Kernel:
     return kernel
 
 
-def _shear(axis: int) -> Kernel:
+def _shear(axis: int) -> Maps:
     """torchvision's policies: ``affine(shear=[atan(m)°, 0] or [0, atan(m)°], center=[0, 0])``."""
 
     def maps(m: np.ndarray, h: int, w: int) -> np.ndarray:
@@ -74,41 +78,67 @@ def _shear(axis: int) -> Kernel:
         shear = (degrees, zero) if axis == 0 else (zero, degrees)
         return centered_inverse_maps(zero, (zero, zero), shear, (0.0 - w * 0.5, 0.0 - h * 0.5))
 
-    return _warped(maps)
+    return maps
 
 
-def _translate(axis: int, whole: bool) -> Kernel:
+def _translate(axis: int, whole: bool) -> Maps:
     """``affine(translate=[int(m), 0] ...)``; timm's ``...Rel``: by ``m``, fractional."""
 
     def maps(m: np.ndarray, h: int, w: int) -> np.ndarray:
         by, zero = (np.trunc(m) if whole else m), np.zeros_like(m)
         return centered_inverse_maps(zero, (by, zero) if axis == 0 else (zero, by))
 
-    return _warped(maps)
+    return maps
+
+
+def _angle(m: np.ndarray) -> np.ndarray:
+    """``m % 360`` as Python takes it."""
+    return libm(lambda v: v % 360, m)
+
+
+def _rotate_maps(m: np.ndarray, h: int, w: int) -> np.ndarray:
+    """``rotate(angle=m)``'s inverse map (of ``−angle``), where it is no exact turn."""
+    return centered_inverse_maps(-_angle(m))
+
+
+def _turns(h: int, w: int) -> dict[float, int]:
+    """The angles torchvision rotates by exact quarter turns, and their turns: 0 and 180 degrees,
+    and 90 and 270 on a square image."""
+    return {0.0: 0, 180.0: 2, **({90.0: 1, 270.0: 3} if h == w else {})}
+
+
+# Every geometric operation's maps: on the GPU's way a slot warps all the samples that drew one in
+# one call (each with its own map), a rotation by exact turns aside.
+MAPS: dict[str, Maps] = {
+    "ShearX": _shear(0),
+    "ShearY": _shear(1),
+    "TranslateX": _translate(0, whole=True),
+    "TranslateY": _translate(1, whole=True),
+    "Rotate": _rotate_maps,
+    "TranslateXRel": _translate(0, whole=False),
+    "TranslateYRel": _translate(1, whole=False),
+}
+
+
+def _turned(k: int) -> K.RowsFn:
+    return lambda rows, at: torch.rot90(rows, k=k, dims=(-2, -1))
 
 
 def _rotate(x: torch.Tensor, m: np.ndarray, warp: Warp) -> torch.Tensor:
-    """``rotate(angle=m)`` about the centre: ``m % 360`` as Python takes it; 0 and 180 degrees
-    (and 90 and 270 on a square image) are torchvision's exact turns, the rest a warp by the
-    inverse map of ``−angle``."""
-    angle = libm(lambda v: v % 360, m)
-    square = x.shape[-1] == x.shape[-2]
-    turns = {0.0: 0, 180.0: 2, **({90.0: 1, 270.0: 3} if square else {})}
+    """``rotate(angle=m)`` about the centre: ``m % 360`` as Python takes it; the exact turns
+    (:func:`_turns`) as torchvision turns, the rest a warp by the inverse map of ``−angle``."""
+    angle = _angle(m)
+    turns = _turns(x.shape[-2], x.shape[-1])
     if _uniform(angle):  # one call for the batch, as torchvision's for one image
         k = turns.get(float(angle[0]))
         if k is not None:
             return x.clone() if k == 0 else torch.rot90(x, k=k, dims=(-2, -1))
-        theta = centered_inverse_maps(-angle).astype(np.float32)
-        return K.warp(x, _to(x, theta), mode=warp.mode, fill=warp.fill)
+        return _warped(_rotate_maps)(x, m, warp)
 
     def warped(rows: torch.Tensor, at: np.ndarray) -> torch.Tensor:
-        theta = centered_inverse_maps(-angle[at]).astype(np.float32)
-        return K.warp(rows, _to(x, theta), mode=warp.mode, fill=warp.fill)
+        return _warped(_rotate_maps)(rows, m[at], warp)
 
-    def turned(k: int) -> K.RowsFn:
-        return lambda rows, at: torch.rot90(rows, k=k, dims=(-2, -1))
-
-    quarter = [(np.flatnonzero(angle == value), turned(k)) for value, k in turns.items() if k]
+    quarter = [(np.flatnonzero(angle == value), _turned(k)) for value, k in turns.items() if k]
     return K.on_rows(x, [*quarter, (np.flatnonzero(~np.isin(angle, list(turns))), warped)])
 
 
@@ -159,10 +189,10 @@ def _solarize_add(x: torch.Tensor, m: np.ndarray, warp: Warp) -> torch.Tensor:
 
 OPERATIONS: dict[str, Kernel] = {
     "Identity": lambda x, m, warp: x,
-    "ShearX": _shear(0),
-    "ShearY": _shear(1),
-    "TranslateX": _translate(0, whole=True),
-    "TranslateY": _translate(1, whole=True),
+    "ShearX": _warped(MAPS["ShearX"]),
+    "ShearY": _warped(MAPS["ShearY"]),
+    "TranslateX": _warped(MAPS["TranslateX"]),
+    "TranslateY": _warped(MAPS["TranslateY"]),
     "Rotate": _rotate,
     "Brightness": _brightness,
     "Color": _blend(K.saturation),
@@ -174,8 +204,8 @@ OPERATIONS: dict[str, Kernel] = {
     "Equalize": lambda x, m, warp: K.equalize(x),
     "Invert": lambda x, m, warp: K.invert(x),
     "SolarizeAdd": _solarize_add,
-    "TranslateXRel": _translate(0, whole=False),
-    "TranslateYRel": _translate(1, whole=False),
+    "TranslateXRel": _warped(MAPS["TranslateXRel"]),
+    "TranslateYRel": _warped(MAPS["TranslateYRel"]),
 }
 assert tuple(OPERATIONS) == OPS, "one kernel per operation of the policies, in OPS's order"
 
@@ -186,21 +216,57 @@ def apply_slot(images: torch.Tensor, codes: np.ndarray, mags: np.ndarray, warp: 
     ``_Policy.magnitudes``); a new tensor where any sample changes, ``images`` itself where none
     does.
 
-    On a GPU each operation runs once, on the samples that drew it, with per-sample arguments (a
-    launch costs more than the arithmetic). On a CPU, once per operation and magnitude, with
-    torchvision's scalar calls: there a launch costs little and float32 with one scalar is the
-    fastest arithmetic (a per-sample blend takes float64)."""
+    The GPU's way (``_kernels.gpu_way``): each operation once, on the samples that drew it, with
+    per-sample arguments, and every geometric operation in one warp (a launch costs more than the
+    arithmetic). On a CPU, once per operation and magnitude, with torchvision's scalar calls:
+    there a launch costs little and float32 with one scalar is the fastest arithmetic (a
+    per-sample blend takes float64)."""
     codes = np.where(np.asarray(codes) < 0, 0, np.asarray(codes)).astype(np.int64)
     mags = np.where(codes == 0, 0.0, np.asarray(mags, dtype=np.float64))
-    if images.device.type == "cpu":
-        pairs, at = np.unique(np.stack([codes.astype(np.float64), mags], axis=1), axis=0, return_inverse=True)
-        group_codes = pairs[:, 0].astype(np.int64)
-    else:
-        group_codes, at = np.unique(codes, return_inverse=True)
-    at = at.reshape(-1)
 
-    def call(op: Kernel) -> K.RowsFn:
-        return lambda rows, where: op(rows, mags[where], warp)
+    if K.gpu_way(images.device):
+        return K.on_rows(images, _gpu_groups(images, codes, mags, warp))
+    pairs, at = np.unique(np.stack([codes.astype(np.float64), mags], axis=1), axis=0, return_inverse=True)
+    at, group_codes = at.reshape(-1), pairs[:, 0].astype(np.int64).tolist()
+    return K.on_rows(images, [(np.flatnonzero(at == g), _call(OPERATIONS[OPS[code]], mags, warp))
+                              for g, code in enumerate(group_codes) if code != 0])  # fmt: skip
 
-    return K.on_rows(images, [(np.flatnonzero(at == g), call(OPERATIONS[OPS[code]]))
-                              for g, code in enumerate(group_codes.tolist()) if code != 0])  # fmt: skip
+
+Groups = list[tuple[np.ndarray, K.RowsFn]]
+
+
+def _call(op: Kernel, mags: np.ndarray, warp: Warp) -> K.RowsFn:
+    """``op`` on a group's rows, with their magnitudes."""
+    return lambda rows, at: op(rows, mags[at], warp)
+
+
+def _gpu_groups(images: torch.Tensor, codes: np.ndarray, mags: np.ndarray, warp: Warp) -> Groups:
+    """A slot's groups of rows the GPU's way: one per operation but the geometric ones, which
+    share one warp (each sample its own map); a rotation by an exact turn, one per turn."""
+    h, w = images.shape[-2:]
+    groups: Groups = []
+    warped = np.zeros(len(codes), dtype=bool)
+    for code in np.unique(codes).tolist():
+        rows, name = np.flatnonzero(codes == code), OPS[code]
+        if code == 0:
+            continue
+        if name == "Rotate":
+            turns = _turns(h, w)
+            angle = _angle(mags[rows])
+            groups += [(rows[angle == value], _turned(k)) for value, k in turns.items() if k]
+            rows = rows[~np.isin(angle, list(turns))]  # (0 degrees: unchanged)
+        if name in MAPS:
+            warped[rows] = True
+        else:
+            groups.append((rows, _call(OPERATIONS[name], mags, warp)))
+    if warped.any():
+
+        def warp_all(x: torch.Tensor, at: np.ndarray) -> torch.Tensor:
+            theta = np.empty((len(at), 6), dtype=np.float64)
+            for code in np.unique(codes[at]).tolist():
+                mine = codes[at] == code
+                theta[mine] = MAPS[OPS[code]](mags[at][mine], h, w)
+            return K.warp(x, _to(x, theta.astype(np.float32)), mode=warp.mode, fill=warp.fill)
+
+        groups.append((np.flatnonzero(warped), warp_all))
+    return groups

@@ -18,7 +18,7 @@ from torchvision.transforms.v2 import functional as F
 from ... import transforms as T
 from ...core._geometry import erasing_windows
 from .._registry import Registry, inner_unsupported
-from ._kernels import column, constant, upload
+from ._kernels import column, constant, gpu_way, upload
 from ._ops import Warp, apply_slot
 
 __all__ = ["STAGE", "stage_start", "run_stage", "to_dtype", "normalize"]
@@ -43,17 +43,24 @@ def _augmix(t: T.AugMix, images: torch.Tensor, factors: np.ndarray) -> torch.Ten
     codes, mags, weights = t.drawn(images.shape[-2], images.shape[-1], factors)
     w = upload(weights, images.device)
     warp = Warp.of(t)
-    chains = []
-    for chain in range(t.mixture_width):
-        aug = images
+    n, width = len(images), t.mixture_width
+    if gpu_way(images.device):  # the chains stacked, [width · n, C, H, W]: a slot's launches once for all
+        stacked = images.repeat(width, 1, 1, 1)
         for j in range(t.depth):
-            slot = chain * t.depth + j
-            aug = apply_slot(aug, codes[:, slot], mags[:, slot], warp)
-        chains.append(aug)
+            slots = [chain * t.depth + j for chain in range(width)]
+            stacked = apply_slot(stacked, codes[:, slots].T.reshape(-1), mags[:, slots].T.reshape(-1), warp)
+        chains = list(stacked.split(n))
+    else:
+        chains = []
+        for chain in range(width):
+            aug = images
+            for j in range(t.depth):
+                slot = chain * t.depth + j
+                aug = apply_slot(aug, codes[:, slot], mags[:, slot], warp)
+            chains.append(aug)
     # The sum in runs of rows of about 1 MB of float32 on a CPU, where a batch's float32 passes
     # would leave the caches (2 cores, 2026-11-28: 1.2x the step); the whole batch on a GPU.
-    n = len(images)
-    rows = max(1, (1 << 20) // max(1, images[0].numel() * 4)) if images.device.type == "cpu" else n
+    rows = n if gpu_way(images.device) else max(1, (1 << 20) // max(1, images[0].numel() * 4))
     out = torch.empty_like(images)
     for a in range(0, n, rows):
         at = slice(a, a + rows)
@@ -101,7 +108,7 @@ def _random_erasing(t: T.RandomErasing, images: torch.Tensor, factors: np.ndarra
 def _erase_in_place(t: T.RandomErasing, images: torch.Tensor, factors: np.ndarray) -> torch.Tensor:
     """:func:`_random_erasing` written into ``images`` on a CPU (each box, and nothing else: a copy
     of the batch and a pass over it cost more than the boxes, 2 cores, 2026-11-28); on a GPU as it."""
-    return _erase(t, images, factors, in_place=images.device.type == "cpu")
+    return _erase(t, images, factors, in_place=not gpu_way(images.device))
 
 
 def _erase(t: T.RandomErasing, images: torch.Tensor, factors: np.ndarray, *, in_place: bool) -> torch.Tensor:
@@ -113,7 +120,7 @@ def _erase(t: T.RandomErasing, images: torch.Tensor, factors: np.ndarray, *, in_
     if t.noise:
         return erase_with_noise(images, windows[erased], erased, factors[erased, -1], in_place=in_place)
     value = constant(images.device, tuple(float(v) for v in t.value)).to(images.dtype).view(-1, 1, 1)
-    if images.device.type == "cpu":  # each box written: no pass over the rows it leaves (a launch costs little)
+    if not gpu_way(images.device):  # each box written: no pass over the rows it leaves (a launch costs little)
         out = images if in_place else images.clone()
         for i, (top, left, eh, ew) in zip(erased.tolist(), windows[erased].tolist(), strict=True):
             out[i, :, top : top + eh, left : left + ew] = value
@@ -142,10 +149,28 @@ def erase_with_noise(images: torch.Tensor, windows: np.ndarray, rows: np.ndarray
         noise[int(offsets[k]) : int(offsets[k] + sizes[k])].normal_(generator=generator)
     values = upload(noise.numpy(), images.device).to(images.dtype)
     out = images if in_place else images.clone()
+    if gpu_way(images.device):  # every box at once: a fixed number of launches, whatever the boxes
+        return _boxes_at_once(out, values, windows, rows, offsets)
     for k, (i, (top, left, eh, ew)) in enumerate(zip(rows.tolist(), windows.tolist(), strict=True)):
         box = values[int(offsets[k]) : int(offsets[k] + sizes[k])].view(c, eh, ew)
         out[i, :, top : top + eh, left : left + ew] = box
     return out
+
+
+def _boxes_at_once(out: torch.Tensor, values: torch.Tensor, windows: np.ndarray, rows: np.ndarray,
+                   offsets: np.ndarray) -> torch.Tensor:  # fmt: skip
+    """:func:`erase_with_noise`'s boxes written into ``out`` in one gather: each erased row's
+    pixels inside its box take ``values[offset + c·eh·ew + (y − top)·ew + (x − left)]``."""
+    c, h, w = out.shape[-3:]
+    args = upload(np.concatenate([windows, offsets[:, None]], axis=1).astype(np.int64), out.device)
+    top, left, eh, ew, offset = (args[:, k, None, None, None] for k in range(5))  # [n, 1, 1, 1] each
+    index = upload(rows.astype(np.int64), out.device)
+    ys = torch.arange(h, device=out.device).view(1, 1, h, 1)
+    xs = torch.arange(w, device=out.device).view(1, 1, 1, w)
+    cs = torch.arange(c, device=out.device).view(1, c, 1, 1)
+    inside = (ys >= top) & (ys < top + eh) & (xs >= left) & (xs < left + ew)  # [n, 1, H, W]
+    at = torch.where(inside, offset + cs * eh * ew + (ys - top) * ew + (xs - left), 0)  # [n, C, H, W]
+    return out.index_copy_(0, index, torch.where(inside, values[at], out.index_select(0, index)))
 
 
 def stage_start(steps: Sequence[T.Transform], specs: Sequence[T.ImageSpec] | None = None) -> int | None:
