@@ -379,6 +379,34 @@ class TestInTheLoader:
             for a, b in zip(staged, plain, strict=True):
                 torch.testing.assert_close(a, b, atol=0, rtol=0)
 
+    def test_views_with_the_same_tail_run_as_one_batch(self, shards, monkeypatch):
+        """Views with equal tails on images of one shape (DINO's local views) go through the stage
+        stacked, one run for them all, each still with its own draws."""
+        import gpupipe as gp
+        from gpupipe.backends._stage import _delivered
+
+        views = [V2, V2, [T.RandomResizedCrop(24), *V2[1:]]]
+        runs: list[int] = []
+        run_stage = _delivered.run_stage
+
+        def counted(steps: Any, x: torch.Tensor, f: Any) -> torch.Tensor:
+            runs.append(len(x))
+            return run_stage(steps, x, f)
+
+        monkeypatch.setattr(_delivered, "run_stage", counted)
+
+        def run(stage: bool) -> list:
+            with gp.Loader(gp.Pipeline(gp.WebDataset(shards), views=views), 4, backend="torch", device="cpu",
+                           stage=stage, num_workers=0, seed=3) as loader:  # fmt: skip
+                return [[v.clone() for v in b.images] for b in loader]
+
+        staged = run(True)
+        assert runs[:2] == [8, 4]  # views 0 and 1 stacked (2 x 4 rows), view 2 alone
+        for got, plain in zip(staged, run(False), strict=True):
+            assert not torch.equal(got[0], got[1])  # each view its own draws
+            for a, b in zip(got, plain, strict=True):
+                torch.testing.assert_close(a, b, atol=0, rtol=0)
+
     def test_a_new_pipeline_brings_its_own_tail(self, shards):
         """``set_pipeline`` between epochs (progressive resizing): the next epoch's views are cut
         and staged as the new pipeline's."""

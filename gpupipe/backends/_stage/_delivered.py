@@ -68,15 +68,41 @@ class Stage:
         if good is not None:
             draws = np.array(draws, copy=True)
             draws[list(skipped)] = draws[good]
-        out = []
-        for view, (steps, start, img) in enumerate(zip(self.views, self.starts, images, strict=True)):
-            if start is not None:
-                drawn = [step_factors(steps[step], seed, epoch, draws, step, view) for step in range(start, len(steps))]
-                img = run_stage(steps[start:], img, drawn)
-                if self.channels_last:
-                    img = img.contiguous(memory_format=torch.channels_last)
-            out.append(img)
+        out = list(images)
+        for group in self._stacked(images):
+            tail = self.views[group[0]][self.starts[group[0]] :]
+            drawn = [self._factors(view, seed, epoch, draws) for view in group]
+            factors = [None if rows[0] is None else np.concatenate(rows) for rows in zip(*drawn, strict=True)]
+            stacked = images[group[0]] if len(group) == 1 else torch.cat([images[view] for view in group])
+            result = run_stage(tail, stacked, factors)
+            for view, img in zip(group, result.split(len(draws)) if len(group) > 1 else (result,), strict=True):
+                out[view] = img.contiguous(memory_format=torch.channels_last) if self.channels_last else img
         return tuple(out)
+
+    def _factors(self, view: int, seed: int, epoch: int, draws: np.ndarray) -> list[np.ndarray | None]:
+        """The factors of ``view``'s tail steps for the samples of draw numbers ``draws``."""
+        steps, start = self.views[view], self.starts[view]
+        assert start is not None
+        return [step_factors(steps[step], seed, epoch, draws, step, view) for step in range(start, len(steps))]
+
+    def _stacked(self, images: tuple[torch.Tensor, ...]) -> list[list[int]]:
+        """The views with a tail, in groups that run it as one batch: those with the same tail on
+        images of the same shape, dtype and device (DINO's 8 local views: one run of the stage,
+        its launches once on a GPU, not 8 times)."""
+        groups: list[list[int]] = []
+        for view, start in enumerate(self.starts):
+            if start is None:
+                continue
+            for group in groups:
+                first, img = group[0], images[view]
+                if (self.views[first][self.starts[first] :] == self.views[view][start:]
+                        and (images[first].shape, images[first].dtype, images[first].device)
+                        == (img.shape, img.dtype, img.device)):  # fmt: skip
+                    group.append(view)
+                    break
+            else:
+                groups.append([view])
+        return groups
 
     def finish(self, images: tuple[torch.Tensor, ...], labels: torch.Tensor | None, valid: np.ndarray, *, seed: int,
                epoch: int, rank: int, batch: int, draws: np.ndarray,
