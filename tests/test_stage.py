@@ -262,9 +262,14 @@ class TestRandomErasing:
 
         wrapped = {k: spy(v) for k, v in _steps._IN_PLACE.items()}
         monkeypatch.setattr(_steps, "_IN_PLACE", wrapped)
-        steps = [T.ToDtype(torch.float32, scale=True), T.RandomErasing(p=1.0)]
+        steps = [T.ToDtype(torch.float32, scale=True), T.Normalize(mean=(0.5,), std=(0.25,)), T.RandomErasing(p=1.0)]
         out = check_stage(steps, batch(16, 20, 20))
-        assert calls == [out.data_ptr()]  # in place, on ToDtype's new tensor
+        assert calls == [out.data_ptr()] * 2  # Normalize, then RandomErasing, in place on ToDtype's new tensor
+        calls.clear()
+        images = batch(16, 20, 20).to(torch.float32)
+        before = images.clone()
+        check_stage(steps[1:], images)  # Normalize first: on the caller's tensor, not in place
+        assert calls == [calls[0]] and calls[0] != images.data_ptr() and torch.equal(images, before)
 
 
 class TestStageStart:
