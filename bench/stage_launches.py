@@ -83,7 +83,9 @@ def counts(names: list[str], batch: int, reps: int) -> dict[str, dict[str, float
         stage = stage_for(pipeline, torch.device("meta"), True)
         assert stage is not None and stage.tails, f"{name}: no stage tail"
         specs = stage.cut_specs(tuple(pipeline.view_specs))
-        images = tuple(torch.empty(batch, 3, s.height, s.width, dtype=torch.uint8, device="meta") for s in specs)
+        assert all(s.height and s.width for s in specs), f"{name}: a view of no fixed size"
+        images = tuple(torch.empty(batch, 3, s.height or 0, s.width or 0, dtype=torch.uint8, device="meta")
+                       for s in specs)  # fmt: skip
         draws = np.arange(batch)
 
         run = functools.partial(stage.run, images, seed=0, epoch=0, draws=draws)
