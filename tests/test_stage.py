@@ -593,6 +593,10 @@ class TestColorSteps:
     def test_a_batch_is_the_per_sample_kernels(self, t, device):
         check_stage([t], batch(48, 24, 28, device=device))
 
+    @pytest.mark.parametrize("device", WAYS)
+    def test_color_jitter_of_one_channel(self, device):
+        check_stage([T.ColorJitter(0.4, 0.4, 0.4, 0.1)], batch(48, 20, 24, channels=1, device=device))
+
     def test_the_ssl_tails(self):
         """DINO's first global view and SimCLR's, after their crop and flip."""
         dino: list[T.Transform] = [T.RandomApply([T.ColorJitter(0.4, 0.4, 0.2, 0.1)], p=0.8), T.RandomGrayscale(p=0.2),

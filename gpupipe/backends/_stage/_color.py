@@ -145,7 +145,15 @@ def _color_jitter(t: T.ColorJitter, images: torch.Tensor, factors: np.ndarray) -
     def adjust(j: int) -> K.RowsFn:
         return lambda x, rows: _jitter_one(j, x, values[rows, j])
 
+    def blend(k: int) -> K.RowsFn:
+        return lambda x, rows: K.blends(x, order[rows, k], *blend_args(x, values[rows, order[rows, k]]))
+
+    one_channel = images.shape[-3] == 1
     for k in range(4):  # each sample takes one adjustment per round: disjoint rows
-        takes = [(np.flatnonzero((order[:, k] == j) & ~np.isnan(values[:, j])), adjust(j)) for j in range(4)]
-        images = K.on_rows(images, takes)
+        takes = [np.flatnonzero((order[:, k] == j) & ~np.isnan(values[:, j])) for j in range(4)]
+        if K.gpu_way(images.device):  # the round's blends in one pass (saturation of one channel: none)
+            merged = np.sort(np.concatenate(takes[:2] if one_channel else takes[:3]))
+            images = K.on_rows(images, [(merged, blend(k)), (takes[3], adjust(3))])
+        else:
+            images = K.on_rows(images, [(rows, adjust(j)) for j, rows in enumerate(takes)])
     return images
