@@ -154,11 +154,11 @@ def stage_for(pipeline: Any, device: torch.device, choice: bool | None, *, chann
 
     A view's tail goes to the stage where it holds a per-sample draw and its input has a fixed
     size (the batch stacks); every backend stops a view where it is cut. No view has one with
-    ``choice`` (``LoaderConfig.stage``) ``False``, or ``None`` on the CPU, where the backends run a
-    tail faster sample by sample, in their workers or threads (the torch backend 0.57-0.72x with
-    the stage in the training thread, DALI 0.77-0.95x but AugMix 1.30x: 2 cores,
-    ``bench/results/2026-11-28-stage-cpu.md``) unless the backend measured the stage faster for the
-    pipeline there (``pays``: ``Backend.stage_default``, DALI's AugMix); nor with a ``gp.Mix``'s
+    ``choice`` (``LoaderConfig.stage``) ``False``, or ``None`` on the CPU, where no recipe is
+    clearly faster with it (the torch workers batched 0.94-1.14x, DALI 0.85-0.97x but AugMix
+    1.53x and timm 1.19x: 2 cores, ``bench/results/2026-11-29-stage-cpu.md``) unless the backend
+    measured the stage faster for the pipeline there (``pays``: ``Backend.stage_default``, DALI's
+    AugMix and timm); nor with a ``gp.Mix``'s
     ``per_source`` lists, masks or boxes that follow the image, or no image."""
     on = choice if choice is not None else device.type == "cuda" or pays
     starts: list[int | None] = [None] * len(pipeline.views)
