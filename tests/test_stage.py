@@ -196,8 +196,9 @@ class TestPolicies:
     def test_a_batch_is_the_per_sample_kernels(self, t, device):
         check_stage([t], batch(96, 36, 44, device=device))
 
-    def test_one_channel(self):
-        check_stage([T.TrivialAugmentWide()], batch(64, 32, 32, channels=1))
+    @pytest.mark.parametrize("device", WAYS)
+    def test_one_channel(self, device):
+        check_stage([T.TrivialAugmentWide()], batch(64, 32, 32, channels=1, device=device))
 
 
 AUGMIX_NEAREST = T.AugMix(severity=10, mixture_width=2, chain_depth=2, all_ops=False, interpolation="nearest",

@@ -37,9 +37,9 @@ GPU_OPERATORS: dict[tuple[str, tuple[tuple[str, str], ...]], int] = {
 # meta device by ``bench/stage_launches.py`` (``bench/results/2026-11-29-stage-launches-cpu.md``).
 # Its launches made the stage host-bound on the H200 (2026-11-28): brought down, never up.
 STAGE_LAUNCHES: dict[str, int] = {
-    "v2 (TrivialAugmentWide)": 140,  # 180 at 201f786
-    "v2 RandAugment": 259,  # 331
-    "timm rand-m9": 312,  # 474
-    "v2 augmix": 397,  # 1,489
+    "v2 (TrivialAugmentWide)": 120,  # 180 at 201f786
+    "v2 RandAugment": 219,  # 331
+    "timm rand-m9": 272,  # 474
+    "v2 augmix": 337,  # 1,489
     "dino (2 + 8 views)": 1150,  # 4,623
 }

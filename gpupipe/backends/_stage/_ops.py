@@ -242,13 +242,19 @@ def _call(op: Kernel, mags: np.ndarray, warp: Warp) -> K.RowsFn:
 
 def _gpu_groups(images: torch.Tensor, codes: np.ndarray, mags: np.ndarray, warp: Warp) -> Groups:
     """A slot's groups of rows the GPU's way: one per operation but the geometric ones, which
-    share one warp (each sample its own map); a rotation by an exact turn, one per turn."""
+    share one warp (each sample its own map; a rotation by an exact turn, one per turn), and the
+    blends (Brightness, Contrast, Color), which share one pass (``_kernels.blends``)."""
     h, w = images.shape[-2:]
     groups: Groups = []
     warped = np.zeros(len(codes), dtype=bool)
+    kinds = np.full(len(codes), -1)  # a blend's kind per row (-1: none)
     for code in np.unique(codes).tolist():
         rows, name = np.flatnonzero(codes == code), OPS[code]
         if code == 0:
+            continue
+        if name in BLENDS:
+            if not (name == "Color" and images.shape[-3] == 1):  # (saturation of one channel: unchanged)
+                kinds[rows] = BLENDS[name]
             continue
         if name == "Rotate":
             turns = _turns(h, w)
@@ -269,4 +275,10 @@ def _gpu_groups(images: torch.Tensor, codes: np.ndarray, mags: np.ndarray, warp:
             return K.warp(x, _to(x, theta.astype(np.float32)), mode=warp.mode, fill=warp.fill)
 
         groups.append((np.flatnonzero(warped), warp_all))
+    if (kinds >= 0).any():
+        groups.append((np.flatnonzero(kinds >= 0), lambda x, at: K.blends(x, kinds[at], *_ratios(x, mags[at]))))
     return groups
+
+
+# the policies' blends and their kinds in ``_kernels.blends``: ratio ``1 + m`` each
+BLENDS = {"Brightness": 0, "Contrast": 1, "Color": 2}
