@@ -1,5 +1,5 @@
-"""gpupipe's own torch work on the training thread (MixUp/CutMix on the CPU) runs on that thread
-alone: torch's intra-op team, spinning after each parallel region, would take the cores from the
+"""gpupipe's own torch work on the training thread (the stage's tails and MixUp/CutMix on the CPU)
+runs on that thread alone: torch's intra-op team, spinning after each parallel region, would take the cores from the
 loader's threads. Only the calling thread's count changes, and only for the block."""
 
 from __future__ import annotations
@@ -71,3 +71,28 @@ def test_without_openmp_it_changes_nothing(monkeypatch, two_threads):
     monkeypatch.setattr(_threads, "openmp", lambda: None)
     with one_intraop_thread():
         assert torch.get_num_threads() == 2
+
+
+@pytest.mark.usefixtures("two_threads")
+def test_the_stage_on_the_cpu_runs_on_one_thread(monkeypatch):
+    """The stage's tails (DALI-CPU's, run by the loader on the training thread), as the mix."""
+    import numpy as np
+
+    from gpupipe import transforms as T
+    from gpupipe.backends._stage import _delivered
+
+    seen: list[int] = []
+    run_stage = _delivered.run_stage
+
+    def counted(*args, **kwargs):
+        seen.append(torch.get_num_threads())
+        return run_stage(*args, **kwargs)
+
+    monkeypatch.setattr(_delivered, "run_stage", counted)
+    steps = (T.TrivialAugmentWide(), T.ToDtype(torch.float32, scale=True))
+    stage = _delivered.Stage((steps,), (0,))
+    images = torch.zeros(4, 3, 16, 16, dtype=torch.uint8)
+    (out,), _ = stage.finish((images,), None, np.ones(4, dtype=bool), seed=0, epoch=0, rank=0, batch=0,
+                             draws=np.arange(4))  # fmt: skip
+    assert seen == [1] and out.dtype == torch.float32
+    assert torch.get_num_threads() == 2

@@ -307,8 +307,8 @@ class LoaderConfig:
             graph). ``None`` (default): the stage on a GPU, the backend on the CPU, where the
             backends' workers or threads run a tail faster than the stage
             (``bench/results/2026-11-28-stage-cpu.md``), except where a backend measured the
-            stage faster (``Backend.stage_pays``: DALI's AugMix and timm's RandAugment on the
-            CPU, 1.53x and 1.19x, ``bench/results/2026-11-29-stage-cpu.md``). On the CPU
+            stage faster (``Backend.stage_pays``: DALI's policies on the CPU, 1.14-1.47x,
+            ``bench/results/2026-11-29-stage-dali-one-thread-cpu.md``). On the CPU
             the torch backend runs the stage in its workers. The stage's values are
             torchvision's on every backend; DALI's own policy graph differs from them slightly
             (``docs/guide/transforms.md``).

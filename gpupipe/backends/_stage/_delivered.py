@@ -17,6 +17,7 @@ made sample by sample, and a resumed or elastic run draws the same.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from collections.abc import Iterator, Sequence
@@ -26,6 +27,7 @@ import numpy as np
 import torch
 
 from ...core._random import step_factors
+from ...runtime._threads import one_intraop_thread
 from ...transforms import BatchTransform, ImageSpec, Transform
 from .._base import donor
 from ._ahead import SideStream, ahead
@@ -112,8 +114,13 @@ class Stage:
         targets ``[B, num_classes]`` after it). ``valid`` ``[B]`` (bool, host memory): the rows
         that are not padding (the ``skipped`` ones are left out here); the rows that mix are those
         valid and not skipped. ``batch``: the batch's number in its epoch (``RankPlan.batch_offset``
-        counted in), whose generator draws the mix."""
-        images = self.run(images, seed=seed, epoch=epoch, draws=draws, skipped=skipped) if self.tails else images
+        counted in), whose generator draws the mix. On the CPU it runs on the calling thread
+        alone (``one_intraop_thread``): torch's second OpenMP thread spins after each operator and
+        takes a core from DALI's threads (DALI-CPU's V2 with the stage: 1.18x with one thread,
+        0.89x with two, 2 cores, 2026-11-29)."""
+        if self.tails:
+            with one_intraop_thread() if images[0].device.type == "cpu" else contextlib.nullcontext():
+                images = self.run(images, seed=seed, epoch=epoch, draws=draws, skipped=skipped)
         if self.mix is None or labels is None:
             return images, labels
         mixing = np.array(valid, dtype=bool)
@@ -154,11 +161,11 @@ def stage_for(pipeline: Any, device: torch.device, choice: bool | None, *, chann
 
     A view's tail goes to the stage where it holds a per-sample draw and its input has a fixed
     size (the batch stacks); every backend stops a view where it is cut. No view has one with
-    ``choice`` (``LoaderConfig.stage``) ``False``, or ``None`` on the CPU, where no recipe is
-    clearly faster with it (the torch workers batched 0.94-1.14x, DALI 0.85-0.97x but AugMix
-    1.53x and timm 1.19x: 2 cores, ``bench/results/2026-11-29-stage-cpu.md``) unless the backend
-    measured the stage faster for the pipeline there (``pays``: ``Backend.stage_default``, DALI's
-    AugMix and timm); nor with a ``gp.Mix``'s
+    ``choice`` (``LoaderConfig.stage``) ``False``, or ``None`` on the CPU, where the torch
+    workers run a tail about as fast sample by sample (0.94-1.14x batched: 2 cores,
+    ``bench/results/2026-11-29-stage-cpu.md``), unless the backend measured the stage faster for
+    the pipeline there (``pays``: ``Backend.stage_default``, DALI's policies 1.14-1.47x); nor with
+    a ``gp.Mix``'s
     ``per_source`` lists, masks or boxes that follow the image, or no image."""
     on = choice if choice is not None else device.type == "cuda" or pays
     starts: list[int | None] = [None] * len(pipeline.views)
