@@ -33,8 +33,8 @@ from gpu import make_set
 import gpupipe as gp
 
 
-def _recipe(name: str, **options: Any) -> Any:
-    factory = gp.load_pipeline(os.path.join(ROOT, "pipelines", f"imagenet.py:{name}"))
+def _recipe(name: str, file: str = "imagenet.py", **options: Any) -> Any:
+    factory = gp.load_pipeline(os.path.join(ROOT, "pipelines", f"{file}:{name}"))
     return lambda source: factory(source, **options)
 
 
@@ -45,12 +45,18 @@ RECIPES = {
     "timm rand-m9": _recipe("train_timm"),
     "train (no tail to stage)": _recipe("train"),
 }
+# the colour steps' recipes, run by name (--recipes): DINO's 10 views are slow on a CPU
+COLOUR = {
+    "3-Augment": _recipe("train_3augment"),
+    "SimCLR": _recipe("simclr", "ssl.py"),
+    "DINO": _recipe("dino", "ssl.py"),
+}
 
 
 def rate(recipe: str, shards: list[str], *, backend: str, stage: bool, batch: int, workers: int,
          epochs: int) -> float:  # fmt: skip
     """Best images/s of epochs 1.. of ``recipe`` on ``backend``, with or without the stage."""
-    pipeline = RECIPES[recipe](gp.WebDataset(shards))
+    pipeline = {**RECIPES, **COLOUR}[recipe](gp.WebDataset(shards))
     with gp.Loader(pipeline, batch, backend=backend, device="cpu", num_workers=workers, shuffle=True, drop_last=True,
                    stage=stage) as loader:  # fmt: skip
         return best_rate(loader, epochs)
@@ -64,7 +70,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--images", type=int, default=1024)
-    parser.add_argument("--recipes", default=",".join(RECIPES), help="comma-separated names of RECIPES")
+    parser.add_argument("--recipes", default=",".join(RECIPES), help="comma-separated names of RECIPES and COLOUR")
     parser.add_argument("--quick", action="store_true", help="one round, 256 images, 2 epochs")
     parser.add_argument("--data", default=os.path.join(ROOT, ".bench-data"))
     parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
