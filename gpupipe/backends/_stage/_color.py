@@ -137,8 +137,11 @@ def _jitter_one(j: int, x: torch.Tensor, f: np.ndarray) -> torch.Tensor:
 
 @STAGE.register(T.ColorJitter)
 def _color_jitter(t: T.ColorJitter, images: torch.Tensor, factors: np.ndarray) -> torch.Tensor:
-    """Four rounds; in round ``k`` each sample takes its ``k``-th adjustment (its own order),
-    each adjustment once over the samples that take it then."""
+    """Four rounds; in round ``k`` each sample takes its ``k``-th adjustment (its own order):
+    the GPU's way, the round's blends in one pass and the hue shifts in another; on a CPU, each
+    blend once per value (a per-sample blend takes float64 there: 3-Augment's ColorJitter on 64
+    images of 224², one thread, 320 ms that way against 80-90 ms, the per-sample kernels' 72-92
+    ms; 2 cores, 2026-11-29)."""
     order = factors[:, :4].astype(np.int64)
     values = factors[:, 4:8]
 
@@ -154,6 +157,12 @@ def _color_jitter(t: T.ColorJitter, images: torch.Tensor, factors: np.ndarray) -
         if K.gpu_way(images.device):  # the round's blends in one pass (saturation of one channel: none)
             merged = np.sort(np.concatenate(takes[:2] if one_channel else takes[:3]))
             images = K.on_rows(images, [(merged, blend(k)), (takes[3], adjust(3))])
-        else:
-            images = K.on_rows(images, [(rows, adjust(j)) for j, rows in enumerate(takes)])
+        else:  # once per adjustment and value: torchvision's scalar calls (a per-sample blend takes float64)
+            groups: list[tuple[np.ndarray, K.RowsFn]] = []
+            for j, rows in enumerate(takes):
+                if j == 3:  # hue: a shift per sample is float32 either way
+                    groups.append((rows, adjust(j)))
+                else:
+                    groups += [(rows[values[rows, j] == v], adjust(j)) for v in np.unique(values[rows, j])]
+            images = K.on_rows(images, groups)
     return images
