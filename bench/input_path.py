@@ -87,6 +87,25 @@ def make_shards(root: str, images: int, width: int = 500, height: int = 375) -> 
     return urls
 
 
+def make_folder(root: str, urls: list[str]) -> str:
+    """The shards' JPEGs as an ImageFolder tree, ``root/<class>/<key>.jpg`` (8 classes), once."""
+    done = os.path.join(root, ".done")
+    if os.path.exists(done):
+        return root
+    for s, url in enumerate(urls):
+        with tarfile.open(url) as tar:
+            for member in tar.getmembers():
+                if member.name.endswith(".jpg"):
+                    folder = os.path.join(root, f"class{s % 8}")
+                    os.makedirs(folder, exist_ok=True)
+                    data = tar.extractfile(member)
+                    assert data is not None
+                    with open(os.path.join(folder, member.name), "wb") as f:
+                        f.write(data.read())
+    open(done, "w").close()
+    return root
+
+
 def python_cpu() -> tuple[float, float]:
     """User and system CPU seconds of this process's Python threads (every thread ``threading``
     knows): user time is the interpreter's work, under the GIL; system time is the kernel's
@@ -111,7 +130,8 @@ class Gpupipe:
     """The DALI backend's runner; ``mapped=False`` forces its ``pread`` path (GPU pipelines, and
     shards without a read lease)."""
 
-    def __init__(self, urls: list[str], *, mapped: bool = True, headers: bool = False, first: bool = False) -> None:
+    def __init__(self, urls: list[str], *, mapped: bool = True, headers: bool = False, first: bool = False,
+                 folder: str | None = None) -> None:  # fmt: skip
         import torch
 
         import gpupipe as gp
@@ -119,14 +139,17 @@ class Gpupipe:
         from gpupipe.backends._dali._runner import DaliRunner
         from gpupipe.plan._plan import PlanSpec, rank_plan
 
-        self.index = gp.WebDataset(urls).index()
+        source = gp.WebDataset(urls) if folder is None else gp.ImageFolder(folder)
+        self.index = source.index()
         config = gp.LoaderConfig(BATCH, backend="dali", device="cpu", num_workers=THREADS, prefetch=PREFETCH)
         train = gp.load_pipeline(os.path.join(ROOT, "pipelines", "imagenet.py:train"))
-        spec = RunSpec(self.index, train(urls).views, config, torch.device("cpu"), THREADS, 0, 0)
+        spec = RunSpec(self.index, train(source).views, config, torch.device("cpu"), THREADS, 0, 0)
         self.runner = DaliRunner(spec, graph=lambda encoded, ctx: pass_through(encoded, ctx, factors=True))
         self.runner.mapped, self.headers, self.first = mapped, headers, first
         self.name = ("gpupipe, headers read" if headers else "gpupipe, first epoch" if first
                      else "gpupipe" if mapped else "gpupipe, pread")  # fmt: skip
+        if folder is not None:
+            self.name = "ImageFolder" + (", first epoch" if first else ", headers read" if headers else "")
         self.spec = PlanSpec(len(self.index), 1, BATCH, True, True, 1000, 8)
         self.plan = lambda epoch: rank_plan(
             self.index.shard_sizes, self.spec, sequential=True, seed=0, epoch=epoch, rank=0
@@ -226,6 +249,7 @@ def main() -> None:
                         help="epochs per round and reader (default: enough for 40k images)")  # fmt: skip
     parser.add_argument("--size", default="500x375", help="the JPEGs' WIDTHxHEIGHT (3-megapixel photos: 2048x1536)")
     parser.add_argument("--data", default=None, help="where the shards are made (.bench-data/input-path[-SIZE])")
+    parser.add_argument("--folder", action="store_true", help="also the same JPEGs as an ImageFolder tree")
     parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
     args = parser.parse_args()
 
@@ -240,6 +264,10 @@ def main() -> None:
     size_mb = sum(os.path.getsize(u) for u in urls) / 1e6
     readers: list[Gpupipe | DaliReader] = [Gpupipe(urls), Gpupipe(urls, first=True), Gpupipe(urls, headers=True),
                                            Gpupipe(urls, mapped=False), DaliReader(urls)]  # fmt: skip
+    if args.folder:
+        folder = make_folder(data + "-folder", urls)
+        readers += [Gpupipe(urls, folder=folder), Gpupipe(urls, folder=folder, first=True),
+                    Gpupipe(urls, folder=folder, headers=True)]  # fmt: skip
     epochs = args.epochs or max(1, -(-40_000 // args.images))
     for r in readers:  # warm-up epoch: builds, first allocations
         r.epoch_run()
@@ -259,7 +287,8 @@ def main() -> None:
     intro = (
         f"`python bench/input_path.py --images {args.images} --rounds {args.rounds}"
         f"{f' --size {args.size}' if args.size != '500x375' else ''}"
-        f"{f' --epochs {args.epochs}' if args.epochs else ''}` on {platform.node()} "
+        f"{f' --epochs {args.epochs}' if args.epochs else ''}{' --folder' if args.folder else ''}` "
+        f"on {platform.node()} "
         f"({os.cpu_count()} CPUs, {platform.processor() or platform.machine()}), no GPU. {len(urls)} shards, "
         f"{size_mb:.0f} MB, JPEGs of ~{size_mb * 1e6 / args.images / 1e3:.0f} KB ({width}x{height}). Batch {BATCH}, "
         f"{THREADS} threads each, prefetch {PREFETCH}, decode replaced by a pass-through; medians of "
