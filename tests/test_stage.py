@@ -249,6 +249,17 @@ class TestRandomErasing:
             torch.testing.assert_close(images, before, atol=0, rtol=0)
             assert not torch.equal(out, before)
 
+    @pytest.mark.parametrize("device", WAYS)
+    @pytest.mark.parametrize("n", [1, 4])
+    def test_after_a_grayscale_of_every_row(self, device, n):
+        """A grayscale of every row (p=1, or a batch of one) hands on torchvision's expanded
+        channels (stride 0): the steps after it do not write it in place."""
+        mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+        images = batch(n, 16, 16, device=device)
+        check_stage([T.RandomGrayscale(p=1.0), T.RandomErasing(p=1.0, value=(7, 100, 200))], images)
+        check_stage([T.ToDtype(torch.float32, scale=True), T.RandomGrayscale(p=1.0), T.Normalize(mean=mean, std=std),
+                     T.RandomErasing(p=1.0, value="random")], images)  # fmt: skip
+
     def test_after_a_step_of_the_stage_it_writes_that_steps_tensor(self, monkeypatch):
         from gpupipe.backends._stage import _steps
 
@@ -599,6 +610,17 @@ class TestColorSteps:
     @pytest.mark.parametrize("t", COLOR, ids=repr)
     def test_a_batch_is_the_per_sample_kernels(self, t, device):
         check_stage([t], batch(48, 24, 28, device=device))
+
+    def test_a_tail_ending_in_a_grayscale_then_the_mix(self):
+        """torchvision's grayscale expands one channel to three (stride 0); the stage hands on a
+        dense batch, which MixUp writes in place (it raised before)."""
+        from gpupipe.backends._stage._delivered import Stage
+
+        stage = Stage(((T.ToDtype(torch.float32, scale=True), T.RandomGrayscale(p=1.0)),), (0,),
+                      mix=T.MixUp(alpha=1.0, num_classes=10))  # fmt: skip
+        (out,), labels = stage.finish((batch(4, 8, 8),), torch.arange(4), np.ones(4, dtype=bool), seed=0, epoch=0,
+                                      rank=0, batch=0, draws=np.arange(4))  # fmt: skip
+        assert out.is_contiguous() and labels is not None and labels.shape == (4, 10)
 
     @pytest.mark.parametrize("device", WAYS)
     def test_color_jitter_of_one_channel(self, device):

@@ -216,14 +216,20 @@ def _takes(t: T.Transform, spec: T.ImageSpec | None) -> bool:
 _IN_PLACE: dict[Any, Any] = {_random_erasing: _erase_in_place, normalize: _normalize_in_place}
 
 
+def _dense(images: torch.Tensor) -> bool:
+    """Whether each element of ``images`` has memory of its own (no stride 0, as an expanded
+    tensor has: a write would land on several elements)."""
+    return images.is_contiguous() or images.is_contiguous(memory_format=torch.channels_last)
+
+
 def run_stage(steps: Sequence[T.Transform], images: torch.Tensor, factors: Sequence[np.ndarray | None]) -> torch.Tensor:
     """``steps`` (a tail from :func:`stage_start`) on ``images`` ``[B, C, H, W]``; ``factors[i]``:
     step ``i``'s ``[B, draws]`` rows (``None`` for a deterministic step). ``images`` is never
-    written: a step writes in place (:data:`_IN_PLACE`) only a tensor an earlier step made."""
+    written: a step writes in place (:data:`_IN_PLACE`) only a dense tensor an earlier step made."""
     source = images.untyped_storage().data_ptr()
     for t, f in zip(steps, factors, strict=True):
         lowering = STAGE.lookup(t)
-        if images.untyped_storage().data_ptr() != source:  # the stage's own tensor
+        if images.untyped_storage().data_ptr() != source and _dense(images):  # the stage's own tensor
             lowering = _IN_PLACE.get(lowering, lowering)
         images = lowering(t, images, f)
     return images
