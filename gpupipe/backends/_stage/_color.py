@@ -59,11 +59,10 @@ STAGE.register(SampleChoice, unsupported=_members_unsupported)(_random_choice)
 
 @STAGE.register(T.RandomGrayscale)
 def _grayscale(t: T.RandomGrayscale, images: torch.Tensor, factors: np.ndarray) -> torch.Tensor:
-    def gray(x: torch.Tensor, at: np.ndarray) -> torch.Tensor:
-        # dense: torchvision's three channels are one expanded (stride 0), which a later write cannot take
-        return F.rgb_to_grayscale(x, num_output_channels=x.shape[-3]).contiguous()
-
-    return K.on_rows(images, [(np.flatnonzero(factors[:, 0] != 0), gray)])
+    # (torchvision's three channels are one expanded, stride 0: run_stage writes no such tensor in
+    # place, and Stage.run hands on a dense batch)
+    return K.on_rows(images, [(np.flatnonzero(factors[:, 0] != 0),
+                               lambda x, at: F.rgb_to_grayscale(x, num_output_channels=x.shape[-3]))])  # fmt: skip
 
 
 @STAGE.register(T.RandomSolarize)

@@ -78,7 +78,9 @@ class Stage:
             stacked = images[group[0]] if len(group) == 1 else torch.cat([images[view] for view in group])
             result = run_stage(tail, stacked, factors)
             for view, img in zip(group, result.split(len(draws)) if len(group) > 1 else (result,), strict=True):
-                out[view] = img.contiguous(memory_format=torch.channels_last) if self.channels_last else img
+                # dense (a copy only where a step handed on an expanded tensor: a grayscale of every row)
+                fmt = torch.channels_last if self.channels_last else torch.contiguous_format
+                out[view] = img.contiguous(memory_format=fmt)
         return tuple(out)
 
     def _factors(self, view: int, seed: int, epoch: int, draws: np.ndarray) -> list[np.ndarray | None]:
