@@ -71,6 +71,7 @@ class Stage:
             draws = np.array(draws, copy=True)
             draws[list(skipped)] = draws[good]
         out = list(images)
+        fmt = torch.channels_last if self.channels_last else torch.contiguous_format
         for group in self._stacked(images):
             tail = self.views[group[0]][self.starts[group[0]] :]
             drawn = [self._factors(view, seed, epoch, draws) for view in group]
@@ -79,7 +80,6 @@ class Stage:
             result = run_stage(tail, stacked, factors)
             for view, img in zip(group, result.split(len(draws)) if len(group) > 1 else (result,), strict=True):
                 # dense (a copy only where a step handed on an expanded tensor: a grayscale of every row)
-                fmt = torch.channels_last if self.channels_last else torch.contiguous_format
                 out[view] = img.contiguous(memory_format=fmt)
         return tuple(out)
 

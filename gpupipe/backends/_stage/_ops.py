@@ -124,6 +124,15 @@ def _turned(k: int) -> K.RowsFn:
     return lambda rows, at: torch.rot90(rows, k=k, dims=(-2, -1))
 
 
+def _rotations(
+    rows: np.ndarray, angle: np.ndarray, h: int, w: int
+) -> tuple[list[tuple[np.ndarray, K.RowsFn]], np.ndarray]:
+    """``rows`` rotated by ``angle`` (each row's, ``m % 360``) on ``h`` x ``w`` images: a group per
+    exact turn (:func:`_turns`), and the rows left to warp (0 degrees: in neither, unchanged)."""
+    turns = _turns(h, w)
+    return [(rows[angle == value], _turned(k)) for value, k in turns.items() if k], rows[~np.isin(angle, list(turns))]
+
+
 def _rotate(x: torch.Tensor, m: np.ndarray, warp: Warp) -> torch.Tensor:
     """``rotate(angle=m)`` about the centre: ``m % 360`` as Python takes it; the exact turns
     (:func:`_turns`) as torchvision turns, the rest a warp by the inverse map of ``−angle``."""
@@ -138,8 +147,8 @@ def _rotate(x: torch.Tensor, m: np.ndarray, warp: Warp) -> torch.Tensor:
     def warped(rows: torch.Tensor, at: np.ndarray) -> torch.Tensor:
         return _warped(_rotate_maps)(rows, m[at], warp)
 
-    quarter = [(np.flatnonzero(angle == value), _turned(k)) for value, k in turns.items() if k]
-    return K.on_rows(x, [*quarter, (np.flatnonzero(~np.isin(angle, list(turns))), warped)])
+    turned, rest = _rotations(np.arange(len(m)), angle, x.shape[-2], x.shape[-1])
+    return K.on_rows(x, [*turned, (rest, warped)])
 
 
 def blend_args(x: torch.Tensor, ratio: np.ndarray) -> tuple[K.Param, K.Param]:
@@ -257,10 +266,8 @@ def _gpu_groups(images: torch.Tensor, codes: np.ndarray, mags: np.ndarray, warp:
                 kinds[rows] = BLENDS[name]
             continue
         if name == "Rotate":
-            turns = _turns(h, w)
-            angle = _angle(mags[rows])
-            groups += [(rows[angle == value], _turned(k)) for value, k in turns.items() if k]
-            rows = rows[~np.isin(angle, list(turns))]  # (0 degrees: unchanged)
+            turned, rows = _rotations(rows, _angle(mags[rows]), h, w)
+            groups += turned
         if name in MAPS:
             warped[rows] = True
         else:
