@@ -257,6 +257,8 @@ def main() -> None:
     suffix = "" if args.size == "500x375" else f"-{args.size}"
     data = args.data or os.path.join(ROOT, ".bench-data", "input-path" + suffix)
     urls = make_shards(data, args.images, width, height)
+    with tarfile.open(urls[0]) as tar:  # shards made before, maybe for another --images: what they hold
+        images = len(urls) * sum(m.name.endswith(".jpg") for m in tar)
     for url in urls:  # warm the page cache
         with open(url, "rb") as f:
             while f.read(1 << 24):
@@ -268,7 +270,7 @@ def main() -> None:
         folder = make_folder(data + "-folder", urls)
         readers += [Gpupipe(urls, folder=folder), Gpupipe(urls, folder=folder, first=True),
                     Gpupipe(urls, folder=folder, headers=True)]  # fmt: skip
-    epochs = args.epochs or max(1, -(-40_000 // args.images))
+    epochs = args.epochs or max(1, -(-40_000 // images))
     for r in readers:  # warm-up epoch: builds, first allocations
         r.epoch_run()
     results: dict[str, list[dict[str, float]]] = {r.name: [] for r in readers}
@@ -290,7 +292,8 @@ def main() -> None:
         f"{f' --epochs {args.epochs}' if args.epochs else ''}{' --folder' if args.folder else ''}` "
         f"on {platform.node()} "
         f"({os.cpu_count()} CPUs, {platform.processor() or platform.machine()}), no GPU. {len(urls)} shards, "
-        f"{size_mb:.0f} MB, JPEGs of ~{size_mb * 1e6 / args.images / 1e3:.0f} KB ({width}x{height}). Batch {BATCH}, "
+        f"{size_mb:.0f} MB, {images:,} JPEGs of ~{size_mb * 1e6 / images / 1e3:.0f} KB ({width}x{height}). "
+        f"Batch {BATCH}, "
         f"{THREADS} threads each, prefetch {PREFETCH}, decode replaced by a pass-through; medians of "
         f"{args.rounds} interleaved rounds of {epochs} epoch(s) each. gpupipe's epochs are shuffled (the training "
         "plan) and include the train recipe's random-factor draws and crop windows; their images' "

@@ -209,6 +209,25 @@ class TestEpoch:
         assert sorted(keys) == sorted(truth) and labels == [truth[k] for k in keys]
         assert shapes[0] == (4, 3, 24, 24)
 
+    def test_an_image_folder_file_gone_after_indexing(self, backend, tmp_path):
+        """One verdict on every backend: the file is a ``no-image`` sample named by its key,
+        raised in its batch, or skipped and counted."""
+        for c in range(2):
+            (tmp_path / f"c{c}").mkdir()
+            for i in range(3):
+                (tmp_path / f"c{c}" / f"{i}.jpg").write_bytes(encode_jpeg(synthetic_image(3 * c + i, size=(32, 32))))
+        pipe = small_val(gp.ImageFolder(str(tmp_path)), size=24)
+        loader = backend.loader(pipe, 4, num_workers=1, on_error="skip", max_skipped=None)
+        raising = backend.loader(pipe, 4, num_workers=1)
+        os.remove(tmp_path / "c1" / "1.jpg")
+        with loader:
+            keys = [k for b in loader for k, v in zip(b.keys, b.valid.tolist(), strict=True) if v]
+            assert sorted(keys) == ["c0/0.jpg", "c0/1.jpg", "c0/2.jpg", "c1/0.jpg", "c1/2.jpg"]
+            assert [(s.key, s.kind) for s in loader.skipped] == [("c1/1.jpg", gp.Damage.NO_IMAGE)]
+        with raising, pytest.raises(gp.SampleError, match=r"cannot read sample 'c1/1\.jpg'") as e:
+            list(raising)
+        assert (e.value.key, e.value.kind) == ("c1/1.jpg", gp.Damage.NO_IMAGE)
+
     def test_bad_sample_names_shard_and_key(self, backend, tmp_path):
         good = encode_jpeg(synthetic_image(0, size=(40, 40)))
         with gp.ShardWriter(str(tmp_path / "bad-%d.tar")) as w:

@@ -238,6 +238,78 @@ class TestImageFolder:
             gp.ImageFolder(str(tmp_path)).index()
 
 
+class TestImageFolderBatchRead:
+    """``Index.read_files_into``: a batch of an ImageFolder's files read whole into one buffer
+    (the DALI backend's reader), with :meth:`Index.read`'s bytes and errors."""
+
+    @staticmethod
+    def tree(tmp_path, sizes=(1, 2, 3, 4)):
+        for n in sizes:
+            (tmp_path / f"c{n % 2}").mkdir(exist_ok=True)
+            (tmp_path / f"c{n % 2}" / f"{n}.jpg").write_bytes(encode_jpeg(synthetic_image(n, size=(20 + n, 30))))
+        return gp.ImageFolder(str(tmp_path)).index()
+
+    @staticmethod
+    def take(sizes):
+        def take(n):
+            sizes.append(n)
+            return np.zeros(n + 7, np.uint8)  # a pool's buffer is larger than asked
+
+        return take
+
+    @pytest.mark.parametrize("storage", ["local", "default"])
+    def test_the_bytes_of_read(self, tmp_path, storage, monkeypatch):
+        index = self.tree(tmp_path)
+        if storage == "default":  # the Storage base class's way, for storages without their own
+            from gpupipe.storage._base import Storage
+
+            for name in ("sizes", "read_files_into"):
+                monkeypatch.setattr(type(index.reader.storage), name, getattr(Storage, name))
+        taken: list[int] = []
+        samples = np.array([3, 0, 2, 1, 3])
+        whole = index.read_files_into(samples, self.take(taken))
+        assert whole.errors == {}
+        assert [bytes(v) for v in whole.views] == [index.read(int(s)).data for s in samples]
+        assert all(v.base is not None and np.shares_memory(v, whole.buffer) for v in whole.views)
+        assert taken == [sum(len(index.read(int(s)).data) + 1 for s in samples)]
+
+    def test_a_missing_file_and_one_over_the_limit_are_named_and_not_read(self, tmp_path, monkeypatch):
+        (tmp_path / "c0").mkdir()
+        (tmp_path / "c0" / "big.jpg").write_bytes(JPEG + b"\0" * 5000)
+        index = self.tree(tmp_path)  # c0/2, c0/4, c0/big, c1/1, c1/3
+        assert [index.key(i) for i in range(5)] == ["c0/2.jpg", "c0/4.jpg", "c0/big.jpg", "c1/1.jpg", "c1/3.jpg"]
+        os.remove(tmp_path / "c1" / "3.jpg")
+        index.max_image_bytes = len(JPEG) + 4000
+        read: list[str] = []
+        storage = index.reader.storage
+        original = type(storage).read_files_into
+
+        def read_files_into(self, urls, *args):
+            read.extend(urls)
+            return original(self, urls, *args)
+
+        monkeypatch.setattr(type(storage), "read_files_into", read_files_into)
+        whole = index.read_files_into(np.arange(5), self.take([]))
+        assert {i: (e.kind, e.key) for i, e in whole.errors.items()} == {
+            2: (gp.Damage.TOO_LARGE, "c0/big.jpg"), 4: (gp.Damage.NO_IMAGE, "c1/3.jpg")}  # fmt: skip
+        assert [whole.views[i] is None for i in range(5)] == [False, False, True, False, True]
+        for i, e in whole.errors.items():
+            with pytest.raises(gp.SampleError) as raised:
+                index.read(i)
+            assert str(e) == str(raised.value)  # Index.read's error, word for word
+        assert [os.path.relpath(u, str(tmp_path)) for u in read] == ["c0/2.jpg", "c0/4.jpg", "c1/1.jpg"]  # not big
+
+    @pytest.mark.parametrize("change", [-5, 5])
+    def test_a_file_that_changed_after_its_stat_is_read_again(self, tmp_path, monkeypatch, change):
+        index = self.tree(tmp_path)
+        storage = index.reader.storage
+        true = type(storage).sizes
+        monkeypatch.setattr(type(storage), "sizes", lambda self, urls: [n + change for n in true(self, urls)])
+        whole = index.read_files_into(np.arange(4), self.take([]))
+        assert whole.errors == {}
+        assert [bytes(v) for v in whole.views] == [index.read(i).data for i in range(4)]
+
+
 class TestDecode:
     def image(self):
         return synthetic_image(3, size=(40, 56))

@@ -172,7 +172,9 @@ class Reader(Protocol):
     sample's byte ranges in it (``Located.ranges``: image data, where the source knows them), so
     a backend may read a batch's encoded images itself, range by range, instead of sample by
     sample through :meth:`read`: the DALI backend does (``Storage.read_ranges_into``, or
-    ``Storage.map`` for local shards).
+    ``Storage.map`` for local shards). A reader of whole files (``ImageFolder``'s) may also have
+    ``read_files_into(items, take)``: a batch of them read into one buffer
+    (``Index.read_files_into``).
 
     ``max_image_bytes`` (set by the loader: ``Index.max_image_bytes``; ``None``: no limit) is the
     largest image member :meth:`read` reads: a larger one raises ``SampleError`` (``too-large``,

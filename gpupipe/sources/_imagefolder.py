@@ -6,11 +6,12 @@ import dataclasses
 import functools
 import hashlib
 import os
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..core._errors import ConfigError, Damage, SampleError, ShardError, too_many_bytes
+from ..core._errors import ConfigError, Damage, DataError, SampleError, ShardError, too_many_bytes
 from ..shards._indexcache import cache_dir
 from ..shards._shard import RawSample, ShardIndex
 from ..storage._base import LocalStorage, Storage
@@ -103,11 +104,58 @@ class FileReader:
             if limit is not None and len(data) > limit:
                 raise too_many_bytes(shard.path, key, self.storage.stat(f"{shard.path}/{key}").size, limit)
         except OSError as e:
-            kind = Damage.NO_IMAGE if isinstance(e, FileNotFoundError) else Damage.UNREADABLE_SHARD
-            raise SampleError(
-                f"cannot read sample {key!r} in {shard.path!r}: {e}", shard=shard.path, key=key, kind=kind
-            ) from e
+            raise _unreadable(shard.path, key, e) from e
         return RawSample(key, shard.path, data, int(shard.column("label")[i]))
+
+    def read_files_into(self, items: Sequence[tuple[ShardIndex, int]],
+                        take: Callable[[int], np.ndarray]) -> WholeFiles:  # fmt: skip
+        """Samples ``items`` (``(shard, i)`` pairs) read whole into one buffer of
+        ``take(total)``: a ``stat`` per file first (one over ``max_image_bytes`` is refused from
+        its size, unread), then each file read straight into its place (``Storage.read_files_into``:
+        no bytes object per file, no second copy). A file that changed size between the two is
+        read again by :meth:`read`. The errors are :meth:`read`'s."""
+        urls = [f"{shard.path}/{shard.keys[i]}" for shard, i in items]
+        limit = self.max_image_bytes
+        errors: dict[int, DataError] = {}
+        lengths = []
+        for j, size in enumerate(self.storage.sizes(urls)):
+            shard, i = items[j]
+            if isinstance(size, OSError):
+                errors[j] = _unreadable(shard.path, shard.keys[i], size)
+            elif limit is not None and size > limit:
+                errors[j] = too_many_bytes(shard.path, shard.keys[i], size, limit)
+            else:
+                lengths.append((j, size))
+        buffer = take(sum(size + 1 for _, size in lengths))  # a byte more each: a file that grew reads it
+        at = np.cumsum([0] + [size + 1 for _, size in lengths]).tolist()
+        views: list[np.ndarray | None] = [None] * len(items)
+        got = self.storage.read_files_into([urls[j] for j, _ in lengths], memoryview(buffer), at[:-1],  # type: ignore[arg-type]
+                                           [size + 1 for _, size in lengths])  # fmt: skip
+        for (j, size), start, n in zip(lengths, at[:-1], got, strict=True):
+            shard, i = items[j]
+            if isinstance(n, OSError):
+                errors[j] = _unreadable(shard.path, shard.keys[i], n)
+            elif n == size:
+                views[j] = buffer[start : start + size]
+            else:  # it changed since its stat: read it again, alone
+                try:
+                    views[j] = np.frombuffer(self.read(shard, i).data, np.uint8)
+                except DataError as e:
+                    errors[j] = e
+        return WholeFiles(buffer, views, errors)
 
     def close(self) -> None:
         self.storage.close()
+
+
+class WholeFiles(NamedTuple):
+    """A batch of whole files read into one buffer (:meth:`FileReader.read_files_into`)."""
+
+    buffer: np.ndarray  # from the caller's ``take``: the caller gives it back
+    views: list[np.ndarray | None]  # each sample's bytes (in ``buffer``, or its own); None where it failed
+    errors: dict[int, DataError]  # by position: the samples that could not be read
+
+
+def _unreadable(shard: str, key: str, e: OSError) -> SampleError:
+    kind = Damage.NO_IMAGE if isinstance(e, FileNotFoundError) else Damage.UNREADABLE_SHARD
+    return SampleError(f"cannot read sample {key!r} in {shard!r}: {e}", shard=shard, key=key, kind=kind)

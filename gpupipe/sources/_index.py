@@ -12,6 +12,7 @@ import abc
 import collections
 import operator
 import threading
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -186,6 +187,20 @@ class Index:
         """Reads sample number ``sample``: its key, shard, encoded image and parsed label."""
         s, i = self.locate(sample)
         return self.reader.read(self.shard(s), i)
+
+    def read_files_into(self, samples: np.ndarray, take: Callable[[int], np.ndarray]) -> Any:
+        """``samples`` (global numbers) read whole into one buffer of ``take(total)``, where the
+        source's samples are whole files and its reader reads a batch of them at once
+        (``FileReader.read_files_into``: a ``WholeFiles``); ``None`` where not (read each with
+        :meth:`read`)."""
+        read = getattr(self.reader, "read_files_into", None)
+        if read is None:
+            return None
+        samples = np.asarray(samples, dtype=np.int64)
+        shard = np.searchsorted(self.offsets, samples, side="right") - 1
+        local = (samples - self.offsets[shard]).tolist()
+        shards = {s: self.shard(s) for s in set(shard.tolist())}
+        return read([(shards[s], i) for s, i in zip(shard.tolist(), local, strict=True)], take)
 
     def read_fields(self, sample: int) -> dict[str, bytes | None] | None:
         """The bytes of sample ``sample``'s :attr:`fields` by name (``None``: no member), without

@@ -95,6 +95,31 @@ class Storage(abc.ABC):
                 return i
         return len(ranges)
 
+    def sizes(self, urls: Sequence[str]) -> list[int | OSError]:
+        """Each of ``urls``' size in bytes, or the ``OSError`` that :meth:`stat` raised for it."""
+        out: list[int | OSError] = []
+        for url in urls:
+            try:
+                out.append(self.stat(url).size)
+            except OSError as e:
+                out.append(e)
+        return out
+
+    def read_files_into(self, urls: Sequence[str], out: memoryview, at: Sequence[int],
+                        lengths: Sequence[int]) -> list[int | OSError]:  # fmt: skip
+        """Reads the start of each file ``urls[i]`` into ``out[at[i] : at[i] + lengths[i]]``;
+        returns how many bytes each gave (fewer than ``lengths[i]``: the file is that short), or
+        the ``OSError`` its read raised. The DALI backend reads a batch of whole files (an
+        ImageFolder's) into one buffer with one call; the default reads each with
+        :meth:`read_into`."""
+        got: list[int | OSError] = []
+        for url, start, length in zip(urls, at, lengths, strict=True):
+            try:
+                got.append(self.read_into(url, 0, out[start : start + length]))
+            except OSError as e:
+                got.append(e)
+        return got
+
     remote: bool = False  # whether reads go over a network (then prefetch() is worth calling)
 
     def put(self, url: str, data: bytes) -> None:
@@ -217,6 +242,39 @@ class LocalStorage(Storage):
                 if preadv(fd, [out[start : start + size]], offset) != size:
                     return i
         return len(ranges)
+
+    def sizes(self, urls: Sequence[str]) -> list[int | OSError]:
+        """One ``stat`` per file."""
+        out: list[int | OSError] = []
+        stat, path = os.stat, self.path
+        for url in urls:
+            try:
+                out.append(stat(path(url)).st_size)
+            except OSError as e:
+                out.append(e)
+        return out
+
+    def read_files_into(self, urls: Sequence[str], out: memoryview, at: Sequence[int],
+                        lengths: Sequence[int]) -> list[int | OSError]:  # fmt: skip
+        """An ``open``, one ``pread`` straight into ``out`` (the GIL released meanwhile) and a
+        ``close`` per file: no descriptor is kept (the files of an ImageFolder are many, each
+        read once an epoch)."""
+        got: list[int | OSError] = []
+        flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
+        preadv, path = os.preadv, self.path
+        for url, start, length in zip(urls, at, lengths, strict=True):
+            try:
+                fd = os.open(path(url), flags)
+            except OSError as e:
+                got.append(e)
+                continue
+            try:
+                got.append(preadv(fd, [out[start : start + length]], 0))
+            except OSError as e:
+                got.append(e)
+            finally:
+                os.close(fd)
+        return got
 
     def put(self, url: str, data: bytes) -> None:
         """Writes ``data`` to a temporary file beside ``url``, then renames it."""

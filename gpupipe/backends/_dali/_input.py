@@ -162,7 +162,16 @@ class BatchReader:
         maps: list[MappedFile] = []
         views: list[Any] = [None] * len(samples)
         try:
-            if where.ranges is None or (index.labeled and labels is None):  # whole files (ImageFolder), ...
+            whole = None
+            if where.ranges is None and (labels is not None or not index.labeled):  # whole files (ImageFolder)
+                whole = index.read_files_into(samples, self.buffers.take)  # None: the reader reads one by one
+            if whole is not None:
+                buffer = whole.buffer
+                for i, error in whole.errors.items():
+                    self._bad(bad, i, error)
+                    whole.views[i] = buffer[:0]  # (substituted)
+                views[:] = whole.views
+            elif where.ranges is None or (index.labeled and labels is None):  # whole files, ...
                 raws: list[RawSample | None] = []
                 for i, s in enumerate(samples.tolist()):  # ... or a source without parsed labels
                     try:
