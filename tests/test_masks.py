@@ -243,6 +243,30 @@ class TestDali:
             next(iter(loader))
 
 
+class TestStaged:
+    """A tail of photometric steps runs in the stage with masks too (their geometry is the
+    backend's, up to the tail); the masks and images are those of the unstaged run."""
+
+    GEOMETRY = (T.RandomResizedCrop(24, scale=(0.3, 1.0)), T.RandomHorizontalFlip())
+    TAIL = (T.ColorJitter(0.4, 0.4, 0.4, 0.1), T.RandomGrayscale(0.3), T.ToDtype(torch.float32, scale=True),
+            T.Normalize((0.5,) * 3, (0.2,) * 3), T.RandomErasing(0.5))  # fmt: skip
+
+    def test_the_masks_and_images_of_the_unstaged_run(self, seg_shards):
+        staged = _batches(_with_mask(seg_shards, fill=250), [*self.GEOMETRY, *self.TAIL], stage=True)
+        plain = _batches(_with_mask(seg_shards, fill=250), [*self.GEOMETRY, *self.TAIL], stage=False)
+        unmoved = _batches(_with_mask(seg_shards, fill=250), list(self.GEOMETRY))
+        for a, b, c in zip(staged, plain, unmoved, strict=True):
+            assert a.keys == b.keys == c.keys
+            assert torch.equal(a["mask"], b["mask"]) and torch.equal(a["mask"], c["mask"])
+            torch.testing.assert_close(a.images, b.images, atol=0, rtol=0)
+
+    def test_on_dali_the_same_masks(self, seg_shards):
+        out = check_target_parity(_with_mask(seg_shards, fill=250), [*self.GEOMETRY, *self.TAIL], stage=True)
+        plain = check_target_parity(_with_mask(seg_shards, fill=250), list(self.GEOMETRY), backends=("torch",))
+        for a, b in zip(out["dali"], plain["torch"], strict=True):
+            assert torch.equal(a["mask"], b["mask"])
+
+
 class TestSegmentationRecipe:
     """``pipelines/segmentation.py``: torchvision's segmentation reference presets."""
 

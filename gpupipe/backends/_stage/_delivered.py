@@ -167,11 +167,13 @@ def stage_for(pipeline: Any, device: torch.device, choice: bool | None, *, chann
     workers run a tail about as fast sample by sample (0.94-1.14x batched: 2 cores,
     ``bench/results/2026-11-29-stage-cpu.md``), unless the backend measured the stage faster for
     the pipeline there (``pays``: ``Backend.stage_default``, DALI's policies 1.14-1.47x); nor with
-    a ``gp.Mix``'s
-    ``per_source`` lists, masks or boxes that follow the image, or no image."""
+    a ``gp.Mix``'s ``per_source`` lists, or no image. Masks and boxes that follow the image stay
+    with the backend, which moves them through the view up to its tail: nothing in a tail moves
+    them (its steps are photometric; the policies, whose operations are partly geometric, refuse
+    masks and boxes, as torchvision's do)."""
     on = choice if choice is not None else device.type == "cuda" or pays
     starts: list[int | None] = [None] * len(pipeline.views)
-    if on and not (pipeline.per_source or pipeline.targets or not pipeline.has_image):
+    if on and not (pipeline.per_source or not pipeline.has_image):
         for view, (steps, specs) in enumerate(zip(pipeline.views, pipeline.view_specs, strict=True)):
             start = stage_start(steps, specs)
             starts[view] = start if start is not None and specs[start].fixed_size else None
