@@ -1,21 +1,20 @@
 """Each augmentation policy (TrivialAugmentWide, RandAugment, AutoAugment, timm's RandAugment,
 AugMix) on a batch of decoded images: gpupipe's stage (batched torch kernels,
-``gpupipe/backends/_stage``) against DALI's lowering (gpupipe's graph, a conditional branch per
-operation family) with the same draws, on each device present.
+``gpupipe/backends/_stage``) against the torch backend's per-sample kernels, with the same draws,
+on each device present.
 
     python bench/policy_stage.py                          # each device present
     python bench/policy_stage.py --device cpu --quick     # a smoke run
 
-The question it answers (issue 37): on a GPU, where a DALI operator costs far more than a torch
-kernel launch (``bench/operator_cost.py``), would the policy run faster as a torch stage after
-DALI's decode and crop than as DALI's 70-odd operators? (One H100, 2026-11-27: yes, 2.95 against
-5.81 ms per batch of 256, but both far under the batch's 21 ms, and the V2 recipe ran 0.95x train
-without it: ``bench/results/2026-11-27-h100-gpu-run.md``.) Both sides get the same batch of B uint8
-images (H x W x 3, already decoded) and the same draws (gpupipe's, of samples 0..B-1). Reported:
-ms per batch of each (DALI's net of a pass-through of the same input), and how far each is from
-the torch backend, which applies torchvision's kernels sample by sample: the batched kernels
-replicate torchvision's arithmetic, so 0 values apart but where a library computes differently
-on a device (stated with the figures).
+It first answered issue 37's question: on a GPU, where a DALI operator costs far more than a
+torch kernel launch (``bench/operator_cost.py``), would the policy run faster as a torch stage
+after DALI's decode and crop than as DALI's 70-odd operators? (One H100, 2026-11-27: yes, 2.95
+against 5.81 ms per batch of 256: ``bench/results/2026-11-27-policy-stage-*.md``.) DALI's own
+graph of the policies was removed since (issue 52): DALI runs them in the stage. Both sides get
+the same batch of B uint8 images (already decoded) and the same draws (gpupipe's, of samples
+0..B-1). Reported: ms per batch of each, and how far the stage is from the torch backend's
+torchvision kernels sample by sample: 0 values apart but where a library computes differently on
+a device (stated with the figures).
 
 The stage applies each operation once to the samples that drew it (on a GPU; on a CPU once per
 operation and magnitude), with per-sample magnitudes: its kernels are torchvision's arithmetic
@@ -70,41 +69,6 @@ def per_sample(t: Any, images: torch.Tensor, factors: np.ndarray) -> torch.Tenso
     return torch.stack([apply_pipeline([t], images[i], [factors[i]]) for i in range(len(images))])
 
 
-def dali_pipeline(t: Any | None, batch: list[np.ndarray], factors: np.ndarray, *, gpu: bool, threads: int) -> Any:
-    """A built DALI pipeline of gpupipe's lowering of ``t`` (``None``: a pass-through) on the fed
-    HWC batch, and a function that runs one iteration (feeding the batch and the host's values)."""
-    from nvidia.dali import Pipeline, fn, types
-
-    from gpupipe.backends._dali._compiler import Ctx, _lower_images
-    from gpupipe.backends._dali._host import HostEnv, evaluate
-
-    n = len(batch)
-    pipe = Pipeline(batch_size=n, num_threads=threads, device_id=0 if gpu else None, exec_dynamic=True,
-                    prefetch_queue_depth=2)  # fmt: skip
-    ctx = Ctx("gpu" if gpu else "cpu", 0)
-    with pipe:
-        images = fn.external_source(name="images", device="gpu" if gpu else "cpu", layout="HWC", dtype=types.UINT8)
-        out = images if t is None else _lower_images([t], None, ctx, channels_last=True, decoded=images)
-        pipe.set_outputs(out)
-    pipe.build()
-    sizes = np.array([img.shape[:2] for img in batch], dtype=np.int64)
-    inputs = {"images": batch, **evaluate(ctx.feeds, HostEnv(sizes, lambda view, step: factors), n)}
-
-    def feed() -> None:
-        for name, value in inputs.items():
-            pipe.feed_input(name, value)
-
-    for _ in range(2):  # the prefetch queue's depth: fed ahead, as the loader's runner feeds
-        feed()
-
-    def run() -> Any:
-        out = pipe.run()[0]
-        feed()
-        return out
-
-    return run
-
-
 def apart(got: torch.Tensor, want: torch.Tensor) -> tuple[float, int]:
     """Share of values apart and the largest difference."""
     d = (got.int() - want.int()).abs()
@@ -118,7 +82,6 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=176, help="images of size x size (the V2 recipe's crop)")
     parser.add_argument("--interpolation", default="bilinear", choices=("bilinear", "nearest"))
     parser.add_argument("--policies", default=",".join(POLICIES), help="comma-separated names of POLICIES")
-    parser.add_argument("--threads", type=int, default=8, help="DALI's threads")
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--quick", action="store_true", help="a smoke run: batch 16 of 32 x 32")
     parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
@@ -144,14 +107,8 @@ def main() -> None:
             stage = functools.partial(run_stage, [t], images, [factors])
             got = stage()
             torch_ms = ms_per_call(stage, args.iters)
-            through = ms_per_call(dali_pipeline(None, hwc, factors, gpu=gpu, threads=args.threads), args.iters)
-            run = dali_pipeline(t, hwc, factors, gpu=gpu, threads=args.threads)
-            dali_ms = ms_per_call(run, args.iters) - through
-            out = run()
-            dali_out = torch.from_numpy(np.stack([np.array(s) for s in (out.as_cpu() if gpu else out)]))
             per_sample_ms = ms_per_call(functools.partial(per_sample, t, images, factors), max(1, args.iters // 4))
             for impl, ms, value in (("the stage (torch, batched)", torch_ms, got.cpu()),
-                                    ("DALI, gpupipe's graph", dali_ms, dali_out.permute(0, 3, 1, 2)),
                                     ("torch backend, per sample", per_sample_ms, want)):  # fmt: skip
                 share, largest = apart(value, want)
                 results.append({"policy": name, "device": device, "impl": impl, "ms": ms, "apart": share,
@@ -159,19 +116,16 @@ def main() -> None:
                 print(json.dumps(results[-1]), flush=True)
     machine = torch.cuda.get_device_name() if cuda else f"{os.cpu_count()}-core CPU"
     out_name = "policy-stage-" + machine.replace(" ", "-").lower() + ("-quick" if args.quick else "")
-    import nvidia.dali
-
-    intro = (f"{machine}; DALI {nvidia.dali.__version__}, torch {torch.__version__}; each policy "
-             f"({args.interpolation}) on a batch of {n} uint8 images of {size} x {size}, already decoded, "
-             f"gpupipe's draws of samples 0..{n - 1}; {args.threads} DALI threads; {args.iters} iterations after 3. "
-             "ms per batch (DALI's net of a pass-through of the same input), and the values apart from the torch "
-             "backend's (sample by sample) (`bench/policy_stage.py`).")  # fmt: skip
+    intro = (f"{machine}; torch {torch.__version__}; each policy ({args.interpolation}) on a batch of {n} uint8 "
+             f"images of {size} x {size}, already decoded, gpupipe's draws of samples 0..{n - 1}; {args.iters} "
+             "iterations after 3. ms per batch, and the values apart from the torch backend's (sample by sample) "
+             "(`bench/policy_stage.py`).")  # fmt: skip
     header = ["policy", "device", "implementation", "ms per batch", "values apart", "largest difference"]
     rows = [[r["policy"], r["device"], r["impl"], f"{r['ms']:.2f}", f"{r['apart']:.2%}", str(r["max_diff"])]
             for r in results]  # fmt: skip
     data = {"machine": machine, "batch_size": n, "size": size, "interpolation": args.interpolation,
             "results": results}  # fmt: skip
-    path = publish(args.out, out_name, f"The policies in the stage or DALI's graph, {machine}", intro, header, rows,
+    path = publish(args.out, out_name, f"The policies in the stage or sample by sample, {machine}", intro, header, rows,
                    data)  # fmt: skip
     print(f"wrote {path}")
 

@@ -54,11 +54,17 @@ COLOUR = {
 
 
 def rate(recipe: str, shards: list[str], *, backend: str, stage: bool, batch: int, workers: int,
-         epochs: int) -> float:  # fmt: skip
-    """Best images/s of epochs 1.. of ``recipe`` on ``backend``, with or without the stage."""
+         epochs: int) -> float | None:  # fmt: skip
+    """Best images/s of epochs 1.. of ``recipe`` on ``backend``, with or without the stage;
+    ``None`` where the backend runs the recipe's tail in the stage only (DALI's policies, since
+    2026-11-29)."""
     pipeline = {**RECIPES, **COLOUR}[recipe](gp.WebDataset(shards))
-    with gp.Loader(pipeline, batch, backend=backend, device="cpu", num_workers=workers, shuffle=True, drop_last=True,
-                   stage=stage) as loader:  # fmt: skip
+    try:
+        loader = gp.Loader(pipeline, batch, backend=backend, device="cpu", num_workers=workers, shuffle=True,
+                           drop_last=True, stage=stage)  # fmt: skip
+    except gp.UnsupportedTransformError:
+        return None
+    with loader:
         return best_rate(loader, epochs)
 
 
@@ -80,19 +86,24 @@ def main() -> None:
     recipes = [r for r in args.recipes.split(",") if r]
     shards, _, kb = make_set(args.data, "photo", (375, 500), args.images, os.cpu_count() or 1)
     names = args.backends.split(",")
-    rows: dict[tuple[str, str], dict[bool, list[float]]] = {(b, r): {True: [], False: []} for b in names
-                                                             for r in recipes}  # fmt: skip
+    rows: dict[tuple[str, str], dict[bool, list[float | None]]] = {(b, r): {True: [], False: []} for b in names
+                                                                    for r in recipes}  # fmt: skip
     for round_ in range(args.rounds):
         order = [(b, r, s) for b in names for r in recipes for s in (True, False)]
         for backend, recipe, stage in order if round_ % 2 == 0 else order[::-1]:
             value = rate(recipe, shards, backend=backend, stage=stage, batch=args.batch_size, workers=args.workers,
                          epochs=args.epochs)  # fmt: skip
             rows[backend, recipe][stage].append(value)
-            print(f"round {round_}: {backend}, {recipe}, stage={stage}: {value:.0f} images/s", flush=True)
+            said = "the stage only" if value is None else f"{value:.0f} images/s"
+            print(f"round {round_}: {backend}, {recipe}, stage={stage}: {said}", flush=True)
 
     table, data = [], []
     for (backend, recipe), by in rows.items():
-        staged, plain = by[True], by[False]
+        staged, plain = [v for v in by[True] if v is not None], [v for v in by[False] if v is not None]
+        if not plain:  # the backend runs this tail in the stage only
+            table.append([backend, recipe, spread(staged, "{:.0f}"), "(stage only)", "-"])
+            data.append({"backend": backend, "recipe": recipe, "stage": staged, "backend_tail": [], "ratios": []})
+            continue
         ratios = [s / p for s, p in zip(staged, plain, strict=True)]
         table.append([backend, recipe, spread(staged, "{:.0f}"), spread(plain, "{:.0f}"), spread(ratios, "{:.2f}x")])
         data.append({"backend": backend, "recipe": recipe, "stage": staged, "backend_tail": plain, "ratios": ratios})

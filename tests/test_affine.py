@@ -211,9 +211,8 @@ class TestWarpForms:
         [T.RandomAffine(degrees=30, translate=(0.1, 0.2), scale=(0.8, 1.2), shear=10, interpolation="bilinear",
                         fill=(10, 200, 30))],
         [FLOAT, T.RandomRotation(45, interpolation="bilinear", center=(10, 20), fill=0.5)],
-        [T.RandomResizedCrop(48), T.TrivialAugmentWide(interpolation="bilinear")],  # the size fixed: constants
-        [T.Resize(40), T.RandAugment(num_ops=2, interpolation="bilinear")],  # sizes per sample, split in branches
-    ], ids=["zeros", "fill-per-channel", "float-fill", "policy", "policy-sizes-per-sample"])  # fmt: skip
+        [T.RandomResizedCrop(48), T.RandomRotation(20, interpolation="bilinear")],  # the size fixed: constants
+    ], ids=["zeros", "fill-per-channel", "float-fill", "size-fixed"])  # fmt: skip
     def test_padded_agrees_with_dalis_fill(self, photos, monkeypatch, steps):
         from gpupipe.backends._dali import _warp
 

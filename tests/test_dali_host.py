@@ -17,15 +17,13 @@ from gpupipe.testing import encode_jpeg, synthetic_image
 
 from .support.checkers import run_dali
 from .support.dali_graph import check_gpu_placement, parse
-from .test_gpu_graph import MATRIX, define
+from .test_gpu_graph import MATRIX, define, staged_only
 
 pytest.importorskip("nvidia.dali")
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 # Steps whose per-sample arguments only the host computes (from the image's size).
-HOST_ONLY = (T.RandomRotation, T.RandomAffine, T.RandomResize, T.RandomShortestSize, T.RandomZoomOut,
-             T.TrivialAugmentWide,
-             T.RandAugment, T.AutoAugment, T.TimmRandAugment)  # fmt: skip
+HOST_ONLY = (T.RandomRotation, T.RandomAffine, T.RandomResize, T.RandomShortestSize, T.RandomZoomOut)
 SIZES = [(375, 500), (500, 375), (120, 160), (200, 200), (120, 400), (31, 700), (64, 9)]
 
 
@@ -41,7 +39,8 @@ def images() -> list[bytes]:
 def _cases():
     for name, pipelines in MATRIX.items():
         for i, steps in enumerate(pipelines):
-            if not any(t.uses_boxes for t in steps):  # (windows chosen by boxes: test_targets_torchvision)
+            if not any(t.uses_boxes for t in steps) and not staged_only(steps):  # (windows chosen by boxes:
+                # test_targets_torchvision; the policies run in the stage only)
                 yield pytest.param(steps, id=f"{name}-{i}")
     for name in ("train", "val"):
         yield pytest.param(list(recipe(name).transforms), id=f"imagenet-{name}")
@@ -126,15 +125,17 @@ class TestGraphSize:
 
     @pytest.mark.parametrize("gpu", [False, True])
     def test_the_v2_recipe(self, gpu):
-        """torchvision's V2 recipe (TrivialAugmentWide and RandomErasing): 77 operators on the GPU,
-        where geometry and posterize/solarize/invert run on every sample without a branch (129
-        before its families took the uint8 image uncast and the branch sizes from the host, 87
-        before its flip moved into crop_mirror_normalize, 86 before those branches went), 87 on the
-        CPU, which keeps every branch and where the bilinear warp pads the image with zeros
-        (``PAD_FOR_ZEROS``)."""
+        """torchvision's V2 recipe (TrivialAugmentWide and RandomErasing): DALI's graph stops
+        before the policy, which the stage runs (``Stage.cut``): 8 operators on either device
+        (the decoder fused with the crop, resize, the flip in crop_mirror_normalize, the inputs),
+        against 77 on the GPU and 87 on the CPU when DALI ran the policy itself."""
         from gpupipe.backends._dali._proto import operator_count
+        from gpupipe.backends._stage import stage_start
 
-        assert operator_count(define(list(recipe("train_v2").transforms), gpu=gpu).pipe) <= (77 if gpu else 87)
+        steps = list(recipe("train_v2").transforms)
+        start = stage_start(steps)
+        assert start is not None and isinstance(steps[start], T.TrivialAugmentWide)
+        assert operator_count(define(steps[:start], gpu=gpu).pipe) <= 8
 
     def test_the_loader_reports_it(self, shards):
         train = gp.load_pipeline(os.path.join(ROOT, "pipelines", "imagenet.py:train"))(shards)

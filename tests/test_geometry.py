@@ -167,31 +167,6 @@ class TestOnBatches:
             assert got.tolist() == [list(crop_padding(s, 3, 1, crop, pad_if_needed)) for (s,) in rows.tolist()]
 
 
-class TestMirroredMatrices:
-    """A warp conjugated by a horizontal flip (the DALI backend's policies after a flip moved into
-    the fused tail): mapping a point through it is flipping, mapping, flipping back."""
-
-    def test_is_the_flip_conjugate_where_flipped(self):
-        from gpupipe.core._geometry import affine_matrices, mirrored_matrices
-
-        rng = np.random.default_rng(0)
-        batch, width = 6, np.array([40.0, 41.0, 64.0, 40.0, 41.0, 64.0])
-        maps = affine_matrices(30.0, width, rng.uniform(-40, 40, batch), (rng.integers(-5, 5, batch), 0), 1.0,
-                               (rng.uniform(-20, 20, batch), rng.uniform(-20, 20, batch)))  # fmt: skip
-        flipped = np.array([1, 0, 1, 1, 0, 1], bool)
-        out = mirrored_matrices(maps, width, flipped)
-        point = rng.uniform(0, 30, (batch, 2))
-        for i in range(batch):
-            m, c = maps[i].reshape(2, 3), out[i].reshape(2, 3)
-            if not flipped[i]:
-                assert np.array_equal(m, c)
-                continue
-            x, y = point[i]
-            sx, sy = m @ [width[i] - x, y, 1.0]  # flip, map, flip back
-            np.testing.assert_allclose(c @ [x, y, 1.0], [width[i] - sx, sy], rtol=0, atol=1e-9)
-        np.testing.assert_allclose(mirrored_matrices(out, width, flipped), maps, rtol=0, atol=1e-12)  # an involution
-
-
 # ------------------------------------------------------------------ too-small images --
 
 

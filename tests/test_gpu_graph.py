@@ -129,10 +129,20 @@ def recipes() -> list[list[T.Transform]]:
     return [list(gp.load_pipeline(f"{imagenet}:{name}")(["unused.tar"]).transforms) for name in ("train", "val")]
 
 
+def staged_only(steps) -> bool:
+    """Whether ``steps`` hold a type the DALI backend runs in the stage only (the policies): its
+    graph never has them (``TestStageOnly`` in ``test_stage.py``)."""
+    from gpupipe import backends
+
+    only = backends.get("dali").stage_only
+    return any(isinstance(t, only) or any(isinstance(m, only) for m in getattr(t, "transforms", ())) for t in steps)
+
+
 def cases():
     for name, pipelines in MATRIX.items():
         for i, steps in enumerate(pipelines):
-            yield pytest.param(steps, id=f"{name}-{i}")
+            if not staged_only(steps):
+                yield pytest.param(steps, id=f"{name}-{i}")
     for i, steps in enumerate(recipes()):
         yield pytest.param(steps, id=f"imagenet-{('train', 'val')[i]}")
 
@@ -203,6 +213,25 @@ def test_the_matrix_reaches_every_dali_lowering(monkeypatch):
         gpu_graph(case.values[0])
     missing = {kind.__name__ for kind in table} - {kind.__name__ for kind in reached} - {"ArrayFunction"}
     assert not missing, missing
+
+
+def test_the_policies_have_no_dali_lowering_and_a_stage_one():
+    """The matrix's policy pipelines: DALI has no lowering of them (its graph stops before them),
+    the stage runs each as the view's tail."""
+    from gpupipe import backends
+    from gpupipe.backends._stage import stage_start
+
+    registry = backends.get("dali").lowerings
+    staged = [steps for pipelines in MATRIX.values() for steps in pipelines if staged_only(steps)]
+    assert {type(t).__name__ for steps in staged for t in steps} >= {
+        "TrivialAugmentWide", "RandAugment", "AutoAugment", "AugMix", "TimmRandAugment"}  # fmt: skip
+    for steps in staged:
+        for t in steps:
+            if isinstance(t, backends.get("dali").stage_only):
+                with pytest.raises(gp.UnsupportedTransformError):
+                    registry.lookup(t)
+        start = stage_start(steps)
+        assert start is not None and all(isinstance(t, (T.CenterCrop,)) for t in steps[:start]), steps
 
 
 def test_fusions_run_on_the_gpu():

@@ -1,8 +1,8 @@
 """Issue 37's augmentation policies: TrivialAugmentWide, RandAugment, AutoAugment and AugMix.
 
 - Every operation at every magnitude bin, both signs: the torch backend equals torchvision's own
-  ``_apply_image_or_video_transform`` at the magnitude of torchvision's own table; DALI-CPU equals
-  it within the kernels' stated differences (exact for most operations).
+  ``_apply_image_or_video_transform`` at the magnitude of torchvision's own table (the stage's
+  batched kernels, which DALI runs them with: ``test_stage.py``).
 - The draws: the operation, bin, sign, sub-policy and AugMix's weights follow their laws
   (chi-square at p = 0.001), and every backend draws the same.
 """
@@ -19,7 +19,7 @@ from gpupipe import backends
 from gpupipe import transforms as T
 from gpupipe.backends._torch._kernels import apply_pipeline
 from gpupipe.testing import encode_jpeg, synthetic_image
-from gpupipe.transforms._policies import GEOMETRY, OPS, slot_magnitudes
+from gpupipe.transforms._policies import OPS, slot_magnitudes
 
 from .support import checkers
 from .support.checkers import check_invalid, check_torchvision_signature, drawn_params, run_dali
@@ -45,11 +45,6 @@ def reference(tv: type, space: dict, name: str, bins: int, index: int, negative:
     instance = tv(**kw)
     return instance._apply_image_or_video_transform(image, name, magnitude, interpolation=instance.interpolation,
                                                     fill=instance._fill)  # fmt: skip
-
-
-def forced(t, rows):
-    """Factors of ``t`` for each row of ``(code, bin, sign)`` per slot."""
-    return np.array(rows, dtype=np.float64).reshape(len(rows), -1)
 
 
 # (ours, torchvision's, the space name of slot_magnitudes, bins, torchvision's space)
@@ -94,246 +89,6 @@ class TestEveryOperationAtEveryBin:
 @pytest.fixture(scope="module")
 def photos() -> list[bytes]:
     return [encode_jpeg(synthetic_image(70 + i, size=(44 + 4 * (i % 3), 60 - 4 * (i % 2)))) for i in range(62)]
-
-
-def forced_vs_torch(steps, factors, photos, monkeypatch):
-    """DALI-CPU's and the torch backend's outputs of ``steps`` with forced factors per step (one
-    row per image; ``None`` for a step that draws none)."""
-    from gpupipe.runtime._decode import decode_rgb
-
-    def of(f, rows):
-        return None if f is None else f[rows]
-
-    monkeypatch.setattr(checkers, "sample_factors", lambda transforms, n, seed=0: [of(f, slice(n)) for f in factors])
-    images = photos[: len(next(f for f in factors if f is not None))]
-    got = run_dali(steps, images)
-    want = [apply_pipeline(steps, decode_rgb(e, shard="-", key="k"), [of(f, i) for f in factors]) for i, e in
-            enumerate(images)]  # fmt: skip
-    return list(zip(got, want, strict=True))
-
-
-def dali_vs_torch(t, photos, rows, monkeypatch):
-    """:func:`forced_vs_torch` of the policy ``t`` alone, its factors ``rows``."""
-    return forced_vs_torch([t], [forced(t, rows)], photos, monkeypatch)
-
-
-def flipped_vs_torch(steps, factors, photos, monkeypatch):
-    """:func:`forced_vs_torch` of ``steps`` ending in ``ToDtype(float32, scale=True)``, in grey
-    levels (x 255, rounded)."""
-    return [((g * 255).round(), (w * 255).round()) for g, w in forced_vs_torch(steps, factors, photos, monkeypatch)]
-
-
-def schemas(steps, *, gpu: bool = False) -> list[str]:
-    """The operators of the DALI-CPU (or ``gpu``) graph of ``steps``, by schema."""
-    from .support.dali_graph import parse
-    from .test_gpu_graph import define
-
-    return [op.schema for op in parse(define(steps, gpu=gpu).pipe.serialize())[0]]
-
-
-# DALI's kernels against torchvision's, per operation: (largest share of values apart, largest
-# difference). Measured on 62 photographs of about 48 x 56 at every bin, both signs (2026-11-25).
-# Rotations by ±45° and ±135° put many source points on ties (2.6% of the values at most).
-TOLERANCE = {
-    "ShearX": (2e-3, 255),
-    "ShearY": (2e-3, 255),
-    "Rotate": (0.03, 255),  # nearest-neighbour ties
-    "Color": (4e-3, 1),  # luma's last rounding
-    "Equalize": (1.0, 32),  # DALI's equalize is OpenCV's table, not PIL's (17 apart at most here)
-}
-
-
-class TestOnDali:
-    @pytest.fixture(autouse=True)
-    def _dali(self):
-        pytest.importorskip("nvidia.dali")
-
-    @pytest.mark.parametrize("interpolation", ["nearest", "bilinear"])
-    @pytest.mark.parametrize("name", OPS[:14])
-    def test_every_bin_of_trivialaugment(self, photos, monkeypatch, name, interpolation):
-        """Bilinear without a fill samples zeros outside, as DALI's own fill: within one unit."""
-        rows = [(CODE[name], i // 2, -1 if i % 2 else 1) for i in range(62)]
-        share_max, diff_max = TOLERANCE.get(name, (0.0, 0))
-        if interpolation == "bilinear" and CODE[name] in GEOMETRY:
-            share_max, diff_max = 0.01, 1
-        for got, want in dali_vs_torch(T.TrivialAugmentWide(interpolation=interpolation), photos, rows, monkeypatch):
-            assert got.shape == want.shape and got.dtype == want.dtype
-            d = (got.int() - want.int()).abs()
-            assert float((d > 0).double().mean()) <= share_max and int(d.max()) <= diff_max, (name, int(d.max()))
-
-    def test_two_operations_in_the_drawn_order(self, photos, monkeypatch):
-        """RandAugment's slots run in order: Solarize then Rotate is not Rotate then Solarize."""
-        t = T.RandAugment(num_ops=2, magnitude=30)
-        rows = [(CODE["Solarize"], 30, 1, CODE["Rotate"], 30, 1), (CODE["Rotate"], 30, 1, CODE["Solarize"], 30, 1),
-                (CODE["Posterize"], 30, 1, CODE["TranslateY"], 30, -1)]  # fmt: skip
-        for got, want in dali_vs_torch(t, photos, rows, monkeypatch):
-            assert float(((got.int() - want.int()) != 0).double().mean()) < 2e-3
-
-    @pytest.mark.parametrize("t", [T.TrivialAugmentWide(), T.RandAugment(), T.AutoAugment(policy="svhn")])
-    def test_drawn_policies_agree(self, photos, t):
-        """Through the drawn factors of the backends' one draw: the same operations, the same
-        pixels but for nearest-neighbour ties and equalize."""
-        got, want = run_dali([t], photos[:24]), checkers.reference_outputs([t], photos[:24])
-        drawn = checkers.sample_factors([t], 24)[0]
-        for i, (g, w) in enumerate(zip(got, want, strict=True)):
-            codes, _ = t.magnitudes(w.shape[-2], w.shape[-1], drawn[i])
-            if CODE["Equalize"] in codes:
-                continue
-            assert float(((g.int() - w.int()) != 0).double().mean()) < 0.05, (i, codes)  # ties: below
-
-    @pytest.mark.parametrize("flipped", [False, True])
-    def test_shears_differ_only_at_ties(self, photos, monkeypatch, flipped):
-        """AutoAugment's shears (k/30) put source points exactly between two pixels (4% of the
-        values at most): torch and DALI pick either. Every value apart is such a tie — also for
-        a sample flipped before the policy, whose flip DALI applies last, conjugating the shear
-        (the same source points, mirrored: the ties break either way there too)."""
-        import math
-
-        from gpupipe.core._geometry import affine_matrices
-
-        t = T.AutoAugment(policy="svhn")
-        rows = [(CODE["ShearX"], b, s, -1, 0, 1) for b in range(10) for s in (-1, 1)]
-        if flipped:
-            steps = [T.RandomHorizontalFlip(), t, T.ToDtype(torch.float32, scale=True)]
-            pairs = flipped_vs_torch(steps, [np.ones((len(rows), 1)), forced(t, rows), None], photos, monkeypatch)
-        else:
-            pairs = dali_vs_torch(t, photos, rows, monkeypatch)
-        apart = 0
-        for (got, want), row in zip(pairs, rows, strict=True):
-            ys, xs = torch.nonzero((got.int() - want.int()).abs().amax(0), as_tuple=True)
-            shear = math.degrees(math.atan(row[2] * float(np.float32(0.3 * row[1] / 9))))
-            zero = np.zeros(1)
-            height, width = got.shape[1:]
-            m = affine_matrices(height, width, zero, (0, 0), 1.0, (np.array([shear]), zero), center=(zero, zero))[0]
-            # torch warps the flipped image: its output pixel p reads the flipped image at m(p)
-            source_x = m[0] * (xs.numpy() + 0.5) + m[1] * (ys.numpy() + 0.5) + m[2]
-            assert np.abs(source_x - np.round(source_x)).max(initial=0) < 1e-6, row
-            apart += len(ys)
-        assert apart  # there are ties
-
-    @pytest.mark.parametrize("interpolation", ["nearest", "bilinear"])
-    def test_a_flip_before_the_policy_moves_into_the_tail(self, photos, monkeypatch, interpolation):
-        """Flip, policy, ToDtype: the flip becomes the tail's mirror (no flip operator), and each
-        geometric operation of a flipped sample is conjugated by its flip, so that the output is
-        as if flipped first: at these bins and both signs, within the operation's own tolerance
-        (ties: test_shears_differ_only_at_ties)."""
-        t = T.TrivialAugmentWide(interpolation=interpolation)
-        steps = [T.RandomHorizontalFlip(), t, T.ToDtype(torch.float32, scale=True)]
-        names = ("ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate", "Sharpness", "AutoContrast", "Color")
-        rows = [(CODE[name], b, s) for name in names for b in (3, 17, 30) for s in (-1, 1)]
-        rows += [(CODE["Identity"], 0, 1)] * 4
-        flips = np.array([[float(i % 2)] for i in range(len(rows))])  # every other sample flipped
-        for i, (got, want) in enumerate(flipped_vs_torch(steps, [flips, forced(t, rows), None], photos, monkeypatch)):
-            d = (got - want).abs()
-            name = OPS[rows[i][0]]
-            share_max, diff_max = TOLERANCE.get(name, (0.0, 0))
-            if interpolation == "bilinear" and rows[i][0] in GEOMETRY:
-                share_max, diff_max = 0.01, 1
-            assert float((d > 0).double().mean()) <= share_max and int(d.max()) <= diff_max, (i, name, int(d.max()))
-        assert "Flip" not in schemas(steps) and "CropMirrorNormalize" in schemas(steps)
-
-    def test_a_flip_stays_where_a_step_does_not_commute_with_it(self):
-        """Before a RandomRotation (its warp is not conjugated), or with a CenterCrop in the tail,
-        the flip keeps its operator."""
-        flip, to_float = T.RandomHorizontalFlip(), T.ToDtype(torch.float32, scale=True)
-        assert "Flip" in schemas([flip, T.RandomRotation(30), T.TrivialAugmentWide(), to_float])
-        assert "Flip" in schemas([flip, T.TrivialAugmentWide(), T.CenterCrop(32), to_float])
-        assert "Flip" not in schemas([flip, T.RandomApply([T.ColorJitter(0.4)]), T.RandomGrayscale(), to_float])
-
-    def test_the_graph_has_a_fixed_size(self):
-        """The operators do not grow with operations or bins: a slot's families once each."""
-
-        def count(policy):
-            return len(schemas([T.RandomResizedCrop(176), policy]))
-
-        one = count(T.TrivialAugmentWide(num_magnitude_bins=31))
-        more = count(T.TrivialAugmentWide(num_magnitude_bins=101))
-        two = count(T.RandAugment(num_ops=2))
-        assert one == more and two - 3 < 2 * (one - 3) and one <= 82  # 82 measured (2026-11-26; 124 before)
-
-    @pytest.mark.parametrize("t", [T.AugMix(), T.AugMix(severity=10, chain_depth=2, all_ops=False, alpha=0.3)])
-    def test_augmix(self, photos, t):
-        """Each chain position a slot, the mix torchvision's float32 sum: samples whose chains hold
-        no Equalize (OpenCV's table) within one unit (chained bilinear rounding, up to 6% of the
-        values) but where a chain's threshold (posterize, solarize) amplifies such a unit."""
-        got, want = run_dali([t], photos[:32]), checkers.reference_outputs([t], photos[:32])
-        drawn = checkers.sample_factors([t], 32)[0]
-        checked = 0
-        for i, (g, w) in enumerate(zip(got, want, strict=True)):
-            chains = t.make_params(w.shape[-2], w.shape[-1], drawn[i]).chains
-            if any(name == "Equalize" for chain in chains for name, _ in chain):
-                continue
-            d = (g.int() - w.int()).abs()
-            assert int(d.max()) <= 8 and float((d > 1).double().mean()) < 0.02, (i, chains)
-            checked += 1
-        assert checked > 5
-
-
-EVERY_SAMPLE_CASES = [
-    [T.TrivialAugmentWide()],
-    [T.TrivialAugmentWide(interpolation="bilinear", fill=(10, 20, 30))],
-    [T.RandAugment(num_ops=3, magnitude=20)],
-    [T.AutoAugment(policy="svhn")],
-    [T.TimmRandAugment.from_config("rand-m9-mstd0.5-inc1")],
-    [T.AugMix(severity=10, chain_depth=2)],
-    [T.RandomHorizontalFlip(), T.TrivialAugmentWide(interpolation="bilinear"), T.ToDtype(torch.float32)],
-]
-
-
-class TestEverySampleOnTheGpu:
-    """On the GPU geometry and posterize/solarize/invert run on every sample, no branch, with
-    identity arguments where a sample drew another operation. Forced on DALI's CPU operators, that
-    graph gives the branched graph's values exactly, sample by sample, whatever each sample drew."""
-
-    @pytest.fixture(autouse=True)
-    def _dali(self):
-        pytest.importorskip("nvidia.dali")
-
-    @staticmethod
-    def assert_branched_equals_every(steps, photos, monkeypatch, device):
-        """DALI's ``device`` operators give the same values, sample by sample, with every branch
-        and with the families on every sample."""
-        from gpupipe.backends._dali import _policies
-
-        monkeypatch.setattr(_policies, "EVERY_SAMPLE_ON", frozenset())
-        branched = run_dali(steps, photos[:40], device=device)
-        monkeypatch.setattr(_policies, "EVERY_SAMPLE_ON", frozenset({device}))
-        every = run_dali(steps, photos[:40], device=device)
-        for i, (a, b) in enumerate(zip(branched, every, strict=True)):
-            assert a.dtype == b.dtype and torch.equal(a, b), i
-
-    @pytest.mark.parametrize("steps", EVERY_SAMPLE_CASES, ids=lambda s: "+".join(type(t).__name__ for t in s))
-    def test_the_values_are_the_branched_graphs(self, photos, monkeypatch, steps):
-        branches = schemas(steps).count("_conditional__Merge")
-        self.assert_branched_equals_every(steps, photos, monkeypatch, "cpu")
-        assert schemas(steps).count("_conditional__Merge") < branches  # the branches did go
-
-    @pytest.mark.gpu
-    @pytest.mark.parametrize("steps", EVERY_SAMPLE_CASES[:2] + EVERY_SAMPLE_CASES[-1:],
-                             ids=lambda s: "+".join(type(t).__name__ for t in s))  # fmt: skip
-    def test_on_the_gpu_too(self, photos, monkeypatch, steps):
-        """On DALI's GPU operators, against the branched graph there: the identity map of the GPU's
-        warp and its uint8 arithmetic keep every value."""
-        self.assert_branched_equals_every(steps, photos, monkeypatch, "gpu")
-
-    def test_a_warp_with_a_fill_blended_in_keeps_its_branch(self):
-        """Bilinear with a fill puts a float32 blend after the warp: geometry keeps its branch on
-        the GPU there (without a fill, or nearest with one value, it does not)."""
-
-        def merges(policy):
-            return schemas([T.RandomResizedCrop(64), policy], gpu=True).count("_conditional__Merge")
-
-        plain = merges(T.TrivialAugmentWide(interpolation="bilinear"))
-        assert merges(T.TrivialAugmentWide(interpolation="bilinear", fill=(10, 20, 30))) == plain + 1
-        assert merges(T.TrivialAugmentWide(fill=7)) == plain  # nearest, one value: DALI's own fill
-
-    def test_the_v2_graph_on_the_gpu(self):
-        """The V2 recipe on the GPU: the branches of the float32 families (the blends, sharpness)
-        and of the two without an identity (AutoContrast, Equalize) only."""
-        from .test_dali_host import recipe
-
-        ops = schemas(list(recipe("train_v2").transforms), gpu=True)
-        assert ops.count("_conditional__Merge") == 4 and len(ops) <= 77
 
 
 def _codes(t, n, seed=0):
@@ -549,33 +304,6 @@ class TestTimmRandAugment:
         table = torch.tensor([min(255, v + 99) if v < 128 else v for v in range(256)], dtype=torch.uint8)
         assert torch.equal(out, table[image.long()])
 
-    @pytest.mark.parametrize("interpolation", ["nearest", "bilinear"])
-    def test_on_dali_the_fill_per_channel_too(self, photos, monkeypatch, interpolation):
-        """Every operation at levels 0-10 both signs; geometry with timm's mean fill per channel
-        (warped with a mask channel): bilinear one unit apart at most, the fill's edge included;
-        nearest the same pixels but at ties."""
-        pytest.importorskip("nvidia.dali")
-        from gpupipe.transforms._timm import _TIMM_OPS
-
-        t = T.TimmRandAugment(num_ops=1, p=1.0, interpolation=interpolation)
-        for name in _TIMM_OPS:
-            # levels as timm draws them (N(m, σ): no round fractions, whose shears land on ties)
-            rows = [(CODE[name], min(10.0, (i // 2) / 3 + 0.0123), -1 if i % 2 else 1, 0, 0) for i in range(62)]
-            factors = np.array([r[:3] for r in rows], dtype=np.float64)
-            monkeypatch.setattr(checkers, "sample_factors", lambda transforms, n, seed=0, f=factors: [f[:n]])
-            from gpupipe.runtime._decode import decode_rgb
-
-            got = run_dali([t], photos)
-            for i, (g, e) in enumerate(zip(got, photos, strict=True)):
-                w = apply_pipeline([t], decode_rgb(e, shard="-", key="k"), [factors[i]])
-                d = (g.int() - w.int()).abs()
-                if name == "Equalize":
-                    assert int(d.max()) <= 32
-                elif interpolation == "nearest" and CODE[name] in GEOMETRY:  # float32 ties: either neighbour
-                    assert float((d > 0).double().mean()) < 0.05, (name, rows[i])
-                else:  # the last rounding (3.4% at ShearX 0.3), the luma's (2.2% at Color's 0.1)
-                    assert int(d.max()) <= 1 and float((d > 0).double().mean()) < 0.05, (name, rows[i])
-
 
 THREE_AUGMENT: list[T.Transform] = [
     T.RandomGrayscale(p=1.0),
@@ -704,13 +432,7 @@ class TestAgreement:
                 assert alone.ops == pairs
 
 
-GPU_CASES = [
-    [T.TrivialAugmentWide()],
-    [T.TrivialAugmentWide(interpolation="bilinear")],
-    [T.RandAugment()],
-    [T.AutoAugment(policy="svhn")],
-    [T.TimmRandAugment()],
-    [T.AugMix()],
+GPU_CASES = [  # (the policies run in the stage on DALI: test_stage_device.py)
     [T.RandomChoice(THREE_AUGMENT)],
     [
         T.CenterCrop(40),

@@ -526,7 +526,7 @@ class TestInTheLoader:
 
     def test_where_a_backend_measured_the_stage_faster_it_is_on_by_default(self, shards, monkeypatch):
         """DALI on the CPU: the policies' tails go to the stage (1.14-1.47x DALI's own graphs on
-        2 cores); the colour steps' stay in the graph; ``stage=False`` keeps it there."""
+        2 cores, which are gone since); the colour steps' stay in the graph."""
         pytest.importorskip("nvidia.dali")
         import gpupipe as gp
         from gpupipe import backends
@@ -550,11 +550,62 @@ class TestInTheLoader:
             return real(spec)
 
         monkeypatch.setattr(type(dali), "runner", runner)
-        for stage in (None, False):
-            with gp.Loader(gp.Pipeline(gp.WebDataset(shards), augmix), 4, backend="dali", device="cpu", stage=stage,
+        with gp.Loader(gp.Pipeline(gp.WebDataset(shards), augmix), 4, backend="dali", device="cpu",
+                       num_workers=1) as loader:  # fmt: skip
+            next(iter(loader))
+        assert seen[0].views == (tuple(augmix[:1]),)
+
+
+class TestStageOnly:
+    """DALI runs the policies in the stage only (``Backend.stage_only``): a pipeline where the
+    stage cannot take one is refused when the loader is built, saying why and what to change;
+    the torch backend runs it anywhere."""
+
+    @pytest.fixture(autouse=True)
+    def _dali(self):
+        pytest.importorskip("nvidia.dali")
+
+    @staticmethod
+    def refusal(shards, steps, **options) -> str:
+        import gpupipe as gp
+
+        options = {"backend": "dali", "device": "cpu", "num_workers": 1, **options}
+        with pytest.raises(gp.UnsupportedTransformError) as e:
+            gp.Loader(gp.Pipeline(gp.WebDataset(shards), steps), 4, **options)
+        with gp.Loader(gp.Pipeline(gp.WebDataset(shards), steps), 4, **{**options, "backend": "torch"}) as loader:
+            assert next(iter(loader)).images.shape[0] == 4  # the torch backend runs it
+        return str(e.value)
+
+    def test_stage_false(self, shards):
+        steps = [T.RandomResizedCrop(32), T.TrivialAugmentWide(), T.ToDtype(torch.float32, scale=True)]
+        why = self.refusal(shards, steps, stage=False)
+        assert why.startswith("the dali backend runs TrivialAugmentWide (pipeline step 1) in the stage only")
+        assert "stage=False keeps it out" in why and "backend='torch'" in why
+
+    def test_a_step_after_it_the_stage_does_not_run(self, shards):
+        steps = [T.RandomResizedCrop(32), T.RandAugment(), T.RandomRotation(10), T.ToDtype(torch.float32, scale=True)]
+        assert "step 2 after it (RandomRotation) is not one the stage runs" in self.refusal(shards, steps)
+
+    def test_an_input_of_varying_size(self, shards):
+        """(A tail keeps its input's size, so a policy on images of varying size has a step that
+        fixes it after it.)"""
+        why = self.refusal(shards, [T.Resize(40), T.AugMix(), T.CenterCrop(32)])
+        assert "AugMix (pipeline step 1)" in why and "step 2 after it (CenterCrop)" in why
+
+    def test_inside_a_composite(self, shards):
+        steps = [T.RandomResizedCrop(32), T.RandomApply([T.TrivialAugmentWide()], p=0.5), T.RandomRotation(5)]
+        assert "runs RandomApply (pipeline step 1) in the stage only" in self.refusal(shards, steps)
+
+    def test_staged_it_runs_on_every_device_type(self, shards):
+        """Staged, the DALI graph has no policy: the stage's values are torchvision's."""
+        import gpupipe as gp
+
+        for policy in (T.TrivialAugmentWide(), T.RandomApply([T.RandAugment()], p=0.5)):
+            steps = [T.RandomResizedCrop(32), T.RandomHorizontalFlip(), policy]
+            with gp.Loader(gp.Pipeline(gp.WebDataset(shards), steps), 4, backend="dali", device="cpu",
                            num_workers=1) as loader:  # fmt: skip
-                next(iter(loader))
-        assert seen[0].views == (tuple(augmix[:1]),) and seen[1].views == (tuple(augmix),)
+                assert next(iter(loader)).images.shape == (4, 3, 32, 32)
+                assert loader._runner.operators <= 8  # type: ignore[attr-defined]
 
 
 def _budget_id(value: Any) -> str:

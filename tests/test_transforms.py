@@ -738,11 +738,6 @@ class TestTransformFacts:
             "RandomEqualize",
             "RandomAutocontrast",
             "RandomAdjustSharpness",
-            "TrivialAugmentWide",
-            "RandAugment",
-            "AutoAugment",
-            "TimmRandAugment",
-            "AugMix",
         ]
     )
     MASKS = frozenset(

@@ -234,6 +234,10 @@ class Backend(abc.ABC):
     # (device type, transform types, evidence): where the stage is on by default (LoaderConfig.stage
     # None) on a device that otherwise leaves it off, for a pipeline with one of the types
     stage_pays: ClassVar[tuple[tuple[str, tuple[type, ...], str], ...]] = ()
+    # transform types it runs in the stage only (a view's tail the loader hands the stage): it has
+    # no lowering of its own for them, and a pipeline where one is not staged is refused
+    # (backends._stage.require_staged)
+    stage_only: ClassVar[tuple[type, ...]] = ()
 
     def slower_step(self, device_type: str, views: Any) -> str | None:
         """Why the next backend suits ``views`` on ``device_type`` better (a step of an entry of
@@ -267,8 +271,11 @@ class Backend(abc.ABC):
 
     def require_supported(self, transforms: Sequence[Transform]) -> None:
         """Raises UnsupportedTransformError, naming the step, if a transform (or one of its options)
-        cannot run on this backend: before any data is read."""
-        self.lowerings.require_supported(transforms)
+        cannot run on this backend: before any data is read. A type it runs in the stage only
+        (:attr:`stage_only`), or a composite holding one, passes here; the loader checks that
+        the stage takes it."""
+        only = self.stage_only
+        self.lowerings.require_supported(transforms, skip=lambda t: any(isinstance(s, only) for s in _walk((t,))))
 
     def unread(self, fields: Sequence[str], *, images: bool = True, targets: Sequence[str] = ()) -> str | None:
         """What of a source this backend does not read, in a few words (``None``: it reads it

@@ -71,10 +71,12 @@ class Registry:
         """The lowering function of ``transform``; UnsupportedTransformError if there is none."""
         return self._entry(transform, position).fn
 
-    def require_supported(self, transforms: Sequence[Any]) -> None:
+    def require_supported(self, transforms: Sequence[Any], *, skip: Callable[[Any], bool] | None = None) -> None:
         """Raises UnsupportedTransformError, naming the transform and its step, if one has no
-        lowering or has options the backend cannot run."""
+        lowering or has options the backend cannot run (``skip``: the steps not asked about)."""
         for i, t in enumerate(transforms):
+            if skip is not None and skip(t):
+                continue
             entry = self._entry(t, i)
             reason = entry.unsupported(t) if entry.unsupported else None
             if reason:

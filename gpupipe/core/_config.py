@@ -304,8 +304,9 @@ class LoaderConfig:
             loader's device, each sample with its own draws, exact to torchvision's kernels (the
             backend stops the view where the tail starts and hands over uint8 images);
             ``False``, in the backend (the torch backend's workers, sample by sample, or DALI's
-            graph). ``None`` (default): the stage on a GPU, the backend on the CPU, where the
-            backends' workers or threads run a tail faster than the stage
+            graph; DALI runs the augmentation policies in the stage only, and refuses
+            ``False`` for a pipeline with one). ``None`` (default): the stage on a GPU, the
+            backend on the CPU, where the backends' workers or threads run a tail faster than the stage
             (``bench/results/2026-11-28-stage-cpu.md``), except where a backend measured the
             stage faster (``Backend.stage_pays``: DALI's policies on the CPU, 1.14-1.47x,
             ``bench/results/2026-11-29-stage-dali-one-thread-cpu.md``). On the CPU

@@ -35,7 +35,6 @@ __all__ = [
     "Ops",
     "INT",
     "ATTEMPTS",
-    "mirrored_matrices",
     "resize_size",
     "shortest_size",
     "resize_empty",
@@ -298,17 +297,6 @@ def rotation_matrices(height: Any, width: Any, angles: np.ndarray, center: Seque
     """:func:`affine_matrices` of ``rotate``: ``angles`` degrees counter-clockwise (an affine
     rotation by minus them) about ``center``."""
     return affine_matrices(height, width, -np.asarray(angles, dtype=np.float64), center=center)
-
-
-def mirrored_matrices(maps: np.ndarray, width: Any, flipped: np.ndarray) -> np.ndarray:
-    """``maps`` (``[B, 6]``, as :func:`affine_matrices` gives them) conjugated by a horizontal flip
-    where ``flipped``: the warp that, applied to the unflipped image and then flipped, gives what
-    ``maps`` gives applied to the flipped image. With the flip ``f(x, y) = (width − x, y)`` the map
-    becomes ``f ∘ m ∘ f``: ``(m11, −m12, width·(1 − m11) − m13, −m21, m22, m21·width + m23)``."""
-    w = np.broadcast_to(np.asarray(width, dtype=np.float64), (len(maps),))
-    m11, m12, m13, m21, m22, m23 = maps.T
-    conjugated = np.stack([m11, -m12, w * (1.0 - m11) - m13, -m21, m22, m21 * w + m23], axis=1)
-    return np.where(np.asarray(flipped, dtype=bool)[:, None], conjugated, maps)
 
 
 def libm(fn: Any, values: Any) -> np.ndarray:

@@ -12,7 +12,7 @@ import torch
 
 from .. import backends
 from ..backends._base import collecting
-from ..backends._stage import Stage, stage_for
+from ..backends._stage import Stage, require_staged, stage_for
 from ..core._batch import Batch, SkippedSample
 from ..core._config import LoaderConfig, valid_options
 from ..core._errors import ClosedError, ConfigError, GpupipeError
@@ -191,6 +191,7 @@ class Loader(LoaderAttributes, Observed, Resumable):
 
     def _run_spec(self, pipeline: Pipeline) -> backends.RunSpec:
         stage = self._stage(pipeline)  # the backend runs each view up to its tail, if it has one
+        require_staged(pipeline, stage, backends.get(self.backend), self.config.stage)
         return backends.RunSpec(
             index=self.index,
             views=stage.cut() if stage is not None and stage.tails else pipeline.views,

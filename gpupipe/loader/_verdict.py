@@ -118,7 +118,8 @@ def verdict(stall: Mapping[str, Any], times: Mapping[str, Any], *, workers: int)
     if stage is not None and stage >= wait / 2:
         return _said("stage", share, f"the device stage's host time, {_ms(stage)} per batch in the training thread, "
                      f"is most of the loop's {_ms(wait)} wait", "Loader(stage=False): the backend runs the tail in "
-                     "its workers or graph (compare both: bench/gpu.py, gpupipe bench)")  # fmt: skip
+                     "its workers or graph (compare both: bench/gpu.py, gpupipe bench; DALI runs the augmentation "
+                     "policies in the stage only, the torch backend sample by sample)")  # fmt: skip
     mix = times.get("mix_s")
     if mix is not None and mix >= wait / 2:
         return _said("main", share, f"MixUp/CutMix take {_ms(mix)} per batch in the training thread, most of the "

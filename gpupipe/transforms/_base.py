@@ -83,9 +83,8 @@ class Transform:
     - ``moves_masks``: it is geometric: a ``gp.fields.Mask`` (and boxes) follows it, moved by
       each backend's mask kernels; the others leave masks as they are;
     - ``commutes_with_flip``: a horizontal flip before it may move after it (it acts per pixel,
-      on the whole image, or with a mirror-symmetric kernel; a policy's geometry is conjugated
-      by the flip). Not inherited: a subclass may change what the image undergoes, so it
-      declares it itself.
+      on the whole image, or with a mirror-symmetric kernel). Not inherited: a subclass may
+      change what the image undergoes, so it declares it itself.
     """
 
     random: ClassVar[bool] = False

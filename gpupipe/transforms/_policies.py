@@ -205,13 +205,13 @@ class TrivialAugmentWide(_Policy):
         interpolation: ``NEAREST`` (default) or ``BILINEAR``, for the geometric operations.
         fill: outside the source image: ``None`` (default: 0), a number, or one per channel.
 
-    Backends: torch runs torchvision's kernels. DALI (uint8 images, after a step that fixes the
-    size): every operation family once per sample, the drawn one with its magnitude, the others
-    the identity (see ``docs/guide/transforms.md`` for the differences measured).
+    Backends: torch runs torchvision's kernels, sample by sample in its workers or batched in the
+    stage (``LoaderConfig.stage``); the values are torchvision's either way. DALI runs it in the
+    stage only, after its graph: as a view's last steps (after every step the stage does not
+    run), on images of one size; elsewhere the loader refuses the pipeline, saying why.
     """
 
     keeps_size = True
-    commutes_with_flip = True
 
     num_magnitude_bins: int = 31
     interpolation: InterpolationMode | str = InterpolationMode.NEAREST
@@ -243,11 +243,10 @@ class RandAugment(_Policy):
         interpolation: ``NEAREST`` (default) or ``BILINEAR``.
         fill: ``None`` (default: 0), a number, or one per channel.
 
-    Backends: as :class:`TrivialAugmentWide`, each operation a slot of its own on DALI.
+    Backends: as :class:`TrivialAugmentWide`.
     """
 
     keeps_size = True
-    commutes_with_flip = True
 
     num_ops: int = 2
     magnitude: int = 9
@@ -296,10 +295,11 @@ class AutoAugment(_Policy):
             torchvision's enum, or its value.
         interpolation: ``NEAREST`` (default) or ``BILINEAR``.
         fill: ``None`` (default: 0), a number, or one per channel.
+
+    Backends: as :class:`TrivialAugmentWide`.
     """
 
     keeps_size = True
-    commutes_with_flip = True
 
     policy: AutoAugmentPolicy | str = AutoAugmentPolicy.IMAGENET
     interpolation: InterpolationMode | str = InterpolationMode.NEAREST
@@ -366,13 +366,11 @@ class AugMix(Transform):
         fill: ``None`` (default: 0), a number, or one per channel.
 
     Draws: one uniform per sample seeds the sample's own generator (its Dirichlet weights and
-    chains), so every backend and a resumed epoch draw the same. On DALI each chain position is
-    a slot of :class:`TrivialAugmentWide`'s kind (each operation family in a branch of its
-    samples), and the mix is torchvision's float32 sum in the same order, truncated.
+    chains), so every backend and a resumed epoch draw the same. Backends: as
+    :class:`TrivialAugmentWide`.
     """
 
     keeps_size = True
-    commutes_with_flip = True
 
     severity: int = 3
     mixture_width: int = 3

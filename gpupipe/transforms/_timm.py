@@ -51,10 +51,10 @@ class TimmRandAugment(_Policy):
 
     Differences from timm: torchvision's tensor kernels stand for Pillow's (the enhance blends
     round as torchvision's; Pillow's contrast takes a rounded mean), and the interpolation is one.
+    Backends: as :class:`TrivialAugmentWide`.
     """
 
     keeps_size = True
-    commutes_with_flip = True
 
     num_ops: int = 2
     magnitude: float = 9

@@ -10,9 +10,7 @@ operators) or the GPU (``device="gpu"``, after nvJPEG's ``mixed`` decoder). Comp
 2. Tail fusion. A final run of ``CenterCrop`` / ``RandomHorizontalFlip`` / ``ToDtype(float)`` /
    ``Normalize`` becomes one ``crop_mirror_normalize``, which also writes CHW. A
    ``RandomHorizontalFlip`` followed only by steps that a flip commutes with (the photometric
-   transforms, and the augmentation policies, whose geometry is then conjugated by the sample's
-   flip: ``Ctx.mirrored``; the same source points, ties between two pixels apart) moves into it
-   too: the V2 recipe's flip costs no operator of its own.
+   transforms) moves into it too.
 3. Every other transform goes through :data:`LOWERINGS` (transform type → lowering function).
 
 A pipeline of several views decodes each image once and lowers each view's list on that decoded
@@ -162,12 +160,10 @@ def _lower_images(
         fused_tail.insert(0, flip)
     for ctx.step, t in body:
         size, ctx.resized = ctx.size, None
-        ctx.mirrored = flip[0] if flip is not None and ctx.step > flip[0] else None
         img = LOWERINGS.lookup(t)(t, img, ctx)
         spec = t.output_spec(spec)
         ctx.dtype, ctx.channels = spec.dtype, spec.channels
         ctx.size = _size_after(t, spec, size, ctx)
-    ctx.mirrored = None
     if tail:
         img = _crop_mirror_normalize(fused_tail, img, ctx, channels_last=channels_last)
         for t in tail:

@@ -52,9 +52,6 @@ class Ctx:
         resized: set by a lowering whose output size depends on its input's.
         layout: of the node being lowered (CHW after the fused tail, or its transpose).
         branch: the predicates of the conditional branches being lowered, outermost first.
-        mirrored: the step of a ``RandomHorizontalFlip`` the compiler moved past the steps being
-            lowered into the fused tail (``None``: none): the node is the unflipped image, and a
-            lowering that moves pixels conjugates its maps by each sample's flip (``_policies``).
 
     The graph's (:class:`~gpupipe.backends._dali._built.Built`), read here as they were:
     ``device`` (``"cpu"`` or ``"gpu"``), ``seed`` (the loader's, for a user lowering that uses
@@ -77,7 +74,6 @@ class Ctx:
         self.resized: tuple[Any, Any] | None = None
         self.layout = "HWC"
         self.branch: tuple[Any, ...] = ()
-        self.mirrored: int | None = None
         self._scope: tuple[int, int] | None = None
 
     def __repr__(self) -> str:
@@ -216,15 +212,13 @@ class Ctx:
         return node
 
     @contextlib.contextmanager
-    def branched(self, predicate: Any | None, size: tuple[HostValue, HostValue] | None = None) -> Iterator[None]:
+    def branched(self, predicate: Any) -> Iterator[None]:
         """Lowers the block in the conditional branch of ``predicate`` (a per-sample boolean node
         of the current samples): fed arguments and constants split alike (:meth:`local`), sizes
-        read from the branch's own nodes, or ``size``: host values of the whole batch (fed, then
-        split as any fed argument), where the caller knows them. DALI's ``_conditional.split``
-        and ``merge`` (the operators behind its ``if``) around it are the caller's. ``predicate``
-        ``None``: no branch, every current sample, with ``size``."""
+        read from the branch's own nodes. DALI's ``_conditional.split`` and ``merge`` (the
+        operators behind its ``if``) around it are the caller's."""
         saved = self.size, self.branch
-        self.size, self.branch = size, (*self.branch, predicate) if predicate is not None else self.branch
+        self.size, self.branch = None, (*self.branch, predicate)
         try:
             yield
         finally:

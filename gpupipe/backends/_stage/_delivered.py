@@ -26,15 +26,17 @@ from typing import Any
 import numpy as np
 import torch
 
+from ...core._errors import UnsupportedTransformError
 from ...core._random import step_factors
 from ...runtime._threads import one_intraop_thread
 from ...transforms import BatchTransform, ImageSpec, Transform
-from .._base import donor
+from .._base import _walk, donor
+from .._registry import inner_unsupported
 from ._ahead import SideStream, ahead
 from ._mix import apply_batch
-from ._steps import run_stage, stage_start
+from ._steps import STAGE, run_stage, stage_start, takes
 
-__all__ = ["Stage", "stage_for"]
+__all__ = ["Stage", "stage_for", "require_staged"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,3 +182,36 @@ def stage_for(pipeline: Any, device: torch.device, choice: bool | None, *, chann
     if all(s is None for s in starts) and pipeline.batch_transform is None:
         return None
     return Stage(tuple(pipeline.views), tuple(starts), channels_last, pipeline.batch_transform)
+
+
+def require_staged(pipeline: Any, stage: Stage | None, backend: Any, choice: bool | None) -> None:
+    """Raises UnsupportedTransformError where ``backend`` runs a type in the stage only
+    (``Backend.stage_only``: DALI's policies) and ``pipeline`` has a step of it (a composite's
+    member included) that the stage does not take (``stage``: the loader's, ``choice``:
+    ``LoaderConfig.stage``), saying why and what to change: before anything is built or read."""
+    if not backend.stage_only:
+        return
+    cut = stage.cut() if stage is not None and stage.tails else pipeline.views
+    for view, (steps, specs) in enumerate(zip(cut, pipeline.view_specs, strict=True)):
+        for i, t in enumerate(steps):
+            if not any(isinstance(step, backend.stage_only) for step in _walk((t,))):
+                continue
+            where = f"pipeline step {i}" + (f" of view {view}" if len(cut) > 1 else "")
+            full = pipeline.views[view]
+            after = [j for j in range(i + 1, len(full)) if not takes(full[j], specs[j])]
+            if choice is False:
+                why = "stage=False keeps it out: leave stage at None (the default) or True"
+            elif pipeline.per_source:
+                why = "a gp.Mix's per_source lists are not staged yet"
+            elif not takes(t, specs[i]):
+                why = f"the stage does not run it so: {inner_unsupported(STAGE, [t]) or 'on this input'}"
+            elif after:
+                why = (f"step {after[-1]} after it ({type(full[after[-1]]).__name__}) is not one the stage runs, and "
+                       "the stage runs a view's last steps: put it after that step")  # fmt: skip
+            else:  # (a tail keeps its input's size: one that varies has a step fixing it after it)
+                why = "no tail of this view holds it"
+            raise UnsupportedTransformError(
+                f"the {backend.name} backend runs {type(t).__name__} ({where}) in the stage only, as a view's "
+                f"last steps on images of one size, and here the stage does not take it: {why}. backend='torch' "
+                "runs it sample by sample anywhere"
+            )

@@ -189,12 +189,12 @@ def stage_start(steps: Sequence[T.Transform], specs: Sequence[T.ImageSpec] | Non
     step that draws per sample (a tail of ``ToDtype`` and ``Normalize`` alone gains nothing
     batched); ``None`` where there is none."""
     start = len(steps)
-    while start and _takes(steps[start - 1], None if specs is None else specs[start - 1]):
+    while start and takes(steps[start - 1], None if specs is None else specs[start - 1]):
         start -= 1
     return start if any(t.random for t in steps[start:]) else None
 
 
-def _takes(t: T.Transform, spec: T.ImageSpec | None) -> bool:
+def takes(t: T.Transform, spec: T.ImageSpec | None) -> bool:
     """Whether the stage runs ``t`` on an input of ``spec``: ``ColorJitter`` on uint8 images (its
     float blends would round twice), ``GaussianBlur`` on images of more than half its kernel a
     side (smaller, the backends pad by reflection again and again), composites on their members'."""
@@ -208,7 +208,7 @@ def _takes(t: T.Transform, spec: T.ImageSpec | None) -> bool:
         kx, ky = t.kernel_size
         return spec.fixed_size and spec.height > ky // 2 and spec.width > kx // 2
     members = getattr(t, "transforms", None)
-    return members is None or all(_takes(inner, spec) for inner in members)
+    return members is None or all(takes(inner, spec) for inner in members)
 
 
 # A lowering's variant that may write its input, run where the input is the stage's own
