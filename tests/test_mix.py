@@ -343,6 +343,50 @@ class TestPerSourcePipelines:
             lambda: backend.loader(per_source_pipeline(source), 3, shuffle=True, seed=3, num_workers=1), epoch=1, at=2
         )
 
+    STAGED = (
+        [T.CenterCrop(16), T.TrivialAugmentWide(), T.ToDtype(torch.float32, scale=True)],
+        [T.RandomResizedCrop(16), T.RandomHorizontalFlip(), T.ToDtype(torch.float32, scale=True),
+         T.Normalize([0.5] * 3, [0.5] * 3)],
+    )  # fmt: skip
+
+    def test_lists_with_a_policy_are_staged_together(self, shards, b_shards, clean_env):
+        """Each list's tail in the stage (the second's ToDtype and Normalize, with the first's
+        policy): the rows of each source through their own list, as the torch backend applies it
+        sample by sample; DALI, which runs the policy in the stage only, agrees."""
+        source = mix(shards, b_shards, counts=[8, 8])
+        pipe = gp.Pipeline(source, per_source=[list(steps) for steps in self.STAGED])
+        got = {}
+        for backend, stage in (("torch", True), ("torch", False), ("dali", None)):
+            if backend == "dali" and not gp.backends.get("dali").available():
+                continue
+            with gp.Loader(pipe, 4, backend=backend, device="cpu", stage=stage, shuffle=True, seed=3,
+                           num_workers=1) as loader:  # fmt: skip
+                if stage is not False:
+                    assert loader._stage(pipe).starts == (1, 2)  # type: ignore[union-attr]
+                got[backend, stage] = epoch_images(loader)
+        for (k1, l1, i1), (k2, l2, i2) in zip(got["torch", True], got["torch", False], strict=True):
+            assert (k1, l1) == (k2, l2)
+            torch.testing.assert_close(i1, i2, rtol=0, atol=0, msg=k1)
+        for (k1, l1, i1), (k2, l2, i2) in zip(got["torch", True], got.get(("dali", None), ()), strict=True):
+            assert (k1, l1) == (k2, l2)
+            scale = 255.0 if l1 < 100 else 127.5  # 0-255 units: [0, 1] images, or normalized to [-1, 1]
+            assert float((i1 - i2).abs().mean()) * scale <= 1.0, k1
+
+    def test_lists_whose_tails_start_apart_are_not(self, shards, b_shards):
+        """The second list hands over a float image (its flip after ToDtype is not the stage's):
+        the lists cannot be batched at their tails, so none is staged, and DALI refuses the
+        policy, saying why."""
+        pytest.importorskip("nvidia.dali")
+        source = mix(shards, b_shards, counts=[8, 8])
+        pipe = gp.Pipeline(source, per_source=[
+            list(self.STAGED[0]),
+            [T.RandomResizedCrop(16), T.ToDtype(torch.float32, scale=True), T.RandomHorizontalFlip()],
+        ])  # fmt: skip
+        with gp.Loader(pipe, 4, backend="torch", device="cpu", stage=True, num_workers=0) as loader:
+            assert loader._stage(pipe) is None
+        with pytest.raises(gp.UnsupportedTransformError, match="per_source lists are staged together only where"):
+            gp.Loader(pipe, 4, backend="dali", device="cpu", num_workers=1)
+
     @pytest.mark.parametrize("channels_last", [False, True])
     def test_the_gpu_graph(self, channels_last):
         pytest.importorskip("nvidia.dali")

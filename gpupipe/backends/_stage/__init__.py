@@ -11,18 +11,20 @@ one (``LoaderConfig.stage``), the backend having stopped the view there.
 from __future__ import annotations
 
 from . import _color  # noqa: F401 - register the colour steps and composites
-from ._delivered import Stage, require_staged, stage_for
+from ._delivered import SourceOf, Stage, require_staged, stage_for
 from ._ops import OPERATIONS, Warp, apply_slot
-from ._steps import STAGE, run_stage, stage_start
+from ._steps import STAGE, run_stage, stage_start, tail_start
 
 __all__ = [
     "STAGE",
     "OPERATIONS",
     "Warp",
     "Stage",
+    "SourceOf",
     "apply_slot",
     "require_staged",
     "run_stage",
     "stage_for",
     "stage_start",
+    "tail_start",
 ]

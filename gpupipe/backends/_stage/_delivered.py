@@ -34,20 +34,37 @@ from .._base import _walk, donor
 from .._registry import inner_unsupported
 from ._ahead import SideStream, ahead
 from ._mix import apply_batch
-from ._steps import STAGE, run_stage, stage_start, takes
+from ._steps import STAGE, run_stage, stage_start, tail_start, takes
 
-__all__ = ["Stage", "stage_for", "require_staged"]
+__all__ = ["Stage", "SourceOf", "stage_for", "require_staged"]
+
+
+@dataclasses.dataclass(frozen=True)
+class SourceOf:
+    """The source of each draw number of a ``gp.Mix``'s samples, from its index's shard bounds
+    (``offsets``) and each shard's source (``shard_source``): small, picklable (the torch workers
+    run the stage too). A draw number is a sample number plus the index's length per copy."""
+
+    offsets: np.ndarray = dataclasses.field(compare=False)
+    shard_source: np.ndarray = dataclasses.field(compare=False)
+
+    def __call__(self, draws: np.ndarray) -> np.ndarray:
+        samples = np.asarray(draws, np.int64) % int(self.offsets[-1])
+        return self.shard_source[np.searchsorted(self.offsets, samples, side="right") - 1]
 
 
 @dataclasses.dataclass(frozen=True)
 class Stage:
     """Where each view's tail starts (``None``: the view has none), how the batch is laid out
-    after it, and the pipeline's batch transform (``mix``, applied after the tails)."""
+    after it, and the pipeline's batch transform (``mix``, applied after the tails). With
+    ``sources`` the views are a ``gp.Mix``'s ``per_source`` lists, one output: each sample's
+    tail is its source's list's."""
 
     views: tuple[tuple[Transform, ...], ...]
     starts: tuple[int | None, ...]
     channels_last: bool = False
     mix: BatchTransform | None = None
+    sources: SourceOf | None = None
 
     @property
     def tails(self) -> bool:
@@ -59,8 +76,10 @@ class Stage:
         return tuple(v if s is None else v[:s] for v, s in zip(self.views, self.starts, strict=True))
 
     def cut_specs(self, view_specs: tuple[tuple[ImageSpec, ...], ...]) -> tuple[ImageSpec, ...]:
-        """Each view's output spec as the backend delivers it (``view_specs``: the pipeline's)."""
-        return tuple(specs[-1 if s is None else s] for specs, s in zip(view_specs, self.starts, strict=True))
+        """Each view's output spec as the backend delivers it (``view_specs``: the pipeline's;
+        ``per_source`` lists: their one output, the same for each)."""
+        cut = tuple(specs[-1 if s is None else s] for specs, s in zip(view_specs, self.starts, strict=True))
+        return cut[:1] if self.sources is not None else cut
 
     def run(self, images: tuple[torch.Tensor, ...], *, seed: int, epoch: int, draws: np.ndarray,
             skipped: Sequence[int] = ()) -> tuple[torch.Tensor, ...]:  # fmt: skip
@@ -72,8 +91,10 @@ class Stage:
         if good is not None:
             draws = np.array(draws, copy=True)
             draws[list(skipped)] = draws[good]
-        out = list(images)
         fmt = torch.channels_last if self.channels_last else torch.contiguous_format
+        if self.sources is not None:
+            return (self._per_source(images[0], seed, epoch, draws).contiguous(memory_format=fmt),)
+        out = list(images)
         for group in self._stacked(images):
             tail = self.views[group[0]][self.starts[group[0]] :]
             drawn = [self._factors(view, seed, epoch, draws) for view in group]
@@ -84,6 +105,28 @@ class Stage:
                 # dense (a copy only where a step handed on an expanded tensor: a grayscale of every row)
                 out[view] = img.contiguous(memory_format=fmt)
         return tuple(out)
+
+    def _per_source(self, images: torch.Tensor, seed: int, epoch: int, draws: np.ndarray) -> torch.Tensor:
+        """A ``gp.Mix``'s ``per_source`` batch: the rows of each source through its list's tail
+        (its draws those of its list, as the backends draw a sample's list), into one batch."""
+        assert self.sources is not None
+        sources = self.sources(draws)
+        out: torch.Tensor | None = None
+        for source in np.unique(sources).tolist():
+            rows = np.flatnonzero(sources == source)
+            whole = len(rows) == len(draws)
+            index = torch.from_numpy(rows).to(images.device, non_blocking=True)
+            start = self.starts[source]
+            assert start is not None
+            part = run_stage(self.views[source][start:], images if whole else images.index_select(0, index),
+                             self._factors(source, seed, epoch, draws[rows]))  # fmt: skip
+            if whole:
+                return part
+            if out is None:
+                out = part.new_empty((len(draws), *part.shape[1:]))
+            out.index_copy_(0, index, part)
+        assert out is not None
+        return out
 
     def _factors(self, view: int, seed: int, epoch: int, draws: np.ndarray) -> list[np.ndarray | None]:
         """The factors of ``view``'s tail steps for the samples of draw numbers ``draws``."""
@@ -159,7 +202,7 @@ class Stage:
 
 
 def stage_for(pipeline: Any, device: torch.device, choice: bool | None, *, channels_last: bool = False,
-              pays: bool = False) -> Stage | None:  # fmt: skip
+              pays: bool = False, sources: SourceOf | None = None) -> Stage | None:  # fmt: skip
     """The stage of ``pipeline`` delivered to ``device``: its views' tails and its batch
     transform; ``None`` where it has neither.
 
@@ -169,19 +212,43 @@ def stage_for(pipeline: Any, device: torch.device, choice: bool | None, *, chann
     workers run a tail about as fast sample by sample (0.94-1.14x batched: 2 cores,
     ``bench/results/2026-11-29-stage-cpu.md``), unless the backend measured the stage faster for
     the pipeline there (``pays``: ``Backend.stage_default``, DALI's policies 1.14-1.47x); nor with
-    a ``gp.Mix``'s ``per_source`` lists, or no image. Masks and boxes that follow the image stay
+    no image. A ``gp.Mix``'s ``per_source`` lists (``sources``: the index's sources) are staged
+    together where each has a tail the stage runs and every one of them starts on the same image
+    (shape, dtype): a list without a random step hands over its ``ToDtype`` and ``Normalize``
+    then (:func:`_per_source_starts`). Masks and boxes that follow the image stay
     with the backend, which moves them through the view up to its tail: nothing in a tail moves
     them (its steps are photometric; the policies, whose operations are partly geometric, refuse
     masks and boxes, as torchvision's do)."""
     on = choice if choice is not None else device.type == "cuda" or pays
     starts: list[int | None] = [None] * len(pipeline.views)
-    if on and not (pipeline.per_source or not pipeline.has_image):
+    if on and pipeline.per_source and sources is not None:
+        starts = _per_source_starts(pipeline)
+    elif on and pipeline.has_image and not pipeline.per_source:
         for view, (steps, specs) in enumerate(zip(pipeline.views, pipeline.view_specs, strict=True)):
             start = stage_start(steps, specs)
             starts[view] = start if start is not None and specs[start].fixed_size else None
     if all(s is None for s in starts) and pipeline.batch_transform is None:
         return None
-    return Stage(tuple(pipeline.views), tuple(starts), channels_last, pipeline.batch_transform)
+    staged = pipeline.per_source and any(s is not None for s in starts)
+    return Stage(tuple(pipeline.views), tuple(starts), channels_last, pipeline.batch_transform,
+                 sources if staged else None)  # fmt: skip
+
+
+def _per_source_starts(pipeline: Any) -> list[int | None]:
+    """The tails of a ``gp.Mix``'s ``per_source`` lists, staged together: each list's from
+    :func:`stage_start`, or where it has no random step its longest the stage runs
+    (:func:`tail_start`), if every list's starts on images of one fixed shape and dtype (the
+    backend batches them); else none."""
+    none: list[int | None] = [None] * len(pipeline.views)
+    pairs = list(zip(pipeline.views, pipeline.view_specs, strict=True))
+    random = [stage_start(steps, specs) for steps, specs in pairs]
+    if all(s is None for s in random):
+        return none
+    starts = [s if s is not None else tail_start(steps, specs) for s, (steps, specs) in zip(random, pairs, strict=True)]
+    given = [specs[s] for s, (_, specs) in zip(starts, pairs, strict=True)]
+    if not all(spec.fixed_size for spec in given) or len({str(spec) for spec in given}) > 1:
+        return none
+    return list(starts)
 
 
 def require_staged(pipeline: Any, stage: Stage | None, backend: Any, choice: bool | None) -> None:
@@ -201,8 +268,9 @@ def require_staged(pipeline: Any, stage: Stage | None, backend: Any, choice: boo
             after = [j for j in range(i + 1, len(full)) if not takes(full[j], specs[j])]
             if choice is False:
                 why = "stage=False keeps it out: leave stage at None (the default) or True"
-            elif pipeline.per_source:
-                why = "a gp.Mix's per_source lists are not staged yet"
+            elif pipeline.per_source and (stage is None or not stage.tails):
+                why = ("a gp.Mix's per_source lists are staged together only where each has a tail the stage "
+                       "runs, all starting on images of one shape and dtype")  # fmt: skip
             elif not takes(t, specs[i]):
                 why = f"the stage does not run it so: {inner_unsupported(STAGE, [t]) or 'on this input'}"
             elif after:

@@ -185,13 +185,19 @@ def _boxes_at_once(out: torch.Tensor, values: torch.Tensor, windows: np.ndarray,
 
 def stage_start(steps: Sequence[T.Transform], specs: Sequence[T.ImageSpec] | None = None) -> int | None:
     """Where ``steps``' tail that the stage runs starts: the longest tail of steps with a stage
-    lowering (whose options it supports, on its input ``specs[i]`` where given), if it holds a
-    step that draws per sample (a tail of ``ToDtype`` and ``Normalize`` alone gains nothing
-    batched); ``None`` where there is none."""
+    lowering (:func:`tail_start`), if it holds a step that draws per sample (a tail of
+    ``ToDtype`` and ``Normalize`` alone gains nothing batched); ``None`` where there is none."""
+    start = tail_start(steps, specs)
+    return start if any(t.random for t in steps[start:]) else None
+
+
+def tail_start(steps: Sequence[T.Transform], specs: Sequence[T.ImageSpec] | None = None) -> int:
+    """Where the longest tail of ``steps`` the stage can run starts (``len(steps)``: none): steps
+    with a stage lowering whose options it supports, on its input ``specs[i]`` where given."""
     start = len(steps)
     while start and takes(steps[start - 1], None if specs is None else specs[start - 1]):
         start -= 1
-    return start if any(t.random for t in steps[start:]) else None
+    return start
 
 
 def takes(t: T.Transform, spec: T.ImageSpec | None) -> bool:
