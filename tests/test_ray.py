@@ -311,3 +311,37 @@ class TestFields:
         for a, b in zip(got["torch"], got["ray"], strict=True):
             assert a.keys == b.keys and torch.equal(a["mask"], b["mask"]) and torch.equal(a.images, b.images)
             assert torch.equal(a["boxes"].data, b["boxes"].data) and torch.equal(a["boxes"].lengths, b["boxes"].lengths)
+
+
+class TestQueue:
+    """How full the runner's queue of tasks in flight ran when the loop asked (``queue_ready`` of
+    ``queue_depth``, the tasks in flight), as the torch and DALI runners report theirs."""
+
+    def test_a_slow_step_runs_it_full_and_a_fast_loop_empty(self, shards, ray_session, clean_env):
+        import time
+
+        pipe = gp.Pipeline(shards, [T.CenterCrop(16)])
+        got = {}
+        for step in (0.1, 0.0):
+            with gp.Loader(pipe, 2, backend="ray", num_workers=1) as loader:
+                for epoch in range(2):
+                    loader.set_epoch(epoch)
+                    for _ in loader:
+                        time.sleep(step)
+                got[step] = loader.stats()["times"]
+        slow, fast = got[0.1], got[0.0]
+        assert slow["queue_depth"] == fast["queue_depth"] == 2  # in flight: 2 x num_workers
+        assert slow["queue_ready"] >= 1.5  # the tasks were done before the loop asked
+        assert fast["queue_ready"] < slow["queue_ready"]
+
+    @pytest.mark.gpu
+    def test_on_a_gpu_its_copies_are_timed(self, shards, ray_session, clean_env):
+        if not torch.cuda.is_available():
+            pytest.skip("needs CUDA")
+        with gp.Loader(gp.Pipeline(shards, [T.CenterCrop(16)]), 4, backend="ray", device="cuda",
+                       num_workers=1) as loader:  # fmt: skip
+            for epoch in range(2):
+                loader.set_epoch(epoch)
+                for _ in loader:
+                    torch.cuda.synchronize()
+            assert loader.stats()["times"]["h2d_s"] > 0

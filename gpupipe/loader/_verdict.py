@@ -84,12 +84,12 @@ class StageTimes:
         """``{"batches", "read_s", "decode_s", "transform_s", "collate_s", "wait_read_s",
         "wait_graph_s", "h2d_s", "stage_s", "mix_s", "read_bytes", "cache_hits", "cache_misses",
         "wait_download_s", "queue_ready", "queue_depth"}``: seconds per batch (``h2d_s``: the
-        GPU time of a batch's host-to-device copies, the torch backend's on a GPU); the bytes of
+        GPU time of a batch's host-to-device copies, the torch and Ray backends' on a GPU); the bytes of
         a batch's samples read from storage; for remote shards, a batch's reads the node cache
         served at once (``cache_hits``) and those that waited for their shard's download
         (``cache_misses``), and the seconds they waited; the batches made ahead that were ready
         when the loop asked (``queue_ready``), of at most ``queue_depth`` (the torch workers'
-        prefetch, DALI's reader threads'): all of them, the loop is the slower; none, the
+        prefetch, DALI's reader threads', Ray's tasks in flight): all of them, the loop is the slower; none, the
         runner is (``None`` where not timed, or not counted)."""
         out: dict[str, Any] = {"batches": self.batches}
         for name in (*CLOCKS, *_COUNTED):

@@ -41,7 +41,8 @@ from ...plan._plan import RankPlan
 from ...runtime._dist import default_workers
 from ...sources import Index
 from ...transforms import ImageSpec, Normalize, ToDtype, Transform
-from .._base import RawBatch, Runs, RunSpec
+from .._base import QUEUE_DEPTH, QUEUE_READY, RawBatch, Runs, RunSpec
+from .._copies import H2D, CopyClock
 from .._torch._kernels import LOWERINGS
 from .._torch._persample import Collate, Failure, Item, Samples, batch_items, culprits
 from . import _cluster
@@ -189,6 +190,7 @@ class RayRunner:
             self.close()
             raise
         self._runs = Runs()
+        self._copies = CopyClock(self.device) if self.device.type == "cuda" else None  # the copies to the GPU
         self._closed = False
 
     def run(self, plan: RankPlan, start: int) -> Iterator[RawBatch]:
@@ -204,7 +206,11 @@ class RayRunner:
                 while submitted < plan.num_batches and len(pending) < self.in_flight:
                     pending.append(self._submit(plan, submitted))
                     submitted += 1
+                ready = self._ready([r for r, _ in pending])  # how full the queue ran when the loop asked
                 ref, sent = pending.popleft()
+                if submitted < plan.num_batches:  # in_flight tasks run while the loop has this batch
+                    pending.append(self._submit(plan, submitted))
+                    submitted += 1
                 while True:
                     try:
                         result = self._get(ref, plan, b)
@@ -222,6 +228,8 @@ class RayRunner:
                     raise result.error()
                 images, labels, keys, failed, fields, times = result
                 blank = len(failed) == len(keys)  # no good sample: zeros, as the torch backend's
+                clock = self._copies
+                started = clock.start() if clock is not None else None
                 views = tuple(  # (none: a source of fields alone)
                     self._finished(self._tensor(a), steps, blank)
                     for a, steps in zip(images, self._finish if images else (), strict=True)
@@ -229,6 +237,10 @@ class RayRunner:
                 label_tensor = None if labels is None else self._tensor(labels)
                 if fields is not None and self.device.type != "cpu":
                     fields = map_tensors(fields, lambda t: t.to(self.device))
+                copied = clock.stop(started) if clock is not None else None  # an earlier batch's
+                if times is not None:
+                    times = {**times, QUEUE_READY: ready, QUEUE_DEPTH: float(self.in_flight),
+                             **({H2D: copied} if copied is not None else {})}  # fmt: skip
                 yield RawBatch(views, label_tensor, list(keys), tuple((i, f.error()) for i, f in failed),
                                fields=fields, times=times)  # fmt: skip
         finally:
@@ -237,6 +249,13 @@ class RayRunner:
             # completes ("Tried to complete task that was not pending", ray-project/ray#54846), a
             # race the full test suite met.
             pending.clear()
+
+    @staticmethod
+    def _ready(refs: list[Any]) -> float:
+        """How many of ``refs`` (the batches in flight, the one asked for first) are done: one
+        ``ray.wait`` that does not wait (tens of µs a batch)."""
+        done, _ = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=False)
+        return float(len(done))
 
     def _submit(self, plan: RankPlan, batch: int) -> tuple[Any, frozenset[int]]:
         """Batch ``batch``'s task, and which of its samples it was told are poisoned."""
