@@ -1,7 +1,8 @@
 """The recipes on the CPU with the stage (``Loader(stage=True)``: each view's tail of per-sample
 steps run by the loader as batched kernels on the delivered batch, ``gpupipe/backends/_stage``)
 and without it (``stage=False``: the backend runs the tail: the torch backend's workers sample by
-sample, DALI's graph), side by side, on the torch and DALI backends.
+sample, DALI's graph for the colour steps; DALI runs the policies in the stage only, and those
+rows read "stage only"), side by side, on the torch and DALI backends.
 
     python bench/stage_cpu.py                   # every recipe, 3 rounds
     python bench/stage_cpu.py --quick           # a smoke run

@@ -299,6 +299,18 @@ class TestImageFolderBatchRead:
             assert str(e) == str(raised.value)  # Index.read's error, word for word
         assert [os.path.relpath(u, str(tmp_path)) for u in read] == ["c0/2.jpg", "c0/4.jpg", "c1/1.jpg"]  # not big
 
+    def test_a_read_that_fails_gives_reads_own_error(self, tmp_path):
+        """A file replaced by a directory after indexing: open succeeds, its read fails; the
+        error is Index.read's, word for word (the file read again alone)."""
+        index = self.tree(tmp_path)
+        os.remove(tmp_path / "c0" / "2.jpg")
+        os.mkdir(tmp_path / "c0" / "2.jpg")
+        whole = index.read_files_into(np.arange(4), self.take([]))
+        with pytest.raises(gp.SampleError) as raised:
+            index.read(0)
+        assert list(whole.errors) == [0] and str(whole.errors[0]) == str(raised.value)
+        assert "Is a directory: " in str(raised.value)
+
     @pytest.mark.parametrize("change", [-5, 5])
     def test_a_file_that_changed_after_its_stat_is_read_again(self, tmp_path, monkeypatch, change):
         index = self.tree(tmp_path)

@@ -556,6 +556,31 @@ class TestInTheLoader:
         assert seen[0].views == (tuple(augmix[:1]),)
 
 
+class TestSpare:
+    def test_a_batch_without_a_good_sample_is_the_spares_copies_as_without_the_stage(self, tmp_path):
+        """DALI fills a batch whose every sample is bad with a spare good sample, drawn with the
+        spare's number: the stage draws it too (``RawBatch.draws``), so each row is the spare's
+        own row (where the epoch has it), as without the stage."""
+        pytest.importorskip("nvidia.dali")
+        import gpupipe as gp
+        from gpupipe.testing import encode_jpeg, synthetic_image
+
+        for c in range(2):
+            (tmp_path / f"c{c}").mkdir()
+            for i in range(4):
+                data = encode_jpeg(synthetic_image(i + 4 * c, size=(32, 32)))
+                (tmp_path / f"c{c}" / f"{i}.jpg").write_bytes(data[:40] if c == 0 else data)  # c0: all cut short
+        steps = [T.CenterCrop(16), T.ColorJitter(0.5, 0.5, 0.5), T.ToDtype(torch.float32, scale=True)]
+        for stage in (False, True):
+            pipe = gp.Pipeline(gp.ImageFolder(str(tmp_path)), steps)
+            with gp.Loader(pipe, 4, backend="dali", device="cpu", stage=stage, num_workers=1, seed=3, on_error="skip",
+                           max_skipped=None) as loader:  # fmt: skip
+                first, second = list(loader)
+            assert not first.valid.any() and first.keys == ["c1/0.jpg"] * 4 and second.keys[0] == "c1/0.jpg"
+            for row in first.images:
+                torch.testing.assert_close(row, second.images[0], rtol=0, atol=0)
+
+
 class TestStageOnly:
     """DALI runs the policies in the stage only (``Backend.stage_only``): a pipeline where the
     stage cannot take one is refused when the loader is built, saying why and what to change;
@@ -595,6 +620,25 @@ class TestStageOnly:
     def test_inside_a_composite(self, shards):
         steps = [T.RandomResizedCrop(32), T.RandomApply([T.TrivialAugmentWide()], p=0.5), T.RandomRotation(5)]
         assert "runs RandomApply (pipeline step 1) in the stage only" in self.refusal(shards, steps)
+        steps = [T.RandomResizedCrop(32), T.RandomChoice([T.TrivialAugmentWide(), T.RandomRotation(10)])]
+        assert "RandomRotation inside RandomChoice is not one the stage runs" in self.refusal(shards, steps)
+
+    def test_auto_passes_dali_by_where_the_stage_cannot_take_it(self, shards):
+        """On a GPU ``auto`` picks DALI for a staged policy, and the torch backend where DALI
+        would refuse it (the stage off, or a step after it the stage does not run)."""
+        import gpupipe as gp
+        from gpupipe import backends
+
+        def choice(steps, stage=None):
+            pipe = gp.Pipeline(gp.WebDataset(shards), steps)
+            return backends.auto_choice("cuda", pipe.views, available=lambda b: True, pipeline=pipe, stage=stage)
+
+        staged = [T.RandomResizedCrop(32), T.TrivialAugmentWide()]
+        assert choice(staged)[0].name == "dali" and choice(staged, stage=True)[0].name == "dali"
+        backend, why = choice(staged, stage=False)
+        assert backend.name == "torch" and "stage=False keeps it out" in why
+        backend, why = choice([*staged, T.RandomRotation(10)])
+        assert backend.name == "torch" and "(RandomRotation) is not one the stage runs" in why
 
     def test_staged_it_runs_on_every_device_type(self, shards):
         """Staged, the DALI graph has no policy: the stage's values are torchvision's."""

@@ -104,7 +104,7 @@ def register_lowering(transform_type: type, *, backend: str, replace: bool = Fal
 
 def resolve(
     name: str, device: str | torch.device | None, views: Any = (), *, fields: Sequence[str] = (), images: bool = True,
-    targets: Sequence[str] = (),
+    targets: Sequence[str] = (), pipeline: Any = None, stage: bool | None = None,
 ) -> tuple[Backend, torch.device]:  # fmt: skip
     """The backend and device for the requested ones: ``"auto"`` picks the first available backend
     of the table that delivers to the device and runs every step of ``views`` (the pipeline's
@@ -113,7 +113,9 @@ def resolve(
     means this process's GPU (``LOCAL_RANK`` under torchrun). ``fields``: the source's fields
     beyond image and label (``Pipeline.fields``), which only some backends read; ``targets``: those
     of them that follow the image's geometry (masks, boxes: ``Pipeline.targets``), which only some
-    backends transform.
+    backends transform. ``pipeline`` (a ``gp.Pipeline``) and ``stage`` (``LoaderConfig.stage``):
+    ``"auto"`` also passes by a backend that runs a step in the stage only
+    (``Backend.stage_only``, DALI's policies) where the stage would not take it.
 
     Raises:
         BackendUnavailableError: the backend's libraries or the device are not present.
@@ -128,7 +130,8 @@ def resolve(
 
         dev = torch.device(cuda_device())
     if name == "auto":
-        return auto_choice(dev.type, views, fields=fields, images=images, targets=targets)[0], dev
+        return auto_choice(dev.type, views, fields=fields, images=images, targets=targets, pipeline=pipeline,
+                           stage=stage)[0], dev  # fmt: skip
     backend = get(name)
     if not backend.available():
         raise BackendUnavailableError(f"Loader: backend={name!r} needs {backend.requirement}")
@@ -145,6 +148,8 @@ def auto_choice(
     fields: Sequence[str] = (),
     images: bool = True,
     targets: Sequence[str] = (),
+    pipeline: Any = None,
+    stage: bool | None = None,
 ) -> tuple[Backend, str]:
     """``backend="auto"``'s choice on ``device_type`` and why, in a few words: the first available
     backend of the table that delivers there, runs every step of ``views`` and is not measured
@@ -169,6 +174,10 @@ def auto_choice(
             missing.append(backend.name)
             continue
         cannot = _cannot_run(backend, views, fields, images, targets)
+        if cannot is None and pipeline is not None and backend.stage_only:
+            from ._stage import staged_refusal  # (a floor above the table)
+
+            cannot = staged_refusal(pipeline, torch.device(device_type), backend, stage)
         slower = None if cannot is not None else backend.slower_step(device_type, views)
         if cannot is None and slower is None:
             return backend, _because(missing, reasons)
@@ -194,7 +203,8 @@ def _because(missing: list[str], reasons: list[str]) -> str:
 
 def why(
     name: str, device: str | torch.device | None, backend: Backend, dev: torch.device, views: Any = (),
-    *, fields: Sequence[str] = (), images: bool = True, targets: Sequence[str] = (),
+    *, fields: Sequence[str] = (), images: bool = True, targets: Sequence[str] = (), pipeline: Any = None,
+    stage: bool | None = None,
 ) -> str | None:  # fmt: skip
     """Why :func:`resolve` chose ``backend`` and ``dev`` where it chose (``backend="auto"``,
     ``device=None``), in a few words for the loader's repr and log; ``None`` where both were given."""
@@ -202,7 +212,8 @@ def why(
     if device is None:
         parts.append(f"device {dev.type}: {'CUDA is available' if dev.type == 'cuda' else 'no CUDA'}")
     if name == "auto":
-        choice = auto_choice(dev.type, views, fields=fields, images=images, targets=targets)
+        choice = auto_choice(dev.type, views, fields=fields, images=images, targets=targets, pipeline=pipeline,
+                             stage=stage)  # fmt: skip
         parts.append(f"backend {backend.name}: {choice[1]}")
     return "; ".join(parts) or None
 

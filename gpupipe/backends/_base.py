@@ -86,6 +86,9 @@ class RawBatch(NamedTuple):
     fields: Mapping[str, Any] | None = None  # the source's other fields by name (Batch.fields); None: none
     slot: Any = None  # the torch backend's claim on the worker buffer the batch is in (``_slots.Ticket``)
     times: Mapping[str, float] | None = None  # seconds the batch took per stage where it was made (STAGE_CLOCKS)
+    # the draw numbers the rows were made with, where the runner gave a left-out sample's row
+    # another's (DALI's spare, for a batch with no good sample); None: the plan's
+    draws: Any = None
 
 
 # The stages a runner may time per batch (RawBatch.times), in the order a sample goes through them:

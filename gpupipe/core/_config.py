@@ -156,7 +156,8 @@ class RayOptions:
             when the last loader using it is closed.
         num_cpus: CPUs each batch's task reserves on the cluster. Default 1.
         in_flight: batches submitted ahead per rank (backpressure: at most this many batches
-            in the cluster or its object store for one loader). ``None`` (default): twice the
+            in the cluster or its object store for one loader, besides the one the training
+            loop holds). ``None`` (default): twice the
             loader's ``num_workers`` where it is given, else twice this process's CPUs up to 8
             (not a rank's share: the tasks run on the cluster), at least 2.
         timeout: seconds a rank waits for one batch before a :class:`~gpupipe.WorkerError`
@@ -311,7 +312,7 @@ class LoaderConfig:
             stage faster (``Backend.stage_pays``: DALI's policies on the CPU, 1.14-1.47x,
             ``bench/results/2026-11-29-stage-dali-one-thread-cpu.md``). On the CPU
             the torch backend runs the stage in its workers. The stage's values are
-            torchvision's on every backend; DALI's own policy graph differs from them slightly
+            torchvision's on every backend; DALI's colour graph differs from them slightly
             (``docs/guide/transforms.md``).
 
     Raises:

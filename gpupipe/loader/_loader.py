@@ -101,9 +101,10 @@ class Loader(LoaderAttributes, Observed, Resumable):
         self.rank, self.world_size = topo.rank, topo.world_size
         fields, images, targets = pipeline.fields, pipeline.has_image, pipeline.targets  # what the source asks
         backend, device = backends.resolve(config.backend, config.device, pipeline.views, fields=fields, images=images,
-                                           targets=targets)  # fmt: skip
+                                           targets=targets, pipeline=pipeline, stage=config.stage)  # fmt: skip
         self.chosen = backends.why(config.backend, config.device, backend, device, pipeline.views, fields=fields,
-                                   images=images, targets=targets)  # auto's reasons  # fmt: skip
+                                   images=images, targets=targets, pipeline=pipeline,
+                                   stage=config.stage)  # auto's reasons  # fmt: skip
         require_runnable(pipeline, backend)
         self.seed = _dist.shared_seed(config.seed, topo, shuffle=config.shuffle, device=device)
         self.backend, self.device = backend.name, str(device)

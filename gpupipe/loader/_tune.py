@@ -89,6 +89,8 @@ def tune(pipeline: Any, batch_size: int, *, seconds: float = 3.0, record: bool =
         fields=pipeline.fields,
         images=pipeline.has_image,
         targets=pipeline.targets,
+        pipeline=pipeline,
+        stage=options.get("stage"),
     )
     gpu_decoder = backend.name == "dali" and device.type == "cuda"
     hw_default, _ = default_share(gpu_capability(device))  # (the share a trial without one runs)

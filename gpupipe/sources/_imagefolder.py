@@ -112,8 +112,8 @@ class FileReader:
         """Samples ``items`` (``(shard, i)`` pairs) read whole into one buffer of
         ``take(total)``: a ``stat`` per file first (one over ``max_image_bytes`` is refused from
         its size, unread), then each file read straight into its place (``Storage.read_files_into``:
-        no bytes object per file, no second copy). A file that changed size between the two is
-        read again by :meth:`read`. The errors are :meth:`read`'s."""
+        no bytes object per file, no second copy). A file that changed size between the two, or
+        whose read failed, is read again by :meth:`read`. The errors are :meth:`read`'s."""
         urls = [f"{shard.path}/{shard.keys[i]}" for shard, i in items]
         limit = self.max_image_bytes
         errors: dict[int, DataError] = {}
@@ -133,11 +133,9 @@ class FileReader:
                                            [size + 1 for _, size in lengths])  # fmt: skip
         for (j, size), start, n in zip(lengths, at[:-1], got, strict=True):
             shard, i = items[j]
-            if isinstance(n, OSError):
-                errors[j] = _unreadable(shard.path, shard.keys[i], n)
-            elif n == size:
+            if n == size:
                 views[j] = buffer[start : start + size]
-            else:  # it changed since its stat: read it again, alone
+            else:  # it changed since its stat, or its read failed: read it again, alone (read()'s error)
                 try:
                     views[j] = np.frombuffer(self.read(shard, i).data, np.uint8)
                 except DataError as e:

@@ -43,8 +43,6 @@ OPS = ("Identity", "ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate", "Br
        "TranslateYRel")  # fmt: skip
 _CODE = {name: i for i, name in enumerate(OPS)}
 SIGNED = frozenset(_CODE[n] for n in OPS[1:10])  # geometry and the four colour factors
-GEOMETRY = frozenset(_CODE[n] for n in (*OPS[1:6], "TranslateXRel", "TranslateYRel"))
-COLOR = frozenset(_CODE[n] for n in ("Brightness", "Color", "Contrast"))
 
 # torchvision's spaces, in its order (the order maps a uniform to an operation).
 _RANDAUGMENT_OPS = OPS[:14]
@@ -141,17 +139,8 @@ class _Policy(Transform):
             self._set("fill", valid_fill(name, self.fill))  # type: ignore[attr-defined]
 
     @property
-    def slots(self) -> int:
-        return 1
-
-    @property
     def bins(self) -> int:
         return int(self.num_magnitude_bins)  # type: ignore[attr-defined]
-
-    @property
-    def ops(self) -> frozenset[int]:
-        """The codes of the operations this policy can apply."""
-        return frozenset(_CODE[n] for n in _RANDAUGMENT_OPS)
 
     def output_spec(self, spec: ImageSpec) -> ImageSpec:
         require_channels(self, spec, (1, 3))
@@ -264,10 +253,6 @@ class RandAugment(_Policy):
         self._check_common()
         self._set("draws", 2 * self.num_ops)
 
-    @property
-    def slots(self) -> int:
-        return self.num_ops
-
     def sample(self, u: np.ndarray) -> np.ndarray:
         """``[..., 3 * num_ops]``: per operation its code, the bin ``magnitude``, its sign."""
         table = np.array([_CODE[n] for n in _RANDAUGMENT_OPS])
@@ -312,16 +297,8 @@ class AutoAugment(_Policy):
         self._check_common()
 
     @property
-    def slots(self) -> int:
-        return 2
-
-    @property
     def bins(self) -> int:
         return 10
-
-    @property
-    def ops(self) -> frozenset[int]:
-        return frozenset(_CODE[op[0]] for sub in _policy_table(self.policy) for op in sub)  # type: ignore[arg-type]
 
     def sample(self, u: np.ndarray) -> np.ndarray:
         """``[..., 6]``: per operation of the drawn sub-policy its code (``-1`` where it does not
@@ -404,11 +381,6 @@ class AugMix(Transform):
         _Policy._check_common(self)  # type: ignore[arg-type]
 
     output_spec = _Policy.output_spec
-
-    @property
-    def ops(self) -> frozenset[int]:
-        """The codes of the operations the chains draw from."""
-        return frozenset(_CODE[n] for n in (_AUGMIX_OPS if self.all_ops else _AUGMIX_OPS[:9]))
 
     @property
     def depth(self) -> int:

@@ -111,14 +111,6 @@ class TimmRandAugment(_Policy):
                 options[field] = bool(number) if key == "inc" else float(number) if key != "n" else number
         return cls(**{**options, **kwargs})
 
-    @property
-    def slots(self) -> int:
-        return self.num_ops
-
-    @property
-    def ops(self) -> frozenset[int]:
-        return frozenset(_CODE[n] for n in _TIMM_OPS)
-
     def sample(self, u: np.ndarray) -> np.ndarray:
         """``[..., 3 * num_ops]``: per operation its code (``-1`` where it does not apply), its
         magnitude (noised, clipped), its sign."""

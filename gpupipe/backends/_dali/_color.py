@@ -45,7 +45,7 @@ def luma(ctx: Ctx, x: Any) -> Any:
     ``[H, W, 1]``, floored for a uint8 image (its ``.to(uint8)``); a 1-channel image as it is.
     One ``coord_transform``, where torchvision's three products and two sums would take eight
     operators; its sums' rounding may differ in the last bit (a grey level apart on up to 0.3% of
-    a uint8 image's pixels, measured by the policies' tests)."""
+    a uint8 image's pixels, measured against torchvision's Color operation on 2026-11-25)."""
     from nvidia.dali import math as dmath
 
     fn, float32 = ctx.fn, ctx.types.FLOAT

@@ -63,6 +63,7 @@ class FeedBatch(NamedTuple):
     windows: dict[int, np.ndarray] | None = None  # box-chosen crop windows by step (HostEnv.window)
     nbytes: int = 0  # the encoded samples' bytes, summed here in the reader thread (RawBatch.times' read_bytes)
     reads: Mapping[str, float] | None = None  # the node cache's hits and misses here (storage._counts)
+    drawn: np.ndarray | None = None  # the draw numbers fed, where a bad sample's took a donor's or a spare's
 
     @staticmethod
     def release(maps: Iterable[MappedFile], buffer: np.ndarray | None, buffers: Buffers, event: Any = None) -> None:
@@ -219,7 +220,7 @@ class BatchReader:
         fields = batch_fields(index.fields, values) if values is not None else None
         return FeedBatch(b, samples, keys, shards, labels, encoded, buffer, tuple(maps), fed, views, sizes, skipped,
                          object(), decoded, fields, windows, sum(view.nbytes for view in views),
-                         snapshot().since(reads))  # fmt: skip
+                         snapshot().since(reads), drawn if skipped else None)  # fmt: skip
 
     def _over_limit(self, where: Located, shards: list[str], bad: dict[int, DataError]) -> Located:
         """``where`` with the images over ``Index.max_image_bytes`` recorded in ``bad`` and their

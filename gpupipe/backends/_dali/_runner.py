@@ -329,7 +329,7 @@ class DaliRunner:
                 fill(positions, columns, values)
         label_tensor = None if labels is None else to_device(torch.from_numpy(labels), self.device)
         fields = map_tensors(fields, lambda t: to_device(t, self.device))
-        return RawBatch(images, label_tensor, keys, tuple(sorted(skipped.items())), fields=fields)
+        return RawBatch(images, label_tensor, keys, tuple(sorted(skipped.items())), fields=fields, draws=batch.drawn)
 
     def _retry(self, graph: Graph, reader: BatchReader, failure: IterationFailed, probe: Probe) -> Exception | None:
         """After DALI failed on a batch: finds the samples it fails on — each of the batch's samples
@@ -383,7 +383,8 @@ class DaliRunner:
         encoded = [TensorCPU(view) for view in views]
         fixed = batch._replace(keys=keys, shards=shards, labels=labels, encoded=encoded, views=views, sizes=sizes,
                                feeds=reader.feeds(drawn, sizes, windows), skipped=tuple(sorted(bad.items())),
-                               decoded=batch.decoded | decoded, fields=fields, windows=windows)  # fmt: skip
+                               decoded=batch.decoded | decoded, fields=fields, windows=windows,
+                               drawn=drawn if bad else None)  # fmt: skip
         graph.push(fixed)  # shares the batch's buffer and maps (same token): they stay
         self._release(graph, batch, None)
         return None

@@ -1,6 +1,5 @@
-"""The DALI backend's affine warps: ``RandomRotation``, ``RandomAffine`` and the policies'
-geometry (``_policies``), ``warp_affine`` by inverse maps the host computes per sample
-(``gpupipe.core._geometry``), with torchvision's fill."""
+"""The DALI backend's affine warps: ``RandomRotation`` and ``RandomAffine``, ``warp_affine`` by
+inverse maps the host computes per sample (``gpupipe.core._geometry``), with torchvision's fill."""
 
 from __future__ import annotations
 

@@ -31,12 +31,11 @@ from ...core._random import step_factors
 from ...runtime._threads import one_intraop_thread
 from ...transforms import BatchTransform, ImageSpec, Transform
 from .._base import _walk, donor
-from .._registry import inner_unsupported
 from ._ahead import SideStream, ahead
 from ._mix import apply_batch
 from ._steps import STAGE, run_stage, stage_start, tail_start, takes
 
-__all__ = ["Stage", "SourceOf", "stage_for", "require_staged"]
+__all__ = ["Stage", "SourceOf", "stage_for", "require_staged", "staged_refusal"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,8 +186,9 @@ class Stage:
         def tail(b: int, raw: Any) -> tuple[tuple[torch.Tensor, ...], Any]:
             started = time.perf_counter()
             try:
+                draws = raw.draws if raw.draws is not None else plan.drawn(b)  # (a spare's, in a batch of none good)
                 return self.finish(raw.images, raw.labels, plan.batch(b)[1], seed=plan.seed, epoch=plan.epoch,
-                                   rank=rank, batch=plan.batch_offset + b, draws=plan.drawn(b),
+                                   rank=rank, batch=plan.batch_offset + b, draws=draws,
                                    skipped=[i for i, _ in raw.skipped])  # fmt: skip
             finally:
                 if spent is not None:
@@ -263,7 +263,8 @@ def require_staged(pipeline: Any, stage: Stage | None, backend: Any, choice: boo
         for i, t in enumerate(steps):
             if not any(isinstance(step, backend.stage_only) for step in _walk((t,))):
                 continue
-            where = f"pipeline step {i}" + (f" of view {view}" if len(cut) > 1 else "")
+            kind = "per_source list" if pipeline.per_source else "view"
+            where = f"pipeline step {i}" + (f" of {kind} {view}" if len(cut) > 1 else "")
             full = pipeline.views[view]
             after = [j for j in range(i + 1, len(full)) if not takes(full[j], specs[j])]
             if choice is False:
@@ -272,7 +273,7 @@ def require_staged(pipeline: Any, stage: Stage | None, backend: Any, choice: boo
                 why = ("a gp.Mix's per_source lists are staged together only where each has a tail the stage "
                        "runs, all starting on images of one shape and dtype")  # fmt: skip
             elif not takes(t, specs[i]):
-                why = f"the stage does not run it so: {inner_unsupported(STAGE, [t]) or 'on this input'}"
+                why = f"the stage does not run it so: {_refused(t, specs[i])}"
             elif after:
                 why = (f"step {after[-1]} after it ({type(full[after[-1]]).__name__}) is not one the stage runs, and "
                        "the stage runs a view's last steps: put it after that step")  # fmt: skip
@@ -283,3 +284,35 @@ def require_staged(pipeline: Any, stage: Stage | None, backend: Any, choice: boo
                 f"last steps on images of one size, and here the stage does not take it: {why}. backend='torch' "
                 "runs it sample by sample anywhere"
             )
+
+
+def _refused(t: Transform, spec: ImageSpec) -> str:
+    """What of ``t`` the stage does not run on ``spec``, in a few words: the first member of a
+    composite it refuses (by type), or its options."""
+    for member in getattr(t, "transforms", ()):
+        if not takes(member, spec):
+            inner = _refused(member, spec)
+            return f"{type(member).__name__} inside {type(t).__name__}" + (
+                f" ({inner})" if getattr(member, "transforms", None) else " is not one the stage runs"
+            )
+    try:
+        entry = STAGE._entry(t, None)
+    except UnsupportedTransformError:
+        return f"{type(t).__name__} is not one it runs"
+    reason = entry.unsupported(t) if entry.unsupported else None
+    return reason or f"{type(t).__name__} on {spec}"
+
+
+def staged_refusal(pipeline: Any, device: torch.device, backend: Any,
+                   choice: bool | None) -> UnsupportedTransformError | None:  # fmt: skip
+    """:func:`require_staged`'s refusal of ``pipeline`` on ``backend``, before the loader has an
+    index (``backend="auto"``'s choice, which then passes the backend by); ``None``: none."""
+    if not backend.stage_only:
+        return None
+    pays = backend.stage_default(device.type, pipeline.views) is not None
+    sources = SourceOf(np.zeros(1, np.int64), np.zeros(0, np.int64)) if pipeline.per_source else None  # (starts only)
+    try:
+        require_staged(pipeline, stage_for(pipeline, device, choice, pays=pays, sources=sources), backend, choice)
+    except UnsupportedTransformError as e:
+        return e
+    return None
