@@ -205,8 +205,11 @@ def fuzz(seconds: float, *, seed: int = 0, backends: list[str] | None = None, ke
                 round_()
             except Exception as e:  # the shrunk case's failure: hypothesis re-raises it
                 zeros = functools.partial(re.sub, r"(\\x00){8,}", "<zeros>")  # a case's padding, shown short
+                # several distinct failures come as a group: each one's own error, so that the report
+                # (and a test reading it) sees what each was
+                parts = getattr(e, "exceptions", None) or (e,)
                 failure = {
-                    "error": zeros(f"{type(e).__name__}: {e}")[:4000],
+                    "error": zeros("; ".join(f"{type(x).__name__}: {x}" for x in parts))[:4000],
                     "traceback": zeros(traceback.format_exc())[-6000:],
                     "seed": seed + rounds - 1,
                 }
