@@ -12,7 +12,7 @@ import torch
 
 from .. import backends
 from ..backends._base import collecting
-from ..backends._stage import SourceOf, Stage, require_staged, stage_for
+from ..backends._stage import Stage, require_staged, stage_for
 from ..core._batch import Batch, SkippedSample
 from ..core._config import LoaderConfig, valid_options
 from ..core._errors import ClosedError, ConfigError, GpupipeError
@@ -182,8 +182,7 @@ class Loader(LoaderAttributes, Observed, Resumable):
         and its batch transform (``backends._stage``)."""
         device = torch.device(self.device)
         pays = backends.get(self.backend).stage_default(device.type, pipeline.views) is not None
-        index: Any = self.index
-        sources = SourceOf(index.offsets, index.shard_source) if pipeline.per_source else None  # (a gp.Mix's)
+        sources = getattr(self.index, "sources", None) if pipeline.per_source else None  # (a gp.Mix's)
         return stage_for(pipeline, device, self.config.stage, channels_last=self.config.channels_last, pays=pays,
                          sources=sources)  # fmt: skip
 

@@ -18,7 +18,7 @@ from ..shards._shard import NO_LABEL, RawSample, ShardIndex
 from ..storage import MappedFile, Stat, Storage
 from ._index import Index, Located, Source
 
-__all__ = ["Mix", "MixIndex", "MixCounts", "counts_of"]
+__all__ = ["Mix", "MixIndex", "MixCounts", "SourceOf", "counts_of"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -207,6 +207,21 @@ class MixCounts(NamedTuple):
     replacement: bool
 
 
+@dataclasses.dataclass(frozen=True)
+class SourceOf:
+    """The source of each draw number of a mix's samples, from its index's shard bounds
+    (``offsets``) and each shard's source (``shard_source``): small and picklable, for the stage
+    the torch workers run too. A draw number is a sample number plus the index's length per
+    copy (``Loader(repeats=...)``)."""
+
+    offsets: np.ndarray = dataclasses.field(compare=False)
+    shard_source: np.ndarray = dataclasses.field(compare=False)
+
+    def __call__(self, draws: np.ndarray) -> np.ndarray:
+        samples = np.asarray(draws, np.int64) % int(self.offsets[-1])
+        return self.shard_source[np.searchsorted(self.offsets, samples, side="right") - 1]
+
+
 class MixIndex(Index):
     """The sources' indexes one after another (shards and samples numbered on), with each
     source's reader, storage and label offset; ``mix`` says what an epoch draws of each."""
@@ -229,10 +244,11 @@ class MixIndex(Index):
                                                        for s in p.shards})  # fmt: skip
         super().__init__(shards, reader=reader, sequential=all(p.sequential for p in parts), labeled=parts[0].labeled,
                          fields=parts[0].fields, images=parts[0].images)  # fmt: skip
+        self.sources = SourceOf(self.offsets, self.shard_source)
 
     def source_of(self, samples: np.ndarray) -> np.ndarray:
-        """The source number of each of ``samples`` (int64 ``[B]``)."""
-        return self.shard_source[np.searchsorted(self.offsets, samples, side="right") - 1]
+        """The source number of each of ``samples`` (int64 ``[B]``; draw numbers too)."""
+        return self.sources(samples)
 
     def locate_batch(self, samples: np.ndarray) -> Located:
         where = super().locate_batch(samples)

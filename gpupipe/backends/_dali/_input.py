@@ -312,7 +312,7 @@ class BatchReader:
 
         sources = None
         if self.by_source:  # (a draw number is a sample number, plus len(index) per copy)
-            sources = self.index.source_of(np.asarray(samples, np.int64) % len(self.index))  # type: ignore[attr-defined]
+            sources = self.index.source_of(samples)  # type: ignore[attr-defined]
         return HostEnv(sizes, factors, sources=sources, windows=windows or {})
 
     def feeds(self, samples: np.ndarray, sizes: np.ndarray,

@@ -29,27 +29,14 @@ import torch
 from ...core._errors import UnsupportedTransformError
 from ...core._random import step_factors
 from ...runtime._threads import one_intraop_thread
+from ...sources._mix import SourceOf
 from ...transforms import BatchTransform, ImageSpec, Transform
 from .._base import _walk, donor
 from ._ahead import SideStream, ahead
 from ._mix import apply_batch
 from ._steps import STAGE, run_stage, stage_start, tail_start, takes
 
-__all__ = ["Stage", "SourceOf", "stage_for", "require_staged", "staged_refusal"]
-
-
-@dataclasses.dataclass(frozen=True)
-class SourceOf:
-    """The source of each draw number of a ``gp.Mix``'s samples, from its index's shard bounds
-    (``offsets``) and each shard's source (``shard_source``): small, picklable (the torch workers
-    run the stage too). A draw number is a sample number plus the index's length per copy."""
-
-    offsets: np.ndarray = dataclasses.field(compare=False)
-    shard_source: np.ndarray = dataclasses.field(compare=False)
-
-    def __call__(self, draws: np.ndarray) -> np.ndarray:
-        samples = np.asarray(draws, np.int64) % int(self.offsets[-1])
-        return self.shard_source[np.searchsorted(self.offsets, samples, side="right") - 1]
+__all__ = ["Stage", "stage_for", "require_staged", "staged_refusal"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -212,7 +199,7 @@ def stage_for(pipeline: Any, device: torch.device, choice: bool | None, *, chann
     workers run a tail about as fast sample by sample (0.94-1.14x batched: 2 cores,
     ``bench/results/2026-11-29-stage-cpu.md``), unless the backend measured the stage faster for
     the pipeline there (``pays``: ``Backend.stage_default``, DALI's policies 1.14-1.47x); nor with
-    no image. A ``gp.Mix``'s ``per_source`` lists (``sources``: the index's sources) are staged
+    no image. A ``gp.Mix``'s ``per_source`` lists (``sources``: the index's, ``MixIndex.sources``) are staged
     together where each has a tail the stage runs and every one of them starts on the same image
     (shape, dtype): a list without a random step hands over its ``ToDtype`` and ``Normalize``
     then (:func:`_per_source_starts`). Masks and boxes that follow the image stay
