@@ -126,11 +126,12 @@ class FileReader:
                 errors[j] = too_many_bytes(shard.path, shard.keys[i], size, limit)
             else:
                 lengths.append((j, size))
-        buffer = take(sum(size + 1 for _, size in lengths))  # a byte more each: a file that grew reads it
-        at = np.cumsum([0] + [size + 1 for _, size in lengths]).tolist()
+        slots = [size + 1 for _, size in lengths]  # a byte more each: a file that grew reads it
+        buffer = take(sum(slots))
+        at = np.cumsum([0, *slots]).tolist()
         views: list[np.ndarray | None] = [None] * len(items)
         got = self.storage.read_files_into([urls[j] for j, _ in lengths], memoryview(buffer), at[:-1],  # type: ignore[arg-type]
-                                           [size + 1 for _, size in lengths])  # fmt: skip
+                                           slots)  # fmt: skip
         for (j, size), start, n in zip(lengths, at[:-1], got, strict=True):
             shard, i = items[j]
             if n == size:
