@@ -333,15 +333,3 @@ class TestQueue:
         assert slow["queue_depth"] == fast["queue_depth"] == 2  # in flight: 2 x num_workers
         assert slow["queue_ready"] >= 1.5  # the tasks were done before the loop asked
         assert fast["queue_ready"] < slow["queue_ready"]
-
-    @pytest.mark.gpu
-    def test_on_a_gpu_its_copies_are_timed(self, shards, ray_session, clean_env):
-        if not torch.cuda.is_available():
-            pytest.skip("needs CUDA")
-        with gp.Loader(gp.Pipeline(shards, [T.CenterCrop(16)]), 4, backend="ray", device="cuda",
-                       num_workers=1) as loader:  # fmt: skip
-            for epoch in range(2):
-                loader.set_epoch(epoch)
-                for _ in loader:
-                    torch.cuda.synchronize()
-            assert loader.stats()["times"]["h2d_s"] > 0

@@ -166,10 +166,14 @@ class TestCopyClock:
         assert len(clock._pending) == _PENDING
 
     @pytest.mark.gpu
-    def test_on_a_gpu_the_torch_backend_times_its_copies(self, shards):
+    @pytest.mark.parametrize("backend", ["torch", "ray"])
+    def test_on_a_gpu_the_backend_times_its_copies(self, shards, backend, request):
         if not torch.cuda.is_available():
             pytest.skip("needs CUDA")
-        with gp.Loader(gp.Pipeline(shards, [T.CenterCrop(16)]), 4, backend="torch", device="cuda",
+        if backend == "ray":
+            pytest.importorskip("ray")
+            request.getfixturevalue("ray_session")
+        with gp.Loader(gp.Pipeline(shards, [T.CenterCrop(16)]), 4, backend=backend, device="cuda",
                        num_workers=1) as loader:  # fmt: skip
             for epoch in range(2):
                 loader.set_epoch(epoch)
