@@ -697,6 +697,18 @@ COLOR = [
     T.GaussianBlur(9, sigma=(0.1, 2.0)),
     T.RandomApply([T.ColorJitter(0.4, 0.4, 0.2, 0.1)], p=0.8),
     SampleChoice([T.RandomGrayscale(p=1.0), T.RandomSolarize(128, p=1.0), T.GaussianBlur(5)]),
+    T.RandomPhotometricDistort(),
+    T.RandomPhotometricDistort(p=1.0),
+    T.RandomPhotometricDistort(brightness=None, hue=None, p=0.8),
+]
+TONE = [
+    T.RandomInvert(p=0.5),
+    T.RandomPosterize(3, p=0.5),
+    T.RandomPosterize(0, p=0.5),
+    T.RandomAutocontrast(p=0.5),
+    T.RandomAdjustSharpness(2.0, p=0.5),
+    T.RandomAdjustSharpness(0.3, p=1.0),
+    T.RandomEqualize(p=0.5),
 ]
 
 
@@ -718,8 +730,27 @@ class TestColorSteps:
         assert out.is_contiguous() and labels is not None and labels.shape == (4, 10)
 
     @pytest.mark.parametrize("device", WAYS)
-    def test_color_jitter_of_one_channel(self, device):
-        check_stage([T.ColorJitter(0.4, 0.4, 0.4, 0.1)], batch(48, 20, 24, channels=1, device=device))
+    @pytest.mark.parametrize("t", [T.ColorJitter(0.4, 0.4, 0.4, 0.1), T.RandomPhotometricDistort(p=0.7)], ids=repr)
+    def test_color_jitter_of_one_channel(self, device, t):
+        check_stage([t], batch(48, 20, 24, channels=1, device=device))
+
+    @pytest.mark.parametrize("device", WAYS)
+    @pytest.mark.parametrize("channels", [1, 3])
+    @pytest.mark.parametrize("t", TONE, ids=repr)
+    def test_a_tone_step_is_the_per_sample_kernels(self, t, device, channels):
+        """uint8, then float: torchvision's kernel on the rows whose coin says so."""
+        check_stage([t], batch(32, 20, 24, channels=channels, device=device))
+        check_stage([T.ToDtype(torch.float32, scale=True), t, T.Normalize(mean=(0.5,), std=(0.25,))],
+                    batch(32, 20, 24, channels=channels, device=device))  # fmt: skip
+
+    def test_the_ssd_colour_steps_after_the_crop(self):
+        """RandomPhotometricDistort with the tone steps and the policies' neighbours in one tail."""
+        tail: list[T.Transform] = [T.RandomPhotometricDistort(p=0.6), T.RandomEqualize(p=0.3),
+                                   T.RandomAdjustSharpness(1.7, p=0.4), T.RandomApply([T.RandomInvert(p=1.0)], p=0.3),
+                                   T.ToDtype(torch.float32, scale=True)]  # fmt: skip
+        specs = [T.ImageSpec(3, 28, 30, torch.uint8)] * 4 + [T.ImageSpec(3, 28, 30, torch.float32)]
+        assert stage_start(tail, specs) == 0
+        check_stage(tail, batch(40, 28, 30))
 
     def test_the_ssl_tails(self):
         """DINO's first global view and SimCLR's, after their crop and flip."""
@@ -735,6 +766,9 @@ class TestColorSteps:
         spec8, spec_f = T.ImageSpec(3, 32, 32, torch.uint8), T.ImageSpec(3, 32, 32, torch.float32)
         jitter = T.ColorJitter(0.4)
         assert stage_start([jitter], [spec8]) == 0 and stage_start([jitter], [spec_f]) is None  # float: twice rounded
+        distort = T.RandomPhotometricDistort()
+        assert stage_start([distort], [spec8]) == 0 and stage_start([distort], [spec_f]) is None
+        assert stage_start([T.RandomEqualize()], [spec_f]) == 0
         small = T.ImageSpec(3, 8, 8, torch.uint8)
         assert stage_start([T.GaussianBlur(23)], [small]) is None  # smaller than half the kernel
         assert stage_start([T.RandomApply([T.GaussianBlur(23)])], [small]) is None

@@ -201,14 +201,15 @@ def tail_start(steps: Sequence[T.Transform], specs: Sequence[T.ImageSpec] | None
 
 
 def takes(t: T.Transform, spec: T.ImageSpec | None) -> bool:
-    """Whether the stage runs ``t`` on an input of ``spec``: ``ColorJitter`` on uint8 images (its
-    float blends would round twice), ``GaussianBlur`` on images of more than half its kernel a
-    side (smaller, the backends pad by reflection again and again), composites on their members'."""
+    """Whether the stage runs ``t`` on an input of ``spec``: ``ColorJitter`` and
+    ``RandomPhotometricDistort`` on uint8 images (their float blends would round twice),
+    ``GaussianBlur`` on images of more than half its kernel a side (smaller, the backends pad by
+    reflection again and again), composites on their members'."""
     if inner_unsupported(STAGE, [t]) is not None:  # no lowering, or options it does not take
         return False
     if spec is None:
         return True
-    if isinstance(t, T.ColorJitter) and spec.dtype != torch.uint8:
+    if isinstance(t, T.ColorJitter | T.RandomPhotometricDistort) and spec.dtype != torch.uint8:
         return False
     if isinstance(t, T.GaussianBlur):
         kx, ky = t.kernel_size

@@ -30,6 +30,7 @@ from ...transforms._erasing import ErasingParams
 from ...transforms._spatial import CropParams, FlipParams, RandomCropParams, ResizeParams, SizeParams
 from ...transforms._tone import CoinParams
 from .._registry import Registry, inner_unsupported
+from .._stage._color import tone
 from .._stage._steps import normalize, to_dtype
 from ._maskindex import IndexedMask, as_indexed
 
@@ -333,22 +334,13 @@ def _solarize(t: T.RandomSolarize, img: torch.Tensor, p: SolarizeParams) -> torc
     return F.solarize(img, t.threshold) if p.apply else img
 
 
-# The tone transforms: torchvision's kernel where the sample's coin says so (CoinParams).
-_TONE: dict[type, Any] = {
-    T.RandomInvert: lambda t, img: F.invert(img),
-    T.RandomPosterize: lambda t, img: F.posterize(img, t.bits),
-    T.RandomAutocontrast: lambda t, img: F.autocontrast(img),
-    T.RandomAdjustSharpness: lambda t, img: F.adjust_sharpness(img, t.sharpness_factor),
-    T.RandomEqualize: lambda t, img: F.equalize(img),
-}
-
-
 def _tone(t: T.Transform, img: torch.Tensor, p: CoinParams) -> torch.Tensor:
-    return _TONE[type(t)](t, img) if p.apply else img
+    """The tone transforms: the stage's kernel (torchvision's) where the sample's coin says so."""
+    return tone(t, img) if p.apply else img
 
 
-for _kind in _TONE:
-    LOWERINGS.register(_kind)(_tone)
+LOWERINGS.register(T.RandomInvert, T.RandomPosterize, T.RandomAutocontrast, T.RandomAdjustSharpness,
+                   T.RandomEqualize)(_tone)  # fmt: skip
 
 
 @LOWERINGS.register(T.RandomRotation)
