@@ -32,6 +32,7 @@ from _timing import best_rate, spread
 from gpu import make_set
 
 import gpupipe as gp
+from gpupipe import transforms as T
 
 
 def _recipe(name: str, file: str = "imagenet.py", **options: Any) -> Any:
@@ -46,11 +47,28 @@ RECIPES = {
     "timm rand-m9": _recipe("train_timm"),
     "train (no tail to stage)": _recipe("train"),
 }
+
+
+def _tail(*tail: Any) -> Any:
+    """The train recipe's crop and flip, then ``tail``, then float and ImageNet's normalisation."""
+    steps = [T.RandomResizedCrop(224), T.RandomHorizontalFlip(), *tail, T.ToDtype(torch.float32, scale=True),
+             T.Normalize(mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))]  # fmt: skip
+    return lambda source: gp.Pipeline(source, steps)
+
+
 # the colour steps' recipes, run by name (--recipes): DINO's 10 views are slow on a CPU
 COLOUR = {
     "3-Augment": _recipe("train_3augment"),
     "SimCLR": _recipe("simclr", "ssl.py"),
     "DINO": _recipe("dino", "ssl.py"),
+    "photometric distort": _tail(T.RandomPhotometricDistort()),
+    "tone steps": _tail(
+        T.RandomAutocontrast(),
+        T.RandomEqualize(),
+        T.RandomAdjustSharpness(2.0),
+        T.RandomPosterize(4),
+        T.RandomInvert(p=0.2),
+    ),
 }
 
 

@@ -51,8 +51,10 @@ def dino(
     Every view ends with ImageNet normalisation. Outputs: 2 x ``[3, global_size, global_size]``,
     then ``local_crops`` x ``[3, local_size, local_size]``, float32. The blur is torchvision's
     ``GaussianBlur(blur_kernel, sigma=(0.1, 2.0))`` (DINOv2's choice; DINO blurred with Pillow's
-    radius, which has no kernel size). On the DALI backend ``ColorJitter`` differs from
-    torchvision's by the order of its adjustments (docs/guide/dali.md).
+    radius, which has no kernel size). The views' colour steps run in the stage on every backend
+    by default (on the torch backend's CPU workers, sample by sample), exact to torchvision; in
+    DALI's graph (``stage=False``) ``ColorJitter`` differs by the order of its adjustments
+    (docs/guide/dali.md).
     """
 
     def crop(size, scale):

@@ -526,7 +526,7 @@ class TestInTheLoader:
 
     def test_where_a_backend_measured_the_stage_faster_it_is_on_by_default(self, shards, monkeypatch):
         """DALI on the CPU: the policies' tails go to the stage (1.14-1.47x DALI's own graphs on
-        2 cores, which are gone since); the colour steps' stay in the graph."""
+        2 cores, which are gone since), and the colour and tone steps' (1.11-2.54x)."""
         pytest.importorskip("nvidia.dali")
         import gpupipe as gp
         from gpupipe import backends
@@ -540,7 +540,12 @@ class TestInTheLoader:
         ra = [T.RandomResizedCrop(32), T.RandAugment()]
         assert "RandAugment runs faster" in (dali.stage_default("cpu", [ra]) or "")
         assert dali.stage_default("cuda", [augmix]) is None
-        assert dali.stage_default("cpu", [[T.RandomResizedCrop(32), T.ColorJitter(0.4)]]) is None
+        jitter = [T.RandomResizedCrop(32), T.RandomApply([T.ColorJitter(0.4)])]
+        assert "ColorJitter runs faster in the stage on the cpu (3-" in (dali.stage_default("cpu", [jitter]) or "")
+        assert "RandomEqualize runs faster" in (dali.stage_default("cpu", [[T.RandomEqualize()]]) or "")
+        distort = [T.RandomPhotometricDistort()]
+        assert "RandomPhotometricDistort runs faster" in (dali.stage_default("cpu", [distort]) or "")
+        assert dali.stage_default("cpu", [[T.RandomResizedCrop(32), T.RandomErasing()]]) is None  # not measured
         assert backends.get("torch").stage_default("cpu", [augmix]) is None
         seen: list[Any] = []
         real = dali.runner

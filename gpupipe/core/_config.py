@@ -309,8 +309,8 @@ class LoaderConfig:
             ``False`` for a pipeline with one). ``None`` (default): the stage on a GPU, the
             backend on the CPU, where the backends' workers or threads run a tail faster than the stage
             (``bench/results/2026-11-28-stage-cpu.md``), except where a backend measured the
-            stage faster (``Backend.stage_pays``: DALI's policies on the CPU, 1.14-1.47x,
-            ``bench/results/2026-11-29-stage-dali-one-thread-cpu.md``). On the CPU
+            stage faster (``Backend.stage_pays``: DALI on the CPU with the policies, 1.14-1.47x,
+            and the colour and tone steps, 1.11-2.54x, ``bench/results/2026-11-29-stage-dali-*``). On the CPU
             the torch backend runs the stage in its workers. The stage's values are
             torchvision's on every backend; DALI's colour graph differs from them slightly
             (``docs/guide/transforms.md``).
