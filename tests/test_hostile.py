@@ -195,6 +195,48 @@ class TestImageBytes:
         assert index.read(1).key == "cls/small.jpg"
 
 
+class TestImageFolderTree:
+    """What a tree may hold and a tar cannot: a FIFO named like an image (an ``open`` would block
+    forever), a link to ``/dev/zero`` (a read would never end), a dangling link, a link looping
+    back to a folder that holds it, a name that is not UTF-8, a folder named like an image. Each
+    file gets one verdict on every backend, in a child process with a time limit, so that a read
+    that blocks fails the test instead of hanging the run. (The fuzzer draws such trees too.)"""
+
+    @pytest.mark.parametrize("backend", ["torch", "dali"])
+    def test_each_file_one_verdict_and_nothing_blocks(self, tmp_path, backend):
+        import json
+        import subprocess
+        import sys
+
+        from .support.hostile import hostile_folder
+
+        if not gp.backends.get(backend).available():
+            pytest.skip(f"{backend} is not installed")
+        want = hostile_folder(str(tmp_path / "tree"))
+        code = (f"import json; from tests.support.hostile import folder_verdicts; "
+                f"print('RESULT', json.dumps(folder_verdicts({str(tmp_path / 'tree')!r}, {backend!r})))")  # fmt: skip
+        root = os.path.join(os.path.dirname(__file__), "..")
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, errors="replace",
+                             cwd=root, timeout=300)  # fmt: skip
+        line = next((x for x in out.stdout.splitlines() if x.startswith("RESULT ")), None)
+        assert line is not None, out.stderr[-3000:]
+        assert json.loads(line.removeprefix("RESULT ")) == want
+
+    def test_a_link_loop_is_not_followed(self, tmp_path, caplog):
+        (tmp_path / "c" / "sub").mkdir(parents=True)
+        (tmp_path / "c" / "x.jpg").write_bytes(good_jpeg(1))
+        os.symlink("..", tmp_path / "c" / "sub" / "loop")  # -> c, which holds it
+        with caplog.at_level("WARNING", logger="gpupipe"):
+            index = gp.ImageFolder(str(tmp_path)).index()
+        assert [k for s in index.shards for k in s.keys] == ["c/x.jpg"]
+        assert "link loop" in caplog.text and "sub/loop" in caplog.text
+
+    def test_check_names_what_it_reads(self, tmp_path):
+        (tmp_path / "c").mkdir()
+        with pytest.raises(gp.ConfigError, match=r"reads WebDataset shards \(got ImageFolder\)"):
+            gp.check(gp.ImageFolder(str(tmp_path)))  # type: ignore[arg-type]
+
+
 class TestPngMetadata:
     """A PNG's text chunks and colour profile carry no pixels: one verdict, delivered, however far
     they inflate (Pillow refused past 1 MB; DALI skips them). The corpus of ``test_odd_files``

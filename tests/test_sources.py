@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import os
 import tarfile
+from typing import Any
 
 import numpy as np
 import pytest
@@ -12,6 +13,7 @@ import torch
 
 import gpupipe as gp
 from gpupipe import transforms as T
+from gpupipe.core._errors import Damage
 from gpupipe.runtime._decode import decode_rgb
 from gpupipe.sources import split_key
 from gpupipe.testing import encode_jpeg, synthetic_image
@@ -299,9 +301,9 @@ class TestImageFolderBatchRead:
             assert str(e) == str(raised.value)  # Index.read's error, word for word
         assert [os.path.relpath(u, str(tmp_path)) for u in read] == ["c0/2.jpg", "c0/4.jpg", "c1/1.jpg"]  # not big
 
-    def test_a_read_that_fails_gives_reads_own_error(self, tmp_path):
-        """A file replaced by a directory after indexing: open succeeds, its read fails; the
-        error is Index.read's, word for word (the file read again alone)."""
+    def test_a_file_that_is_not_regular_gives_reads_own_error(self, tmp_path):
+        """A file replaced by a directory after indexing: refused from its stat, unopened; the
+        error is Index.read's, word for word."""
         index = self.tree(tmp_path)
         os.remove(tmp_path / "c0" / "2.jpg")
         os.mkdir(tmp_path / "c0" / "2.jpg")
@@ -309,7 +311,26 @@ class TestImageFolderBatchRead:
         with pytest.raises(gp.SampleError) as raised:
             index.read(0)
         assert list(whole.errors) == [0] and str(whole.errors[0]) == str(raised.value)
-        assert "Is a directory: " in str(raised.value)
+        assert "not a regular file (a directory)" in str(raised.value) and raised.value.kind == Damage.NO_IMAGE
+
+    def test_a_read_that_fails_is_read_again_alone(self, tmp_path, monkeypatch):
+        """A ``pread`` that fails (an I/O error on one file): that file is read again alone,
+        with Index.read's own error where that fails too."""
+        from gpupipe.storage import _base
+
+        index = self.tree(tmp_path)
+        real = os.preadv
+        failing = os.path.realpath(tmp_path / "c0" / "2.jpg")
+
+        def preadv(fd: int, buffers: Any, offset: int) -> int:
+            if os.path.realpath(f"/proc/self/fd/{fd}") == failing:
+                raise OSError(5, "Input/output error")
+            return real(fd, buffers, offset)
+
+        monkeypatch.setattr(_base.os, "preadv", preadv)
+        whole = index.read_files_into(np.arange(4), self.take([]))
+        assert whole.errors == {}
+        assert [bytes(v) for v in whole.views] == [index.read(i).data for i in range(4)]
 
     @pytest.mark.parametrize("change", [-5, 5])
     def test_a_file_that_changed_after_its_stat_is_read_again(self, tmp_path, monkeypatch, change):

@@ -109,6 +109,44 @@ class TestLocalStorage:
         st.close()
 
 
+class TestOnlyRegularFiles:
+    """A FIFO, a device or a folder under a file's name: refused without blocking, before a byte
+    is read, by every way LocalStorage reads (``_files.open_regular``)."""
+
+    @pytest.fixture
+    def odd(self, tmp_path) -> dict[str, str]:
+        os.mkfifo(tmp_path / "fifo.tar")  # no writer: a plain open() would block forever
+        os.symlink("/dev/zero", tmp_path / "zero.tar")  # a read would never end
+        (tmp_path / "dir.tar").mkdir()
+        return {"a FIFO": str(tmp_path / "fifo.tar"), "a character device": str(tmp_path / "zero.tar"),
+                "a directory": str(tmp_path / "dir.tar")}  # fmt: skip
+
+    def test_each_read_refuses_them(self, odd):
+        from gpupipe.storage._base import LocalStorage
+        from gpupipe.storage._files import NotRegularFile
+
+        storage = LocalStorage()
+        for kind, path in odd.items():
+            message = f"not a regular file \\({kind}\\)"
+            with pytest.raises(NotRegularFile, match=message):
+                storage.open(path)
+            with pytest.raises(NotRegularFile, match=message):
+                storage.read(path, 0, 10)
+            assert isinstance(storage.sizes([path])[0], NotRegularFile)
+            got = storage.read_files_into([path], memoryview(bytearray(8)), [0], [8])
+            assert isinstance(got[0], NotRegularFile)
+            try:  # (None where no lease can be had at all: then pread reads, refusing it above)
+                mapped = MappedFile.open(path)
+            except NotRegularFile:
+                mapped = None
+            assert mapped is None
+        storage.close()
+
+    def test_a_fifo_shard_is_a_shard_error(self, odd):
+        with pytest.raises(gp.ShardError, match=r"not a regular file \(a FIFO\)"):
+            gp.WebDataset(odd["a FIFO"]).index()
+
+
 class TestSchemes:
     def test_scheme_of(self):
         assert _schemes.scheme_of("s3://bucket/a.tar") == "s3"

@@ -222,6 +222,12 @@ def check(
     Returns:
         A :class:`CheckReport`; ``report.ok`` is ``True`` when nothing is wrong.
     """
+    if not isinstance(source, WebDataset | str | Sequence):
+        raise ConfigError(
+            f"gpupipe check reads WebDataset shards (got {type(source).__name__}): an ImageFolder's files are "
+            "judged as they are read (loader.skipped, loader.stats()); to check them here, write them into shards "
+            "(gpupipe make-shards --from-imagefolder)"
+        )
     if not isinstance(source, WebDataset):
         source = WebDataset(source)
     source = source.with_listing(source.listing())  # (relist=True: the shards present now)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import logging
 import os
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
@@ -15,9 +16,12 @@ from ..core._errors import ConfigError, Damage, DataError, SampleError, ShardErr
 from ..shards._indexcache import cache_dir
 from ..shards._shard import RawSample, ShardIndex
 from ..storage._base import LocalStorage, Storage
+from ..storage._files import NotRegularFile
 from ._index import Index, Source
 
 __all__ = ["ImageFolder", "IMG_EXTENSIONS"]
+
+log = logging.getLogger("gpupipe")
 
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
@@ -61,7 +65,7 @@ class ImageFolder(Source):
         shards = []
         for label, cls in enumerate(classes):
             keys = []
-            for dirpath, _, names in sorted(os.walk(os.path.join(self.root, cls), followlinks=True)):
+            for dirpath, names in _walk(os.path.join(self.root, cls)):
                 rel = os.path.relpath(dirpath, self.root)
                 keys += [f"{rel}/{n}".replace(os.sep, "/") for n in sorted(names) if n.lower().endswith(exts)]
             if keys:
@@ -73,19 +77,51 @@ class ImageFolder(Source):
         return Index(shards, reader=FileReader(LocalStorage()), sequential=False, labeled=True)
 
 
+def _walk(top: str) -> list[tuple[str, list[str]]]:
+    """``os.walk(top, followlinks=True)``'s folders and file names, sorted by folder, as
+    torchvision's ImageFolder lists them, but a link to a folder that holds it (a loop: ``a/up ->
+    ..``) is not followed, with a warning: torchvision follows it until the path is too long,
+    listing each file again at each level. (A file's entry here may still be a FIFO, a device or a
+    dangling link: each gets its verdict when its sample is read.)"""
+    out, chains = [], {top: _identity(top)}
+    for dirpath, dirnames, names in os.walk(top, followlinks=True):
+        chain = chains.pop(dirpath, frozenset())
+        for d in list(dirnames):
+            path = os.path.join(dirpath, d)
+            ident = _identity(path)
+            if ident & chain:
+                dirnames.remove(d)
+                log.warning(
+                    "gpupipe: ImageFolder: %r leads back to a folder that holds it (a link loop): not followed", path
+                )
+            else:
+                chains[path] = chain | ident
+        out.append((dirpath, names))
+    return sorted(out)
+
+
+def _identity(path: str) -> frozenset[tuple[int, int]]:
+    """The folder's ``(device, inode)``, links followed (none where it cannot be stat'ed)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return frozenset()
+    return frozenset({(st.st_dev, st.st_ino)})
+
+
 def _class_record(root: str, cls: str, keys: list[str]) -> str | None:
     """Where what a loader learns of a class folder's files is recorded (their images' sizes,
     ``backends/_dali/_headers.Sizes``): in the node's index cache, under a digest of the folder
     and of each file's name, size and modification time, so that a file added, removed or
     rewritten makes a new record. Called once per loader, when the class is first read (a stat
     per file, in a reader thread); ``None`` where a file cannot be stat'ed."""
-    digest = hashlib.sha256(f"{os.path.realpath(root)}\0{cls}".encode())
+    digest = hashlib.sha256(os.fsencode(f"{os.path.realpath(root)}\0{cls}"))  # (a name need not be UTF-8)
     for key in keys:
         try:
             st = os.stat(os.path.join(root, key))
         except OSError:
             return None
-        digest.update(f"\0{key}\0{st.st_size}\0{st.st_mtime_ns}".encode())
+        digest.update(os.fsencode(f"\0{key}\0{st.st_size}\0{st.st_mtime_ns}"))
     return os.path.join(cache_dir(), f"imagefolder-{digest.hexdigest()[:32]}.idx")
 
 
@@ -156,5 +192,7 @@ class WholeFiles(NamedTuple):
 
 
 def _unreadable(shard: str, key: str, e: OSError) -> SampleError:
-    kind = Damage.NO_IMAGE if isinstance(e, FileNotFoundError) else Damage.UNREADABLE_SHARD
+    """A file that is missing (a dangling link) or not a regular file (a FIFO, a device) has no
+    image; another I/O error is the folder's."""
+    kind = Damage.NO_IMAGE if isinstance(e, FileNotFoundError | NotRegularFile) else Damage.UNREADABLE_SHARD
     return SampleError(f"cannot read sample {key!r} in {shard!r}: {e}", shard=shard, key=key, kind=kind)

@@ -22,6 +22,7 @@ import weakref
 from collections.abc import Mapping, Sequence
 from typing import IO, Any
 
+from ._files import open_regular, regular_size
 from ._mapped import MappedFile
 
 __all__ = [
@@ -219,7 +220,9 @@ class LocalStorage(Storage):
         return Stat(st.st_size, str(st.st_mtime_ns))
 
     def open(self, url: str) -> IO[bytes]:
-        return open(self.path(url), "rb")
+        """The file, read-only; ``NotRegularFile`` (an ``OSError``) for a FIFO, a device, a
+        directory or a socket, which could block a reader or never end (``_files``)."""
+        return os.fdopen(open_regular(self.path(url)), "rb")
 
     def read(self, url: str, offset: int, size: int) -> bytes:
         files = self._descriptors()
@@ -244,12 +247,12 @@ class LocalStorage(Storage):
         return len(ranges)
 
     def sizes(self, urls: Sequence[str]) -> list[int | OSError]:
-        """One ``stat`` per file."""
+        """One ``stat`` per file; ``NotRegularFile`` for one that is not a regular file."""
         out: list[int | OSError] = []
-        stat, path = os.stat, self.path
+        path = self.path
         for url in urls:
             try:
-                out.append(stat(path(url)).st_size)
+                out.append(regular_size(path(url)))
             except OSError as e:
                 out.append(e)
         return out
@@ -260,11 +263,10 @@ class LocalStorage(Storage):
         ``close`` per file: no descriptor is kept (the files of an ImageFolder are many, each
         read once an epoch)."""
         got: list[int | OSError] = []
-        flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
         preadv, path = os.preadv, self.path
         for url, start, length in zip(urls, at, lengths, strict=True):
             try:
-                fd = os.open(path(url), flags)
+                fd = open_regular(path(url))
             except OSError as e:
                 got.append(e)
                 continue
@@ -292,7 +294,7 @@ class LocalStorage(Storage):
                 for old in files.fds.values():
                     os.close(old)
                 files.fds.clear()
-            fd = files.fds[path] = os.open(path, os.O_RDONLY)
+            fd = files.fds[path] = open_regular(path)
         return fd
 
     def _descriptors(self) -> _Descriptors:

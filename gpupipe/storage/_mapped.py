@@ -41,6 +41,8 @@ import threading
 
 import numpy as np
 
+from ._files import open_regular
+
 __all__ = ["MappedFile"]
 
 log = logging.getLogger("gpupipe")
@@ -83,7 +85,7 @@ class MappedFile:
             return None
         import fcntl
 
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = open_regular(path)
         try:
             fcntl.fcntl(fd, _F_SETSIG, signal.SIGURG)
             fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_RDLCK)

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import io
 import tarfile
-from typing import Literal
+from typing import Any, Literal
 
 from gpupipe.testing import encode_jpeg, synthetic_image
 
-__all__ = ["member", "END", "tar_of", "good_sample", "good_jpeg", "sparse_tar"]
+__all__ = ["member", "END", "tar_of", "good_sample", "good_jpeg", "sparse_tar", "hostile_folder", "folder_verdicts"]
 
 END = b"\0" * (2 * tarfile.BLOCKSIZE)
 
@@ -111,3 +111,44 @@ def epoch(urls):
 runs = [epoch(clean), epoch(clean), epoch(hostile)]
 print("RESULT " + json.dumps(runs))
 """
+
+
+def hostile_folder(root: str) -> dict[str, str]:
+    """An ImageFolder tree at ``root`` holding what a tree may hold and a tar cannot, among good
+    files; returns each sample key's expected verdict (``"ok"`` or its kind). A link that loops
+    back to a folder holding it is not followed, so its files are not listed again."""
+    import os
+
+    for cls in ("a", "b"):
+        os.makedirs(os.path.join(root, cls))
+        for i in range(2):
+            with open(os.path.join(root, cls, f"g{i}.jpg"), "wb") as f:
+                f.write(good_jpeg(i))
+    os.mkfifo(os.path.join(root, "a", "fifo.jpg"))  # no writer: an open() would block forever
+    os.symlink("/dev/zero", os.path.join(root, "a", "zero.jpg"))  # a read would never end
+    os.symlink(os.path.join(root, "nowhere.jpg"), os.path.join(root, "a", "dangling.jpg"))
+    os.symlink("..", os.path.join(root, "b", "up"))  # root: b again is a loop, a is listed again
+    with open(os.fsencode(os.path.join(root, "b")) + b"/\xff\xfe.jpg", "wb") as f:  # not UTF-8
+        f.write(good_jpeg(3))
+    os.makedirs(os.path.join(root, "b", "dir.jpg"))  # a folder named like an image: not a sample
+    bad = {"a/fifo.jpg": "no-image", "a/zero.jpg": "no-image", "a/dangling.jpg": "no-image"}
+    keys = ["a/g0.jpg", "a/g1.jpg", *bad, "b/g0.jpg", "b/g1.jpg", os.fsdecode(b"b/\xff\xfe.jpg"),
+            *(f"b/up/a/{n}" for n in ("g0.jpg", "g1.jpg", "fifo.jpg", "zero.jpg", "dangling.jpg"))]  # fmt: skip
+    return {k: bad.get(k.removeprefix("b/up/"), "ok") for k in keys}
+
+
+def folder_verdicts(root: str, backend: str) -> dict[str, str]:
+    """Each sample's verdict from a loader over ImageFolder ``root`` on ``backend`` (CPU), under
+    ``on_error="skip"``: ``"ok"`` (delivered) or its kind."""
+    import gpupipe as gp
+    from gpupipe import transforms as T
+
+    per_backend: dict[str, dict[str, Any]] = {"dali": {"device": "cpu"}, "torch": {"num_workers": 0}}
+    options = per_backend[backend]
+    out: dict[str, str] = {}
+    pipe = gp.Pipeline(gp.ImageFolder(root), [T.RandomResizedCrop(16)])
+    with gp.Loader(pipe, 3, backend=backend, on_error="skip", max_skipped=None, seed=1, **options) as loader:
+        for batch in loader:
+            out.update((k, "ok") for k, valid in zip(batch.keys, batch.valid.tolist(), strict=True) if valid)
+        out.update((str(s.key), str(s.kind)) for s in loader.skipped if s.epoch is not None)
+    return out
