@@ -1,5 +1,6 @@
-"""The fuzzer of hostile shards (issue 51): generated shards (``fuzz_cases``) through the scan,
-``gpupipe check`` and each CPU backend under ``on_error="skip"``, against five invariants:
+"""The fuzzer of hostile shards (issue 51): generated shards and ImageFolder trees
+(``fuzz_cases``) through the scan, ``gpupipe check`` (shards) and each CPU backend under
+``on_error="skip"``, against five invariants:
 
 1. nothing raises out of ``WebDataset.index``, ``Loader(...)``, its epoch or ``check``;
 2. every sample the index numbers is delivered or skipped with a reason, once, on every backend
@@ -14,7 +15,8 @@ Hypothesis generates and shrinks the cases: structured inputs (tar members, imag
 fields) reach far deeper than byte flips of whole files, and a failure comes back as the smallest
 case that shows it. Run as ``python -m tests.support.fuzz --seconds 60`` (``make test`` runs a
 short budget through ``tests/test_fuzz.py``; ``make fuzz`` a long one, with a JSON report). A
-crash (a signal) ends the process: the case being run is kept at ``--keep``.
+crash (a signal) ends the process, and so does a case that blocks for ``HANG`` seconds (with
+every thread's stack on stderr): the case being run is kept at ``--keep``.
 
 ``GPUPIPE_FUZZ_PLANT=image-bytes`` (or ``label-bytes``) removes that limit, to show the fuzzer
 finds it.
@@ -23,6 +25,7 @@ finds it.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import functools
 import json
 import logging
@@ -38,14 +41,15 @@ from typing import Any
 import gpupipe as gp
 from gpupipe import transforms as T
 
-from .fuzz_cases import CANARY, Case, cases, write_case
-from .hostile import good_sample, tar_of
+from .fuzz_cases import CANARY, Case, Folder, cases, folders, write_case, write_folder
+from .hostile import good_jpeg, good_sample, tar_of
 
 LIMIT = 8 << 20  # max_image_bytes in the fuzzed loaders: small, so that the memory bound is tight
 PIXELS = LIMIT // 3  # max_image_pixels likewise: the promise counts a decoded image (3 x pixels) as one member
 FIELDS = {"image": "jpg;png;webp;bmp", "label": "cls", "meta": gp.fields.Json("json", missing="empty"),
           "text": gp.fields.Text("txt", missing="empty"), "emb": gp.fields.Array("npy", missing="empty")}  # fmt: skip
 OK = "ok"
+HANG = 120  # seconds: a case that takes longer has blocked (a clean one takes well under one)
 GOOD = ("__good-0", "__good-1")  # the keys of the good shard read beside each case (no case's keys)
 
 
@@ -86,14 +90,17 @@ class Fuzzer:
         self.canary = os.path.join(root, "canary")
         os.environ[CANARY] = self.canary
         self.cases, self.kinds, self.peak_growth, self.slack, self.peak_rss = 0, dict[str, int](), 0, 0, 0
+        self.folders = 0  # of the cases, ImageFolder trees
         self.measured = _reset_peak()
 
-    def source(self, url: str, case: Case) -> gp.WebDataset:
+    def source(self, url: str, case: Case | Folder) -> gp.WebDataset | gp.ImageFolder:
+        if isinstance(case, Folder):
+            return gp.ImageFolder(url)
         if case.fields:
             return gp.WebDataset([url, self.good], fields=FIELDS)
         return gp.WebDataset([url, self.good], image="jpg;png;webp;bmp")
 
-    def verdicts(self, source: gp.WebDataset, backend: str) -> dict[str, str]:
+    def verdicts(self, source: gp.WebDataset | gp.ImageFolder, backend: str) -> dict[str, str]:
         """Each numbered sample's verdict on ``backend``: ``"ok"`` (delivered) or its kind."""
         pipe = gp.Pipeline(source, [T.RandomResizedCrop(16), T.RandomHorizontalFlip()])
         per_backend: dict[str, dict[str, Any]] = {"dali": {"device": "cpu"}, "torch": {"num_workers": 0}}
@@ -112,14 +119,18 @@ class Fuzzer:
                     out[s.key] = str(s.kind)
         return out
 
-    def run(self, case: Case) -> None:
+    def run(self, case: Case | Folder) -> None:
         """One case through every invariant; raises AssertionError naming the one broken."""
         self.cases += 1
+        self.folders += isinstance(case, Folder)
         folder = tempfile.mkdtemp(dir=self.root)
+        # a case that blocks (a read that never returns) ends the process with every thread's stack
+        faulthandler.dump_traceback_later(HANG, exit=True)
         try:
-            url = write_case(case, os.path.join(folder, "case"))
+            url = self.write(case, os.path.join(folder, "case"))
             if self.keep:  # the case being run, for a crash (the last one, for a failure: hypothesis's shrunk case)
-                write_case(case, os.path.join(self.keep, "case"))
+                shutil.rmtree(os.path.join(self.keep, "case-tree"), ignore_errors=True)
+                self.write(case, os.path.join(self.keep, "case"))
             self.measured = _reset_peak()
             before = _kb("VmRSS")
             self._run(url, case)
@@ -134,9 +145,23 @@ class Fuzzer:
                 )
             assert not os.path.exists(self.canary), "a .npy object array was unpickled"
         finally:
+            faulthandler.cancel_dump_traceback_later()
             shutil.rmtree(folder, ignore_errors=True)
 
-    def _run(self, url: str, case: Case) -> None:
+    @staticmethod
+    def write(case: Case | Folder, path: str) -> str:
+        """A tar case as a shard at ``path`` (``.tar``, ``.tgz``); a tree at ``path-tree``, with a
+        class of good files beside its own (``GOOD``, as the good shard beside a tar case)."""
+        if isinstance(case, Case):
+            return write_case(case, path)
+        root = write_folder(case, path + "-tree")
+        os.makedirs(os.path.join(root, "__good"))
+        for i, key in enumerate(GOOD):
+            with open(os.path.join(root, "__good", f"{key}.jpg"), "wb") as f:
+                f.write(good_jpeg(i))
+        return root
+
+    def _run(self, url: str, case: Case | Folder) -> None:
         source = self.source(url, case)
         index = source.index(on_error="skip")
         numbered = [k for s in index.shards for k in s.keys]
@@ -150,10 +175,11 @@ class Fuzzer:
                 f"never {sorted(set(numbered) - set(got))[:5]}"
             )
             seen[backend] = got
-        report = gp.check(source, workers=0, write=False, max_image_bytes=LIMIT, max_image_pixels=PIXELS)
-        checked = dict.fromkeys(numbered, OK)
-        checked.update({f.key: f.kind.value for f in report.findings if f.sample is not None and f.key is not None})
-        seen["check"] = checked
+        if isinstance(source, gp.WebDataset):  # (check reads shards: an ImageFolder's files are judged as read)
+            report = gp.check(source, workers=0, write=False, max_image_bytes=LIMIT, max_image_pixels=PIXELS)
+            checked = dict.fromkeys(numbered, OK)
+            checked.update({f.key: f.kind.value for f in report.findings if f.sample is not None and f.key is not None})
+            seen["check"] = checked
         first = next(iter(seen))
         for name, verdicts in seen.items():
             differ = {k: (seen[first][k], v) for k, v in verdicts.items() if seen[first].get(k) != v}
@@ -196,8 +222,8 @@ def fuzz(seconds: float, *, seed: int = 0, backends: list[str] | None = None, ke
 
             @seeded(seed + rounds)
             @config
-            @given(case=cases())
-            def round_(case: Case) -> None:
+            @given(case=cases() | folders())
+            def round_(case: Case | Folder) -> None:
                 fuzzer.run(case)
 
             rounds += 1
@@ -219,6 +245,7 @@ def fuzz(seconds: float, *, seed: int = 0, backends: list[str] | None = None, ke
             _cluster.detach()
     return {
         "cases": fuzzer.cases,
+        "folder_cases": fuzzer.folders,
         "rounds": rounds,
         "seconds": round(time.monotonic() - started, 1),
         "backends": backends,

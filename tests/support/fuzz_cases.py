@@ -3,7 +3,13 @@ member so that any part may lie — tar headers (sizes, types, names, pax and GN
 the end blocks, flipped bytes with or without a mended checksum, gzip), image headers (JPEG frame
 and segment lengths, markers, PNG chunk lengths, dimensions, text chunks that inflate far) and
 fields (numbers, nesting, encodings, ``.npy`` headers, a pickle) — and huge members as holes of a
-sparse file. :func:`write_case` writes one to disk."""
+sparse file. :func:`write_case` writes one to disk.
+
+:func:`folders` draws hostile ImageFolder trees the same way (:class:`Folder`): the images of a
+shard's members as files under odd names (not UTF-8, a newline, no extension, upper case), huge
+sparse files, and what a tree may hold that a tar cannot: FIFOs, links to devices, dangling links,
+links that loop back to a folder that holds them, empty class folders, folders named like images.
+:func:`write_folder` writes one."""
 
 from __future__ import annotations
 
@@ -22,7 +28,7 @@ from hypothesis import strategies as st
 
 from .hostile import END, good_jpeg
 
-__all__ = ["Case", "cases", "write_case", "CANARY"]
+__all__ = ["Case", "Folder", "cases", "folders", "write_case", "write_folder", "CANARY"]
 
 CANARY = "GPUPIPE_FUZZ_CANARY"  # the environment variable naming the file a pickle payload would create
 HOLES = (1 << 30, 1 << 31, (1 << 32) + 512)  # members of this many zero bytes that take no disk
@@ -321,3 +327,76 @@ def write_case(case: Case, path: str) -> str:
                 f.seek(size + (-size % tarfile.BLOCKSIZE), io.SEEK_CUR)
         f.truncate()
     return path
+
+
+# What a tree's entry may be besides a file of bytes: made by write_folder
+_SPECIAL = ["fifo", "dev-zero", "dangling", "loop", "alias", "dir", "empty-class"]
+_NAMES = st.one_of(
+    st.sampled_from(["a.jpg", "B.JPG", "c.jpeg", "d.png", "e.webp", "f.bmp", "g", "h.txt", ".hidden.jpg", "x\ny.jpg",
+                     "sp ace.jpg", "k" * 200 + ".jpg"]),
+    st.binary(min_size=1, max_size=12).map(lambda b: os.fsdecode(b.replace(b"/", b"_").replace(b"\0", b"_")) + ".jpg"),
+)  # fmt: skip
+
+
+@dataclasses.dataclass
+class Folder:
+    """One generated ImageFolder tree: ``entries`` of ``(class, name, what)``, ``what`` a file's
+    bytes, a hole ``("hole", size)`` or one of :data:`_SPECIAL` (a FIFO, a link, ...)."""
+
+    entries: list[tuple[str, str, Piece | str]]
+
+    def __repr__(self) -> str:
+        shown = [f"{c}/{n!r}: " + (f"<{len(w)} bytes {w[:32]!r}>" if isinstance(w, bytes) else repr(w))
+                 for c, n, w in self.entries]  # fmt: skip
+        return f"Folder([{', '.join(shown)}])"
+
+
+@st.composite
+def folders(draw: st.DrawFn) -> Folder:
+    entries: list[tuple[str, str, Piece | str]] = []
+    for _ in range(draw(st.integers(0, 6))):
+        cls = draw(st.sampled_from(["c0", "c1", "c1/sub", "Ünï", "c\udcff"]))
+        name = draw(_NAMES)
+        if draw(st.integers(0, 4)) == 0:
+            entries.append((cls, name, draw(st.sampled_from(_SPECIAL))))
+            continue
+        ext = draw(st.sampled_from(["jpg", "jpg", "png", "webp", "bmp", "bin"]))
+        entries.append((cls, name, _payload(draw, ext)))
+    return Folder(entries)
+
+
+def write_folder(folder: Folder, root: str) -> str:
+    """Writes ``folder`` under ``root`` (made here); returns ``root``. A name the file system
+    refuses (too long) is left out: no tree can hold it."""
+    os.makedirs(root)
+    for cls, name, what in folder.entries:
+        where = os.path.join(root, cls)
+        os.makedirs(where, exist_ok=True)
+        path = os.path.join(where, name)
+        if os.path.lexists(path):
+            continue
+        try:
+            if isinstance(what, bytes):
+                with open(path, "wb") as f:
+                    f.write(what)
+            elif isinstance(what, tuple):  # a hole: a sparse file of that many zero bytes
+                with open(path, "wb") as f:
+                    f.truncate(what[1])
+            elif what == "fifo":
+                os.mkfifo(path)
+            elif what == "dev-zero":
+                os.symlink("/dev/zero", path)
+            elif what == "dangling":
+                os.symlink(os.path.join(root, "nowhere", "x.jpg"), path)
+            elif what == "loop":
+                os.symlink("..", path)
+            elif what == "alias":  # another class folder, listed again under this one
+                os.symlink(os.path.join(root, "c0"), path)
+            elif what == "dir":
+                os.makedirs(path)
+            elif what == "empty-class":
+                os.makedirs(os.path.join(root, f"{cls.split('/')[0]}-empty"), exist_ok=True)
+        except OSError as e:
+            if e.errno != 36:  # ENAMETOOLONG
+                raise
+    return root
