@@ -138,7 +138,8 @@ class TestParity:
         check_backend_parity([jitter], photos, device=device)
 
     def test_color_twist_is_the_faster_kernel_with_its_documented_hue(self, device, photos, shards):
-        """``DaliOptions(color_twist=True)``: DALI's own operator, through the loader: brightness as
+        """``DaliOptions(color_twist=True)``: DALI's own operator, through the loader, in DALI's
+        graph (``stage=False``: the stage would run torchvision's kernels): brightness as
         torchvision within the standard tolerance, hue 0.1 about 10 grey levels apart (docs/guide/dali.md)."""
         for jitter, low, high in (
             (T.ColorJitter(brightness=(1.3, 1.3)), 0.0, 1.0),
@@ -146,7 +147,8 @@ class TestParity:
         ):
             pipe = gp.Pipeline(shards, [T.CenterCrop(48), jitter])
             got = {}
-            for backend, options in (("torch", {}), ("dali", {"dali": gp.DaliOptions(color_twist=True)})):
+            twist: dict[str, Any] = {"dali": gp.DaliOptions(color_twist=True), "stage": False}
+            for backend, options in (("torch", {}), ("dali", twist)):
                 # ``device`` is DALI's name ("cpu" or "gpu"); the loader's is torch's ("cpu" or "cuda").
                 on = "cuda" if backend == "dali" and device == "gpu" else "cpu"
                 with gp.Loader(pipe, 4, backend=backend, device=on, **options) as loader:

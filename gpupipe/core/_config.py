@@ -96,7 +96,10 @@ class DaliOptions:
             2 cores, 2026-11-22; not measured on a GPU yet), but contrast pivots on mid-grey
             rather than the image's mean, hue rotates in YIQ space rather than HSV (about 10 grey
             levels apart at hue 0.1), and it rounds where torchvision truncates. Default
-            ``False``: the same kernels as the torch backend.
+            ``False``: the same kernels as the torch backend. Only where DALI's graph runs
+            ``ColorJitter``: before a crop or resize, or with ``Loader(stage=False)``; in a view's
+            last steps the stage runs it by default (torchvision's kernels, faster on both
+            devices: ``bench/results/2026-11-29-stage-dali-colour-cpu.md``).
         decode: how a pipeline's leading ``RandomResizedCrop`` is decoded on the GPU, a
             :class:`DecodeMode`: ``"auto"`` (default), ``"roi"`` or ``"full"``.
     """
