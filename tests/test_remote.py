@@ -106,6 +106,39 @@ class TestHttp:
         assert server.gets[name] == 3
         assert not [f for f in os.listdir(cache) if ".part-" in f]
 
+    def test_a_stalled_transfer_is_cut_and_tried_again(self, shards, server, cache, monkeypatch):
+        """A server that stops sending mid-body: after ``HTTP_STALL_S`` without a byte the read
+        fails and the download is tried again, instead of waiting out aiohttp's 5 minutes."""
+        from gpupipe.storage import _remote
+
+        monkeypatch.setattr(_remote, "HTTP_STALL_S", 1.0)
+        monkeypatch.setattr(RemoteStorage, "__init__", _fast_retries(RemoteStorage.__init__))
+        name = names(shards)[0]
+        server.stalls[name], server.stall_s = 1, 60.0
+        storage = RemoteStorage("http", cache_dir=cache)
+        started = time.monotonic()
+        path = storage.local_path(f"{server.url}/{name}")
+        with open(path, "rb") as f, open(shards[0], "rb") as g:
+            assert f.read() == g.read()
+        assert server.gets[name] == 2 and time.monotonic() - started < 30
+        storage.close()
+
+    def test_http_waits_are_bounded_and_a_transfer_is_not(self):
+        """gpupipe's aiohttp timeout: a connection 30 s, each read 60 s, the whole transfer
+        unbounded (aiohttp's own 5 minutes for a request and its body failed every try of a large
+        shard on a slow link); a user's own timeout kept; other protocols untouched."""
+        import aiohttp
+
+        from gpupipe.storage._remote import http_options
+
+        timeout = http_options("https", {})["client_kwargs"]["timeout"]
+        assert (timeout.total, timeout.sock_connect, timeout.sock_read) == (None, 30.0, 60.0)
+        theirs = {"timeout": aiohttp.ClientTimeout(total=10), "trust_env": True}
+        assert http_options("http", {"client_kwargs": theirs})["client_kwargs"] == theirs
+        kept = http_options("http", {"client_kwargs": {"trust_env": True}})["client_kwargs"]
+        assert kept["trust_env"] is True and kept["timeout"].total is None
+        assert http_options("s3", {"anon": True}) == {"anon": True}
+
     @pytest.mark.parametrize("part", [False, True], ids=["whole", "part"])
     def test_a_shard_rewritten_during_its_download_is_downloaded_again(self, tmp_path, cache, caplog, part,
                                                                         http_server):  # fmt: skip

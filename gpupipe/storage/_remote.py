@@ -31,7 +31,7 @@ from ._counts import count
 from ._mapped import MappedFile
 from ._transfer import MAX_INFLATION, NoRanges, download, host, retry
 
-__all__ = ["RemoteStorage", "canonical_url", "require_driver", "fsspec_protocol", "filesystem_for"]
+__all__ = ["RemoteStorage", "canonical_url", "require_driver", "fsspec_protocol", "filesystem_for", "http_options"]
 
 log = logging.getLogger("gpupipe")
 T = TypeVar("T")
@@ -453,12 +453,37 @@ class RemoteStorage(Storage):
                 self.cache.announce({})
 
 
+# HTTP(S) waits (seconds): for a connection, and for the next bytes of a response (a server that
+# stops sending mid-body). No bound on the whole transfer: aiohttp's default, 5 minutes for a
+# request and its body, failed every try of a shard that downloads for longer (1 GB at 3 MB/s).
+HTTP_CONNECT_S = 30.0
+HTTP_STALL_S = 60.0
+
+
+def http_options(protocol: str, storage_options: Mapping[str, Any]) -> dict[str, Any]:
+    """``storage_options`` with gpupipe's HTTP(S) timeouts where they name none
+    (``client_kwargs={"timeout": aiohttp.ClientTimeout(...)}`` replaces them): a connection waits
+    :data:`HTTP_CONNECT_S`, a read :data:`HTTP_STALL_S`, and the whole transfer as long as bytes
+    come. Other protocols' options as they are (their drivers have their own timeouts)."""
+    options = dict(storage_options)
+    if protocol not in ("http", "https"):
+        return options
+    client = dict(options.get("client_kwargs") or {})
+    if "timeout" not in client:
+        import aiohttp
+
+        client["timeout"] = aiohttp.ClientTimeout(total=None, sock_connect=HTTP_CONNECT_S, sock_read=HTTP_STALL_S)
+    options["client_kwargs"] = client
+    return options
+
+
 def filesystem_for(protocol: str, storage_options: Mapping[str, Any]) -> Any:
-    """fsspec's filesystem for ``protocol``, or a ConfigError saying what to install."""
+    """fsspec's filesystem for ``protocol`` (:func:`http_options`), or a ConfigError saying what
+    to install."""
     try:
         import fsspec
 
-        return fsspec.filesystem(protocol, **storage_options)
+        return fsspec.filesystem(protocol, **http_options(protocol, storage_options))
     except ImportError as e:
         raise ConfigError(f"{protocol}:// URLs need a package fsspec uses for them: {e}") from e
     except ValueError as e:

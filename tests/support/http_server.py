@@ -5,6 +5,7 @@ through the ``http_server`` fixture (conftest), which shuts each down when the t
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import http.server
 import os
@@ -19,7 +20,8 @@ class Handler(http.server.SimpleHTTPRequestHandler):
     none); ``drops[name]`` counts requests for ``name`` to cut off after half their body;
     ``status[name]`` answers with that status instead; ``rewrites[name]`` counts GETs of ``name``
     after which the file is rewritten (same size, new content and ETag); every GET is counted in
-    ``gets``, the bytes of the bodies sent in ``sent``."""
+    ``gets``, the bytes of the bodies sent in ``sent``; ``stalls[name]`` counts requests for
+    ``name`` that send half their body, then nothing for the server's ``stall_s`` seconds."""
 
     server: HttpServer
 
@@ -70,6 +72,16 @@ class Handler(http.server.SimpleHTTPRequestHandler):
             self.wfile.flush()
             self.close_connection = True
             return
+        if self.server.stalls.get(name, 0) > 0:  # half the body, then nothing for a while, then the rest
+            self.server.stalls[name] -= 1
+            half = start + (end - start) // 2
+            self.wfile.write(data[start:half])
+            self.wfile.flush()
+            if self.server.stop.wait(self.server.stall_s):
+                return
+            with contextlib.suppress(OSError):  # the client gave up meanwhile
+                self.wfile.write(data[half:end])
+            return
         if self.server.rewrites.get(name, 0) > 0:  # before the body: the client's next HEAD sees it
             self.server.rewrites[name] -= 1
             st = os.stat(path)
@@ -106,6 +118,9 @@ class HttpServer(http.server.ThreadingHTTPServer):
         self.drops: dict[str, int] = {}
         self.status: dict[str, int] = {}
         self.rewrites: dict[str, int] = {}
+        self.stalls: dict[str, int] = {}  # requests for a name to stop sending mid-body, for stall_s
+        self.stall_s = 5.0
+        self.stop = threading.Event()  # set at shutdown: a stalled request ends
 
     @property
     def url(self) -> str:
@@ -133,5 +148,6 @@ def http_server() -> Iterator[Callable[..., HttpServer]]:
 
     yield start
     for srv in servers:
+        srv.stop.set()
         srv.shutdown()
         srv.server_close()
