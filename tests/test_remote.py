@@ -123,6 +123,24 @@ class TestHttp:
         assert server.gets[name] == 2 and time.monotonic() - started < 30
         storage.close()
 
+    def test_a_download_never_writes_past_the_shards_size(self, tmp_path):
+        """Whatever the filesystem's stream gives (a driver that reads past the object's size, a
+        shard rewritten meanwhile), a try stops one chunk past the size and says why."""
+        import io
+        import threading
+
+        from gpupipe.storage import _transfer
+
+        class Endless:
+            def open(self, url: str, mode: str, **kwargs: object) -> io.BytesIO:
+                return io.BytesIO(bytes(5 * _transfer.CHUNK))
+
+        with open(tmp_path / "out", "w+b") as out:
+            with pytest.raises(OSError, match=r"sent more than the 1000 bytes the shard has"):
+                _transfer.download(Endless(), "http://h/s.tar", out, size=1000, span=None, stream=True,
+                                   stopping=threading.Event())  # fmt: skip
+            assert out.tell() <= 1000 + _transfer.CHUNK
+
     def test_http_waits_are_bounded_and_a_transfer_is_not(self):
         """gpupipe's aiohttp timeout: a connection 30 s, each read 60 s, the whole transfer
         unbounded (aiohttp's own 5 minutes for a request and its body failed every try of a large

@@ -106,8 +106,11 @@ def download(
                             "bomb, or data that compresses unusually well: WebDataset(..., max_inflation=) raises "
                             "the bound)"
                         )
-            else:
-                _copy(src, out, stopping)
+            else:  # never more than its size on disk: a server may send a body without end
+                _copy(src, out, stopping, size)
+                if out.tell() > size:
+                    raise OSError(f"the server sent more than the {size} bytes the shard has (a body without end, "
+                                  "or a shard rewritten meanwhile): the transfer was stopped there")  # fmt: skip
                 if out.tell() != size:
                     raise OSError(f"the transfer ended after {out.tell()} of {size} bytes")
     out.flush()
