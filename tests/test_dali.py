@@ -156,6 +156,16 @@ class TestParity:
             error = float((got["torch"] - got["dali"]).abs().mean())
             assert low <= error <= high, (jitter, error)
 
+    def test_color_twist_where_the_stage_runs_colorjitter_is_a_warning(self, device, shards):
+        """The option acts where DALI's graph runs ColorJitter: where the stage runs it (a view's
+        tail), the loader says so, naming the step, instead of ignoring the option silently."""
+        on = "cuda" if device == "gpu" else "cpu"
+        pipe = gp.Pipeline(shards, [T.CenterCrop(48), T.RandomApply([T.ColorJitter(0.4)])])
+        twist = gp.DaliOptions(color_twist=True)
+        with pytest.warns(UserWarning, match=r"color_twist=True\) does not apply to pipeline step 1 \(RandomApply\)"):
+            gp.Loader(pipe, 4, backend="dali", device=on, dali=twist).close()
+        gp.Loader(pipe, 4, backend="dali", device=on, dali=twist, stage=False).close()  # (warnings are errors)
+
     @pytest.mark.parametrize(
         "before",
         [[T.ToDtype(torch.float32, scale=True), T.Normalize(**IMAGENET)], [T.ToDtype(torch.float32)]],

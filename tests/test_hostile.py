@@ -232,9 +232,14 @@ class TestImageFolderTree:
         assert "link loop" in caplog.text and "sub/loop" in caplog.text
 
     def test_check_names_what_it_reads(self, tmp_path):
+        import pathlib
+
         (tmp_path / "c").mkdir()
         with pytest.raises(gp.ConfigError, match=r"reads WebDataset shards \(got ImageFolder\)"):
             gp.check(gp.ImageFolder(str(tmp_path)))  # type: ignore[arg-type]
+        shard = tmp_path / "s-000000.tar"
+        shard.write_bytes(tar_of(good_sample("k0", 1)))
+        assert gp.check(pathlib.Path(shard), workers=0, write=False).ok  # type: ignore[arg-type]  # (a path, as before)
 
 
 class TestPngMetadata:

@@ -546,6 +546,15 @@ class TestInTheLoader:
         distort = [T.RandomPhotometricDistort()]
         assert "RandomPhotometricDistort runs faster" in (dali.stage_default("cpu", [distort]) or "")
         assert dali.stage_default("cpu", [[T.RandomResizedCrop(32), T.RandomErasing()]]) is None  # not measured
+        # asked of the tails the stage would take, not the whole view: a ColorJitter before the crop
+        # stays in DALI's graph and says nothing of the stage's speed
+        from gpupipe.backends._stage import candidate_tails
+
+        before = gp.Pipeline(gp.WebDataset(shards), [T.ColorJitter(0.4), T.RandomResizedCrop(32), T.RandomErasing()])
+        assert candidate_tails(before) == [(before.views[0][2],)]
+        assert dali.stage_default("cpu", candidate_tails(before)) is None
+        after = gp.Pipeline(gp.WebDataset(shards), [T.RandomResizedCrop(32), T.ColorJitter(0.4), T.RandomErasing()])
+        assert dali.stage_default("cpu", candidate_tails(after)) is not None
         assert backends.get("torch").stage_default("cpu", [augmix]) is None
         seen: list[Any] = []
         real = dali.runner

@@ -142,6 +142,40 @@ class TestOnlyRegularFiles:
             assert mapped is None
         storage.close()
 
+    def test_a_file_under_another_processs_write_lease_is_read_once_it_is_broken(self, tmp_path):
+        """A write lease (Samba's oplocks, an NFS delegation) makes an open without blocking fail
+        at once (EAGAIN), where a plain open waits for the holder to let go: such a file is read,
+        not refused."""
+        from gpupipe.storage._base import LocalStorage
+
+        path = str(tmp_path / "leased.jpg")
+        with open(path, "wb") as f:
+            f.write(b"x" * 100)
+        holder = subprocess.Popen([sys.executable, "-c", f"""
+import fcntl, os, signal, sys, time
+fd = os.open({path!r}, os.O_RDWR)
+signal.signal(signal.SIGIO, lambda *a: (time.sleep(0.3), fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)))
+try:
+    fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_WRLCK)
+except OSError as e:
+    print("no lease", e, flush=True)
+    sys.exit(0)
+print("held", flush=True)
+time.sleep(20)
+"""], stdout=subprocess.PIPE, text=True)  # fmt: skip
+        try:
+            said = holder.stdout.readline() if holder.stdout is not None else ""
+            if not said.startswith("held"):
+                pytest.skip(f"no write lease here: {said.strip()}")
+            storage = LocalStorage()
+            started = time.monotonic()
+            assert storage.read(path, 0, 10) == b"x" * 10
+            assert time.monotonic() - started < 15
+            storage.close()
+        finally:
+            holder.kill()
+            holder.communicate()
+
     def test_a_fifo_shard_is_a_shard_error(self, odd):
         with pytest.raises(gp.ShardError, match=r"not a regular file \(a FIFO\)"):
             gp.WebDataset(odd["a FIFO"]).index()

@@ -12,7 +12,7 @@ import torch
 
 from .. import backends
 from ..backends._base import collecting
-from ..backends._stage import Stage, require_staged, stage_for
+from ..backends._stage import Stage, candidate_tails, require_staged, stage_for
 from ..core._batch import Batch, SkippedSample
 from ..core._config import LoaderConfig, valid_options
 from ..core._errors import ClosedError, ConfigError, GpupipeError
@@ -24,6 +24,7 @@ from ..plan._prefetch import prefetcher
 from ..plan._resume import Cursor, layout_batches
 from ..plan._skips import Skips
 from ..runtime import _dist
+from ..transforms import ColorJitter
 from ._meter import Meter
 from ._observed import Observed
 from ._records import default_share, gpu_capability, tune_key
@@ -181,7 +182,7 @@ class Loader(LoaderAttributes, Observed, Resumable):
         """``pipeline``'s stage: where its views hand their tails to it (``LoaderConfig.stage``),
         and its batch transform (``backends._stage``)."""
         device = torch.device(self.device)
-        pays = backends.get(self.backend).stage_default(device.type, pipeline.views) is not None
+        pays = backends.get(self.backend).stage_default(device.type, candidate_tails(pipeline)) is not None
         sources = getattr(self.index, "sources", None) if pipeline.per_source else None  # (a gp.Mix's)
         return stage_for(pipeline, device, self.config.stage, channels_last=self.config.channels_last, pays=pays,
                          sources=sources)  # fmt: skip
@@ -195,6 +196,11 @@ class Loader(LoaderAttributes, Observed, Resumable):
     def _run_spec(self, pipeline: Pipeline) -> backends.RunSpec:
         stage = self._stage(pipeline)  # the backend runs each view up to its tail, if it has one
         require_staged(pipeline, stage, backends.get(self.backend), self.config.stage)
+        twisted = stage.first_staged(ColorJitter) if stage is not None and self.backend == "dali" else None
+        if twisted is not None and self.config.dali.color_twist:  # the option acts where DALI's graph runs it
+            warnings.warn(f"Loader: DaliOptions(color_twist=True) does not apply to {twisted}: the stage runs it, "
+                          "with torchvision's kernels; pass stage=False to run it as DALI's color_twist",
+                          stacklevel=3)  # fmt: skip
         return backends.RunSpec(
             index=self.index,
             views=stage.cut() if stage is not None and stage.tails else pipeline.views,

@@ -30,6 +30,7 @@ from ..runtime._dist import cpu_cores
 from ..shards._mask import mask_url, write_mask
 from ..shards._shard import NO_LABEL
 from ..sources import WebDataset
+from ..sources._index import Source
 from ._labels import LabelOrder, label_order, summary
 
 __all__ = ["check", "CheckReport", "Finding"]
@@ -222,7 +223,7 @@ def check(
     Returns:
         A :class:`CheckReport`; ``report.ok`` is ``True`` when nothing is wrong.
     """
-    if not isinstance(source, WebDataset | str | Sequence):
+    if isinstance(source, Source) and not isinstance(source, WebDataset):
         raise ConfigError(
             f"gpupipe check reads WebDataset shards (got {type(source).__name__}): an ImageFolder's files are "
             "judged as they are read (loader.skipped, loader.stats()); to check them here, write them into shards "

@@ -30,8 +30,15 @@ class NotRegularFile(OSError):
 def open_regular(path: str) -> int:
     """A read-only descriptor (close-on-exec) of ``path``, links followed; :class:`NotRegularFile`
     where it is not a regular file. Opened without blocking (a FIFO with no writer returns at
-    once), checked with ``fstat``, then set to block again (which a regular file ignores anyway)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    once), checked with ``fstat``, then set to block again (which a regular file ignores anyway).
+    A regular file under another process's write lease refuses such an open (``EAGAIN``) where a
+    plain one waits for the lease to be broken: it is opened the plain way, as before."""
+    flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags | os.O_NONBLOCK)
+    except BlockingIOError:  # a write lease another process holds (Samba's oplocks, an NFS delegation)
+        regular_size(path)  # a regular file, then, which a plain open waits for while the lease is broken
+        fd = os.open(path, flags)
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):

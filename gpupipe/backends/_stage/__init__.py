@@ -11,7 +11,7 @@ one (``LoaderConfig.stage``), the backend having stopped the view there.
 from __future__ import annotations
 
 from . import _color  # noqa: F401 - register the colour steps and composites
-from ._delivered import Stage, require_staged, stage_for, staged_refusal
+from ._delivered import Stage, candidate_tails, require_staged, stage_for, staged_refusal
 from ._ops import OPERATIONS, Warp, apply_slot
 from ._steps import STAGE, run_stage, stage_start, tail_start
 
@@ -21,6 +21,7 @@ __all__ = [
     "Warp",
     "Stage",
     "apply_slot",
+    "candidate_tails",
     "require_staged",
     "run_stage",
     "stage_for",

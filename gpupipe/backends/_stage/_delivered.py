@@ -57,6 +57,16 @@ class Stage:
         """Whether a view hands the stage a tail of steps (else it holds the batch transform alone)."""
         return any(s is not None for s in self.starts)
 
+    def first_staged(self, kind: type) -> str | None:
+        """Where the first step of type ``kind`` (a composite's member included) that a tail
+        holds is, in words ("pipeline step 2 (RandomApply)"); ``None``: no tail holds one."""
+        for view, (steps, start) in enumerate(zip(self.views, self.starts, strict=True)):
+            for i, t in enumerate(steps[start:] if start is not None else (), start or 0):
+                if any(isinstance(step, kind) for step in _walk((t,))):
+                    where = f" of view {view}" if len(self.views) > 1 else ""
+                    return f"pipeline step {i}{where} ({type(t).__name__})"
+        return None
+
     def cut(self) -> tuple[tuple[Transform, ...], ...]:
         """The views as the backend runs them: each up to its tail."""
         return tuple(v if s is None else v[:s] for v, s in zip(self.views, self.starts, strict=True))
@@ -221,6 +231,17 @@ def stage_for(pipeline: Any, device: torch.device, choice: bool | None, *, chann
                  sources if staged else None)  # fmt: skip
 
 
+def candidate_tails(pipeline: Any) -> list[tuple[Transform, ...]]:
+    """Each view's tail that the stage would take with it on (:func:`stage_start`; empty where
+    none): what ``Backend.stage_default`` is asked about, not the whole view (a ``ColorJitter``
+    before the crop, which the backend's graph runs, says nothing of the stage's speed)."""
+    tails: list[tuple[Transform, ...]] = []
+    for steps, specs in zip(pipeline.views, pipeline.view_specs, strict=True):
+        start = stage_start(steps, specs)
+        tails.append(() if start is None else tuple(steps[start:]))
+    return tails
+
+
 def _per_source_starts(pipeline: Any) -> list[int | None]:
     """The tails of a ``gp.Mix``'s ``per_source`` lists, staged together: each list's from
     :func:`stage_start`, or where it has no random step its longest the stage runs
@@ -296,7 +317,7 @@ def staged_refusal(pipeline: Any, device: torch.device, backend: Any,
     index (``backend="auto"``'s choice, which then passes the backend by); ``None``: none."""
     if not backend.stage_only:
         return None
-    pays = backend.stage_default(device.type, pipeline.views) is not None
+    pays = backend.stage_default(device.type, candidate_tails(pipeline)) is not None
     sources = SourceOf(np.zeros(1, np.int64), np.zeros(0, np.int64)) if pipeline.per_source else None  # (starts only)
     try:
         require_staged(pipeline, stage_for(pipeline, device, choice, pays=pays, sources=sources), backend, choice)
