@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import os
 import tarfile
+from typing import Any
 
 import pytest
 
 import gpupipe as gp
+from gpupipe import transforms as T
 from gpupipe.core._errors import Damage
 from gpupipe.shards import _tar
 
@@ -193,6 +195,62 @@ class TestImageBytes:
             index.read(0)
         assert (e.value.kind, e.value.key) == (Damage.TOO_LARGE, "cls/large.jpg")
         assert index.read(1).key == "cls/small.jpg"
+
+
+class TestJpegStrayMarker:
+    """A marker libjpeg-turbo refuses inside a JPEG's scan data ("Unsupported marker type 0x63"):
+    undecodable on torch and in check, delivered by DALI (nvImageCodec decodes on). Found by the
+    fuzzer (2026-11-29, a tree case); such a file is irregular now, so DALI hands it to gpupipe's
+    decoder: ``undecodable`` everywhere (the corpus of ``test_odd_files`` holds it too)."""
+
+    @pytest.mark.parametrize("marker", [0x63, 0x02, 0xBF, 0xC0, 0xD8, 0xF0, 0xDC])
+    def test_it_is_irregular_and_refused(self, marker):
+        from gpupipe.core._imageinfo import jpeg_stray_marker
+        from gpupipe.runtime._decode import decode_rgb, read_header
+
+        from .support.corpus import stray_marker
+
+        damaged = stray_marker(good_jpeg(2), marker)
+        assert jpeg_stray_marker(damaged) and read_header(damaged, None, shard="s", key="k").irregular
+        with pytest.raises(gp.SampleError) as e:
+            decode_rgb(damaged, shard="s", key="k")
+        assert e.value.kind is Damage.UNDECODABLE
+
+    def test_ordinary_jpegs_are_not(self):
+        """Baseline, progressive (tables between scans), grey, restart markers, and a stuffed or
+        filled 0xFF: none is flagged."""
+        import io
+
+        from PIL import Image
+
+        from gpupipe.core._imageinfo import jpeg_stray_marker
+        from gpupipe.testing import synthetic_image
+
+        photo = Image.fromarray(synthetic_image(4, size=(96, 128)))
+        for options in ({}, {"progressive": True}, {"restart_marker_blocks": 2}, {"subsampling": 0, "quality": 100}):
+            for image in (photo, photo.convert("L")):
+                out = io.BytesIO()
+                image.save(out, "JPEG", **options)
+                assert not jpeg_stray_marker(out.getvalue()), options
+        assert not jpeg_stray_marker(good_jpeg(1)) and not jpeg_stray_marker(b"\xff\xd8\xff\xd9")
+
+    @pytest.mark.parametrize("backend", ["torch", "dali"])
+    def test_every_backend_skips_it(self, tmp_path, backend):
+        from .support.corpus import stray_marker
+
+        if not gp.backends.get(backend).available():
+            pytest.skip(f"{backend} is not installed")
+        path = tmp_path / "s.tar"
+        path.write_bytes(tar_of(member("p.jpg", stray_marker(good_jpeg(2))), member("p.cls", b"1"), good_sample("g")))
+        per_backend: dict[str, dict[str, Any]] = {"dali": {"device": "cpu"}, "torch": {"num_workers": 0}}
+        options = per_backend[backend]
+        with gp.Loader(gp.Pipeline(gp.WebDataset(str(path)), [T.CenterCrop(16)]), 2, backend=backend,
+                       on_error="skip", max_skipped=None, **options) as loader:  # fmt: skip
+            delivered = [k for b in loader for k, v in zip(b.keys, b.valid.tolist(), strict=True) if v]
+            assert delivered == ["g"] and [(s.key, s.kind) for s in loader.skipped] == [("p", Damage.UNDECODABLE)]
+        assert [(f.key, f.kind) for f in gp.check(str(path), workers=0, write=False).findings] == [
+            ("p", Damage.UNDECODABLE)
+        ]
 
 
 class TestImageFolderTree:

@@ -49,6 +49,7 @@ from ..core._imageinfo import (
     image_format,
     jpeg_ended,
     jpeg_scans_disagree,
+    jpeg_stray_marker,
     jpeg_walk,
     png_animated,
     png_without_metadata,
@@ -125,6 +126,7 @@ def read_header(data: bytes | memoryview, max_pixels: int | None, *, shard: str,
         frame, irregular = jpeg_walk(data)
         irregular = irregular or not jpeg_ended(data)  # cut short: nvJPEG decodes it, libjpeg-turbo refuses it
         irregular = irregular or jpeg_scans_disagree(data)  # a progressive file called baseline: likewise
+        irregular = irregular or jpeg_stray_marker(data)  # a marker libjpeg-turbo refuses in its scans: likewise
         if frame is None:
             raise _refused("is a JPEG without a frame header (damaged or cut short)", Damage.UNDECODABLE, shard=shard,
                            key=key)  # fmt: skip

@@ -108,6 +108,14 @@ def _called_baseline(data: bytes) -> bytes:
     return data[:sof] + b"\xff\xc0" + data[sof + 2 :]
 
 
+def stray_marker(data: bytes, marker: int = 0x63) -> bytes:
+    """``data`` (a JPEG) with ``FF marker`` put in the middle of its scan data: a marker
+    libjpeg-turbo refuses ("Unsupported marker type"), where nvImageCodec decodes on."""
+    sos = data.index(b"\xff\xda")
+    at = sos + (len(data) - sos) // 2
+    return data[:at] + bytes([0xFF, marker]) + data[at:]
+
+
 def _junk_before_sof(data: bytes) -> bytes:
     """One junk byte before the frame header: libjpeg skips it (a warning) and decodes on."""
     sof = data.index(b"\xff\xc0")
@@ -229,6 +237,7 @@ def corpus() -> dict[str, tuple[bytes, str | None]]:
         "jpeg-no-frame": (_without_sof(jpeg), "undecodable"),
         # a progressive JPEG whose frame header says baseline: libjpeg-turbo refuses its second
         # scan, nvImageCodec decoded the first alone (found by the fuzzer)
+        "jpeg-stray-marker": (stray_marker(jpeg), "undecodable"),  # libjpeg-turbo refuses it (found by the fuzzer)
         "jpeg-progressive-called-baseline": (
             _called_baseline(_save(photo, "JPEG", quality=90, progressive=True)),
             "undecodable",
