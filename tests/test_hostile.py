@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import os
 import tarfile
+import warnings
 from typing import Any
 
 import pytest
+import torch
 
 import gpupipe as gp
 from gpupipe import transforms as T
@@ -251,6 +253,50 @@ class TestJpegStrayMarker:
         assert [(f.key, f.kind) for f in gp.check(str(path), workers=0, write=False).findings] == [
             ("p", Damage.UNDECODABLE)
         ]
+
+
+class TestWebpPillowRefuses:
+    """A WebP whose VP8 chunk size has one bit flipped (byte 16: 36 -> 32): Pillow's plugin
+    refuses it ("could not create decoder object"), libwebp decodes it (DALI, torchvision). Found
+    by the fuzzer (2026-11-29); gpupipe's decoder now asks libwebp where Pillow refuses a WebP,
+    so every backend and check deliver it."""
+
+    @staticmethod
+    def flipped() -> bytes:
+        from .support.fuzz_cases import _images
+
+        data = bytearray(_images()["webp"])
+        data[16] ^= 0x04
+        return bytes(data)
+
+    def test_gpupipes_decoder_reads_it_as_libwebp_does(self):
+        import torchvision.io
+
+        from gpupipe.runtime._decode import decode_rgb
+
+        data = self.flipped()
+        with pytest.raises(OSError):
+            from PIL import Image
+
+            Image.open(__import__("io").BytesIO(data)).load()
+        with warnings.catch_warnings():  # (torchvision 0.29's deprecation of its decoders)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            libwebp = torchvision.io.decode_image(torch.frombuffer(bytearray(data), dtype=torch.uint8),
+                                                  mode=torchvision.io.ImageReadMode.RGB)  # fmt: skip
+        assert decode_rgb(data, shard="s", key="k").equal(libwebp)
+
+    @pytest.mark.parametrize("backend", ["torch", "dali"])
+    def test_every_backend_and_check_deliver_it(self, tmp_path, backend):
+        if not gp.backends.get(backend).available():
+            pytest.skip(f"{backend} is not installed")
+        path = tmp_path / "s.tar"
+        path.write_bytes(tar_of(member("w.webp", self.flipped()), member("w.cls", b"1"), good_sample("g")))
+        per_backend: dict[str, dict[str, Any]] = {"dali": {"device": "cpu"}, "torch": {"num_workers": 0}}
+        source = gp.WebDataset(str(path), image="jpg;webp")
+        with gp.Loader(gp.Pipeline(source, [T.CenterCrop(16)]), 2, backend=backend, on_error="skip",
+                       max_skipped=None, **per_backend[backend]) as loader:  # fmt: skip
+            assert sorted(k for b in loader for k, v in zip(b.keys, b.valid.tolist(), strict=True) if v) == ["g", "w"]
+        assert not gp.check(source, workers=0, write=False).findings
 
 
 class TestImageFolderTree:
