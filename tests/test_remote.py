@@ -29,7 +29,8 @@ from gpupipe.sources import LocalStorage
 from gpupipe.sources._index import Index
 from gpupipe.storage._base import Stat
 from gpupipe.storage._cache import ShardCache
-from gpupipe.storage._remote import RemoteStorage, canonical_url
+from gpupipe.storage._fsspec import canonical_url
+from gpupipe.storage._remote import RemoteStorage
 
 from .support.checkers import all_keys, val
 from .support.data import SHARD_SIZES, write_webdataset_shards
@@ -109,9 +110,9 @@ class TestHttp:
     def test_a_stalled_transfer_is_cut_and_tried_again(self, shards, server, cache, monkeypatch):
         """A server that stops sending mid-body: after ``HTTP_STALL_S`` without a byte the read
         fails and the download is tried again, instead of waiting out aiohttp's 5 minutes."""
-        from gpupipe.storage import _remote
+        from gpupipe.storage import _fsspec
 
-        monkeypatch.setattr(_remote, "HTTP_STALL_S", 1.0)
+        monkeypatch.setattr(_fsspec, "HTTP_STALL_S", 1.0)
         monkeypatch.setattr(RemoteStorage, "__init__", _fast_retries(RemoteStorage.__init__))
         name = names(shards)[0]
         server.stalls[name], server.stall_s = 1, 60.0
@@ -147,7 +148,7 @@ class TestHttp:
         shard on a slow link); a user's own timeout kept; other protocols untouched."""
         import aiohttp
 
-        from gpupipe.storage._remote import http_options
+        from gpupipe.storage._fsspec import http_options
 
         timeout = http_options("https", {})["client_kwargs"]["timeout"]
         assert (timeout.total, timeout.sock_connect, timeout.sock_read) == (None, 30.0, 60.0)

@@ -24,14 +24,15 @@ import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Any, TypeVar
 
-from ..core._errors import ConfigError, redact
+from ..core._errors import redact
 from ._base import LocalStorage, Stat, Storage, compressed
 from ._cache import Entry, ShardCache, Span, covers, drop_inherited
 from ._counts import count
+from ._fsspec import canonical_url, filesystem_for
 from ._mapped import MappedFile
 from ._transfer import MAX_INFLATION, NoRanges, download, host, retry
 
-__all__ = ["RemoteStorage", "canonical_url", "require_driver", "fsspec_protocol", "filesystem_for", "http_options"]
+__all__ = ["RemoteStorage"]
 
 log = logging.getLogger("gpupipe")
 T = TypeVar("T")
@@ -48,36 +49,6 @@ class _Changed(Exception):
 
 
 FAILED_FOR_S = 60.0  # a shard whose fetch failed (after every try) is not tried again for this long
-
-
-def fsspec_protocol(scheme: str) -> bool:
-    """Whether fsspec knows the protocol ``scheme`` (installed or not: :func:`filesystem_for`
-    says what to install)."""
-    try:
-        import fsspec
-    except ImportError:
-        return False
-    return scheme in fsspec.available_protocols()
-
-
-def require_driver(protocol: str) -> None:
-    """Imports the fsspec driver of ``protocol``, or raises a ConfigError saying what to install."""
-    import fsspec
-
-    try:
-        fsspec.get_filesystem_class(protocol)
-    except ImportError as e:
-        raise ConfigError(f"{protocol}:// URLs need a package fsspec uses for them: {e}") from e
-
-
-def canonical_url(url: str) -> str:
-    """``url`` without credentials, query string or fragment: its identity for caches."""
-    head, sep, rest = url.partition("://")
-    if not sep:
-        return url
-    rest = rest.split("#", 1)[0].split("?", 1)[0]
-    host, slash, path = rest.partition("/")
-    return f"{head.lower()}://{host.rpartition('@')[2]}{slash}{path}"
 
 
 _LIVE: weakref.WeakSet[RemoteStorage] = weakref.WeakSet()
@@ -451,40 +422,3 @@ class RemoteStorage(Storage):
             self._announced = False
             with contextlib.suppress(OSError):
                 self.cache.announce({})
-
-
-# HTTP(S) waits (seconds): for a connection, and for the next bytes of a response (a server that
-# stops sending mid-body). No bound on the whole transfer: aiohttp's default, 5 minutes for a
-# request and its body, failed every try of a shard that downloads for longer (1 GB at 3 MB/s).
-HTTP_CONNECT_S = 30.0
-HTTP_STALL_S = 60.0
-
-
-def http_options(protocol: str, storage_options: Mapping[str, Any]) -> dict[str, Any]:
-    """``storage_options`` with gpupipe's HTTP(S) timeouts where they name none
-    (``client_kwargs={"timeout": aiohttp.ClientTimeout(...)}`` replaces them): a connection waits
-    :data:`HTTP_CONNECT_S`, a read :data:`HTTP_STALL_S`, and the whole transfer as long as bytes
-    come. Other protocols' options as they are (their drivers have their own timeouts)."""
-    options = dict(storage_options)
-    if protocol not in ("http", "https"):
-        return options
-    client = dict(options.get("client_kwargs") or {})
-    if "timeout" not in client:
-        import aiohttp
-
-        client["timeout"] = aiohttp.ClientTimeout(total=None, sock_connect=HTTP_CONNECT_S, sock_read=HTTP_STALL_S)
-    options["client_kwargs"] = client
-    return options
-
-
-def filesystem_for(protocol: str, storage_options: Mapping[str, Any]) -> Any:
-    """fsspec's filesystem for ``protocol`` (:func:`http_options`), or a ConfigError saying what
-    to install."""
-    try:
-        import fsspec
-
-        return fsspec.filesystem(protocol, **http_options(protocol, storage_options))
-    except ImportError as e:
-        raise ConfigError(f"{protocol}:// URLs need a package fsspec uses for them: {e}") from e
-    except ValueError as e:
-        raise ConfigError(f"fsspec has no filesystem for {protocol}:// URLs: {e}") from e

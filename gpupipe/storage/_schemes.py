@@ -57,7 +57,8 @@ def storage_for(
         if storage_options:
             raise ConfigError(f"storage_options apply to remote URLs only, not to {scheme or 'local'} paths")
         return _SCHEMES[scheme]()
-    from ._remote import RemoteStorage, fsspec_protocol
+    from ._fsspec import fsspec_protocol
+    from ._remote import RemoteStorage
 
     if not fsspec_protocol(scheme):
         raise ConfigError(_unserved(scheme))
@@ -68,7 +69,7 @@ def storage_for(
 def _served(scheme: str) -> bool:
     """Whether a storage serves ``scheme``; a ConfigError naming the package to install where
     fsspec knows the protocol but its driver is missing (``s3fs`` for ``s3://``)."""
-    from ._remote import fsspec_protocol, require_driver
+    from ._fsspec import fsspec_protocol, require_driver
 
     if scheme in _SCHEMES:
         return True
@@ -122,7 +123,7 @@ def list_urls(patterns: Sequence[str], *, storage_options: Mapping[str, Any] | N
         if scheme in ("", "file"):
             matches = sorted(glob.glob(url)) if glob.has_magic(url) else [url] if os.path.exists(url) else []
         else:
-            from ._remote import filesystem_for
+            from ._fsspec import filesystem_for
 
             fs = filesystem_for(scheme, storage_options or {})
             fs.invalidate_cache()  # (fsspec keeps listings: a shard written since must be seen)
