@@ -299,6 +299,68 @@ class TestWebpPillowRefuses:
         assert not gp.check(source, workers=0, write=False).findings
 
 
+class TestBmpHeaderPillowRefuses:
+    """A BMP whose info header claims 41 bytes (one bit flipped from 40): Pillow refuses it
+    ("Unsupported BMP header type"), OpenCV's BMP decoder in DALI read it. Found by the fuzzer
+    (2026-11-29, seed 4262, a tree case). A BMP, TIFF or PNM header Pillow refuses is irregular
+    now, so DALI hands the file to gpupipe's decoder: ``undecodable`` everywhere, as torchvision's
+    ImageFolder (Pillow) refuses it."""
+
+    @staticmethod
+    def damaged() -> bytes:
+        import io
+
+        from PIL import Image
+
+        from gpupipe.testing import synthetic_image
+
+        from .support.corpus import bmp_info_size
+
+        out = io.BytesIO()
+        Image.fromarray(synthetic_image(3, size=(40, 56))).save(out, "BMP")
+        return bmp_info_size(out.getvalue(), 41)
+
+    def test_it_is_irregular_and_refused(self):
+        from gpupipe.runtime._decode import decode_rgb, read_header
+
+        data = self.damaged()
+        header = read_header(data, None, shard="s", key="k")
+        assert header.format == "bmp" and header.size is None and header.irregular
+        with pytest.raises(gp.SampleError) as e:
+            decode_rgb(data, shard="s", key="k")
+        assert e.value.kind is Damage.UNDECODABLE
+
+    def test_a_good_bmp_tiff_or_ppm_is_regular(self):
+        import io
+
+        from PIL import Image
+
+        from gpupipe.runtime._decode import read_header
+        from gpupipe.testing import synthetic_image
+
+        for fmt in ("BMP", "TIFF", "PPM"):
+            out = io.BytesIO()
+            Image.fromarray(synthetic_image(3, size=(40, 56))).save(out, fmt)
+            header = read_header(out.getvalue(), None, shard="s", key="k")
+            assert header.size == (40, 56) and not header.irregular, fmt
+
+    @pytest.mark.parametrize("backend", ["torch", "dali"])
+    def test_every_backend_skips_it(self, tmp_path, backend):
+        if not gp.backends.get(backend).available():
+            pytest.skip(f"{backend} is not installed")
+        for cls in ("a", "b"):
+            (tmp_path / "tree" / cls).mkdir(parents=True)
+            write(tmp_path / "tree" / cls / "good.jpg", good_jpeg(1))
+        write(tmp_path / "tree" / "a" / "bad.jpg", self.damaged())
+        per_backend: dict[str, dict[str, Any]] = {"dali": {"device": "cpu"}, "torch": {"num_workers": 0}}
+        source = gp.ImageFolder(str(tmp_path / "tree"))
+        with gp.Loader(gp.Pipeline(source, [T.CenterCrop(16)]), 2, backend=backend, on_error="skip",
+                       max_skipped=None, **per_backend[backend]) as loader:  # fmt: skip
+            delivered = sorted(k for b in loader for k, v in zip(b.keys, b.valid.tolist(), strict=True) if v)
+            assert len(delivered) == 2 and [s.kind for s in loader.skipped] == [Damage.UNDECODABLE]
+            assert "bad" in str(loader.skipped[0].key)
+
+
 class TestImageFolderTree:
     """What a tree may hold and a tar cannot: a FIFO named like an image (an ``open`` would block
     forever), a link to ``/dev/zero`` (a read would never end), a dangling link, a link looping

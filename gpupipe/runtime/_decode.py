@@ -67,6 +67,7 @@ __all__ = [
 ]
 
 _LOSSLESS_JPEG = frozenset((0xC3, 0xC7, 0xCB, 0xCF))
+_PILLOW_SIZED = frozenset(("bmp", "tiff", "pnm"))  # formats DALI decodes whose header gpupipe reads with Pillow
 
 try:
     from torchvision.io import ImageReadMode, decode_image
@@ -124,7 +125,8 @@ class Header(NamedTuple):
 
     size: tuple[int, int] | None  # (height, width) as declared; None where gpupipe cannot tell
     format: str | None  # gpupipe.core._imageinfo.image_format's name; None: a format only Pillow knows
-    irregular: bool  # decoders disagree on it: junk before a JPEG's frame header, a JPEG cut short, an animated PNG
+    irregular: bool  # decoders disagree on it: junk before a JPEG's frame header, a JPEG cut short, an animated
+    # PNG, a BMP, TIFF or PNM header Pillow refuses
 
 
 def read_header(data: bytes | memoryview, max_pixels: int | None, *, shard: str, key: str) -> Header:
@@ -156,6 +158,9 @@ def read_header(data: bytes | memoryview, max_pixels: int | None, *, shard: str,
     else:
         size = header_size(data)
         irregular = fmt == "png" and png_animated(data)
+        # a header Pillow refuses (a BMP whose info header claims 41 bytes, found by the fuzzer on
+        # 2026-11-29): gpupipe's decoder refuses the file, and DALI's (OpenCV, libtiff) may read it
+        irregular = irregular or (size is None and fmt in _PILLOW_SIZED)
     require_pixels(size, max_pixels, shard=shard, key=key)
     return Header(size, fmt, irregular)
 

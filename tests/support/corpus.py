@@ -163,6 +163,13 @@ def _bmp_rle4() -> bytes:
     return b"BM" + struct.pack("<IHHI", offset + len(rows), 0, 0, offset) + info + palette + rows
 
 
+def bmp_info_size(data: bytes, size: int = 41) -> bytes:
+    """A BMP whose info header claims ``size`` bytes (its pixels where they were): Pillow refuses
+    it ("Unsupported BMP header type (41)"), OpenCV's decoder in DALI read it (found by the
+    fuzzer, 2026-11-29: one bit flipped)."""
+    return data[:14] + struct.pack("<I", size) + data[18:]
+
+
 def _apng() -> bytes:
     out = io.BytesIO()
     _photo(1).save(out, "PNG", save_all=True, append_images=[_photo(2)], duration=100)
@@ -238,6 +245,7 @@ def corpus() -> dict[str, tuple[bytes, str | None]]:
         # a progressive JPEG whose frame header says baseline: libjpeg-turbo refuses its second
         # scan, nvImageCodec decoded the first alone (found by the fuzzer)
         "jpeg-stray-marker": (stray_marker(jpeg), "undecodable"),  # libjpeg-turbo refuses it (found by the fuzzer)
+        "bmp-info-header-41": (bmp_info_size(_save(photo, "BMP")), "undecodable"),  # Pillow refuses it (the fuzzer)
         "jpeg-progressive-called-baseline": (
             _called_baseline(_save(photo, "JPEG", quality=90, progressive=True)),
             "undecodable",
