@@ -545,6 +545,25 @@ class TestFoundByTheFuzzer:
             again.load_state_dict(state)
             assert sorted((s.key, s.kind, s.epoch) for s in again.skipped) == listed
 
+    @pytest.mark.parametrize("backend", BACKENDS)
+    @pytest.mark.parametrize("head", [b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR", b"GIF89a\x01\x00"])
+    def test_an_image_cut_inside_its_size_is_one_verdict(self, tmp_path, backend, head):
+        # a PNG of 16 bytes (cut after "IHDR"), in a tree (2026-11-29, seed 4455): image_size's
+        # struct.error ended the torch backend's epoch; a GIF cut so is refused as a GIF
+        from gpupipe.core._imageinfo import image_size
+
+        assert image_size(head) is None
+        for cls in ("a", "b"):
+            (tmp_path / "tree" / cls).mkdir(parents=True)
+            write(tmp_path / "tree" / cls / "good.jpg", good_jpeg(1))
+        write(tmp_path / "tree" / "a" / "B.JPG", head)
+        options = {"device": "cpu"} if backend == "dali" else {"num_workers": 0}
+        pipe = gp.Pipeline(gp.ImageFolder(str(tmp_path / "tree")), [gp.transforms.CenterCrop(16)])
+        with gp.Loader(pipe, 2, backend=backend, on_error="skip", max_skipped=None, **options) as loader:
+            assert sum(int(b.valid.sum()) for b in loader) == 2
+            kind = Damage.UNSUPPORTED if head.startswith(b"GIF") else Damage.UNDECODABLE
+            assert [s.kind for s in loader.skipped] == [kind]
+
 
 def test_the_limits_table_matches_the_code():
     """docs/guide/errors.md lists every limit with its default and verdict: the defaults are the code's."""

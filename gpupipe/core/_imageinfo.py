@@ -227,10 +227,10 @@ def image_size(data: bytes | memoryview) -> tuple[int, int] | None:
     head = bytes(data[:32])
     if head.startswith(b"\xff\xd8"):
         return _jpeg(data)
-    if head.startswith(b"\x89PNG\r\n\x1a\n") and head[12:16] == b"IHDR":
+    if head.startswith(b"\x89PNG\r\n\x1a\n") and head[12:16] == b"IHDR" and len(head) >= 24:
         width, height = struct.unpack_from(">II", head, 16)
         return height, width
-    if head[:6] in (b"GIF87a", b"GIF89a"):
+    if head[:6] in (b"GIF87a", b"GIF89a") and len(head) >= 10:
         width, height = struct.unpack_from("<HH", head, 6)
         return height, width
     if head.startswith(b"RIFF") and head[8:12] == b"WEBP" and len(head) >= 30:
