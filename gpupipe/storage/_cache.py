@@ -32,6 +32,7 @@ __all__ = ["ShardCache", "Entry", "Span", "covers", "shard_cache_dir", "human_by
 log = logging.getLogger("gpupipe")
 _ANNOUNCED = re.compile(r"(?P<digest>[0-9a-f]{32})\+(?P<start>[0-9]+)-(?P<stop>[0-9]+)\.(?P<pid>[0-9]+)")
 _PART = re.compile(r"(?P<digest>[0-9a-f]{32})\+(?P<start>[0-9]+)-(?P<stop>[0-9]+)-(?P<base>.+)")
+_LOCK_POLL_S = 0.1  # how often a wait for another process's download looks whether the storage was closed
 
 
 def shard_cache_dir() -> str:
@@ -126,6 +127,21 @@ class ShardCache:
                 raise
             _close(fd)
 
+    def _wait_lock(self, path: str, kind: str, stopping: threading.Event | None) -> int:
+        """:meth:`_lock` exclusively, waiting as long as another holds it, until ``stopping`` is set
+        (then ``OSError``): a wait for another process's download ends with this storage's
+        ``close()``."""
+        import fcntl
+
+        if stopping is None:
+            return self._lock(path, kind, fcntl.LOCK_EX)
+        while True:
+            try:
+                return self._lock(path, kind, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                if stopping.wait(_LOCK_POLL_S):
+                    raise OSError("the storage was closed while waiting for another download of the shard") from None
+
     def _unlock_and_delete(self, fd: int, path: str, kind: str) -> None:
         """Deletes a lock file this process holds exclusively, then lets it go."""
         with contextlib.suppress(FileNotFoundError):
@@ -148,13 +164,16 @@ class ShardCache:
         *,
         need: Span | None = None,
         span: Span | None = None,
+        stopping: threading.Event | None = None,
     ) -> Entry:
         """A cached file holding the bytes ``need`` (``None``: all) of the shard ``canonical`` at
         ``stat``, pinned: the whole shard, or a part of it that holds ``need``, when one is there;
         else downloaded first, by ``download(file, span)``, which writes the part ``span`` of the
         shard (``None``: the whole shard) to ``file``, whole, or raises. Concurrent callers, in any
-        process of the node, wait for one download of a shard at a time. The caller releases the
-        entry (:meth:`release`)."""
+        process of the node, wait for one download of a shard at a time (``stopping``, once set,
+        ends the wait: ``OSError``). Room for the download is made first: least recently used
+        entries no process pins are evicted until it fits the bound. The caller releases the entry
+        (:meth:`release`)."""
         import fcntl
 
         if span is not None and not covers(span, need):
@@ -169,13 +188,14 @@ class ShardCache:
         # never waiting) cannot then delete it between the download and its use.
         pin = self._lock(path, "pin", fcntl.LOCK_SH)  # released when closed, or when this process dies
         try:
-            mutex = self._lock(whole, "dl", fcntl.LOCK_EX)  # one download per shard; the others wait here
+            mutex = self._wait_lock(whole, "dl", stopping)  # one download per shard; the others wait here
             try:
                 found = self._present(whole, need)  # downloaded meanwhile, by another process
                 if found is not None:
                     _close(pin)
                     return found._replace(waited=True)  # (this one waited for it)
                 if not os.path.exists(path):
+                    self.evict(room=stat.size if span is None else span[1] - span[0])  # (a full disk fails it)
                     self._download(path, lambda f: download(f, span))
                     self.evict(keep=path)
             finally:
@@ -276,6 +296,7 @@ class ShardCache:
         hand, a download that failed), where nobody holds them."""
         import fcntl
 
+        names: list[str] = []  # (none: no lock taken yet)
         with contextlib.suppress(FileNotFoundError), os.scandir(os.path.join(self.root, ".locks")) as it:
             names = [e.name for e in it]
         for name in names:
@@ -308,15 +329,16 @@ class ShardCache:
         """Bytes of the complete entries."""
         return sum(size for _, size, _ in self._entries())
 
-    def evict(self, *, keep: str | None = None) -> int:
+    def evict(self, *, keep: str | None = None, room: int = 0) -> int:
         """Deletes least recently used entries that no process pins until the cache fits its
-        bound; returns how many. ``keep`` is never deleted."""
+        bound, with ``room`` bytes to spare (a download about to start); returns how many.
+        ``keep`` is never deleted."""
         import fcntl
 
         self._clean_partial()
         entries = sorted(self._entries())
         self._clean_locks({os.path.basename(path) for _, _, path in entries})
-        total, bound, evicted = sum(size for _, size, _ in entries), self.bound(), 0
+        total, bound, evicted = sum(size for _, size, _ in entries), self.bound() - room, 0
         for _, size, path in entries:
             if total <= bound:
                 break
@@ -333,7 +355,7 @@ class ShardCache:
                 pass
             finally:
                 self._unlock_and_delete(fd, path, "pin")
-        if total > bound and not self._warned:
+        if total > bound and not room and not self._warned:
             self._warned = True
             log.warning(
                 "gpupipe: the shard cache %s holds %s of shards in use, over its bound of %s: "

@@ -6,8 +6,10 @@ fsspec and the drivers are imported only when asked for, so importing gpupipe do
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import unquote
 
 from ..core._errors import ConfigError
 
@@ -35,14 +37,27 @@ def require_driver(protocol: str) -> None:
         raise ConfigError(f"{protocol}:// URLs need a package fsspec uses for them: {e}") from e
 
 
+# Query parameters that sign or authorize a request, not name an object: presigned S3 (X-Amz-*,
+# AWSAccessKeyId, Signature, Expires), GCS (X-Goog-*, GoogleAccessId), Azure SAS (sv, ss, srt, sp,
+# se, st, spr, sig, sk*), CloudFront (Policy, Key-Pair-Id), Alibaba (x-oss-*), and tokens.
+_SIGNING = re.compile(
+    r"x-(amz|goog|oss)-.*|awsaccesskeyid|googleaccessid|signature|expires|policy|key-pair-id|sig|sv|ss|srt|sp|se|st"
+    r"|spr|sk[a-z]*|sr|sdd|(access_|id_|auth_|api_|session_)?(token|key)|auth|apikey|password|secret|credentials?",
+    re.IGNORECASE,
+)
+
+
 def canonical_url(url: str) -> str:
-    """``url`` without credentials, query string or fragment: its identity for caches."""
+    """``url``'s identity for caches: without credentials, fragment, or the query parameters that
+    sign or authorize a request (:data:`_SIGNING`: a presigned URL signed again is the same
+    shard). Other parameters stay: ``get?shard=0`` and ``get?shard=1`` are two shards."""
     head, sep, rest = url.partition("://")
     if not sep:
         return url
-    rest = rest.split("#", 1)[0].split("?", 1)[0]
+    rest, _, query = rest.split("#", 1)[0].partition("?")
     host, slash, path = rest.partition("/")
-    return f"{head.lower()}://{host.rpartition('@')[2]}{slash}{path}"
+    kept = [p for p in query.split("&") if p and not _SIGNING.fullmatch(unquote(p.partition("=")[0]))]
+    return f"{head.lower()}://{host.rpartition('@')[2]}{slash}{path}" + ("?" + "&".join(kept) if kept else "")
 
 
 # HTTP(S) waits (seconds): for a connection, and for the next bytes of a response (a server that

@@ -30,7 +30,7 @@ from ._cache import Entry, ShardCache, Span, covers, drop_inherited
 from ._counts import count
 from ._fsspec import canonical_url, filesystem_for
 from ._mapped import MappedFile
-from ._transfer import MAX_INFLATION, NoRanges, download, host, retry
+from ._transfer import MAX_INFLATION, NoRanges, WrongSize, download, host, retry
 
 __all__ = ["RemoteStorage"]
 
@@ -324,18 +324,26 @@ class RemoteStorage(Storage):
             stat = self.stat(url)
 
             def download(f: IO[bytes], part: Span | None, stat: Stat = stat) -> None:
-                self._download(url, f, stat.size, part)
+                try:
+                    self._download(url, f, stat.size, part)
+                except WrongSize as e:  # more or fewer bytes than the size asked before: changed since?
+                    now = self.stat(url, fresh=True)
+                    if now != stat:
+                        raise _Changed(f"{redact(url)} changed during its download ({stat} -> {now})") from None
+                    raise OSError(f"download {redact(url)}: {e} (its size, asked again, is still {stat.size})"
+                                  ) from None  # fmt: skip
                 now = self.stat(url, fresh=True)
                 if now != stat:
                     raise _Changed(f"{redact(url)} changed during its download ({stat} -> {now})")
 
             try:
                 try:
-                    return self.cache.fetch(self.canonical(url), stat, download, need=need, span=span)
+                    return self.cache.fetch(self.canonical(url), stat, download, need=need, span=span,
+                                            stopping=self._stopping)  # fmt: skip
                 except NoRanges:
                     log.info("gpupipe: %s ignores range requests: shards are downloaded whole", redact(url))
                     self._whole_only.add(host(url))
-                    return self.cache.fetch(self.canonical(url), stat, download, need=need)
+                    return self.cache.fetch(self.canonical(url), stat, download, need=need, stopping=self._stopping)
             except _Changed as e:
                 log.warning("gpupipe: %s; downloading it again", e)
         raise OSError(f"{redact(url)} changed during each of {CHANGES} downloads: it is being rewritten")

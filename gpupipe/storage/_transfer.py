@@ -8,6 +8,7 @@ damaged gzip stream), and words the last error with the URL (redacted) and the H
 
 from __future__ import annotations
 
+import errno
 import gzip
 import logging
 import random
@@ -20,13 +21,20 @@ from typing import IO, Any, TypeVar
 from ..core._errors import ConfigError, redact
 from ._base import compressed
 
-__all__ = ["CHUNK", "MAX_INFLATION", "Closed", "NoRanges", "Inflated", "retry", "download", "host"]
+__all__ = ["CHUNK", "MAX_INFLATION", "MIN_RATE", "Closed", "NoRanges", "Inflated", "WrongSize", "retry", "download",
+           "host"]  # fmt: skip
 
 log = logging.getLogger("gpupipe")
 T = TypeVar("T")
 CHUNK = 8 << 20  # bytes per read while downloading
 MAX_INFLATION = 100  # the most a gzip shard may inflate, times its compressed size (+ INFLATION_SLACK)
 INFLATION_SLACK = 1 << 20  # what any gzip shard may inflate to, however small (a tar's headers are zeros)
+# The slowest a download may run: at least MIN_RATE bytes in every RATE_WINDOW_S seconds. A server
+# that trickles (a byte every few seconds) never trips a read's stall timeout, and would hold the
+# shard's download, and every process of the node waiting for it, for hours.
+MIN_RATE = 1 << 20
+RATE_WINDOW_S = 60.0
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
 class Closed(Exception):
@@ -39,6 +47,15 @@ class NoRanges(Exception):
 
 class Inflated(OSError):
     """A gzip shard inflates past its bound (``max_inflation``): not tried again."""
+
+
+class WrongSize(OSError):
+    """The server sent more or fewer bytes than the shard's size: the shard changed since its size
+    was asked (the caller asks again), or the server lies. Not tried again at the same size."""
+
+
+class Slow(OSError):
+    """A transfer that ran slower than :data:`MIN_RATE` over :data:`RATE_WINDOW_S`."""
 
 
 def host(url: str) -> str:
@@ -54,15 +71,21 @@ def retry(url: str, what: str, call: Callable[[], T], *, retries: int, backoff: 
     for attempt in range(retries + 1):
         try:
             return call()
-        except (PermissionError, ConfigError, NoRanges, Inflated):
+        except PermissionError as e:
+            raise PermissionError(f"{what} {redact(url)} was refused: {redact(str(e))}") from None
+        except (ConfigError, NoRanges, Inflated, WrongSize):
             raise
         except Closed:
             raise OSError(f"{what} {redact(url)}: the storage was closed") from None
         except (gzip.BadGzipFile, zlib.error) as e:  # tried again, no different
-            raise OSError(f"{what} {redact(url)}: a damaged gzip stream ({e})") from e
+            raise OSError(f"{what} {redact(url)}: a damaged gzip stream ({redact(str(e))})") from None
         except Exception as e:  # network errors come as many types (aiohttp, botocore, OSError)
+            if isinstance(e, OSError) and e.errno in _DISK_FULL:  # this node's disk, not the network
+                raise OSError(f"{what} {redact(url)}: the shard cache's disk is full ({e.strerror}): give the "
+                              "cache a disk with room (GPUPIPE_CACHE_DIR) or a smaller bound (cache_size=)"
+                              ) from None  # fmt: skip
             status = _status(e)
-            if isinstance(e, FileNotFoundError) and status in (None, 404, 410) and not _unreachable(e):
+            if isinstance(e, FileNotFoundError) and status in (None, 404, 410) and not _transient(e):
                 raise FileNotFoundError(f"{redact(url)} does not exist") from None
             if status in (401, 403):  # refused: asking again changes nothing
                 raise OSError(f"{what} {redact(url)} was refused (HTTP {status}): {redact(str(e))}") from None
@@ -71,7 +94,8 @@ def retry(url: str, what: str, call: Callable[[], T], *, retries: int, backoff: 
             if attempt == retries:
                 http = f" (HTTP {status})" if status is not None else ""
                 cause = redact(str(e)) or type(e).__name__
-                raise OSError(f"{what} {redact(url)} failed after {attempt + 1} tries{http}: {cause}") from e
+                # (not chained: the cause's text, and its traceback, hold the URL's credentials)
+                raise OSError(f"{what} {redact(url)} failed after {attempt + 1} tries{http}: {cause}") from None
             delay = min(30.0, backoff * 2**attempt) * random.uniform(0.5, 1.5)
             log.info("gpupipe: %s %s failed (%s); retrying in %.1f s", what, redact(url), redact(str(e)), delay)
             if stopping.wait(delay):
@@ -109,10 +133,10 @@ def download(
             else:  # never more than its size on disk: a server may send a body without end
                 _copy(src, out, stopping, size)
                 if out.tell() > size:
-                    raise OSError(f"the server sent more than the {size} bytes the shard has (a body without end, "
-                                  "or a shard rewritten meanwhile): the transfer was stopped there")  # fmt: skip
+                    raise WrongSize(f"the server sent more than the {size} bytes the shard has (a body without end, "
+                                    "or a shard rewritten meanwhile): the transfer was stopped there")  # fmt: skip
                 if out.tell() != size:
-                    raise OSError(f"the transfer ended after {out.tell()} of {size} bytes")
+                    raise WrongSize(f"the transfer ended after {out.tell()} of {size} bytes")
     out.flush()
     log.debug("gpupipe: downloaded %s%s in %.2f s", redact(url), f" {span}" if span else "",
               time.perf_counter() - started)  # fmt: skip
@@ -120,36 +144,97 @@ def download(
 
 def _part(fs: Any, url: str, out: IO[bytes], span: tuple[int, int], stopping: threading.Event) -> None:
     start, stop = span
-    # cache_type "none": each read asks for exactly its bytes (no read-ahead past `stop`)
-    with fs.open(url, "rb", block_size=CHUNK, cache_type="none") as src:
-        try:
-            if not src.seekable():  # fsspec's http file of a server without ranges (Accept-Ranges: none)
-                raise NoRanges
-            src.seek(start)
-            while out.tell() < stop - start:
-                want = min(CHUNK, stop - start - out.tell())
-                chunk = src.read(want)
-                if not chunk:
-                    break
-                if len(chunk) > want:  # the whole object (or more than asked): no ranges here
+    if _http(fs):
+        from fsspec.asyn import sync
+
+        sync(fs.loop, _http_part, fs, url, out, span, stopping)
+    else:
+        # cache_type "none": each read asks for exactly its bytes (no read-ahead past `stop`)
+        with fs.open(url, "rb", block_size=CHUNK, cache_type="none") as src:
+            try:
+                if not src.seekable():
                     raise NoRanges
-                if stopping.is_set():
-                    raise Closed
-                out.write(chunk)
-        except ValueError as e:  # fsspec's http file: "doesn't appear to support range requests", ...
-            raise NoRanges from e
+                src.seek(start)
+                while out.tell() < stop - start:
+                    want = min(CHUNK, stop - start - out.tell())
+                    chunk = src.read(want)
+                    if len(chunk) > want:  # the whole object (or more than asked): no ranges here
+                        raise NoRanges
+                    if len(chunk) < want:  # the range lies inside the shard: a short answer is not it
+                        raise OSError(f"bytes {start + out.tell()}-{start + out.tell() + want} were answered "
+                                      f"with {len(chunk)} bytes")  # fmt: skip
+                    if stopping.is_set():
+                        raise Closed
+                    out.write(chunk)
+            except ValueError as e:  # "doesn't appear to support range requests", ...
+                raise NoRanges from e
     if out.tell() != stop - start:
         raise OSError(f"the transfer of bytes {start}-{stop} ended after {out.tell()} bytes")
 
 
+def _http(fs: Any) -> bool:
+    """Whether ``fs`` is fsspec's http(s) filesystem (aiohttp underneath)."""
+    return type(fs).__name__ == "HTTPFileSystem" and hasattr(fs, "set_session")
+
+
+async def _http_part(fs: Any, url: str, out: IO[bytes], span: tuple[int, int], stopping: threading.Event) -> None:
+    """The bytes ``span`` of ``url`` by one range request, checked as fsspec does not: the answer
+    must be a ``206`` for the range asked (its ``Content-Range`` starts there), read a piece at a
+    time and never past the range's end. fsspec's file took a ``200`` whose body is no longer than
+    the range for the range itself (an error page, a rate limiter's, was cached as the shard's
+    bytes) and read any ``206`` whole into memory before its size was looked at."""
+    start, stop = span
+    kwargs = dict(getattr(fs, "kwargs", None) or {})
+    headers = dict(kwargs.pop("headers", None) or {})
+    headers["Range"] = f"bytes={start}-{stop - 1}"
+    session = await fs.set_session()
+    async with session.get(fs.encode_url(url), headers=headers, **kwargs) as r:
+        if r.status == 200:  # the whole object, or something else: no ranges here
+            raise NoRanges
+        r.raise_for_status()
+        answered = (r.headers.get("Content-Range") or "").removeprefix("bytes ").partition("-")[0]
+        if r.status != 206 or (answered.isdigit() and int(answered) != start):
+            raise OSError(f"bytes {start}-{stop} were answered with HTTP {r.status}, Content-Range "
+                          f"{r.headers.get('Content-Range')!r}")  # fmt: skip
+        rate = _Rate()
+        while chunk := await r.content.read(min(CHUNK, stop - start + 1 - out.tell())):
+            if stopping.is_set():
+                raise Closed
+            out.write(chunk)
+            if out.tell() > stop - start:  # more than asked: not a range
+                raise NoRanges
+            rate.add(len(chunk))
+
+
+class _Rate:
+    """Raises :class:`Slow` where fewer than :data:`MIN_RATE` bytes came in a window of
+    :data:`RATE_WINDOW_S` seconds (checked as bytes come: a stall is the read timeout's)."""
+
+    def __init__(self) -> None:
+        self.since, self.bytes = time.monotonic(), 0
+
+    def add(self, n: int) -> None:
+        self.bytes += n
+        now = time.monotonic()
+        if now - self.since >= RATE_WINDOW_S:
+            if self.bytes < MIN_RATE:
+                rate = f"{self.bytes / (now - self.since):.0f} bytes/s"
+                raise Slow(f"the transfer ran at {rate}, under the {MIN_RATE / RATE_WINDOW_S:.0f} bytes/s gpupipe "
+                           "waits for (a server that trickles)")  # fmt: skip
+            self.since, self.bytes = now, 0
+
+
 def _copy(src: Any, out: IO[bytes], stopping: threading.Event, bound: int | None = None) -> None:
-    """Copies ``src`` to ``out``; stops once past ``bound`` bytes (the caller refuses the copy)."""
-    while chunk := src.read(CHUNK):
+    """Copies ``src`` to ``out``; stops once past ``bound`` bytes, at most one byte past it (the
+    caller refuses the copy); raises :class:`Slow` for a trickle."""
+    rate = _Rate()
+    while chunk := src.read(CHUNK if bound is None else min(CHUNK, bound + 1 - out.tell())):
         if stopping.is_set():
             raise Closed
         out.write(chunk)
         if bound is not None and out.tell() > bound:
             return
+        rate.add(len(chunk))
 
 
 def _causes(e: BaseException) -> list[BaseException]:
@@ -170,6 +255,15 @@ def _status(e: BaseException) -> int | None:
     return None
 
 
-def _unreachable(e: BaseException) -> bool:
-    """Whether the error behind ``e`` is a connection that failed (not an answer)."""
-    return any(isinstance(c, ConnectionError) or "Connect" in type(c).__name__ for c in _causes(e)[1:])
+_TRANSIENT = ("Connect", "Disconnect", "Timeout", "Payload", "Redirect")  # aiohttp's names, and the like
+
+
+def _transient(e: BaseException) -> bool:
+    """Whether the error behind ``e`` is a request that failed (a connection refused or dropped, a
+    stall, a cut body, a redirect loop), not an answer saying the object is missing: fsspec's
+    http filesystem raises ``FileNotFoundError`` for any failure of the request that asks an
+    object's size."""
+    return any(
+        isinstance(c, ConnectionError | TimeoutError) or any(word in type(c).__name__ for word in _TRANSIENT)
+        for c in _causes(e)[1:]
+    )

@@ -21,7 +21,11 @@ class Handler(http.server.SimpleHTTPRequestHandler):
     ``status[name]`` answers with that status instead; ``rewrites[name]`` counts GETs of ``name``
     after which the file is rewritten (same size, new content and ETag); every GET is counted in
     ``gets``, the bytes of the bodies sent in ``sent``; ``stalls[name]`` counts requests for
-    ``name`` that send half their body, then nothing for the server's ``stall_s`` seconds."""
+    ``name`` that send half their body, then nothing for the server's ``stall_s`` seconds;
+    ``pages[name]`` answers range requests for ``name`` with ``200`` and that body (a rate
+    limiter's error page); ``trickles[name]`` counts GETs that send one byte every
+    ``trickle_s``; ``grows[name]`` counts GETs before which the file grows by that many bytes
+    (after the client asked its size)."""
 
     server: HttpServer
 
@@ -48,10 +52,20 @@ class Handler(http.server.SimpleHTTPRequestHandler):
         if target is None:
             return
         name, path = target
+        header = self.headers.get("Range")
+        if header and name in self.server.pages:
+            page = self.server.pages[name]
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(page)))
+            self.end_headers()
+            self.wfile.write(page)
+            return
+        if self.server.grows.get(name, 0) > 0:
+            with open(path, "ab") as f:
+                f.write(b"\0" * self.server.grows.pop(name))
         with open(path, "rb") as f:
             data = f.read()
         start, end, code = 0, len(data), 200
-        header = self.headers.get("Range")
         if self.server.ranges and header and header.startswith("bytes="):
             first, _, last = header[6:].partition("-")
             start, end, code = int(first or 0), min(len(data), int(last) + 1 if last else len(data)), 206
@@ -71,6 +85,15 @@ class Handler(http.server.SimpleHTTPRequestHandler):
             self.wfile.write(data[start : start + (end - start) // 2])
             self.wfile.flush()
             self.close_connection = True
+            return
+        if self.server.trickles.get(name, 0) > 0:
+            self.server.trickles[name] -= 1
+            for i in range(start, end):
+                with contextlib.suppress(OSError):
+                    self.wfile.write(data[i : i + 1])
+                    self.wfile.flush()
+                if self.server.stop.wait(self.server.trickle_s):
+                    return
             return
         if self.server.stalls.get(name, 0) > 0:  # half the body, then nothing for a while, then the rest
             self.server.stalls[name] -= 1
@@ -120,6 +143,10 @@ class HttpServer(http.server.ThreadingHTTPServer):
         self.rewrites: dict[str, int] = {}
         self.stalls: dict[str, int] = {}  # requests for a name to stop sending mid-body, for stall_s
         self.stall_s = 5.0
+        self.pages: dict[str, bytes] = {}
+        self.trickles: dict[str, int] = {}
+        self.trickle_s = 0.05
+        self.grows: dict[str, int] = {}
         self.stop = threading.Event()  # set at shutdown: a stalled request ends
 
     @property

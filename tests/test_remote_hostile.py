@@ -1,0 +1,235 @@
+"""Remote shards against hostile or broken servers (found by a review, 2026-11-29): an error page
+answered for a range, a shard that grows between its size and its download, a server that
+trickles, a stall while the size is asked, a full cache disk, credentials in a cause's text, a
+wait for another process's download, and shards named by their query string."""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import io
+import os
+import threading
+import time
+
+import pytest
+
+from gpupipe.core._errors import redact
+from gpupipe.storage import _transfer
+from gpupipe.storage._base import Stat
+from gpupipe.storage._cache import ShardCache
+from gpupipe.storage._fsspec import canonical_url
+from gpupipe.storage._remote import RemoteStorage
+
+from .support.data import write_webdataset_shards
+from .support.http_server import HttpServer
+
+pytest.importorskip("aiohttp")
+
+
+@pytest.fixture(scope="module")
+def shard(tmp_path_factory) -> str:
+    return write_webdataset_shards(str(tmp_path_factory.mktemp("hostile")), (8,), prefix="hostile")[0]
+
+
+@pytest.fixture
+def served(shard, http_server, tmp_path) -> tuple[HttpServer, str, bytes]:
+    """A server of a copy of the shard (tests may change it), its URL, and its bytes."""
+    root = tmp_path / "served"
+    root.mkdir()
+    with open(shard, "rb") as f:
+        data = f.read()
+    (root / "s.tar").write_bytes(data)
+    server = http_server(str(root), ranges=True)
+    return server, f"{server.url}/s.tar", data
+
+
+def storage(tmp_path, **options) -> RemoteStorage:
+    options.setdefault("retries", 1)
+    options.setdefault("backoff", 0.01)
+    return RemoteStorage("http", cache_dir=str(tmp_path / "cache"), **options)
+
+
+def fail(error: BaseException, times: int = 99):
+    calls = []
+
+    def call():
+        calls.append(1)
+        if len(calls) <= times:
+            raise error
+        return "ok"
+
+    return call, calls
+
+
+def retried(call) -> object:
+    return _transfer.retry("http://h/s.tar", "download", call, retries=2, backoff=0.001, stopping=threading.Event())
+
+
+class TestRangeAnswers:
+    def test_an_error_page_answered_for_a_range_is_not_cached(self, served, tmp_path):
+        """A rate limiter's page with ``200`` for a range request: fsspec took a body no longer
+        than the range for the range itself, and the page was cached as the shard's bytes. Now a
+        ``200`` to a range means no ranges: the shard is downloaded whole, and checked."""
+        server, url, data = served
+        server.pages["s.tar"] = b"<html>rate limited</html>"
+        remote = storage(tmp_path)
+        remote.expect_parts({url: (1000, 1400)})
+        assert remote.read(url, 1000, 60) == data[1000:1060]
+        remote.close()
+
+    def test_a_range_answered_with_more_is_not_read_whole(self, tmp_path):
+        """A ``206`` whose body runs past the range is read a piece at a time and stopped one
+        byte past it (fsspec read any ``206`` whole into memory first)."""
+        import asyncio
+
+        class Content:
+            def __init__(self) -> None:
+                self.asked: list[int] = []
+
+            async def read(self, n: int) -> bytes:
+                self.asked.append(n)
+                return bytes(n)
+
+        class Response:
+            status, headers, content = 206, {"Content-Range": "bytes 100-199/1000"}, Content()
+
+            async def __aenter__(self):
+                return self
+
+            async def __aexit__(self, *exc):
+                return False
+
+            def raise_for_status(self) -> None:
+                pass
+
+        class Session:
+            def get(self, url, headers, **kwargs):
+                assert headers["Range"] == "bytes=100-199"
+                return Response()
+
+        class HTTPFileSystem:
+            def __init__(self) -> None:
+                self.kwargs: dict = {}
+
+            def encode_url(self, url):
+                return url
+
+            async def set_session(self):
+                return Session()
+
+        out = io.BytesIO()
+        with pytest.raises(_transfer.NoRanges):
+            asyncio.run(_transfer._http_part(HTTPFileSystem(), "http://h/s.tar", out, (100, 200), threading.Event()))
+        assert out.tell() == 101 and Response.content.asked == [101]
+
+    def test_a_short_answer_to_a_range_is_an_error(self, tmp_path):
+        class Short:
+            def open(self, url: str, mode: str, **kwargs: object) -> io.BytesIO:
+                return io.BytesIO(b"<html>error</html>")
+
+        with pytest.raises(OSError, match="were answered with"):
+            _transfer.download(Short(), "memory://s.tar", io.BytesIO(), size=10_000, span=(0, 1000), stream=False,
+                               stopping=threading.Event())  # fmt: skip
+
+
+class TestSizeAndSpeed:
+    def test_a_shard_that_grows_before_its_download_is_downloaded_at_its_new_size(self, served, tmp_path):
+        server, url, data = served
+        remote = storage(tmp_path)
+        assert remote.stat(url).size == len(data)
+        server.grows["s.tar"] = 512  # after the size was asked
+        with open(remote.local_path(url), "rb") as f:
+            assert f.read() == data + bytes(512)
+        remote.close()
+
+    def test_a_trickle_is_cut(self, served, tmp_path, monkeypatch):
+        """A server that sends a byte every 50 ms never trips the read timeout; the minimum rate
+        cuts it (here 1 MiB in 0.5 s)."""
+        server, url, _ = served
+        monkeypatch.setattr(_transfer, "RATE_WINDOW_S", 0.5)
+        server.trickles["s.tar"] = 99
+        started = time.monotonic()
+        with pytest.raises(OSError, match="trickles"):
+            storage(tmp_path, retries=0).local_path(url)
+        assert time.monotonic() - started < 10
+
+    def test_a_download_writes_at_most_one_byte_past_its_bound(self):
+        out = io.BytesIO()
+        _transfer._copy(io.BytesIO(bytes(3 * _transfer.CHUNK)), out, threading.Event(), 1000)
+        assert out.tell() == 1001
+
+
+class TestRetries:
+    def test_a_failed_request_for_the_size_is_not_a_missing_shard(self):
+        """fsspec's http filesystem raises FileNotFoundError for any failure of the requests that
+        ask the size: a stall, a dropped connection or a redirect loop is tried again."""
+
+        class ServerDisconnectedError(Exception):
+            pass
+
+        class TooManyRedirects(Exception):
+            pass
+
+        for cause in (TimeoutError(), ServerDisconnectedError(), TooManyRedirects()):
+            missing = FileNotFoundError("http://h/s.tar")
+            missing.__cause__ = cause
+            call, calls = fail(missing, times=1)
+            assert retried(call) == "ok" and len(calls) == 2, cause
+        call, calls = fail(FileNotFoundError("http://h/s.tar"))
+        with pytest.raises(FileNotFoundError, match="does not exist"):
+            retried(call)
+        assert len(calls) == 1
+
+    def test_a_full_disk_is_not_tried_again(self):
+        call, calls = fail(OSError(errno.ENOSPC, "No space left on device"))
+        with pytest.raises(OSError, match="disk is full") as info:
+            retried(call)
+        assert len(calls) == 1 and info.value.errno is None
+
+    def test_the_last_error_carries_no_secret_in_its_cause(self):
+        call, _ = fail(ConnectionResetError("http://alice:S3CRET@h/s.tar?token=TOK reset"))
+        with pytest.raises(OSError) as info:
+            _transfer.retry("http://alice:S3CRET@h/s.tar?token=TOK", "download", call, retries=1, backoff=0.001,
+                            stopping=threading.Event())  # fmt: skip
+        assert info.value.__cause__ is None and info.value.__suppress_context__
+        assert "S3CRET" not in str(info.value) and "TOK" not in str(info.value)
+
+    def test_a_refusal_names_the_shard(self):
+        call, _ = fail(PermissionError("Access Denied"))
+        with pytest.raises(PermissionError, match=r"download http://h/s.tar was refused: Access Denied"):
+            retried(call)
+
+
+class TestCache:
+    def test_room_is_made_before_a_download(self, tmp_path):
+        cache = ShardCache(str(tmp_path / "c"), max_bytes=3000)
+        for i, when in enumerate((100, 200)):
+            path = cache.path(f"https://h/{i}.tar", Stat(1000, "v"))
+            os.makedirs(cache.root, exist_ok=True)
+            with open(path, "wb") as f:
+                f.write(bytes(1000))
+            os.utime(path, (when, when))
+        assert cache.evict(room=1500) == 1 and cache.usage() == 1000  # the older one went
+
+    def test_a_wait_for_another_download_ends_with_close(self, tmp_path):
+        cache = ShardCache(str(tmp_path / "c"))
+        stat = Stat(10, "v")
+        held = cache._lock(cache.path("https://h/s.tar", stat), "dl", fcntl.LOCK_EX)  # another download
+        stopping = threading.Event()
+        threading.Timer(0.3, stopping.set).start()
+        started = time.monotonic()
+        with pytest.raises(OSError, match="closed while waiting"):
+            cache.fetch("https://h/s.tar", stat, lambda f, span: None, stopping=stopping)
+        assert time.monotonic() - started < 5
+        os.close(held)
+
+
+class TestUrls:
+    def test_shards_named_by_their_query_are_two_shards(self):
+        assert canonical_url("https://h/get?shard=0") != canonical_url("https://h/get?shard=1")
+        assert canonical_url("https://u:p@H/get?shard=1&X-Amz-Signature=2&sig=3&Token=9#f") == "https://H/get?shard=1"
+        assert canonical_url("https://h/a.tar?sv=1&se=2&sp=r&sig=x") == "https://h/a.tar"
+
+    def test_a_password_holding_an_at_sign_is_redacted_whole(self):
+        assert redact("see https://user:p@ss@host/x.tar") == "see https://<redacted>@host/x.tar"
