@@ -199,6 +199,63 @@ def test_a_new_iteration_ends_the_unfinished_one(shards, backend):
     loader.close()
 
 
+def test_an_error_kept_does_not_keep_its_run_open(shards, tmp_path, backend):
+    """An error the loader itself raises (here ``max_skipped``) whose traceback is kept, as
+    IPython keeps the last: the next epoch yields its own batches, as a fresh loader does. The
+    run of the DALI backend was left open by the kept frame, and epoch 1 took one of epoch 0's
+    queued batches (found by a review, 2026-11-29)."""
+    import io
+    import tarfile
+
+    damaged = []
+    for shard in shards:  # the same shards, sample 5's JPEG replaced by 17 bytes of text
+        out = io.BytesIO()
+        with tarfile.open(shard) as src, tarfile.open(fileobj=out, mode="w") as dst:
+            for info in src.getmembers():
+                data = src.extractfile(info).read()  # type: ignore[union-attr]
+                if info.name == "img/00/000005.jpg":
+                    data, info.size = b"not a jpeg at all", 17
+                dst.addfile(info, io.BytesIO(data))
+        damaged.append(str(tmp_path / os.path.basename(shard)))
+        with open(damaged[-1], "wb") as f:
+            f.write(out.getvalue())
+
+    def make() -> gp.Loader:
+        pipeline = gp.Pipeline(damaged, [T.RandomResizedCrop(16), T.ToDtype(torch.float32, scale=True)])
+        return backend.loader(pipeline, 2, shuffle=True, seed=1, num_workers=1, on_error="skip", max_skipped=0)
+
+    def epoch(loader: gp.Loader, e: int) -> tuple[list[list[str]], gp.DataError | None]:
+        loader.set_epoch(e)
+        keys: list[list[str]] = []
+        try:
+            for batch in loader:
+                keys.append(list(batch.keys))
+        except gp.DataError as error:
+            return keys, error
+        return keys, None
+
+    with make() as fresh:
+        want, _ = epoch(fresh, 1)
+    with make() as loader:
+        _, kept = epoch(loader, 0)  # (kept: its traceback holds the iteration's frame)
+        assert kept is not None
+        got, _ = epoch(loader, 1)
+    assert got == want
+
+
+def test_set_epoch_during_an_iteration_ends_it_clearly(shards, backend):
+    """``set_epoch`` in the loop's body: the iteration raises at its next step, and the new
+    epoch's position is untouched (the old iteration wrote its count into it: a checkpoint then
+    skipped the new epoch; with ``relist=True`` the loop ended quietly)."""
+    with backend.loader(val(shards), 4, num_workers=1) as loader:
+        with pytest.raises(gp.GpupipeError, match=r"set_epoch\(1\) was called while epoch 0 .*after 2 of its 4"):
+            for i, _ in enumerate(loader):
+                if i == 1:
+                    loader.set_epoch(1)
+        assert loader.epoch == 1 and loader.state_dict()["batches_yielded"] == 0
+        assert len(list(loader)) == 4
+
+
 def test_close_from_another_thread_stops_the_epoch(shards, backend):
     loader = backend.loader(val(shards), 1, num_workers=2)
     started, outcome = threading.Event(), list[object]()

@@ -848,6 +848,37 @@ class TestAhead:
         with pytest.raises(RuntimeError, match="batch 2"):
             next(it)
 
+    def test_after_close_the_batch_staged_ahead_is_not_handed_on(self, shards, monkeypatch):
+        """``close()`` in the loop's body on a (stand-in) GPU: the next step raises ClosedError,
+        not the batch the stage had launched ahead (found by a review, 2026-11-29)."""
+        import gpupipe as gp
+        from gpupipe.backends._stage import _delivered
+
+        class Side:
+            def __init__(self, device):
+                pass
+
+            def launch(self, run, uses=()):
+                return run(), None
+
+            def finish(self, launched):
+                return launched[0]
+
+        monkeypatch.setattr(_delivered, "SideStream", Side)
+        batches = _delivered.Stage.batches
+        monkeypatch.setattr(_delivered.Stage, "batches", lambda self, raw, plan, device, **kw: batches(
+            self, raw, plan, torch.device("cuda"), **kw))  # fmt: skip
+        if not gp.backends.get("dali").available():
+            pytest.skip("DALI is not installed")
+        pipeline = gp.Pipeline(gp.WebDataset(shards), [T.RandomResizedCrop(16), T.ToDtype(torch.float32, scale=True)],
+                               batch_transform=T.MixUp(alpha=0.2, num_classes=10))  # fmt: skip
+        loader = gp.Loader(pipeline, 2, backend="dali", device="cpu", shuffle=True, seed=1, num_workers=1)
+        it = iter(loader)
+        next(it)
+        loader.close()
+        with pytest.raises(gp.ClosedError, match="after 1 of its 8 batches"):
+            next(it)
+
     def test_on_a_gpu_the_loader_stages_one_batch_ahead(self, shards, monkeypatch):
         """``Stage.batches`` on a (stand-in) GPU: the tail of batch b + 1 is launched before
         batch b is handed over, and the values are the stage's."""

@@ -30,7 +30,7 @@ from ._observed import Observed
 from ._records import default_share, gpu_capability, tune_key
 from ._records import resolve as resolve_tuned
 from ._resumable import Resumable
-from ._runners import Runners
+from ._runners import Runners, end_run
 from ._trainers import LoaderAttributes
 from ._verdict import StageTimes
 
@@ -368,27 +368,6 @@ class Loader(LoaderAttributes, Observed, Resumable):
         self._current = weakref.ref(iteration)
         return iteration
 
-    def _advance(self) -> None:
-        """The rule that never replays an epoch silently: a loader iterated again after an epoch ran
-        to its end, with no ``set_epoch`` (nor ``load_state_dict``) in between, goes on with the
-        next epoch — its own order and augmentation draws — and warns once. ``set_epoch(e)`` is
-        always exact, and a state saved after an advance resumes it (the epoch is in it). A loader
-        whose epochs are all alike (no shuffle, no random transform: a validation loader) goes on
-        silently: nothing differs."""
-        varies = self.config.shuffle or any(t.random for view in self.pipeline.views for t in view)
-        if varies and not self._warned_advance:
-            self._warned_advance = True
-            warnings.warn(
-                f"gp.Loader iterated again after epoch {self.epoch} without set_epoch(): it goes on with epoch "
-                f"{self.epoch + 1} (a new order and new augmentation) rather than repeating epoch {self.epoch}. Call "
-                "loader.set_epoch(epoch) before each epoch to say which (trainers do, through loader.sampler); this "
-                "warning is shown once per loader",
-                UserWarning,
-                stacklevel=3,
-            )
-        log.info("gpupipe loader: rank %d goes on with epoch %d (no set_epoch)", self.rank, self.epoch + 1)
-        self.set_epoch(self.epoch + 1)
-
     def _iterate(self) -> Generator[Batch, None, None]:
         meter, times, spent = self._meter, self._times, [0.0]
         meter.begin(self._at.epoch, self.config.batch_size)  # (first_batch_s: from here, planning included)
@@ -405,10 +384,13 @@ class Loader(LoaderAttributes, Observed, Resumable):
         fetch = prefetcher(self.index, plan.samples[start * size :], size, self.config.remote_ahead())
         stage = self._own_stage(self.pipeline)
         times.begin()
+        produced: Any = None
+        run: Any = None
         try:
             if fetch is not None:
                 fetch.advance(0)
-            batches = enumerate(self._runner.run(plan, start), start)
+            produced = self._runner.run(plan, start)
+            batches = enumerate(produced, start)
             # each batch after the stage (ahead, on a GPU), or as it came (none, or the runner's)
             run = (
                 ((b, raw, raw.images, raw.labels) for b, raw in batches)
@@ -424,6 +406,8 @@ class Loader(LoaderAttributes, Observed, Resumable):
                     if self.closed and "already executing" in str(e):
                         break  # (ClosedError below)
                     raise
+                if self.closed:  # a batch made before close() (the stage's one ahead): not handed on
+                    break
                 times.add(raw.times, None if stage is None else spent[0],
                           clock="stage" if stage is None or stage.tails else "mix")  # fmt: skip
                 spent[0] = 0.0
@@ -440,9 +424,19 @@ class Loader(LoaderAttributes, Observed, Resumable):
                 meter.ready()
                 yield Batch(images, labels, raw.keys, mask, dict(raw.fields or {}))
                 meter.resumed()
+                if at.epoch != epoch:
+                    raise GpupipeError(
+                        f"Loader.set_epoch({at.epoch}) was called while epoch {epoch} was being iterated (after "
+                        f"{shift + b + 1} of its {shift + plan.num_batches} batches): this iteration ends here. Call "
+                        "set_epoch before iterating, or break out of the loop first"
+                    )
         finally:
             if fetch is not None:
                 fetch.close()
+            # the runner's run ended now, not when this frame goes (a traceback kept, as IPython keeps
+            # the last, held it open: the next epoch's run then took its queued batches)
+            for generator in (run, produced):
+                end_run(generator)
         if at.yielded == shift + plan.num_batches and not self.closed and at.epoch == epoch:
             at.finished = True  # ran to its end: a new iteration without set_epoch is the next epoch
             self._record_verdict()  # for gpupipe doctor

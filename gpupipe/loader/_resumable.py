@@ -1,20 +1,26 @@
 """A :class:`~gpupipe.Loader`'s checkpoint: :meth:`Resumable.state_dict` and
 :meth:`Resumable.load_state_dict` (the position, the plan's settings, the skipped samples and a
-growing source's shards), over ``gpupipe.plan._resume``."""
+growing source's shards), over ``gpupipe.plan._resume``; and the rule that goes on with the next
+epoch rather than replay one (:meth:`Resumable._advance`)."""
 
 from __future__ import annotations
 
+import logging
+import warnings
 from typing import TYPE_CHECKING, Any
 
 from ..plan._resume import nested, restore, saved
 
 if TYPE_CHECKING:
     from ..core._config import LoaderConfig
+    from ..pipeline._pipeline import Pipeline
     from ..plan._plan import PlanSpec
     from ..plan._resume import Cursor
     from ..plan._skips import Skips
 
 __all__ = ["Resumable"]
+
+log = logging.getLogger("gpupipe")
 
 
 class Resumable:
@@ -27,6 +33,15 @@ class Resumable:
     _at: Cursor
     _skips: Skips
     _listing: Any
+    pipeline: Pipeline
+    _warned_advance: bool
+
+    @property
+    def epoch(self) -> int:  # (the loader's)
+        raise NotImplementedError
+
+    def set_epoch(self, epoch: int) -> None:  # (the loader's)
+        raise NotImplementedError
 
     if TYPE_CHECKING:
 
@@ -71,3 +86,24 @@ class Resumable:
         self.seed = position.seed
         self._at.restore(position)
         self._skips.load(state)
+
+    def _advance(self) -> None:
+        """The rule that never replays an epoch silently: a loader iterated again after an epoch ran
+        to its end, with no ``set_epoch`` (nor ``load_state_dict``) in between, goes on with the
+        next epoch — its own order and augmentation draws — and warns once. ``set_epoch(e)`` is
+        always exact, and a state saved after an advance resumes it (the epoch is in it). A loader
+        whose epochs are all alike (no shuffle, no random transform: a validation loader) goes on
+        silently: nothing differs."""
+        varies = self.config.shuffle or any(t.random for view in self.pipeline.views for t in view)
+        if varies and not self._warned_advance:
+            self._warned_advance = True
+            warnings.warn(
+                f"gp.Loader iterated again after epoch {self.epoch} without set_epoch(): it goes on with epoch "
+                f"{self.epoch + 1} (a new order and new augmentation) rather than repeating epoch {self.epoch}. Call "
+                "loader.set_epoch(epoch) before each epoch to say which (trainers do, through loader.sampler); this "
+                "warning is shown once per loader",
+                UserWarning,
+                stacklevel=3,
+            )
+        log.info("gpupipe loader: rank %d goes on with epoch %d (no set_epoch)", self.rank, self.epoch + 1)
+        self.set_epoch(self.epoch + 1)

@@ -4,10 +4,15 @@ are closed together: by ``Loader.close``, when the loader is collected, or at ex
 
 from __future__ import annotations
 
+import logging
+from typing import Any
+
 from ..backends import Runner
 from ..sources import Index
 
-__all__ = ["Runners"]
+__all__ = ["Runners", "end_run"]
+
+log = logging.getLogger("gpupipe")
 
 
 class Runners:
@@ -52,3 +57,17 @@ class Runners:
             if runner is not None:
                 runner.close()
         self.index.close()
+
+
+def end_run(generator: Any) -> None:
+    """Ends a run's generator (its ``finally`` runs now); one being ended by ``close()`` in
+    another thread is left to it. An error while ending it is logged: the error that ended the
+    iteration, if any, is the one raised."""
+    if generator is None or not hasattr(generator, "close"):
+        return
+    try:
+        generator.close()
+    except ValueError:  # executing in another thread: close() is ending it
+        pass
+    except Exception as e:
+        log.warning("gpupipe loader: ending a run raised %s: %s", type(e).__name__, e)

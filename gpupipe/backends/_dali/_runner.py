@@ -166,6 +166,9 @@ class DaliRunner:
         """Yields batches ``start..plan.num_batches-1`` of the plan."""
         if self._closed:
             raise ClosedError("the DALI runner is closed")
+        # one run at a time on the one graph: an earlier one still open (its generator kept alive,
+        # by a traceback say) ends first, or its queued batches would be the new run's
+        self._runs.close()
         return self._runs.track(self._run(plan, start))
 
     def _run(self, plan: RankPlan, start: int) -> Generator[RawBatch, None, None]:

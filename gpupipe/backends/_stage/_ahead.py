@@ -42,10 +42,16 @@ def ahead(items: Iterator[In], launch: Callable[[In], Out], finish: Callable[[Ou
     iterator = iter(items)
     while True:
         try:
-            launched = launch(next(iterator))
+            item = next(iterator)
         except StopIteration:
             break
         except Exception:  # the batches before it first, as without the lookahead
+            while pending:
+                yield finish(pending.popleft())
+            raise
+        try:  # (apart: a StopIteration out of launch is an error, not the end of the items)
+            launched = launch(item)
+        except Exception:
             while pending:
                 yield finish(pending.popleft())
             raise

@@ -33,6 +33,7 @@ from ...sources._mix import SourceOf
 from ...transforms import BatchTransform, ImageSpec, Transform
 from .._base import _walk, donor
 from ._ahead import SideStream, ahead
+from ._kernels import upload
 from ._mix import apply_batch
 from ._steps import STAGE, run_stage, stage_start, tail_start, takes
 
@@ -111,7 +112,7 @@ class Stage:
         for source in np.unique(sources).tolist():
             rows = np.flatnonzero(sources == source)
             whole = len(rows) == len(draws)
-            index = torch.from_numpy(rows).to(images.device, non_blocking=True)
+            index = upload(rows, images.device)  # (pinned: a pageable copy would wait for the training step)
             start = self.starts[source]
             assert start is not None
             part = run_stage(self.views[source][start:], images if whole else images.index_select(0, index),
