@@ -12,6 +12,7 @@ import os
 import threading
 import time
 
+import numpy as np
 import pytest
 
 from gpupipe.core._errors import redact
@@ -233,3 +234,100 @@ class TestUrls:
 
     def test_a_password_holding_an_at_sign_is_redacted_whole(self):
         assert redact("see https://user:p@ss@host/x.tar") == "see https://<redacted>@host/x.tar"
+
+
+class TestSideFiles:
+    """Files beside shards that gpupipe did not write itself, or that went stale (found by a
+    review, 2026-11-29): an index file whose ranges cannot be a tar's members, one written for
+    another version of the shard, JSON nested past Python's recursion limit, ``Infinity`` in a
+    bad-sample list, a damaged index cache. Each is ignored (the shard scanned), never used."""
+
+    IMAGE, LABEL = ("jpg",), "cls"
+
+    @pytest.fixture
+    def described(self, shard, tmp_path):
+        import shutil
+
+        from gpupipe.shards._indexing import shard_samples
+        from gpupipe.sources import LocalStorage
+
+        url = str(tmp_path / "s.tar")
+        shutil.copy(shard, url)
+        storage = LocalStorage()
+        _, samples = shard_samples(storage, url, self.IMAGE, self.LABEL)
+        assert samples is not None
+        return storage, url, samples
+
+    def read(self, storage, url, doc, version=None):
+        import json
+
+        from gpupipe.shards._indexfile import index_file_url, read_index_file
+
+        with open(index_file_url(url), "w") as f:
+            f.write(doc if isinstance(doc, str) else json.dumps(doc))
+        return read_index_file(storage, url, size=os.path.getsize(url), image_exts=self.IMAGE, label_ext=self.LABEL,
+                               version=version)  # fmt: skip
+
+    def doc(self, url, samples, **changes):
+        import json
+
+        from gpupipe.shards._indexfile import encode
+
+        doc = json.loads(encode(os.path.getsize(url), samples, self.IMAGE, self.LABEL, (), version="v1"))
+        doc.update(changes)
+        return doc
+
+    def test_ranges_that_cannot_be_members_are_refused(self, described, caplog):
+        storage, url, samples = described
+        assert self.read(storage, url, self.doc(url, samples), "v1") is not None
+        n = len(samples.keys)
+        image = samples.image.reshape(-1).tolist()
+        header = [0, 512] * n  # a tar header served as each image
+        repeated = image[:2] * n  # every sample the first one's bytes
+        straddling = [v + 100 if i % 2 == 0 else v for i, v in enumerate(image)]
+        for ranges in (header, repeated, straddling):
+            assert self.read(storage, url, self.doc(url, samples, image_range=ranges), "v1") is None
+        assert "cannot use the index file" in caplog.text
+
+    def test_a_file_written_for_another_version_is_ignored(self, described):
+        storage, url, samples = described
+        assert self.read(storage, url, self.doc(url, samples), "v2") is None
+        assert self.read(storage, url, self.doc(url, samples, shard_version=None), "v2") is not None  # (older files)
+
+    def test_damaged_json_is_ignored(self, described, caplog):
+        storage, url, samples = described
+        assert self.read(storage, url, "[" * 100_000 + "]" * 100_000, "v1") is None
+        assert "nested too deeply" in caplog.text or "not a JSON object" in caplog.text
+        bad_key = self.doc(url, samples, problems=[{"kind": "undecodable", "key": ["k"], "detail": "x"}])
+        missing = self.doc(url, samples, problems=[{"kind": "missing-shard", "key": None, "detail": "x"}])
+        assert self.read(storage, url, bad_key, "v1") is None and self.read(storage, url, missing, "v1") is None
+
+    def test_a_bad_sample_list_with_infinity_or_deep_nesting_is_ignored(self, described):
+        import json
+
+        from gpupipe.shards import _mask
+        from gpupipe.shards._mask import mask_url, read_mask
+
+        storage, url, samples = described
+        n, size = len(samples.keys), os.path.getsize(url)
+        bad = [{"sample": float("inf"), "kind": "undecodable", "key": "k", "detail": "d"}]  # (json writes Infinity)
+        listed = {"format": _mask.FORMAT, "version": _mask.VERSION, "size": size, "samples": n, "image": "jpg",
+                  "label": "cls", "bad": bad}  # fmt: skip
+        for text in ("[" * 100_000 + "]" * 100_000, json.dumps(listed)):
+            with open(mask_url(url), "w") as f:
+                f.write(text)
+            assert read_mask(storage, url, size=size, samples=n, image_exts=self.IMAGE, label_ext=self.LABEL) == ()
+
+    def test_a_damaged_index_cache_is_scanned_again(self, tmp_path):
+        from gpupipe.shards import _indexcache
+
+        path = str(tmp_path / "x.idx")
+        keys, image = ["a", "b"], np.array([[512, 10], [1536, 10]], np.int64)
+        assert _indexcache.save(path, keys, ["jpg", "jpg"], image, None)
+        assert _indexcache.load(path, False) is not None
+        with open(path) as f:
+            text = f.read()
+        for bad in ("1536", "99999999999999999999999"):
+            with open(path, "w") as f:
+                f.write(text.replace("1536", "5x2" if bad == "1536" else bad))
+            assert _indexcache.load(path, False) is None

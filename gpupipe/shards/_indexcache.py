@@ -146,12 +146,15 @@ def load(
         return None
     keys = [r[3][: -len(r[0]) - 1] for r in rows]
     exts = ["" if r[0] == _NO_IMAGE else r[0] for r in rows]
-    image = np.array([[int(r[1]), int(r[2])] for r in rows], dtype=np.int64).reshape(n, 2)
-    label = (
-        np.array([[int(r[5]), int(r[6])] for r in rows], dtype=np.int64).reshape(n, 2)
-        if labeled
-        else np.full((n, 2), -1, np.int64)
-    )
+    try:  # (a damaged file: scanned again)
+        image = np.array([[int(r[1]), int(r[2])] for r in rows], dtype=np.int64).reshape(n, 2)
+        label = (
+            np.array([[int(r[5]), int(r[6])] for r in rows], dtype=np.int64).reshape(n, 2)
+            if labeled
+            else np.full((n, 2), -1, np.int64)
+        )
+    except (ValueError, OverflowError):
+        return None
     column = {f.exts[0]: i for i, f in enumerate(fields)}
     ranges = np.full((len(fields), n, 2), -1, np.int64)
     for s, row in enumerate(rows):
@@ -159,7 +162,10 @@ def load(
             i = column.get(row[g])
             if i is None:
                 return None
-            ranges[i, s] = (int(row[g + 1]), int(row[g + 2]))
+            try:
+                ranges[i, s] = (int(row[g + 1]), int(row[g + 2]))
+            except (ValueError, OverflowError):
+                return None
     return keys, exts, image, label, {f.name: ranges[i] for i, f in enumerate(fields)}
 
 
@@ -219,7 +225,7 @@ def load_problems(path: str) -> tuple[Problem, ...] | None:
         return tuple(Problem(Damage(r["kind"]), r["key"], str(r["detail"])) for r in rows)
     except FileNotFoundError:
         return ()
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return None
 
 

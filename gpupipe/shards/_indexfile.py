@@ -80,13 +80,14 @@ def _flat(ranges: np.ndarray | None) -> list[int] | None:
 
 def encode(
     size: int, detail: Samples, image_exts: tuple[str, ...], label_ext: str | None, problems: tuple[Problem, ...],
-    sizes: Sizes | None = None,
+    sizes: Sizes | None = None, version: str | None = None,
 ) -> bytes:  # fmt: skip
     image, label = _exts(image_exts, label_ext)
     doc = {
         "format": FORMAT,
         "version": VERSION,
         "size": size,
+        "shard_version": version,  # (its ETag, else its modification time: Stat.version)
         "samples": len(detail.keys),
         "image": image,
         "label": label,
@@ -132,7 +133,25 @@ def _samples(doc: Any, size: int, image_exts: tuple[str, ...], labeled: bool) ->
         raise ValueError(f"exts must be image extensions asked for ({'/'.join(image_exts)})")
     label = _ranges(doc, "label_range", n, size) if labeled else None
     labels = _integers(doc, "labels", n) if labeled else None
-    return Samples(keys, exts, _ranges(doc, "image_range", n, size), label, labels)
+    image = _ranges(doc, "image_range", n, size)
+    _members(image if label is None else np.concatenate([image, label]))
+    return Samples(keys, exts, image, label, labels)
+
+
+def _members(ranges: np.ndarray) -> None:
+    """Raises ``ValueError`` unless ``ranges`` ``[N, 2]`` (offset, length) can be the data of a
+    tar's members: each starts on a 512-byte block after a header block, and each member's data
+    ends, rounded up to a block, at least a header block before the next one's starts (no range
+    overlaps another, or a header, or repeats)."""
+    if not len(ranges):
+        return
+    offset, length = ranges[:, 0], ranges[:, 1]
+    if ((offset % 512) != 0).any() or (offset < 512).any():
+        raise ValueError("a byte range does not start where a tar member's data can")
+    order = np.argsort(offset, kind="stable")
+    start, end = offset[order], offset[order] + length[order]
+    if len(start) > 1 and (start[1:] < (end[:-1] + 511) // 512 * 512 + 512).any():
+        raise ValueError("byte ranges overlap, repeat, or leave no room for a tar header between them")
 
 
 def _sizes(doc: Any, n: int) -> Sizes | None:
@@ -148,10 +167,13 @@ def _sizes(doc: Any, n: int) -> Sizes | None:
 
 
 def read_index_file(
-    storage: Storage, url: str, *, size: int, image_exts: tuple[str, ...], label_ext: str | None
-) -> IndexFile | None:
-    """The index file beside shard ``url`` if there is one for this version (``size``) and these
-    extensions; ``None`` otherwise (logged when one is there but does not apply)."""
+    storage: Storage, url: str, *, size: int, image_exts: tuple[str, ...], label_ext: str | None,
+    version: str | None = None,
+) -> IndexFile | None:  # fmt: skip
+    """The index file beside shard ``url`` if there is one for this version (``size``, and
+    ``version`` where the file records the one it was written for) and these extensions, its
+    byte ranges those of a tar's members; ``None`` otherwise (logged when one is there but does
+    not apply)."""
     where = redact(index_file_url(url))  # for messages
     try:
         with storage.open(index_file_url(url)) as f:
@@ -167,12 +189,30 @@ def read_index_file(
         if (doc["size"], doc["image"], doc["label"]) != (size, *_exts(image_exts, label_ext)):
             log.info("gpupipe: %s was written for another version of its shard or other extensions; ignored", where)
             return None
-        problems = tuple(Problem(Damage(p["kind"]), p["key"], str(p["detail"])) for p in doc["problems"])
+        written_for = doc.get("shard_version")
+        if written_for is not None and version is not None and written_for != version:
+            log.info("gpupipe: %s was written for another version of its shard (%s, now %s); ignored", where,
+                     written_for, version)  # fmt: skip
+            return None
+        problems = tuple(_problem(p) for p in doc["problems"])
         detail = _samples(doc, size, image_exts, label_ext is not None)
         return IndexFile(int(doc["samples"]), problems, detail, _sizes(doc, len(detail.keys)))
-    except (ValueError, KeyError, TypeError, OverflowError) as e:
-        log.warning("gpupipe: cannot use the index file %s (%s); the shard is scanned instead", where, e)
+    except (ValueError, KeyError, TypeError, OverflowError, RecursionError) as e:
+        reason = str(e) if not isinstance(e, RecursionError) else "nested too deeply"
+        log.warning("gpupipe: cannot use the index file %s (%s); the shard is scanned instead", where, reason)
         return None
+
+
+_SHARD_LEVEL = frozenset((Damage.MISSING_SHARD, Damage.UNREADABLE_SHARD))  # not what a readable file can say
+
+
+def _problem(p: Any) -> Problem:
+    """One damage an index file lists: a kind scanning finds, a key (a string, or none for the
+    shard), a detail."""
+    kind = Damage(p["kind"])
+    if kind in _SHARD_LEVEL or not (p["key"] is None or isinstance(p["key"], str)):
+        raise ValueError("problems must list damage found in the shard's samples")
+    return Problem(kind, p["key"], str(p["detail"]))
 
 
 def write_index_file(
@@ -185,10 +225,11 @@ def write_index_file(
     label_ext: str | None,
     problems: tuple[Problem, ...],
     sizes: Sizes | None = None,
+    version: str | None = None,
 ) -> str:
     """Writes the index file of shard ``url`` (``size`` bytes, its samples ``detail``, with its
     images' ``sizes`` where given) beside it through ``storage`` (whole or not at all); returns
     its URL."""
     where = index_file_url(url)
-    storage.put(where, encode(size, detail, image_exts, label_ext, problems, sizes))
+    storage.put(where, encode(size, detail, image_exts, label_ext, problems, sizes, version))
     return where

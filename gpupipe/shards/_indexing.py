@@ -53,7 +53,8 @@ def cached_scan(
         loader = _CachedDetail(storage, url, idx_path, image_exts, label_ext, fields)
         shard = ShardIndex(url, size=size, loader=loader, dali_index=idx_path, problems=problems)
     elif index_files and not fields and storage.remote and (found := read_index_file(
-            storage, url, size=stat.size, image_exts=image_exts, label_ext=label_ext)) is not None:  # fmt: skip
+            storage, url, size=stat.size, image_exts=image_exts, label_ext=label_ext, version=stat.version
+            )) is not None:  # fmt: skip
         shard = _from_index_file(storage, url, idx_path, found.detail, found.problems, image_exts, label_ext,
                                  found.sizes)  # fmt: skip
     else:

@@ -83,12 +83,13 @@ def read_mask(
             return ()
         listed = f"is listed as bad in {where} (by gpupipe check): "
         bad = sorted(
-            (int(r["sample"]), Problem(Damage(r["kind"]), str(r["key"]), listed + str(r["detail"]))) for r in doc["bad"]
+            (_count(r["sample"]), Problem(Damage(r["kind"]), str(r["key"]), listed + str(r["detail"])))
+            for r in doc["bad"]
         )
         if any(not 0 <= n < samples for n, _ in bad) or len({n for n, _ in bad}) != len(bad):
             raise ValueError("sample numbers out of range or repeated")
-    except (ValueError, KeyError, TypeError, AttributeError) as e:
-        log.warning("gpupipe: the bad-sample list %s is damaged (%s); it is ignored", where, e)
+    except (ValueError, KeyError, TypeError, AttributeError, OverflowError, RecursionError) as e:
+        log.warning("gpupipe: the bad-sample list %s is damaged (%s); it is ignored", where, type(e).__name__)
         return ()
     return tuple(bad)
 
@@ -125,3 +126,10 @@ def write_mask(
     }
     write_atomic(target, json.dumps(doc, indent=1).encode())
     return target
+
+
+def _count(value: Any) -> int:
+    """A sample number as the list wrote it: an integer (not a float, a boolean or a string)."""
+    if type(value) is not int:
+        raise ValueError(f"a sample number is {type(value).__name__}, not an integer")
+    return value
