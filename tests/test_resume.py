@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import warnings
 
 import pytest
@@ -92,3 +93,68 @@ class TestResume:
             other.load_state_dict(state)
         with pytest.raises(gp.ConfigError, match="not a gpupipe loader state"):
             other.load_state_dict({"epoch": 1})
+
+
+class TestStatesFromElsewhere:
+    """A state handed to ``load_state_dict`` may come from another run, another dataset, or be
+    damaged: it is refused with a ConfigError, fast, and a refused state changes nothing (found by
+    a review, 2026-11-29: another dataset of the same size was taken, world_size=10**9 ran for
+    minutes, a bad skipped record was half taken)."""
+
+    @staticmethod
+    def loader(urls, **options) -> gp.Loader:
+        return gp.Loader(val(urls), 4, backend="torch", num_workers=0, shuffle=True, seed=1, **options)
+
+    @staticmethod
+    def saved(shards) -> dict:
+        with TestStatesFromElsewhere.loader(shards) as loader:
+            it = iter(loader)
+            next(it)
+            return loader.state_dict()
+
+    def test_a_state_of_other_data_is_refused(self, shards, tmp_path):
+        import shutil
+
+        from .support.data import SHARD_SIZES, write_webdataset_shards
+
+        state = self.saved(shards)
+        (tmp_path / "other").mkdir()
+        others = write_webdataset_shards(str(tmp_path / "other"), SHARD_SIZES, prefix="other")  # the same counts
+        for urls in (others, shards[::-1]):
+            with self.loader(urls) as loader, pytest.raises(gp.ConfigError, match="saved over other data"):
+                loader.load_state_dict(state)
+        moved = []
+        for shard in shards:  # the same shards in another folder: the same data
+            moved.append(str(tmp_path / os.path.basename(shard)))
+            shutil.copy(shard, moved[-1])
+        with self.loader(moved) as loader:
+            loader.load_state_dict(state)
+            assert loader.state_dict()["batches_yielded"] == 1
+        old = {k: v for k, v in state.items() if k != "data"}  # a state saved before the digest
+        with self.loader(shards) as loader:
+            loader.load_state_dict(old)
+
+    @pytest.mark.parametrize(
+        "where, value",
+        [("world_size", 0), ("world_size", "1"), ("world_size", 10**9), ("batch_size", 0), ("batch_size", 2.5),
+         ("drop_last", 1), ("seed", None), ("seed", "abc"), ("seed", 1.5), ("skipped", [1]),
+         ("skipped", [{"key": "k", "shard": "s", "reason": "r", "epoch": 0, "bogus": 1}]),
+         ("skipped_in_epoch", -1000), ("skipped_in_epoch", "x"), ("layout", "first")],
+    )  # fmt: skip
+    def test_a_damaged_state_is_refused_and_changes_nothing(self, shards, where, value):
+        import time
+
+        state = self.saved(shards)
+        if where in ("world_size", "batch_size", "drop_last"):
+            state["plan"] = {**state["plan"], where: value}
+        elif where == "layout":  # an elastic layout whose first plan names 10**8 ranks
+            state["layout"] = {"first": {**state["plan"], "world_size": 10**8}, "ranges": [[0, 4]], "offset": 0}
+        else:
+            state[where] = value
+        with self.loader(shards) as loader:
+            before = loader.state_dict()
+            started = time.monotonic()
+            with pytest.raises(gp.ConfigError):
+                loader.load_state_dict(state)
+            assert time.monotonic() - started < 5
+            assert loader.state_dict() == before

@@ -5,10 +5,13 @@ epoch rather than replay one (:meth:`Resumable._advance`)."""
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import os
 import warnings
 from typing import TYPE_CHECKING, Any
 
+from ..core._errors import ConfigError
 from ..plan._resume import nested, restore, saved
 
 if TYPE_CHECKING:
@@ -34,7 +37,9 @@ class Resumable:
     _skips: Skips
     _listing: Any
     pipeline: Pipeline
+    index: Any
     _warned_advance: bool
+    _data_of: tuple[Any, str] | None = None
 
     @property
     def epoch(self) -> int:  # (the loader's)
@@ -50,7 +55,8 @@ class Resumable:
     def state_dict(self) -> dict[str, Any]:
         """This rank's position: the epoch and the batches of it yielded so far, with the settings
         the plan depends on. Call it between batches (after a step); see :meth:`load_state_dict`."""
-        state = {**saved(self._at.position(self.seed), self.plan_spec, self.rank), **self._skips.state()}
+        state = {**saved(self._at.position(self.seed), self.plan_spec, self.rank), **self._skips.state(),
+                 "data": self._data()}  # fmt: skip
         if self._listing is not None:  # a growing source's shards this epoch, to resume on exactly those
             state["listing"] = nested(self._listing, list)
         return state
@@ -78,14 +84,44 @@ class Resumable:
             ConfigError: a state whose plan differs otherwise (sample count, ``drop_last``,
                 shuffle settings, the bad-sample list, or an explicitly different seed).
         """
-        listing = state.get("listing") if isinstance(state, dict) else None
-        if listing is not None and self._listing is not None:  # the shards the saved epoch read
+        if not isinstance(state, dict):
+            raise ConfigError("Loader.load_state_dict: not a gpupipe loader state (a dict)")
+        skipped = self._skips.parse(state)  # checked first: a state refused changes nothing
+        listing, previous = state.get("listing"), self._listing
+        relisted = listing is not None and previous is not None
+        if relisted:  # the shards the saved epoch read
+            if not _urls(listing):
+                raise ConfigError("Loader.load_state_dict: a damaged loader state (its listing is not of shard URLs)")
             self._relist(nested(listing, tuple))
-            self._at.listed = state.get("epoch", self._at.epoch)
-        position = restore(state, spec=self.plan_spec, seed=self.seed, seed_given=self.config.seed is not None)
+        try:
+            data = state.get("data")
+            if data is not None and data != self._data():
+                raise ConfigError(
+                    "Loader.load_state_dict: the state was saved over other data: other shards, or these in "
+                    "another order (shard names and sample counts differ), so its positions are not this "
+                    "loader's samples"
+                )
+            position = restore(state, spec=self.plan_spec, seed=self.seed, seed_given=self.config.seed is not None)
+        except BaseException:
+            if relisted:
+                self._relist(previous)  # the loader as it was
+            raise
+        if relisted:
+            self._at.listed = position.epoch
         self.seed = position.seed
         self._at.restore(position)
-        self._skips.load(state)
+        self._skips.load(skipped)
+
+    def _data(self) -> str:
+        """A digest of the data the plan numbers: each shard's name (not its folder: data moved
+        elsewhere resumes) and sample count, in order. Made once per index."""
+        cached = self._data_of
+        if cached is None or cached[0] is not self.index:
+            digest = hashlib.sha256()
+            for shard in self.index.shards:
+                digest.update(f"{os.path.basename(str(shard.path))}\0{len(shard)}\n".encode())
+            cached = self._data_of = (self.index, digest.hexdigest()[:16])
+        return cached[1]
 
     def _advance(self) -> None:
         """The rule that never replays an epoch silently: a loader iterated again after an epoch ran
@@ -107,3 +143,10 @@ class Resumable:
             )
         log.info("gpupipe loader: rank %d goes on with epoch %d (no set_epoch)", self.rank, self.epoch + 1)
         self.set_epoch(self.epoch + 1)
+
+
+def _urls(listing: Any, depth: int = 0) -> bool:
+    """Whether a saved listing is shard URLs: strings in (nested, for a ``gp.Mix``) lists."""
+    if isinstance(listing, str):
+        return depth > 0
+    return isinstance(listing, list | tuple) and depth < 3 and all(_urls(v, depth + 1) for v in listing)

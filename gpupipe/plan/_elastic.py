@@ -48,7 +48,7 @@ class Layout:
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any]) -> Layout:
         """Raises ValueError unless the ranges lie apart, in order, within the first layout."""
-        first = PlanSpec(**doc["first"])
+        first = PlanSpec.checked(doc["first"])
         ranges = tuple((int(a), int(b)) for a, b in doc["ranges"])
         offset = doc.get("offset", 0)
         total = sum(valid_count(first, r) for r in range(first.world_size))

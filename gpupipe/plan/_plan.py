@@ -61,6 +61,10 @@ def rank_range(num_samples: int, rank: int, world_size: int) -> tuple[int, int]:
     return start, start + base + (rank < extra)
 
 
+MAX_WORLD_SIZE = 1 << 20  # the most ranks a saved state may name (an elastic resume walks them all)
+_COUNTS = {"num_samples": 0, "world_size": 1, "batch_size": 1, "shuffle_buffer": 0, "interleave": 1, "repeats": 1}
+
+
 @dataclasses.dataclass(frozen=True)
 class PlanSpec:
     """Everything a rank's epoch plan depends on besides ``(seed, epoch, rank)``: the dataset's
@@ -96,6 +100,25 @@ class PlanSpec:
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    @classmethod
+    def checked(cls, doc: Any) -> PlanSpec:
+        """A spec from a saved state's dict, checked (a state may come from anywhere): counts
+        are ints in range, flags bools, digests strings. Raises ``ValueError`` or ``TypeError``."""
+        if not isinstance(doc, Mapping):
+            raise TypeError("a plan must be a mapping")
+        spec = cls(**doc)
+        for name, low in _COUNTS.items():
+            value = getattr(spec, name)
+            if not (isinstance(value, int) and not isinstance(value, bool) and value >= low):
+                raise ValueError(f"{name}={value!r} is not a count of at least {low}")
+        if spec.world_size > MAX_WORLD_SIZE:
+            raise ValueError(f"world_size={spec.world_size} is more than {MAX_WORLD_SIZE} ranks")
+        if not (isinstance(spec.drop_last, bool) and isinstance(spec.shuffle, bool)):
+            raise ValueError("drop_last and shuffle must be booleans")
+        if not (isinstance(spec.mask, str) and isinstance(spec.mix, str)):
+            raise ValueError("mask and mix must be digests (strings)")
+        return spec
 
     def _others(self, other: Mapping[str, Any]) -> dict[str, Any]:
         defaults = {f.name: f.default for f in dataclasses.fields(self) if f.default is not dataclasses.MISSING}

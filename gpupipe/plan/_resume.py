@@ -99,7 +99,7 @@ def restore(state: Any, *, spec: PlanSpec, seed: int, seed_given: bool) -> Posit
     if not (isinstance(state, dict) and state.get("version") == STATE_VERSION and isinstance(state.get("plan"), dict)):
         raise ConfigError(f"{where}: not a gpupipe loader state (version {STATE_VERSION})")
     try:
-        saved = PlanSpec(**state["plan"])
+        saved = PlanSpec.checked(state["plan"])
         layout = Layout.from_dict(state["layout"]) if state.get("layout") is not None else None
     except (TypeError, ValueError, KeyError) as e:
         raise ConfigError(f"{where}: a damaged loader state ({e})") from None
@@ -108,6 +108,8 @@ def restore(state: Any, *, spec: PlanSpec, seed: int, seed_given: bool) -> Posit
     elastic = bool(changed) and changed <= ELASTIC
     if elastic:
         diff = []
+    if not is_int(state.get("seed")):
+        raise ConfigError(f"{where}: a damaged loader state (seed={state.get('seed')!r} is not an integer)")
     if seed_given and state.get("seed") != seed:
         diff.append(f"seed={state.get('seed')!r} (this loader: {seed})")
     if diff:

@@ -11,7 +11,8 @@ import numpy as np
 
 from ..core._batch import SkippedSample
 from ..core._config import LoaderConfig, OnError
-from ..core._errors import SHARD_DAMAGE, Damage, DataError
+from ..core._errors import SHARD_DAMAGE, ConfigError, Damage, DataError
+from ..core._validate import is_int
 from ..sources import Index
 
 __all__ = ["Skips"]
@@ -100,13 +101,35 @@ class Skips:
     def state(self) -> dict[str, Any]:
         return {"skipped": [dataclasses.asdict(s) for s in self.records.values()], "skipped_in_epoch": self.in_epoch}
 
-    def load(self, state: dict[str, Any]) -> None:
-        """Takes the records of a saved state's epochs, keeping what this loader found when
-        indexing (the state's own record of that is the same: its plan's digest says so)."""
-        records = [SkippedSample(**r) for r in state.get("skipped", ()) if r.get("epoch") is not None]
+    @staticmethod
+    def parse(state: dict[str, Any]) -> tuple[list[SkippedSample], int]:
+        """A saved state's records of its epochs and its count of this epoch's skips, checked
+        (nothing is taken yet: :meth:`load`). Raises ``ConfigError`` for a damaged record."""
+        try:
+            listed = state.get("skipped", ())
+            if not isinstance(listed, list | tuple):
+                raise TypeError("skipped must be a list")
+            records = [SkippedSample(**r) for r in listed if r.get("epoch") is not None]
+            for r in records:
+                if not (all(v is None or isinstance(v, str) for v in (r.key, r.shard, r.kind))
+                        and isinstance(r.reason, str) and isinstance(r.epoch, int) and not isinstance(r.epoch, bool)
+                        and r.epoch >= 0):  # fmt: skip
+                    raise TypeError(f"a skipped sample of the wrong types: {r!r}"[:200])
+            in_epoch = state.get("skipped_in_epoch", 0)
+            if not (is_int(in_epoch) and in_epoch >= 0):
+                raise ValueError(f"skipped_in_epoch={in_epoch!r} is not a count")
+        except (TypeError, ValueError, AttributeError) as e:
+            raise ConfigError(f"Loader.load_state_dict: a damaged loader state ({e})") from None
+        return records, in_epoch
+
+    def load(self, parsed: tuple[list[SkippedSample], int]) -> None:
+        """Takes the records of a saved state's epochs (:meth:`parse`), keeping what this loader
+        found when indexing (the state's own record of that is the same: its plan's digest says
+        so)."""
+        records, in_epoch = parsed
         before = {where: r for where, r in self.records.items() if r.epoch is None}
         self.records = {**before, **{(r.shard, r.key, True): r for r in records}}
-        self.in_epoch = int(state.get("skipped_in_epoch", 0))
+        self.in_epoch = in_epoch
 
 
 WHOLE = SHARD_DAMAGE - {Damage.TRUNCATED_SHARD}  # a shard lost whole: missing, unreadable, empty
