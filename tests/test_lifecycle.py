@@ -478,3 +478,39 @@ def test_a_loader_collected_inside_threadings_locks_does_not_deadlock(shards):
     while any(t.name.startswith("gpupipe-read") for t in threading.enumerate()) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not [t.name for t in threading.enumerate() if t.name.startswith("gpupipe-read")]
+
+
+def test_a_torch_loader_closed_by_the_collector_joins_nothing(shards, monkeypatch):
+    """Closed for the garbage collector (which may run inside threading's locks, or in the
+    pin-memory thread itself), the torch runner joins neither its workers nor its pin-memory
+    thread: it tells them to end, and they do (found by a review, 2026-11-29; a GPU loader's
+    pin-memory thread deadlocked there)."""
+    from torch.utils.data import dataloader
+
+    from gpupipe.backends._base import collecting
+
+    joined: list[object] = []
+
+    def shutdown(iterator) -> None:  # (it joins, unless already shut down: its __del__ calls it too)
+        if not iterator._shutdown:
+            joined.append(iterator)
+
+    monkeypatch.setattr(dataloader._MultiProcessingDataLoaderIter, "_shutdown_workers", shutdown)
+    loader = gp.Loader(val(shards), 4, backend="torch", device="cpu", num_workers=2)
+    next(iter(loader))
+    pids = [w.pid for w in loader._runner._loader._iterator._workers]  # type: ignore[attr-defined]
+    with collecting():
+        loader.close()
+    assert not joined
+
+    def running(pid: int) -> bool:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+        except FileNotFoundError:
+            return False
+
+    deadline = time.monotonic() + 10
+    while any(running(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [p for p in pids if running(p)]

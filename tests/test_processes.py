@@ -58,6 +58,20 @@ class _CrashOnce(T.ArrayFunction):
         return x
 
 
+@dataclasses.dataclass(frozen=True)
+class _CrashLater(T.ArrayFunction):
+    """Crashes (SIGSEGV) its worker a second after meeting a white sample, every time: while the
+    loop's step runs, not while it waits in ``next()``."""
+
+    def apply(self, x, xp):
+        if int(x[0, 0, 0]) == 255:
+            import time
+
+            time.sleep(1.0)
+            os.kill(os.getpid(), signal.SIGSEGV)
+        return x
+
+
 @pytest.fixture
 def crashing_decoder(monkeypatch):
     from gpupipe.backends._torch import _persample
@@ -102,6 +116,79 @@ class TestCrashedWorkers:
             keys = [k for b in loader for k, v in zip(b.keys, b.valid.tolist(), strict=True) if v]
             assert sorted(keys) == [f"img/00/{n:06d}" for n in range(12)] and not loader.skipped
         assert os.path.exists(tmp_path / "crashed")  # it did crash a worker
+
+
+class TestCrashesAnywhere:
+    """PyTorch's SIGCHLD check raised "DataLoader worker is killed by signal" wherever the main
+    thread was: a crash while the training step ran (not inside ``next()``) ended the epoch, as
+    did a persistent worker that died between epochs (found by a review, 2026-11-29). gpupipe's
+    workers are off that check: a death is found where the loop waits, at each poll."""
+
+    def test_a_crash_while_the_step_runs_is_recovered(self, tmp_path):
+        import time
+
+        from .support.data import write_webdataset_shards
+
+        white = np.full((24, 32, 3), 255, np.uint8)
+        urls = write_webdataset_shards(str(tmp_path), (16,), prefix="busy", patch={9: {"jpg": encode_jpeg(white)}})
+        pipe = gp.Pipeline(urls, [T.Resize((16, 16)), _CrashLater()])
+        with gp.Loader(pipe, 4, backend="torch", device="cpu", num_workers=2, on_error="skip",
+                       max_skipped=None) as loader:  # fmt: skip
+            keys = []
+            for i, batch in enumerate(loader):
+                keys += [k for k, v in zip(batch.keys, batch.valid.tolist(), strict=True) if v]
+                if i == 0:
+                    time.sleep(3.0)  # the training step: the crash comes meanwhile
+            assert len(keys) == 15 and [s.key for s in loader.skipped] == ["img/00/000009"]
+
+    def test_a_worker_dead_between_epochs_is_replaced(self, shards, monkeypatch, caplog):
+        from gpupipe.backends._torch import _runner
+
+        monkeypatch.setattr(_runner, "START_TIMEOUT", 3.0)
+        with gp.Loader(gp.Pipeline(shards, [T.Resize((16, 16))]), 4, backend="torch", device="cpu",
+                       num_workers=2) as loader:  # fmt: skip
+            assert len(list(loader)) == 4
+            worker = loader._runner._loader._iterator._workers[0]  # type: ignore[attr-defined]
+            os.kill(worker.pid, signal.SIGSEGV)
+            worker.join(10)
+            loader.set_epoch(1)
+            assert len(list(loader)) == 4
+        assert "between epochs" in caplog.text
+
+
+def _local_error() -> type[Exception]:
+    class Local(Exception):  # (made in a function: pickle cannot name it)
+        pass
+
+    return Local
+
+
+_LOCAL = _local_error()
+
+
+@dataclasses.dataclass(frozen=True)
+class _RaiseLocal(T.ArrayFunction):
+    def apply(self, x, xp):
+        if int(x[0, 0, 0]) == 255:
+            raise _LOCAL("boom")
+        return x
+
+
+def test_an_error_of_a_type_pickle_cannot_name_reaches_the_loop(tmp_path):
+    """A worker's exception whose type cannot be pickled was dropped on its way: the loop waited
+    worker_timeout, twice, then called the workers stuck (found by a review, 2026-11-29)."""
+    import time
+
+    from .support.data import write_webdataset_shards
+
+    white = np.full((24, 32, 3), 255, np.uint8)
+    urls = write_webdataset_shards(str(tmp_path), (8,), prefix="local", patch={5: {"jpg": encode_jpeg(white)}})
+    started = time.monotonic()
+    pipe = gp.Pipeline(urls, [T.Resize((16, 16)), _RaiseLocal()])
+    loader = gp.Loader(pipe, 4, backend="torch", device="cpu", num_workers=2, worker_timeout=60)
+    with loader, pytest.raises(gp.GpupipeError, match=r"Local: boom .*cannot be sent"):
+        list(loader)
+    assert time.monotonic() - started < 30
 
 
 class TestDeadWorkers:

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, get_worker_info
 
-from ...core._errors import Damage, DataError, SampleError
+from ...core._errors import Damage, DataError, GpupipeError, SampleError
 from ...core._fields import Field
 from ...core._random import factors
 from ...plan._plan import RankPlan
@@ -148,6 +148,13 @@ class Samples(Dataset["Sample | Failure"]):
             return self._sample(sample, drawn)
         except DataError as e:
             return Failure(type(e), str(e), e.shard, e.key, e.kind)
+        except Exception as e:
+            if _sendable(type(e)):
+                raise
+            # a type the queue cannot pickle (a class made in a function, say): dropped on the way,
+            # the loop would wait worker_timeout and call the workers stuck
+            raise GpupipeError(f"{type(e).__qualname__}: {e} (raised in a torch-backend worker; its type cannot be "
+                               "sent to the training process)") from None  # fmt: skip
 
     def _sample(self, sample: int, drawn: list[list[np.ndarray | None]]) -> Sample:
         """``drawn[view][step]``: this sample's factors of each step of each view."""
@@ -298,3 +305,14 @@ class Collate:
         )
         values = empty_values(self.fields) if self.fields else None
         return images, 0 if self.labeled else None, failure.key or "", values
+
+
+def _sendable(kind: type) -> bool:
+    """Whether an exception type can be pickled (by reference) to the training process."""
+    import pickle
+
+    try:
+        pickle.dumps(kind)
+    except Exception:
+        return False
+    return True

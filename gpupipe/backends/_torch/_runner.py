@@ -7,6 +7,7 @@ import contextlib
 import logging
 import os
 import signal
+import time
 from collections.abc import Generator, Iterator
 from typing import Any
 
@@ -17,7 +18,7 @@ from ...core._errors import ClosedError, WorkerError
 from ...plan._plan import RankPlan
 from ...runtime._children import CRASHED, Births, Stacks, death_cause, exit_status, frozen_fork_cause
 from ...runtime._sandbox import START_TIMEOUT, STARTS
-from .._base import QUEUE_DEPTH, QUEUE_READY, RawBatch, Runs, RunSpec
+from .._base import QUEUE_DEPTH, QUEUE_READY, RawBatch, Runs, RunSpec, in_collection
 from .._copies import H2D, CopyClock
 from .._slots import Slots
 from ._persample import Collate, Failure, Item, Sample, Samples, batch_items, culprits
@@ -107,9 +108,10 @@ class TorchRunner:
 
     def _run(self, loader: DataLoader, plan: RankPlan, start: int) -> Generator[RawBatch, None, None]:
         self._batches.batches = [batch_items(plan, b, self._rank) for b in range(start, plan.num_batches)]
-        batches = self._iterate(loader)
         done, unexplained = start, 0
         try:
+            batches = self._start(loader, plan, start)
+            waiting = time.monotonic()  # since the last batch (or the workers' start)
             while True:
                 ready = _ready(batches)  # the batches made ahead, waiting when the loop asks
                 try:
@@ -117,11 +119,18 @@ class TorchRunner:
                 except StopIteration:
                     return
                 except RuntimeError as e:  # a worker died or is stuck? PyTorch says neither how nor where
-                    if self._watching and "timed out after" in str(e):
+                    if self._closed:
+                        raise ClosedError("the torch runner was closed during an epoch") from None
+                    waited = time.monotonic() - waiting
+                    if "timed out after" in str(e) and self._watching:  # (DataLoader waits POLL_S at a time)
+                        if waited < min(self._timeout or START_TIMEOUT, START_TIMEOUT):
+                            continue
                         if self._frozen_at_birth(loader, plan, done):
                             self._batches.batches = self._batches.batches[done - start :]
-                            start, batches = done, self._iterate(loader)
+                            start, batches, waiting = done, self._iterate(loader), time.monotonic()
                         continue  # all were born: the first batch is slow, and gets worker_timeout
+                    if "timed out after" in str(e) and (not self._timeout or waited < self._timeout):
+                        continue  # a poll: no worker died (DataLoader checks at each), not yet worker_timeout
                     died = self._worker_died(loader, plan, done) or self._worker_stuck(loader, plan, done, e)
                     if died is None:
                         raise
@@ -134,9 +143,11 @@ class TorchRunner:
                     log.warning("%s Restarted%s.", died, f"; left out: {found}" if found else
                                 " (no sample in flight kills a process: taken as transient)")  # fmt: skip
                     self._batches.batches = self._batches.batches[done - start :]
-                    start, batches = done, self._iterate(loader)  # new workers, from the first batch not yielded
+                    start, batches = done, self._start(loader, plan, done)  # new workers, from the first not yielded
+                    waiting = time.monotonic()
                     continue
                 done += 1
+                waiting = time.monotonic()
                 if self._watching and not self._births.unborn():
                     self._watch(loader, False)
                 if self._closed:  # closed from another thread while this epoch runs
@@ -172,6 +183,18 @@ class TorchRunner:
         items = [item for batch in self._batches.batches[done - start : done - start + ahead] for item in batch]
         return culprits(self._dataset, items, self._timeout)
 
+    def _start(self, loader: DataLoader, plan: RankPlan, batch: int) -> Iterator[Any]:
+        """:meth:`_iterate`; where a persistent worker died since the last epoch (DataLoader then
+        says so as it resumes its workers), the workers are ended and new ones started."""
+        try:
+            return self._iterate(loader)
+        except RuntimeError:
+            died = self._worker_died(loader, plan, batch)
+            if died is None or self._closed:
+                raise
+            log.warning("%s (while idle, between epochs). Restarted.", died)
+            return self._iterate(loader)
+
     def _iterate(self, loader: DataLoader) -> Iterator[Any]:
         """A new iteration of ``loader``: its workers are forked now (the first time, and after
         they were ended), with the stack dump armed and their births watched."""
@@ -180,22 +203,32 @@ class TorchRunner:
         fork = getattr(loader, "_iterator", None) is None  # (persistent workers: else they are reused)
         if fork:
             self._births.reset()
+        self._poll(loader, START_TIMEOUT)  # a persistent iterator resumes its workers in iter(): each acks
         with self._stacks.armed():
             iterator = iter(loader)
+        # PyTorch's SIGCHLD check raises "DataLoader worker is killed by signal" wherever this
+        # thread is when a worker dies: in the training step, in another loader's loop. Off for
+        # these workers: a death is found where this loop waits, at each poll (POLL_S)
+        _disown(getattr(loader, "_iterator", None))
         if fork:
             self._watch(loader, True)
+        self._poll(loader, min(POLL_S, self._timeout or POLL_S))
         return iterator
 
+    @staticmethod
+    def _poll(loader: DataLoader, seconds: float) -> None:
+        """DataLoader waits at most ``seconds`` for a batch at a time (it checks its workers
+        then); the run's loop keeps waiting up to START_TIMEOUT or worker_timeout."""
+        iterator = getattr(loader, "_iterator", None)
+        if iterator is not None and hasattr(iterator, "_timeout"):
+            iterator._timeout = seconds
+
     def _watch(self, loader: DataLoader, on: bool) -> None:
-        """Until every new worker is born, DataLoader waits at most START_TIMEOUT for a batch
+        """Until every new worker is born, the run waits at most START_TIMEOUT for a batch
         (``_frozen_at_birth`` then tells a frozen worker from a slow batch); then worker_timeout."""
         self._watching = on
         if not on:
             self._failed_births = 0
-        iterator = getattr(loader, "_iterator", None)
-        if iterator is not None and hasattr(iterator, "_timeout"):
-            timeout = self._timeout or 0  # (0: DataLoader waits forever)
-            iterator._timeout = timeout if not on else min(timeout or START_TIMEOUT, START_TIMEOUT)
 
     def _frozen_at_birth(self, loader: DataLoader, plan: RankPlan, batch: int) -> bool:
         """After START_TIMEOUT without a batch from new workers: those that never started (frozen
@@ -282,7 +315,21 @@ class TorchRunner:
     @staticmethod
     def _end_workers(loader: DataLoader) -> None:
         iterator = getattr(loader, "_iterator", None)  # the persistent workers' iterator
-        if iterator is not None:
+        if iterator is not None and in_collection():
+            # the collector runs in whatever thread allocates: inside threading's own locks (the
+            # pin-memory thread's exit needs one), or in the pin-memory thread itself. No join:
+            # the workers are told to end (SIGTERM), the pin-memory thread told to stop
+            _disown(iterator)
+            for event in ("_pin_memory_thread_done_event", "_workers_done_event"):
+                done = getattr(iterator, event, None)
+                if done is not None:
+                    done.set()
+            for worker in getattr(iterator, "_workers", ()):
+                with contextlib.suppress(Exception):
+                    worker.terminate()
+            iterator._shutdown = True  # (its __del__ would join them)
+            loader._iterator = None
+        elif iterator is not None:
             iterator._shutdown_workers()
             # PyTorch terminates a worker that does not exit within 5 s and returns without
             # waiting for it: wait, so that close() returns with every worker ended (under load a
@@ -290,6 +337,9 @@ class TorchRunner:
             for worker in getattr(iterator, "_workers", ()):
                 worker.join(timeout=10)
             loader._iterator = None
+
+
+POLL_S = 5.0  # DataLoader's longest wait for a batch at a time (its check of the workers: PyTorch's own interval)
 
 
 def _disown(iterator: Any) -> bool:
