@@ -141,7 +141,7 @@ def png(draw: st.DrawFn) -> bytes:
             data[33:33] = _chunk(draw(st.binary(min_size=4, max_size=4)), draw(st.binary(max_size=64)))
         elif op == "cut":
             del data[at:]
-        elif op == "flip":
+        elif op == "flip" and at < len(data):  # (an earlier cut may have left 8 bytes or fewer)
             data[at] ^= 1 << draw(st.integers(0, 7))
         elif op == "no-iend" and len(data) > 20:
             del data[-12:]
