@@ -41,6 +41,39 @@ def keys(urls, *, backend: str = "torch", **options) -> list[str]:
         return sorted(k for b in loader for k, v in zip(b.keys, b.valid.tolist(), strict=True) if v)
 
 
+class TestNegativeTarSize:
+    """A member whose size field reads ``-0000007205`` (``int(..., 8)`` takes the sign): the fast
+    tar walk went back to an earlier header and round forever, its member list growing until the
+    kernel killed the process (24 GB; found by the fuzzer, 2026-11-29, seed about 6420). The walk
+    refuses it now, and tarfile's reading gives the verdict."""
+
+    @staticmethod
+    def shard(tmp_path) -> str:
+        data = bytearray(tar_of(good_sample("a", 1), good_sample("b", 2), good_sample("c", 3)))
+        third = [i for i in range(0, len(data), 512) if data[i + 257 : i + 262] == b"ustar"][2]  # b.jpg's header
+        data[third + 124 : third + 136] = b"-0000007205\0"
+        data[third + 148 : third + 156] = b" " * 8
+        data[third + 148 : third + 155] = b"%06o\0" % sum(data[third : third + 512])
+        return write(tmp_path / "neg.tar", bytes(data))
+
+    def test_the_walk_refuses_it_at_once(self, tmp_path):
+        import subprocess
+        import sys
+
+        path = self.shard(tmp_path)
+        code = (
+            "import resource, sys; resource.setrlimit(resource.RLIMIT_DATA, (1 << 30, 1 << 30))\n"
+            "from gpupipe.shards._tarwalk import walk, Unusual\n"
+            "try:\n    walk(open(sys.argv[1], 'rb'), None, small=64)\nexcept Unusual as e:\n    print('refused:', e)\n"
+        )
+        done = subprocess.run([sys.executable, "-c", code, path], capture_output=True, text=True, timeout=60)
+        assert "refused: a negative size" in done.stdout, done.stderr[-2000:]
+
+    def test_indexing_finishes_with_tarfiles_verdict(self, tmp_path):
+        index = gp.WebDataset(self.shard(tmp_path)).index(on_error="skip")
+        assert len(index) < 3 and index.problems
+
+
 class TestTarHeaderRecords:
     """A pax or GNU long-name header claims the size of the record after it; :mod:`tarfile` reads
     that many bytes at once. Over ``HEADER_LIMIT`` the shard is damaged from there."""

@@ -108,6 +108,8 @@ def walk(f: IO[bytes], size: int | None = None, *, small: int = 0) -> list[Membe
             length = int(block[124:136].split(b"\0", 1)[0] or b"0", 8)
         except ValueError:
             raise Unusual("a size tarfile parses otherwise") from None
+        if length < 0:  # ("-0000007205": int() reads it; the walk would go back, and round forever)
+            raise Unusual("a negative size")
         kind = block[156]
         heads.append(block)
         sizes.append(length)

@@ -259,6 +259,18 @@ def fuzz(seconds: float, *, seed: int = 0, backends: list[str] | None = None, ke
     }
 
 
+def _limit_data(limit: int) -> None:
+    """Caps this process's data (a fuzzed case that allocates without end ran the machine out of
+    memory, 24 GB, and the kernel killed the run with no report: 2026-11-29, a negative tar size)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    if hard != resource.RLIM_INFINITY:
+        limit = min(limit, hard)
+    if soft == resource.RLIM_INFINITY or soft > limit:
+        resource.setrlimit(resource.RLIMIT_DATA, (limit, hard))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tests.support.fuzz", description=__doc__.split("\n\n")[0])
     p.add_argument("--seconds", type=float, default=60.0, help="the budget (default 60)")
@@ -268,7 +280,10 @@ def main(argv: list[str] | None = None) -> int:
                    "where present; ray starts a local cluster)")  # fmt: skip
     p.add_argument("--keep", default=None, help="copy each case's shard here before it runs (a crash leaves it)")
     p.add_argument("--out", default=None, help="also write the report (JSON) here")
+    p.add_argument("--max-data-gib", type=float, default=8.0, help="the process's data limit (RLIMIT_DATA, "
+                   "default 8): a case that allocates without end fails (MemoryError), not the OOM killer")  # fmt: skip
     args = p.parse_args(argv)
+    _limit_data(int(args.max_data_gib * (1 << 30)))
     _plant(os.environ.get("GPUPIPE_FUZZ_PLANT"))
     logging.getLogger("gpupipe").setLevel(logging.ERROR)  # each case's skips: counted in the report instead
     if args.keep:
