@@ -122,7 +122,21 @@ class TestRangeAnswers:
         out = io.BytesIO()
         with pytest.raises(_transfer.NoRanges):
             asyncio.run(_transfer._http_part(HTTPFileSystem(), "http://h/s.tar", out, (100, 200), threading.Event()))
-        assert out.tell() == 101 and Response.content.asked == [101]
+        assert out.tell() == 0 and Response.content.asked == [101]  # (asked for one byte past, nothing written)
+
+    def test_a_shard_gone_since_its_size_was_asked_does_not_exist(self, served, tmp_path):
+        """A ``404`` to a range request is "does not exist" at once, not six tries (found by a
+        review of the range request, 2026-11-29)."""
+        server, url, _ = served
+        remote = storage(tmp_path, retries=5)
+        remote.expect_parts({url: (1000, 1400)})
+        remote.stat(url)
+        server.status["s.tar"] = 404
+        started = time.monotonic()
+        with pytest.raises(OSError, match="does not exist"):
+            remote.read(url, 1000, 60)
+        assert time.monotonic() - started < 5
+        remote.close()
 
     def test_a_short_answer_to_a_range_is_an_error(self, tmp_path):
         class Short:

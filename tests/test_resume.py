@@ -158,3 +158,24 @@ class TestStatesFromElsewhere:
                 loader.load_state_dict(state)
             assert time.monotonic() - started < 5
             assert loader.state_dict() == before
+
+    def test_a_mix_listing_with_a_source_that_does_not_grow_is_urls(self):
+        from gpupipe.loader._resumable import _urls
+
+        assert _urls([["a.tar", "b.tar"], None]) and _urls(["a.tar"]) and _urls([])
+        assert not _urls("a.tar") and not _urls([1]) and not _urls(None) and not _urls([[[["a.tar"]]]])
+
+    def test_an_image_folder_named_with_a_trailing_slash_is_the_same_data(self, tmp_path):
+        from gpupipe.testing import encode_jpeg, synthetic_image
+
+        for c in range(2):
+            (tmp_path / "train" / f"c{c}").mkdir(parents=True)
+            for i in range(4):
+                (tmp_path / "train" / f"c{c}" / f"{i}.jpg").write_bytes(encode_jpeg(synthetic_image(i, size=(24, 32))))
+        root = str(tmp_path / "train")
+        with self.loader(gp.ImageFolder(root + "/")) as loader:
+            next(iter(loader))
+            state = loader.state_dict()
+        with self.loader(gp.ImageFolder(root)) as loader:
+            loader.load_state_dict(state)
+            assert loader.state_dict()["batches_yielded"] == 1

@@ -332,7 +332,7 @@ def _index_one(job: tuple[str, tuple[str, ...], str | None, bool, dict[str, Any]
         recorded = _record_sizes(storage, shard) if sizes else 0
         write_index_file(storage, url, size=shard.nbytes, detail=samples, image_exts=image_exts,
                          label_ext=label_ext, problems=shard.problems, sizes=_recorded_sizes(shard) if sizes else None,
-                         version=storage.stat(url).version)  # fmt: skip
+                         version=storage.stat(url).version if storage.remote else None)  # fmt: skip
         return len(shard), 1, recorded
 
 

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..core._errors import ConfigError
 from ..plan._resume import nested, restore, saved
+from ..storage._fsspec import canonical_url
 
 if TYPE_CHECKING:
     from ..core._config import LoaderConfig
@@ -118,8 +119,9 @@ class Resumable:
         cached = self._data_of
         if cached is None or cached[0] is not self.index:
             digest = hashlib.sha256()
-            for shard in self.index.shards:
-                digest.update(f"{os.path.basename(str(shard.path))}\0{len(shard)}\n".encode())
+            for shard in self.index.shards:  # (a URL's name without its signature: re-signed, the same shard)
+                name = os.path.basename(canonical_url(str(shard.path)).rstrip("/" + os.sep))
+                digest.update(f"{name}\0{len(shard)}\n".encode())
             cached = self._data_of = (self.index, digest.hexdigest()[:16])
         return cached[1]
 
@@ -146,7 +148,8 @@ class Resumable:
 
 
 def _urls(listing: Any, depth: int = 0) -> bool:
-    """Whether a saved listing is shard URLs: strings in (nested, for a ``gp.Mix``) lists."""
-    if isinstance(listing, str):
+    """Whether a saved listing is shard URLs: strings in (nested, for a ``gp.Mix``) lists; a
+    ``gp.Mix``'s source that does not grow lists ``None``."""
+    if isinstance(listing, str) or listing is None:
         return depth > 0
     return isinstance(listing, list | tuple) and depth < 3 and all(_urls(v, depth + 1) for v in listing)

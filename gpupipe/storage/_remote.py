@@ -324,14 +324,17 @@ class RemoteStorage(Storage):
             stat = self.stat(url)
 
             def download(f: IO[bytes], part: Span | None, stat: Stat = stat) -> None:
-                try:
-                    self._download(url, f, stat.size, part)
-                except WrongSize as e:  # more or fewer bytes than the size asked before: changed since?
-                    now = self.stat(url, fresh=True)
-                    if now != stat:
-                        raise _Changed(f"{redact(url)} changed during its download ({stat} -> {now})") from None
-                    raise OSError(f"download {redact(url)}: {e} (its size, asked again, is still {stat.size})"
-                                  ) from None  # fmt: skip
+                for attempt in range(self.retries + 1):
+                    try:
+                        self._download(url, f, stat.size, part)
+                        break
+                    except WrongSize as e:  # more or fewer bytes than the size asked before: changed since?
+                        now = self.stat(url, fresh=True)
+                        if now != stat:
+                            raise _Changed(f"{redact(url)} changed during its download ({stat} -> {now})") from None
+                        if attempt == self.retries or self._stopping.wait(min(30.0, self.backoff * 2**attempt)):
+                            raise OSError(f"download {redact(url)}: {e} (its size, asked again, is still "
+                                          f"{stat.size}; {attempt + 1} tries)") from None  # fmt: skip
                 now = self.stat(url, fresh=True)
                 if now != stat:
                     raise _Changed(f"{redact(url)} changed during its download ({stat} -> {now})")

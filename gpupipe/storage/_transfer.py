@@ -8,6 +8,7 @@ damaged gzip stream), and words the last error with the URL (redacted) and the H
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import gzip
 import logging
@@ -191,19 +192,28 @@ async def _http_part(fs: Any, url: str, out: IO[bytes], span: tuple[int, int], s
     async with session.get(fs.encode_url(url), headers=headers, **kwargs) as r:
         if r.status == 200:  # the whole object, or something else: no ranges here
             raise NoRanges
+        if r.status in (404, 410):  # (gone since its size was asked: not tried again)
+            raise FileNotFoundError(url)
         r.raise_for_status()
         answered = (r.headers.get("Content-Range") or "").removeprefix("bytes ").partition("-")[0]
         if r.status != 206 or (answered.isdigit() and int(answered) != start):
             raise OSError(f"bytes {start}-{stop} were answered with HTTP {r.status}, Content-Range "
                           f"{r.headers.get('Content-Range')!r}")  # fmt: skip
-        rate = _Rate()
-        while chunk := await r.content.read(min(CHUNK, stop - start + 1 - out.tell())):
+        rate, pending, got = _Rate(), bytearray(), 0
+        loop = asyncio.get_running_loop()
+        while chunk := await r.content.read(min(CHUNK, stop - start + 1 - got)):
             if stopping.is_set():
                 raise Closed
-            out.write(chunk)
-            if out.tell() > stop - start:  # more than asked: not a range
+            got += len(chunk)
+            if got > stop - start:  # more than asked: not a range
                 raise NoRanges
             rate.add(len(chunk))
+            pending += chunk
+            if len(pending) >= CHUNK:  # written off the event loop's thread (fsspec's, shared)
+                await loop.run_in_executor(None, out.write, pending)
+                pending = bytearray()
+        if pending:
+            await loop.run_in_executor(None, out.write, pending)
 
 
 class _Rate:

@@ -111,8 +111,10 @@ class TorchRunner:
         done, unexplained = start, 0
         try:
             batches = self._start(loader, plan, start)
-            waiting = time.monotonic()  # since the last batch (or the workers' start)
+            waiting: float | None = None  # since the loop asked for this batch (or the workers started)
             while True:
+                if waiting is None:
+                    waiting = time.monotonic()
                 ready = _ready(batches)  # the batches made ahead, waiting when the loop asks
                 try:
                     batch = next(batches)
@@ -130,6 +132,7 @@ class TorchRunner:
                             start, batches, waiting = done, self._iterate(loader), time.monotonic()
                         continue  # all were born: the first batch is slow, and gets worker_timeout
                     if "timed out after" in str(e) and (not self._timeout or waited < self._timeout):
+                        _pin_thread_alive(loader)  # (DataLoader checks it only when it waits without a timeout)
                         continue  # a poll: no worker died (DataLoader checks at each), not yet worker_timeout
                     died = self._worker_died(loader, plan, done) or self._worker_stuck(loader, plan, done, e)
                     if died is None:
@@ -144,10 +147,10 @@ class TorchRunner:
                                 " (no sample in flight kills a process: taken as transient)")  # fmt: skip
                     self._batches.batches = self._batches.batches[done - start :]
                     start, batches = done, self._start(loader, plan, done)  # new workers, from the first not yielded
-                    waiting = time.monotonic()
+                    waiting = None
                     continue
                 done += 1
-                waiting = time.monotonic()
+                waiting = None
                 if self._watching and not self._births.unborn():
                     self._watch(loader, False)
                 if self._closed:  # closed from another thread while this epoch runs
@@ -184,8 +187,11 @@ class TorchRunner:
         return culprits(self._dataset, items, self._timeout)
 
     def _start(self, loader: DataLoader, plan: RankPlan, batch: int) -> Iterator[Any]:
-        """:meth:`_iterate`; where a persistent worker died since the last epoch (DataLoader then
-        says so as it resumes its workers), the workers are ended and new ones started."""
+        """:meth:`_iterate`; where a persistent worker died since the last epoch (found before
+        DataLoader resumes them, or as it does), the workers are ended and new ones started."""
+        died = self._worker_died(loader, plan, batch) if getattr(loader, "_iterator", None) is not None else None
+        if died is not None:
+            log.warning("%s (while idle, between epochs). Restarted.", died)
         try:
             return self._iterate(loader)
         except RuntimeError:
@@ -203,7 +209,9 @@ class TorchRunner:
         fork = getattr(loader, "_iterator", None) is None  # (persistent workers: else they are reused)
         if fork:
             self._births.reset()
-        self._poll(loader, START_TIMEOUT)  # a persistent iterator resumes its workers in iter(): each acks
+        # a persistent iterator resumes its workers in iter(), after the batches still queued from
+        # an epoch left early (a break): each may take what a batch takes
+        self._poll(loader, self._timeout or 0)
         with self._stacks.armed():
             iterator = iter(loader)
         # PyTorch's SIGCHLD check raises "DataLoader worker is killed by signal" wherever this
@@ -337,6 +345,14 @@ class TorchRunner:
             for worker in getattr(iterator, "_workers", ()):
                 worker.join(timeout=10)
             loader._iterator = None
+
+
+def _pin_thread_alive(loader: DataLoader) -> None:
+    """Raises where the pin-memory thread has died (DataLoader checks it only when it waits
+    without a timeout)."""
+    thread = getattr(getattr(loader, "_iterator", None), "_pin_memory_thread", None)
+    if thread is not None and not thread.is_alive():
+        raise RuntimeError("Pin memory thread exited unexpectedly")
 
 
 POLL_S = 5.0  # DataLoader's longest wait for a batch at a time (its check of the workers: PyTorch's own interval)
