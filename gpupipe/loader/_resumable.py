@@ -12,7 +12,7 @@ import warnings
 from typing import TYPE_CHECKING, Any
 
 from ..core._errors import ConfigError
-from ..plan._resume import nested, restore, saved
+from ..plan._resume import STATE_VERSION, nested, restore, saved
 from ..storage._fsspec import canonical_url
 
 if TYPE_CHECKING:
@@ -86,7 +86,7 @@ class Resumable:
                 shuffle settings, the bad-sample list, or an explicitly different seed).
         """
         if not isinstance(state, dict):
-            raise ConfigError("Loader.load_state_dict: not a gpupipe loader state (a dict)")
+            raise ConfigError(f"Loader.load_state_dict: not a gpupipe loader state (version {STATE_VERSION})")
         skipped = self._skips.parse(state)  # checked first: a state refused changes nothing
         listing, previous = state.get("listing"), self._listing
         relisted = listing is not None and previous is not None
