@@ -122,7 +122,7 @@ class TestRangeAnswers:
         out = io.BytesIO()
         with pytest.raises(_transfer.NoRanges):
             asyncio.run(_transfer._http_part(HTTPFileSystem(), "http://h/s.tar", out, (100, 200), threading.Event()))
-        assert out.tell() == 0 and Response.content.asked == [101]  # (asked for one byte past, nothing written)
+        assert out.tell() == 0 and Response.content.asked == [101]  # (one byte past the range asked, none written)
 
     def test_a_shard_gone_since_its_size_was_asked_does_not_exist(self, served, tmp_path):
         """A ``404`` to a range request is "does not exist" at once, not six tries (found by a

@@ -8,7 +8,6 @@ damaged gzip stream), and words the last error with the URL (redacted) and the H
 
 from __future__ import annotations
 
-import asyncio
 import errno
 import gzip
 import logging
@@ -199,8 +198,9 @@ async def _http_part(fs: Any, url: str, out: IO[bytes], span: tuple[int, int], s
         if r.status != 206 or (answered.isdigit() and int(answered) != start):
             raise OSError(f"bytes {start}-{stop} were answered with HTTP {r.status}, Content-Range "
                           f"{r.headers.get('Content-Range')!r}")  # fmt: skip
-        rate, pending, got = _Rate(), bytearray(), 0
-        loop = asyncio.get_running_loop()
+        rate, got = _Rate(), 0
+        # (written on fsspec's event-loop thread: an executor for the writes started threads that
+        # later forks inherited, and two fork-heavy tests failed in one full run out of two)
         while chunk := await r.content.read(min(CHUNK, stop - start + 1 - got)):
             if stopping.is_set():
                 raise Closed
@@ -208,12 +208,7 @@ async def _http_part(fs: Any, url: str, out: IO[bytes], span: tuple[int, int], s
             if got > stop - start:  # more than asked: not a range
                 raise NoRanges
             rate.add(len(chunk))
-            pending += chunk
-            if len(pending) >= CHUNK:  # written off the event loop's thread (fsspec's, shared)
-                await loop.run_in_executor(None, out.write, pending)
-                pending = bytearray()
-        if pending:
-            await loop.run_in_executor(None, out.write, pending)
+            out.write(chunk)
 
 
 class _Rate:
