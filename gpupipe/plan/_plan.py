@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from ..core._validate import is_int
+
 __all__ = [
     "PlanSpec",
     "RankPlan",
@@ -110,7 +112,7 @@ class PlanSpec:
         spec = cls(**doc)
         for name, low in _COUNTS.items():
             value = getattr(spec, name)
-            if not (isinstance(value, int) and not isinstance(value, bool) and value >= low):
+            if not (is_int(value) and value >= low):
                 raise ValueError(f"{name}={value!r} is not a count of at least {low}")
         if spec.world_size > MAX_WORLD_SIZE:
             raise ValueError(f"world_size={spec.world_size} is more than {MAX_WORLD_SIZE} ranks")

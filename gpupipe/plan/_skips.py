@@ -111,9 +111,9 @@ class Skips:
                 raise TypeError("skipped must be a list")
             records = [SkippedSample(**r) for r in listed if r.get("epoch") is not None]
             for r in records:
-                if not (all(v is None or isinstance(v, str) for v in (r.key, r.shard, r.kind))
-                        and isinstance(r.reason, str) and isinstance(r.epoch, int) and not isinstance(r.epoch, bool)
-                        and r.epoch >= 0):  # fmt: skip
+                names = all(v is None or isinstance(v, str) for v in (r.key, r.shard, r.kind))
+                epoch = r.epoch is not None and is_int(r.epoch) and r.epoch >= 0
+                if not (names and isinstance(r.reason, str) and epoch):
                     raise TypeError(f"a skipped sample of the wrong types: {r!r}"[:200])
             in_epoch = state.get("skipped_in_epoch", 0)
             if not (is_int(in_epoch) and in_epoch >= 0):

@@ -146,26 +146,23 @@ def load(
         return None
     keys = [r[3][: -len(r[0]) - 1] for r in rows]
     exts = ["" if r[0] == _NO_IMAGE else r[0] for r in rows]
-    try:  # (a damaged file: scanned again)
+    column = {f.exts[0]: i for i, f in enumerate(fields)}
+    ranges = np.full((len(fields), n, 2), -1, np.int64)
+    try:  # (a number that is not one, or past int64: a damaged file, scanned again)
         image = np.array([[int(r[1]), int(r[2])] for r in rows], dtype=np.int64).reshape(n, 2)
         label = (
             np.array([[int(r[5]), int(r[6])] for r in rows], dtype=np.int64).reshape(n, 2)
             if labeled
             else np.full((n, 2), -1, np.int64)
         )
+        for s, row in enumerate(rows):
+            for g in range(fixed, len(row), 4):
+                i = column.get(row[g])
+                if i is None:
+                    return None
+                ranges[i, s] = (int(row[g + 1]), int(row[g + 2]))
     except (ValueError, OverflowError):
         return None
-    column = {f.exts[0]: i for i, f in enumerate(fields)}
-    ranges = np.full((len(fields), n, 2), -1, np.int64)
-    for s, row in enumerate(rows):
-        for g in range(fixed, len(row), 4):
-            i = column.get(row[g])
-            if i is None:
-                return None
-            try:
-                ranges[i, s] = (int(row[g + 1]), int(row[g + 2]))
-            except (ValueError, OverflowError):
-                return None
     return keys, exts, image, label, {f.name: ranges[i] for i, f in enumerate(fields)}
 
 

@@ -198,7 +198,7 @@ def read_index_file(
         detail = _samples(doc, size, image_exts, label_ext is not None)
         return IndexFile(int(doc["samples"]), problems, detail, _sizes(doc, len(detail.keys)))
     except (ValueError, KeyError, TypeError, OverflowError, RecursionError) as e:
-        reason = str(e) if not isinstance(e, RecursionError) else "nested too deeply"
+        reason = "nested too deeply" if isinstance(e, RecursionError) else e
         log.warning("gpupipe: cannot use the index file %s (%s); the shard is scanned instead", where, reason)
         return None
 

@@ -27,6 +27,7 @@ import os
 from typing import Any
 
 from ..core._errors import Damage, Problem, redact
+from ..core._validate import is_int
 from ..storage._base import Storage, beside, write_atomic
 from ._shard import FieldMembers, fields_id
 
@@ -89,7 +90,8 @@ def read_mask(
         if any(not 0 <= n < samples for n, _ in bad) or len({n for n, _ in bad}) != len(bad):
             raise ValueError("sample numbers out of range or repeated")
     except (ValueError, KeyError, TypeError, AttributeError, OverflowError, RecursionError) as e:
-        log.warning("gpupipe: the bad-sample list %s is damaged (%s); it is ignored", where, type(e).__name__)
+        reason = "nested too deeply" if isinstance(e, RecursionError) else e
+        log.warning("gpupipe: the bad-sample list %s is damaged (%s); it is ignored", where, reason)
         return ()
     return tuple(bad)
 
@@ -130,6 +132,6 @@ def write_mask(
 
 def _count(value: Any) -> int:
     """A sample number as the list wrote it: an integer (not a float, a boolean or a string)."""
-    if type(value) is not int:
+    if not is_int(value):
         raise ValueError(f"a sample number is {type(value).__name__}, not an integer")
     return value

@@ -51,7 +51,8 @@ class Inflated(OSError):
 
 class WrongSize(OSError):
     """The server sent more or fewer bytes than the shard's size: the shard changed since its size
-    was asked (the caller asks again), or the server lies. Not tried again at the same size."""
+    was asked, or the server lies. Not tried again by :func:`retry`: the caller asks the size
+    again first (``RemoteStorage._fetch``)."""
 
 
 class Slow(OSError):

@@ -123,15 +123,15 @@ class TorchRunner:
                 except RuntimeError as e:  # a worker died or is stuck? PyTorch says neither how nor where
                     if self._closed:
                         raise ClosedError("the torch runner was closed during an epoch") from None
-                    waited = time.monotonic() - waiting
-                    if "timed out after" in str(e) and self._watching:  # (DataLoader waits POLL_S at a time)
+                    waited, timed_out = time.monotonic() - waiting, "timed out after" in str(e)
+                    if timed_out and self._watching:  # (DataLoader waits POLL_S at a time)
                         if waited < min(self._timeout or START_TIMEOUT, START_TIMEOUT):
                             continue
                         if self._frozen_at_birth(loader, plan, done):
                             self._batches.batches = self._batches.batches[done - start :]
                             start, batches, waiting = done, self._iterate(loader), time.monotonic()
                         continue  # all were born: the first batch is slow, and gets worker_timeout
-                    if "timed out after" in str(e) and (not self._timeout or waited < self._timeout):
+                    if timed_out and (not self._timeout or waited < self._timeout):
                         _pin_thread_alive(loader)  # (DataLoader checks it only when it waits without a timeout)
                         continue  # a poll: no worker died (DataLoader checks at each), not yet worker_timeout
                     died = self._worker_died(loader, plan, done) or self._worker_stuck(loader, plan, done, e)
@@ -189,17 +189,16 @@ class TorchRunner:
     def _start(self, loader: DataLoader, plan: RankPlan, batch: int) -> Iterator[Any]:
         """:meth:`_iterate`; where a persistent worker died since the last epoch (found before
         DataLoader resumes them, or as it does), the workers are ended and new ones started."""
-        died = self._worker_died(loader, plan, batch) if getattr(loader, "_iterator", None) is not None else None
-        if died is not None:
-            log.warning("%s (while idle, between epochs). Restarted.", died)
-        try:
-            return self._iterate(loader)
-        except RuntimeError:
-            died = self._worker_died(loader, plan, batch)
-            if died is None or self._closed:
-                raise
-            log.warning("%s (while idle, between epochs). Restarted.", died)
-            return self._iterate(loader)
+        died = self._worker_died(loader, plan, batch)  # (None before the first fork: no workers yet)
+        if died is None:
+            try:
+                return self._iterate(loader)
+            except RuntimeError:  # one died as DataLoader resumed them
+                died = self._worker_died(loader, plan, batch)
+                if died is None or self._closed:
+                    raise
+        log.warning("%s (while idle, between epochs). Restarted.", died)
+        return self._iterate(loader)  # (new workers: forked, nothing to resume)
 
     def _iterate(self, loader: DataLoader) -> Iterator[Any]:
         """A new iteration of ``loader``: its workers are forked now (the first time, and after
