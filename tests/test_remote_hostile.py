@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from gpupipe.core._errors import redact
-from gpupipe.storage import _transfer
+from gpupipe.storage import _cache, _transfer
 from gpupipe.storage._base import Stat
 from gpupipe.storage._cache import ShardCache
 from gpupipe.storage._fsspec import canonical_url
@@ -237,7 +237,34 @@ class TestCache:
         with pytest.raises(OSError, match="closed while waiting"):
             cache.fetch("https://h/s.tar", stat, lambda f, span: None, stopping=stopping)
         assert time.monotonic() - started < 5
-        os.close(held)
+        _cache._close(held)
+
+    def test_a_forked_child_closes_no_reused_descriptor_number(self, tmp_path):
+        """A lock descriptor closed by a path other than the cache's own left its number in the
+        list a forked child closes: the child then closed whatever held that number by then (a
+        DataLoader worker's index queue: the worker read end of file and exited with code 1).
+        Found when a test closed its lock with ``os.close``, 2026-11-29."""
+        cache = ShardCache(str(tmp_path / "c"))
+        stale = cache._lock(cache.path("https://h/s.tar", Stat(10, "v")), "dl", fcntl.LOCK_EX)
+        os.close(stale)  # (not through the cache)
+        r, w = os.pipe()
+        try:
+            if r != stale:  # the number is taken again by the next descriptor opened
+                os.dup2(r, stale)
+                os.close(r)
+                r = stale
+            os.write(w, b"x")
+            pid = os.fork()
+            if pid == 0:  # the child: the pipe, under the stale number, is still its own
+                try:
+                    os._exit(0 if os.read(r, 1) == b"x" else 3)
+                except OSError:
+                    os._exit(4)
+            _, status = os.waitpid(pid, 0)
+            assert os.waitstatus_to_exitcode(status) == 0
+        finally:
+            _cache._close(r)
+            os.close(w)
 
 
 class TestUrls:

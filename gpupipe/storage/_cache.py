@@ -377,7 +377,8 @@ def human_bytes(n: float) -> str:
     return f"{int(n)} B"
 
 
-_HELD: set[int] = set()  # lock descriptors this process holds (pins, a download's mutex)
+# lock descriptors this process holds (pins, a download's mutex), each with its file's identity
+_HELD: dict[int, tuple[int, int]] = {}
 _OPENING = threading.Lock()  # held from a lock file's open to its entry in _HELD: a fork waits for it
 
 
@@ -388,7 +389,12 @@ def _open_held(where: str) -> int:
     for its whole life."""
     with _OPENING:
         fd = os.open(where, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        _HELD.add(fd)
+        try:
+            st = os.fstat(fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        _HELD[fd] = (st.st_dev, st.st_ino)
     return fd
 
 
@@ -396,7 +402,7 @@ os.register_at_fork(before=_OPENING.acquire, after_in_parent=_OPENING.release, a
 
 
 def _close(fd: int) -> None:
-    _HELD.discard(fd)
+    _HELD.pop(fd, None)
     with contextlib.suppress(OSError):
         os.close(fd)
 
@@ -405,9 +411,20 @@ def drop_inherited() -> None:
     """In a forked child: closes the copies of the parent's lock descriptors. A ``flock`` belongs to
     the open file description, which the copies share: kept open, they would hold the parent's
     pins and download locks for the child's whole life (a shard never evictable; a download the
-    child itself would wait for forever). The parent's own locks stay."""
-    for fd in list(_HELD):
-        _close(fd)
+    child itself would wait for forever). The parent's own locks stay.
+
+    A number whose file is no longer the lock file opened under it (closed by a path that did not
+    go through ``_close``, its number reused: a DataLoader's queue) is forgotten, not closed."""
+    for fd, identity in list(_HELD.items()):
+        try:
+            st = os.fstat(fd)
+        except OSError:
+            _HELD.pop(fd, None)
+            continue
+        if (st.st_dev, st.st_ino) == identity:
+            _close(fd)
+        else:
+            _HELD.pop(fd, None)
 
 
 def _alive(pid: int) -> bool:
