@@ -319,6 +319,49 @@ class TestInALoader:
             gp.Pipeline(shards, views=[[T.ToDtype(torch.float32)]] * 2, batch_transform=T.CutMix(num_classes=K))
 
 
+@pytest.fixture(scope="module", params=[b"10", b"-3"])
+def damaged(request, tmp_path_factory) -> list[str]:
+    root = tmp_path_factory.mktemp("classes")
+    return write_webdataset_shards(str(root), (6, 6), prefix="cls", patch={8: {"cls": request.param}})
+
+
+class TestLabelsOutsideTheClasses:
+    """A label outside ``0 .. num_classes - 1`` (a ``.cls`` of 10 with ``num_classes=10``, or a
+    negative one, which the int64 rule accepts) ended the epoch with one_hot's bare
+    ``RuntimeError``, under ``on_error="skip"`` too (found by a review, 2026-11-29). It is a
+    sample of kind ``bad-label`` on every backend: skipped and counted, or raised naming it."""
+
+    def pipeline(self, shards):
+        return gp.Pipeline(shards, [T.Resize((16, 16)), T.ToDtype(torch.float32, scale=True)],
+                           batch_transform=T.MixUp(alpha=0.2, num_classes=K))  # fmt: skip
+
+    @pytest.mark.parametrize(("backend", "workers"), [("torch", 0), ("torch", 2), ("dali", 1)])
+    def test_it_is_skipped_and_counted(self, damaged, backend, workers):
+        if backend == "dali":
+            pytest.importorskip("nvidia.dali")
+        with gp.Loader(self.pipeline(damaged), 4, backend=backend, device="cpu", num_workers=workers,
+                       on_error="skip", max_skipped=None) as loader:  # fmt: skip
+            labels = [y for _, y in loader]
+            skipped = [(s.key, s.kind) for s in loader.skipped]
+        assert sum(len(y) for y in labels) == 12 and all(y.shape[1:] == (K,) for y in labels)
+        assert skipped == [("img/01/000008", "bad-label")]
+
+    @pytest.mark.parametrize("backend", ["torch", "dali"])
+    def test_it_is_raised_naming_the_sample(self, damaged, backend):
+        if backend == "dali":
+            pytest.importorskip("nvidia.dali")
+        with (gp.Loader(self.pipeline(damaged), 4, backend=backend, device="cpu", num_workers=1) as loader,
+              pytest.raises(gp.SampleError, match=r"'img/01/000008'.*num_classes=10: 0 to 9") as raised):  # fmt: skip
+            list(loader)
+        assert raised.value.kind == "bad-label" and str(raised.value.shard).endswith("cls-000001.tar")
+
+    def test_without_a_batch_transform_any_label_is_kept(self, damaged):
+        plain = gp.Pipeline(damaged, [T.Resize((16, 16))])
+        with gp.Loader(plain, 4, backend="torch", num_workers=0) as loader:
+            labels = torch.cat([y for _, y in loader])
+        assert len(labels) == 12 and not loader.skipped
+
+
 @pytest.mark.skipif(_threads.openmp() is None, reason="torch's intra-op threads are not OpenMP's here")
 def test_on_the_cpu_the_mix_runs_on_the_calling_thread_alone(monkeypatch, two_threads):
     """MixUp/CutMix in the training process (DALI, Ray) run on that thread, not on torch's

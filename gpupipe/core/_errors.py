@@ -102,7 +102,8 @@ class Damage(str, enum.Enum):
     file), ``EMPTY_SHARD`` (no samples), ``TRUNCATED_SHARD`` (the file ends inside a member; the
     complete samples before the cut are usable, and a shard that shrank after indexing is one too).
     Samples: ``NO_IMAGE``, ``NO_LABEL``, ``DUPLICATE_KEY`` (a key seen before in the shard; the
-    first one is used), ``BAD_LABEL`` (not an ASCII int64), ``EMPTY_IMAGE`` (zero bytes),
+    first one is used), ``BAD_LABEL`` (not an ASCII int64, or outside the ``num_classes`` of the
+    pipeline's ``batch_transform``), ``EMPTY_IMAGE`` (zero bytes),
     ``UNDECODABLE`` (not an image the decoders read, or corrupt), ``UNSUPPORTED`` (a format or
     kind of image gpupipe does not accept: GIF, lossless JPEG), ``TOO_LARGE`` (over the pixel
     limit or the byte limit), ``TOO_SMALL`` (smaller than a transform needs). The rules:

@@ -151,6 +151,7 @@ class Loader(LoaderAttributes, Observed, Resumable):
         """Takes ``indexed`` as the loader's index and plan settings."""
         self._indexed = indexed
         self.index, self.plan_spec, self._listing = indexed.index, indexed.spec, indexed.listing
+        self.index.num_classes = self.pipeline.num_classes  # (a label outside: a bad sample)
         self._len = self.plan_spec.num_batches
 
     def _relist(self, listing: Any) -> None:
@@ -274,6 +275,7 @@ class Loader(LoaderAttributes, Observed, Resumable):
         if self._runners.take_next():
             log.info("gpupipe loader: rank %d runs a new pipeline from epoch %d: %s", self.rank, self.epoch, pipeline)
         self.pipeline = pipeline
+        self.index.num_classes = pipeline.num_classes
 
     def __repr__(self) -> str:
         """The backend and device the loader runs on and what its runner chose (workers or

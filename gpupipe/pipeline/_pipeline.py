@@ -180,6 +180,13 @@ class Pipeline:
         return 0
 
     @property
+    def num_classes(self) -> int | None:
+        """The classes a label must lie in, ``0 .. num_classes - 1``: its ``batch_transform``'s
+        (one-hot rows that wide); ``None`` without one (any int64 label). A loader refuses a
+        sample whose label is outside, as damage of kind ``bad-label``."""
+        return None if self.batch_transform is None else self.batch_transform.num_classes
+
+    @property
     def fields(self) -> tuple[str, ...]:
         """The names of the source's fields beyond the image and the label (``WebDataset(...,
         fields=)``), which each batch carries (``batch["text"]``); empty for most sources."""

@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..core._errors import DataError, problem_error
+from ..core._errors import Damage, DataError, SampleError, problem_error
 from ..shards._shard import NO_LABEL, RawSample, Reader, ShardDetail, ShardIndex
 
 __all__ = [
@@ -67,6 +67,11 @@ class Index:
         fields: the samples' fields beyond the image and the label (a source's ``fields=``), by
             name: how each is decoded (``gpupipe.core._fields.Field``); empty for most sources.
         shard_sizes: int64 ``[S]``, samples per shard; ``offsets``: int64 ``[S + 1]``, cumulative.
+        num_classes: the classes a label must lie in, ``0 .. num_classes - 1`` (``None``: any
+            int64). The loader sets it from the pipeline's ``batch_transform`` (MixUp, CutMix:
+            their ``num_classes``); a label outside is a sample of kind ``bad-label``
+            (:meth:`read`, :meth:`refused_labels`), skipped or raised as the loader's
+            ``on_error`` says, never a one-hot error that ends the epoch.
 
     Reading (:meth:`read`) is thread-safe and goes through the source's reader.
     """
@@ -83,6 +88,7 @@ class Index:
         self.images = images  # whether samples have an image (not: a source of fields alone)
         self.shard_sizes = np.array([len(s) for s in shards], dtype=np.int64)
         self.offsets = np.concatenate([[0], np.cumsum(self.shard_sizes)]).astype(np.int64)
+        self.num_classes: int | None = None
         self._init_process_state()
 
     def _init_process_state(self) -> None:
@@ -184,9 +190,32 @@ class Index:
         return Located(shard, keys, labels, ranges, groups)
 
     def read(self, sample: int) -> RawSample:
-        """Reads sample number ``sample``: its key, shard, encoded image and parsed label."""
+        """Reads sample number ``sample``: its key, shard, encoded image and parsed label (a
+        ``SampleError`` of kind ``bad-label`` where the label is outside :attr:`num_classes`)."""
         s, i = self.locate(sample)
-        return self.reader.read(self.shard(s), i)
+        return self.label_checked(self.reader.read(self.shard(s), i))
+
+    def label_checked(self, raw: RawSample) -> RawSample:
+        """``raw``, or the ``SampleError`` (``bad-label``) of its label outside :attr:`num_classes`."""
+        n = self.num_classes
+        if n is not None and raw.label is not None and not 0 <= raw.label < n:
+            raise SampleError(
+                f"the label of sample {raw.key!r} in shard {raw.shard!r} is {raw.label}, not a class of the "
+                f"pipeline's batch_transform (num_classes={n}: 0 to {n - 1})",
+                shard=raw.shard,
+                key=raw.key,
+                kind=Damage.BAD_LABEL,
+            )
+        return raw
+
+    def refused_labels(self, labels: np.ndarray) -> np.ndarray:
+        """bool ``[B]``: which of :meth:`locate_batch`'s ``labels`` :meth:`read` refuses (not an
+        integer: ``NO_LABEL``; outside :attr:`num_classes`), for a backend that reads the labels
+        from the index: it reads those samples to raise their errors."""
+        refused = labels == NO_LABEL
+        if self.num_classes is not None:
+            refused |= (labels < 0) | (labels >= self.num_classes)
+        return refused
 
     def read_files_into(self, samples: np.ndarray, take: Callable[[int], np.ndarray]) -> Any:
         """``samples`` (global numbers) read whole into one buffer of ``take(total)``, where the

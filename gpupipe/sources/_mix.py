@@ -262,7 +262,7 @@ class MixIndex(Index):
         source = int(self.shard_source[s])
         raw = self.reader.readers[source].read(self.shard(s), i)  # type: ignore[attr-defined]
         offset = int(self.label_offsets[source])
-        return raw._replace(label=raw.label + offset) if raw.label is not None and offset else raw
+        return self.label_checked(raw._replace(label=raw.label + offset) if raw.label is not None and offset else raw)
 
 
 class MixReader:

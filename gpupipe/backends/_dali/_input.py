@@ -24,7 +24,7 @@ from ...core._imageinfo import MAX_IMAGE_PIXELS
 from ...core._random import step_factors
 from ...plan._plan import RankPlan
 from ...runtime._decode import require_header, transcoded
-from ...sources import NO_LABEL, Index, Located, RawSample
+from ...sources import Index, Located, RawSample
 from ...storage import MappedFile
 from ...storage._counts import snapshot
 from ...transforms import Transform
@@ -81,7 +81,7 @@ class BatchReader:
     Each image's size is read from its header (once in the runner's life: ``_headers``), and every
     input the graph takes besides the encoded images is computed here for the whole batch
     (``Lowered.feeds``: random factors, crop windows, resize sizes). A sample that cannot be used
-    (its shard unreadable or truncated there, its label not an integer, its image's header
+    (its shard unreadable or truncated there, its label not an integer or not a class, its image's header
     declaring more than ``max_pixels`` or no size at all, a file gpupipe's decoder refuses where
     DALI's are not given it, a host check of the graph failing: too small for a crop) raises its
     ``DataError`` when its batch is due, or with ``skip`` is left out: its place holds a copy of
@@ -153,8 +153,9 @@ class BatchReader:
         shards = [index.shards[s].path for s in where.shard.tolist()]
         bad: dict[int, DataError] = {}
         where = self._over_limit(where, shards, bad)
-        if where.labels is not None and (where.labels == NO_LABEL).any():
-            for i in np.flatnonzero(where.labels == NO_LABEL).tolist():
+        refused = None if where.labels is None else index.refused_labels(where.labels)
+        if refused is not None and refused.any():
+            for i in np.flatnonzero(refused).tolist():
                 try:
                     index.read(int(samples[i]))  # raises, naming the sample
                 except DataError as e:
