@@ -441,6 +441,101 @@ class TestImageFolderTree:
         assert gp.check(pathlib.Path(shard), workers=0, write=False).ok  # type: ignore[arg-type]  # (a path, as before)
 
 
+class TestLocalFileSystems:
+    """What a local file system does that a test's tidy shards do not (found by a review of the
+    local sources, 2026-11-29): names that are not UTF-8, folders that cannot be listed, a shard
+    replaced keeping its size and modification time, a shard gone between its cached index and
+    its first read. Each was an exception out of indexing or the epoch, or a silent loss."""
+
+    LATIN1 = b"caf\xe9".decode("utf-8", "surrogateescape")  # as os.listdir and tarfile give it
+
+    @pytest.mark.parametrize("backend", ["torch", "dali"])
+    def test_a_member_name_that_is_not_utf8_is_a_sample(self, tmp_path, backend, caplog):
+        if not gp.backends.get(backend).available():
+            pytest.skip(f"{backend} is not installed")
+        name = self.LATIN1
+        path = write(tmp_path / "s-000000.tar", tar_of(member(f"{name}.jpg", good_jpeg(1)),
+                                                        member(f"{name}.cls", b"1"), good_sample("k1", 2)))  # fmt: skip
+        with caplog.at_level("WARNING", logger="gpupipe"):
+            assert keys([path], backend=backend, **({} if backend == "dali" else {"num_workers": 0})) == sorted(
+                [name, "k1"]
+            )
+        assert "not UTF-8" in caplog.text  # (its index is not cached: DALI's index format cannot hold it)
+
+    def test_a_shard_name_that_is_not_utf8_is_indexed(self, tmp_path):
+        path = write(tmp_path / f"{self.LATIN1}-000000.tar", tar_of(good_sample("k0", 1), good_sample("k1", 2)))
+        for _ in range(2):  # scanned, then from the cache
+            index = gp.WebDataset(path).index()
+            assert [index.key(i) for i in range(2)] == ["k0", "k1"] and index.read(1).label == 2
+
+    def test_a_shard_replaced_keeping_size_and_mtime_is_indexed_again(self, tmp_path):
+        """``cp -p``, ``rsync -a`` and ``tar x`` restore the old modification time: the cached
+        index of the old shard served the new one's samples their old labels."""
+        path = write(tmp_path / "s-000000.tar", tar_of(good_sample("k0", 1)))
+        old = os.stat(path)
+        assert gp.WebDataset(path).index().read(0).label == 1
+        new = write(tmp_path / "new.tar", tar_of(member("k0.jpg", good_jpeg(1)), member("k0.cls", b"4")))
+        os.utime(new, ns=(old.st_atime_ns, old.st_mtime_ns))
+        os.replace(new, path)
+        assert os.stat(path).st_size == old.st_size and os.stat(path).st_mtime_ns == old.st_mtime_ns
+        assert gp.WebDataset(path).index().read(0).label == 4
+
+    def test_a_shard_gone_before_its_first_read_is_skipped(self, tmp_path, monkeypatch):
+        """Indexed from the cache (its details loaded at its first read), then the cache and the
+        shard both went: a bare ``FileNotFoundError`` ended the epoch."""
+        import shutil
+
+        cache = tmp_path / "cache"
+        monkeypatch.setenv("GPUPIPE_CACHE_DIR", str(cache))
+        paths = [write(tmp_path / f"s-{i:06d}.tar", tar_of(*(good_sample(f"k{i}{j}", j) for j in range(4))))
+                 for i in range(2)]  # fmt: skip
+        gp.WebDataset(paths).index()  # into the cache
+        pipe = gp.Pipeline(paths, [T.CenterCrop(16)])
+        with gp.Loader(pipe, 2, backend="torch", num_workers=0, on_error="skip", max_skipped=None,
+                       shuffle=False) as loader:  # fmt: skip
+            run = iter(loader)
+            shutil.rmtree(cache)
+            os.unlink(paths[1])
+            good = sum(int(b.valid.sum()) for b in run)
+            kinds = {s.kind for s in loader.skipped}
+        assert good == 4 and kinds == {"missing-shard"}
+
+    def _unlisted(self, monkeypatch, path: str) -> None:
+        """``os.scandir`` of ``path`` refused, as a folder without read permission is for any
+        user but root (tests may run as root)."""
+        real = os.scandir
+
+        def scandir(p="."):
+            if os.fspath(p) == path:
+                raise PermissionError(13, "Permission denied", os.fspath(p))
+            return real(p)
+
+        monkeypatch.setattr(os, "scandir", scandir)
+
+    def tree(self, root) -> str:
+        for rel in ("cat/1.jpg", "cat/private/2.jpg", "cat/private/3.jpg", "dog/4.jpg"):
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            (root / rel).write_bytes(good_jpeg(1))
+        return str(root)
+
+    def test_a_folder_that_cannot_be_listed_is_damage_not_silence(self, tmp_path, monkeypatch):
+        root = self.tree(tmp_path / "tree")
+        self._unlisted(monkeypatch, os.path.join(root, "cat", "private"))
+        with pytest.raises(gp.ShardError, match=r"'cat/private'.*cannot be listed \(Permission denied\)"):
+            gp.ImageFolder(root).index()
+        index = gp.ImageFolder(root).index(on_error="skip")
+        assert [index.key(i) for i in range(len(index))] == ["cat/1.jpg", "dog/4.jpg"]
+        assert [(p.key, p.kind) for p in index.problems] == [("cat/private", "unreadable-shard")]
+        assert index.read(1).label == 1  # the classes numbered as before
+
+    def test_a_root_that_cannot_be_listed_is_named(self, tmp_path, monkeypatch):
+        root = self.tree(tmp_path / "tree")
+        self._unlisted(monkeypatch, root)
+        with pytest.raises(gp.ShardError, match="cannot list the root") as raised:
+            gp.ImageFolder(root).index()
+        assert raised.value.kind == "unreadable-shard"
+
+
 class TestPngMetadata:
     """A PNG's text chunks and colour profile carry no pixels: one verdict, delivered, however far
     they inflate (Pillow refused past 1 MB; DALI skips them). The corpus of ``test_odd_files``

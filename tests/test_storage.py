@@ -37,7 +37,9 @@ class TestLocalStorage:
     def test_stat_read_open(self, blob):
         with sources.LocalStorage() as st:
             stat = st.stat(blob)
-            assert stat.size == 1024 and stat.version == str(os.stat(blob).st_mtime_ns)
+            assert stat.size == 1024 and stat.version == "{0.st_mtime_ns}-{0.st_ino}-{0.st_ctime_ns}".format(
+                os.stat(blob)
+            )
             assert st.read(blob, 250, 10) == bytes([250, 251, 252, 253, 254, 255, 0, 1, 2, 3])
             assert st.read(blob, 1020, 10) == bytes([252, 253, 254, 255])  # short at the end, as pread
             with st.open(blob) as f:

@@ -74,7 +74,8 @@ def index_path(canonical: str, stat: Stat, image_exts: tuple[str, ...], label_ex
     """The cache file of the shard ``canonical`` (its storage's canonical URL) at ``stat``: one
     per set of members asked for (image and label extensions, the fields and their policies)."""
     asked = f"|{fields_id(fields)}" if fields else ""
-    ident = f"{canonical}|{';'.join(image_exts)}|{label_ext}|{SCHEMA}{asked}".encode()
+    # (surrogateescape: a path that is not UTF-8, as the file system gives it, hashes as its bytes)
+    ident = f"{canonical}|{';'.join(image_exts)}|{label_ext}|{SCHEMA}{asked}".encode("utf-8", "surrogateescape")
     digest = hashlib.sha1(ident).hexdigest()[:20]
     name = re.sub(r"[^A-Za-z0-9._-]", "_", canonical.rpartition("/")[2].rpartition(".")[0]) or "shard"
     version = (
@@ -97,6 +98,13 @@ def save(path: str, keys: list[str], image_exts: list[str], image: np.ndarray, l
             path,
         )
         return False
+    if not all(k.isascii() or _utf8(k) for k in keys):
+        log.warning(
+            "gpupipe: %s has sample keys that are not UTF-8 (member names in another encoding), which DALI's "
+            "index format cannot hold; its index is not cached",
+            path,
+        )
+        return False
     lines = [f"{VERSION} {len(keys)}\n"]
     for i, key in enumerate(keys):
         ext = image_exts[i] or _NO_IMAGE
@@ -108,6 +116,16 @@ def save(path: str, keys: list[str], image_exts: list[str], image: np.ndarray, l
                 line += f" {field.exts[0]} {ranges[i, 0]} {ranges[i, 1]} {key}.{field.exts[0]}"
         lines.append(line + "\n")
     return _write_atomic(path, "".join(lines).encode())
+
+
+def _utf8(key: str) -> bool:
+    """Whether ``key`` is text UTF-8 can hold (not a name of undecodable bytes, kept as surrogate
+    escapes)."""
+    try:
+        key.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def count(path: str) -> int | None:

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..core._errors import Damage, Problem, redact
+from ..core._errors import Damage, Problem, problem_error, redact
 from ..runtime._children import process_pool
 from ..runtime._dist import cores_per_rank
 from ..storage._base import LocalStorage, Stat, Storage
@@ -229,7 +229,13 @@ class _CachedDetail:
         labeled = self.label_ext is not None
         cached = _indexcache.load(self.idx_path, labeled, self.fields)
         if cached is None:
-            size = self.storage.stat(self.url).size
+            try:
+                size = self.storage.stat(self.url).size
+            except OSError as e:  # the shard went too: its error, not the storage's
+                kind = Damage.MISSING_SHARD if isinstance(e, FileNotFoundError) else Damage.UNREADABLE_SHARD
+                raise problem_error(
+                    self.url, Problem(kind, None, f"cannot be read again to load its index: {e}")
+                ) from e
             scanned = scan_tar(self.storage, self.url, self.image_exts, self.label_ext, size=size, fields=self.fields)
             return scanned[0].detail()
         keys, _, image, label_range, ranges = cached

@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..core._errors import ConfigError, Damage, DataError, SampleError, ShardError, too_many_bytes
+from ..core._errors import ConfigError, Damage, DataError, Problem, SampleError, ShardError, too_many_bytes
 from ..shards._indexcache import cache_dir
 from ..shards._shard import RawSample, ShardIndex
 from ..storage._base import LocalStorage, Storage
@@ -53,38 +53,72 @@ class ImageFolder(Source):
 
     @property
     def classes(self) -> list[str]:
-        return sorted(e.name for e in os.scandir(self.root) if e.is_dir())
+        try:
+            with os.scandir(self.root) as entries:
+                return sorted(e.name for e in entries if _is_dir(e))
+        except OSError as e:
+            raise ShardError(f"ImageFolder: cannot list the root {self.root!r}: {e.strerror}", shard=self.root,
+                             kind=Damage.UNREADABLE_SHARD) from e  # fmt: skip
 
     def index(self, *, rank: int = 0, world_size: int = 1, on_error: Any = "raise") -> Index:
-        """Lists the class folders' image files (``on_error`` has nothing to do here: an image
-        file is read, and judged, when its sample is)."""
+        """Lists the class folders' image files (an image file is read, and judged, when its
+        sample is). A sub-folder that cannot be listed (no permission, an I/O error) is damage
+        found when indexing: raised under ``on_error="raise"``, listed in ``Index.problems``
+        (its files left out, counted) under ``"skip"``."""
+        from ..core._config import OnError
+        from ..core._validate import valid_enum
+
+        policy = valid_enum("ImageFolder.index", on_error, "on_error", OnError)
         classes = self.classes
         if not classes:
             raise ShardError(f"ImageFolder: no class folders in {self.root!r}", shard=self.root)
         exts = tuple(e.lower() for e in self.extensions)
         shards = []
         for label, cls in enumerate(classes):
-            keys = []
-            for dirpath, names in _walk(os.path.join(self.root, cls)):
+            keys, unlisted = list[str](), list[OSError]()
+            for dirpath, names in _walk(os.path.join(self.root, cls), unlisted):
                 rel = os.path.relpath(dirpath, self.root)
                 keys += [f"{rel}/{n}".replace(os.sep, "/") for n in sorted(names) if n.lower().endswith(exts)]
-            if keys:
+            problems = tuple(
+                Problem(Damage.UNREADABLE_SHARD, os.path.relpath(e.filename, self.root).replace(os.sep, "/"),
+                        f"is a folder that cannot be listed ({e.strerror}): its files are not in the index")
+                for e in unlisted
+            )  # fmt: skip
+            if keys or problems:
                 records = functools.partial(_class_record, self.root, cls, keys)
                 shards.append(ShardIndex(self.root, keys, {"label": np.full(len(keys), label, np.int64)},
-                                         records=records))  # fmt: skip
-        if not shards:
+                                         records=records, problems=problems))  # fmt: skip
+        index = Index(shards, reader=FileReader(LocalStorage()), sequential=False, labeled=True)
+        if policy is OnError.RAISE and index.problems:
+            from ._webdataset import raise_first
+
+            raise_first(index.problems)
+        if not len(index):
             raise ShardError(f"ImageFolder: no image files ({', '.join(exts)}) under {self.root!r}", shard=self.root)
-        return Index(shards, reader=FileReader(LocalStorage()), sequential=False, labeled=True)
+        return index
 
 
-def _walk(top: str) -> list[tuple[str, list[str]]]:
+def _is_dir(entry: os.DirEntry[str]) -> bool:
+    """Whether a root entry is a class folder (links followed); a link that loops on itself or
+    cannot be followed (``ELOOP``, ``EACCES``) is not one, with a warning."""
+    try:
+        return entry.is_dir()
+    except OSError as e:
+        log.warning("gpupipe: ImageFolder: %r cannot be followed (%s): not a class folder", entry.path, e.strerror)
+        return False
+
+
+def _walk(top: str, unlisted: list[OSError] | None = None) -> list[tuple[str, list[str]]]:
     """``os.walk(top, followlinks=True)``'s folders and file names, sorted by folder, as
     torchvision's ImageFolder lists them, but a link to a folder that holds it (a loop: ``a/up ->
     ..``) is not followed, with a warning: torchvision follows it until the path is too long,
     listing each file again at each level. (A file's entry here may still be a FIFO, a device or a
-    dangling link: each gets its verdict when its sample is read.)"""
+    dangling link: each gets its verdict when its sample is read.) A folder that cannot be listed
+    is appended to ``unlisted`` (``os.walk`` would pass over it without a word)."""
     out, chains = [], {top: _identity(top)}
-    for dirpath, dirnames, names in os.walk(top, followlinks=True):
+    for dirpath, dirnames, names in os.walk(
+        top, followlinks=True, onerror=None if unlisted is None else unlisted.append
+    ):
         chain = chains.pop(dirpath, frozenset())
         for d in list(dirnames):
             path = os.path.join(dirpath, d)

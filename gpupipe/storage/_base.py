@@ -38,7 +38,8 @@ __all__ = [
 @dataclasses.dataclass(frozen=True)
 class Stat:
     """What a storage knows of one URL: its ``size`` in bytes and a ``version`` string that
-    changes whenever the content does (a local file's modification time; an object's ETag)."""
+    changes whenever the content does (a local file's modification time, inode and change time;
+    an object's ETag)."""
 
     size: int
     version: str
@@ -216,8 +217,12 @@ class LocalStorage(Storage):
         return os.path.abspath(self.path(url))
 
     def stat(self, url: str) -> Stat:
+        """The file's size; its version is its modification time, inode and change time: a file
+        replaced by another (``cp -p``, ``rsync -a``, ``tar x`` restore the old ``mtime``) or
+        rewritten and its ``mtime`` set back is another version (``utime`` sets the change time),
+        so that no cached index outlives its shard."""
         st = os.stat(self.path(url))
-        return Stat(st.st_size, str(st.st_mtime_ns))
+        return Stat(st.st_size, f"{st.st_mtime_ns}-{st.st_ino}-{st.st_ctime_ns}")
 
     def open(self, url: str) -> IO[bytes]:
         """The file, read-only; ``NotRegularFile`` (an ``OSError``) for a FIFO, a device, a

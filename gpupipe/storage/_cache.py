@@ -151,7 +151,9 @@ class ShardCache:
     def path(self, canonical: str, stat: Stat, span: Span | None = None) -> str:
         """The entry of the shard ``canonical`` at ``stat``: ``<digest>-<name>``, or for the part
         ``span`` of it, ``<digest>+<start>-<stop>-<name>``."""
-        digest = hashlib.sha256(f"{canonical}|{stat.size}|{stat.version}".encode()).hexdigest()[:32]
+        digest = hashlib.sha256(
+            f"{canonical}|{stat.size}|{stat.version}".encode("utf-8", "surrogateescape")
+        ).hexdigest()[:32]
         base = re.sub(r"[^A-Za-z0-9._-]", "_", canonical.rpartition("/")[2])[-80:].lstrip(".") or "shard"
         part = "-" if span is None else f"+{span[0]}-{span[1]}-"
         return os.path.join(self.root, f"{digest}{part}{base}")
@@ -366,7 +368,7 @@ class ShardCache:
 
 
 def _url_digest(canonical: str) -> str:
-    return hashlib.sha256(canonical.encode()).hexdigest()[:32]
+    return hashlib.sha256(canonical.encode("utf-8", "surrogateescape")).hexdigest()[:32]
 
 
 def human_bytes(n: float) -> str:

@@ -39,6 +39,10 @@ def open_regular(path: str) -> int:
     except BlockingIOError:  # a write lease another process holds (Samba's oplocks, an NFS delegation)
         regular_size(path)  # a regular file, then, which a plain open waits for while the lease is broken
         fd = os.open(path, flags)
+    except OSError as e:  # a socket refuses any open (ENXIO): still "not a regular file", as a FIFO is
+        if e.errno == errno.ENXIO:
+            regular_size(path)
+        raise
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):

@@ -118,6 +118,7 @@ def hostile_folder(root: str) -> dict[str, str]:
     files; returns each sample key's expected verdict (``"ok"`` or its kind). A link that loops
     back to a folder holding it is not followed, so its files are not listed again."""
     import os
+    import socket
 
     for cls in ("a", "b"):
         os.makedirs(os.path.join(root, cls))
@@ -131,9 +132,12 @@ def hostile_folder(root: str) -> dict[str, str]:
     with open(os.fsencode(os.path.join(root, "b")) + b"/\xff\xfe.jpg", "wb") as f:  # not UTF-8
         f.write(good_jpeg(3))
     os.makedirs(os.path.join(root, "b", "dir.jpg"))  # a folder named like an image: not a sample
-    bad = {"a/fifo.jpg": "no-image", "a/zero.jpg": "no-image", "a/dangling.jpg": "no-image"}
+    os.symlink("loop", os.path.join(root, "loop"))  # a link to itself beside the classes: not a class
+    with socket.socket(socket.AF_UNIX) as s:  # a socket refuses any open (ENXIO), as no file does
+        s.bind(os.path.join(root, "a", "sock.jpg"))
+    bad = {f"a/{n}.jpg": "no-image" for n in ("fifo", "zero", "dangling", "sock")}
     keys = ["a/g0.jpg", "a/g1.jpg", *bad, "b/g0.jpg", "b/g1.jpg", os.fsdecode(b"b/\xff\xfe.jpg"),
-            *(f"b/up/a/{n}" for n in ("g0.jpg", "g1.jpg", "fifo.jpg", "zero.jpg", "dangling.jpg"))]  # fmt: skip
+            *(f"b/up/{k}" for k in ("a/g0.jpg", "a/g1.jpg", *bad))]  # fmt: skip
     return {k: bad.get(k.removeprefix("b/up/"), "ok") for k in keys}
 
 
