@@ -139,6 +139,19 @@ class TestElasticResume:
                 got += [k for b in batches for k, ok in zip(b.keys, b.valid.tolist(), strict=True) if ok]
         assert sorted(got) == sorted(expected) and len(got) == len(set(got))
 
+    def test_a_resumed_epoch_iterated_again_starts_at_its_first_batch(self, backend, uneven_shards, clean_env):
+        """A loop broken off and restarted (no set_epoch) runs the epoch again from where the
+        resume left it, as a whole epoch restarts from its batch 0 (not from batch -offset)."""
+        old = loaders(backend, gp.WebDataset(uneven_shards), 2, 2)
+        for loader in old:
+            next(iter(loader))
+        new = backend.loader(pipeline(gp.WebDataset(uneven_shards)), 3, rank=0, world_size=3, shuffle=True, seed=5,
+                             num_workers=0)  # fmt: skip
+        new.load_state_dict(old[0].state_dict())
+        first = next(iter(new)).keys  # (the iteration broken off)
+        whole = [b.keys for b in new]
+        assert whole[0] == first and len(whole) == len(new) - 1 == 2
+
     def test_rank_0s_state_resumes_every_rank_exactly(self, backend, uneven_shards, clean_env):
         """What Lightning does (it checkpoints rank 0's state): on the same world size, each rank
         loading rank 0's state yields exactly what it would have yielded next."""

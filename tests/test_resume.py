@@ -68,6 +68,19 @@ class TestResume:
             warnings.simplefilter("error")
             after.set_epoch(1)
 
+    def test_a_state_of_an_epochs_end_goes_on_with_the_next(self, backend, uneven_shards, clean_env):
+        """Iterated without set_epoch, the resumed loader goes on as the saving one would have:
+        with the next epoch, not an empty rest of the saved one."""
+        run = backend.loader(val(uneven_shards), 4, shuffle=True, seed=0, num_workers=0)
+        list(run)
+        state = run.state_dict()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # (the advance's warning)
+            expected = [b.keys for b in run]
+            resumed = backend.loader(val(uneven_shards), 4, shuffle=True, seed=0, num_workers=0)
+            resumed.load_state_dict(state)
+            assert [b.keys for b in resumed] == expected and resumed.epoch == run.epoch == 1
+
     def test_state_after_an_epoch(self, backend, uneven_shards, clean_env):
         run = backend.loader(val(uneven_shards), 4, seed=0, num_workers=0)
         list(run)

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import gpupipe as gp
+from gpupipe import transforms as T
 from gpupipe.runtime import _dist
 
 from .support.checkers import val
@@ -43,6 +44,29 @@ class TestTopology:
     def test_invalid_explicit(self, clean_env, rank, world, match):
         with pytest.raises(gp.ConfigError, match=match):
             _dist.topology(rank, world)
+
+    @pytest.mark.parametrize("env", [{"SLURM_PROCID": "3"}, {"RANK": "2"}, {"WORLD_SIZE": "4"}])
+    def test_half_a_pair_is_refused(self, clean_env, env):
+        """A lone rank or world size says there are other processes: each taken as rank 0 of 1
+        would read the whole dataset."""
+        for name, value in env.items():
+            clean_env.setenv(name, value)
+        with pytest.raises(gp.ConfigError, match="without its pair"):
+            _dist.topology()
+
+    def test_half_a_pair_of_one_process_is_a_single_process(self, clean_env):
+        clean_env.setenv("SLURM_PROCID", "0")  # an sbatch script's own step
+        clean_env.setenv("RANK", "0")
+        clean_env.setenv("WORLD_SIZE", "1")  # (with RANK: the pair)
+        assert _dist.topology() == (0, 1, "RANK/WORLD_SIZE")
+        clean_env.delenv("RANK")
+        clean_env.delenv("WORLD_SIZE")
+        assert _dist.topology() == (0, 1, "single process")
+
+    def test_slurm_nprocs_is_the_task_count(self, clean_env):
+        clean_env.setenv("SLURM_PROCID", "2")
+        clean_env.setenv("SLURM_NPROCS", "4")
+        assert _dist.topology() == (2, 4, "SLURM")
 
     def test_invalid_environment_names_the_variable(self, clean_env):
         clean_env.setenv("RANK", "first")
@@ -89,6 +113,9 @@ class TestTopology:
         with pytest.raises(gp.ConfigError, match="pass seed=<int>"):
             gp.Loader(val(shards), 2, shuffle=True, backend="torch", device="cpu", num_workers=0)
         gp.Loader(val(shards), 2, backend="torch", device="cpu", num_workers=0)  # unshuffled: any seed will do
+        random = gp.Pipeline(gp.WebDataset(shards), [T.RandomResizedCrop(8)])
+        with pytest.raises(gp.ConfigError, match="random augmentation, seed=None"):  # ranks would draw apart:
+            gp.Loader(random, 2, backend="torch", device="cpu", num_workers=0)  # a state resumes one rank only
         loader = gp.Loader(val(shards), 2, seed=4, backend="torch", device="cpu", num_workers=0)
         assert (loader.rank, loader.world_size, loader.seed) == (0, 2, 4)
 

@@ -215,9 +215,9 @@ class LoaderConfig:
         shuffle: shuffle each epoch. Default ``False``: shard order, then member order.
         drop_last: drop the samples that do not fill a whole batch on every rank. Default ``False``.
         seed: seed of the shuffle and of the augmentations; ``None`` (default) draws one (on rank
-            0, broadcast to the others through ``torch.distributed``; with ``shuffle=True`` and
-            several ranks but no ``torch.distributed``, pass a seed). A drawn seed is recorded by
-            ``Loader.state_dict`` so that a resume is exact.
+            0, broadcast to the others through ``torch.distributed``; with ``shuffle=True`` or
+            random augmentation and several ranks but no ``torch.distributed``, pass a seed). A
+            drawn seed is recorded by ``Loader.state_dict`` so that a resume is exact.
         backend: a backend's name (``"dali"``: one DALI graph, nvJPEG and GPU operators on
             ``cuda``, DALI's CPU operators on ``cpu``; ``"torch"``: torchvision kernels in worker
             processes; ``"ray"``: the torch backend's kernels in Ray tasks, on a cluster's CPUs),

@@ -53,6 +53,8 @@ class Resumable:
 
         def _relist(self, listing: Any) -> None: ...
 
+        def __len__(self) -> int: ...
+
     def state_dict(self) -> dict[str, Any]:
         """This rank's position: the epoch and the batches of it yielded so far, with the settings
         the plan depends on. Call it between batches (after a step); see :meth:`load_state_dict`."""
@@ -111,6 +113,8 @@ class Resumable:
             self._at.listed = position.epoch
         self.seed = position.seed
         self._at.restore(position)
+        if 0 < position.batches == len(self):  # saved at the epoch's end: the next iteration goes on with
+            self._at.finished = True  # the next epoch, as the saving loader's would (set_epoch: exact)
         self._skips.load(skipped)
 
     def _data(self) -> str:

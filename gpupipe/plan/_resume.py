@@ -68,8 +68,11 @@ class Cursor:
         self.layout, self.finished = position.layout, False
 
     def begin(self) -> int:
-        """An iteration of ``epoch`` starts: the batch it starts from (the restored one, once)."""
-        start, self.start = self.start or 0, None
+        """An iteration of ``epoch`` starts: the batch it starts from (the restored one, once;
+        else the first of what ``layout`` leaves of the epoch: its batches count on from
+        ``layout.offset``)."""
+        first = self.layout.offset if self.layout is not None else 0
+        start, self.start = first if self.start is None else self.start, None
         self.yielded = start
         return start
 

@@ -100,8 +100,19 @@ def topology(rank: int | None = None, world_size: int | None = None) -> Topology
     if env_rank is not None and env_world is not None:
         return _checked(env_rank, env_world, "RANK/WORLD_SIZE")
     slurm_rank, slurm_world = _env_int("SLURM_PROCID"), _env_int("SLURM_NTASKS")
+    if slurm_world is None:
+        slurm_world = _env_int("SLURM_NPROCS")  # (srun's older name of the same count)
     if slurm_rank is not None and slurm_world is not None:
         return _checked(slurm_rank, slurm_world, "SLURM")
+    # half a pair that says there are other processes: each would read the whole dataset as rank 0 of 1
+    lone = [f"{name}={value}" for name, value, single in (("RANK", env_rank, 0), ("WORLD_SIZE", env_world, 1),
+            ("SLURM_PROCID", slurm_rank, 0)) if value is not None and value != single]  # fmt: skip
+    if lone:
+        raise ConfigError(
+            f"environment variable {', '.join(lone)} without its pair (RANK with WORLD_SIZE, SLURM_PROCID with "
+            "SLURM_NTASKS): this process is one of several, but which of how many is not known; pass rank= and "
+            "world_size=, or initialize torch.distributed before building the Loader"
+        )
     return Topology(0, 1, "single process")
 
 
@@ -207,9 +218,13 @@ def collective_device(dist: Any, device: torch.device | None = None) -> contextl
     return torch.cuda.device(torch.device(cuda_device()))
 
 
-def shared_seed(seed: int | None, topo: Topology, *, shuffle: bool, device: torch.device | None = None) -> int:
+def shared_seed(
+    seed: int | None, topo: Topology, *, shuffle: bool, random_steps: bool = False, device: torch.device | None = None
+) -> int:
     """``seed``, or one drawn for the run: by rank 0 and broadcast when distributed, since every
-    rank must draw the same shuffled epoch plan. ``device``: the loader's (see
+    rank must draw the same shuffled epoch plan, and a sample the same augmentation whichever rank
+    yields it (a state of any rank resumes every rank; an elastic resume moves samples between
+    ranks). ``random_steps``: the pipeline draws augmentation. ``device``: the loader's (see
     :func:`collective_device`)."""
     if seed is not None:
         return seed
@@ -217,11 +232,12 @@ def shared_seed(seed: int | None, topo: Topology, *, shuffle: bool, device: torc
     if topo.world_size == 1:
         return drawn
     dist = _dist()
-    if dist is None and not shuffle:  # the plan does not depend on the seed
+    if dist is None and not (shuffle or random_steps):  # nothing depends on the seed
         return drawn
     if dist is None:
+        what = "shuffle=True" if shuffle else "random augmentation"
         raise ConfigError(
-            f"Loader: shuffle=True, seed=None with world_size={topo.world_size} ({topo.origin}) and no "
+            f"Loader: {what}, seed=None with world_size={topo.world_size} ({topo.origin}) and no "
             "initialized torch.distributed to share a random seed: every rank must use the "
             "same seed, pass seed=<int>"
         )
