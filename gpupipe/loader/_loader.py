@@ -107,8 +107,7 @@ class Loader(LoaderAttributes, Observed, Resumable):
                                    images=images, targets=targets, pipeline=pipeline,
                                    stage=config.stage)  # auto's reasons  # fmt: skip
         require_runnable(pipeline, backend)
-        random_steps = pipeline.batch_transform is not None or any(t.random for view in pipeline.views for t in view)
-        self.seed = _dist.shared_seed(config.seed, topo, shuffle=config.shuffle, random_steps=random_steps,
+        self.seed = _dist.shared_seed(config.seed, topo, shuffle=config.shuffle, random_steps=pipeline.random,
                                       device=device)  # fmt: skip
         self.backend, self.device = backend.name, str(device)
         # Options left unset take what `gpupipe tune` recorded for this machine and pipeline, else defaults.

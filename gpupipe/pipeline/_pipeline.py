@@ -180,6 +180,12 @@ class Pipeline:
         return 0
 
     @property
+    def random(self) -> bool:
+        """Whether the pipeline draws anything: a random transform in a view, or a batch
+        transform (every rank must then share the seed, :func:`gpupipe.runtime._dist.shared_seed`)."""
+        return self.batch_transform is not None or any(t.random for view in self.views for t in view)
+
+    @property
     def num_classes(self) -> int | None:
         """The classes a label must lie in, ``0 .. num_classes - 1``: its ``batch_transform``'s
         (one-hot rows that wide); ``None`` without one (any int64 label). A loader refuses a
