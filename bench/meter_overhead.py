@@ -50,7 +50,7 @@ class Off:
     def begin(self, *args: Any) -> None:
         pass
 
-    def ready(self) -> None:
+    def ready(self, images: int | None = None) -> None:
         pass
 
     def resumed(self) -> None:

@@ -72,6 +72,20 @@ class TestMeter:
         assert got["window"]["batches"] == 4
         assert got["window"]["stall"] == pytest.approx((1.0 + 0 + 0 + 3.0) / (4.0 + 4.0))
 
+    def test_images_are_the_batches_valid_ones(self):
+        """A partial last batch's padding (and skipped samples) are no images delivered."""
+        clock = Clock()
+        meter = Meter(clock=clock)
+        meter.begin(0, 8)
+        for i, valid in enumerate((8, 8, 2)):
+            if i:
+                meter.resumed()
+            clock.now += 0.5
+            meter.ready(valid)
+            clock.now += 0.5
+        got = meter.stats()
+        assert got["images_per_s"] == pytest.approx(10 / 2.0) and got["window"]["images_per_s"] == pytest.approx(5.0)
+
     def test_nothing_measured_yet(self):
         got = Meter().stats()
         assert got["epoch"] is None and got["first_batch_s"] is None and got["stall"] is None

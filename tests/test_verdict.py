@@ -53,6 +53,14 @@ class TestTheRule:
         got = verdict(stall(0.5), times(decode=0.01), workers=4)  # 400 batches/s against 10/s
         assert got["bound"] == "main" and "prefetch" in got["remedy"]
 
+    def test_without_workers_the_stages_are_the_training_threads_wait(self):
+        """num_workers=0: the training thread makes each batch while the loop waits, so a long step
+        does not make a slow stage the training thread's share (no prefetch without workers)."""
+        got = verdict(stall(0.5, period=0.16), times(decode=0.07, transform=0.01), workers=0)  # wait 80 ms
+        assert got["bound"] == "decode" and "num_workers=0" in got["why"] and "num_workers" in got["remedy"]
+        got = verdict(stall(0.5, period=0.16), times(decode=0.01), workers=0)  # 10 of the 80 ms
+        assert got["bound"] == "main" and "prefetch" not in got["remedy"]
+
     @pytest.mark.parametrize("read, graph, bound", [(0.04, 0.01, "storage"), (0.01, 0.04, "graph"),
                                                     (0.005, 0.005, "main")])  # fmt: skip
     def test_the_dali_backends_waits(self, read, graph, bound):

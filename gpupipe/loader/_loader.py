@@ -424,7 +424,7 @@ class Loader(LoaderAttributes, Observed, Resumable):
                 mask = backends.to_device(torch.from_numpy(valid), device)
                 if self._mixing is None and self.config.shuffle:  # once, with a first batch (the start-up's)
                     self._judge_mixing(plan)
-                meter.ready()
+                meter.ready(int(valid.sum()))  # (the images handed over: padding and skipped samples left out)
                 yield Batch(images, labels, raw.keys, mask, dict(raw.fields or {}))
                 meter.resumed()
                 if at.epoch != epoch:

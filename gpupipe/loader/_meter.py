@@ -31,13 +31,14 @@ class Meter:
 
     def __init__(self, *, window: int = WINDOW, clock: Callable[[], float] = time.perf_counter) -> None:
         self._clock = clock
-        self._recent: collections.deque[tuple[float, float]] = collections.deque(maxlen=window)
+        self._recent: collections.deque[tuple[float, float, int]] = collections.deque(maxlen=window)
         self.epoch: int | None = None
         self.batch_size = 0
         self._asked = 0.0  # when the loop last asked for a batch
         self._handed: float | None = None  # when the last batch was handed over
         self._first: float | None = None
         self._batches = 0
+        self._images = 0  # the images of the epoch's batches measured (padding and skipped samples left out)
         self._wait = 0.0
         self._step = 0.0
         self._total = [0, 0.0, 0.0]  # batches, wait, step since the meter was made, every batch
@@ -48,20 +49,22 @@ class Meter:
         window goes on across epochs)."""
         self.epoch, self.batch_size = epoch, batch_size
         self._asked, self._handed, self._first = self._clock(), None, None
-        self._batches, self._wait, self._step = 0, 0.0, 0.0
+        self._batches, self._images, self._wait, self._step = 0, 0, 0.0, 0.0
 
-    def ready(self) -> None:
-        """A batch is about to be handed over."""
+    def ready(self, images: int | None = None) -> None:
+        """A batch of ``images`` valid images (default: the batch size) is about to be handed over."""
         now = self._clock()
+        images = self.batch_size if images is None else images
         wait = now - self._asked
         if self._handed is None:
             self._first = wait
         else:
             step = self._asked - self._handed
             self._batches += 1
+            self._images += images
             self._wait += wait
             self._step += step
-            self._recent.append((wait, step))
+            self._recent.append((wait, step, images))
         total = self._total
         total[0] += 1
         total[1] += wait
@@ -85,24 +88,25 @@ class Meter:
         "window": {"batches", "stall", "images_per_s"}}``: the epoch's figures from its second
         batch on, and the last batches'; ``None`` where nothing was measured yet."""
         recent = list(self._recent)  # (stats() may be called from another thread than ready())
-        recent_wait = sum(w for w, _ in recent)
-        recent_step = sum(s for _, s in recent)
+        recent_wait = sum(w for w, _, _ in recent)
+        recent_step = sum(s for _, s, _ in recent)
+        recent_images = sum(n for _, _, n in recent)
         return {
             "epoch": self.epoch,
             "first_batch_s": self._first,
             "batches": self._batches,
             "wait_s": self._wait,
             "step_s": self._step,
-            **_rates(self._batches, self._wait, self._step, self.batch_size),
-            "window": {"batches": len(recent), **_rates(len(recent), recent_wait, recent_step, self.batch_size)},
+            **_rates(self._batches, self._wait, self._step, self._images),
+            "window": {"batches": len(recent), **_rates(len(recent), recent_wait, recent_step, recent_images)},
         }  # fmt: skip
 
 
-def _rates(batches: int, wait: float, step: float, batch_size: int) -> dict[str, float | None]:
+def _rates(batches: int, wait: float, step: float, images: int) -> dict[str, float | None]:
     total = wait + step
     if not batches or total <= 0:
         return {"stall": None, "images_per_s": None}
-    return {"stall": wait / total, "images_per_s": batches * batch_size / total}
+    return {"stall": wait / total, "images_per_s": images / total}
 
 
 def metrics(stall: dict[str, Any], prefix: str = "gpupipe/") -> dict[str, float]:

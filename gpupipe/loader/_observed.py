@@ -104,7 +104,12 @@ class Observed(Trained):
         stall, times = self._meter.stats(), self._times.stats()
         return {"epoch": self.epoch, "batches_yielded": self._at.yielded, "skipped": self._skips.in_epoch,
                 "sources": sources, "stall": stall, "times": times, "labels": self._mixing or None,
-                "bound": verdict(stall, times, workers=self.num_workers)}  # fmt: skip
+                "bound": verdict(stall, times, workers=self._makers())}  # fmt: skip
+
+    def _makers(self) -> int:
+        """The processes or threads making batches for the verdict, ``0`` where the training thread
+        makes them itself (Ray's tasks run on the cluster whatever ``num_workers`` says)."""
+        return max(self.num_workers, 1) if self.backend == "ray" else self.num_workers
 
     def stall_metrics(self, prefix: str = "gpupipe/") -> dict[str, float]:
         """The data-stall meter (``stats()["stall"]``) as a logger's numbers, under ``prefix``:
@@ -126,7 +131,7 @@ class Observed(Trained):
             stall = self._meter.stats()
             if self._recorded == (stall["epoch"], stall["batches"]):
                 return
-            said = verdict(stall, self._times.stats(), workers=self.num_workers)
+            said = verdict(stall, self._times.stats(), workers=self._makers())
             if said["bound"] is None:
                 return
             self._recorded = (stall["epoch"], stall["batches"])

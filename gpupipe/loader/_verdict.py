@@ -18,7 +18,8 @@ rule:
    that takes the most of a batch's worker time (``storage`` for ``read``, ``decode``,
    ``transforms``, ``collate``); but where the workers could make batches at least twice as fast
    as the loop got them, the training thread's own share (hand-over, MixUp/CutMix, prefetch):
-   ``main``.
+   ``main``. Without workers (``num_workers=0``) the training thread makes each batch during the
+   loop's wait: the slowest stage, unless the stages take under half of that wait (``main``).
 4. The DALI backend: the training thread's waits for the reader threads' batches
    (``wait_read``) and for DALI's graph (``wait_graph``): ``storage`` or ``graph`` by the larger,
    ``main`` where the two are under half the loop's wait.
@@ -134,9 +135,19 @@ def verdict(stall: Mapping[str, Any], times: Mapping[str, Any], *, workers: int)
                      "loader the bottleneck?")  # fmt: skip
     spent = {name: times[f"{name}_s"] or 0.0 for name in STAGE_CLOCKS}
     total = sum(spent.values())
-    capacity = max(workers, 1) / total if total > 0 else float("inf")  # batches/s the workers can make
+    if workers == 0:  # the training thread makes each batch, in its wait: the stages are the wait's share
+        if total < wait / 2:
+            return _said("main", share, f"the training thread makes a batch in {_ms(total)} (num_workers=0) of the "
+                         f"loop's {_ms(wait)} wait per batch", "the training thread's share: keep MixUp/CutMix and "
+                         "the hand-over on the device")  # fmt: skip
+        slowest = max(spent, key=lambda k: spent[k])
+        why = (f"{_NAMES[slowest] if slowest != 'read' else 'reading the samples'} takes {_ms(spent[slowest])} of "
+               f"the {_ms(total)} per batch the training thread spends making it (num_workers=0: during the loop's "
+               f"wait){_rate(times, spent['read'], slowest)}; the loop waited {share:.0%} of its time")  # fmt: skip
+        return _said(_NAMES[slowest], share, why, _REMEDY[_NAMES[slowest]])
+    capacity = workers / total if total > 0 else float("inf")  # batches/s the workers can make
     if capacity >= 2.0 / period:
-        return _said("main", share, f"the workers make a batch in {_ms(total)} ({max(workers, 1)} of them: "
+        return _said("main", share, f"the workers make a batch in {_ms(total)} ({workers} of them: "
                      f"{capacity:.0f} batches/s) but the loop got {1 / period:.0f}/s{_queue(times)}",
                      "the training thread's share: raise prefetch (gpupipe tune), keep MixUp/CutMix and the "
                      "hand-over on the device")  # fmt: skip

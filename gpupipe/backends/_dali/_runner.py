@@ -194,12 +194,16 @@ class DaliRunner:
                     raise ClosedError("the DALI runner was closed during an epoch")
                 asked = time.perf_counter()
                 queued = {QUEUE_READY: float(reader.ready()), QUEUE_DEPTH: float(reader.ahead)}  # when asked
+                reading = 0.0  # the waits for the reader threads' batches (not their feeding to DALI: the graph's)
                 while fed < limit and graph.busy < self.prefetch:
+                    got = time.perf_counter()
                     try:
                         batch = reader.checked(reader.get(fed))
                     except Exception as e:  # raised when its batch is due, after the ones before it
                         error, limit = e, fed
                         break
+                    finally:
+                        reading += time.perf_counter() - got
                     graph.push(batch)
                     fed += 1
                 if fed == limit:
@@ -209,7 +213,6 @@ class DaliRunner:
                         raise ClosedError("the DALI runner was closed during an epoch")
                     assert error is not None
                     raise error
-                read = time.perf_counter()  # (the wait for the reader threads' batches, fed)
                 stream = consumer_stream(self.device)  # torch's current stream, asked for each batch
                 while b not in ready and b not in due:
                     try:
@@ -230,7 +233,8 @@ class DaliRunner:
                 views = len(graph.lowered.images)
                 images = tuple(self._to_torch(view) for view in outputs[:views])
                 checks = outputs[views] if len(outputs) > views else None
-                waits = {"wait_read": read - asked, "wait_graph": time.perf_counter() - read,
+                waited = time.perf_counter() - asked
+                waits = {"wait_read": reading, "wait_graph": max(waited - reading, 0.0),
                          READ_BYTES: float(batch.nbytes), **(batch.reads or {}), **queued}  # fmt: skip
                 yield self._deliver(graph.lowered, batch, images, checks)._replace(times=waits)
         finally:
