@@ -26,6 +26,8 @@ class TestLoaderConfig:
             (dict(batch_size=2, shuffle=1), "shuffle must be True or False"),
             (dict(batch_size=2, drop_last="no"), "drop_last"),
             (dict(batch_size=2, seed=1.5), "seed must be an int or None"),
+            (dict(batch_size=2, seed=2**64), r"seed must be an int64"),  # (it planned as seed=0)
+            (dict(batch_size=2, seed=-(2**63) - 1), r"seed must be an int64"),
             (dict(batch_size=2, backend=3), "backend must be a backend's name or 'auto'"),
             (dict(batch_size=2, device="tpu"), "device must be 'cpu' or 'cuda"),
             (dict(batch_size=2, device=3.0), "device"),

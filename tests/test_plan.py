@@ -145,6 +145,16 @@ class TestRankPlan:
         assert len(set(shard[:8].tolist())) >= 3  # the first samples come from several shards
 
 
+def test_batch_counts_are_exact_past_a_floats_precision():
+    """ceil(n / w) of floats is off past 2**53 samples: integer arithmetic throughout."""
+    from gpupipe.plan._plan import num_batches
+
+    n = 2**60 + 1
+    assert num_batches(n, world_size=1, batch_size=1, drop_last=False) == n
+    per_rank = (n + 2) // 3
+    assert num_batches(n, world_size=3, batch_size=7, drop_last=False) == (per_rank + 6) // 7
+
+
 class TestShuffleQuality:
     """One class per shard: how many classes does a batch hold? gpupipe's two-level shuffle against
     DALI's reader shuffling with the same buffer (no shard permutation, no interleave), and against

@@ -354,6 +354,8 @@ class LoaderConfig:
         valid_bool(owner, self.shuffle, "shuffle")
         valid_bool(owner, self.drop_last, "drop_last")
         valid_optional_int(owner, self.seed, "seed")
+        if self.seed is not None and not -(2**63) <= self.seed < 2**63:  # (plans take it modulo 2**64)
+            raise ConfigError(f"{owner}: seed must be an int64 (-2**63 <= seed < 2**63), got {self.seed!r}")
         if not isinstance(self.backend, str) or not self.backend:
             # the name is checked against the backend table by gpupipe.backends, which knows it
             raise ConfigError(f"{owner}: backend must be a backend's name or 'auto', got {self.backend!r}")

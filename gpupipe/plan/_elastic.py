@@ -6,13 +6,12 @@ contract is in docs/guide/distributed.md; the plan itself is ``_plan``'s.
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
-from ._plan import PlanSpec, RankPlan, pad_to, per_rank, rank_plan, rank_range
+from ._plan import PlanSpec, RankPlan, ceil_div, pad_to, per_rank, rank_plan, rank_range
 
 __all__ = ["Layout", "remaining", "elastic_plan", "valid_count"]
 
@@ -152,8 +151,8 @@ def elastic_plan(
             a = hi
     mine = np.concatenate(pieces) if pieces else np.zeros(0, np.int64)
     batch_size = spec.batch_size
-    slots = math.ceil(total / spec.world_size)
-    batches = math.ceil(slots / batch_size)
+    slots = ceil_div(total, spec.world_size)
+    batches = ceil_div(slots, batch_size)
     length = batches * batch_size if spec.drop_last else slots
     padded, valid = pad_to(mine, length, excluded)
     draws = None

@@ -14,7 +14,6 @@ epoch, world_size, rank)``.
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -39,6 +38,11 @@ __all__ = [
 ]
 
 
+def ceil_div(a: int, b: int) -> int:
+    """``ceil(a / b)`` of ints, exact at any size (a float's is not past 2**53)."""
+    return -(-a // b)
+
+
 def _rng(seed: int, epoch: int, *more: int) -> np.random.Generator:
     return np.random.default_rng([seed & 0xFFFFFFFFFFFFFFFF, epoch, 0x6770, *more])
 
@@ -52,7 +56,7 @@ def num_batches(num_samples: int, *, world_size: int, batch_size: int, drop_last
     """Batches every rank yields per epoch."""
     if drop_last:
         return num_samples // (world_size * batch_size)
-    return math.ceil(math.ceil(num_samples / world_size) / batch_size)
+    return ceil_div(ceil_div(num_samples, world_size), batch_size)
 
 
 def rank_range(num_samples: int, rank: int, world_size: int) -> tuple[int, int]:
@@ -268,7 +272,7 @@ def rank_plan(
         return RankPlan(mine, np.ones(len(mine), bool), batch_size, batches, seed, epoch)
     # padded by 0, or 1 on the ranks with the shorter range; fewer samples than ranks: sample 0 (mapped
     # past the excluded ones by the caller)
-    mine, valid = pad_to(mine, math.ceil(total / world_size), None)
+    mine, valid = pad_to(mine, ceil_div(total, world_size), None)
     return RankPlan(mine, valid, batch_size, batches, seed, epoch)
 
 
@@ -277,7 +281,7 @@ def per_rank(spec: PlanSpec) -> int:
     ``ceil(num_samples / world_size)`` (the padded length)."""
     if spec.drop_last:
         return spec.num_batches * spec.batch_size
-    return math.ceil(spec.num_samples / spec.world_size)
+    return ceil_div(spec.num_samples, spec.world_size)
 
 
 def repeated_plan(
@@ -307,7 +311,7 @@ def repeated_plan(
     # every R-th of the order from a drawn offset: a prefix would favour the shards read first
     offset = int(_rng(seed, epoch, 0x7265).integers(repeats))
     strided = np.concatenate([order[offset::repeats], np.delete(order, np.s_[offset::repeats])])
-    picked = np.resize(strided, math.ceil(total / repeats))  # (short by a few: the next ones)
+    picked = np.resize(strided, ceil_div(total, repeats))  # (short by a few: the next ones)
     samples = np.repeat(picked, repeats)[:total]
     copies = np.arange(total, dtype=np.int64) % repeats
     draws = samples + copies * int(np.sum(shard_sizes))

@@ -5,13 +5,12 @@ size or batch size (what is left of the epoch split over the new ranks, ``_elast
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any, cast
 
 from ..core._errors import ConfigError
 from ..core._validate import is_int
 from ._elastic import Layout, remaining
-from ._plan import PlanSpec
+from ._plan import PlanSpec, ceil_div
 
 __all__ = ["STATE_VERSION", "ELASTIC", "Position", "Cursor", "restore", "saved", "layout_batches", "nested"]
 
@@ -83,7 +82,7 @@ class Cursor:
 
 def layout_batches(spec: PlanSpec, layout: Layout) -> int:
     """Batches every rank of ``spec`` yields for what ``layout`` leaves of an epoch."""
-    return math.ceil(math.ceil(layout.num_samples / spec.world_size) / spec.batch_size)
+    return ceil_div(ceil_div(layout.num_samples, spec.world_size), spec.batch_size)
 
 
 def restore(state: Any, *, spec: PlanSpec, seed: int, seed_given: bool) -> Position:
