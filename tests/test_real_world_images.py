@@ -135,6 +135,76 @@ class TestTinyImages:
         )
 
 
+RAMP = (np.arange(48 * 64).reshape(48, 64) * 21).astype(np.uint16)  # 0 .. 64491
+WIDE_GRAY = {fmt: encode(Image.fromarray(RAMP), fmt) for fmt in ("PNG", "TIFF", "PPM")}  # PPM: a 16-bit PGM
+
+
+class TestPillowsOwnRules:
+    """Pillow's process-wide settings and its 16-bit modes made gpupipe's decoder (the torch
+    backend's, ``gpupipe check``'s, DALI's fallback) differ from DALI's decoders on the same file
+    (found by a review, 2026-11-29). gpupipe's rules hold whatever the program set."""
+
+    @pytest.mark.parametrize("fmt", list(WIDE_GRAY))
+    def test_16_bit_gray_is_scaled_not_clipped(self, fmt):
+        """``convert("RGB")`` clipped each value to 255 (a white image); DALI scales v / 257."""
+        image = decode_rgb(WIDE_GRAY[fmt], shard="s", key=fmt)
+        want = torch.from_numpy(np.round(RAMP / 257).astype(np.uint8))
+        assert tuple(image.shape) == (3, 48, 64) and all(torch.equal(c, want) for c in image)
+
+    @needs_dali
+    @pytest.mark.parametrize("fmt", ["PNG", "TIFF"])
+    def test_16_bit_gray_dali_decodes_the_same(self, fmt):
+        check_backend_parity([T.CenterCrop((48, 64))], [WIDE_GRAY[fmt]], mean_tol=0.0, max_tol=0.0)
+
+    def test_pillows_pixel_limit_is_not_gpupipes(self, monkeypatch):
+        """``Image.open`` refuses twice ``PIL.Image.MAX_IMAGE_PIXELS`` (a program may lower it; a
+        PNG over 179 MP passes ``max_image_pixels=None`` and met it): gpupipe's limit alone counts."""
+        monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)
+        image = decode_rgb(ENCODINGS["png"], shard="s", key="k", max_pixels=None)
+        assert tuple(image.shape) == (3, 40, 56) and Image.MAX_IMAGE_PIXELS == 1000
+        with pytest.raises(gp.SampleError, match="more than max_image_pixels=100"):
+            decode_rgb(ENCODINGS["png"], shard="s", key="k", max_pixels=100)
+
+    def test_a_truncated_png_is_refused_whatever_the_program_set(self, monkeypatch):
+        """``ImageFile.LOAD_TRUNCATED_IMAGES = True`` (common in training scripts) made Pillow
+        deliver a PNG cut in its image data, where ``check`` (its own process) refused it."""
+        from PIL import ImageFile
+
+        big = encode(Image.fromarray(synthetic_image(5, size=(200, 240))), "PNG")
+        cut = big[: len(big) // 2]
+        monkeypatch.setattr(ImageFile, "LOAD_TRUNCATED_IMAGES", True)
+        with pytest.raises(gp.SampleError) as raised:
+            decode_rgb(cut, shard="s", key="cut")
+        assert raised.value.kind is gp.Damage.UNDECODABLE and ImageFile.LOAD_TRUNCATED_IMAGES is True
+
+    def test_a_forked_decode_imports_nothing(self):
+        """The sandbox forks while reader threads run; a fork taken while another thread is
+        inside an import of one of Pillow's ~40 plugins left that import's lock held for ever in the
+        child, whose decode then hung until the sandbox's timeout (a good file called undecodable
+        after 120 s). ``imported_for_fork`` (before each fork) imports all a decode needs."""
+        import subprocess
+        import sys
+
+        code = """
+import io, sys
+from PIL import Image
+import numpy as np
+from gpupipe.runtime._decode import decode_rgb, imported_for_fork
+files = []
+for fmt in ("PNG", "TIFF", "BMP", "PPM", "WEBP", "JPEG"):
+    out = io.BytesIO(); Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(out, fmt); files.append(out.getvalue())
+imported_for_fork()
+before = set(sys.modules)
+for data in files:
+    decode_rgb(data, shard="s", key="k", apply_exif_orientation=True)
+print("NEW", sorted(set(sys.modules) - before))
+"""
+        # (the files are made after the first import of PIL, as a fresh process's are not)
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        assert out.stdout.strip().startswith("NEW"), out.stderr[-2000:]
+        assert out.stdout.strip() == "NEW []"
+
+
 class TestInLoaders:
     """All of them in one dataset, with a decompression bomb and a thin image a crop refuses."""
 

@@ -34,9 +34,12 @@ EXIF orientation is ignored by default, as torchvision and Pillow do (the pixels
 
 from __future__ import annotations
 
+import contextlib
 import io
 import re
+import threading
 import warnings
+from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -68,6 +71,7 @@ __all__ = [
 
 _LOSSLESS_JPEG = frozenset((0xC3, 0xC7, 0xCB, 0xCF))
 _PILLOW_SIZED = frozenset(("bmp", "tiff", "pnm"))  # formats DALI decodes whose header gpupipe reads with Pillow
+_SIXTEEN_BIT_GRAY = frozenset(("I;16", "I;16B", "I;16L", "I;16N"))  # Pillow's modes of 16-bit grayscale
 
 try:
     from torchvision.io import ImageReadMode, decode_image
@@ -100,7 +104,58 @@ def _decode_webp(data: bytes, exif: bool, max_pixels: int | None, shard: str, ke
             raise pillow from None
 
 
+_PILLOW_LIMIT = threading.Lock()  # held while Pillow's process-wide pixel limit is lifted
+
+
 def _decode_pillow(data: bytes, exif: bool, max_pixels: int | None, shard: str, key: str) -> torch.Tensor:
+    """:func:`_pillow_rgb`, without Pillow's own pixel limit: ``PIL.Image.MAX_IMAGE_PIXELS`` (a
+    process-wide setting, 89,478,485 unless the program changed it) makes ``Image.open`` raise
+    ``DecompressionBombError`` above twice its value, where DALI's decoders have no limit: a PNG of
+    180 MP under ``max_image_pixels=None`` was undecodable on torch and in ``check`` and delivered
+    by DALI. gpupipe applies ``max_pixels`` itself (before anything is decoded); where Pillow's
+    limit refuses a file, it is opened again with that limit lifted (under a lock, then restored)."""
+    from PIL import Image
+
+    with _strict_pillow():
+        try:
+            return _pillow_rgb(data, exif, max_pixels, shard, key)
+        except Image.DecompressionBombError:
+            with _PILLOW_LIMIT:
+                saved, Image.MAX_IMAGE_PIXELS = Image.MAX_IMAGE_PIXELS, None
+                try:
+                    return _pillow_rgb(data, exif, max_pixels, shard, key)
+                finally:
+                    Image.MAX_IMAGE_PIXELS = saved
+
+
+_STRICT = threading.Lock()
+_strict: list[Any] = [0, False]  # decodes under _strict_pillow now, and the program's LOAD_TRUNCATED_IMAGES
+
+
+@contextlib.contextmanager
+def _strict_pillow() -> Iterator[None]:
+    """Pillow refusing a truncated file while gpupipe decodes, whatever the program set:
+    ``PIL.ImageFile.LOAD_TRUNCATED_IMAGES = True`` (common in training scripts) made Pillow
+    deliver a PNG cut in its image data (grey rows) in that program's loaders, while ``gpupipe
+    check``, in its own process, and libjpeg-turbo for a JPEG cut the same way, refused it. Set
+    back to the program's value when no decode runs."""
+    from PIL import ImageFile
+
+    with _STRICT:
+        if _strict[0] == 0:
+            _strict[1] = ImageFile.LOAD_TRUNCATED_IMAGES
+            ImageFile.LOAD_TRUNCATED_IMAGES = False
+        _strict[0] += 1
+    try:
+        yield
+    finally:
+        with _STRICT:
+            _strict[0] -= 1
+            if _strict[0] == 0:
+                ImageFile.LOAD_TRUNCATED_IMAGES = _strict[1]
+
+
+def _pillow_rgb(data: bytes, exif: bool, max_pixels: int | None, shard: str, key: str) -> torch.Tensor:
     from PIL import Image, ImageOps
 
     with warnings.catch_warnings():
@@ -112,7 +167,15 @@ def _decode_pillow(data: bytes, exif: bool, max_pixels: int | None, shard: str, 
         with im:
             require_pixels((im.height, im.width), max_pixels, shard=shard, key=key)
             im.seek(0)  # the first frame (page) of an animation or a multi-page TIFF
-            rgb = (ImageOps.exif_transpose(im) if exif else im).convert("RGB")
+            upright = ImageOps.exif_transpose(im) if exif else im
+            if upright.mode in _SIXTEEN_BIT_GRAY or (upright.mode == "I" and im.format == "PPM"):
+                # 16-bit grayscale (PNG, TIFF: "I;16"; a PGM of maxval > 255: "I"): Pillow's
+                # convert("RGB") clips each value to 255 (a white image); scaled to 8 bits as DALI's
+                # decoders scale it, round(v / 257)
+                wide = np.asarray(upright).astype(np.int64).clip(0, 65535)
+                gray = ((wide * 255 + 32767) // 65535).astype(np.uint8)
+                return torch.from_numpy(gray).expand(3, *gray.shape).contiguous()
+            rgb = upright.convert("RGB")
     return torch.from_numpy(np.array(rgb)).permute(2, 0, 1).contiguous()
 
 
@@ -250,10 +313,26 @@ def _verdict(item: tuple[Suspect, int | None, tuple[int, int] | None, str | None
     return decoded
 
 
+def imported_for_fork() -> None:
+    """Imports, in this process, every module a sandboxed decode imports on first use: Pillow's
+    plugins (``Image.init``) and ``ImageOps``. The sandbox forks this process while other threads
+    run (the DALI backend's reader threads read TIFF, BMP and PNM headers with Pillow, whose first
+    ``Image.open`` imports ~40 plugins); a fork taken while another thread is inside one of those
+    imports leaves that module's import lock held for ever in the child, whose own first
+    ``Image.open`` then waits on it until the sandbox's timeout: a good file called undecodable
+    after a 120 s stall. Imported here first (waiting for another thread's import of the same
+    module to finish), the child finds them all done."""
+    from PIL import Image, ImageOps  # noqa: F401
+
+    Image.init()
+
+
 def _sandboxed(suspects: list[Suspect], items: list[Any]) -> list[Any]:
     """``_verdict`` of each item in the sandbox: its value, or the ``SampleError`` of its refusal
     (a crash or a hang included)."""
     from ._sandbox import guarded_map
+
+    imported_for_fork()
 
     found: list[Any] = []
     for (_, shard, key), outcome in zip(suspects, guarded_map(_verdict, items), strict=True):

@@ -212,8 +212,10 @@ def culprits(samples: Samples, items: list[Item], timeout: float | None) -> list
     refused from now on (``samples.poisoned``), as undecodable, naming the signal. Returns their
     keys. The torch backend's workers and the ray backend's tasks share it, so a file gets the
     same verdict on both."""
+    from ...runtime._decode import imported_for_fork
     from ...runtime._sandbox import guarded_map
 
+    imported_for_fork()  # before the fork: a plugin import another thread is inside would never end in the child
     found = []
     limit = min(timeout or 60.0, 60.0)  # a sample that takes longer alone is hung
     for (sample, *_), outcome in zip(items, guarded_map(samples.probe, items, timeout=limit), strict=True):
