@@ -156,12 +156,18 @@ class Graph:
         del self.owners[key]
         return True
 
-    def abandon(self) -> list[FeedBatch]:
-        """Shuts the pipeline down (its threads joined: nothing reads a fed batch any more) and
-        returns every batch it still owned, for their buffers and maps to be released."""
+    def shutdown(self) -> None:
+        """Shuts the pipeline down now (its threads joined), whoever else still references it: a
+        finished run's frame, kept by the traceback of the error it raised, holds its graph until
+        the garbage collector breaks that cycle. Idempotent; the graph is unusable afterwards."""
         self.broken = True
         with contextlib.suppress(Exception):
             self.pipe._shutdown()
+
+    def abandon(self) -> list[FeedBatch]:
+        """Shuts the pipeline down (its threads joined: nothing reads a fed batch any more) and
+        returns every batch it still owned, for their buffers and maps to be released."""
+        self.shutdown()
         owned = list(self.owners.values())
         self.owners.clear()
         self.uses.clear()

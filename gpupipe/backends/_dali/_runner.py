@@ -175,7 +175,9 @@ class DaliRunner:
         if start >= plan.num_batches:
             return
         if self._graph is None or plan.batch_size > self.max_batch:
-            self._graph = None  # the old pipeline goes first (its memory)
+            old, self._graph = self._graph, None  # the old pipeline goes first (its memory)
+            if old is not None:
+                old.shutdown()  # now: an earlier run's frame kept by a traceback may still hold it
             self._graph = self._build(max(plan.batch_size, self.max_batch))
         graph = self._graph
         self._sizes.begin()
@@ -244,6 +246,8 @@ class DaliRunner:
                 self._graph = None  # DALI failed, or a call failed midway: a fresh pipeline next epoch
                 for batch in graph.abandon():  # after the shutdown: no thread reads them any more
                     FeedBatch.release(batch.maps, batch.buffer, self._buffers)
+            if self._closed:  # closed from another thread meanwhile: close() left the pipeline to this run
+                graph.shutdown()
             if maps is not None:
                 maps.close()  # each lease goes once no batch in flight uses its map
             self.index.close()  # the reader threads' open files end with the epoch
@@ -298,9 +302,14 @@ class DaliRunner:
         if os.getpid() != self._pid:
             return
         self._closed = True
-        self._runs.close()
-        self._graph = None
+        stopped = self._runs.close()
+        graph, self._graph = self._graph, None
         collecting = in_collection()
+        if graph is not None and stopped and not collecting:
+            # shut down now, not when the last reference goes: a run that raised keeps its frame,
+            # which holds the graph, in its error's traceback (a cycle the collector breaks later,
+            # or never, if the error is kept); a run still executing shuts it down as it ends
+            graph.shutdown()
         self._pool.shutdown(wait=not collecting, cancel_futures=True)
         if not collecting:
             self._sizes.save()  # what the last epoch learned, where its reader thread did not
