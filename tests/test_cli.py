@@ -423,3 +423,10 @@ def test_the_data_stall_benchmark_runs(tmp_path):
     torch_row = next(line for line in report.splitlines() if line.startswith("| gpupipe torch"))
     assert float(torch_row.split("|")[4]) >= 0  # the loader's meter over the same steps (issue 54)
     assert report.splitlines()[-1].split("|")[4].strip() == "—"  # (the dataloader has none)
+
+
+def test_make_shards_into_a_folder_with_a_percent(tmp_path, capsys):
+    out = tmp_path / "50%-subset"
+    assert main(["make-shards", str(out), "--synthetic", "3", "--shard-size", "2", "--prefix", "a%d", "--workers", "1",
+                 "--quiet"]) == 0  # fmt: skip
+    assert sorted(os.listdir(out)) == ["a%d-000000.tar", "a%d-000001.tar"]

@@ -491,3 +491,92 @@ class TestFirstIndexInParallel:
         assert scan_ahead(storage, many, ("jpg",), "cls", workers=1) == 0  # one core
         assert scan_ahead(storage, many, ("jpg",), "cls", workers=2) == 80
         assert scan_ahead(storage, many, ("jpg",), "cls", workers=2) == 0  # the cache is warm
+
+
+class TestShardWriter:
+    """What gp.ShardWriter writes is what readers (gpupipe's and webdataset's) read back, a sample
+    whole or not at all."""
+
+    JPG = encode_jpeg(synthetic_image(0, size=(16, 16)))
+
+    def test_a_key_written_twice_into_a_shard_is_refused(self, tmp_path):
+        with gp.ShardWriter(str(tmp_path / "s-%d.tar"), max_count=2) as w:
+            w.write("a", {"jpg": self.JPG, "cls": 0})
+            with pytest.raises(gp.ConfigError, match="already in shard"):
+                w.write("a", {"jpg": self.JPG, "cls": 1})
+            w.write("b", {"jpg": self.JPG, "cls": 1})
+            w.write("a", {"jpg": self.JPG, "cls": 2})  # another shard: its own keys
+        assert [len(s) for s in gp.WebDataset(w.shards).index().shards] == [2, 1]
+
+    @pytest.mark.parametrize(
+        "members, match",
+        [
+            ({"txt": "first", "jpg": 3.5}, "must be bytes"),
+            ({"txt": "first", "e" * 120: b"."}, "does not fit a tar header"),
+            ({"txt": "first", "json": {"n": np.int64(1)}}, "not JSON"),
+            ({"txt": "first", "a/b": b"."}, "extension"),
+            ({"txt": "first", "": b"."}, "extension"),
+            ({"txt": "first", "TXT": "again"}, "repeats an extension"),
+            ({}, "no members"),
+        ],
+    )
+    def test_a_refused_sample_leaves_nothing_of_it(self, tmp_path, members, match):
+        with gp.ShardWriter(str(tmp_path / "s-%d.tar")) as w:
+            w.write("ok", {"cls": 0})
+            with pytest.raises(gp.ConfigError, match=match):
+                w.write("bad", members)
+        with tarfile.open(w.shards[0]) as tar:
+            assert tar.getnames() == ["ok.cls"] and w.samples == 1
+
+    @pytest.mark.parametrize("pattern", ["s.tar", "100%-%d.tar", "s-%d-%d.tar", "s-%%d.tar"])
+    def test_a_pattern_without_one_shard_number_is_refused(self, tmp_path, pattern):
+        with pytest.raises(gp.ConfigError, match="one %d field"):
+            gp.ShardWriter(str(tmp_path / pattern))
+
+    def test_a_literal_percent_and_a_missing_folder(self, tmp_path):
+        with gp.ShardWriter(str(tmp_path / "50%%" / "new" / "s-%03d.tar"), max_count=1) as w:
+            w.write("a", {"cls": 1})
+            w.write("b", {"cls": 2})
+        assert w.shards == [str(tmp_path / "50%" / "new" / f"s-00{i}.tar") for i in range(2)]
+
+    def test_a_writer_left_unclosed_still_ends_its_shard(self, tmp_path):
+        import subprocess
+        import sys
+
+        pattern = str(tmp_path / "s-%d.tar")
+        code = (f"import gpupipe as gp\nw = gp.ShardWriter({pattern!r}, max_count=9)\n"
+                f"for i in range(3): w.write(str(i), {{'jpg': {self.JPG!r}, 'cls': i}})\n")  # fmt: skip
+        subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+        index = gp.WebDataset(str(tmp_path / "s-0.tar")).index()
+        assert len(index) == 3 and not index.shards[0].problems
+
+    def test_reads_back_identically_through_gpupipe_and_webdataset(self, tmp_path):
+        wds = pytest.importorskip("webdataset")
+        keys = ["plain", "dir.with.dots/k", "a/b/c", "ключ-é", "x" * 90]
+        samples = [(k, {"jpg": self.JPG, "cls": i, "txt": f"caption {k} ✓", "json": {"k": k, "i": i},
+                        "npy": np.arange(i + 1, dtype=np.float32)}) for i, k in enumerate(keys)]  # fmt: skip
+        with gp.ShardWriter(str(tmp_path / "s-%d.tar"), max_count=2) as w:
+            w.write_all(samples)
+        source = gp.WebDataset(w.shards, fields={"image": "jpg", "label": "cls", "text": "txt", "meta": "json",
+                                                 "emb": gp.fields.Array("npy", pad=0)})  # fmt: skip
+        got = {}
+        pipeline = gp.Pipeline(source, [T.Resize((8, 8))])
+        with gp.Loader(pipeline, 2, backend="torch", num_workers=0, device="cpu") as loader:
+            for b in loader:
+                for j, k in enumerate(b.keys):
+                    if b.valid[j]:
+                        emb = b["emb"].data[j][: int(b["emb"].lengths[j][0])].tolist()
+                        assert b.labels is not None
+                        got[k] = (int(b.labels[j]), b["text"][j], b["meta"][j], emb)
+        import gc
+        import warnings
+
+        with warnings.catch_warnings():  # webdataset leaves its shard files to the collector
+            warnings.simplefilter("ignore", ResourceWarning)
+            theirs = {s["__key__"]: s for s in wds.WebDataset(w.shards, shardshuffle=False).decode()}
+            gc.collect()
+        for k, m in samples:
+            want = (m["cls"], m["txt"], m["json"], np.asarray(m["npy"]).tolist())
+            assert got[k] == want
+            s = theirs[k]
+            assert (s["cls"], s["txt"], s["json"], s["npy"].tolist()) == want

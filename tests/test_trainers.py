@@ -239,6 +239,32 @@ class TestAccelerate:
         assert counted == 3 * 16 and len(val_loader) * 5 == 20  # 16 samples in 4 batches of 5: 4 padded
         val_loader.close()
 
+    def test_gradient_accumulation_steps_at_each_epochs_last_batch(self, shards):
+        """accelerate's ``accumulate`` steps at an epoch's last batch (``sync_with_dataloader``), as
+        with its own DataLoaders: the loader tells its GradientState where the epoch ends."""
+        from accelerate import Accelerator
+
+        accelerator = Accelerator(cpu=True, gradient_accumulation_steps=3)
+        model = torch.nn.Linear(3 * 16 * 16, 10)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        loader = gp.Loader(val(shards), 4, device=str(accelerator.device), backend="torch", num_workers=0)
+        model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+        synced = []
+        for epoch in range(2):
+            loader.set_epoch(epoch)
+            for images, labels in loader:  # 16 samples: 4 batches an epoch
+                with accelerator.accumulate(model):
+                    accelerator.backward(torch.nn.functional.cross_entropy(model(images.flatten(1)), labels))
+                    synced.append(accelerator.sync_gradients)
+                    optimizer.step()
+                    optimizer.zero_grad()
+            assert not accelerator.gradient_state.in_dataloader  # unregistered at the epoch's end
+        assert synced == [False, False, True, True] * 2
+        for _ in loader:
+            break
+        loader.close()
+        assert not accelerator.gradient_state.in_dataloader  # and when broken off
+
     def test_prepare_leaves_the_loader_as_it_is(self, shards):
         """``accelerator.prepare`` re-shards DataLoaders only: a gp.Loader (already sharded per
         rank) comes back as it is, delivering on the loader's device (pass accelerator.device)."""

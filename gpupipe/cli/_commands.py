@@ -82,7 +82,8 @@ def _counted(items: Iterable[T], bar: Any) -> Iterator[T]:
 
 
 def make_shards(args: argparse.Namespace) -> int:
-    pattern = os.path.join(args.out, f"{args.prefix}-%06d.tar")
+    literal = str.maketrans({"%": "%%"})  # a '%' of the folder or prefix is the name's, not a field
+    pattern = os.path.join(args.out.translate(literal), f"{args.prefix.translate(literal)}-%06d.tar")
     if args.from_imagefolder and getattr(args, "fields", None):
         raise ConfigError("make-shards --fields writes synthetic fields: with --synthetic, not --from-imagefolder")
     with ShardWriter(pattern, max_count=args.shard_size) as writer:

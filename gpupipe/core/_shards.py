@@ -6,6 +6,7 @@ import io
 import json
 import os
 import tarfile
+import weakref
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -52,47 +53,87 @@ class ShardWriter:
     """
 
     def __init__(self, pattern: str, *, max_count: int = 1000, start: int = 0) -> None:
-        if "%" not in pattern:
-            raise ConfigError(f"ShardWriter: pattern needs a %d field for the shard number, got {pattern!r}")
         self.max_count = valid_int("ShardWriter", max_count, "max_count", minimum=1)
         self.next_shard = valid_int("ShardWriter", start, "start", minimum=0)
+        try:  # one field, numbering the shards ('%%' for a literal '%')
+            distinct = "%" in pattern and pattern % 0 != pattern % 1
+        except (TypeError, ValueError):
+            distinct = False
+        if not distinct:
+            raise ConfigError(f"ShardWriter: pattern needs one %d field for the shard number (write a literal % as "
+                              f"%%), got {pattern!r}")  # fmt: skip
         self.pattern = pattern
         self.shards: list[str] = []
         self._tar: tarfile.TarFile | None = None
+        self._closer: weakref.finalize | None = None
         self._count = 0
+        self._keys: set[str] = set()  # the open shard's
         self.samples = 0
 
     def write(self, key: str, members: Mapping[str, Any]) -> None:
-        if not key or "." in key.rpartition("/")[2]:
+        """Writes one sample, whole or not at all: every member is checked and encoded before the
+        first is written (a refused sample leaves nothing of it in the shard)."""
+        if not isinstance(key, str) or not key or "." in key.rpartition("/")[2]:
             raise ConfigError(f"ShardWriter: key must be non-empty with no '.' in its file name, got {key!r}")
-        tar = self._tar if self._tar is not None and self._count < self.max_count else self._open_next()
-        for ext, value in members.items():
-            if isinstance(value, (bool, np.bool_)):
-                raise ConfigError(f"ShardWriter: member {key}.{ext} is a bool")
-            if isinstance(value, (int, np.integer)):
-                value = str(int(value)).encode("ascii")
-            elif isinstance(value, str):
-                value = value.encode("utf-8")
-            elif isinstance(value, np.ndarray) and ext.endswith("npy"):
-                value = _npy(value, key, ext)
-            elif isinstance(value, (dict, list)) and ext.endswith("json"):
-                value = json.dumps(value, ensure_ascii=False).encode("utf-8")
-            elif not isinstance(value, (bytes, bytearray, memoryview)):
-                raise ConfigError(
-                    f"ShardWriter: member {key}.{ext} must be bytes, int or str (a NumPy array under an "
-                    f"extension ending in npy, a dict or list under one ending in json), got {type(value).__name__}"
-                )
-            info = tarfile.TarInfo(f"{key}.{ext}")
-            info.size, info.mode, info.mtime = len(value), 0o444, 0
-            tar.addfile(info, io.BytesIO(bytes(value)))
+        if not members:
+            raise ConfigError(f"ShardWriter: sample {key!r} has no members: nothing would be written")
+        new_shard = self._tar is None or self._count >= self.max_count
+        if not new_shard and key in self._keys:  # readers refuse it (gpupipe) or fail on it (webdataset)
+            raise ConfigError(f"ShardWriter: key {key!r} is already in shard {self.shards[-1]!r}: keys name one "
+                              "sample each")  # fmt: skip
+        encoded = [self._member(key, ext, value) for ext, value in members.items()]
+        exts = [ext.lower() for ext in members]
+        if len(set(exts)) < len(exts):
+            raise ConfigError(
+                f"ShardWriter: sample {key!r} repeats an extension (readers lower-case them): {list(members)}"
+            )
+        tar = self._open_next() if new_shard else self._tar
+        assert tar is not None
+        for info, value in encoded:
+            tar.addfile(info, io.BytesIO(value))
+        self._keys.add(key)
         self._count += 1
         self.samples += 1
+
+    @staticmethod
+    def _member(key: str, ext: Any, value: Any) -> tuple[tarfile.TarInfo, bytes]:
+        if not isinstance(ext, str) or not ext or "/" in ext:
+            raise ConfigError(f"ShardWriter: member {key}.{ext} needs an extension, a non-empty str without '/'")
+        if isinstance(value, (bool, np.bool_)):
+            raise ConfigError(f"ShardWriter: member {key}.{ext} is a bool")
+        if isinstance(value, (int, np.integer)):
+            value = str(int(value)).encode("ascii")
+        elif isinstance(value, str):
+            value = value.encode("utf-8")
+        elif isinstance(value, np.ndarray) and ext.endswith("npy"):
+            value = _npy(value, key, ext)
+        elif isinstance(value, (dict, list)) and ext.endswith("json"):
+            try:
+                value = json.dumps(value, ensure_ascii=False).encode("utf-8")
+            except (TypeError, ValueError) as e:
+                raise ConfigError(f"ShardWriter: member {key}.{ext} is not JSON: {e}") from None
+        elif not isinstance(value, (bytes, bytearray, memoryview)):
+            raise ConfigError(
+                f"ShardWriter: member {key}.{ext} must be bytes, int or str (a NumPy array under an "
+                f"extension ending in npy, a dict or list under one ending in json), got {type(value).__name__}"
+            )
+        data = bytes(value)
+        info = tarfile.TarInfo(f"{key}.{ext}")
+        info.size, info.mode, info.mtime = len(data), 0o444, 0
+        try:
+            info.tobuf(tarfile.USTAR_FORMAT, "utf-8", "surrogateescape")  # what addfile will write
+        except ValueError as e:  # a name over ustar's 100 (+155 of folders) bytes
+            raise ConfigError(f"ShardWriter: member name {info.name!r} does not fit a tar header: {e}") from None
+        return info, data
 
     def _open_next(self) -> tarfile.TarFile:
         self.close()
         path = self.pattern % self.next_shard
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         self._tar = tarfile.open(path, "w", format=tarfile.USTAR_FORMAT)  # noqa: SIM115 - closed by close()
+        # a writer dropped (or left at exit) unclosed still ends its shard: readers refuse a tar without its end
+        self._closer = weakref.finalize(self, self._tar.close)
+        self._keys = set()
         self.shards.append(path)
         self.next_shard += 1
         self._count = 0
@@ -104,9 +145,10 @@ class ShardWriter:
         return self.shards
 
     def close(self) -> None:
-        if self._tar is not None:
-            self._tar.close()
-            self._tar = None
+        if self._closer is not None:
+            self._closer()  # (closes the open shard once)
+            self._closer = None
+        self._tar = None
 
     def __enter__(self) -> ShardWriter:
         return self

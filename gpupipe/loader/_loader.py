@@ -31,7 +31,7 @@ from ._records import default_share, gpu_capability, tune_key
 from ._records import resolve as resolve_tuned
 from ._resumable import Resumable
 from ._runners import Runners, end_run
-from ._trainers import LoaderAttributes
+from ._trainers import LoaderAttributes, accelerate_gradient_state
 from ._verdict import StageTimes
 
 __all__ = ["Loader", "Batch", "SkippedSample"]  # Batch and SkippedSample: from ._batch
@@ -389,6 +389,10 @@ class Loader(LoaderAttributes, Observed, Resumable):
         times.begin()
         produced: Any = None
         run: Any = None
+        self.end_of_dataloader = False
+        accelerate = accelerate_gradient_state()
+        if accelerate is not None:  # its gradient accumulation syncs at this epoch's last batch
+            accelerate._add_dataloader(self)
         try:
             if fetch is not None:
                 fetch.advance(0)
@@ -420,6 +424,7 @@ class Loader(LoaderAttributes, Observed, Resumable):
                 if raw.skipped:
                     self._skips.mark(raw.skipped, valid, epoch, limit)
                 at.yielded = shift + b + 1
+                self.end_of_dataloader = at.yielded == shift + plan.num_batches
                 images = staged if self.pipeline.has_views else staged[0] if staged else None
                 mask = backends.to_device(torch.from_numpy(valid), device)
                 if self._mixing is None and self.config.shuffle:  # once, with a first batch (the start-up's)
@@ -434,6 +439,8 @@ class Loader(LoaderAttributes, Observed, Resumable):
                         "set_epoch before iterating, or break out of the loop first"
                     )
         finally:
+            if accelerate is not None:
+                accelerate._remove_dataloader(self)
             if fetch is not None:
                 fetch.close()
             # the runner's run ended now, not when this frame goes (a traceback kept, as IPython keeps

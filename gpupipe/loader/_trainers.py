@@ -10,6 +10,7 @@ the handle through which a trainer sets the epoch, and says how many samples thi
 
 from __future__ import annotations
 
+import sys
 import weakref
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -20,7 +21,25 @@ if TYPE_CHECKING:
     from ..pipeline._pipeline import Pipeline
     from ..plan._plan import PlanSpec, RankPlan
 
-__all__ = ["Trained", "LoaderAttributes", "EpochSampler", "DatasetView"]
+__all__ = ["Trained", "LoaderAttributes", "EpochSampler", "DatasetView", "accelerate_gradient_state"]
+
+
+def accelerate_gradient_state() -> Any:
+    """Accelerate's ``GradientState`` where an ``Accelerator`` was made in this process, else ``None``
+    (accelerate is not imported here). Its gradient accumulation steps the optimizer at the last
+    batch of a loader's epoch (``sync_with_dataloader``), which it learns from the loader being
+    iterated: a gp.Loader registers each iteration with it as accelerate's own DataLoaders do
+    (``end_of_dataloader`` true on the epoch's last batch; ``remainder`` -1: ``gather_for_metrics``
+    drops nothing, padding is ``batch.valid``'s)."""
+    state = sys.modules.get("accelerate.state")
+    gradient_state = getattr(state, "GradientState", None)
+    if gradient_state is None or not getattr(gradient_state, "_shared_state", None):
+        return None
+    try:
+        found = gradient_state()
+    except Exception:  # another accelerate than the one written for: no registration, as before
+        return None
+    return found if hasattr(found, "_add_dataloader") and hasattr(found, "_remove_dataloader") else None
 
 
 class Trained(Protocol):
@@ -99,6 +118,8 @@ class LoaderAttributes(Trained):
     config: LoaderConfig
     plan_spec: PlanSpec
     _run_config: LoaderConfig
+    end_of_dataloader: bool = False  # what accelerate's GradientState reads (accelerate_gradient_state)
+    remainder: int = -1
 
     @property
     def num_samples(self) -> int:
