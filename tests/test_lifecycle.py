@@ -533,3 +533,26 @@ def test_a_torch_loader_closed_by_the_collector_joins_nothing(shards, monkeypatc
     while any(running(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not [p for p in pids if running(p)]
+
+
+def test_a_runs_failing_cleanup_does_not_stop_the_others_closing(caplog):
+    """``Runs.close`` went no further than a run whose ``finally`` raised (an ``OSError`` closing a
+    file): the runner's ``close()`` then left its reader threads (review, 2026-11-29)."""
+    from gpupipe.backends._base import Runs
+
+    ended = []
+
+    def run(name, fails):
+        try:
+            yield name
+        finally:
+            ended.append(name)
+            if fails:
+                raise OSError("the disk went")
+
+    runs = Runs()
+    first, second = runs.track(run("a", True)), runs.track(run("b", False))
+    next(first), next(second)
+    with caplog.at_level("WARNING", logger="gpupipe"):
+        assert runs.close() is True
+    assert sorted(ended) == ["a", "b"] and "closing a run failed: OSError: the disk went" in caplog.text

@@ -6,6 +6,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import dataclasses
+import logging
 import threading
 import weakref
 from collections.abc import Container, Generator, Iterable, Iterator, Mapping, Sequence
@@ -19,6 +20,8 @@ from ..plan._plan import RankPlan
 from ..sources import Index
 from ..transforms import ImageSpec, Transform
 from ._registry import Registry
+
+log = logging.getLogger("gpupipe")
 
 __all__ = [
     "Backend",
@@ -192,6 +195,8 @@ class Runs:
                 run.close()
             except ValueError:  # executing, in another thread (or this one): it ends at its next batch
                 stopped = False
+            except Exception as e:  # a run's own cleanup failed: the runner still closes the rest
+                log.warning("gpupipe: closing a run failed: %s: %s", type(e).__name__, e)
         return stopped
 
 
