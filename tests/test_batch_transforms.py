@@ -158,6 +158,16 @@ class TestRandomChoice:
         with pytest.raises(gp.ConfigError, match="must share"):
             T.RandomChoice(members)
 
+    def test_p_is_normalized_as_torchvisions(self):
+        """torchvision divides p by its sum (``p=[1, 1]`` is uniform); a NaN, a negative or an
+        infinite p is refused here, not when a batch draws."""
+        members = [T.MixUp(num_classes=K), T.CutMix(num_classes=K)]
+        tv = v2.RandomChoice([v2.MixUp(num_classes=K), v2.CutMix(num_classes=K)], p=[1, 3])
+        assert T.RandomChoice(members, p=[1, 3]).p == tuple(tv.p)
+        for p in ([float("nan"), 1.0], [-1.0, 2.0], [math.inf, 1.0], [0, 0], [1.0]):
+            with pytest.raises(gp.ConfigError, match="p must be"):
+                T.RandomChoice(members, p=p)
+
     def test_per_sample_transforms_make_the_per_sample_choice(self):
         """(tests/test_policies.py::TestRandomChoiceOfTransforms); not a batch transform."""
         choice = T.RandomChoice([T.RandomHorizontalFlip()])

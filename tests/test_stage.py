@@ -804,6 +804,20 @@ class TestColorSteps:
             else:
                 torch.testing.assert_close(got[i], want, atol=0, rtol=0)
 
+    @pytest.mark.parametrize("dtype", [torch.float64, torch.float16, torch.bfloat16])
+    def test_the_grouped_blur_of_other_floats_is_torchvisions(self, dtype):
+        """torchvision builds the kernel in the image's dtype (sigma a Python float): the grouped
+        blur of a float64 or half image takes the same kernel, not float32's cast."""
+        from gpupipe.backends._stage._color import blur_grouped
+
+        images, t = F.to_dtype(batch(6, 12, 10), dtype, scale=True), T.GaussianBlur(5)
+        sigma = np.random.default_rng(0).uniform(0.1, 2.0, len(images))
+        got = blur_grouped(t, images, sigma)
+        for i in range(len(images)):
+            torch.testing.assert_close(
+                got[i], F.gaussian_blur(images[i], [5, 5], [float(sigma[i])] * 2), atol=0, rtol=0
+            )
+
 
 class TestAhead:
     """The stage one batch ahead on a GPU (``_ahead``): the order, and where errors surface. The

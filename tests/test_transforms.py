@@ -389,10 +389,17 @@ class TestGaussianBlur:
         check_invalid(lambda: T.GaussianBlur(**kwargs), name)
 
     @pytest.mark.parametrize(
-        "kwargs", [dict(kernel_size=5), dict(kernel_size=(3, 9), sigma=(0.5, 3.0)), dict(kernel_size=7, sigma=1.5)]
+        "kwargs",
+        [
+            dict(kernel_size=5),
+            dict(kernel_size=(3, 9), sigma=(0.5, 3.0)),
+            dict(kernel_size=7, sigma=1.5),
+            dict(kernel_size=[5], sigma=[1.0]),
+        ],
     )
     def test_matches_torchvision(self, photo, kwargs):
         tv = v2.GaussianBlur(**kwargs)
+        assert T.GaussianBlur(**kwargs).kernel_size == tuple(tv.kernel_size)
         check_transform(T.GaussianBlur(**kwargs), photo, lambda img, p: tv.transform(img, dict(sigma=[p.sigma] * 2)))
 
     def test_sigma_range(self):

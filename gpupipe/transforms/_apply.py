@@ -4,6 +4,7 @@ of several transforms per sample)."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -136,8 +137,11 @@ class RandomChoice(Transform):
         _members(self)
         self._set("draws", 1 + sum(t.draws for t in self.transforms))
         if self.p is not None:
-            p = [float(x) for x in self.p] if isinstance(self.p, Sequence) else []
-            if len(p) != len(self.transforms) or any(not x >= 0 for x in p) or sum(p) <= 0:
+            try:
+                p = [float(x) for x in self.p] if isinstance(self.p, Sequence) and not isinstance(self.p, str) else []
+            except (TypeError, ValueError):
+                p = []
+            if len(p) != len(self.transforms) or not all(0 <= x < math.inf for x in p) or sum(p) <= 0:
                 raise ConfigError(f"RandomChoice: p must be {len(self.transforms)} non-negative numbers, not all 0, "
                                   f"got {self.p!r}")  # fmt: skip
             self._set("p", tuple(x / sum(p) for x in p))

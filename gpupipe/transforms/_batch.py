@@ -182,11 +182,15 @@ class _ChoiceFields(BatchTransform):
         object.__setattr__(self, "transforms", members)
         for name in ("num_classes", "label_smoothing", "mode"):  # the members' (not fields: not compared)
             object.__setattr__(self, name, getattr(members[0], name))
-        if self.p is not None:
-            p = [float(x) for x in self.p]
-            if len(p) != len(members) or any(x < 0 for x in p) or abs(sum(p) - 1.0) > 1e-6:
-                raise ConfigError(f"RandomChoice: p must be {len(members)} probabilities summing to 1, got {self.p!r}")
-            object.__setattr__(self, "p", tuple(p))
+        if self.p is not None:  # normalized, as torchvision's (and the per-sample choice's)
+            try:
+                p = [float(x) for x in self.p] if isinstance(self.p, Sequence) and not isinstance(self.p, str) else []
+            except (TypeError, ValueError):
+                p = []
+            if len(p) != len(members) or not all(0 <= x < math.inf for x in p) or sum(p) <= 0:
+                raise ConfigError(f"RandomChoice: p must be {len(members)} non-negative numbers, not all 0, "
+                                  f"got {self.p!r}")  # fmt: skip
+            object.__setattr__(self, "p", tuple(x / sum(p) for x in p))
 
 
 class RandomChoice(_ChoiceFields):
@@ -197,7 +201,7 @@ class RandomChoice(_ChoiceFields):
     Args:
         transforms: :class:`MixUp` and :class:`CutMix` instances, of one ``num_classes``,
             ``label_smoothing`` and ``mode``.
-        p: their probabilities, summing to 1; ``None``: uniform.
+        p: their probabilities (normalized to sum to 1, as torchvision's); ``None``: uniform.
     """
 
     @overload

@@ -157,7 +157,8 @@ class GaussianBlur(Transform):
     """Blurs with a Gaussian kernel whose sigma is drawn uniformly from ``sigma``.
 
     Args:
-        kernel_size: odd positive int, or ``(kx, ky)`` (width first, as torchvision).
+        kernel_size: odd positive int (or a sequence of one), or ``(kx, ky)`` (width first, as
+            torchvision).
         sigma: a fixed positive number, or a range ``(min, max)``. Default ``(0.1, 2.0)``.
 
     Shapes unchanged. Borders are reflected (torchvision's ``reflect``: the edge pixel is not
@@ -177,6 +178,8 @@ class GaussianBlur(Transform):
         name = type(self).__name__
         ks = self.kernel_size
         ks = (ks, ks) if is_int(ks) else tuple(ks) if isinstance(ks, Sequence) and not isinstance(ks, str) else None
+        if ks is not None and len(ks) == 1:  # torchvision's _setup_size: one value for both sides
+            ks = (ks[0], ks[0])
         if ks is None or len(ks) != 2 or not all(is_int(k) and k > 0 and k % 2 == 1 for k in ks):
             raise ConfigError(
                 f"{name}: kernel_size must be an odd positive int or a sequence of two "

@@ -140,7 +140,13 @@ def blur_grouped(t: T.GaussianBlur, images: torch.Tensor, sigma: np.ndarray) -> 
     kx, ky = t.kernel_size
     b, c, h, w = images.shape
     fp = images.is_floating_point()
-    kernels = _blur_kernels(t, sigma, images.device).to(images.dtype if fp else torch.float32)
+    if not fp or images.dtype == torch.float32:
+        kernels = _blur_kernels(t, sigma, images.device).to(torch.float32)
+    else:  # float64 and the half types: torchvision builds the kernel in the image's dtype, sigma a Python float
+        from torchvision.transforms.v2.functional._misc import _get_gaussian_kernel2d
+
+        kernels = torch.stack([_get_gaussian_kernel2d([kx, ky], [v, v], images.dtype, images.device)
+                               for v in sigma.tolist()])  # fmt: skip
     x = images if fp else images.to(torch.float32)
     x = nnf.pad(x.reshape(1, b * c, h, w), [kx // 2, kx // 2, ky // 2, ky // 2], mode="reflect")
     out = nnf.conv2d(x, kernels.repeat_interleave(c, dim=0)[:, None], groups=b * c).reshape(b, c, h, w)
