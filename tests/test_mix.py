@@ -428,3 +428,51 @@ def test_a_source_that_fails_to_index_closes_those_indexed_before_it(shards, tmp
     with pytest.raises(gp.ShardError, match="none of the 2 shards exists"):
         gp.Mix([gp.WebDataset(shards), gp.WebDataset(str(tmp_path / "gone-{0..1}.tar"))], weights=[1, 1]).index()
     assert len(closed) == 2  # the first source's index, and the missing one's
+
+
+class TestReplacementSelection:
+    """``replacement=True``: a source much smaller than its count (many copies of each sample)."""
+
+    @staticmethod
+    def reference(mix, shard_sizes, seed: int, epoch: int):
+        """The selection as a loop over passes (the draws of pass ``p``: each sample's ``p``-th copy)."""
+        from gpupipe.plan._mix import _rng
+
+        out = []  # (pass, shard, entries) per virtual shard, in order
+        for i, (c, shards) in enumerate(zip(mix.counts, mix.shards, strict=True)):
+            if c == 0:
+                continue
+            g = np.asarray(shard_sizes, np.int64)[shards.start : shards.stop]
+            drawn = np.sort(_rng(seed, epoch, 1 << 40, i).integers(0, int(g.sum()), size=c))
+            copy = np.arange(c) - np.searchsorted(drawn, drawn, side="left")
+            local = np.concatenate([[0], np.cumsum(g)])
+            for p in range(int(copy.max()) + 1):
+                these = drawn[copy == p]
+                for j, shard in enumerate(shards):
+                    out.append((p, shard, these[(these >= local[j]) & (these < local[j + 1])] - local[j]))
+        return out
+
+    def test_the_same_selection_as_pass_by_pass(self):
+        from gpupipe.sources._mix import MixCounts
+
+        sizes = np.array([7, 5, 4, 3, 3], np.int64)
+        mix = MixCounts((9, 40), (range(0, 3), range(3, 5)), True)
+        sel = select(mix, sizes, np.zeros(0, np.int64), seed=3, epoch=2)
+        expected = self.reference(mix, sizes, 3, 2)
+        assert len(sel.sizes) == len(expected)
+        for v, (p, shard, entries) in enumerate(expected):
+            assert (sel.passes[v], sel.shard[v], sel.sizes[v]) == (p, shard, len(entries))
+            assert np.array_equal(sel.entries(v), entries)
+
+    def test_linear_in_the_count(self):
+        """100,000 draws from 2 samples (50,000 passes): a loop over passes that scans the whole
+        draw each time took minutes; the selection is O(count)."""
+        import time
+
+        from gpupipe.sources._mix import MixCounts
+
+        mix = MixCounts((10, 100_000), (range(0, 1), range(1, 2)), True)
+        started = time.perf_counter()
+        sel = select(mix, np.array([16, 2], np.int64), np.zeros(0, np.int64), seed=0, epoch=0)
+        assert time.perf_counter() - started < 5.0
+        assert int(sel.sizes[sel.shard == 1].sum()) == 100_000

@@ -162,6 +162,40 @@ print(json.dumps([n, sorted(ips)]))
     assert n == 16 and set(ips) <= {"127.0.0.1", "::1", "::ffff:127.0.0.1"}
 
 
+def test_close_from_another_thread_while_waiting_for_a_batch(shards, clean_env):
+    """The local Ray a loader started: its close() from another thread, while the training thread
+    waits for a batch, raises ClosedError there (as on the torch backend), never Ray's SystemExit(0)
+    of a ray.shutdown() under a ray.get (the process ended silently, with status 0)."""
+    code = f"""
+import dataclasses, threading, time, ray, torch, gpupipe as gp
+from gpupipe import transforms as T
+
+@dataclasses.dataclass(frozen=True)
+class Slow(T.ArrayFunction):
+    def apply(self, image, xp):
+        time.sleep(0.5)
+        return image.copy()
+
+loader = gp.Loader(gp.Pipeline({shards!r}, [Slow(), T.CenterCrop(16)]), 1, backend="ray",
+                   ray=gp.RayOptions(local_cpus=1, in_flight=1))
+batches = iter(loader)
+next(batches)  # the next batch's task runs for 0.5 s: the close below comes during its wait
+closer = threading.Timer(0.2, loader.close)
+closer.start()
+try:
+    next(batches)
+    next(batches)
+except gp.ClosedError:
+    print("closed")
+closer.join()
+assert not ray.is_initialized()
+"""
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    env.pop("RAY_ADDRESS", None)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180, env=env)
+    assert out.returncode == 0 and out.stdout.strip().splitlines()[-1:] == ["closed"], out.stderr[-3000:]
+
+
 @pytest.mark.slow
 def test_a_cluster_on_loopback_loses_a_node_mid_epoch(tmp_path):
     """A head and two worker nodes (1 CPU each) on 127.0.0.1: nothing listens elsewhere; a worker

@@ -151,13 +151,21 @@ def select(mix: MixCounts, shard_sizes: np.ndarray, excluded: np.ndarray, *, see
         drawn = np.sort(rng.integers(0, int(g.sum()), size=c))
         copy = np.arange(c) - np.searchsorted(drawn, drawn, side="left")
         local_offsets = np.concatenate([[0], np.cumsum(g)])
-        for p in range(int(copy.max()) + 1):
-            these = drawn[copy == p]
-            m = np.bincount(np.searchsorted(local_offsets, these, side="right") - 1, minlength=len(ids))
-            starts, first = np.concatenate([[0], np.cumsum(m)]), sum(len(s) for s in sizes)
-            for j in np.flatnonzero(m).tolist():
-                fixed[first + j] = these[starts[j] : starts[j + 1]] - local_offsets[j]
-            add(ids, m, p, np.zeros(len(ids), bool))
+        # every pass at once (a loop over passes, each over the whole draw, is O(count^2 / size)):
+        # virtual shard p * S + j holds the p-th copies of the draws in shard j, in drawn order
+        n_shards, n_passes = len(ids), int(copy.max()) + 1
+        of = (np.searchsorted(local_offsets, drawn, side="right") - 1).astype(np.int64)
+        key = copy * n_shards + of
+        order = np.argsort(key, kind="stable")  # (drawn is sorted: each virtual shard's entries stay sorted)
+        m = np.bincount(key, minlength=n_passes * n_shards).astype(np.int64)
+        starts, first = np.concatenate([[0], np.cumsum(m)]), sum(len(s) for s in sizes)
+        local = (drawn - local_offsets[of])[order]
+        for v in np.flatnonzero(m).tolist():
+            fixed[first + v] = local[starts[v] : starts[v + 1]]
+        sizes.append(m)
+        shard.append(np.tile(ids, n_passes))
+        passes.append(np.repeat(np.arange(n_passes), n_shards))
+        whole.append(np.zeros(n_passes * n_shards, bool))
     # (a Mix counts at least one sample: sizes is not empty)
     return Selection(np.concatenate(sizes), np.concatenate(shard), np.concatenate(passes), np.concatenate(whole), good,
                      np.concatenate([[0], np.cumsum(good)]), np.asarray(excluded, np.int64), int(shard_sizes.sum()),

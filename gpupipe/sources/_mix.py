@@ -50,9 +50,11 @@ class Mix(Source):
     one, and takes its share of it as of any source (shards in a shuffled order, samples
     interleaved and shuffled in a window; a full permutation where a source is an
     ImageFolder). Counts are exact per epoch. A sample taken twice in an epoch is augmented
-    independently each time (its copies draw their own parameters); the first copy draws what an
-    unmixed loader draws. Samples known bad (``gpupipe check``'s lists) are never drawn, and
-    sizes and counts are of the good ones. ``loader.stats()`` reports each source's samples per
+    independently each time (its copies draw their own parameters). Draws are keyed by the
+    sample's number in the mix (the sources' samples numbered one source after another): the
+    first copy of a sample of ``sources[0]`` draws what an unmixed loader of it draws; a later
+    source's samples draw otherwise than unmixed. Samples known bad (``gpupipe check``'s lists)
+    are never drawn, and sizes and counts are of the good ones. ``loader.stats()`` reports each source's samples per
     epoch and those yielded so far. Resuming, also on another world size, is exact; a state saved
     under other weights, counts or sources is refused.
 

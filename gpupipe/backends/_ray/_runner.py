@@ -22,8 +22,10 @@ worker on every try, or hangs, has its samples probed in a sandbox, as the torch
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import logging
+import threading
 import time
 import uuid
 import warnings
@@ -53,6 +55,8 @@ log = logging.getLogger("gpupipe")
 
 CACHED_JOBS = 4  # jobs (indexes and transforms) a worker process keeps
 TASK_PINS = 2  # remote shards a worker process keeps pinned in the node's cache
+WAIT_SLICE = 0.1  # seconds a rank waits for a batch between looks at whether the runner was closed
+CLOSE_WAIT = 10.0  # seconds close() waits for another thread to leave its Ray call before detaching
 
 
 FINISHING = (ToDtype, Normalize)  # pointwise and deterministic: as cheap on the rank's batch
@@ -166,6 +170,11 @@ class RayRunner:
     def __init__(self, spec: RunSpec) -> None:
         self.options = spec.config.ray
         self.device, self.channels_last = spec.device, spec.config.channels_last
+        self._closed = False
+        # the threads inside a Ray call now: close() detaches (a local Ray's ray.shutdown) only after
+        # they left it; a ray.shutdown() under another thread's ray.get raises SystemExit(0) there
+        self._calls = threading.Condition()
+        self._in_ray: collections.Counter[int] = collections.Counter()
         _cluster.attach(self.options)
         self._attached = True
         try:
@@ -191,7 +200,6 @@ class RayRunner:
             raise
         self._runs = Runs()
         self._copies = CopyClock(self.device) if self.device.type == "cuda" else None  # the copies to the GPU
-        self._closed = False
 
     def run(self, plan: RankPlan, start: int) -> Iterator[RawBatch]:
         if self._closed:
@@ -220,7 +228,8 @@ class RayRunner:
                             raise WorkerError(f"{lost}; run alone in a sandbox, none of its samples crashes or hangs "
                                               "its process") from lost.__cause__  # fmt: skip
                         if lost.hung:  # stuck on a sample the sandbox saw hang: its worker is ended
-                            ray.cancel(ref, force=True)
+                            with self._calling():
+                                ray.cancel(ref, force=True)
                         ref, sent = self._submit(plan, b)
                 if self._closed:  # closed from another thread while this epoch runs
                     raise ClosedError("the ray runner was closed during an epoch")
@@ -250,18 +259,19 @@ class RayRunner:
             # race the full test suite met.
             pending.clear()
 
-    @staticmethod
-    def _ready(refs: list[Any]) -> float:
+    def _ready(self, refs: list[Any]) -> float:
         """How many of ``refs`` (the batches in flight, the one asked for first) are done: one
         ``ray.wait`` that does not wait (4-6 µs for 2-16 tasks on the 2-core machine, 2026-11-29)."""
-        done, _ = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=False)
+        with self._calling():
+            done, _ = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=False)
         return float(len(done))
 
     def _submit(self, plan: RankPlan, batch: int) -> tuple[Any, frozenset[int]]:
         """Batch ``batch``'s task, and which of its samples it was told are poisoned."""
         items = batch_items(plan, batch)
         poisoned = {s: self._poisoned[s] for s, *_ in items if s in self._poisoned}
-        return self._task.remote(self._token, self._job, items, poisoned or None), frozenset(poisoned)
+        with self._calling():
+            return self._task.remote(self._token, self._job, items, poisoned or None), frozenset(poisoned)
 
     def _blame(self, plan: RankPlan, batch: int, sent: frozenset[int], lost: _Lost) -> bool:
         """After a batch's task crashed its worker on every try, or hung: whether to run it again
@@ -284,7 +294,14 @@ class RayRunner:
         from ray import exceptions as rex
 
         try:
-            return ray.get(ref, timeout=self.options.timeout)
+            with self._calling():  # in slices: a close() from another thread ends the wait
+                deadline = time.monotonic() + self.options.timeout
+                while not ray.wait([ref], timeout=max(0.0, min(WAIT_SLICE, deadline - time.monotonic())))[0]:
+                    if self._closed:
+                        raise ClosedError("the ray runner was closed during an epoch")
+                    if time.monotonic() >= deadline:
+                        raise rex.GetTimeoutError()
+                return ray.get(ref)
         except rex.GetTimeoutError:
             raise _Lost(
                 f"ray backend: no batch in {self.options.timeout} s (epoch {plan.epoch}, batch {batch}): the cluster "
@@ -323,6 +340,23 @@ class RayRunner:
             view = LOWERINGS.lookup(t)(t, view, None)
         return torch.zeros_like(view) if blank else view
 
+    @contextlib.contextmanager
+    def _calling(self) -> Iterator[None]:
+        """A Ray call of this thread's, which close() lets end before it detaches."""
+        me = threading.get_ident()
+        with self._calls:
+            if self._closed:
+                raise ClosedError("the ray runner was closed during an epoch")
+            self._in_ray[me] += 1
+        try:
+            yield
+        finally:
+            with self._calls:
+                self._in_ray[me] -= 1
+                if not self._in_ray[me]:
+                    del self._in_ray[me]
+                self._calls.notify_all()
+
     def describe(self) -> dict[str, Any]:
         on_rank = sorted({type(t).__name__ for steps in self._finish for t in steps})
         return {"in_flight": self.in_flight, "task_cpus": self.options.num_cpus, "on_rank": ", ".join(on_rank) or None}
@@ -334,6 +368,11 @@ class RayRunner:
         runs = getattr(self, "_runs", None)
         if runs is not None:
             runs.close()
+        calls = getattr(self, "_calls", None)
+        if calls is not None:  # another thread's ray.get ends within WAIT_SLICE (a ClosedError there)
+            me = threading.get_ident()
+            with calls:
+                calls.wait_for(lambda: not set(self._in_ray) - {me}, timeout=CLOSE_WAIT)
         self._job = []
         if getattr(self, "_attached", False):
             self._attached = False
