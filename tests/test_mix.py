@@ -464,15 +464,13 @@ class TestReplacementSelection:
             assert (sel.passes[v], sel.shard[v], sel.sizes[v]) == (p, shard, len(entries))
             assert np.array_equal(sel.entries(v), entries)
 
-    def test_linear_in_the_count(self):
-        """100,000 draws from 2 samples (50,000 passes): a loop over passes that scans the whole
-        draw each time took minutes; the selection is O(count)."""
-        import time
-
+    def test_many_copies_of_few_samples(self):
+        """100,000 draws from 2 samples (50,000 passes): a loop over passes that scanned the whole
+        draw each time took minutes (O(count^2 / size); one sort now). Its speed is
+        ``bench/``'s to measure; here, what it selects."""
         from gpupipe.sources._mix import MixCounts
 
         mix = MixCounts((10, 100_000), (range(0, 1), range(1, 2)), True)
-        started = time.perf_counter()
         sel = select(mix, np.array([16, 2], np.int64), np.zeros(0, np.int64), seed=0, epoch=0)
-        assert time.perf_counter() - started < 5.0
-        assert int(sel.sizes[sel.shard == 1].sum()) == 100_000
+        mine = sel.shard == 1
+        assert int(sel.sizes[mine].sum()) == 100_000 and int(sel.passes[mine].max()) >= 49_000
