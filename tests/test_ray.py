@@ -47,6 +47,12 @@ class TestRayOptions:
         with gp.Loader(gp.Pipeline(shards, [T.CenterCrop(8)]), 2, backend="ray", num_workers=1) as loader:
             assert loader._runner.in_flight == 2  # type: ignore[attr-defined]
 
+    def test_a_task_larger_than_the_local_ray_is_refused(self, shards, ray_session, clean_env):
+        """A task asking more CPUs than the local Ray has never ran: the first batch waited
+        ``RayOptions.timeout`` (300 s) before failing (review, 2026-11-29)."""
+        with pytest.raises(gp.ConfigError, match=r"num_cpus=3 per task is more than the 2 CPUs of the local Ray"):
+            gp.Loader(gp.Pipeline(shards, [T.CenterCrop(8)]), 2, backend="ray", ray=gp.RayOptions(num_cpus=3))
+
     def test_auto_never_picks_ray(self):
         assert backends.resolve("auto", "cpu")[0].name != "ray"
         assert backends.get("ray").auto is False

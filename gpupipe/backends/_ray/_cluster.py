@@ -11,7 +11,7 @@ import threading
 from ...core._config import RayOptions
 from ...runtime._dist import cpu_cores
 
-__all__ = ["attach", "detach", "LOOPBACK_ENV"]
+__all__ = ["attach", "detach", "local_cpus", "LOOPBACK_ENV"]
 
 log = logging.getLogger("gpupipe")
 
@@ -58,6 +58,17 @@ def attach(options: RayOptions) -> None:
         )
         _started, _users = True, 1
         log.info("gpupipe ray: started a local Ray (loopback, %s CPUs)", ray.cluster_resources().get("CPU"))
+
+
+def local_cpus() -> float | None:
+    """The CPUs of the local Ray gpupipe started (``None``: another Ray, whose nodes may come and
+    go): a task that asks for more never runs."""
+    with _lock:
+        if not _started:
+            return None
+        import ray
+
+        return float(ray.cluster_resources().get("CPU", 0.0))
 
 
 def detach() -> None:

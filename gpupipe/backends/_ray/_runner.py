@@ -37,7 +37,7 @@ import ray
 import torch
 
 from ...core._batch import map_tensors
-from ...core._errors import ClosedError, WorkerError
+from ...core._errors import ClosedError, ConfigError, WorkerError
 from ...pipeline._pipeline import Pipeline
 from ...plan._plan import RankPlan
 from ...runtime._dist import default_workers
@@ -178,6 +178,11 @@ class RayRunner:
         _cluster.attach(self.options)
         self._attached = True
         try:
+            here = _cluster.local_cpus()
+            if here is not None and self.options.num_cpus > here:  # (else the first batch waits RayOptions.timeout)
+                raise ConfigError(f"RayOptions: num_cpus={self.options.num_cpus:g} per task is more than the "
+                                  f"{here:g} CPUs of the local Ray this process started: no task could run (raise "
+                                  "local_cpus, or join a cluster with RayOptions.address)")  # fmt: skip
             # the tasks run on the cluster: a default num_workers (a rank's share of this node) is not their measure
             workers = spec.workers if spec.config.num_workers is not None else default_workers(ranks=1)
             self.in_flight = self.options.in_flight or max(2, 2 * workers)
