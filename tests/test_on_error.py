@@ -4,6 +4,7 @@ place is padding, marked in ``batch.valid``), lists them, caps them, and resumes
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 
@@ -47,6 +48,14 @@ def staged(urls):
     """A tail the stage runs (``Loader(stage=True)``; on a GPU, the default)."""
     return gp.Pipeline(urls, [T.RandomResizedCrop(16), T.RandomHorizontalFlip(), T.TrivialAugmentWide(),
                               T.ToDtype(torch.float32, scale=True), T.RandomErasing(p=0.5)])  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class Buggy(T.ArrayFunction):
+    """A user's transform with a bug (a ValueError, as the torch kernels' size refusals were)."""
+
+    def apply(self, image, xp):
+        raise ValueError("a bug in my transform")
 
 
 class TestRaise:
@@ -163,6 +172,19 @@ class TestSkip:
         delivered = {k for keys, valid, *_ in batches for k, v in zip(keys, valid.tolist(), strict=True) if v}
         assert delivered == {key(n) for n in range(10) if n not in BAD}
         assert "truncated" in reasons[key(10)] and "truncated" in reasons[key(11)]
+
+
+class TestNotTheData:
+    def test_a_transforms_own_error_ends_the_epoch_on_every_backend(self, backend, damaged):
+        """A user's function raising ``ValueError`` was a skipped ``too-small`` sample on the torch
+        backend (its size refusals were ValueErrors) and ended the epoch on DALI (review,
+        2026-11-29): the program's error is not the data's, on every backend."""
+        pipe = gp.Pipeline(damaged, [T.CenterCrop(16), Buggy()])
+        with backend.loader(pipe, 4, num_workers=1, on_error="skip", max_skipped=None) as loader:
+            with pytest.raises(Exception, match="a bug in my transform") as info:
+                run(loader)
+            assert not isinstance(info.value, gp.DataError)
+            assert all(s.kind != "too-small" for s in loader.skipped)
 
 
 class TestConfig:

@@ -41,6 +41,7 @@ __all__ = [
     "center_crop_anchor",
     "crop_padding",
     "crop_too_large",
+    "TooSmall",
     "resized_crop_window",
     "resized_crop_windows",
     "crop_start",
@@ -137,6 +138,12 @@ def crop_padding(
         extra = ops.max(crop - padded, 0)
         return before + extra, after + extra, padded + 2 * extra
     return before + size * 0, after + size * 0, padded
+
+
+class TooSmall(ValueError):
+    """An image too small for a transform's geometry (:func:`crop_too_large`, :func:`resize_empty`):
+    the sample is refused as ``too-small``. Any other error a transform raises is not the data's
+    (a user's function failing): it ends the epoch, as on DALI."""
 
 
 def resize_empty(size: tuple[int, ...] | None, max_size: int | None, new: tuple[int, int]) -> str:

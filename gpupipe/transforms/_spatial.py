@@ -18,6 +18,7 @@ import numpy as np
 from ..core._errors import ConfigError
 from ..core._geometry import (
     ATTEMPTS,
+    TooSmall,
     crop_padding,
     crop_start,
     crop_too_large,
@@ -391,7 +392,7 @@ class RandomCrop(Transform):
         top, bottom, ph = crop_padding(height, top, bottom, ch, self.pad_if_needed)
         left, right, pw = crop_padding(width, left, right, cw, self.pad_if_needed)
         if ph < ch or pw < cw:  # torchvision raises too; the DALI backend reports the same error
-            raise ValueError(crop_too_large((ch, cw), (ph, pw), padding=self.padding is not None))
+            raise TooSmall(crop_too_large((ch, cw), (ph, pw), padding=self.padding is not None))
         # the window starts uniformly in [0, padded - crop]: floor(u * (padded - crop + 1))
         y, x = (crop_start(float(u), room) for u, room in zip(factors, (ph - ch + 1, pw - cw + 1), strict=True))
         return RandomCropParams((left, top, right, bottom), y, x, ch, cw)

@@ -3,6 +3,7 @@ candidates with gpupipe's own decoder in a child process, since DALI's errors na
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
 import torch
@@ -22,8 +23,15 @@ _CUDA_FAILURE = ("cuda error", "cudaerror", "cuda_error", "cuda runtime error")
 
 
 def _detail(error: BaseException) -> str:
+    """The line of DALI's message that says what failed: an exception's (``ValueError: ...``, the
+    last), else the last naming a failure or an error (not a traceback's file line: a path may hold
+    "error"), else the first."""
     lines = str(error).strip().splitlines() or ["(no message)"]
-    return next((line for line in reversed(lines) if "failure" in line or "rror" in line), lines[0])[:300]
+    raised = [line for line in lines if re.search(r"\b[A-Za-z_]\w*(Error|Exception|Failure|Interrupt):", line)]
+    if raised:
+        return raised[-1].strip()[:300]
+    said = [line for line in lines if ("failure" in line or "rror" in line) and not re.match(r"\s*(File |/)", line)]
+    return (said[-1] if said else lines[0]).strip()[:300]
 
 
 def device_failure(error: BaseException, *, batch: int) -> Exception | None:

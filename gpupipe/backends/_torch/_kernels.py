@@ -20,7 +20,7 @@ from torchvision.transforms import InterpolationMode as TVInterpolation
 from torchvision.transforms.v2 import functional as F
 
 from ... import transforms as T
-from ...core._geometry import center_crop_anchor, resize_empty, resize_size
+from ...core._geometry import TooSmall, center_crop_anchor, resize_empty, resize_size
 from ...transforms._affine import AffineParams, RotationParams
 from ...transforms._apply import RandomApplyParams, RandomChoiceParams
 from ...transforms._apply import RandomChoice as SampleChoice
@@ -143,7 +143,7 @@ def _mask_geometry(t: T.Transform, mask: IndexedMask, p: Any, fill: int) -> Inde
     if isinstance(t, T.Resize):
         new_h, new_w = resize_size(h, w, t.size, t.max_size)
         if new_h < 1 or new_w < 1:
-            raise ValueError(resize_empty(t.size, t.max_size, (new_h, new_w)))
+            raise TooSmall(resize_empty(t.size, t.max_size, (new_h, new_w)))
         return mask.resize(new_h, new_w)
     if isinstance(t, T.RandomResize):
         return mask.resize(*resize_size(h, w, (p.size,), None))
@@ -214,7 +214,7 @@ def _random_resized_crop(t: T.RandomResizedCrop, img: torch.Tensor, p: CropParam
 def _resize(t: T.Resize, img: torch.Tensor, _: None) -> torch.Tensor:
     h, w = resize_size(img.shape[-2], img.shape[-1], t.size, t.max_size)
     if h < 1 or w < 1:
-        raise ValueError(resize_empty(t.size, t.max_size, (h, w)))
+        raise TooSmall(resize_empty(t.size, t.max_size, (h, w)))
     return F.resize(img, [h, w], interpolation=_interp(t.interpolation), antialias=t.antialias)
 
 

@@ -18,6 +18,7 @@ from torch.utils.data import Dataset, get_worker_info
 
 from ...core._errors import Damage, DataError, GpupipeError, SampleError
 from ...core._fields import Field
+from ...core._geometry import TooSmall
 from ...core._random import factors
 from ...plan._plan import RankPlan
 from ...runtime._children import CRASHED
@@ -196,7 +197,7 @@ class Samples(Dataset["Sample | Failure"]):
                 outputs = (apply_pipeline(self.views[source], image, drawn[source]),)
             else:
                 outputs = tuple(apply_pipeline(steps, image, drawn[view]) for view, steps in enumerate(self.views))
-        except ValueError as e:  # e.g. RandomCrop larger than this image
+        except TooSmall as e:  # RandomCrop larger than this image; a Resize to nothing
             size = (int(image.shape[-2]), int(image.shape[-1]))
             raise SampleError.at(str(e), shard=raw.shard, key=raw.key, size=size) from e
         return outputs, raw.label, raw.key, values

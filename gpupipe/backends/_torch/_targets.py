@@ -15,6 +15,7 @@ import torch
 
 from ...core._errors import Damage, SampleError
 from ...core._fields import Field
+from ...core._geometry import TooSmall
 from ...core._targets import Boxes, BoxFormat, Mask
 from ...transforms import Transform
 from ._kernels import boxes_kept, follow_targets
@@ -55,7 +56,7 @@ def move_targets(fields: Mapping[str, Field], values: dict[str, Any], transforms
         return None
     try:
         moved, params = follow_targets(transforms, factors, size, masks, boxes)
-    except ValueError as e:  # e.g. RandomCrop larger than this image
+    except TooSmall as e:  # RandomCrop larger than this image; a Resize to nothing
         raise SampleError.at(str(e), shard=shard, key=key, size=size) from e
     values.update((name, value.numpy()) for name, value in moved.items())  # batched as arrays are
     for name in boxes:
