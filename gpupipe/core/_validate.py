@@ -25,6 +25,7 @@ __all__ = [
     "valid_size",
     "valid_range",
     "valid_probability",
+    "valid_choice_weights",
     "valid_enum",
 ]
 
@@ -109,6 +110,19 @@ def valid_probability(owner: str, value: Any, name: str = "p") -> float:
     if not (is_number(value) and 0.0 <= value <= 1.0):
         raise invalid(owner, name, "a number in [0, 1]", value)
     return float(value)
+
+
+def valid_choice_weights(owner: str, value: Any, count: int, name: str = "p") -> tuple[float, ...]:
+    """``count`` finite numbers ``>= 0``, not all 0, normalized to sum to 1 (as torchvision's
+    ``RandomChoice`` takes ``p``)."""
+    try:
+        p = [float(x) for x in value] if isinstance(value, Sequence) and not isinstance(value, str) else []
+    except (TypeError, ValueError):
+        p = []
+    if len(p) != count or not all(0 <= x < math.inf for x in p) or sum(p) <= 0:
+        raise ConfigError(f"{owner}: {name} must be {count} non-negative numbers, not all 0, got {value!r}")
+    total = sum(p)
+    return tuple(x / total for x in p)
 
 
 def valid_enum(owner: str, value: Any, name: str, kind: type[E]) -> E:

@@ -4,13 +4,13 @@ of several transforms per sample)."""
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from ..core._errors import ConfigError, PipelineError
+from ..core._validate import valid_choice_weights
 from ._base import Coin, ImageSpec, Transform
 
 __all__ = ["RandomApply", "RandomApplyParams", "RandomChoice", "RandomChoiceParams"]
@@ -137,14 +137,7 @@ class RandomChoice(Transform):
         _members(self)
         self._set("draws", 1 + sum(t.draws for t in self.transforms))
         if self.p is not None:
-            try:
-                p = [float(x) for x in self.p] if isinstance(self.p, Sequence) and not isinstance(self.p, str) else []
-            except (TypeError, ValueError):
-                p = []
-            if len(p) != len(self.transforms) or not all(0 <= x < math.inf for x in p) or sum(p) <= 0:
-                raise ConfigError(f"RandomChoice: p must be {len(self.transforms)} non-negative numbers, not all 0, "
-                                  f"got {self.p!r}")  # fmt: skip
-            self._set("p", tuple(x / sum(p) for x in p))
+            self._set("p", valid_choice_weights("RandomChoice", self.p, len(self.transforms)))
 
     output_spec = RandomApply.output_spec
     _check_keeps = RandomApply._check_keeps

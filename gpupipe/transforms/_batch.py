@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, overload
 import numpy as np
 
 from ..core._errors import ConfigError
-from ..core._validate import valid_enum
+from ..core._validate import valid_choice_weights, valid_enum
 from ._base import ImageSpec, Transform
 
 if TYPE_CHECKING:
@@ -183,14 +183,7 @@ class _ChoiceFields(BatchTransform):
         for name in ("num_classes", "label_smoothing", "mode"):  # the members' (not fields: not compared)
             object.__setattr__(self, name, getattr(members[0], name))
         if self.p is not None:  # normalized, as torchvision's (and the per-sample choice's)
-            try:
-                p = [float(x) for x in self.p] if isinstance(self.p, Sequence) and not isinstance(self.p, str) else []
-            except (TypeError, ValueError):
-                p = []
-            if len(p) != len(members) or not all(0 <= x < math.inf for x in p) or sum(p) <= 0:
-                raise ConfigError(f"RandomChoice: p must be {len(members)} non-negative numbers, not all 0, "
-                                  f"got {self.p!r}")  # fmt: skip
-            object.__setattr__(self, "p", tuple(x / sum(p) for x in p))
+            object.__setattr__(self, "p", valid_choice_weights("RandomChoice", self.p, len(members)))
 
 
 class RandomChoice(_ChoiceFields):
