@@ -135,26 +135,25 @@ def verdict(stall: Mapping[str, Any], times: Mapping[str, Any], *, workers: int)
                      "loader the bottleneck?")  # fmt: skip
     spent = {name: times[f"{name}_s"] or 0.0 for name in STAGE_CLOCKS}
     total = sum(spent.values())
+    slowest = max(spent, key=lambda k: spent[k])
     if workers == 0:  # the training thread makes each batch, in its wait: the stages are the wait's share
         if total < wait / 2:
             return _said("main", share, f"the training thread makes a batch in {_ms(total)} (num_workers=0) of the "
                          f"loop's {_ms(wait)} wait per batch", "the training thread's share: keep MixUp/CutMix and "
                          "the hand-over on the device")  # fmt: skip
-        slowest = max(spent, key=lambda k: spent[k])
-        why = (f"{_NAMES[slowest] if slowest != 'read' else 'reading the samples'} takes {_ms(spent[slowest])} of "
-               f"the {_ms(total)} per batch the training thread spends making it (num_workers=0: during the loop's "
-               f"wait){_rate(times, spent['read'], slowest)}; the loop waited {share:.0%} of its time")  # fmt: skip
-        return _said(_NAMES[slowest], share, why, _REMEDY[_NAMES[slowest]])
-    capacity = workers / total if total > 0 else float("inf")  # batches/s the workers can make
-    if capacity >= 2.0 / period:
-        return _said("main", share, f"the workers make a batch in {_ms(total)} ({workers} of them: "
-                     f"{capacity:.0f} batches/s) but the loop got {1 / period:.0f}/s{_queue(times)}",
-                     "the training thread's share: raise prefetch (gpupipe tune), keep MixUp/CutMix and the "
-                     "hand-over on the device")  # fmt: skip
-    slowest = max(spent, key=lambda k: spent[k])
-    why = (f"{_NAMES[slowest] if slowest != 'read' else 'reading the samples'} takes {_ms(spent[slowest])} of the "
-           f"workers' {_ms(total)} per batch ({spent[slowest] / total:.0%}){_rate(times, spent['read'], slowest)}; "
-           f"the loop waited {share:.0%} of its time")  # fmt: skip
+        made = (
+            f"the {_ms(total)} per batch the training thread spends making it (num_workers=0: during the loop's wait)"
+        )
+    else:
+        capacity = workers / total if total > 0 else float("inf")  # batches/s the workers can make
+        if capacity >= 2.0 / period:
+            return _said("main", share, f"the workers make a batch in {_ms(total)} ({workers} of them: "
+                         f"{capacity:.0f} batches/s) but the loop got {1 / period:.0f}/s{_queue(times)}",
+                         "the training thread's share: raise prefetch (gpupipe tune), keep MixUp/CutMix and the "
+                         "hand-over on the device")  # fmt: skip
+        made = f"the workers' {_ms(total)} per batch ({spent[slowest] / total:.0%})"
+    why = (f"{_NAMES[slowest] if slowest != 'read' else 'reading the samples'} takes {_ms(spent[slowest])} of "
+           f"{made}{_rate(times, spent['read'], slowest)}; the loop waited {share:.0%} of its time")  # fmt: skip
     return _said(_NAMES[slowest], share, why, _REMEDY[_NAMES[slowest]])
 
 
