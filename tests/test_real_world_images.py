@@ -19,7 +19,7 @@ from gpupipe.runtime._decode import decode_rgb
 from gpupipe.testing import synthetic_image
 
 from .support.checkers import check_backend_parity
-from .support.data import bomb_jpeg, write_webdataset_shards
+from .support.data import bomb_jpeg, png16, write_webdataset_shards
 
 PHOTO = Image.fromarray(synthetic_image(3, size=(40, 56)))
 
@@ -155,6 +155,33 @@ class TestPillowsOwnRules:
     @pytest.mark.parametrize("fmt", ["PNG", "TIFF"])
     def test_16_bit_gray_dali_decodes_the_same(self, fmt):
         check_backend_parity([T.CenterCrop((48, 64))], [WIDE_GRAY[fmt]], mean_tol=0.0, max_tol=0.0)
+
+    @pytest.mark.parametrize("channels", [3, 4, 2])
+    @pytest.mark.parametrize("interlaced", [False, True], ids=["plain", "adam7"])
+    def test_16_bit_colour_png_is_rounded_as_dali_rounds(self, channels, interlaced):
+        """Pillow keeps each value's high byte (``v >> 8``) of a 16-bit RGB, RGBA or gray-alpha
+        PNG; DALI rounds ``v / 257``: 28% of values were one level apart (alpha is dropped)."""
+        values = np.random.default_rng(channels).integers(0, 65536, (13, 11, channels)).astype(np.uint16)
+        image = decode_rgb(png16(values, interlaced=interlaced), shard="s", key="k")
+        colour = values[..., :1].repeat(3, -1) if channels == 2 else values[..., :3]
+        want = torch.from_numpy(np.round(colour / 257).astype(np.uint8)).permute(2, 0, 1)
+        assert torch.equal(image, want)
+
+    def test_16_bit_colour_png_turned_upright(self):
+        values = np.random.default_rng(5).integers(0, 65536, (6, 9, 3)).astype(np.uint16)
+        exif = Image.Exif()
+        exif[0x0112] = 6  # turned 90 degrees clockwise to be upright
+        data = png16(values, exif=exif.tobytes())
+        want = torch.from_numpy(np.round(values / 257).astype(np.uint8)).permute(2, 0, 1)
+        assert torch.equal(decode_rgb(data, shard="s", key="k"), want)
+        upright = decode_rgb(data, shard="s", key="k", apply_exif_orientation=True)
+        assert torch.equal(upright, torch.rot90(want, -1, dims=(1, 2)))
+
+    @needs_dali
+    @pytest.mark.parametrize("channels", [3, 4])
+    def test_16_bit_colour_png_dali_decodes_the_same(self, channels):
+        values = np.random.default_rng(channels).integers(0, 65536, (48, 64, channels)).astype(np.uint16)
+        check_backend_parity([T.CenterCrop((48, 64))], [png16(values)], mean_tol=0.0, max_tol=0.0)
 
     def test_pillows_pixel_limit_is_not_gpupipes(self, monkeypatch):
         """``Image.open`` refuses twice ``PIL.Image.MAX_IMAGE_PIXELS`` (a program may lower it; a

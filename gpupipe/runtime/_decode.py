@@ -72,6 +72,8 @@ __all__ = [
 _LOSSLESS_JPEG = frozenset((0xC3, 0xC7, 0xCB, 0xCF))
 _PILLOW_SIZED = frozenset(("bmp", "tiff", "pnm"))  # formats DALI decodes whose header gpupipe reads with Pillow
 _SIXTEEN_BIT_GRAY = frozenset(("I;16", "I;16B", "I;16L", "I;16N"))  # Pillow's modes of 16-bit grayscale
+# 16-bit colour PNGs: the raw mode Pillow unpacks each value's high byte with, and its low byte's
+_SIXTEEN_BIT_PNG = {"RGB;16B": "RGB;16L", "RGBA;16B": "RGBA;16L", "LA;16B": "RGBA"}
 
 try:
     from torchvision.io import ImageReadMode, decode_image
@@ -160,12 +162,17 @@ def _pillow_rgb(data: bytes, exif: bool, max_pixels: int | None, shard: str, key
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # gpupipe applies its own limit
+        if image_format(data) == "png":
+            data = png_without_metadata(data)
         try:
-            im = Image.open(io.BytesIO(png_without_metadata(data) if image_format(data) == "png" else data))
+            im = Image.open(io.BytesIO(data))
         except Image.UnidentifiedImageError:
             raise ValueError(f"not an image in a format gpupipe reads; it starts with {data[:12]!r}") from None
         with im:
             require_pixels((im.height, im.width), max_pixels, shard=shard, key=key)
+            if im.format == "PNG" and len(im.tile) == 1 and im.tile[0][3] in _SIXTEEN_BIT_PNG:
+                wide = _wide_png(im, data, exif)  # [H, W, 3] of 0 .. 65535
+                return torch.from_numpy(((wide * 255 + 32767) // 65535).astype(np.uint8)).permute(2, 0, 1).contiguous()
             im.seek(0)  # the first frame (page) of an animation or a multi-page TIFF
             upright = ImageOps.exif_transpose(im) if exif else im
             if upright.mode in _SIXTEEN_BIT_GRAY or (upright.mode == "I" and im.format == "PPM"):
@@ -177,6 +184,29 @@ def _pillow_rgb(data: bytes, exif: bool, max_pixels: int | None, shard: str, key
                 return torch.from_numpy(gray).expand(3, *gray.shape).contiguous()
             rgb = upright.convert("RGB")
     return torch.from_numpy(np.array(rgb)).permute(2, 0, 1).contiguous()
+
+
+def _wide_png(im: Any, data: bytes, exif: bool) -> np.ndarray:
+    """The 16-bit values ``[H, W, 3]`` (int64) of a 16-bit colour PNG ``im`` (opened from
+    ``data``, not loaded). Pillow keeps each value's high byte, ``v >> 8``, where DALI's decoders
+    scale, ``round(v / 257)``: 28% of values were one level apart. Pillow is asked for the low
+    bytes too, through the raw mode its PNG decoder unpacks with: the little-endian one of the same
+    pixel size (the rows are unfiltered alike), or, for gray with alpha, each of the 4 bytes."""
+    from PIL import Image, ImageOps
+
+    def decoded(image: Any, rawmode: str) -> np.ndarray:
+        tile = image.tile[0]
+        image.tile = [(tile[0], tile[1], tile[2], rawmode)]
+        return np.asarray(ImageOps.exif_transpose(image) if exif else image, dtype=np.int64)
+
+    rawmode = im.tile[0][3]
+    if rawmode == "LA;16B":  # an RGBA image of gray high, gray low, alpha high, alpha low
+        both = decoded(im, "RGBA")
+        return (both[..., :1] * 256 + both[..., 1:2]).repeat(3, axis=-1)
+    high = decoded(im, rawmode)[..., :3]
+    with Image.open(io.BytesIO(data)) as again:
+        low = decoded(again, _SIXTEEN_BIT_PNG[rawmode])[..., :3]
+    return high * 256 + low
 
 
 def _refused(message: str, kind: Damage, *, shard: str, key: str) -> SampleError:
