@@ -15,7 +15,7 @@ from PIL import Image
 import gpupipe as gp
 from gpupipe import backends
 from gpupipe import transforms as T
-from gpupipe.runtime._decode import decode_rgb
+from gpupipe.runtime._decode import decode_rgb, read_header
 from gpupipe.testing import synthetic_image
 
 from .support.checkers import check_backend_parity
@@ -182,6 +182,18 @@ class TestPillowsOwnRules:
     def test_16_bit_colour_png_dali_decodes_the_same(self, channels):
         values = np.random.default_rng(channels).integers(0, 65536, (48, 64, channels)).astype(np.uint16)
         check_backend_parity([T.CenterCrop((48, 64))], [png16(values)], mean_tol=0.0, max_tol=0.0)
+
+    @pytest.mark.parametrize("maxval", [100, 1000, 255, 65535])
+    def test_a_pnm_of_any_largest_value_is_scaled(self, maxval):
+        """Scaled to 0 .. 255; DALI's decoder does not scale a binary PPM of maxval 100 (0 .. 100)
+        or 1000 (``v >> 8``), so such a file takes gpupipe's decoder on DALI too
+        (``Header.irregular``; the loaders' parity: tests/test_dali_fallback.py)."""
+        values = np.random.default_rng(maxval).integers(0, maxval + 1, (6, 9, 3))
+        data = b"P6\n# a comment\n9 6\n%d\n" % maxval + values.astype(">u2" if maxval > 255 else np.uint8).tobytes()
+        header = read_header(data, None, shard="s", key="k")
+        assert header.irregular == (maxval not in (255, 65535))
+        want = torch.from_numpy(np.round(values * 255 / maxval).astype(np.uint8)).permute(2, 0, 1)
+        assert torch.equal(decode_rgb(data, shard="s", key="k"), want)
 
     def test_pillows_pixel_limit_is_not_gpupipes(self, monkeypatch):
         """``Image.open`` refuses twice ``PIL.Image.MAX_IMAGE_PIXELS`` (a program may lower it; a

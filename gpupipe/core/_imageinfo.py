@@ -9,6 +9,7 @@ header that cannot be parsed gives ``None``: the decoder then judges the data.
 from __future__ import annotations
 
 import io
+import re
 import struct
 import warnings
 from collections.abc import Iterator
@@ -26,6 +27,7 @@ __all__ = [
     "jpeg_stray_marker",
     "png_animated",
     "png_without_metadata",
+    "pnm_maxval",
     "MAX_IMAGE_PIXELS",
     "MAX_IMAGE_BYTES",
 ]
@@ -163,6 +165,19 @@ def png_animated(data: bytes | memoryview) -> bool:
             return False
         i += 12 + length
     return False
+
+
+def pnm_maxval(data: bytes | memoryview) -> int | None:
+    """The largest value a PGM or PPM (``P2``, ``P3``, ``P5``, ``P6``) declares, its fourth header
+    field (comments skipped); ``None`` for a bitmap (``P1``, ``P4``: no such field) or a header
+    that does not tell."""
+    head = bytes(data[:1024])
+    if len(head) < 3 or head[:1] != b"P" or head[1:2] not in b"2356":
+        return None
+    fields = re.sub(rb"#[^\r\n]*", b" ", head[2:]).split()
+    if len(fields) < 4 or not fields[2].isdigit():
+        return None
+    return int(fields[2])
 
 
 _PNG_METADATA = frozenset((b"tEXt", b"zTXt", b"iTXt", b"iCCP"))  # text and colour profile: no pixels

@@ -56,6 +56,7 @@ from ..core._imageinfo import (
     jpeg_walk,
     png_animated,
     png_without_metadata,
+    pnm_maxval,
 )
 
 __all__ = [
@@ -254,6 +255,9 @@ def read_header(data: bytes | memoryview, max_pixels: int | None, *, shard: str,
         # a header Pillow refuses (a BMP whose info header claims 41 bytes, found by the fuzzer on
         # 2026-11-29): gpupipe's decoder refuses the file, and DALI's (OpenCV, libtiff) may read it
         irregular = irregular or (size is None and fmt in _PILLOW_SIZED)
+        # a PGM/PPM of another largest value than 255 or 65535: Pillow scales its values to 8 bits,
+        # DALI's decoder does not (binary ones: a maxval of 100 came out 0 .. 100, of 1000 as v >> 8)
+        irregular = irregular or (fmt == "pnm" and pnm_maxval(data) not in (None, 255, 65535))
     require_pixels(size, max_pixels, shard=shard, key=key)
     return Header(size, fmt, irregular)
 

@@ -19,6 +19,8 @@ from PIL import Image
 
 from gpupipe.testing import encode_jpeg, synthetic_image
 
+from .data import png16
+
 SIZE = (48, 64)  # (height, width) of the good files
 
 
@@ -143,6 +145,18 @@ def _short_app14(data: bytes) -> bytes:
     return data[:2] + b"\xff\xee" + struct.pack(">H", len(body) + 1) + body + data[2:]
 
 
+def _pnm(seed: int, maxval: int, channels: int) -> bytes:
+    """A binary PGM (``channels=1``) or PPM of random values up to ``maxval`` (16 bits above 255)."""
+    values = np.random.default_rng(seed).integers(0, maxval + 1, (*SIZE, channels))
+    magic = b"P5" if channels == 1 else b"P6"
+    header = b"%s\n# gpupipe's corpus\n%d %d\n%d\n" % (magic, SIZE[1], SIZE[0], maxval)
+    return header + values.astype(">u2" if maxval > 255 else np.uint8).tobytes()
+
+
+def _wide(seed: int, channels: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 65536, (*SIZE, channels)).astype(np.uint16)
+
+
 def _bmp16(image: Image.Image) -> bytes:
     """A 16-bit (5-5-5) uncompressed BMP: Pillow reads it, DALI's BMP decoder does not."""
     a = np.asarray(image.convert("RGB")).astype(np.uint16)
@@ -208,11 +222,15 @@ def corpus() -> dict[str, tuple[bytes, str | None]]:
         "bmp": (_save(photo, "BMP"), None),
         "tiff": (_save(photo, "TIFF"), None),
         "ppm": (_save(photo, "PPM"), None),
+        "png-16-bit-rgb": (png16(_wide(2, 3)), None),
+        "png-16-bit-gray-alpha": (png16(_wide(3, 2), interlaced=True), None),
         # good, though DALI's decoders refuse them: delivered as gpupipe's decoder reads them (on
         # DALI, as PPMs: backends/_dali/_fallback.py). nvImageCodec's parser refuses most; fed to
         # DALI at a batch of 32 or more, one of those killed the process.
         "jpeg-junk-before-dqt": (_junk_before(jpeg, 0xDB, b"hello"), None),  # seen in the header
         "jpeg-short-app14": (_short_app14(jpeg), None),  # seen in the header
+        "ppm-maxval-100": (_pnm(4, 100, 3), None),  # DALI's decoder does not scale to 255: seen in the header
+        "pgm-16-bit-maxval-1000": (_pnm(5, 1000, 1), None),  # likewise
         "jpeg-junk-before-dht": (_junk_before(jpeg, 0xC4), None),  # found when DALI fails
         "jpeg-junk-before-sos": (_junk_before(jpeg, 0xDA, b"\x00\x00"), None),  # found when DALI fails
         "bmp-16-bit": (_bmp16(photo), None),

@@ -6,7 +6,8 @@ A file takes this way when
 - its header says so (:func:`native` is false): a format DALI has no decoder for (one only Pillow
   reads: TGA, ICO, PCX, ...), JPEG 2000 (DALI's CPU decoder for it killed the process on a damaged
   file: it never gets one), a JPEG with junk bytes before its frame header (libjpeg skips them,
-  nvImageCodec refuses the file), an animated PNG (decoders disagree on its first frame);
+  nvImageCodec refuses the file), an animated PNG (decoders disagree on its first frame), a PGM or
+  PPM whose largest value is not 255 or 65535 (DALI's decoder does not scale its values);
 - or nvImageCodec's parser, the one DALI's decoders run first, refuses it (:func:`parsed`): a JPEG
   with junk after its frame header, a 16-bit or RLE4 BMP, a 1-bit or 32-bit TIFF, a PNG without its
   end chunk. Such a file must never reach DALI: DALI 2.4's decoders parse a batch of 32 or more

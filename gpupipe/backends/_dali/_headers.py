@@ -85,7 +85,8 @@ def rules() -> str:
     return _rules
 
 
-RULES = 3  # bumped when read_header or the parser gate changes what passes (2: stray marker; 3: BMP headers)
+RULES = 4  # bumped when read_header or the parser gate changes what passes (2: stray marker; 3: BMP headers;
+# 4: PNM maxval)
 _rules: str | None = None
 
 
