@@ -235,17 +235,18 @@ def test_the_corpus_decodes_like_torch_where_dali_is_given_the_file(tmp_path):
 
 
 def test_scaled_values_are_gpupipes_on_every_backend(tmp_path):
-    """16-bit colour PNGs (DALI reads them) and PGM/PPMs of another largest value than 255 or
+    """16-bit colour PNGs and TIFFs (DALI reads them) and PGM/PPMs of another largest value than 255 or
     65535 (gpupipe's decoder on DALI too: DALI's does not scale them) come out equal."""
-    names = ["ppm", "png-16-bit-rgb", "png-16-bit-gray-alpha", "ppm-maxval-100", "pgm-16-bit-maxval-1000"]
-    assert [_fallback.native(header(name)) for name in names] == [True, True, True, False, False]
+    names = ["ppm", "png-16-bit-rgb", "png-16-bit-gray-alpha", "tiff-16-bit-rgb", "ppm-maxval-100",
+             "pgm-16-bit-maxval-1000"]  # fmt: skip
+    assert [_fallback.native(header(name)) for name in names] == [True, True, True, True, False, False]
     pipe = gp.Pipeline(gp.WebDataset([shard_of(tmp_path, names)]), [T.CenterCrop(SIZE)])
     out = {}
     for backend in ("dali", "torch"):
         with gp.Loader(pipe, 5, backend=backend, device="cpu", num_workers=0 if backend == "torch" else 1) as loader:
             out[backend] = torch.cat([b.images for b in loader])
     assert torch.equal(out["dali"], out["torch"])
-    assert out["torch"][3].max() > 250 and out["torch"][4].max() > 250  # scaled to 255, not 100 or 1000 >> 8
+    assert out["torch"][4].max() > 250 and out["torch"][5].max() > 250  # scaled to 255, not 100 or 1000 >> 8
 
 
 class TestHeadersReadOnce:

@@ -19,7 +19,7 @@ from gpupipe.runtime._decode import decode_rgb, read_header
 from gpupipe.testing import synthetic_image
 
 from .support.checkers import check_backend_parity
-from .support.data import bomb_jpeg, png16, write_webdataset_shards
+from .support.data import bomb_jpeg, png16, tiff16, write_webdataset_shards
 
 PHOTO = Image.fromarray(synthetic_image(3, size=(40, 56)))
 
@@ -167,6 +167,15 @@ class TestPillowsOwnRules:
         want = torch.from_numpy(np.round(colour / 257).astype(np.uint8)).permute(2, 0, 1)
         assert torch.equal(image, want)
 
+    @pytest.mark.parametrize("deflate", [False, True], ids=["raw", "deflate"])
+    @pytest.mark.parametrize("big_endian", [False, True], ids=["le", "be"])
+    def test_16_bit_rgb_tiff_is_rounded_as_dali_rounds(self, deflate, big_endian):
+        """Likewise a 16-bit RGB TIFF, raw (Pillow's own decoder) or compressed (libtiff's)."""
+        values = np.random.default_rng(9).integers(0, 65536, (13, 11, 3)).astype(np.uint16)
+        want = torch.from_numpy(np.round(values / 257).astype(np.uint8)).permute(2, 0, 1)
+        data = tiff16(values, deflate=deflate, big_endian=big_endian)
+        assert torch.equal(decode_rgb(data, shard="s", key="k"), want)
+
     def test_16_bit_colour_png_turned_upright(self):
         values = np.random.default_rng(5).integers(0, 65536, (6, 9, 3)).astype(np.uint16)
         exif = Image.Exif()
@@ -178,10 +187,11 @@ class TestPillowsOwnRules:
         assert torch.equal(upright, torch.rot90(want, -1, dims=(1, 2)))
 
     @needs_dali
-    @pytest.mark.parametrize("channels", [3, 4])
-    def test_16_bit_colour_png_dali_decodes_the_same(self, channels):
-        values = np.random.default_rng(channels).integers(0, 65536, (48, 64, channels)).astype(np.uint16)
-        check_backend_parity([T.CenterCrop((48, 64))], [png16(values)], mean_tol=0.0, max_tol=0.0)
+    @pytest.mark.parametrize("kind", ["png-rgb", "png-rgba", "tiff-deflate"])
+    def test_16_bit_colour_dali_decodes_the_same(self, kind):
+        values = np.random.default_rng(len(kind)).integers(0, 65536, (48, 64, 4)).astype(np.uint16)
+        data = {"png-rgb": png16(values[..., :3]), "png-rgba": png16(values), "tiff-deflate": tiff16(values[..., :3])}
+        check_backend_parity([T.CenterCrop((48, 64))], [data[kind]], mean_tol=0.0, max_tol=0.0)
 
     @pytest.mark.parametrize("maxval", [100, 1000, 255, 65535])
     def test_a_pnm_of_any_largest_value_is_scaled(self, maxval):

@@ -37,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import io
 import re
+import sys
 import threading
 import warnings
 from collections.abc import Iterator
@@ -73,8 +74,18 @@ __all__ = [
 _LOSSLESS_JPEG = frozenset((0xC3, 0xC7, 0xCB, 0xCF))
 _PILLOW_SIZED = frozenset(("bmp", "tiff", "pnm"))  # formats DALI decodes whose header gpupipe reads with Pillow
 _SIXTEEN_BIT_GRAY = frozenset(("I;16", "I;16B", "I;16L", "I;16N"))  # Pillow's modes of 16-bit grayscale
-# 16-bit colour PNGs: the raw mode Pillow unpacks each value's high byte with, and its low byte's
-_SIXTEEN_BIT_PNG = {"RGB;16B": "RGB;16L", "RGBA;16B": "RGBA;16L", "LA;16B": "RGBA"}
+# 16-bit colour PNG and TIFF: the raw mode Pillow unpacks each value's high byte with (TIFF through
+# libtiff: native order, 16N), and its low byte's
+_OTHER_ORDER = "B" if sys.byteorder == "little" else "L"
+_SIXTEEN_BIT_COLOUR = {
+    "RGB;16B": "RGB;16L",
+    "RGB;16L": "RGB;16B",
+    "RGB;16N": f"RGB;16{_OTHER_ORDER}",
+    "RGBA;16B": "RGBA;16L",
+    "RGBA;16L": "RGBA;16B",
+    "RGBA;16N": f"RGBA;16{_OTHER_ORDER}",
+    "LA;16B": "RGBA",  # a PNG's gray with alpha, read as 4 bytes
+}
 
 try:
     from torchvision.io import ImageReadMode, decode_image
@@ -171,8 +182,9 @@ def _pillow_rgb(data: bytes, exif: bool, max_pixels: int | None, shard: str, key
             raise ValueError(f"not an image in a format gpupipe reads; it starts with {data[:12]!r}") from None
         with im:
             require_pixels((im.height, im.width), max_pixels, shard=shard, key=key)
-            if im.format == "PNG" and len(im.tile) == 1 and im.tile[0][3] in _SIXTEEN_BIT_PNG:
-                wide = _wide_png(im, data, exif)  # [H, W, 3] of 0 .. 65535
+            rawmode = _wide_rawmode(im)
+            if rawmode is not None:  # 16-bit colour
+                wide = _wide(im, rawmode, data, exif)  # [H, W, 3] of 0 .. 65535
                 return torch.from_numpy(((wide * 255 + 32767) // 65535).astype(np.uint8)).permute(2, 0, 1).contiguous()
             im.seek(0)  # the first frame (page) of an animation or a multi-page TIFF
             upright = ImageOps.exif_transpose(im) if exif else im
@@ -187,26 +199,43 @@ def _pillow_rgb(data: bytes, exif: bool, max_pixels: int | None, shard: str, key
     return torch.from_numpy(np.array(rgb)).permute(2, 0, 1).contiguous()
 
 
-def _wide_png(im: Any, data: bytes, exif: bool) -> np.ndarray:
-    """The 16-bit values ``[H, W, 3]`` (int64) of a 16-bit colour PNG ``im`` (opened from
-    ``data``, not loaded). Pillow keeps each value's high byte, ``v >> 8``, where DALI's decoders
-    scale, ``round(v / 257)``: 28% of values were one level apart. Pillow is asked for the low
-    bytes too, through the raw mode its PNG decoder unpacks with: the little-endian one of the same
-    pixel size (the rows are unfiltered alike), or, for gray with alpha, each of the 4 bytes."""
+def _rawmode(tile: Any) -> Any:
+    """The raw mode a tile of Pillow's is unpacked with (its decoder's first argument)."""
+    return tile[3][0] if isinstance(tile[3], tuple) else tile[3]
+
+
+def _wide_rawmode(im: Any) -> str | None:
+    """The raw mode of a 16-bit colour PNG or TIFF ``im`` (opened, not loaded), every tile's the
+    same; ``None`` for any other image."""
+    if im.format not in ("PNG", "TIFF") or not im.tile:
+        return None
+    rawmode = _rawmode(im.tile[0])
+    if any(_rawmode(tile) != rawmode for tile in im.tile) or rawmode not in _SIXTEEN_BIT_COLOUR:
+        return None
+    return rawmode if rawmode != "LA;16B" or im.format == "PNG" else None
+
+
+def _wide(im: Any, rawmode: str, data: bytes, exif: bool) -> np.ndarray:
+    """The 16-bit values ``[H, W, 3]`` (int64) of a 16-bit colour PNG or TIFF ``im`` (opened from
+    ``data``, not loaded; :func:`_wide_rawmode`). Pillow keeps each value's high byte, ``v >> 8``,
+    where DALI's decoders scale, ``round(v / 257)``: 28% of values were one level apart. Pillow is
+    asked for the low bytes too, through the raw mode its decoder unpacks with: the other byte
+    order's of the same pixel size (a PNG's rows are unfiltered alike), or, for a PNG's gray with
+    alpha, each of the 4 bytes."""
     from PIL import Image, ImageOps
 
-    def decoded(image: Any, rawmode: str) -> np.ndarray:
-        tile = image.tile[0]
-        image.tile = [(tile[0], tile[1], tile[2], rawmode)]
-        return np.asarray(ImageOps.exif_transpose(image) if exif else image, dtype=np.int64)
+    def decoded(image: Any, mode: str) -> np.ndarray:
+        tiles = [(t, (mode, *t[3][1:]) if isinstance(t[3], tuple) else mode) for t in image.tile]
+        image.tile = [t._replace(args=a) if hasattr(t, "_replace") else (*t[:3], a) for t, a in tiles]  # (Pillow < 11)
+        image.load()
+        return np.asarray(ImageOps.exif_transpose(image) if exif else image).astype(np.int64)
 
-    rawmode = im.tile[0][3]
     if rawmode == "LA;16B":  # an RGBA image of gray high, gray low, alpha high, alpha low
         both = decoded(im, "RGBA")
         return (both[..., :1] * 256 + both[..., 1:2]).repeat(3, axis=-1)
     high = decoded(im, rawmode)[..., :3]
     with Image.open(io.BytesIO(data)) as again:
-        low = decoded(again, _SIXTEEN_BIT_PNG[rawmode])[..., :3]
+        low = decoded(again, _SIXTEEN_BIT_COLOUR[rawmode])[..., :3]
     return high * 256 + low
 
 

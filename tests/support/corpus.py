@@ -19,7 +19,7 @@ from PIL import Image
 
 from gpupipe.testing import encode_jpeg, synthetic_image
 
-from .data import png16
+from .data import png16, tiff16
 
 SIZE = (48, 64)  # (height, width) of the good files
 
@@ -224,6 +224,7 @@ def corpus() -> dict[str, tuple[bytes, str | None]]:
         "ppm": (_save(photo, "PPM"), None),
         "png-16-bit-rgb": (png16(_wide(2, 3)), None),
         "png-16-bit-gray-alpha": (png16(_wide(3, 2), interlaced=True), None),
+        "tiff-16-bit-rgb": (tiff16(_wide(4, 3), deflate=True), None),
         # good, though DALI's decoders refuse them: delivered as gpupipe's decoder reads them (on
         # DALI, as PPMs: backends/_dali/_fallback.py). nvImageCodec's parser refuses most; fed to
         # DALI at a batch of 32 or more, one of those killed the process.

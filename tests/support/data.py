@@ -97,3 +97,38 @@ def png16(values: np.ndarray, *, interlaced: bool = False, exif: bytes | None = 
     extra = chunk(b"eXIf", exif) if exif is not None else b""
     body = chunk(b"IHDR", header) + extra + chunk(b"IDAT", zlib.compress(data)) + chunk(b"IEND", b"")
     return b"\x89PNG\r\n\x1a\n" + body
+
+
+def tiff16(values: np.ndarray, *, deflate: bool = False, big_endian: bool = False, strips: int = 2) -> bytes:
+    """A 16-bit RGB TIFF of uint16 ``values`` ``[H, W, 3]`` (Pillow does not write one), in
+    ``strips`` strips, raw or Deflate-compressed (which Pillow reads through libtiff)."""
+    import struct
+    import zlib
+
+    height, width, _ = values.shape
+    order = ">" if big_endian else "<"
+    rows = -(-height // strips)
+    chunks = [values[i : i + rows].astype(f"{order}u2").tobytes() for i in range(0, height, rows)]
+    chunks = [zlib.compress(c) for c in chunks] if deflate else chunks
+    count, tags = len(chunks), 10
+    bits_at = 8 + 2 + tags * 12 + 4
+    offsets_at = bits_at + 6
+    counts_at = offsets_at + 4 * count
+    first = counts_at + 4 * count
+    offsets = [first + sum(len(c) for c in chunks[:i]) for i in range(count)]
+
+    def tag(code: int, kind: int, n: int, value: int) -> bytes:  # kind 3: SHORT, 4: LONG
+        short = kind == 3 and n == 1
+        return struct.pack(f"{order}HHIHH" if short else f"{order}HHII", code, kind, n, value, *((0,) if short else ()))
+
+    strip_offsets = offsets_at if count > 1 else offsets[0]
+    strip_bytes = counts_at if count > 1 else len(chunks[0])
+    entries = [
+        tag(256, 4, 1, width), tag(257, 4, 1, height), tag(258, 3, 3, bits_at), tag(259, 3, 1, 8 if deflate else 1),
+        tag(262, 3, 1, 2), tag(273, 4, count, strip_offsets), tag(277, 3, 1, 3), tag(278, 4, 1, rows),
+        tag(279, 4, count, strip_bytes), tag(284, 3, 1, 1),
+    ]  # fmt: skip
+    head = (b"MM\x00*" if big_endian else b"II*\x00") + struct.pack(f"{order}IH", 8, tags) + b"".join(entries)
+    sizes = [len(c) for c in chunks]
+    tables = struct.pack(f"{order}I3H", 0, 16, 16, 16) + struct.pack(f"{order}{count}I{count}I", *offsets, *sizes)
+    return head + tables + b"".join(chunks)
