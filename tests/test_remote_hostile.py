@@ -210,6 +210,15 @@ class TestRetries:
         assert info.value.__cause__ is None and info.value.__suppress_context__
         assert "S3CRET" not in str(info.value) and "TOK" not in str(info.value)
 
+    def test_a_body_cut_short_is_not_called_an_http_status(self, served, tmp_path):
+        """A body shorter than its Content-Length is the transfer's fault, not an answer: aiohttp's
+        parser error carries a code of 400, which the error called the server's status."""
+        server, url, _ = served
+        server.drops["s.tar"] = 99
+        with pytest.raises(OSError, match=r"failed after 2 tries") as info:
+            storage(tmp_path).local_path(url)
+        assert "(HTTP" not in str(info.value), info.value  # (the server answered 200)
+
     def test_a_refusal_names_the_shard(self):
         call, _ = fail(PermissionError("Access Denied"))
         with pytest.raises(PermissionError, match=r"download http://h/s.tar was refused: Access Denied"):

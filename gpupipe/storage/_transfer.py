@@ -253,8 +253,12 @@ def _causes(e: BaseException) -> list[BaseException]:
 
 def _status(e: BaseException) -> int | None:
     """The HTTP status behind an error, where one is known (fsspec's http filesystem reports a
-    failed request as ``FileNotFoundError`` caused by the response's error)."""
+    failed request as ``FileNotFoundError`` caused by the response's error). aiohttp's parser
+    errors (a body cut short of its ``Content-Length``) carry a ``code`` of 400 that no server
+    sent: not a status."""
     for cause in _causes(e):
+        if any(t.__name__ == "HttpProcessingError" for t in type(cause).__mro__):
+            continue
         status = getattr(cause, "status", None) or getattr(cause, "code", None)
         if isinstance(status, int) and 100 <= status < 600:
             return status
