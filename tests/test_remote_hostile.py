@@ -219,6 +219,18 @@ class TestRetries:
             storage(tmp_path).local_path(url)
         assert "(HTTP" not in str(info.value), info.value  # (the server answered 200)
 
+    def test_the_last_error_names_why_the_size_could_not_be_asked(self, tmp_path):
+        """fsspec's error for a failed request of the size says only the URL: the error names its
+        cause (a refused connection, a timeout)."""
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            url = f"http://127.0.0.1:{s.getsockname()[1]}/s.tar"  # nothing listens there
+        with pytest.raises(OSError) as info:
+            storage(tmp_path).stat(url)
+        assert "Cannot connect" in str(info.value), info.value
+
     def test_a_refusal_names_the_shard(self):
         call, _ = fail(PermissionError("Access Denied"))
         with pytest.raises(PermissionError, match=r"download http://h/s.tar was refused: Access Denied"):

@@ -94,7 +94,7 @@ def retry(url: str, what: str, call: Callable[[], T], *, retries: int, backoff: 
                 raise OSError(f"{what} {redact(url)}: the storage was closed") from None
             if attempt == retries:
                 http = f" (HTTP {status})" if status is not None else ""
-                cause = redact(str(e)) or type(e).__name__
+                cause = redact(_reason(e, url))
                 # (not chained: the cause's text, and its traceback, hold the URL's credentials)
                 raise OSError(f"{what} {redact(url)} failed after {attempt + 1} tries{http}: {cause}") from None
             delay = min(30.0, backoff * 2**attempt) * random.uniform(0.5, 1.5)
@@ -249,6 +249,17 @@ def _causes(e: BaseException) -> list[BaseException]:
         chain.append(e)
         e = e.__cause__ or e.__context__  # type: ignore[assignment]
     return chain
+
+
+def _reason(e: BaseException, url: str) -> str:
+    """What went wrong, in words: ``e``'s text, else (fsspec's errors, whose text is the URL alone
+    or nothing: a refused connection, a timeout) that of the first cause that says more; else
+    ``e``'s type."""
+    for cause in _causes(e):
+        text = str(cause)
+        if text and text != url:
+            return text
+    return type(e).__name__
 
 
 def _status(e: BaseException) -> int | None:
