@@ -297,6 +297,15 @@ class TestUrls:
     def test_a_password_holding_an_at_sign_is_redacted_whole(self):
         assert redact("see https://user:p@ss@host/x.tar") == "see https://<redacted>@host/x.tar"
 
+    def test_a_query_after_a_path_with_spaces_is_redacted(self):
+        """Shards may be named with spaces (fsspec encodes them): the query of such a URL is a
+        query still, whatever sits between it and the scheme."""
+        for url in ("https://h/my data/s.tar?X-Amz-Signature=SECRET", "s3://b/my data/s.tar?token=SECRET"):
+            assert "SECRET" not in redact(f"shard '{url}' is missing") and "SECRET" not in redact(f"see {url}")
+        assert redact("is it cut at a member boundary? see https://h/a.tar") == (
+            "is it cut at a member boundary? see https://h/a.tar"
+        )
+
 
 class TestSideFiles:
     """Files beside shards that gpupipe did not write itself, or that went stale (found by a

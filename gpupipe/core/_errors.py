@@ -39,6 +39,9 @@ __all__ = [
 
 _CREDENTIALS = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://)[^/\s'\"?#]+@")  # to the authority's last @
 _QUERY = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://[^\s?#'\"]*)\?[^\s#'\"]*")
+# in text naming a URL: a query string right after a name, wherever its URL starts (a path may
+# hold spaces: "my data/s.tar?sig=...", which _QUERY does not see as one URL)
+_PARAMETERS = re.compile(r"(?<=[^\s?#'\"])\?(?=[^\s#'\"=&?]+=)[^\s#'\"]*")
 
 
 def counted(n: int, noun: str) -> str:
@@ -50,7 +53,8 @@ def redact(text: str) -> str:
     """``text`` with the secrets a URL can carry masked: ``user:password@`` and the whole query
     string (presigned URLs sign there: ``X-Amz-Signature=``, ``sig=``, tokens). Every message
     and every shard name gpupipe reports about remote data goes through it."""
-    return _QUERY.sub(r"\1?<redacted>", _CREDENTIALS.sub(r"\1<redacted>@", text))
+    text = _QUERY.sub(r"\1?<redacted>", _CREDENTIALS.sub(r"\1<redacted>@", text))
+    return _PARAMETERS.sub("?<redacted>", text) if "://" in text else text
 
 
 class GpupipeError(Exception):
