@@ -164,6 +164,25 @@ class TestBadBoxes:
         with pytest.raises(gp.SampleError, match="has 1 'boxes' boxes but 2 'l' labels"):
             _batches(source, [T.CenterCrop(20)], batch_size=1, backend=backend)
 
+    @pytest.mark.parametrize(("member", "spec"), [
+        ({"labels.npy": np.array(3)}, gp.fields.Array("labels.npy")),
+        ({"labels.json": 3}, "labels.json"),
+        ({"cls": 3}, "cls"),
+    ], ids=["0-d array", "json number", "cls"])  # fmt: skip
+    @pytest.mark.parametrize("backend", ["torch", "dali"])
+    def test_labels_that_are_not_rows(self, tmp_path, member, spec, backend):
+        """Labels that are one value, not one row per box: a bad field naming the sample (was a
+        ``TypeError`` from ``len()``, not skipped under ``on_error="skip"``)."""
+        if backend == "dali":
+            pytest.importorskip("nvidia.dali")
+        with gp.ShardWriter(str(tmp_path / "b-%06d.tar")) as w:
+            w.write("k0", {"jpg": encode_jpeg(synthetic_image(0, size=SIZE)), "boxes.npy": _box(0), **member})
+        source = gp.WebDataset(w.shards, fields={"image": "jpg", "boxes": gp.fields.Boxes("boxes.npy", labels="l"),
+                                                 "l": spec})  # fmt: skip
+        with pytest.raises(gp.SampleError, match=r"'l' labels .* are not a list or an array of one row") as raised:
+            _batches(source, [T.CenterCrop(20)], batch_size=1, backend=backend)
+        assert raised.value.key == "k0" and raised.value.kind == gp.Damage.BAD_FIELD
+
     @pytest.mark.parametrize("backend", ["torch", "dali"])
     def test_outside_the_image_clamped_or_dropped_with_their_labels(self, tmp_path, backend):
         """Boxes beyond the image as stored: one across its edge is clamped, one wholly outside

@@ -74,9 +74,17 @@ def _sanitize(fields: Mapping[str, Field], values: dict[str, Any], name: str, sh
     if field.labels is None or values.get(field.labels) is None:
         return
     labels = values[field.labels]
+    if not isinstance(labels, list) and not (isinstance(labels, np.ndarray) and labels.ndim):
+        raise SampleError(f"the {field.labels!r} labels of sample {key!r} in shard {shard!r} are not a list or an "
+                          f"array of one row per {name!r} box (got {type(labels).__name__}{_shape(labels)})",
+                          shard=shard, key=key, kind=Damage.BAD_FIELD)  # fmt: skip
     if len(labels) != len(keep):
         raise SampleError(f"sample {key!r} in shard {shard!r} has {len(keep)} {name!r} boxes but "
                           f"{len(labels)} {field.labels!r} labels", shard=shard, key=key,
                           kind=Damage.BAD_FIELD)  # fmt: skip
     values[field.labels] = np.asarray(labels)[keep] if isinstance(labels, np.ndarray) else [
         v for v, k in zip(labels, keep.tolist(), strict=True) if k]  # fmt: skip
+
+
+def _shape(value: Any) -> str:
+    return f" of shape {value.shape}" if isinstance(value, np.ndarray) else ""
