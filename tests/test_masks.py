@@ -166,6 +166,24 @@ class TestBadMasks:
             (batch,) = list(loader)
             assert [s.key for s in loader.skipped] == ["k2"] and batch.valid.tolist() == [True, True, False, True]
 
+    @pytest.mark.parametrize("backend", ["torch", "dali"])
+    def test_a_batch_with_no_good_sample(self, tmp_path, backend):
+        """Skipped, a batch of bad masks alone stands in as zeros of the images' size (the
+        stand-in mask was ``None``: an ``AttributeError`` when the batch was stacked)."""
+        if backend == "dali":
+            pytest.importorskip("nvidia.dali")
+        with gp.ShardWriter(str(tmp_path / "b-%06d.tar")) as w:
+            for i in range(2):
+                seg = encode_png(np.zeros((10, 10), np.uint8)) if i == 1 else encode_png(_label_map(i))
+                w.write(f"k{i}", {"jpg": encode_jpeg(synthetic_image(i, size=SIZE)), "seg.png": seg})
+        source = gp.WebDataset(w.shards, fields={"image": "jpg", "mask": gp.fields.Mask("seg.png")})
+        with gp.Loader(gp.Pipeline(source, [T.CenterCrop(20)]), 1, on_error="skip", max_skipped=None,
+                       num_workers=0, backend=backend, device="cpu") as loader:  # fmt: skip
+            batches = list(loader)
+            assert [s.key for s in loader.skipped] == ["k1"]
+        assert [b.valid.tolist() for b in batches] == [[True], [False]]
+        assert torch.equal(batches[1]["mask"], torch.zeros((1, 20, 20), dtype=torch.uint8))
+
 
 class TestMissingMask:
     @pytest.mark.parametrize("backend", ["torch", "dali"])

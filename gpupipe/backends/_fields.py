@@ -11,6 +11,7 @@ import torch
 
 from ..core._errors import DataError
 from ..core._fields import Field, Label, Padded, field_values
+from ..core._targets import Mask
 
 Alloc = Callable[[tuple[int, ...], torch.dtype], torch.Tensor]  # an uninitialised tensor of (shape, dtype)
 
@@ -82,9 +83,11 @@ def _padded(name: str, pad: float, column: Sequence[np.ndarray]) -> Padded:
     return Padded(torch.from_numpy(data), torch.from_numpy(lengths))
 
 
-def empty_values(fields: Mapping[str, Field]) -> dict[str, Any]:
-    """Every field's empty value: a sample that stands in for none (a batch with no good sample)."""
-    return {name: field.empty() for name, field in fields.items()}
+def empty_values(fields: Mapping[str, Field], size: tuple[int, int] | None = None) -> dict[str, Any]:
+    """Every field's empty value: a sample that stands in for none (a batch with no good sample);
+    a mask's, zeros of ``size`` (the batch's images' ``(height, width)``, as its image is zeros)."""
+    return {name: np.zeros(size or (0, 0), np.uint8) if isinstance(field, Mask) else field.empty()
+            for name, field in fields.items()}  # fmt: skip
 
 
 def refill(fields: dict[str, Any] | None, positions: Sequence[int], good: int | None,

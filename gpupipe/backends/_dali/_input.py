@@ -92,8 +92,10 @@ class BatchReader:
                  views: tuple[tuple[Transform, ...], ...],
                  buffers: Buffers, maps: Maps | None, pool: ThreadPoolExecutor, ahead: int,
                  skip: bool = False, max_pixels: int | None = MAX_IMAGE_PIXELS,
-                 exif: bool = False, sizes: Sizes | None = None) -> None:  # fmt: skip
+                 exif: bool = False, sizes: Sizes | None = None,
+                 blank: tuple[int, int] | None = None) -> None:  # fmt: skip
         self.index, self.plan, self.lowered, self.views = index, plan, lowered, views
+        self.blank = blank  # the output images' (height, width): a mask's, where no sample of a batch is good
         self.exif = exif
         self.headers = Headers(sizes if sizes is not None else Sizes(index), host_geometry=lowered.host_geometry,
                                max_pixels=max_pixels, exif=exif)  # fmt: skip
@@ -209,7 +211,8 @@ class BatchReader:
                     fill(bad, (rows,), (rows[good] if good is not None else -1,))
                 env = self.env(drawn, sizes, windows)
                 if values is not None:  # the donor's fields, as its image and label
-                    fill(bad, (values,), (values[good] if good is not None else empty_values(index.fields),))
+                    stand_in = values[good] if good is not None else empty_values(index.fields, self.blank)
+                    fill(bad, (values,), (stand_in,))
             from nvidia.dali.tensors import TensorCPU  # wrapped here, off the training thread; no copy
 
             encoded = [TensorCPU(view) for view in views]

@@ -104,6 +104,8 @@ class DaliRunner:
         self.device, self.rank, self.seed = spec.device, spec.rank, spec.seed
         self.skip = spec.skip
         self._fields = spec.index.fields  # the source's other fields (read by the reader threads)
+        out = spec.outputs[0] if spec.outputs else None  # a stand-in mask's size: its image's (one view)
+        self._blank = None if out is None or out.height is None or out.width is None else (out.height, out.width)
         self.exif, self.max_pixels = spec.config.apply_exif_orientation, spec.config.max_image_pixels
         if self.exif and has_targets(self._fields):
             raise UnsupportedTransformError(
@@ -184,7 +186,7 @@ class DaliRunner:
         maps = Maps(self.index.reader.storage) if self.mapped else None
         reader = BatchReader(self.index, plan, graph.lowered, self.views, self._buffers, maps, self._pool,
                              ahead=self.prefetch + 1, skip=self.skip, max_pixels=self.max_pixels,
-                             exif=self.exif, sizes=self._sizes)  # fmt: skip
+                             exif=self.exif, sizes=self._sizes, blank=self._blank)  # fmt: skip
         probe = Probe(self._probe)  # built if DALI fails on a batch
         fed, limit, error = start, plan.num_batches, None  # feeding stops at `limit`: an unreadable batch
         failed = False

@@ -306,7 +306,8 @@ class Collate:
             torch.zeros(spec.channels, spec.height, spec.width, dtype=spec.dtype)  # type: ignore[arg-type]
             for spec in self.outputs
         )
-        values = empty_values(self.fields) if self.fields else None
+        size = (self.outputs[0].height, self.outputs[0].width)  # a mask follows the one view (Pipeline)
+        values = empty_values(self.fields, size) if self.fields else None  # type: ignore[arg-type]
         return images, 0 if self.labeled else None, failure.key or "", values
 
 
