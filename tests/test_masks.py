@@ -123,7 +123,7 @@ class TestCenterCrop:
     """A mask smaller than the crop is padded with its own fill (the ignore label), not with
     torchvision's 0, which a loss would read as class 0; the image keeps torchvision's 0."""
 
-    @pytest.mark.parametrize("fill", [255, 7])
+    @pytest.mark.parametrize("fill", [255, 7, -100, 1000])
     @pytest.mark.parametrize("size", [(45, 57), (46, 30)], ids=["padded", "padded rows, cropped columns"])
     def test_padded_with_the_masks_fill_on_every_backend(self, seg_shards, fill, size):
         from torchvision.transforms.v2 import functional as F
@@ -141,6 +141,12 @@ class TestCenterCrop:
                     assert got[padded].unique().tolist() == [fill], (backend, key)
                     assert torch.equal(got[~padded], want[~padded].long()), (backend, key)
                     assert int(b.images[j][:, padded].abs().max()) == 0, (backend, key)  # the image: 0
+                # a fill a uint8 mask cannot hold (was an OverflowError): the masks int32
+                assert b["mask"].dtype == (torch.uint8 if 0 <= fill <= 255 else torch.int32)
+
+    def test_a_fill_beyond_int32_refused(self):
+        with pytest.raises(gp.ConfigError, match="fill must be an int32"):
+            gp.fields.Mask("seg.png", fill=1 << 31)
 
 
 class TestBadMasks:

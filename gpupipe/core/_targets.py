@@ -24,19 +24,20 @@ _MASK_MODES = {"1": np.uint8, "L": np.uint8, "P": np.uint8, "I;16": np.int32, "I
 class Mask(Field):
     """A segmentation mask: a one-channel label map (PNG, 8- or 16-bit; a palette PNG gives its
     indices, as torchvision's segmentation reference reads them), ``[H, W]`` uint8 (int32 for
-    16-bit). It must have the image's size, and follows the image through every geometric
-    transform with the image's draws, sampled nearest and filled with ``fill`` where the image
-    is padded, rotated or shifted in; other transforms leave it as it is (torchvision v2's rules
-    for ``tv_tensors.Mask``, save that its ``CenterCrop`` pads a mask with 0, which labels the
-    padding as class 0: gpupipe's pads with ``fill``, as every other transform does). A batch
-    holds ``[B, H, W]`` (a list where sizes differ). Read by every backend (the DALI backend
-    moves it on the host, from the image's header size, exactly as the torch backend does; not
-    with ``apply_exif_orientation=True``). Default ``max_bytes``: 256 MB; the pixel limit of
+    16-bit, or with a ``fill`` outside 0-255). It must have the image's size, and follows the image
+    through every geometric transform with the image's draws, sampled nearest and filled with
+    ``fill`` where the image is padded, rotated or shifted in; other transforms leave it as it is
+    (torchvision v2's rules for ``tv_tensors.Mask``, save that its ``CenterCrop`` pads a mask with
+    0, which labels the padding as class 0: gpupipe's pads with ``fill``, as every other transform
+    does). A batch holds ``[B, H, W]`` (a list where sizes differ). Read by every backend (the DALI
+    backend moves it on the host, from the image's header size, exactly as the torch backend does;
+    not with ``apply_exif_orientation=True``). Default ``max_bytes``: 256 MB; the pixel limit of
     images applies.
 
     Args:
         fill: the value brought in by padding (``CenterCrop``'s too), rotation and affine shifts
-            (default 255, the ignore index of torchvision's segmentation reference).
+            (default 255, the ignore index of torchvision's segmentation reference); any int32
+            (``-100``: ``CrossEntropyLoss``'s default ``ignore_index``), the masks then int32.
     """
 
     fill: int = 255
@@ -50,8 +51,8 @@ class Mask(Field):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if isinstance(self.fill, bool) or not isinstance(self.fill, int):
-            raise ConfigError(f"Mask: fill must be an int (a label), got {self.fill!r}")
+        if isinstance(self.fill, bool) or not isinstance(self.fill, int) or not -(1 << 31) <= self.fill < 1 << 31:
+            raise ConfigError(f"Mask: fill must be an int32 (a label), got {self.fill!r}")
         if self.missing == Missing.EMPTY:
             raise ConfigError("Mask: missing='empty' has no mask of the image's size to give: use 'error' or 'skip'")
 
@@ -73,7 +74,8 @@ class Mask(Field):
                     if im.mode not in _MASK_MODES:
                         raise _bad(self, shard, key, f"is a {im.mode} image: a mask has one channel of labels")
                     im.load()
-                    return np.asarray(im, dtype=_MASK_MODES[im.mode])
+                    dtype = _MASK_MODES[im.mode] if 0 <= self.fill <= 255 else np.int32  # the fill fits
+                    return np.asarray(im, dtype=dtype)
         except SampleError:
             raise
         except Exception as e:  # Pillow's errors for a damaged or foreign file
