@@ -105,6 +105,24 @@ class TestGeometry:
         assert batch["names"] == [["c"]]
         assert batch["boxes"][0].tolist() == [[20.0, 10.0, 60.0, 40.0]]
 
+    @pytest.mark.parametrize("backend", ["torch", "dali"])
+    def test_no_area_goes_whatever_min_size(self, tmp_path, backend):
+        """``min_size=0`` kept boxes of no area (those ``RandomIoUCrop`` zeroes, and ones a crop
+        leaves as a line); ``min_area`` (default 1.0, torchvision's) drops them, labels with them."""
+        if backend == "dali":
+            pytest.importorskip("nvidia.dali")
+        boxes = np.array([[0, 0, 0, 0], [5, 5, 5, 30], [5, 5, 5.5, 30], [5, 5, 5.5, 6], [10, 10, 20, 20]], np.float32)
+        with gp.ShardWriter(str(tmp_path / "a-%06d.tar")) as w:
+            w.write("k0", {"jpg": encode_jpeg(synthetic_image(0, size=SIZE)), "boxes.npy": boxes,
+                           "labels.npy": np.arange(5)})  # fmt: skip
+        for min_area, kept in ((1.0, [2, 4]), (0.0, [0, 1, 2, 3, 4]), (12.5, [2, 4]), (12.6, [4])):
+            boxes_field = gp.fields.Boxes("boxes.npy", labels="l", min_size=0, min_area=min_area, pad=None)
+            fields = {"image": "jpg", "boxes": boxes_field, "l": gp.fields.Array("labels.npy")}
+            source = gp.WebDataset(w.shards, fields=fields)
+            (batch,) = _batches(source, [T.CenterCrop(SIZE)], batch_size=1, backend=backend)
+            assert batch["l"][0].tolist() == kept, min_area
+            assert batch["boxes"][0].tolist() == boxes[kept].tolist()
+
     def test_formats_are_kept(self, box_shards):
         """The same four numbers read as XYWH: flipped as XYWH boxes (x' = W - x - w), and given
         back as XYWH."""
@@ -201,7 +219,8 @@ class TestBadBoxes:
 
     def test_options_refused(self):
         refused: list[tuple[dict, str]] = [(dict(format="YXYX"), "format"), (dict(min_size=-1), "min_size"),
-                              (dict(labels="not a name"), "labels"), (dict(pad="x"), "pad")]  # fmt: skip
+                              (dict(labels="not a name"), "labels"), (dict(pad="x"), "pad"),
+                              (dict(min_area=-1), "min_area"), (dict(min_area=float("nan")), "min_area")]  # fmt: skip
         for kwargs, match in refused:
             with pytest.raises(gp.ConfigError, match=match):
                 gp.fields.Boxes("boxes.npy", **kwargs)

@@ -95,8 +95,9 @@ class Boxes(Field):
     """Bounding boxes: a ``[K, 4]`` array (``.npy``) or a JSON list of ``[4]`` lists, in pixels of
     the image, laid out as ``format``. They follow every geometric transform of the image with the
     image's draws (torchvision v2's box kernels), are clamped to the output image, and a box left
-    narrower or lower than ``min_size`` is dropped, with the same rows of the ``labels`` field
-    (torchvision's ``SanitizeBoundingBoxes``). Read by every backend, as a :class:`Mask` is.
+    narrower or lower than ``min_size``, or smaller than ``min_area``, is dropped, with the same
+    rows of the ``labels`` field (torchvision's ``SanitizeBoundingBoxes``). Read by every backend,
+    as a :class:`Mask` is.
 
     A batch holds a :class:`Padded` ``(data [B, K, 4] float32, lengths [B, 2])`` (``pad``, default
     0; ``lengths[:, 0]`` each sample's number of boxes), or with ``pad=None`` a list of ``[K, 4]``.
@@ -104,6 +105,8 @@ class Boxes(Field):
     Args:
         format: a :class:`BoxFormat` (default ``"XYXY"``); the output keeps it.
         min_size: the smallest width and height a box keeps (default 1.0, torchvision's).
+        min_area: the smallest area a box keeps (default 1.0, torchvision's): with ``min_size``
+            below 1, a box of no area (such as those ``RandomIoUCrop`` zeroes) still goes.
         labels: the name of the field whose rows (an array's first axis, or a JSON list) go with
             the boxes, dropped with them; ``None``: none.
         pad: as :class:`Array`'s (default 0).
@@ -113,6 +116,7 @@ class Boxes(Field):
     min_size: float = 1.0
     labels: str | None = None
     pad: float | None = 0
+    min_area: float = 1.0
 
     kind: ClassVar[str] = "boxes"
     default_max_bytes: ClassVar[int] = 64 << 20
@@ -126,6 +130,8 @@ class Boxes(Field):
         object.__setattr__(self, "format", valid_enum("Boxes", self.format, "format", BoxFormat))
         if isinstance(self.min_size, bool) or not isinstance(self.min_size, (int, float)) or self.min_size < 0:
             raise ConfigError(f"Boxes: min_size must be a number >= 0, got {self.min_size!r}")
+        if isinstance(self.min_area, bool) or not isinstance(self.min_area, (int, float)) or not self.min_area >= 0:
+            raise ConfigError(f"Boxes: min_area must be a number >= 0, got {self.min_area!r}")
         if self.labels is not None and not (isinstance(self.labels, str) and self.labels.isidentifier()):
             raise ConfigError(f"Boxes: labels must be None or the name of a field, got {self.labels!r}")
         if self.pad is not None and (isinstance(self.pad, bool) or not isinstance(self.pad, (int, float))):

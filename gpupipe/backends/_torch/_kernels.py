@@ -109,12 +109,13 @@ def follow_targets(
     return out, made
 
 
-def boxes_kept(boxes: np.ndarray, fmt: str, min_size: float) -> np.ndarray:
+def boxes_kept(boxes: np.ndarray, fmt: str, min_size: float, min_area: float = 1.0) -> np.ndarray:
     """Which of ``boxes`` (``[K, 4]`` in ``fmt``, clamped to the image) are at least ``min_size``
-    wide and high: torchvision's ``SanitizeBoundingBoxes`` rule. Bool ``[K]``."""
+    wide and high and ``min_area`` large: torchvision's ``SanitizeBoundingBoxes`` rule. Bool ``[K]``."""
     xyxy = F.convert_bounding_box_format(torch.from_numpy(np.ascontiguousarray(boxes)), old_format=fmt,
                                          new_format="XYXY")  # fmt: skip
-    return (((xyxy[:, 2] - xyxy[:, 0]) >= min_size) & ((xyxy[:, 3] - xyxy[:, 1]) >= min_size)).numpy()
+    width, height = xyxy[:, 2] - xyxy[:, 0], xyxy[:, 3] - xyxy[:, 1]
+    return ((width >= min_size) & (height >= min_size) & (width * height >= min_area)).numpy()
 
 
 def _follow(t: T.Transform, target: torch.Tensor, params: Any, geometry: Any) -> torch.Tensor:

@@ -66,10 +66,11 @@ def move_targets(fields: Mapping[str, Field], values: dict[str, Any], transforms
 
 def _sanitize(fields: Mapping[str, Field], values: dict[str, Any], name: str, shard: str, key: str) -> None:
     """torchvision's ``SanitizeBoundingBoxes``: the boxes ``name`` (clamped to the image) narrower
-    or lower than the field's ``min_size`` dropped, with the same rows of its ``labels`` field."""
+    or lower than the field's ``min_size``, or smaller than its ``min_area``, dropped, with the same
+    rows of its ``labels`` field."""
     field = fields[name]
     assert isinstance(field, Boxes)
-    keep = boxes_kept(values[name], BoxFormat(field.format).value, field.min_size)
+    keep = boxes_kept(values[name], BoxFormat(field.format).value, field.min_size, field.min_area)
     values[name] = values[name][keep]
     if field.labels is None or values.get(field.labels) is None:
         return
