@@ -95,6 +95,20 @@ class TestTheRule:
         dali = {"batches": 10, "wait_read_s": 0.005, "wait_graph_s": 0.005, "stage_s": None, **queued}
         assert "3.5 of 4 batches ready" in verdict(stall(0.5), dali, workers=4)["why"]
 
+    def test_the_remedies_name_real_options(self):
+        """Every ``name=``-style option a remedy names is a Loader option (or DaliOptions'): a
+        reader who follows it must find it."""
+        import dataclasses
+        import re
+
+        from gpupipe.loader._verdict import _REMEDY
+
+        options = {f.name for c in (gp.LoaderConfig, gp.DaliOptions) for f in dataclasses.fields(c)}
+        named = {name for remedy in _REMEDY.values() for name in re.findall(r"\b[a-z]+(?:_[a-z]+)+\b", remedy)}
+        assert named and named <= options, named - options
+        got = verdict(stall(0.6), times(read=0.01, decode=0.15), workers=2)
+        assert got["bound"] == "decode" and "max_image_pixels" in got["remedy"]
+
     def test_a_backend_without_stage_times(self):
         got = verdict(stall(0.5), {"batches": 0, "stage_s": None}, workers=8)
         assert got["bound"] == "loader" and "gpupipe tune" in got["remedy"]

@@ -161,7 +161,7 @@ _REMEDY = {
     "storage": "faster storage for the shards: local disk, or for remote shards the node cache and shards_ahead "
     "(docs: Remote data and the cache); more workers hide latency (num_workers, gpupipe tune)",
     "decode": "decode on the GPU (backend='dali', device='cuda': nvJPEG, the hardware decoder on A100/H100), or "
-    "more workers (num_workers, gpupipe tune); max_pixels refuses oversized images",
+    "more workers (num_workers, gpupipe tune); max_image_pixels refuses oversized images",
     "transforms": "run the per-sample augmentation on the GPU (the device stage: device='cuda'), crop before "
     "heavy steps, or more workers (num_workers, gpupipe tune)",
     "collate": "smaller outputs per batch, or more workers (num_workers, gpupipe tune)",
