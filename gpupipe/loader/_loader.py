@@ -50,8 +50,8 @@ class Loader(LoaderAttributes, Observed, Resumable):
             (its docstring describes each): ``shuffle``, ``drop_last``, ``seed``, ``backend``,
             ``device``, ``num_workers``, ``prefetch``, ``shuffle_buffer``, ``interleave``,
             ``repeats``, ``shards_ahead``, ``rank``, ``world_size``, ``memory_format``, ``dali``, ``ray``,
-            ``on_error``, ``max_skipped``, ``max_image_pixels``, ``apply_exif_orientation``,
-            ``worker_timeout``.
+            ``on_error``, ``max_skipped``, ``max_image_pixels``, ``max_image_bytes``,
+            ``apply_exif_orientation``, ``worker_timeout``, ``stage``.
 
     Batches: iterating yields :class:`Batch` objects, which unpack as ``images, labels``
     (``images`` ``[B, C, H, W]`` of the pipeline's output dtype and ``labels`` ``[B]`` int64, both

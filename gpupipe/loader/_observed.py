@@ -92,8 +92,8 @@ class Observed(Trained):
         device stage's host time: ``stage_s``; ``None`` where not timed). ``bound``: what limits
         the loader now and the change that would help, ``{"bound", "stall", "why", "remedy"}``,
         ``bound`` one of ``model`` (no stall), ``storage``, ``decode``, ``transforms``,
-        ``collate``, ``stage``, ``main`` (the training thread's share) and ``loader`` (a backend
-        without per-stage times) (``gpupipe.loader._verdict``). ``labels``: with ``shuffle=True``,
+        ``collate``, ``graph`` (DALI's graph), ``stage``, ``main`` (the training thread's share) and
+        ``loader`` (a backend without per-stage times) (``gpupipe.loader._verdict``). ``labels``: with ``shuffle=True``,
         the first epoch's first batches' distinct labels on average against a full shuffle's
         (``distinct``, ``expected``, ``ratio``; under 0.5 a warning: shards sorted by label), or
         ``None``.
