@@ -254,7 +254,8 @@ class TestRandomSampling:
         np.testing.assert_allclose(ours, theirs, atol=0.05)
 
     @pytest.mark.parametrize(
-        "scale, ratio", [((0.08, 1.0), (3 / 4, 4 / 3)), ((0.9, 1.0), (2.0, 3.0)), ((0.5, 2.0), (0.1, 0.2))]
+        "scale, ratio",
+        [((0.08, 1.0), (3 / 4, 4 / 3)), ((0.9, 1.0), (2.0, 3.0)), ((0.5, 2.0), (0.1, 0.2)), ((0.9, 1.0), (2.0, 2.5))],
     )
     def test_windows_are_the_reference_windows(self, scale, ratio):
         """The graph's float64 arithmetic (where only the graph knows the size: EXIF orientation)
@@ -275,6 +276,8 @@ class TestRandomSampling:
             (500, 375),
             (3, 700),
             (700, 3),
+            (100, 5),  # the fallback's side a tie (5 / 2, 5 * 2.5): rounded half to even
+            (5, 100),
         ]
         sizes += [(int(rng.integers(1, 700)), int(rng.integers(1, 700))) for _ in range(25)]
         images = [encode_jpeg(np.zeros((h, w, 3), np.uint8)) for h, w in sizes] * 4

@@ -12,6 +12,7 @@ from torchvision.transforms import v2
 
 import gpupipe as gp
 from gpupipe import transforms as T
+from gpupipe.core._geometry import resized_crop_windows
 
 from .support.checkers import (
     AddMult,
@@ -92,6 +93,19 @@ class TestRandomResizedCrop:
     def test_fallback_is_central_crop(self):
         t = T.RandomResizedCrop(8, scale=(5.0, 6.0))  # never fits: torchvision's central fallback
         assert drawn_params(t, 100, 400, 1)[0] == (0, 133, 100, 133)
+
+    @pytest.mark.parametrize("size, ratio", [((100, 5), (2.0, 4.0)), ((377, 500), (0.25, 0.5)),
+                                             ((5, 100), (2.0, 2.5))])  # fmt: skip
+    def test_fallback_rounds_half_to_even(self, size, ratio):
+        """No attempt fits: the central crop's side is rounded as torchvision rounds it, half to
+        even (``W / ratio`` is a tie for an odd side and a ratio of 2), on every backend's window."""
+        t = T.RandomResizedCrop(8, scale=(0.9, 1.0), ratio=ratio)
+        tv = v2.RandomResizedCrop(8, scale=(0.9, 1.0), ratio=ratio)
+        p = tv.make_params([torch.empty(3, *size)])
+        expected = [p["top"], p["left"], p["height"], p["width"]]
+        assert list(drawn_params(t, size[0], size[1], 1)[0]) == expected
+        factors = t.sample(np.random.default_rng(0).random((4, t.draws)))  # the DALI runner's, per batch
+        assert resized_crop_windows(size[0], size[1], factors).tolist() == [expected] * 4
 
 
 class TestRandomResize:

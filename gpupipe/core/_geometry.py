@@ -177,8 +177,9 @@ def resized_crop_window(
       0.5)``; the first with ``0 < w <= W`` and ``0 < h <= H`` wins (torchvision rounds
       ``sqrt(H * W * s * r)`` half to even: the two differ only on exact ties), at ``top =
       floor(u_top * (H - h + 1))``, ``left = floor(u_left * (W - w + 1))``;
-    - if none fits, the largest central crop within ``ratio``: ``h = min(H, floor(W / ratio[0] +
-      0.5))``, ``w = min(W, floor(H * ratio[1] + 0.5))``, at ``((H - h) // 2, (W - w) // 2)``.
+    - if none fits, the largest central crop within ``ratio``: ``h = min(H, round(W / ratio[0]))``,
+      ``w = min(W, round(H * ratio[1]))``, rounded half to even as torchvision rounds them (ties
+      are common here: an odd side over a ratio of 2), at ``((H - h) // 2, (W - w) // 2)``.
     """
     n = ATTEMPTS
     sqa = math.sqrt(float(height * width))
@@ -189,8 +190,8 @@ def resized_crop_window(
             top = math.floor(factors[2 * n] * float(height - h + 1))
             left = math.floor(factors[2 * n + 1] * float(width - w + 1))
             return top, left, h, w
-    h = min(height, math.floor(width / ratio[0] + 0.5))
-    w = min(width, math.floor(height * ratio[1] + 0.5))
+    h = min(height, round(width / ratio[0]))
+    w = min(width, round(height * ratio[1]))
     return (height - h) // 2, (width - w) // 2, h, w
 
 
@@ -210,8 +211,8 @@ def resized_crop_windows(height: Any, width: Any, factors: np.ndarray) -> np.nda
     fits = (ws >= 1.0) & (ws <= w[:, None]) & (hs >= 1.0) & (hs <= h[:, None])
     found = fits.any(axis=1)
     rows, first = np.arange(batch), fits.argmax(axis=1)
-    ch = np.where(found, hs[rows, first], np.minimum(h, np.floor(w / factors[:, 2 * n + 2] + 0.5))).astype(np.int64)
-    cw = np.where(found, ws[rows, first], np.minimum(w, np.floor(h * factors[:, 2 * n + 3] + 0.5))).astype(np.int64)
+    ch = np.where(found, hs[rows, first], np.minimum(h, np.round(w / factors[:, 2 * n + 2]))).astype(np.int64)
+    cw = np.where(found, ws[rows, first], np.minimum(w, np.round(h * factors[:, 2 * n + 3]))).astype(np.int64)
     top = np.where(found, np.floor(factors[:, 2 * n] * (h - ch + 1).astype(np.float64)), (h - ch) // 2)
     left = np.where(found, np.floor(factors[:, 2 * n + 1] * (w - cw + 1).astype(np.float64)), (w - cw) // 2)
     return np.stack([top.astype(np.int64), left.astype(np.int64), ch, cw], axis=1)

@@ -74,8 +74,8 @@ def _graph_crop_window(ctx: Ctx, factors: Any, height: Any, width: Any) -> tuple
     """``gpupipe.core._geometry.resized_crop_window`` on graph nodes: int32 ``(top, left, h, w)`` per
     sample, from the step's factors (the ratio bounds come last, as float64 data) and the image's
     int32 ``height``/``width``. The same float64 operations in the same order, the attempts as
-    ``[ATTEMPTS]`` vectors; the only constants are 0.5 and 1.0, exact in the float32 DALI keeps
-    constants in."""
+    ``[ATTEMPTS]`` vectors; the only constants are 0.5, 1.0 and 2.0, exact in the float32 DALI
+    keeps constants in."""
     from nvidia.dali import math as dmath
 
     fn, types, n = ctx.fn, ctx.types, ATTEMPTS
@@ -85,6 +85,12 @@ def _graph_crop_window(ctx: Ctx, factors: Any, height: Any, width: Any) -> tuple
 
     def i32(x: Any) -> Any:
         return fn.cast(x, dtype=types.INT32)
+
+    def rounded(x: Any) -> Any:
+        """``round(x)``, half to even (the fallback's, as torchvision's): ``floor(x + 0.5)``, less
+        one on a tie (``r - x`` is exact) that went to an odd number."""
+        r = dmath.floor(x + 0.5)
+        return r - f64((r - x == 0.5) & (r * 0.5 != dmath.floor(r * 0.5)))
 
     hf, wf = f64(height), f64(width)
     sqa = dmath.sqrt(hf * wf)
@@ -96,10 +102,10 @@ def _graph_crop_window(ctx: Ctx, factors: Any, height: Any, width: Any) -> tuple
     chosen = i32(attempt == first)
     found = i32(first < n)
     h = found * i32(fn.reductions.sum(i32(hs) * chosen)) + (1 - found) * dmath.min(
-        height, i32(dmath.floor(wf / factors[2 * n + 2] + 0.5))
+        height, i32(rounded(wf / factors[2 * n + 2]))
     )
     w = found * i32(fn.reductions.sum(i32(ws) * chosen)) + (1 - found) * dmath.min(
-        width, i32(dmath.floor(hf * factors[2 * n + 3] + 0.5))
+        width, i32(rounded(hf * factors[2 * n + 3]))
     )
     top = found * i32(dmath.floor(factors[2 * n] * f64(height - h + 1))) + (1 - found) * ((height - h) // 2)
     left = found * i32(dmath.floor(factors[2 * n + 1] * f64(width - w + 1))) + (1 - found) * ((width - w) // 2)
