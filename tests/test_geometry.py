@@ -237,3 +237,21 @@ def test_a_too_small_sample_names_itself_on_every_backend(backend, tmp_path, wor
     padded = gp.Pipeline(w.shards, [T.RandomCrop(50, pad_if_needed=True), T.ToDtype(torch.float32, scale=True)])
     images, _ = next(iter(backend.loader(padded, 2, num_workers=0)))
     assert images.shape == (2, 3, 50, 50)
+
+
+def test_a_reflecting_pad_too_large_names_the_sample(tmp_path):
+    """``padding_mode="reflect"`` pads less than each side (torch's reflection): a thinner image
+    is a too-small sample naming itself (skipped under ``on_error="skip"``), not a torch
+    RuntimeError ending the epoch. DALI refuses the mode when the loader is built."""
+    with gp.ShardWriter(str(tmp_path / "thin-%d.tar")) as w:
+        w.write("big", {"jpg": encode_jpeg(synthetic_image(0, size=(40, 40))), "cls": 0})
+        w.write("thin", {"jpg": encode_jpeg(np.full((3, 40, 3), 100, np.uint8)), "cls": 1})
+    pipe = gp.Pipeline(w.shards, [T.RandomCrop(8, padding=4, padding_mode="reflect")])
+    with pytest.raises(
+        gp.SampleError, match=r"sample 'thin' .*\(3x40\): RandomCrop: padding .* padding_mode='reflect'"
+    ) as info:
+        list(gp.Loader(pipe, batch_size=2, backend="torch", num_workers=0))
+    assert (info.value.key, info.value.shard) == ("thin", w.shards[0])
+    with gp.Loader(pipe, batch_size=2, backend="torch", num_workers=0, on_error="skip", max_skipped=0.5) as loader:
+        assert len(list(loader)) == 1
+        assert [(s.key, s.kind) for s in loader.skipped] == [("thin", "too-small")]

@@ -3,6 +3,7 @@ parameters (torch backend), and parameter sampling against torchvision's."""
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -22,6 +23,7 @@ from .support.checkers import (
     check_torchvision_signature,
     check_transform,
     drawn_params,
+    run_torch,
     spec_of,
 )
 
@@ -290,6 +292,34 @@ class TestRandomCrop:
     def test_too_small_image_is_an_error(self):
         with pytest.raises(ValueError, match="pad_if_needed"):
             drawn_params(T.RandomCrop(200), 120, 160, 1)
+
+    @pytest.mark.parametrize("padding_mode", ["reflect", "symmetric", "edge"])
+    def test_reflecting_pad_too_large_is_too_small(self, padding_mode):
+        """A reflecting pad larger than the image allows fails in torchvision (torch's "reflect"
+        pads less than the side, "symmetric" at most the side): here the sample is too small (a
+        ``TooSmall``, made a SampleError naming it), decided before any kernel runs, exactly
+        where torchvision's own fails."""
+        from gpupipe.core._geometry import TooSmall
+
+        sizes = [(1, 1), (3, 5), (4, 4), (6, 2)]
+        paddings: list[dict] = [dict(padding=3), dict(padding=(1, 4)), dict(pad_if_needed=True)]
+        for (h, w), kwargs in itertools.product(sizes, paddings):
+            t, tv = (
+                T.RandomCrop(6, padding_mode=padding_mode, **kwargs),
+                v2.RandomCrop(6, padding_mode=padding_mode, **kwargs),
+            )
+            image = torch.arange(3 * h * w, dtype=torch.uint8).reshape(3, h, w)
+            try:
+                expected = tv(image)
+            except (RuntimeError, IndexError, ValueError):
+                expected = None
+            try:
+                params = drawn_params(t, h, w, 1)[0]
+            except TooSmall:
+                assert expected is None, (h, w, kwargs)
+                continue
+            assert expected is not None, (h, w, kwargs, params)
+            assert tuple(run_torch(t, image, params).shape) == (3, 6, 6)
 
 
 class TestRandomHorizontalFlip:

@@ -335,6 +335,9 @@ class RandomCrop(Transform):
             an image is an error (a ``SampleError`` naming the sample, on every backend).
         fill: constant fill value for ``padding_mode="constant"``: a number, or one per channel.
         padding_mode: ``"constant"`` (default), ``"edge"``, ``"reflect"`` or ``"symmetric"``.
+            The reflecting modes take their pixels from the image: an image no larger than the
+            padding (``"reflect"``) or smaller than it (``"symmetric"``) is too small, as in
+            torchvision.
 
     Shapes: ``[C, H, W] -> [C, size[0], size[1]]``.
     """
@@ -393,6 +396,15 @@ class RandomCrop(Transform):
         left, right, pw = crop_padding(width, left, right, cw, self.pad_if_needed)
         if ph < ch or pw < cw:  # torchvision raises too; the DALI backend reports the same error
             raise TooSmall(crop_too_large((ch, cw), (ph, pw), padding=self.padding is not None))
+        # reflecting pads take their pixels from the image: torch's "reflect" at most side - 1 of
+        # them, torchvision's "symmetric" at most side (it fails on more, as torchvision does)
+        most = {"reflect": 1, "symmetric": 0}.get(self.padding_mode)
+        if most is not None and (max(top, bottom) > height - most or max(left, right) > width - most):
+            raise TooSmall(
+                f"RandomCrop: padding (left, top, right, bottom) {(left, top, right, bottom)} with "
+                f"padding_mode={self.padding_mode!r} is larger than this {height}x{width} image allows "
+                f"({'less than' if most else 'at most'} its side, each)"
+            )
         # the window starts uniformly in [0, padded - crop]: floor(u * (padded - crop + 1))
         y, x = (crop_start(float(u), room) for u, room in zip(factors, (ph - ch + 1, pw - cw + 1), strict=True))
         return RandomCropParams((left, top, right, bottom), y, x, ch, cw)
