@@ -114,6 +114,23 @@ class TestParity:
         unit = 1.0 if unscaled else NORMALIZED if isinstance(steps[-1], T.Normalize) else None
         check_backend_parity(steps, photos, device=device, unit=unit)
 
+    @pytest.mark.parametrize("dtype", [torch.float16, torch.float64])
+    def test_geometry_on_float16_and_float64_images(self, device, dtype):
+        """DALI's resize and warp_affine take uint8 and float32 images only, its CPU flip no
+        float16, crop_mirror_normalize no float64: such an image goes through them in float32 and
+        comes back in its dtype, as the torch backend keeps it (was: DALI failed the batch)."""
+        images = [encode_jpeg(synthetic_image(i, size=s)) for i, s in enumerate([(60, 80), (80, 60)])]
+        to = T.ToDtype(dtype, scale=True)
+        for steps in (
+            [to, T.Resize(24), T.CenterCrop(16)],
+            [to, T.RandomResize(10, 20), T.RandomCrop(8)],
+            [to, T.CenterCrop(16), T.RandomRotation(20)],
+            [to, T.CenterCrop(16), T.RandomAffine(20, interpolation="bilinear", fill=(0.5, 0.2, 0.1))],
+            [to, T.CenterCrop(16), T.RandomHorizontalFlip(1.0), T.RandomVerticalFlip(1.0)],
+            [to, T.CenterCrop(16), T.RandomHorizontalFlip(1.0), T.ToDtype(torch.float32)],
+        ):
+            check_backend_parity(steps, images, device=device)
+
     @pytest.mark.parametrize("blur", [T.GaussianBlur(5, sigma=1.0), T.GaussianBlur((3, 9), sigma=2.0)])
     def test_gaussian_blur(self, device, photos, blur):
         check_backend_parity([blur], photos, device=device)

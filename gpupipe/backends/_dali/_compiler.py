@@ -300,6 +300,8 @@ def _crop_mirror_normalize(steps: list[tuple[int, T.Transform]], img: Any, ctx: 
     to_dtype = next((t for t in tail if isinstance(t, T.ToDtype)), None)
     norm = next((t for t in tail if isinstance(t, T.Normalize)), None)
     scale = 255.0 if to_dtype is not None and to_dtype.scale and ctx.dtype == torch.uint8 else 1.0
+    if ctx.dtype == torch.float64:  # crop_mirror_normalize takes no float64 image: float32 (its output's)
+        img = fn.cast(img, dtype=types.FLOAT, device=ctx.device)
     mean = [m * scale for m in norm.mean] if norm else [0.0]
     std = [s * scale for s in norm.std] if norm else [scale]
     return fn.crop_mirror_normalize(

@@ -34,7 +34,7 @@ from ...transforms._detection import zoom_out_padding
 from ._context import LOWERINGS, Ctx, dali_type, scaled_to_uint8, to_float
 from ._host import HostValue, box_window
 
-__all__ = ["crop_window", "resize", "relative_position", "BUILTIN"]
+__all__ = ["crop_window", "resize", "in_float32", "relative_position", "BUILTIN"]
 
 
 def _interp(ctx: Ctx, mode: T.InterpolationMode | str) -> Any:
@@ -47,17 +47,27 @@ def _interp(ctx: Ctx, mode: T.InterpolationMode | str) -> Any:
     }[T.InterpolationMode(mode)]
 
 
+def in_float32(ctx: Ctx, img: Any, op: Any, takes: tuple[torch.dtype, ...] = (torch.uint8, torch.float32)) -> Any:
+    """``op(img)`` for a DALI operator that ``takes`` only some image dtypes (``resize`` and
+    ``warp_affine``: uint8 and float32; the CPU ``flip``: no float16): an image of another goes
+    through it in float32 and comes back in its own dtype."""
+    if ctx.dtype in takes:
+        return op(img)
+    out = op(ctx.fn.cast(img, dtype=ctx.types.FLOAT, device=ctx.device))
+    return ctx.fn.cast(out, dtype=dali_type(ctx, ctx.dtype), device=ctx.device)
+
+
 def resize(ctx: Ctx, img: Any, h: Any, w: Any, interpolation: T.InterpolationMode | str, antialias: bool) -> Any:
     """``img`` resized to ``h`` x ``w`` (ints, host values or graph nodes: exact integer sizes)."""
     types = ctx.types
-    return ctx.fn.resize(
-        img,
+    return in_float32(ctx, img, lambda x: ctx.fn.resize(
+        x,
         device=ctx.device,
         size=ctx.arg_vector([h, w], np.float32),
         interp_type=_interp(ctx, interpolation),
         antialias=antialias,
         dtype=types.UINT8 if ctx.dtype == torch.uint8 else types.FLOAT,
-    )
+    ))  # fmt: skip
 
 
 def crop_window(ctx: Ctx, height: Any, width: Any) -> tuple[Any, Any, Any, Any]:
@@ -271,12 +281,18 @@ def _random_crop(t: T.RandomCrop, img: Any, ctx: Ctx) -> Any:
 
 @LOWERINGS.register(T.RandomHorizontalFlip)
 def _hflip(t: T.RandomHorizontalFlip, img: Any, ctx: Ctx) -> Any:
-    return ctx.fn.flip(img, device=ctx.device, vertical=0, horizontal=ctx.decision())
+    return _flip(ctx, img, vertical=0, horizontal=ctx.decision())
 
 
 @LOWERINGS.register(T.RandomVerticalFlip)
 def _vflip(t: T.RandomVerticalFlip, img: Any, ctx: Ctx) -> Any:
-    return ctx.fn.flip(img, device=ctx.device, horizontal=0, vertical=ctx.decision())
+    return _flip(ctx, img, horizontal=0, vertical=ctx.decision())
+
+
+def _flip(ctx: Ctx, img: Any, **axes: Any) -> Any:
+    """DALI's ``flip`` along ``axes``; a float16 image (which its CPU flip does not take) in float32."""
+    return in_float32(ctx, img, lambda x: ctx.fn.flip(x, device=ctx.device, **axes),
+                      takes=(torch.uint8, torch.float32, torch.float64))  # fmt: skip
 
 
 def _to_dtype_unsupported(t: T.ToDtype) -> str | None:

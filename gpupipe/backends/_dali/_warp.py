@@ -12,7 +12,7 @@ from ... import transforms as T
 from ...core._geometry import affine_matrices, rotation_matrices
 from ._context import LOWERINGS, Ctx, dali_type
 from ._host import HostValue
-from ._lowerings import _host_size
+from ._lowerings import _host_size, in_float32
 
 __all__ = ["warp", "PAD_FOR_ZEROS"]
 
@@ -82,7 +82,9 @@ def warp(ctx: Ctx, img: Any, matrices: HostValue, fill: Any, *, nearest: bool, s
         # torchvision without a fill samples zeros outside (as DALI's fill 0); nearest with one
         # value is DALI's own fill
         value = 0.0 if fill is None else float(fill[0] if isinstance(fill, tuple) else fill)
-        return _warp_filled(ctx, img, matrices, size, nearest=nearest, value=value)
+        return in_float32(ctx, img, lambda x: _warp_filled(ctx, x, matrices, size, nearest=nearest, value=value))
+    if ctx.dtype not in (torch.uint8, torch.float32):  # float16 or float64: warped in float32, cast back below
+        img = fn.cast(img, dtype=types.FLOAT, device=ctx.device)
     fills = tuple(fill) if isinstance(fill, tuple) else (float(fill),)
     uint8 = ctx.dtype == torch.uint8
     one = 255 if uint8 else 1.0
