@@ -107,6 +107,8 @@ class TestParity:
             [T.ToDtype(torch.float32)],
             [T.ToDtype(torch.float32, scale=True), T.Normalize(**IMAGENET)],
             [T.ToDtype(torch.float32, scale=True), T.GaussianBlur(3, sigma=1.0), T.Normalize(**IMAGENET)],
+            [T.ToDtype(torch.float16, scale=True), T.Resize(24), T.Normalize(**IMAGENET)],  # float16 kept
+            [T.ToDtype(torch.float64, scale=True), T.Resize(24), T.Normalize(**IMAGENET)],  # float64 kept
         ],
     )
     def test_dtype_and_normalize(self, device, photos, steps):

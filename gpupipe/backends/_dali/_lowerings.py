@@ -313,10 +313,12 @@ def _to_dtype(t: T.ToDtype, img: Any, ctx: Ctx) -> Any:
 
 @LOWERINGS.register(T.Normalize)
 def _normalize(t: T.Normalize, img: Any, ctx: Ctx) -> Any:
+    """``crop_mirror_normalize``, in the image's dtype (float16 or float32; a float64 image in float32)."""
     mean, std = list(t.mean) * (3 // len(t.mean)), list(t.std) * (3 // len(t.std))
-    return ctx.fn.crop_mirror_normalize(
-        img, device=ctx.device, mean=mean, std=std, output_layout="HWC", dtype=ctx.types.FLOAT
-    )
+    dtype = ctx.types.FLOAT16 if ctx.dtype == torch.float16 else ctx.types.FLOAT
+    return in_float32(ctx, img, lambda x: ctx.fn.crop_mirror_normalize(
+        x, device=ctx.device, mean=mean, std=std, output_layout="HWC", dtype=dtype
+    ), takes=(torch.float16, torch.float32))  # fmt: skip
 
 
 @LOWERINGS.register(T.Arithmetic)
