@@ -81,6 +81,8 @@ class TestParity:
             [T.CenterCrop(600)],
             [T.CenterCrop(225), T.ToDtype(torch.float32, scale=True)],  # fused into crop_mirror_normalize
             [T.CenterCrop(600), T.ToDtype(torch.float32, scale=True)],  # fused, padded
+            [T.CenterCrop(600), T.ToDtype(torch.float32, scale=True), T.Normalize(**IMAGENET)],  # padding normalized
+            [T.CenterCrop(600), T.ToDtype(torch.float32, scale=True), T.Normalize(mean=[0.5], std=[0.2, 0.25, 0.3])],
         ],
     )
     def test_center_crop_is_exact(self, device, photos, steps):

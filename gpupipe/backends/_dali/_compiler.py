@@ -291,7 +291,6 @@ def _crop_mirror_normalize(steps: list[tuple[int, T.Transform]], img: Any, ctx: 
             kwargs.update(
                 crop=list(t.size),
                 out_of_bounds_policy="pad",
-                fill_values=0.0,
                 crop_pos_y=relative_position(ctx, top, h - t.size[0]),
                 crop_pos_x=relative_position(ctx, left, w - t.size[1]),
             )
@@ -304,6 +303,10 @@ def _crop_mirror_normalize(steps: list[tuple[int, T.Transform]], img: Any, ctx: 
         img = fn.cast(img, dtype=types.FLOAT, device=ctx.device)
     mean = [m * scale for m in norm.mean] if norm else [0.0]
     std = [s * scale for s in norm.std] if norm else [scale]
+    if "crop" in kwargs:  # the padding, in the output's units: the crop's zeros normalized as the pixels
+        n = max(len(mean), len(std))  # (DALI wants the three of one length)
+        mean, std = mean * (n // len(mean)), std * (n // len(std))
+        kwargs["fill_values"] = [(0.0 - m) / s for m, s in zip(mean, std, strict=True)]
     return fn.crop_mirror_normalize(
         img,
         device=ctx.device,
