@@ -222,6 +222,11 @@ class TestParity:
     def test_grayscale(self, device, photos):
         check_backend_parity([T.RandomGrayscale(p=1.0)], photos, device=device)
 
+    @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+    def test_grayscale_of_a_float_image(self, device, photos, dtype):
+        """A float image stays float (DALI's ``hsv`` gives uint8 unless told)."""
+        check_backend_parity([T.ToDtype(dtype, scale=True), T.RandomGrayscale(p=0.5)], photos, device=device)
+
     @pytest.mark.parametrize(
         "steps",
         [

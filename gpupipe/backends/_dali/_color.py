@@ -191,7 +191,7 @@ def _color_twist(t: T.ColorJitter, img: Any, ctx: Ctx) -> Any:
 @LOWERINGS.register(T.RandomGrayscale)
 def _grayscale(t: T.RandomGrayscale, img: Any, ctx: Ctx) -> Any:
     keep = ctx.arg(1.0 - ctx.host_random()[0], np.float32)
-    return ctx.fn.hsv(img, device=ctx.device, saturation=keep)
+    return ctx.fn.hsv(img, device=ctx.device, saturation=keep, dtype=dali_type(ctx, ctx.dtype))  # (default: uint8)
 
 
 @LOWERINGS.register(T.GaussianBlur)
