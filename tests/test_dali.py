@@ -111,6 +111,10 @@ class TestParity:
             [T.ToDtype(torch.float32, scale=True), T.GaussianBlur(3, sigma=1.0), T.Normalize(**IMAGENET)],
             [T.ToDtype(torch.float16, scale=True), T.Resize(24), T.Normalize(**IMAGENET)],  # float16 kept
             [T.ToDtype(torch.float64, scale=True), T.Resize(24), T.Normalize(**IMAGENET)],  # float64 kept
+            [T.ToDtype(torch.float16, scale=True), T.GaussianBlur(3, sigma=1.0), T.Normalize(**IMAGENET)],  # float16
+            [T.ToDtype(torch.float64, scale=True), T.Normalize(**IMAGENET)],  # float64, not crop_mirror_normalize's
+            # a fused tail on a float64 image
+            [T.ToDtype(torch.float64, scale=True), T.GaussianBlur(3), T.ToDtype(torch.float32), T.Normalize([0], [1])],
         ],
     )
     def test_dtype_and_normalize(self, device, photos, steps):
@@ -222,7 +226,7 @@ class TestParity:
     def test_grayscale(self, device, photos):
         check_backend_parity([T.RandomGrayscale(p=1.0)], photos, device=device)
 
-    @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+    @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.float64])
     def test_grayscale_of_a_float_image(self, device, photos, dtype):
         """A float image stays float (DALI's ``hsv`` gives uint8 unless told)."""
         check_backend_parity([T.ToDtype(dtype, scale=True), T.RandomGrayscale(p=0.5)], photos, device=device)

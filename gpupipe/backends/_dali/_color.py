@@ -31,6 +31,7 @@ from ...transforms._apply import RandomChoice as SampleChoice
 from .._registry import inner_unsupported
 from ._context import LOWERINGS, Ctx, dali_type, scaled_to_uint8, to_float, where
 from ._host import HostValue
+from ._lowerings import in_float32
 
 __all__: list[str] = []
 
@@ -191,7 +192,9 @@ def _color_twist(t: T.ColorJitter, img: Any, ctx: Ctx) -> Any:
 @LOWERINGS.register(T.RandomGrayscale)
 def _grayscale(t: T.RandomGrayscale, img: Any, ctx: Ctx) -> Any:
     keep = ctx.arg(1.0 - ctx.host_random()[0], np.float32)
-    return ctx.fn.hsv(img, device=ctx.device, saturation=keep, dtype=dali_type(ctx, ctx.dtype))  # (default: uint8)
+    dtype = dali_type(ctx, torch.float32 if ctx.dtype == torch.float64 else ctx.dtype)  # (hsv's default: uint8)
+    return in_float32(ctx, img, lambda x: ctx.fn.hsv(x, device=ctx.device, saturation=keep, dtype=dtype),
+                      takes=(torch.uint8, torch.float16, torch.float32))  # (hsv takes no float64)  # fmt: skip
 
 
 @LOWERINGS.register(T.GaussianBlur)
