@@ -276,8 +276,9 @@ def autocontrasted(ctx: Ctx, img: Any) -> Any:
 
     fn, types = ctx.fn, ctx.types
     bound = 255.0 if ctx.dtype == torch.uint8 else 1.0
-    # uint8 stays uint8 up to the division (DALI promotes it there, exactly as a cast would)
-    x = fn.cast(img, dtype=types.FLOAT, device=ctx.device) if ctx.dtype == torch.float16 else img
+    # uint8 stays uint8 up to the division (DALI promotes it there, exactly as a cast would); float16
+    # and float64 in float32 (DALI's reductions take neither)
+    x = fn.cast(img, dtype=types.FLOAT, device=ctx.device) if ctx.dtype in (torch.float16, torch.float64) else img
     low = fn.reductions.min(x, axis_names="HW", keep_dims=True, device=ctx.device)
     high = fn.reductions.max(x, axis_names="HW", keep_dims=True, device=ctx.device)
     flat = high == low  # a flat channel: torchvision's min 0 and scale 1, which give its value back
@@ -310,8 +311,9 @@ def sharpened(ctx: Ctx, img: Any, alpha: Any) -> Any:
     bound = 255.0 if ctx.dtype == torch.uint8 else 1.0
     height, width = ctx.shape(img)
     ops = ctx.ops(height, width)
-    # uint8 stays uint8: DALI promotes it to float32 where it meets the float smoothing, exactly as a cast would
-    x = fn.cast(img, dtype=types.FLOAT, device=ctx.device) if ctx.dtype == torch.float16 else img
+    # uint8 stays uint8: DALI promotes it to float32 where it meets the float smoothing, exactly as a cast would;
+    # float16 and float64 in float32 (DALI's filter takes neither)
+    x = fn.cast(img, dtype=types.FLOAT, device=ctx.device) if ctx.dtype in (torch.float16, torch.float64) else img
     kernel = ctx.local(fn.constant(fdata=_SMOOTH.ravel().tolist(), shape=[3, 3]))  # (a branch's samples, inside one)
     if ctx.dtype == torch.uint8:
         # filtered in uint8: DALI rounds half away from zero where torch rounds half to even, but
@@ -399,9 +401,8 @@ def _photometric(t: T.RandomPhotometricDistort, img: Any, ctx: Ctx) -> Any:
         hued = ctx.arg(HostValue(lambda a: (~np.isnan(a[:, 3])).astype(np.float32), f), np.float32)
         x = where(hued, _hue(ctx, x, factor(3, 0.0)), x)
     x = _blend(ctx, x, fn.reductions.mean(luma(ctx, x)), factor(1, 1.0, lambda a: a[:, 4] != 0))
-    out = fn.cast(x, device=ctx.device, dtype=dali_type(ctx, ctx.dtype))
     if ctx.channels != 3:
-        return out
+        return fn.cast(x, device=ctx.device, dtype=dali_type(ctx, ctx.dtype))
 
     def matrices(a: np.ndarray) -> np.ndarray:
         order = np.where(a[:, 5:6] != 0, a[:, 6:9], np.arange(3.0)).astype(np.int64)  # identity where off
@@ -409,4 +410,5 @@ def _photometric(t: T.RandomPhotometricDistort, img: Any, ctx: Ctx) -> Any:
 
     m = fn.reshape(ctx.arg_vector([HostValue(lambda a, k=k: matrices(a)[:, k], f) for k in range(9)], np.float32),
                    shape=[3, 3])  # fmt: skip
-    return fn.coord_transform(out, M=m, dtype=dali_type(ctx, ctx.dtype), device=ctx.device)
+    permuted = fn.coord_transform(x, M=m, dtype=ctx.types.FLOAT, device=ctx.device)  # (it takes no float16)
+    return fn.cast(permuted, device=ctx.device, dtype=dali_type(ctx, ctx.dtype))

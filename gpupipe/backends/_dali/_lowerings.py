@@ -359,7 +359,9 @@ def _random_erasing(t: T.RandomErasing, img: Any, ctx: Ctx) -> Any:
     shape = ctx.arg_vector([box[2], box[3]], np.float32)
     if not t.noise:
         fill = t.value[0] if len(t.value) == 1 else list(t.value)
-        return ctx.fn.erase(img, device=ctx.device, anchor=anchor, shape=shape, axis_names="HW", fill_value=fill)
+        return in_float32(ctx, img, lambda x: ctx.fn.erase(x, device=ctx.device, anchor=anchor, shape=shape,
+                                                           axis_names="HW", fill_value=fill),
+                          takes=(torch.uint8, torch.float16, torch.float32))  # (erase takes no float64)  # fmt: skip
     if not ctx.dtype.is_floating_point:
         raise BackendUnavailableError("RandomErasing(value='random') on the DALI backend takes a float image: put it "
                                       "after ToDtype (and Normalize, as the recipes do)")  # fmt: skip
@@ -370,8 +372,12 @@ def _random_erasing(t: T.RandomErasing, img: Any, ctx: Ctx) -> Any:
     start = ctx.arg_vector([-box[0], -box[1]], np.int32)
     canvas = ctx.fn.slice(noise, start, ctx.arg_vector([height, width], np.int32), axis_names="HW",
                           out_of_bounds_policy="pad", fill_values=0.0, device=ctx.device)  # fmt: skip
-    erased = ctx.fn.erase(img, device=ctx.device, anchor=anchor, shape=shape, axis_names="HW", fill_value=0.0)
-    return ctx.fn.cast(erased + canvas, dtype=dali_type(ctx, ctx.dtype), device=ctx.device)
+
+    def noised(x: Any) -> Any:  # (in float32: DALI's arithmetic takes no float16, its erase no float64)
+        erased = ctx.fn.erase(x, device=ctx.device, anchor=anchor, shape=shape, axis_names="HW", fill_value=0.0)
+        return erased + canvas
+
+    return in_float32(ctx, img, noised, takes=(torch.float32,))
 
 
 def _noise(boxes: np.ndarray, factors: np.ndarray, channels: int, layout: str) -> list[np.ndarray]:
