@@ -31,8 +31,8 @@ class Mask(Field):
     0, which labels the padding as class 0: gpupipe's pads with ``fill``, as every other transform
     does). A batch holds ``[B, H, W]`` (a list where sizes differ). Read by every backend (the DALI
     backend moves it on the host, from the image's header size, exactly as the torch backend does;
-    not with ``apply_exif_orientation=True``). Default ``max_bytes``: 256 MB; the pixel limit of
-    images applies.
+    on no backend with ``apply_exif_orientation=True``: a mask is in the stored image's pixels).
+    Default ``max_bytes``: 256 MB; the pixel limit of images applies.
 
     Args:
         fill: the value brought in by padding (``CenterCrop``'s too), rotation and affine shifts

@@ -15,7 +15,7 @@ from ..backends._base import collecting
 from ..backends._stage import Stage, candidate_tails, require_staged, stage_for
 from ..core._batch import Batch, SkippedSample
 from ..core._config import LoaderConfig, valid_options
-from ..core._errors import ClosedError, ConfigError, GpupipeError
+from ..core._errors import ClosedError, ConfigError, GpupipeError, UnsupportedTransformError
 from ..core._validate import valid_int
 from ..pipeline._pipeline import Pipeline, require_runnable
 from ..plan._indexed import Indexed, index_source, listing_of
@@ -107,6 +107,11 @@ class Loader(LoaderAttributes, Observed, Resumable):
                                    images=images, targets=targets, pipeline=pipeline,
                                    stage=config.stage)  # auto's reasons  # fmt: skip
         require_runnable(pipeline, backend)
+        if config.apply_exif_orientation and targets:
+            raise UnsupportedTransformError(
+                f"Loader: the source's {', '.join(map(repr, targets))} (masks and boxes) are in the pixels of the "
+                "image as stored: not with apply_exif_orientation=True, which may turn the image and leave them behind"
+            )
         self.seed = _dist.shared_seed(config.seed, topo, shuffle=config.shuffle, random_steps=pipeline.random,
                                       device=device)  # fmt: skip
         self.backend, self.device = backend.name, str(device)

@@ -73,12 +73,11 @@ import torch
 
 from ...core._batch import map_tensors
 from ...core._config import DecodeMode
-from ...core._errors import ClosedError, SampleError, UnsupportedTransformError
+from ...core._errors import ClosedError, SampleError
 from ...plan._plan import RankPlan
 from ...runtime._dist import ranks_per_node
 from .._base import QUEUE_DEPTH, QUEUE_READY, READ_BYTES, RawBatch, Runs, RunSpec, donor, fill, in_collection, to_device
 from .._fields import refill
-from .._torch._targets import has_targets
 from ._compiler import Ctx, Lowered
 from ._failures import device_failure, explain_failure
 from ._fallback import Probe
@@ -107,11 +106,6 @@ class DaliRunner:
         out = spec.outputs[0] if spec.outputs else None  # a stand-in mask's size: its image's (one view)
         self._blank = None if out is None or out.height is None or out.width is None else (out.height, out.width)
         self.exif, self.max_pixels = spec.config.apply_exif_orientation, spec.config.max_image_pixels
-        if self.exif and has_targets(self._fields):
-            raise UnsupportedTransformError(
-                "the dali backend moves masks and boxes from each image's size in its header, before "
-                "decoding: not with apply_exif_orientation=True, which may turn it (use backend='torch')"
-            )
         self.decoder_args = spec.config.dali.decoder_args(ranks_per_node=ranks_per_node())
         self.color_twist = spec.config.dali.color_twist
         # How a leading RandomResizedCrop is decoded on the GPU (the CPU graph decodes its region).
