@@ -394,6 +394,42 @@ class TestBmpHeaderPillowRefuses:
             assert "bad" in str(loader.skipped[0].key)
 
 
+class TestEmptyClassFolders:
+    """A class folder without an image file (a copy that failed) is refused, as torchvision's
+    ImageFolder refuses it (``FileNotFoundError``); it was a class without samples, silently."""
+
+    def _tree(self, root, classes):
+        from gpupipe.testing import encode_jpeg, synthetic_image
+
+        for cls, n in classes.items():
+            os.makedirs(os.path.join(root, cls))
+            for i in range(n):
+                with open(os.path.join(root, cls, f"{i}.jpg"), "wb") as f:
+                    f.write(encode_jpeg(synthetic_image(i, size=(16, 16))))
+        with open(os.path.join(root, "b", "notes.txt"), "w") as f:
+            f.write("not an image")
+        return str(root)
+
+    def test_refused_and_named(self, tmp_path):
+        root = self._tree(tmp_path / "tree", {"a": 2, "b": 0, "c": 1, "d": 0})
+        with pytest.raises(gp.ShardError, match=r"class folders 'b', 'd' of .*allow_empty=True"):
+            gp.ImageFolder(root).index()
+        tv = pytest.importorskip("torchvision.datasets")
+        with pytest.raises(FileNotFoundError, match="b, d"):
+            tv.ImageFolder(root)
+
+    def test_allowed_they_are_classes_without_samples(self, tmp_path):
+        import torchvision.datasets
+
+        root = self._tree(tmp_path / "tree", {"a": 2, "b": 0, "c": 1})
+        index = gp.ImageFolder(root, allow_empty=True).index()
+        want = torchvision.datasets.ImageFolder(root, allow_empty=True)
+        assert gp.ImageFolder(root).classes == want.classes == ["a", "b", "c"]
+        assert [index.read(n).label for n in range(len(index))] == [label for _, label in want.samples] == [0, 0, 2]
+        with pytest.raises(gp.ConfigError, match="allow_empty"):
+            gp.ImageFolder(root, allow_empty=1)  # type: ignore[arg-type]
+
+
 class TestImageFolderTree:
     """What a tree may hold and a tar cannot: a FIFO named like an image (an ``open`` would block
     forever), a link to ``/dev/zero`` (a read would never end), a dangling link, a link looping

@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..core._errors import ConfigError, Damage, DataError, Problem, SampleError, ShardError, too_many_bytes
+from ..core._validate import valid_bool
 from ..shards._indexcache import cache_dir
 from ..shards._shard import RawSample, ShardIndex
 from ..storage._base import LocalStorage, Storage
@@ -37,6 +38,8 @@ class ImageFolder(Source):
         root: the tree's root folder.
         extensions: accepted file extensions (lower-case match). Default: torchvision's
             ``IMG_EXTENSIONS``.
+        allow_empty: accept class folders without an image file, as classes with no samples
+            (default ``False``: refused when indexing, as torchvision's ``ImageFolder`` does).
 
     Sample keys are paths relative to ``root`` (``"cat/001.jpg"``). Each class is one shard of
     the index.
@@ -45,11 +48,13 @@ class ImageFolder(Source):
     root: str
     _: dataclasses.KW_ONLY
     extensions: tuple[str, ...] = IMG_EXTENSIONS
+    allow_empty: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "root", os.fspath(self.root))
         if not os.path.isdir(self.root):
             raise ConfigError(f"ImageFolder: root {self.root!r} is not a directory")
+        valid_bool("ImageFolder", self.allow_empty, "allow_empty")
 
     @property
     def classes(self) -> list[str]:
@@ -73,7 +78,7 @@ class ImageFolder(Source):
         if not classes:
             raise ShardError(f"ImageFolder: no class folders in {self.root!r}", shard=self.root)
         exts = tuple(e.lower() for e in self.extensions)
-        shards = []
+        shards, empty = [], []
         for label, cls in enumerate(classes):
             keys, unlisted = list[str](), list[OSError]()
             for dirpath, names in _walk(os.path.join(self.root, cls), unlisted):
@@ -84,10 +89,18 @@ class ImageFolder(Source):
                         f"is a folder that cannot be listed ({e.strerror}): its files are not in the index")
                 for e in unlisted
             )  # fmt: skip
+            if not keys and not problems:
+                empty.append(cls)
             if keys or problems:
                 records = functools.partial(_class_record, self.root, cls, keys)
                 shards.append(ShardIndex(self.root, keys, {"label": np.full(len(keys), label, np.int64)},
                                          records=records, problems=problems))  # fmt: skip
+        if empty and not self.allow_empty and len(empty) < len(classes):
+            raise ShardError(f"ImageFolder: no image files ({', '.join(exts)}) in the class folder"
+                             f"{'s' if len(empty) > 1 else ''} {', '.join(map(repr, empty[:10]))}"
+                             f"{f' and {len(empty) - 10} more' if len(empty) > 10 else ''} of {self.root!r}: as "
+                             "torchvision's ImageFolder, gpupipe refuses them (allow_empty=True keeps each as a class "
+                             "without samples)", shard=self.root)  # fmt: skip
         index = Index(shards, reader=FileReader(LocalStorage()), sequential=False, labeled=True)
         if policy is OnError.RAISE and index.problems:
             from ._webdataset import raise_first

@@ -95,7 +95,7 @@ class Fuzzer:
 
     def source(self, url: str, case: Case | Folder) -> gp.WebDataset | gp.ImageFolder:
         if isinstance(case, Folder):
-            return gp.ImageFolder(url)
+            return gp.ImageFolder(url, allow_empty=True)  # (its files are judged: a class of none is drawn too)
         if case.fields:
             return gp.WebDataset([url, self.good], fields=FIELDS)
         return gp.WebDataset([url, self.good], image="jpg;png;webp;bmp")
