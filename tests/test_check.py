@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import tarfile
+from typing import Any
 
 import pytest
 
@@ -82,6 +83,15 @@ class TestCheck:
         write_webdataset_shards(os.path.dirname(damaged[0]), (6, 6), prefix="chk")  # repaired
         report = gp.check(damaged, workers=0)
         assert report.ok and report.removed == tuple(u + ".bad.json" for u in damaged)
+        assert not any(os.path.exists(u + ".bad.json") for u in damaged)
+
+    @pytest.mark.parametrize("option", ["max_image_pixels", "max_image_bytes", "workers"])
+    def test_a_limit_out_of_range_is_refused_before_any_list_is_written(self, damaged, option):
+        """As the loaders' options: a negative pixel limit was taken, every image found too large
+        and a bad-sample list written for every shard (every loader then left them all out)."""
+        with pytest.raises(gp.ConfigError, match=f"check: {option} must be None or an int >= "):
+            options: dict[str, Any] = {"workers": 0, option: -5}
+            gp.check(damaged, **options)
         assert not any(os.path.exists(u + ".bad.json") for u in damaged)
 
     def test_the_pixel_limit_is_configurable(self, damaged):

@@ -430,3 +430,34 @@ def test_make_shards_into_a_folder_with_a_percent(tmp_path, capsys):
     assert main(["make-shards", str(out), "--synthetic", "3", "--shard-size", "2", "--prefix", "a%d", "--workers", "1",
                  "--quiet"]) == 0  # fmt: skip
     assert sorted(os.listdir(out)) == ["a%d-000000.tar", "a%d-000001.tar"]
+
+
+class TestUsageErrors:
+    """A number out of range is a usage error (exit 2, one line naming the option), refused before
+    any work: not a traceback, a silent no-op or a misleading result."""
+
+    @pytest.mark.parametrize(
+        "argv, option",
+        [
+            (["make-shards", "OUT", "--synthetic", "4", "--classes", "0"], "--classes"),
+            (["make-shards", "OUT", "--synthetic", "4", "--shard-size", "0"], "--shard-size"),
+            (["make-shards", "OUT", "--synthetic", "4", "--quality", "500"], "--quality"),
+            (["make-shards", "OUT", "--synthetic", "4", "--workers", "-2"], "--workers"),
+            (["make-shards", "OUT", "--synthetic", "4", "--seed", "-1"], "--seed"),
+            (["index", "SHARD", "--workers", "-1"], "--workers"),
+            (["check", "SHARD", "--workers", "-1"], "--workers"),
+            (["check", "SHARD", "--max-image-pixels", "-5"], "--max-image-pixels"),
+            (["bench", "P.py:f", "SHARD", "--epochs", "0"], "--epochs"),
+            (["inspect", "P.py:f", "SHARD", "--cell", "0"], "--cell"),
+            (["inspect", "P.py:f", "SHARD", "--samples", "0"], "--samples"),
+            (["doctor", "--run", "--images", "0"], "--images"),
+        ],
+    )
+    def test_a_number_out_of_range(self, argv, option, tmp_path, capsys):
+        argv = [str(tmp_path / a) if a in ("OUT", "SHARD") else a for a in argv]
+        with pytest.raises(SystemExit) as done:
+            main(argv)
+        assert done.value.code == 2
+        err = capsys.readouterr().err
+        assert f"error: argument {option}: must be" in err and "Traceback" not in err
+        assert os.listdir(tmp_path) == []  # nothing written

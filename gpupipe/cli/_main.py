@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from ..core._errors import GpupipeError
@@ -21,6 +22,23 @@ from ..core._imageinfo import MAX_IMAGE_BYTES, MAX_IMAGE_PIXELS
 from ._commands import bench, check, doctor, index, inspect, make_shards, tune
 
 __all__ = ["main"]
+
+
+def _int(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
+    """An int option's type: a number out of range is a usage error naming the option (exit 2)
+    before any work, not a traceback or a silently odd result later."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+        if value < minimum or (maximum is not None and value > maximum):
+            bound = f"{minimum} or more" if maximum is None else f"from {minimum} to {maximum}"
+            raise argparse.ArgumentTypeError(f"must be {bound}, got {value}")
+        return value
+
+    return parse
 
 
 def _command(sub: Any, name: str, summary: str, description: str, example: str) -> argparse.ArgumentParser:
@@ -40,7 +58,8 @@ def _shard_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--label", default="cls", help="label extension, or 'none' for unlabeled data")
     p.add_argument("--fields", metavar="NAME=EXTS,...", help="the other fields a loader reads (WebDataset("
                    "fields=)), e.g. 'text=txt,meta=json,emb=npy': indexed, and decoded by check")  # fmt: skip
-    p.add_argument("--workers", type=int, default=None, help="processes (default: one per usable CPU; 0: this process)")
+    p.add_argument("--workers", type=_int(0), default=None,
+                   help="processes (default: one per usable CPU; 0: this process)")  # fmt: skip
     p.add_argument("--storage-options", metavar="JSON", help="remote shards: the fsspec filesystem's options, "
                    "e.g. '{\"endpoint_url\": \"http://host:8333\"}' (default: the driver's environment)")  # fmt: skip
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -65,20 +84,20 @@ def _parser() -> argparse.ArgumentParser:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--synthetic", type=int, metavar="N", help="N generated photograph-like images")
     src.add_argument("--from-imagefolder", metavar="ROOT", help="an ImageFolder tree to convert")
-    p.add_argument("--classes", type=int, default=10, help="classes of the synthetic images (default 10)")
+    p.add_argument("--classes", type=_int(1), default=10, help="classes of the synthetic images (default 10)")
     p.add_argument("--fields", metavar="LIST", default=None,
                    help="with --synthetic, also write these fields (comma-separated): text (key.txt, a caption), "
                         "meta (key.json: size, class), mask (key.seg.png: each pixel's brightness quartile), boxes "
                         "(key.boxes.npy XYXY + key.labels.npy: 1-3 rectangles painted on): what pipelines/clip.py, "
                         "segmentation.py and detection.py read")  # fmt: skip
-    p.add_argument("--shard-size", type=int, default=1000, help="samples per shard (default 1000)")
+    p.add_argument("--shard-size", type=_int(1), default=1000, help="samples per shard (default 1000)")
     p.add_argument("--prefix", default="train", help="shard name prefix (default 'train')")
-    p.add_argument("--quality", type=int, default=90, help="JPEG quality (default 90)")
-    p.add_argument("--seed", type=int, default=0, help="the synthetic images' seed, and the shuffle's (default 0)")
+    p.add_argument("--quality", type=_int(1, 100), default=90, help="JPEG quality, 1 to 100 (default 90)")
+    p.add_argument("--seed", type=_int(0), default=0, help="the synthetic images' seed, and the shuffle's (default 0)")
     p.add_argument("--keep-order", action="store_true", help="--from-imagefolder: write the samples in the tree's "
                    "order, class by class (default: shuffled with --seed, so that every shard mixes the classes; "
                    "synthetic samples cycle through the classes either way)")  # fmt: skip
-    p.add_argument("--workers", type=int, default=None, help="encoding processes (default: one per usable CPU)")
+    p.add_argument("--workers", type=_int(0), default=None, help="encoding processes (default: one per usable CPU)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(fn=make_shards)
     i = _command(
@@ -107,7 +126,7 @@ def _parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     c.add_argument("shards", nargs="+", help="shard paths or brace patterns")
     _shard_arguments(c)
-    c.add_argument("--max-image-pixels", type=int, default=MAX_IMAGE_PIXELS,
+    c.add_argument("--max-image-pixels", type=_int(0), default=MAX_IMAGE_PIXELS,
                    help=f"pixel limit (default {MAX_IMAGE_PIXELS}, as Pillow; 0: none)")  # fmt: skip
     c.add_argument("--max-image-bytes", default=str(MAX_IMAGE_BYTES), metavar="BYTES",
                    help=f"image member byte limit, e.g. 512MiB (default {MAX_IMAGE_BYTES}, as the loaders; "
@@ -137,7 +156,7 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--backend", default="auto", help="one or more, e.g. torch,dali (default auto)")
     b.add_argument("--device", default=None)
     b.add_argument("--workers", default="auto", help="one or more, e.g. 1,2 (default auto: the Loader's)")
-    b.add_argument("--epochs", type=int, default=2)
+    b.add_argument("--epochs", type=_int(1), default=2)
     b.add_argument("--rounds", type=int, default=1,
                    help="run every configuration this many times, alternating, for ratios on a noisy machine: the "
                    "table gives medians and ranges (default 1)")  # fmt: skip
@@ -192,13 +211,13 @@ def _parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     n.add_argument("pipeline", help="pipeline factory, e.g. pipelines/imagenet.py:train")
     n.add_argument("data", help="shard pattern, or an ImageFolder directory")
-    n.add_argument("--samples", type=int, default=8, help="rows: the first samples of the dataset (default 8)")
-    n.add_argument("--draws", type=int, default=4, help="columns: augmentation draws per sample (default 4)")
+    n.add_argument("--samples", type=_int(1), default=8, help="rows: the first samples of the dataset (default 8)")
+    n.add_argument("--draws", type=_int(1), default=4, help="columns: augmentation draws per sample (default 4)")
     n.add_argument("--compare", action="store_true", help="every installed backend side by side")
     n.add_argument("--backend", default="auto", help="without --compare: the backend (default auto)")
     n.add_argument("--device", default="cpu", help="where the loaders deliver: cpu (default) or cuda (the GPU path)")
     n.add_argument("--seed", type=int, default=0)
-    n.add_argument("--cell", type=int, default=None, help="scale each image to this many pixels (longer side)")
+    n.add_argument("--cell", type=_int(1), default=None, help="scale each image to this many pixels (longer side)")
     n.add_argument("--out", default="inspect.png", help="the PNG to write (default inspect.png)")
     n.set_defaults(fn=inspect)
     d = _command(
@@ -210,7 +229,7 @@ def _parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     d.add_argument("--run", action="store_true", help="also push generated images through each backend and "
                    "device present: images/s and the difference from the torch backend")  # fmt: skip
-    d.add_argument("--images", type=int, default=64, help="images for --run (default 64)")
+    d.add_argument("--images", type=_int(1), default=64, help="images for --run (default 64)")
     d.set_defaults(fn=doctor)
     return parser
 

@@ -24,6 +24,7 @@ from typing import Any
 from ..core._errors import ConfigError, Damage, DataError, Problem, counted, redact
 from ..core._fields import field_values
 from ..core._imageinfo import MAX_IMAGE_BYTES
+from ..core._validate import valid_optional_int
 from ..runtime._children import process_pool
 from ..runtime._decode import MAX_IMAGE_PIXELS, verdicts
 from ..runtime._dist import cpu_cores
@@ -229,6 +230,9 @@ def check(
             "judged as they are read (loader.skipped, loader.stats()); to check them here, write them into shards "
             "(gpupipe make-shards --from-imagefolder)"
         )
+    workers = valid_optional_int("check", workers, "workers", minimum=0)
+    max_image_pixels = valid_optional_int("check", max_image_pixels, "max_image_pixels", minimum=1)
+    max_image_bytes = valid_optional_int("check", max_image_bytes, "max_image_bytes", minimum=1)
     if not isinstance(source, WebDataset):
         source = WebDataset(source)
     source = source.with_listing(source.listing())  # (relist=True: the shards present now)
