@@ -461,3 +461,19 @@ class TestUsageErrors:
         err = capsys.readouterr().err
         assert f"error: argument {option}: must be" in err and "Traceback" not in err
         assert os.listdir(tmp_path) == []  # nothing written
+
+
+def test_a_reader_that_goes_away_is_no_traceback(tmp_path):
+    """``gpupipe check ... --json | head``: the pipe closes while the report is written; the
+    command ends as a process killed by SIGPIPE would (141), saying nothing."""
+    pattern = str(tmp_path / "gone-{000000..002999}.tar")  # 3000 missing shards: a long report
+    env = dict(os.environ, PYTHONPATH=os.path.abspath(ROOT), GPUPIPE_CACHE_DIR=str(tmp_path / "cache"))
+    argv = [sys.executable, "-m", "gpupipe", "check", pattern, "--workers", "0", "--no-write", "--quiet", "--json"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout.read(10)
+    proc.stdout.close()  # as `| head -c 10` does
+    with proc.stderr:
+        err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141
+    assert err == ""

@@ -6,13 +6,16 @@ PIPELINE is a factory, file.py:function or module:function; its data argument is
 or URL, a directory of tar shards (every *.tar in it) or an ImageFolder tree.
 
 Exit status: 0 done; 1 check or doctor found something wrong; 2 a usage error or a gpupipe error
-(printed on one line); 130 interrupted (Ctrl-C), with every worker process ended.
+(printed on one line); 130 interrupted (Ctrl-C), with every worker process ended; 141 the reader of
+the output went away (`| head`), as a process SIGPIPE ends.
 
 Long commands show a progress bar on stderr; --quiet turns it off."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -244,6 +247,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # Ctrl-C: worker processes are already ended (process_pool)
         print(f"gpupipe {args.command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away (`| head`): end as SIGPIPE would, with no traceback
+        with contextlib.suppress(OSError, ValueError):  # and nothing more written at exit
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except GpupipeError as e:
         print(f"gpupipe {args.command}: error: {e}", file=sys.stderr)
         return 2
