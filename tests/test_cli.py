@@ -477,3 +477,36 @@ def test_a_reader_that_goes_away_is_no_traceback(tmp_path):
         err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 141
     assert err == ""
+
+
+class TestOutputs:
+    """A file a command writes at its end that it could not write is a one-line error (exit 2)
+    before the work, not a traceback after it."""
+
+    @pytest.mark.parametrize(
+        "option, name, message",
+        [
+            ("--json", "no-such-folder/bench.json", "--json .*: the folder .* does not exist"),
+            ("--json", "", "--json .* is a folder"),
+            ("--plot", "bench.txt", r"--plot .*: matplotlib writes no '\.txt' files"),
+            ("--profile", "profile.txt", r"--profile .*: matplotlib writes no '\.txt' files"),
+        ],
+    )
+    def test_bench(self, option, name, message, shards, tmp_path, capsys):
+        pytest.importorskip("matplotlib")
+        argv = ["bench", "pipelines/imagenet.py:val", shards[0], "--backend", "torch", "--workers", "0",
+                "--epochs", "1", "--batch-size", "4", "--quiet", option, str(tmp_path / name)]  # fmt: skip
+        assert main(argv) == 2
+        (line,) = capsys.readouterr().err.strip().splitlines()
+        assert re.search(f"gpupipe bench: error: {message}", line), line
+        assert "images/s" not in capsys.readouterr().out  # nothing ran
+
+    @pytest.mark.parametrize(
+        "name, message", [("", "--out .* is a folder"), ("grid.txt", r"--out .*: Pillow writes no '\.txt' files")]
+    )
+    def test_inspect(self, name, message, shards, tmp_path, capsys):
+        argv = ["inspect", "pipelines/imagenet.py:val", shards[0], "--backend", "torch", "--samples", "1",
+                "--draws", "1", "--out", str(tmp_path / name)]  # fmt: skip
+        assert main(argv) == 2
+        (line,) = capsys.readouterr().err.strip().splitlines()
+        assert re.search(f"gpupipe inspect: error: {message}", line), line

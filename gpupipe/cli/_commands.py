@@ -110,6 +110,31 @@ def make_shards(args: argparse.Namespace) -> int:
     return 0
 
 
+def _output(path: str, option: str, *, writer: str | None = None, create: bool = False) -> None:
+    """ConfigError, before any work, for a file that a command writes at its end and could not:
+    a folder, a file in a folder that does not exist (unless ``create``: the command makes it), or
+    a file type its ``writer`` ("matplotlib", "Pillow") does not write."""
+    if os.path.isdir(path):
+        raise ConfigError(f"{option} {path!r} is a folder: name the file to write")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not create and not os.path.isdir(folder):
+        raise ConfigError(f"{option} {path!r}: the folder {folder!r} does not exist")
+    ext = os.path.splitext(path)[1].lower()
+    if writer == "matplotlib":
+        try:
+            from matplotlib.backend_bases import FigureCanvasBase
+        except ImportError as e:
+            raise ConfigError(f"{option} draws with matplotlib: pip install gpupipe[plot]") from e
+        known = {f".{t}" for t in FigureCanvasBase.get_supported_filetypes()}
+        if ext and ext not in known:  # (no extension: matplotlib writes a PNG)
+            raise ConfigError(f"{option} {path!r}: matplotlib writes no {ext!r} files (name a .png)")
+    elif writer == "Pillow":
+        from PIL import Image
+
+        if ext not in Image.registered_extensions():
+            raise ConfigError(f"{option} {path!r}: Pillow writes no {ext!r} files (name a .png)")
+
+
 def _list(text: str, what: str, convert: Callable[[str], T]) -> list[T]:
     from ..core._errors import ConfigError
 
@@ -214,6 +239,12 @@ def bench(args: argparse.Namespace) -> int:
         logging.basicConfig(level=logging_level.upper())
     if args.rounds < 1:
         raise ConfigError(f"--rounds must be 1 or more, got {args.rounds}")
+    if args.json:
+        _output(args.json, "--json")
+    if args.plot:
+        _output(args.plot, "--plot", writer="matplotlib")
+    if args.profile:
+        _output(args.profile, "--profile", writer="matplotlib")
     pipeline = _pipeline(args.pipeline, args.source)
     backends = _list(args.backend, "--backend", str)
     sizes = _list(args.batch_size, "--batch-size", int)
@@ -431,6 +462,7 @@ def inspect(args: argparse.Namespace) -> int:
     from ..core._errors import ConfigError
     from ._inspect import inspect as run_inspect
 
+    _output(args.out, "--out", writer="Pillow", create=True)  # (inspect makes its folder)
     pipeline = _pipeline(args.pipeline, args.data)
     if args.compare:
         # every backend with kernels of its own (ray runs the torch backend's: the same images)
