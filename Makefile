@@ -72,7 +72,7 @@ $(VENV)/.installed-dev: pyproject.toml constraints.txt
 	touch $@ $(VENV)/.installed
 
 $(DEMO_DATA)/.done: | $(VENV)/.installed
-	$(PY) -m gpupipe make-shards $(DEMO_DATA) --synthetic $(DEMO_IMAGES) --shard-size 128 --classes 10
+	$(PY) -m gpupipe make-shards $(DEMO_DATA) --synthetic $(DEMO_IMAGES) --shard-size 128 --classes 10 --overwrite
 	touch $@
 
 demo: $(VENV)/.installed $(DEMO_DATA)/.done

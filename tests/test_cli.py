@@ -510,3 +510,34 @@ class TestOutputs:
         assert main(argv) == 2
         (line,) = capsys.readouterr().err.strip().splitlines()
         assert re.search(f"gpupipe inspect: error: {message}", line), line
+
+
+class TestMakeShardsOverExistingShards:
+    """make-shards into a folder holding shards of the same prefix: refused unless --overwrite,
+    which removes them first (a pattern or the folder would otherwise read old shards beside the
+    new ones: 30 samples written, then 10, and a glob read 30)."""
+
+    def make(self, out, n, *more):
+        return main(["make-shards", str(out), "--synthetic", str(n), "--shard-size", "4", "--workers", "1", "--quiet",
+                     *more])  # fmt: skip
+
+    def test_refused_without_overwrite(self, tmp_path, capsys):
+        assert self.make(tmp_path, 10) == 0
+        before = {p.name: p.stat().st_mtime_ns for p in tmp_path.iterdir()}
+        capsys.readouterr()
+        assert self.make(tmp_path, 4) == 2
+        (line,) = capsys.readouterr().err.strip().splitlines()
+        assert "already holds 3 shards named train-NNNNNN.tar" in line and "--overwrite" in line
+        assert {p.name: p.stat().st_mtime_ns for p in tmp_path.iterdir()} == before  # untouched
+        assert self.make(tmp_path, 4, "--prefix", "val") == 0  # another prefix is another dataset
+        assert self.make(tmp_path / "new", 4) == 0
+
+    def test_overwrite_removes_the_old_shards_and_their_lists(self, tmp_path, capsys):
+        assert self.make(tmp_path, 12) == 0
+        (tmp_path / "train-000002.tar.bad.json").write_text("{}")
+        (tmp_path / "train-000001.tar.gpupipe.json").write_text("{}")
+        (tmp_path / "notes.txt").write_text("mine")
+        assert self.make(tmp_path, 4, "--overwrite") == 0
+        assert sorted(os.listdir(tmp_path)) == ["notes.txt", "train-000000.tar"]
+        assert "removed 3 shards" in capsys.readouterr().out
+        assert len(gp.WebDataset(sorted(str(p) for p in tmp_path.glob("*.tar"))).index()) == 4

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import functools
 import io
@@ -81,11 +82,34 @@ def _counted(items: Iterable[T], bar: Any) -> Iterator[T]:
         bar.update(1)
 
 
+def _old_shards(out: str, prefix: str) -> list[str]:
+    """The shards ``<prefix>-NNNNNN.tar`` already in folder ``out``."""
+    import re
+
+    if not os.path.isdir(out):
+        return []
+    name = re.compile(re.escape(prefix) + r"-[0-9]{6,}\.tar")
+    return sorted(os.path.join(out, f) for f in os.listdir(out) if name.fullmatch(f))
+
+
 def make_shards(args: argparse.Namespace) -> int:
     literal = str.maketrans({"%": "%%"})  # a '%' of the folder or prefix is the name's, not a field
     pattern = os.path.join(args.out.translate(literal), f"{args.prefix.translate(literal)}-%06d.tar")
     if args.from_imagefolder and getattr(args, "fields", None):
         raise ConfigError("make-shards --fields writes synthetic fields: with --synthetic, not --from-imagefolder")
+    # shards of an earlier run left beside fewer new ones: a pattern or the folder would read them too
+    old = _old_shards(args.out, args.prefix)
+    if old and not args.overwrite:
+        raise ConfigError(f"make-shards: {args.out} already holds {len(old)} shards named {args.prefix}-NNNNNN.tar "
+                          f"({os.path.basename(old[0])}, ...): pass --overwrite to remove them first, or write into "
+                          "another folder or with another --prefix")  # fmt: skip
+    for shard in old:  # (--overwrite) with what gpupipe wrote beside them, stale for the new shards
+        from ..shards._indexfile import index_file_url
+        from ..shards._mask import mask_url
+
+        for path in (shard, mask_url(shard), index_file_url(shard)):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)
     with ShardWriter(pattern, max_count=args.shard_size) as writer:
         if args.from_imagefolder:
             with _progress(args, None, "img", "gpupipe make-shards") as bar:
@@ -106,6 +130,8 @@ def make_shards(args: argparse.Namespace) -> int:
                 writer.write_all(_counted(pool.map(_synthetic_sample, jobs, chunksize=16), bar))
     n = len(writer.shards)
     brace = f"{args.prefix}-{{000000..{n - 1:06d}}}.tar" if n > 1 else os.path.basename(writer.shards[0])
+    if old:
+        print(f"removed {len(old)} shards of an earlier run (--overwrite)")
     print(f"wrote {writer.samples} samples in {n} shards: {os.path.join(args.out, brace)}")
     return 0
 
