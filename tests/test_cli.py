@@ -95,6 +95,45 @@ class TestMakeShardsFromImageFolder:
         assert [index.key(i) for i in range(len(index))] == [f"{n:08d}" for n in range(len(folder))]
         assert [index.read(i).label for i in range(len(index))] == [folder.read(i).label for i in range(len(folder))]
 
+    def test_a_file_that_cannot_be_reencoded_is_one_line_and_no_shards_stay(self, tmp_path, capsys):
+        """A corrupt BMP (re-encoded as JPEG, unlike JPEG and PNG) was a Pillow traceback, and the
+        shards written before it stayed: a run that fails leaves no part of a dataset behind."""
+        from PIL import Image
+
+        for cls in ("a", "b"):
+            os.makedirs(tmp_path / "tree" / cls)
+            for i in range(3):
+                Image.fromarray(synthetic_image(i, size=(16, 16))).save(tmp_path / "tree" / cls / f"{i}.png")
+        (tmp_path / "tree" / "b" / "9.bmp").write_bytes(b"BM not a bitmap")
+        out = tmp_path / "out"
+        argv = ["make-shards", str(out), "--from-imagefolder", str(tmp_path / "tree"), "--shard-size", "1",
+                "--keep-order", "--quiet"]  # fmt: skip
+        assert main(argv) == 2
+        (line,) = capsys.readouterr().err.strip().splitlines()
+        assert "error: sample 'b/9.bmp' in shard " in line and "cannot be re-encoded as JPEG" in line
+        assert not out.exists() or os.listdir(out) == []
+
+
+def test_make_shards_interrupted_leaves_no_shards(tmp_path, capsys, monkeypatch):
+    """Ctrl-C after two of three shards: 130, and the two written are removed (they were left, a
+    complete-looking dataset short of its samples)."""
+    from gpupipe.cli import _commands
+
+    counted = _commands._counted
+
+    def interrupted(items, bar):
+        for n, item in enumerate(counted(items, bar)):
+            if n == 9:
+                raise KeyboardInterrupt
+            yield item
+
+    monkeypatch.setattr(_commands, "_counted", interrupted)
+    out = tmp_path / "out"
+    argv = ["make-shards", str(out), "--synthetic", "12", "--shard-size", "4", "--workers", "1", "--quiet"]
+    assert main(argv) == 130
+    assert "interrupted" in capsys.readouterr().err
+    assert os.listdir(out) == []
+
 
 def test_bench_runs_the_imagenet_pipeline(tmp_path):
     main(["make-shards", str(tmp_path), "--synthetic", "12", "--shard-size", "6", "--workers", "1"])

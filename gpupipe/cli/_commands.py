@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from ..core._errors import ConfigError
+from ..core._errors import ConfigError, Damage, SampleError
 from ..core._shards import ShardWriter
 from ..core._validate import valid_bytes
 from ..runtime._children import process_pool
@@ -64,8 +64,12 @@ def _imagefolder_samples(root: str, quality: int, *, seed: int | None) -> Iterat
         ext = raw.key.rpartition(".")[2].lower()
         data = raw.data
         if ext not in ("jpg", "jpeg", "png"):  # store what every backend decodes
-            with Image.open(io.BytesIO(data)) as im:
-                data, ext = encode_jpeg(np.asarray(im.convert("RGB")), quality=quality), "jpg"
+            try:
+                with Image.open(io.BytesIO(data)) as im:
+                    data, ext = encode_jpeg(np.asarray(im.convert("RGB")), quality=quality), "jpg"
+            except Exception as e:  # (Pillow's errors: OSError, ValueError, DecompressionBombError, ...)
+                raise SampleError.at(f"cannot be re-encoded as JPEG: {type(e).__name__}: {e} (mend or remove the "
+                                     "file)", shard=raw.shard, key=raw.key, kind=Damage.UNDECODABLE) from e  # fmt: skip
         yield f"{n:08d}", {"jpg" if ext == "jpeg" else ext: data, "cls": raw.label}
 
 
@@ -97,6 +101,11 @@ def make_shards(args: argparse.Namespace) -> int:
     pattern = os.path.join(args.out.translate(literal), f"{args.prefix.translate(literal)}-%06d.tar")
     if args.from_imagefolder and getattr(args, "fields", None):
         raise ConfigError("make-shards --fields writes synthetic fields: with --synthetic, not --from-imagefolder")
+    fields = tuple(_list(args.fields or "", "--fields", str))
+    unknown = sorted(set(fields) - set(FIELDS))
+    if unknown:
+        raise ConfigError(f"make-shards --fields: {', '.join(unknown)} unknown: choose from "
+                          f"{', '.join(FIELDS)}")  # fmt: skip
     # shards of an earlier run left beside fewer new ones: a pattern or the folder would read them too
     old = _old_shards(args.out, args.prefix)
     if old and not args.overwrite:
@@ -110,24 +119,27 @@ def make_shards(args: argparse.Namespace) -> int:
         for path in (shard, mask_url(shard), index_file_url(shard)):
             with contextlib.suppress(FileNotFoundError):
                 os.remove(path)
-    with ShardWriter(pattern, max_count=args.shard_size) as writer:
-        if args.from_imagefolder:
-            with _progress(args, None, "img", "gpupipe make-shards") as bar:
-                seed = None if args.keep_order else args.seed
-                writer.write_all(_counted(_imagefolder_samples(args.from_imagefolder, args.quality, seed=seed), bar))
-        else:
-            fields = tuple(_list(args.fields or "", "--fields", str))
-            unknown = sorted(set(fields) - set(FIELDS))
-            if unknown:
-                raise ConfigError(f"make-shards --fields: {', '.join(unknown)} unknown: choose from "
-                                  f"{', '.join(FIELDS)}")  # fmt: skip
-            jobs = [(i, args.seed, args.classes, args.quality, fields) for i in range(args.synthetic)]
-            workers = args.workers or cpu_cores()
-            with (
-                process_pool(workers, "gpupipe make-shards") as pool,
-                _progress(args, len(jobs), "img", "gpupipe make-shards") as bar,
-            ):
-                writer.write_all(_counted(pool.map(_synthetic_sample, jobs, chunksize=16), bar))
+    writer = ShardWriter(pattern, max_count=args.shard_size)
+    try:
+        with writer:
+            if args.from_imagefolder:
+                with _progress(args, None, "img", "gpupipe make-shards") as bar:
+                    seed = None if args.keep_order else args.seed
+                    samples = _imagefolder_samples(args.from_imagefolder, args.quality, seed=seed)
+                    writer.write_all(_counted(samples, bar))
+            else:
+                jobs = [(i, args.seed, args.classes, args.quality, fields) for i in range(args.synthetic)]
+                workers = args.workers or cpu_cores()
+                with (
+                    process_pool(workers, "gpupipe make-shards") as pool,
+                    _progress(args, len(jobs), "img", "gpupipe make-shards") as bar,
+                ):
+                    writer.write_all(_counted(pool.map(_synthetic_sample, jobs, chunksize=16), bar))
+    except BaseException:  # an error or Ctrl-C: no part of a dataset left to be read as a whole one
+        for shard in writer.shards:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(shard)
+        raise
     n = len(writer.shards)
     brace = f"{args.prefix}-{{000000..{n - 1:06d}}}.tar" if n > 1 else os.path.basename(writer.shards[0])
     if old:
