@@ -226,6 +226,23 @@ def test_index_builds_the_cache(tmp_path, capsys, monkeypatch):
     assert index.key(5) == "00000005"
 
 
+def test_index_of_shards_that_are_not_there(tmp_path, capsys, monkeypatch):
+    """A mistyped pattern was '0 samples in 2 shards, indexed', exit 0: not one shard is an error
+    (as the loaders'), and missing or damaged shards among good ones are named."""
+    monkeypatch.setenv("GPUPIPE_CACHE_DIR", str(tmp_path / "cache"))
+    assert main(["index", str(tmp_path / "typo-{000000..000001}.tar"), "--workers", "0", "--quiet"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "gpupipe index: error: not one of the 2 shards could be indexed" in line
+    assert "typo-000000.tar' does not exist" in line
+    assert main(["make-shards", str(tmp_path), "--synthetic", "4", "--shard-size", "4", "--workers", "1",
+                 "--quiet"]) == 0  # fmt: skip
+    (tmp_path / "train-000001.tar").write_bytes(b"not a tar")
+    assert main(["index", str(tmp_path / "train-{000000..000002}.tar"), "--workers", "0", "--quiet"]) == 0
+    out = capsys.readouterr().out.splitlines()[-1]
+    assert out.startswith("4 samples in 3 shards") and "2 shards missing or damaged (first: shard '" in out
+    assert "gpupipe check" in out
+
+
 def test_index_sizes_spares_the_first_epoch_every_header(tmp_path, capsys, monkeypatch):
     """``index --sizes`` records each image's size as the DALI runner checks it: a DALI loader's
     first epoch then reads no header (issue 53)."""

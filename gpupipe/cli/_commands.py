@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from ..core._errors import ConfigError, Damage, SampleError
+from ..core._errors import ConfigError, Damage, SampleError, ShardError
 from ..core._shards import ShardWriter
 from ..core._validate import valid_bytes
 from ..runtime._children import process_pool
@@ -383,10 +383,10 @@ def _storage_options(text: str | None) -> dict[str, Any] | None:
 
 
 def _index_one(job: tuple[str, tuple[str, ...], str | None, bool, dict[str, Any] | None, tuple[Any, ...], bool]
-               ) -> tuple[int, int, int]:  # fmt: skip
+               ) -> tuple[int, int, int, str | None]:  # fmt: skip
     """Indexes one shard; with ``beside``, writes its index file next to it; with ``sizes``,
-    records its images' sizes in the cache. Returns the samples, the index files written (0 or 1)
-    and the sizes recorded."""
+    records its images' sizes in the cache. Returns the samples, the index files written (0 or 1),
+    the sizes recorded and what is wrong with the whole shard (missing, damaged; else ``None``)."""
     from ..shards._indexfile import write_index_file
     from ..shards._indexing import cached_scan, shard_samples
     from ..sources import storage_for
@@ -395,15 +395,23 @@ def _index_one(job: tuple[str, tuple[str, ...], str | None, bool, dict[str, Any]
     with storage_for([url], storage_options=options) as storage:
         if not beside:  # (index() refuses --beside with --fields: index files do not list fields)
             shard = cached_scan(storage, url, image_exts, label_ext, fields=fields)
-            return len(shard), 0, _record_sizes(storage, shard) if sizes else 0
+            return len(shard), 0, _record_sizes(storage, shard) if sizes else 0, _shard_damage(url, shard)
         shard, samples = shard_samples(storage, url, image_exts, label_ext)
         if samples is None or shard.nbytes is None:  # missing or unreadable: nothing to describe
-            return len(shard), 0, 0
+            return len(shard), 0, 0, _shard_damage(url, shard)
         recorded = _record_sizes(storage, shard) if sizes else 0
         write_index_file(storage, url, size=shard.nbytes, detail=samples, image_exts=image_exts,
                          label_ext=label_ext, problems=shard.problems, sizes=_recorded_sizes(shard) if sizes else None,
                          version=storage.stat(url).version if storage.remote else None)  # fmt: skip
-        return len(shard), 1, recorded
+        return len(shard), 1, recorded, _shard_damage(url, shard)
+
+
+def _shard_damage(url: str, shard: Any) -> str | None:
+    """The message of a shard's whole-shard damage (missing, unreadable, empty, truncated)."""
+    from ..core._errors import SHARD_DAMAGE, problem_error
+
+    found = [p for p in shard.problems if p.kind in SHARD_DAMAGE]
+    return str(problem_error(url, found[0])) if found else None
 
 
 def _record_sizes(storage: Any, shard: Any) -> int:
@@ -467,12 +475,17 @@ def index(args: argparse.Namespace) -> int:
         else:
             with process_pool(args.workers, "gpupipe index") as pool:
                 done = list(_counted(pool.map(_index_one, jobs, chunksize=max(1, len(jobs) // 64)), bar))
-    total, written, recorded = (sum(d[k] for d in done) for k in range(3))
+    total, written, recorded = sum(d[0] for d in done), sum(d[1] for d in done), sum(d[2] for d in done)
+    damaged = [d[3] for d in done if d[3] is not None]
+    first = f" (first: {damaged[0]})" if damaged else ""
+    if jobs and len(damaged) == len(jobs):  # a mistyped pattern, a wrong folder: as the loaders, an error
+        raise ShardError(f"not one of the {len(jobs)} shards could be indexed{first}")
     print(
         f"{total} samples in {len(jobs)} shards, indexed in {time.perf_counter() - start:.1f} s; "
         f"cache: {_indexcache.cache_dir()}"
         + (f"; {written} index files written beside the shards" if args.beside else "")
         + (f"; {recorded} image sizes recorded" if args.sizes else "")
+        + (f"; {len(damaged)} shards missing or damaged{first}: gpupipe check lists them" if damaged else "")
     )
     return 0
 
