@@ -22,7 +22,8 @@ from typing import Any
 
 from ..core._errors import GpupipeError
 from ..core._imageinfo import MAX_IMAGE_BYTES, MAX_IMAGE_PIXELS
-from ._commands import bench, check, doctor, index, inspect, make_shards, tune
+from ._commands import bench, check, doctor, index, inspect, tune
+from ._make import make_shards
 
 __all__ = ["main"]
 
