@@ -205,7 +205,6 @@ class TestTooSmall:
         [
             [T.RandomCrop(200)],
             [T.RandomCrop((240, 200), padding=(0, 20))],  # padded 160x160, 240x200 (fits exactly), 160x400
-            [T.Resize((100, 100)), T.RandomCrop(120)],  # too small after a resize: every sample
         ],
     )
     def test_parity(self, mixed_sizes, steps):
@@ -215,6 +214,11 @@ class TestTooSmall:
         refused = [isinstance(r, str) for r in reference_outputs(steps, mixed_sizes)]
         assert any(refused)
         check_backend_parity(steps, mixed_sizes)  # the same samples refused, with the same message
+
+    def test_every_sample_too_small_is_refused_when_built(self):
+        """Too small after a resize, every sample: known from the specs, refused by the pipeline."""
+        with pytest.raises(gp.PipelineError, match=r"step 1: RandomCrop: every sample would be refused"):
+            gp.Pipeline(gp.FakeData(4), [T.Resize((100, 100)), T.RandomCrop(120)])
 
     def test_padding_instead(self, mixed_sizes):
         pytest.importorskip("nvidia.dali")

@@ -195,6 +195,13 @@ class TestResize:
     def test_invalid_arguments(self, kwargs, name):
         check_invalid(lambda: T.Resize(**kwargs), name)
 
+    def test_a_size_of_nothing_known_at_build_time_is_refused(self):
+        """After a fixed size, ``max_size`` that rounds a side to 0 was an output spec of 0 rows
+        and every sample refused at run time: the pipeline is refused when built."""
+        with pytest.raises(gp.PipelineError, match=r"step 1: Resize.*makes an empty image, \[3, 0, 10\]"):
+            gp.Pipeline(gp.FakeData(8), [T.CenterCrop((2, 1000)), T.Resize(1, max_size=10)])
+        assert gp.Pipeline(gp.FakeData(8), [T.CenterCrop((2, 1000)), T.Resize(1, max_size=500)]).output_spec.height == 1
+
     @pytest.mark.parametrize(
         "kwargs",
         [
@@ -320,6 +327,22 @@ class TestRandomCrop:
                 continue
             assert expected is not None, (h, w, kwargs, params)
             assert tuple(run_torch(t, image, params).shape) == (3, 6, 6)
+
+    @pytest.mark.parametrize(
+        "steps, refused",
+        [([T.CenterCrop(10), T.RandomCrop(20)], "crop size"),
+         ([T.CenterCrop(3), T.RandomCrop(4, padding=3, padding_mode="reflect")], "padding_mode='reflect'"),
+         ([T.CenterCrop(10), T.RandomCrop(20, pad_if_needed=True)], None),
+         ([T.CenterCrop(10), T.RandomCrop(20, padding=5)], None)],
+    )  # fmt: skip
+    def test_a_crop_known_too_large_at_build_time_is_refused(self, steps, refused):
+        """After a fixed size, a crop every sample fails (run-time too-small refusals of the whole
+        dataset) is refused when the pipeline is built; one that padding makes fit is not."""
+        if refused is None:
+            assert gp.Pipeline(gp.FakeData(8), steps).output_spec.height == 20
+        else:
+            with pytest.raises(gp.PipelineError, match=f"every sample would be refused.*{refused}"):
+                gp.Pipeline(gp.FakeData(8), steps)
 
 
 class TestRandomHorizontalFlip:

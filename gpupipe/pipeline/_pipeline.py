@@ -161,6 +161,9 @@ class Pipeline:
                 specs.append(t.output_spec(specs[-1]))
             except PipelineError as e:
                 raise PipelineError(f"{where}step {i}: {e} (input {specs[-1]})") from None
+            if 0 in (specs[-1].height, specs[-1].width):  # (every sample would be refused as too small)
+                raise PipelineError(f"{where}step {i}: {t} makes an empty image, {specs[-1]}, of its input "
+                                    f"{specs[-2]}")  # fmt: skip
         return tuple(specs)
 
     @property

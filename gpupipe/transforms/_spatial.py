@@ -387,6 +387,13 @@ class RandomCrop(Transform):
     def output_spec(self, spec: ImageSpec) -> ImageSpec:
         if isinstance(self.fill, tuple) and len(self.fill) not in (1, spec.channels):
             raise self._fail(f"fill has {len(self.fill)} values for an image of {spec.channels} channels")
+        if spec.height is not None and spec.width is not None:  # a size the steps before fix: known now
+            try:
+                self.make_params(spec.height, spec.width, np.zeros(self.draws))
+            except TooSmall as e:
+                said = str(e).removeprefix(f"{type(self).__name__}: ")
+                raise self._fail(f"every sample would be refused, the steps before giving {spec.height}x{spec.width}: "
+                                 f"{said}") from None  # fmt: skip
         return dataclasses.replace(spec, height=self.size[0], width=self.size[1])
 
     def make_params(self, height: int, width: int, factors: np.ndarray) -> RandomCropParams:
