@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 from hypothesis import strategies as st
 
+from .data import png16, tiff16
 from .hostile import END, good_jpeg
 
 __all__ = ["Case", "Folder", "cases", "folders", "write_case", "write_folder", "CANARY"]
@@ -50,6 +51,7 @@ def _images() -> dict[str, bytes]:
     from gpupipe.testing import synthetic_image
 
     photo = Image.fromarray(synthetic_image(3, size=(40, 56)))
+    wide = np.random.default_rng(3).integers(0, 65536, (40, 56, 4)).astype(np.uint16)
 
     def save(fmt: str, image: Any = photo, **options: Any) -> bytes:
         out = io.BytesIO()
@@ -65,6 +67,12 @@ def _images() -> dict[str, bytes]:
         "webp": save("WEBP", quality=80),
         "bmp": save("BMP"),
         "gif": save("GIF"),
+        # 16-bit colour, read through Pillow's raw modes (runtime/_decode.py: _wide), and a PPM whose
+        # maxval DALI's decoder does not scale (given to gpupipe's decoder on DALI)
+        "png-16-bit": png16(wide[..., :3]),
+        "png-16-bit-gray-alpha": png16(wide[..., :2], interlaced=True),
+        "tiff-16-bit": tiff16(wide[..., :3], deflate=True),
+        "ppm-maxval-100": b"P6\n56 40\n100\n" + (wide[..., :3] % 101).astype(np.uint8).tobytes(),
     }
 
 
@@ -119,7 +127,8 @@ def jpeg(draw: st.DrawFn) -> bytes:
 
 @st.composite
 def png(draw: st.DrawFn) -> bytes:
-    data = bytearray(draw(st.sampled_from([_images()["png"], _images()["png-palette"]])))
+    seeds = ("png", "png-palette", "png-16-bit", "png-16-bit-gray-alpha")
+    data = bytearray(draw(st.sampled_from([_images()[k] for k in seeds])))
     for _ in range(draw(st.integers(0, 3))):
         op = draw(st.sampled_from(["size", "depth", "length", "kind", "text", "chunk", "cut", "flip", "no-iend"]))
         at = draw(st.integers(8, max(8, len(data) - 1)))
@@ -149,7 +158,8 @@ def png(draw: st.DrawFn) -> bytes:
 
 
 def _other_image(draw: st.DrawFn) -> bytes:
-    data = bytearray(draw(st.sampled_from([_images()[k] for k in ("webp", "bmp", "gif")])))
+    seeds = ("webp", "bmp", "gif", "tiff-16-bit", "ppm-maxval-100")
+    data = bytearray(draw(st.sampled_from([_images()[k] for k in seeds])))
     for _ in range(draw(st.integers(0, 2))):
         at = draw(st.integers(0, len(data) - 1))
         data[at] ^= 1 << draw(st.integers(0, 7))
