@@ -205,6 +205,19 @@ class TestPillowsOwnRules:
         want = torch.from_numpy(np.round(values * 255 / maxval).astype(np.uint8)).permute(2, 0, 1)
         assert torch.equal(decode_rgb(data, shard="s", key="k"), want)
 
+    @pytest.mark.parametrize("pixels", [b" ", b"\n", b"\t\r"], ids=["space", "newline", "tab-return"])
+    def test_a_pnms_largest_value_is_read_whatever_its_pixels(self, pixels):
+        """The header alone tells the largest value: a binary PGM whose pixel bytes are all ASCII
+        whitespace (a flat image of value 32 or 10) of maxval 100 went to DALI's decoder, which
+        does not scale it (32 where gpupipe's gives 82), and a header of long comments likewise."""
+        values = pixels * (54 // len(pixels))
+        flat = b"P5\n9 6\n100\n" + values
+        commented = b"P5\n" + b"# a long comment\n" * 80 + b"9 6 100\n" + bytes(range(54))
+        for data in (flat, commented):
+            assert read_header(data, None, shard="s", key="k").irregular, data[:20]
+        want = np.round(np.frombuffer(values, np.uint8).astype(np.int64) * 255 / 100).astype(np.uint8).reshape(6, 9)
+        assert torch.equal(decode_rgb(flat, shard="s", key="k"), torch.from_numpy(want).expand(3, 6, 9))
+
     def test_pillows_pixel_limit_is_not_gpupipes(self, monkeypatch):
         """``Image.open`` refuses twice ``PIL.Image.MAX_IMAGE_PIXELS`` (a program may lower it; a
         PNG over 179 MP passes ``max_image_pixels=None`` and met it): gpupipe's limit alone counts."""

@@ -167,17 +167,17 @@ def png_animated(data: bytes | memoryview) -> bool:
     return False
 
 
+# a PGM or PPM's header up to its largest value, which one whitespace byte ends (the pixels follow:
+# bytes of any value, whitespace too); comments run to the end of their line
+_PNM_HEADER = re.compile(rb"P[2356](?:(?:\s|#[^\r\n]*[\r\n])+([0-9]+)){3}\s")
+
+
 def pnm_maxval(data: bytes | memoryview) -> int | None:
     """The largest value a PGM or PPM (``P2``, ``P3``, ``P5``, ``P6``) declares, its fourth header
     field (comments skipped); ``None`` for a bitmap (``P1``, ``P4``: no such field) or a header
     that does not tell."""
-    head = bytes(data[:1024])
-    if len(head) < 3 or head[:1] != b"P" or head[1:2] not in b"2356":
-        return None
-    fields = re.sub(rb"#[^\r\n]*", b" ", head[2:]).split()
-    if len(fields) < 4 or not fields[2].isdigit():
-        return None
-    return int(fields[2])
+    found = _PNM_HEADER.match(data)  # (read in place: a memoryview is not copied)
+    return int(found.group(1)) if found else None
 
 
 _PNG_METADATA = frozenset((b"tEXt", b"zTXt", b"iTXt", b"iCCP"))  # text and colour profile: no pixels
