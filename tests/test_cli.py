@@ -558,7 +558,12 @@ class TestOutputs:
         assert "images/s" not in capsys.readouterr().out  # nothing ran
 
     @pytest.mark.parametrize(
-        "name, message", [("", "--out .* is a folder"), ("grid.txt", r"--out .*: Pillow writes no '\.txt' files")]
+        "name, message",
+        [
+            ("", "--out .* is a folder"),
+            ("grid.txt", r"--out .*: Pillow writes no '\.txt' files"),
+            ("grid.psd", r"--out .*: Pillow writes no '\.psd' files"),  # (it reads them: was a KeyError at the end)
+        ],
     )
     def test_inspect(self, name, message, shards, tmp_path, capsys):
         argv = ["inspect", "pipelines/imagenet.py:val", shards[0], "--backend", "torch", "--samples", "1",

@@ -56,7 +56,8 @@ def _output(path: str, option: str, *, writer: str | None = None, create: bool =
     elif writer == "Pillow":
         from PIL import Image
 
-        if ext not in Image.registered_extensions():
+        written = {e for e, fmt in Image.registered_extensions().items() if fmt in Image.SAVE}  # (not read-only ones)
+        if ext not in written:
             raise ConfigError(f"{option} {path!r}: Pillow writes no {ext!r} files (name a .png)")
 
 
