@@ -553,9 +553,22 @@ class TestOutputs:
         argv = ["bench", "pipelines/imagenet.py:val", shards[0], "--backend", "torch", "--workers", "0",
                 "--epochs", "1", "--batch-size", "4", "--quiet", option, str(tmp_path / name)]  # fmt: skip
         assert main(argv) == 2
-        (line,) = capsys.readouterr().err.strip().splitlines()
+        captured = capsys.readouterr()
+        (line,) = captured.err.strip().splitlines()
         assert re.search(f"gpupipe bench: error: {message}", line), line
-        assert "images/s" not in capsys.readouterr().out  # nothing ran
+        assert "images/s" not in captured.out  # nothing ran
+
+    @pytest.mark.parametrize("option, values", [("--batch-size", "4,0"), ("--workers", "0,-1")])
+    def test_bench_lists_out_of_range(self, option, values, shards, capsys):
+        """A list's value out of range is refused before the work: the configurations before it
+        were benchmarked first (every epoch of them), then the command failed on it."""
+        argv = ["bench", "pipelines/imagenet.py:val", shards[0], "--backend", "torch", "--workers", "0",
+                "--epochs", "1", "--batch-size", "4", "--quiet", option, values]  # fmt: skip
+        assert main(argv) == 2
+        captured = capsys.readouterr()
+        (line,) = captured.err.strip().splitlines()
+        assert re.search(f"gpupipe bench: error: {option} values must be", line), line
+        assert "images/s" not in captured.out  # nothing ran
 
     @pytest.mark.parametrize(
         "name, message",

@@ -171,10 +171,15 @@ def bench(args: argparse.Namespace) -> int:
         _output(args.plot, "--plot", writer="matplotlib")
     if args.profile:
         _output(args.profile, "--profile", writer="matplotlib")
-    pipeline = _pipeline(args.pipeline, args.source)
     backends = _list(args.backend, "--backend", str)
     sizes = _list(args.batch_size, "--batch-size", int)
     workers = _list(args.workers, "--workers", _workers)
+    # before the work: a value out of range would fail its configuration after the others had run
+    if any(size < 1 for size in sizes):
+        raise ConfigError(f"--batch-size values must be 1 or more, got {args.batch_size!r}")
+    if any(w is not None and w < 0 for w in workers):
+        raise ConfigError(f"--workers values must be 0 or more (or auto), got {args.workers!r}")
+    pipeline = _pipeline(args.pipeline, args.source)
     if args.baseline:
         require_baseline(pipeline)
     print(f"pipeline {args.pipeline}: output {', '.join(map(str, pipeline.output_specs))}")
