@@ -306,6 +306,11 @@ class TestUrls:
             "is it cut at a member boundary? see https://h/a.tar"
         )
 
+    def test_a_query_opening_on_a_flag_after_a_path_with_spaces_is_redacted(self):
+        """A query whose first parameter has no value (``?download&sig=``) is a query too."""
+        for url in ("https://h/my data/s.tar?download&sig=SECRET", "gs://b/my data/s.tar?a&b&token=SECRET"):
+            assert "SECRET" not in redact(f"shard '{url}' is missing") and "SECRET" not in redact(f"see {url}")
+
 
 class TestSideFiles:
     """Files beside shards that gpupipe did not write itself, or that went stale (found by a

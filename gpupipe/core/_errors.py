@@ -40,8 +40,9 @@ __all__ = [
 _CREDENTIALS = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://)[^/\s'\"?#]+@")  # to the authority's last @
 _QUERY = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://[^\s?#'\"]*)\?[^\s#'\"]*")
 # in text naming a URL: a query string right after a name, wherever its URL starts (a path may
-# hold spaces: "my data/s.tar?sig=...", which _QUERY does not see as one URL)
-_PARAMETERS = re.compile(r"(?<=[^\s?#'\"])\?(?=[^\s#'\"=&?]+=)[^\s#'\"]*")
+# hold spaces: "my data/s.tar?sig=...", which _QUERY does not see as one URL); its first parameter
+# with a value or not ("?download&sig=...")
+_PARAMETERS = re.compile(r"(?<=[^\s?#'\"])\?(?=[^\s#'\"=&?]+[=&])[^\s#'\"]*")
 
 
 def counted(n: int, noun: str) -> str:
