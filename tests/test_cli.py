@@ -615,3 +615,12 @@ class TestMakeShardsOverExistingShards:
         assert sorted(os.listdir(tmp_path)) == ["notes.txt", "train-000000.tar"]
         assert "removed 3 shards" in capsys.readouterr().out
         assert len(gp.WebDataset(sorted(str(p) for p in tmp_path.glob("*.tar"))).index()) == 4
+
+    def test_a_prefix_naming_a_sub_folder(self, tmp_path, capsys):
+        """``--prefix sub/train`` writes into ``OUT/sub``: the shards there are the old ones (they
+        were looked for in ``OUT``, and 2 of 3 old shards stayed beside 1 new one)."""
+        assert self.make(tmp_path, 10, "--prefix", "sub/train") == 0
+        assert self.make(tmp_path, 4, "--prefix", "sub/train") == 2
+        assert "already holds 3 shards named sub/train-NNNNNN.tar" in capsys.readouterr().err
+        assert self.make(tmp_path, 4, "--prefix", "sub/train", "--overwrite") == 0
+        assert sorted(os.listdir(tmp_path / "sub")) == ["train-000000.tar"]

@@ -68,13 +68,15 @@ def _imagefolder_samples(root: str, quality: int, *, seed: int | None) -> Iterat
 
 
 def _old_shards(out: str, prefix: str) -> list[str]:
-    """The shards ``<prefix>-NNNNNN.tar`` already in folder ``out``."""
+    """The shards ``<prefix>-NNNNNN.tar`` already in folder ``out`` (a ``prefix`` may name a
+    folder in it: ``sub/train``)."""
     import re
 
-    if not os.path.isdir(out):
+    folder, base = os.path.split(os.path.join(out, prefix))
+    if not os.path.isdir(folder):
         return []
-    name = re.compile(re.escape(prefix) + r"-[0-9]{6,}\.tar")
-    return sorted(os.path.join(out, f) for f in os.listdir(out) if name.fullmatch(f))
+    name = re.compile(re.escape(base) + r"-[0-9]{6,}\.tar")
+    return sorted(os.path.join(folder, f) for f in os.listdir(folder) if name.fullmatch(f))
 
 
 def make_shards(args: argparse.Namespace) -> int:
