@@ -5,15 +5,17 @@ A file takes this way when
 
 - its header says so (:func:`native` is false): a format DALI has no decoder for (one only Pillow
   reads: TGA, ICO, PCX, ...), JPEG 2000 (DALI's CPU decoder for it killed the process on a damaged
-  file: it never gets one), a JPEG with junk bytes before its frame header (libjpeg skips them,
-  nvImageCodec refuses the file), an animated PNG (decoders disagree on its first frame), a PGM or
-  PPM whose largest value is not 255 or 65535 (DALI's decoder does not scale its values);
+  file: it never gets one), TIFF (libtiff decodes a region's rows only, so a strip damaged or cut
+  below a crop window passed on DALI and was refused on torch: found by the fuzzer), a JPEG with
+  junk bytes before its frame header (libjpeg skips them, nvImageCodec refuses the file), an
+  animated PNG (decoders disagree on its first frame), a PGM or PPM whose largest value is not 255
+  or 65535 (DALI's decoder does not scale its values);
 - or nvImageCodec's parser, the one DALI's decoders run first, refuses it (:func:`parsed`): a JPEG
-  with junk after its frame header, a 16-bit or RLE4 BMP, a 1-bit or 32-bit TIFF, a PNG without its
-  end chunk. Such a file must never reach DALI: DALI 2.4's decoders parse a batch of 32 or more
-  samples in blocks on several threads, and a parse error raised in the calling thread leaves the
-  other threads running on freed memory (``ImageDecoder::RunImplImpl``'s ``setup_block``: a
-  SIGSEGV, seen here in most runs of a batch of 33 with one such file);
+  with junk after its frame header, a 16-bit or RLE4 BMP, a PNG without its end chunk. Such a file
+  must never reach DALI: DALI 2.4's decoders parse a batch of 32 or more samples in blocks on
+  several threads, and a parse error raised in the calling thread leaves the other threads running
+  on freed memory (``ImageDecoder::RunImplImpl``'s ``setup_block``: a SIGSEGV, seen here in most
+  runs of a batch of 33 with one such file);
 - or DALI failed on its batch anyway (a bitstream damaged past its headers: an error, not a crash):
   :class:`Probe` runs the same graph one sample at a time and names the samples it fails on.
 
@@ -39,9 +41,9 @@ __all__ = ["NATIVE", "native", "parsed", "ppm_size", "Probe"]
 
 log = logging.getLogger("gpupipe")
 
-# Formats DALI's decoders read (nvImageCodec: libjpeg-turbo or nvJPEG, libpng, libwebp, OpenCV's
-# BMP and PNM, libtiff); the variants of them it refuses are found by the Probe. Not JPEG 2000.
-NATIVE = frozenset(("jpeg", "png", "webp", "bmp", "tiff", "pnm"))
+# Formats DALI's decoders get (nvImageCodec: libjpeg-turbo or nvJPEG, libpng, libwebp, OpenCV's
+# BMP and PNM); the variants of them it refuses are found by the Probe. Not JPEG 2000, not TIFF.
+NATIVE = frozenset(("jpeg", "png", "webp", "bmp", "pnm"))
 
 
 def native(header: Header) -> bool:

@@ -85,8 +85,8 @@ def rules() -> str:
     return _rules
 
 
-RULES = 5  # bumped when read_header or the parser gate changes what passes (2: stray marker; 3: BMP headers;
-# 4: PNM maxval; 5: a PNM's maxval whatever its pixels or comments)
+RULES = 6  # bumped when read_header or the parser gate changes what passes (2: stray marker; 3: BMP headers;
+# 4: PNM maxval; 5: a PNM's maxval whatever its pixels or comments; 6: TIFF never to DALI's decoders)
 _rules: str | None = None
 
 
