@@ -113,6 +113,21 @@ class TestMakeShardsFromImageFolder:
         assert "error: sample 'b/9.bmp' in shard " in line and "cannot be re-encoded as JPEG" in line
         assert not out.exists() or os.listdir(out) == []
 
+    def test_an_empty_class_folder_refused_unless_allowed(self, tmp_path, capsys):
+        from gpupipe.testing import encode_jpeg, synthetic_image
+
+        root = tmp_path / "tree"
+        for cls in ("a", "b", "c"):
+            (root / cls).mkdir(parents=True)
+        for cls in ("a", "c"):
+            (root / cls / "0.jpg").write_bytes(encode_jpeg(synthetic_image(0, size=(16, 16))))
+        argv = ["make-shards", str(tmp_path / "out"), "--from-imagefolder", str(root), "--quiet"]
+        assert main(argv) == 2
+        assert "class folder 'b'" in capsys.readouterr().err
+        assert not (tmp_path / "out").exists() or not os.listdir(tmp_path / "out")
+        assert main([*argv, "--allow-empty"]) == 0
+        assert "wrote 2 samples" in capsys.readouterr().out
+
 
 def test_make_shards_interrupted_leaves_no_shards(tmp_path, capsys, monkeypatch):
     """Ctrl-C after two of three shards: 130, and the two written are removed (they were left, a

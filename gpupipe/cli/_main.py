@@ -101,6 +101,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--keep-order", action="store_true", help="--from-imagefolder: write the samples in the tree's "
                    "order, class by class (default: shuffled with --seed, so that every shard mixes the classes; "
                    "synthetic samples cycle through the classes either way)")  # fmt: skip
+    p.add_argument("--allow-empty", action="store_true", help="--from-imagefolder: keep a class folder without "
+                   "images as a class without samples (default: refused, as torchvision's does)")  # fmt: skip
     p.add_argument("--overwrite", action="store_true", help="remove the shards named <prefix>-NNNNNN.tar already in "
                    "OUT (and their bad-sample lists and index files) first; without it, such shards are refused: a "
                    "pattern or the folder would read them beside the new ones")  # fmt: skip

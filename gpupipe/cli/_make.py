@@ -42,7 +42,8 @@ def _synthetic_sample(args: tuple[Any, ...]) -> tuple[str, dict]:
     return f"{i:08d}", members
 
 
-def _imagefolder_samples(root: str, quality: int, *, seed: int | None) -> Iterator[tuple[str, dict[str, Any]]]:
+def _imagefolder_samples(root: str, quality: int, *, seed: int | None,
+                         allow_empty: bool = False) -> Iterator[tuple[str, dict[str, Any]]]:  # fmt: skip
     """The tree's samples, keyed by their number in the tree (class by class), in an order shuffled
     by ``seed`` (``None``: the tree's). An ImageFolder is sorted by class: written in its order,
     each shard would hold one or two classes, and shuffling shards and a buffer within them mixes
@@ -51,7 +52,7 @@ def _imagefolder_samples(root: str, quality: int, *, seed: int | None) -> Iterat
 
     from ..sources import ImageFolder
 
-    index = ImageFolder(root).index()
+    index = ImageFolder(root, allow_empty=allow_empty).index()
     order = np.arange(len(index)) if seed is None else np.random.default_rng(seed).permutation(len(index))
     for n in order.tolist():
         raw = index.read(n)
@@ -108,7 +109,8 @@ def make_shards(args: argparse.Namespace) -> int:
             if args.from_imagefolder:
                 with _commands._progress(args, None, "img", "gpupipe make-shards") as bar:
                     seed = None if args.keep_order else args.seed
-                    samples = _imagefolder_samples(args.from_imagefolder, args.quality, seed=seed)
+                    samples = _imagefolder_samples(args.from_imagefolder, args.quality, seed=seed,
+                                                   allow_empty=args.allow_empty)  # fmt: skip
                     writer.write_all(_commands._counted(samples, bar))
             else:
                 jobs = [(i, args.seed, args.classes, args.quality, fields) for i in range(args.synthetic)]
