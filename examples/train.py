@@ -50,20 +50,21 @@ def main() -> None:
     if distributed:
         model = torch.nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    start_epoch = 0
+    start_epoch, first_step = 0, 0  # first_step: a resumed epoch's batches already trained on
     if args.checkpoint and os.path.exists(args.checkpoint):
         ckpt = torch.load(args.checkpoint, map_location=device)
         model.load_state_dict(ckpt["model"])
         opt.load_state_dict(ckpt["opt"])
         train.load_state_dict(ckpt["loaders"][rank])  # one loader state per rank
-        start_epoch = ckpt["loaders"][rank]["epoch"]
-        logging.info("resumed at epoch %d, batch %d", start_epoch, ckpt["loaders"][rank]["batches_yielded"])
+        start_epoch, first_step = ckpt["loaders"][rank]["epoch"], ckpt["loaders"][rank]["batches_yielded"]
+        logging.info("resumed at epoch %d, batch %d", start_epoch, first_step)
 
     for epoch in range(start_epoch, args.epochs):
         train.set_epoch(epoch)  # keeps a resumed mid-epoch position
         model.train()
         start, seen = time.perf_counter(), 0
-        for step, (images, labels) in enumerate(train):
+        # (a resumed epoch's steps count on from the batches trained before; len(train) counts them too)
+        for step, (images, labels) in enumerate(train, start=first_step if epoch == start_epoch else 0):
             loss = torch.nn.functional.cross_entropy(model(images), labels)
             opt.zero_grad(set_to_none=True)
             loss.backward()

@@ -100,7 +100,8 @@ class Boxes(Field):
     as a :class:`Mask` is.
 
     A batch holds a :class:`Padded` ``(data [B, K, 4] float32, lengths [B, 2])`` (``pad``, default
-    0; ``lengths[:, 0]`` each sample's number of boxes), or with ``pad=None`` a list of ``[K, 4]``.
+    0; ``lengths[:, 0]`` each sample's number of boxes), or with ``pad=None`` a list of ``[K, 4]``
+    (one ``[B, K, 4]`` tensor for a batch whose samples all have ``K`` boxes, as :class:`Array`'s).
 
     Args:
         format: a :class:`BoxFormat` (default ``"XYXY"``); the output keeps it.
