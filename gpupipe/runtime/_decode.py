@@ -185,18 +185,22 @@ def _pillow_rgb(data: bytes, exif: bool, max_pixels: int | None, shard: str, key
             rawmode = _wide_rawmode(im)
             if rawmode is not None:  # 16-bit colour
                 wide = _wide(im, rawmode, data, exif)  # [H, W, 3] of 0 .. 65535
-                return torch.from_numpy(((wide * 255 + 32767) // 65535).astype(np.uint8)).permute(2, 0, 1).contiguous()
+                return torch.from_numpy(_eight_bits(wide)).permute(2, 0, 1).contiguous()
             im.seek(0)  # the first frame (page) of an animation or a multi-page TIFF
             upright = ImageOps.exif_transpose(im) if exif else im
             if upright.mode in _SIXTEEN_BIT_GRAY or (upright.mode == "I" and im.format == "PPM"):
                 # 16-bit grayscale (PNG, TIFF: "I;16"; a PGM of maxval > 255: "I"): Pillow's
-                # convert("RGB") clips each value to 255 (a white image); scaled to 8 bits as DALI's
-                # decoders scale it, round(v / 257)
-                wide = np.asarray(upright).astype(np.int64).clip(0, 65535)
-                gray = ((wide * 255 + 32767) // 65535).astype(np.uint8)
+                # convert("RGB") clips each value to 255 (a white image)
+                gray = _eight_bits(np.asarray(upright).astype(np.int64).clip(0, 65535))
                 return torch.from_numpy(gray).expand(3, *gray.shape).contiguous()
             rgb = upright.convert("RGB")
     return torch.from_numpy(np.array(rgb)).permute(2, 0, 1).contiguous()
+
+
+def _eight_bits(wide: np.ndarray) -> np.ndarray:
+    """16-bit values (int64, 0 .. 65535) scaled to uint8 as DALI's decoders scale them,
+    ``round(v / 257)``, in integers."""
+    return ((wide * 255 + 32767) // 65535).astype(np.uint8)
 
 
 def _rawmode(tile: Any) -> Any:
