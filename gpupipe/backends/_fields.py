@@ -86,8 +86,8 @@ def _padded(name: str, pad: float, column: Sequence[np.ndarray]) -> Padded:
 def empty_values(fields: Mapping[str, Field], size: tuple[int, int] | None = None) -> dict[str, Any]:
     """Every field's empty value: a sample that stands in for none (a batch with no good sample);
     a mask's, zeros of ``size`` (the batch's images' ``(height, width)``, as its image is zeros)."""
-    return {name: np.zeros(size or (0, 0), np.uint8 if 0 <= field.fill <= 255 else np.int32)
-            if isinstance(field, Mask) else field.empty() for name, field in fields.items()}  # fmt: skip
+    return {name: field.blank(size or (0, 0)) if isinstance(field, Mask) else field.empty()
+            for name, field in fields.items()}  # fmt: skip
 
 
 def refill(fields: dict[str, Any] | None, positions: Sequence[int], good: int | None,

@@ -56,6 +56,16 @@ class Mask(Field):
         if self.missing == Missing.EMPTY:
             raise ConfigError("Mask: missing='empty' has no mask of the image's size to give: use 'error' or 'skip'")
 
+    @property
+    def _wide_fill(self) -> bool:
+        """Whether ``fill`` is outside 0-255, the masks then int32."""
+        return not 0 <= self.fill <= 255
+
+    def blank(self, size: tuple[int, int]) -> np.ndarray:
+        """A mask of ``size`` that stands in for none (a batch with no good sample, whose image is
+        zeros): zeros, of the dtype the masks have where the fill needs int32."""
+        return np.zeros(size, np.int32 if self._wide_fill else np.uint8)
+
     def _decode(self, data: bytes | memoryview, *, shard: str, key: str) -> Any:
         import io
         import warnings
@@ -74,8 +84,7 @@ class Mask(Field):
                     if im.mode not in _MASK_MODES:
                         raise _bad(self, shard, key, f"is a {im.mode} image: a mask has one channel of labels")
                     im.load()
-                    dtype = _MASK_MODES[im.mode] if 0 <= self.fill <= 255 else np.int32  # the fill fits
-                    return np.asarray(im, dtype=dtype)
+                    return np.asarray(im, dtype=np.int32 if self._wide_fill else _MASK_MODES[im.mode])
         except SampleError:
             raise
         except Exception as e:  # Pillow's errors for a damaged or foreign file
