@@ -268,6 +268,14 @@ def _autocontrast(t: T.RandomAutocontrast, img: Any, ctx: Ctx) -> Any:
     return _select(ctx, ctx.decision(), autocontrasted(ctx, img), img)
 
 
+def _reducible(ctx: Ctx, img: Any) -> Any:
+    """``img`` as DALI's reductions and filter take it: uint8 and float32 as they are, float16 and
+    float64 (which they do not take) in float32."""
+    if ctx.dtype in (torch.float16, torch.float64):
+        return ctx.fn.cast(img, dtype=ctx.types.FLOAT, device=ctx.device)
+    return img
+
+
 def autocontrasted(ctx: Ctx, img: Any) -> Any:
     """torchvision's autocontrast in float32: each channel's min and max over the image, ``(v −
     min) / ((max − min) · (1 / bound))`` clamped to ``[0, bound]`` (a flat channel: min 0, scale
@@ -276,9 +284,7 @@ def autocontrasted(ctx: Ctx, img: Any) -> Any:
 
     fn, types = ctx.fn, ctx.types
     bound = 255.0 if ctx.dtype == torch.uint8 else 1.0
-    # uint8 stays uint8 up to the division (DALI promotes it there, exactly as a cast would); float16
-    # and float64 in float32 (DALI's reductions take neither)
-    x = fn.cast(img, dtype=types.FLOAT, device=ctx.device) if ctx.dtype in (torch.float16, torch.float64) else img
+    x = _reducible(ctx, img)  # uint8 stays uint8 up to the division (DALI promotes it there, exactly as a cast would)
     low = fn.reductions.min(x, axis_names="HW", keep_dims=True, device=ctx.device)
     high = fn.reductions.max(x, axis_names="HW", keep_dims=True, device=ctx.device)
     flat = high == low  # a flat channel: torchvision's min 0 and scale 1, which give its value back
@@ -311,9 +317,7 @@ def sharpened(ctx: Ctx, img: Any, alpha: Any) -> Any:
     bound = 255.0 if ctx.dtype == torch.uint8 else 1.0
     height, width = ctx.shape(img)
     ops = ctx.ops(height, width)
-    # uint8 stays uint8: DALI promotes it to float32 where it meets the float smoothing, exactly as a cast would;
-    # float16 and float64 in float32 (DALI's filter takes neither)
-    x = fn.cast(img, dtype=types.FLOAT, device=ctx.device) if ctx.dtype in (torch.float16, torch.float64) else img
+    x = _reducible(ctx, img)  # uint8 stays uint8: DALI promotes it to float32 where it meets the float smoothing
     kernel = ctx.local(fn.constant(fdata=_SMOOTH.ravel().tolist(), shape=[3, 3]))  # (a branch's samples, inside one)
     if ctx.dtype == torch.uint8:
         # filtered in uint8: DALI rounds half away from zero where torch rounds half to even, but
